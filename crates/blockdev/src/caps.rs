@@ -1,0 +1,31 @@
+//! Device capabilities: probed from the kernel, never assumed.
+
+/// What kind of thing backs a device handle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// A block device node, e.g. `/dev/zram0`.
+    BlockDevice,
+    /// A regular file used as an image.
+    ImageFile,
+    /// RAM, for tests.
+    Memory,
+}
+
+/// What a device is and can do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceCaps {
+    pub kind: DeviceKind,
+    /// Human-readable identity, e.g. the path.
+    pub name: String,
+    /// Smallest unit of direct I/O, in bytes (512 or 4096 typically).
+    pub logical_block_size: u32,
+    /// Required alignment of buffer memory for direct I/O, in bytes.
+    pub memory_alignment: u32,
+    /// Usable size in bytes (a multiple of `logical_block_size`).
+    pub size_bytes: u64,
+    /// The device has a volatile write cache: writes need a flush (or FUA)
+    /// to become durable.
+    pub volatile_write_cache: bool,
+    /// The device supports Force Unit Access natively.
+    pub fua: bool,
+}

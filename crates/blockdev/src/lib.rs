@@ -1,0 +1,81 @@
+//! Block devices for iomapfs.
+//!
+//! This crate is the only place that performs data I/O system calls. It knows
+//! nothing of files: it reads and writes byte ranges aligned to the device's
+//! logical block size, flushes the volatile write cache, and reports what the
+//! device can do ([`DeviceCaps`]).
+//!
+//! Backends:
+//! - [`sync_backend::SyncDevice`]: an `O_DIRECT` descriptor on a block device or
+//!   image file, driven by `pread`/`pwritev2`.
+//! - [`memory::MemDevice`]: RAM-backed, for tests. Counts requests, injects
+//!   errors and simulates power cuts.
+
+pub mod aligned_buf;
+pub mod caps;
+pub mod counters;
+pub mod error;
+pub mod memory;
+pub mod sync_backend;
+
+pub use aligned_buf::AlignedBuf;
+pub use caps::{DeviceCaps, DeviceKind};
+pub use counters::{DeviceCounters, RequestCounts};
+pub use error::DeviceError;
+
+/// Whether a write must be durable when it completes (Force Unit Access).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Ordinary write: may sit in the volatile write cache until a flush.
+    Normal,
+    /// Durable on completion. Backends without native FUA emulate it
+    /// (write + flush, or `RWF_DSYNC`); counters record what was sent.
+    Fua,
+}
+
+/// A block device.
+///
+/// Offsets and lengths of reads and writes must be multiples of
+/// [`DeviceCaps::logical_block_size`]; backends reject anything else with
+/// [`DeviceError::Unaligned`]. Buffer *memory* alignment is the backend's
+/// concern: a backend that needs aligned memory bounces unaligned buffers.
+///
+/// Every method is callable concurrently from many threads.
+pub trait BlockDevice: Send + Sync {
+    /// What the device is and can do; fixed for the life of the handle.
+    fn caps(&self) -> &DeviceCaps;
+
+    /// Reads `buf.len()` bytes at byte `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError>;
+
+    /// Writes `buf` at byte `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError>;
+
+    /// Makes every write that completed before this call durable.
+    fn flush(&self) -> Result<(), DeviceError>;
+
+    /// Requests issued so far, by kind.
+    fn counters(&self) -> &DeviceCounters;
+}
+
+/// Checks that a request is aligned to the device's logical block size and
+/// inside the device.
+pub fn check_request(caps: &DeviceCaps, offset: u64, len: usize) -> Result<(), DeviceError> {
+    let lbs = u64::from(caps.logical_block_size);
+    let len = len as u64;
+    if offset % lbs != 0 || len % lbs != 0 {
+        return Err(DeviceError::Unaligned {
+            offset,
+            len,
+            logical_block_size: caps.logical_block_size,
+        });
+    }
+    match offset.checked_add(len) {
+        Some(end) if end <= caps.size_bytes => Ok(()),
+        _ => Err(DeviceError::OutOfRange {
+            offset,
+            len,
+            device_size: caps.size_bytes,
+        }),
+    }
+}

@@ -1,0 +1,99 @@
+//! File-system errors: each says what failed and where.
+
+use blockdev::DeviceError;
+use iomap::IomapError;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: no such file or directory")]
+    NotFound { path: String },
+    #[error("{path}: file exists")]
+    Exists { path: String },
+    #[error("{path}: not a directory")]
+    NotDir { path: String },
+    #[error("{path}: is a directory")]
+    IsDir { path: String },
+    #[error("{path}: directory not empty")]
+    NotEmpty { path: String },
+    #[error("{path}: file name too long (max {max} bytes)")]
+    NameTooLong { path: String, max: usize },
+    #[error("{what}: invalid argument: {reason}")]
+    InvalidArgument { what: String, reason: String },
+    #[error("no space left on device: {what} needs {needed} bytes, {available} free")]
+    NoSpace {
+        what: String,
+        needed: u64,
+        available: u64,
+    },
+    #[error("{what}: operation would block")]
+    WouldBlock { what: String },
+    #[error("file is stale: inode {ino} was deleted")]
+    Stale { ino: u64 },
+    #[error("corrupt volume: {what} at device byte {offset}: {reason}")]
+    Corrupt {
+        what: &'static str,
+        offset: u64,
+        reason: String,
+    },
+    #[error("volume is not iomapfs or not supported: {reason}")]
+    NotIomapfs { reason: String },
+    #[error("{what}: {source}")]
+    Device {
+        what: String,
+        #[source]
+        source: DeviceError,
+    },
+    #[error(transparent)]
+    Iomap(#[from] IomapError),
+    #[error("volume was shut down after an I/O error; remount to recover: {reason}")]
+    Shutdown { reason: String },
+}
+
+impl Error {
+    pub fn device(what: impl Into<String>, source: DeviceError) -> Error {
+        Error::Device {
+            what: what.into(),
+            source,
+        }
+    }
+
+    pub fn invalid(what: impl Into<String>, reason: impl Into<String>) -> Error {
+        Error::InvalidArgument {
+            what: what.into(),
+            reason: reason.into(),
+        }
+    }
+
+    pub fn corrupt(what: &'static str, offset: u64, reason: impl Into<String>) -> Error {
+        Error::Corrupt {
+            what,
+            offset,
+            reason: reason.into(),
+        }
+    }
+
+    /// The closest POSIX errno, for the CLI, FUSE and a C API.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::NotFound { .. } => libc::ENOENT,
+            Error::Exists { .. } => libc::EEXIST,
+            Error::NotDir { .. } => libc::ENOTDIR,
+            Error::IsDir { .. } => libc::EISDIR,
+            Error::NotEmpty { .. } => libc::ENOTEMPTY,
+            Error::NameTooLong { .. } => libc::ENAMETOOLONG,
+            Error::InvalidArgument { .. } => libc::EINVAL,
+            Error::NoSpace { .. } => libc::ENOSPC,
+            Error::WouldBlock { .. } => libc::EAGAIN,
+            Error::Stale { .. } => libc::ESTALE,
+            Error::Corrupt { .. } | Error::NotIomapfs { .. } => libc::EUCLEAN,
+            Error::Device { source, .. } => source.errno(),
+            Error::Iomap(IomapError::WouldBlock) => libc::EAGAIN,
+            Error::Iomap(IomapError::Unaligned { .. }) => libc::EINVAL,
+            Error::Iomap(IomapError::Device { source, .. }) => source.errno(),
+            Error::Iomap(IomapError::BadMapping { .. }) => libc::EUCLEAN,
+            Error::Shutdown { .. } => libc::EIO,
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! The iomapfs file system: on-disk format, metadata, journal, recovery and
+//! fsck. It answers the iomap engine's mapping questions ([`iomap::IomapOps`])
+//! and handles completions; it never builds device requests for file data.
+
+pub mod alloc;
+pub mod checkpoint;
+pub mod codec;
+pub mod error;
+pub mod extent_map;
+pub mod file;
+pub mod fsck;
+pub mod journal;
+pub mod superblock;
+pub mod types;
+pub mod volume;
+
+pub use error::{Error, Result};
+pub use file::{File, FiemapExtent, FiemapKind, OpenFlags, Stat};
+pub use types::{FileKind, Ino, ROOT_INO};
+pub use volume::{DirEntry, FormatOptions, StatFs, Volume};

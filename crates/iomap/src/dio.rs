@@ -1,0 +1,1 @@
+//! Direct I/O. (in progress)

@@ -1,0 +1,21 @@
+//! Engine errors.
+
+use blockdev::DeviceError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum IomapError {
+    /// The request cannot proceed without blocking, allocating, converting or
+    /// zeroing; retry without `NOWAIT`/`OVERWRITE_ONLY`.
+    #[error("operation would block")]
+    WouldBlock,
+    #[error("direct I/O at file offset {pos} length {len} is not aligned to {alignment} bytes")]
+    Unaligned { pos: u64, len: u64, alignment: u32 },
+    #[error("device I/O for file offset {file_offset} failed: {source}")]
+    Device {
+        file_offset: u64,
+        #[source]
+        source: DeviceError,
+    },
+    #[error("file system returned a bad mapping for offset {pos}: {reason}")]
+    BadMapping { pos: u64, reason: String },
+}
