@@ -28,4 +28,9 @@ pub struct DeviceCaps {
     pub volatile_write_cache: bool,
     /// The device supports Force Unit Access natively.
     pub fua: bool,
+    /// Data I/O bypasses the kernel page cache (`O_DIRECT`). False when the
+    /// file system refused `O_DIRECT` and the backend fell back to buffered
+    /// I/O: durability still holds (flush is `fdatasync`), but benchmark
+    /// figures then measure the page cache, not the device.
+    pub direct_io: bool,
 }

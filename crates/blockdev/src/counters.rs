@@ -36,7 +36,8 @@ impl DeviceCounters {
         if fua {
             self.fua_writes.fetch_add(1, Ordering::Relaxed);
         }
-        self.bytes_written.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.bytes_written
+            .fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     pub fn record_flush(&self) {

@@ -17,6 +17,26 @@ pub enum DeviceError {
         #[source]
         source: std::io::Error,
     },
+    /// An exclusive open (`O_EXCL` on a block device) was refused: the device
+    /// is mounted, or another program holds it. Separate from `Open` because
+    /// the remedy differs (unmount / stop the other user, not fix the path).
+    #[error(
+        "device {path} is in use (mounted, or opened exclusively by another program): {source}"
+    )]
+    Busy {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A write was sent to a handle opened read-only.
+    #[error(
+        "device {path} is open read-only: write of {len} bytes at device byte {offset} refused"
+    )]
+    ReadOnly {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+    },
     #[error("device {path} is unusable: {reason}")]
     Unusable { path: PathBuf, reason: String },
     #[error("request at byte {offset} length {len} is not aligned to the logical block size {logical_block_size}")]
@@ -75,6 +95,8 @@ impl DeviceError {
     pub fn errno(&self) -> i32 {
         match self {
             DeviceError::Unaligned { .. } | DeviceError::OutOfRange { .. } => libc::EINVAL,
+            DeviceError::Busy { .. } => libc::EBUSY,
+            DeviceError::ReadOnly { .. } => libc::EROFS,
             DeviceError::Open { source, .. }
             | DeviceError::Probe { source, .. }
             | DeviceError::Io { source, .. }

@@ -16,12 +16,15 @@ pub mod caps;
 pub mod counters;
 pub mod error;
 pub mod memory;
+mod probe;
 pub mod sync_backend;
 
 pub use aligned_buf::AlignedBuf;
 pub use caps::{DeviceCaps, DeviceKind};
 pub use counters::{DeviceCounters, RequestCounts};
 pub use error::DeviceError;
+pub use memory::{FaultOp, FaultRule, MemDevice, PendingWrite, Survival};
+pub use sync_backend::{SyncDevice, SyncOpenOptions};
 
 /// Whether a write must be durable when it completes (Force Unit Access).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,7 +66,7 @@ pub trait BlockDevice: Send + Sync {
 pub fn check_request(caps: &DeviceCaps, offset: u64, len: usize) -> Result<(), DeviceError> {
     let lbs = u64::from(caps.logical_block_size);
     let len = len as u64;
-    if offset % lbs != 0 || len % lbs != 0 {
+    if !offset.is_multiple_of(lbs) || !len.is_multiple_of(lbs) {
         return Err(DeviceError::Unaligned {
             offset,
             len,

@@ -47,6 +47,14 @@ pub enum Error {
     },
     #[error(transparent)]
     Iomap(#[from] IomapError),
+    /// An error in an operation on a file, with where it happened.
+    #[error("{path} at offset {offset}: {source}")]
+    At {
+        path: String,
+        offset: u64,
+        #[source]
+        source: Box<Error>,
+    },
     #[error("volume was shut down after an I/O error; remount to recover: {reason}")]
     Shutdown { reason: String },
 }
@@ -74,6 +82,14 @@ impl Error {
         }
     }
 
+    /// The error beneath any [`Error::At`] wrappers.
+    pub fn root(&self) -> &Error {
+        match self {
+            Error::At { source, .. } => source.root(),
+            other => other,
+        }
+    }
+
     /// The closest POSIX errno, for the CLI, FUSE and a C API.
     pub fn errno(&self) -> i32 {
         match self {
@@ -94,6 +110,7 @@ impl Error {
             Error::Iomap(IomapError::Device { source, .. }) => source.errno(),
             Error::Iomap(IomapError::BadMapping { .. }) => libc::EUCLEAN,
             Error::Shutdown { .. } => libc::EIO,
+            Error::At { source, .. } => source.errno(),
         }
     }
 }

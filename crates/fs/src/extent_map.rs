@@ -1,1 +1,708 @@
-//! (in progress)
+//! One file's map from file offsets to device space.
+//!
+//! Every read and write asks "what is at file offset X?", so the map is a
+//! `BTreeMap` keyed by file offset: a lookup is one `O(log n)` descent and
+//! allocates nothing (fast path 1, "simple read", counts heap allocations).
+//!
+//! Mutations are the metadata changes journal records describe (map
+//! unwritten space, convert it at I/O completion, punch, truncate); replay
+//! and the live path call the same methods, so they must be deterministic.
+//!
+//! Fault model: extents come from the checkpoint and the journal, which may be
+//! corrupt or hostile. [`ExtentMap::from_extents`] and [`ExtentMap::insert`]
+//! validate and return errors (never panic, even in debug builds). The other
+//! mutators take ranges the caller has already validated (a block-aligned
+//! range is a precondition, checked with `debug_assert!`), because their
+//! callers hold a decoded record or a range they computed themselves.
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use crate::types::{Extent, ExtentState};
+
+/// What is at one file offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The extent containing the offset.
+    Extent(Extent),
+    /// No space at the offset. `end` is where the next extent starts, so a
+    /// caller can answer for the whole hole in one step; `None` means no
+    /// extent follows.
+    Hole { end: Option<u64> },
+}
+
+/// The extents of one file: sorted by file offset, non-overlapping,
+/// block-aligned, non-empty.
+///
+/// Adjacent extents are merged when they are contiguous both in the file and
+/// on the device and have the same state, so that fragmentation comes only
+/// from the allocator, never from the order of operations. Merging is an
+/// optimisation, not an invariant: [`ExtentMap::from_extents`] keeps extents
+/// as given and [`ExtentMap::check`] does not require it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExtentMap {
+    block_size: u64,
+    /// Keyed by `Extent::file_off`.
+    map: BTreeMap<u64, Extent>,
+    /// Kept as a running sum because `stat` and space accounting ask for it
+    /// often and a file may have many extents.
+    allocated: u64,
+}
+
+impl ExtentMap {
+    /// An empty map (the file is one hole).
+    ///
+    /// # Panics
+    /// If `block_size` is 0: every alignment check would divide by it, and the
+    /// superblock decoder rejects such volumes long before this.
+    pub fn new(block_size: u32) -> Self {
+        assert!(block_size > 0, "extent map: block size must not be 0");
+        ExtentMap {
+            block_size: u64::from(block_size),
+            map: BTreeMap::new(),
+            allocated: 0,
+        }
+    }
+
+    /// A map holding exactly `extents`, as a checkpoint stores them.
+    ///
+    /// The input comes from disk, so every rule is checked and the error says
+    /// which extent broke which rule. Extents are not merged, so that a map
+    /// read back from a checkpoint is the map that was written.
+    pub fn from_extents(block_size: u32, extents: Vec<Extent>) -> Result<Self, String> {
+        if block_size == 0 {
+            return Err("extent map: block size is 0".to_string());
+        }
+        let mut m = ExtentMap::new(block_size);
+        let mut prev_end = 0u64;
+        for (i, e) in extents.into_iter().enumerate() {
+            let why = match m.validate(&e) {
+                Err(why) => Some(why),
+                Ok(()) if i > 0 && e.file_off < prev_end => Some(format!(
+                    "not sorted or overlaps the previous extent, which ends at file offset \
+                     {prev_end}"
+                )),
+                Ok(()) => None,
+            };
+            if let Some(why) = why {
+                return Err(format!("extent #{i} {}: {why}", describe(&e)));
+            }
+            prev_end = e.file_end();
+            m.allocated += e.len;
+            m.map.insert(e.file_off, e);
+        }
+        Ok(m)
+    }
+
+    pub fn block_size(&self) -> u32 {
+        // Built from a `u32` in `new`.
+        self.block_size as u32
+    }
+
+    /// The extents in file-offset order.
+    pub fn iter(&self) -> impl Iterator<Item = &Extent> + '_ {
+        self.map.values()
+    }
+
+    /// Number of extents.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Device bytes mapped, written or unwritten.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocated
+    }
+
+    /// What is at byte `pos`.
+    ///
+    /// `pos` may be any byte offset, not only a block boundary: the I/O engine
+    /// asks about the exact byte a sub-block direct write starts at. Never
+    /// allocates, since it runs once per I/O on the fast path.
+    pub fn lookup(&self, pos: u64) -> Lookup {
+        if let Some((_, e)) = self.map.range(..=pos).next_back() {
+            if pos < e.file_end() {
+                return Lookup::Extent(*e);
+            }
+        }
+        // No extent contains `pos`, so none starts at it either.
+        let end = self
+            .map
+            .range((Bound::Excluded(pos), Bound::Unbounded))
+            .next()
+            .map(|(&k, _)| k);
+        Lookup::Hole { end }
+    }
+
+    /// The unmapped parts of `[off, off + len)`, as `(file_off, len)` pairs in
+    /// order: what allocation must fill, and what an ENOSPC pre-check must
+    /// count before the first block is placed.
+    pub fn holes_in(&self, off: u64, len: u64) -> Vec<(u64, u64)> {
+        let mut holes = Vec::new();
+        self.for_each_hole(off, len, |o, l| holes.push((o, l)));
+        holes
+    }
+
+    /// Total bytes of [`ExtentMap::holes_in`], without building the list.
+    pub fn hole_bytes_in(&self, off: u64, len: u64) -> u64 {
+        let mut total = 0;
+        self.for_each_hole(off, len, |_, l| total += l);
+        total
+    }
+
+    /// Maps `ext`, whose file range must be a hole.
+    ///
+    /// Errors leave the map unchanged; they come from bad records (misaligned,
+    /// empty, overflowing, or placing space over space already mapped, which
+    /// would leak or double-own device blocks).
+    pub fn insert(&mut self, ext: Extent) -> Result<(), String> {
+        self.validate(&ext)
+            .map_err(|why| format!("insert {}: {why}", describe(&ext)))?;
+        if let Some(e) = self.overlapping(ext.file_off, ext.file_end()).next() {
+            return Err(format!(
+                "insert {}: file range is not a hole, it overlaps {}",
+                describe(&ext),
+                describe(e)
+            ));
+        }
+        self.map.insert(ext.file_off, ext);
+        self.allocated += ext.len;
+        let mut at = ext.file_off;
+        if let Some((&prev, _)) = self.map.range(..ext.file_off).next_back() {
+            if self.merge_with_next(prev) {
+                at = prev;
+            }
+        }
+        self.merge_with_next(at);
+        Ok(())
+    }
+
+    /// Unmaps `[off, off + len)`, splitting extents that straddle its ends.
+    /// Returns the device ranges `(addr, len)` that were mapped there, in file
+    /// order, for the caller to free.
+    pub fn remove_range(&mut self, off: u64, len: u64) -> Vec<(u64, u64)> {
+        debug_assert!(
+            self.aligned(off) && self.aligned(len),
+            "remove_range({off}, {len}) not aligned to {}",
+            self.block_size
+        );
+        self.remove_span(off, off.saturating_add(len))
+    }
+
+    /// Turns the unwritten parts of `[off, off + len)` into written space,
+    /// as a write completion does. Returns the bytes converted; 0 means the
+    /// completion needs no journal record for conversion.
+    pub fn convert_written(&mut self, off: u64, len: u64) -> u64 {
+        debug_assert!(
+            self.aligned(off) && self.aligned(len),
+            "convert_written({off}, {len}) not aligned to {}",
+            self.block_size
+        );
+        let end = off.saturating_add(len);
+        if off >= end {
+            return 0;
+        }
+        // Split only unwritten extents: splitting a written one would be
+        // undone by the merge pass below, at the cost of two tree updates.
+        for pos in [off, end] {
+            if let Lookup::Extent(e) = self.lookup(pos) {
+                if e.state == ExtentState::Unwritten {
+                    self.split_at(pos);
+                }
+            }
+        }
+        let mut converted = 0;
+        for e in self.map.range_mut(off..end).map(|(_, e)| e) {
+            if e.state == ExtentState::Unwritten {
+                e.state = ExtentState::Written;
+                converted += e.len;
+            }
+        }
+        if converted > 0 {
+            self.merge_range(off, end);
+        }
+        converted
+    }
+
+    /// Unmaps everything at or past `off`, as truncation does. Returns the
+    /// freed device ranges like [`ExtentMap::remove_range`].
+    pub fn truncate_blocks_from(&mut self, off: u64) -> Vec<(u64, u64)> {
+        debug_assert!(
+            self.aligned(off),
+            "truncate_blocks_from({off}) not aligned to {}",
+            self.block_size
+        );
+        self.remove_span(off, u64::MAX)
+    }
+
+    fn remove_span(&mut self, off: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut freed = Vec::new();
+        if off >= end {
+            return freed;
+        }
+        self.split_at(off);
+        self.split_at(end);
+        let keys: Vec<u64> = self.map.range(off..end).map(|(&k, _)| k).collect();
+        for k in keys {
+            if let Some(e) = self.map.remove(&k) {
+                self.allocated -= e.len;
+                freed.push((e.addr, e.len));
+            }
+        }
+        freed
+    }
+
+    /// Checks the map's invariants: keys match extents, extents are
+    /// non-empty, aligned, sorted and non-overlapping, nothing overflows, and
+    /// the running byte count is right. Merging is not required.
+    pub fn check(&self) -> Result<(), String> {
+        let mut prev: Option<&Extent> = None;
+        let mut total = 0u64;
+        for (i, (&k, e)) in self.map.iter().enumerate() {
+            if k != e.file_off {
+                return Err(format!(
+                    "extent #{i} {}: stored under file offset {k}",
+                    describe(e)
+                ));
+            }
+            self.validate(e)
+                .map_err(|why| format!("extent #{i} {}: {why}", describe(e)))?;
+            if let Some(p) = prev {
+                if p.file_end() > e.file_off {
+                    return Err(format!(
+                        "extent #{i} {}: overlaps the previous extent {}",
+                        describe(e),
+                        describe(p)
+                    ));
+                }
+            }
+            total += e.len;
+            prev = Some(e);
+        }
+        if total != self.allocated {
+            return Err(format!(
+                "allocated byte count is {} but the extents add up to {total}",
+                self.allocated
+            ));
+        }
+        Ok(())
+    }
+
+    fn aligned(&self, x: u64) -> bool {
+        x % self.block_size == 0
+    }
+
+    /// Why `e` cannot be an extent of this map on its own, if it cannot.
+    ///
+    /// No `debug_assert!` here: extents reach this from disk, and tests feed
+    /// corrupt images to debug builds expecting an error, not a panic.
+    fn validate(&self, e: &Extent) -> Result<(), String> {
+        if e.len == 0 {
+            return Err("empty".to_string());
+        }
+        if !(self.aligned(e.file_off) && self.aligned(e.len) && self.aligned(e.addr)) {
+            return Err(format!("not aligned to the block size {}", self.block_size));
+        }
+        if e.file_off.checked_add(e.len).is_none() || e.addr.checked_add(e.len).is_none() {
+            return Err("end overflows a 64-bit offset".to_string());
+        }
+        Ok(())
+    }
+
+    /// The extents that intersect `[off, end)`, in order.
+    fn overlapping(&self, off: u64, end: u64) -> impl Iterator<Item = &Extent> + '_ {
+        let first = self
+            .map
+            .range(..off)
+            .next_back()
+            .map(|(_, e)| e)
+            .filter(|e| e.file_end() > off);
+        let rest = self.map.range(off..end.max(off)).map(|(_, e)| e);
+        first.into_iter().chain(rest)
+    }
+
+    fn for_each_hole(&self, off: u64, len: u64, mut f: impl FnMut(u64, u64)) {
+        let end = off.saturating_add(len);
+        let mut cursor = off;
+        for e in self.overlapping(off, end) {
+            if e.file_off > cursor {
+                f(cursor, e.file_off - cursor);
+            }
+            cursor = cursor.max(e.file_end());
+        }
+        if cursor < end {
+            f(cursor, end - cursor);
+        }
+    }
+
+    /// Makes `pos` an extent boundary, if an extent straddles it.
+    fn split_at(&mut self, pos: u64) {
+        let Some((&k, e)) = self.map.range_mut(..pos).next_back() else {
+            return;
+        };
+        if e.file_end() <= pos {
+            return;
+        }
+        let head = pos - k;
+        let tail = Extent {
+            file_off: pos,
+            len: e.len - head,
+            addr: e.addr + head,
+            state: e.state,
+        };
+        e.len = head;
+        self.map.insert(pos, tail);
+    }
+
+    /// Merges the extent at `key` with the next one if they continue each
+    /// other in the file and on the device and share a state. Returns
+    /// whether it merged.
+    fn merge_with_next(&mut self, key: u64) -> bool {
+        let Some(&cur) = self.map.get(&key) else {
+            return false;
+        };
+        let Some((&nk, &next)) = self
+            .map
+            .range((Bound::Excluded(key), Bound::Unbounded))
+            .next()
+        else {
+            return false;
+        };
+        if cur.file_end() != nk || cur.addr_end() != next.addr || cur.state != next.state {
+            return false;
+        }
+        self.map.remove(&nk);
+        if let Some(e) = self.map.get_mut(&key) {
+            e.len += next.len;
+        }
+        true
+    }
+
+    /// Merges every mergeable neighbour pair whose second extent starts in
+    /// `[off, end]`, including the pairs across both boundaries.
+    fn merge_range(&mut self, off: u64, end: u64) {
+        let mut cur = match self.map.range(..off).next_back() {
+            Some((&k, _)) => k,
+            None => match self.map.range(off..).next() {
+                Some((&k, _)) => k,
+                None => return,
+            },
+        };
+        while cur < end {
+            if self.merge_with_next(cur) {
+                continue;
+            }
+            match self
+                .map
+                .range((Bound::Excluded(cur), Bound::Unbounded))
+                .next()
+            {
+                Some((&k, _)) => cur = k,
+                None => return,
+            }
+        }
+    }
+}
+
+fn describe(e: &Extent) -> String {
+    format!(
+        "[file {}+{} at device {}, {:?}]",
+        e.file_off, e.len, e.addr, e.state
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const BS: u64 = 4096;
+
+    fn ext(blk: u64, nblk: u64, addr_blk: u64, state: ExtentState) -> Extent {
+        Extent {
+            file_off: blk * BS,
+            len: nblk * BS,
+            addr: addr_blk * BS,
+            state,
+        }
+    }
+
+    use ExtentState::{Unwritten as U, Written as W};
+
+    #[test]
+    fn lookup_holes_and_extents() {
+        let mut m = ExtentMap::new(BS as u32);
+        assert_eq!(m.lookup(0), Lookup::Hole { end: None });
+        m.insert(ext(2, 2, 10, W)).unwrap();
+        assert_eq!(m.lookup(0), Lookup::Hole { end: Some(2 * BS) });
+        assert_eq!(m.lookup(2 * BS + 17), Lookup::Extent(ext(2, 2, 10, W)));
+        assert_eq!(m.lookup(4 * BS), Lookup::Hole { end: None });
+        assert_eq!(m.holes_in(0, 6 * BS), vec![(0, 2 * BS), (4 * BS, 2 * BS)]);
+        assert_eq!(m.hole_bytes_in(3 * BS, 3 * BS), 2 * BS);
+        assert_eq!(m.holes_in(2 * BS, 2 * BS), vec![]);
+    }
+
+    #[test]
+    fn insert_merges_both_sides_and_rejects_overlap() {
+        let mut m = ExtentMap::new(BS as u32);
+        m.insert(ext(0, 1, 10, U)).unwrap();
+        m.insert(ext(2, 1, 12, U)).unwrap();
+        m.insert(ext(1, 1, 11, U)).unwrap();
+        assert_eq!(
+            m.iter().copied().collect::<Vec<_>>(),
+            vec![ext(0, 3, 10, U)]
+        );
+        let err = m.insert(ext(2, 2, 50, U)).unwrap_err();
+        assert!(err.contains("not a hole"), "{err}");
+        // Different state or device discontinuity: no merge.
+        m.insert(ext(3, 1, 13, W)).unwrap();
+        m.insert(ext(4, 1, 99, W)).unwrap();
+        assert_eq!(m.len(), 3);
+        m.check().unwrap();
+    }
+
+    #[test]
+    fn insert_rejects_bad_extents() {
+        let mut m = ExtentMap::new(BS as u32);
+        assert!(m.insert(ext(0, 0, 1, W)).unwrap_err().contains("empty"));
+        let huge = Extent {
+            file_off: u64::MAX - BS + 1 - (u64::MAX - BS + 1) % BS,
+            len: 2 * BS,
+            addr: 0,
+            state: W,
+        };
+        assert!(m.insert(huge).unwrap_err().contains("overflow"));
+        assert!(m.is_empty());
+    }
+
+    #[test]
+    fn remove_splits_and_returns_device_ranges() {
+        let mut m = ExtentMap::new(BS as u32);
+        m.insert(ext(0, 4, 100, W)).unwrap();
+        m.insert(ext(6, 4, 200, U)).unwrap();
+        let freed = m.remove_range(2 * BS, 6 * BS);
+        assert_eq!(freed, vec![(102 * BS, 2 * BS), (200 * BS, 2 * BS)]);
+        assert_eq!(
+            m.iter().copied().collect::<Vec<_>>(),
+            vec![ext(0, 2, 100, W), ext(8, 2, 202, U)]
+        );
+        assert_eq!(m.allocated_bytes(), 4 * BS);
+        assert_eq!(
+            m.truncate_blocks_from(BS),
+            vec![(101 * BS, BS), (202 * BS, 2 * BS)]
+        );
+        assert_eq!(m.allocated_bytes(), BS);
+        m.check().unwrap();
+    }
+
+    #[test]
+    fn convert_splits_then_merges() {
+        let mut m = ExtentMap::new(BS as u32);
+        m.insert(ext(0, 8, 100, U)).unwrap();
+        assert_eq!(m.convert_written(2 * BS, 2 * BS), 2 * BS);
+        assert_eq!(m.len(), 3);
+        assert_eq!(m.convert_written(0, 8 * BS), 6 * BS);
+        assert_eq!(
+            m.iter().copied().collect::<Vec<_>>(),
+            vec![ext(0, 8, 100, W)]
+        );
+        assert_eq!(m.convert_written(0, 8 * BS), 0);
+        m.check().unwrap();
+    }
+
+    #[test]
+    fn from_extents_validates() {
+        let ok =
+            ExtentMap::from_extents(BS as u32, vec![ext(0, 1, 5, W), ext(1, 1, 6, W)]).unwrap();
+        assert_eq!(ok.len(), 2, "extents are kept as given");
+        let err =
+            ExtentMap::from_extents(BS as u32, vec![ext(0, 2, 5, W), ext(1, 1, 9, W)]).unwrap_err();
+        assert!(err.starts_with("extent #1"), "{err}");
+        let err =
+            ExtentMap::from_extents(BS as u32, vec![ext(3, 1, 5, W), ext(1, 1, 9, W)]).unwrap_err();
+        assert!(err.contains("not sorted"), "{err}");
+        let unaligned = Extent {
+            file_off: 0,
+            len: BS,
+            addr: 7,
+            state: W,
+        };
+        let err = ExtentMap::from_extents(BS as u32, vec![unaligned]).unwrap_err();
+        assert!(err.contains("aligned"), "{err}");
+        let mut m = ExtentMap::new(BS as u32);
+        assert!(m.insert(unaligned).unwrap_err().contains("aligned"));
+    }
+
+    // ---- model test -------------------------------------------------------
+
+    const FILE_BLOCKS: u64 = 48;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert {
+            blk: u64,
+            nblk: u64,
+            addr_blk: Option<u64>,
+            written: bool,
+        },
+        Remove {
+            blk: u64,
+            nblk: u64,
+        },
+        Convert {
+            blk: u64,
+            nblk: u64,
+        },
+        Truncate {
+            blk: u64,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0..FILE_BLOCKS, 1..8u64, prop::option::of(0..64u64), any::<bool>()).prop_map(
+                |(blk, nblk, addr_blk, written)| Op::Insert { blk, nblk, addr_blk, written }
+            ),
+            2 => (0..FILE_BLOCKS, 0..16u64).prop_map(|(blk, nblk)| Op::Remove { blk, nblk }),
+            2 => (0..FILE_BLOCKS, 0..16u64).prop_map(|(blk, nblk)| Op::Convert { blk, nblk }),
+            1 => (0..FILE_BLOCKS + 2).prop_map(|blk| Op::Truncate { blk }),
+        ]
+    }
+
+    type Model = Vec<Option<(u64, ExtentState)>>;
+
+    fn blocks_of(ranges: &[(u64, u64)]) -> Vec<u64> {
+        let mut v: Vec<u64> = ranges
+            .iter()
+            .flat_map(|&(a, l)| (a / BS..(a + l) / BS).collect::<Vec<_>>())
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    fn model_remove(model: &mut Model, blk: u64, end: u64) -> Vec<u64> {
+        let mut freed = Vec::new();
+        for b in blk..end.min(model.len() as u64) {
+            if let Some((a, _)) = model[b as usize].take() {
+                freed.push(a);
+            }
+        }
+        freed.sort_unstable();
+        freed
+    }
+
+    fn check_against(m: &ExtentMap, model: &Model) -> Result<(), TestCaseError> {
+        m.check().map_err(TestCaseError::fail)?;
+        // Built from an empty map, merging must be complete.
+        let exts: Vec<Extent> = m.iter().copied().collect();
+        prop_assert_eq!(exts.len(), m.len());
+        for w in exts.windows(2) {
+            prop_assert!(
+                !(w[0].file_end() == w[1].file_off
+                    && w[0].addr_end() == w[1].addr
+                    && w[0].state == w[1].state),
+                "not merged: {:?}",
+                w
+            );
+        }
+        let mapped = model.iter().filter(|b| b.is_some()).count() as u64;
+        prop_assert_eq!(m.allocated_bytes(), mapped * BS);
+        for b in 0..model.len() as u64 {
+            for pos in [b * BS, b * BS + BS / 2, b * BS + BS - 1] {
+                match (m.lookup(pos), model[b as usize]) {
+                    (Lookup::Extent(e), Some((addr, state))) => {
+                        prop_assert!(e.file_off <= pos && pos < e.file_end());
+                        prop_assert_eq!((e.addr + (b * BS - e.file_off)) / BS, addr);
+                        prop_assert_eq!(e.state, state);
+                    }
+                    (Lookup::Hole { end }, None) => {
+                        let next = (b..model.len() as u64)
+                            .find(|&n| model[n as usize].is_some())
+                            .map(|n| n * BS);
+                        prop_assert_eq!(end, next, "hole end at block {}", b);
+                    }
+                    (got, want) => {
+                        prop_assert!(false, "block {}: map {:?}, model {:?}", b, got, want)
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn model_holes(model: &Model, blk: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut holes: Vec<(u64, u64)> = Vec::new();
+        for b in blk..end {
+            if model.get(b as usize).copied().flatten().is_none() {
+                match holes.last_mut() {
+                    Some((o, l)) if *o + *l == b * BS => *l += BS,
+                    _ => holes.push((b * BS, BS)),
+                }
+            }
+        }
+        holes
+    }
+
+    proptest! {
+        #[test]
+        fn matches_block_model(ops in prop::collection::vec(op(), 1..60)) {
+            // Room past FILE_BLOCKS so inserts near the end fit.
+            let mut model: Model = vec![None; (FILE_BLOCKS + 8) as usize];
+            let mut m = ExtentMap::new(BS as u32);
+            for op in ops {
+                match op {
+                    Op::Insert { blk, nblk, addr_blk, written } => {
+                        // `None`: the identity placement, so neighbours merge.
+                        let addr_blk = addr_blk.unwrap_or(1000 + blk);
+                        let state = if written { W } else { U };
+                        let is_hole = (blk..blk + nblk).all(|b| model[b as usize].is_none());
+                        let r = m.insert(ext(blk, nblk, addr_blk, state));
+                        prop_assert_eq!(r.is_ok(), is_hole, "{:?}", r);
+                        if is_hole {
+                            for i in 0..nblk {
+                                model[(blk + i) as usize] = Some(((addr_blk + i), state));
+                            }
+                        }
+                    }
+                    Op::Remove { blk, nblk } => {
+                        let freed = m.remove_range(blk * BS, nblk * BS);
+                        let want = model_remove(&mut model, blk, blk + nblk);
+                        prop_assert_eq!(blocks_of(&freed), want);
+                    }
+                    Op::Convert { blk, nblk } => {
+                        let n = m.convert_written(blk * BS, nblk * BS);
+                        let mut want = 0;
+                        for b in blk..(blk + nblk).min(model.len() as u64) {
+                            if let Some((_, s)) = &mut model[b as usize] {
+                                if *s == U {
+                                    *s = W;
+                                    want += BS;
+                                }
+                            }
+                        }
+                        prop_assert_eq!(n, want);
+                    }
+                    Op::Truncate { blk } => {
+                        let freed = m.truncate_blocks_from(blk * BS);
+                        let want = model_remove(&mut model, blk, u64::MAX);
+                        prop_assert_eq!(blocks_of(&freed), want);
+                    }
+                }
+                check_against(&m, &model)?;
+                for (blk, nblk) in [(0, FILE_BLOCKS + 8), (3, 9), (FILE_BLOCKS / 2, 5)] {
+                    let want = model_holes(&model, blk, blk + nblk);
+                    prop_assert_eq!(m.holes_in(blk * BS, nblk * BS), want.clone());
+                    let bytes: u64 = want.iter().map(|h| h.1).sum();
+                    prop_assert_eq!(m.hole_bytes_in(blk * BS, nblk * BS), bytes);
+                }
+                let rebuilt = ExtentMap::from_extents(BS as u32, m.iter().copied().collect())
+                    .map_err(TestCaseError::fail)?;
+                prop_assert_eq!(&rebuilt, &m);
+            }
+        }
+    }
+}

@@ -1,8 +1,30 @@
 //! Open files: data I/O, sync, space management.
-//! (API surface; implementation in progress.)
+//!
+//! Direct handles go straight to the iomap engine. A write first runs under
+//! the inode's *shared* I/O lock with `OVERWRITE_ONLY`: a pure overwrite needs
+//! nothing else. If the mapping says allocation, conversion, zeroing or an EOF
+//! crossing is needed, the engine reports `WouldBlock` and the write is
+//! retried under the *exclusive* lock after draining in-flight direct I/O, so
+//! zeroing never races another writer in the same block.
+//!
+//! Non-direct handles accept any byte offset and length. Until the folio
+//! cache exists they read-modify-write whole device blocks under the
+//! exclusive lock — correct, not fast.
 
-use crate::types::{FileKind, Ino};
-use crate::Result;
+use std::sync::Arc;
+
+use blockdev::AlignedBuf;
+use iomap::dio::{self, DioWriteOutcome};
+use iomap::{IomapError, IomapOpFlags};
+
+use crate::extent_map::Lookup;
+use crate::iomap_ops::{allocate_holes, FsOps};
+use crate::types::{ExtentState, FileKind, Ino, Record};
+use crate::volume::{now_ns, OpenInode, VolumeInner};
+use crate::{Error, Result};
+
+/// Largest file size: keeps every offset computation far from overflow.
+pub const MAX_FILE_SIZE: u64 = 1 << 60;
 
 /// How to open a file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,50 +79,455 @@ pub struct FiemapExtent {
     pub kind: FiemapKind,
 }
 
-/// An open regular file.
+/// An open regular file. Closing (dropping) the last handle of an unlinked
+/// file frees its space.
 pub struct File {
-    _private: (),
+    vol: Arc<VolumeInner>,
+    inode: Arc<OpenInode>,
+    flags: OpenFlags,
+    path: String,
+}
+
+fn round_down(x: u64, unit: u64) -> u64 {
+    x - x % unit
+}
+
+fn round_up(x: u64, unit: u64) -> u64 {
+    x.div_ceil(unit) * unit
+}
+
+impl Drop for File {
+    fn drop(&mut self) {
+        self.vol.release_handle(self.inode.ino);
+    }
 }
 
 impl File {
+    pub(crate) fn new(
+        vol: Arc<VolumeInner>,
+        inode: Arc<OpenInode>,
+        flags: OpenFlags,
+        path: String,
+    ) -> File {
+        File {
+            vol,
+            inode,
+            flags,
+            path,
+        }
+    }
+
     pub fn ino(&self) -> Ino {
-        todo!()
+        self.inode.ino
     }
+
     pub fn flags(&self) -> OpenFlags {
-        todo!()
+        self.flags
     }
+
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn ops(&self) -> FsOps<'_> {
+        FsOps { vol: &self.vol }
+    }
+
+    fn logical_block(&self) -> u64 {
+        u64::from(self.vol.dev.caps().logical_block_size)
+    }
+
+    fn block(&self) -> u64 {
+        u64::from(self.vol.block_size)
+    }
+
+    /// Wraps an error with this file's path and the offset it concerns.
+    fn at(&self, offset: u64, err: Error) -> Error {
+        match err {
+            Error::At { .. } | Error::Shutdown { .. } => err,
+            other => Error::At {
+                path: self.path.clone(),
+                offset,
+                source: Box::new(other),
+            },
+        }
+    }
+
+    fn size(&self) -> Result<u64> {
+        let meta = self.vol.meta.lock();
+        meta.state
+            .inode(self.inode.ino)
+            .map(|i| i.size)
+            .ok_or(Error::Stale {
+                ino: self.inode.ino,
+            })
+    }
+
+    fn check_writable(&self, offset: u64, len: u64) -> Result<()> {
+        self.vol.check_live()?;
+        if self.flags.read_only {
+            return Err(Error::invalid(&self.path, "file is open read-only"));
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= MAX_FILE_SIZE => Ok(()),
+            _ => Err(Error::invalid(
+                format!("{} at offset {offset} length {len}", self.path),
+                format!("range ends past the largest file size {MAX_FILE_SIZE}"),
+            )),
+        }
+    }
+
+    fn check_direct_alignment(&self, offset: u64, len: u64) -> Result<()> {
+        let lbs = self.logical_block();
+        if offset % lbs != 0 || len % lbs != 0 {
+            return Err(IomapError::Unaligned {
+                pos: offset,
+                len,
+                alignment: lbs as u32,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// A device-aligned buffer for a read-modify-write or unaligned read.
+    fn bounce_buffer(&self, len: u64) -> Result<AlignedBuf> {
+        let align = self.vol.dev.caps().memory_alignment as usize;
+        AlignedBuf::new(len as usize, align).map_err(|e| {
+            Error::invalid(format!("{}: bounce buffer of {len} bytes", self.path), e.to_string())
+        })
+    }
+
     /// Reads at `offset`; returns bytes read (short at EOF).
-    pub fn pread(&self, _buf: &mut [u8], _offset: u64) -> Result<usize> {
-        todo!()
+    pub fn pread(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        self.vol.check_live().map_err(|e| self.at(offset, e))?;
+        if self.flags.direct {
+            self.check_direct_alignment(offset, buf.len() as u64)
+                .map_err(|e| self.at(offset, e))?;
+        }
+        let _shared = self.inode.io_lock.lock_shared();
+        self.read_locked(buf, offset)
+            .map_err(|e| self.at(offset, e))
     }
+
+    /// Reads with the I/O lock held (either mode).
+    fn read_locked(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
+        let size = self.size()?;
+        if offset >= size || buf.is_empty() {
+            return Ok(0);
+        }
+        let len = (buf.len() as u64).min(size - offset) as usize;
+        let lbs = self.logical_block();
+        let ops = self.ops();
+        let dev = &*self.vol.dev;
+        let flags = IomapOpFlags::DIRECT;
+        if offset % lbs == 0 && buf.len() as u64 % lbs == 0 {
+            // Aligned: read whole device blocks straight into the caller's
+            // buffer; bytes between EOF and the block end are zero on disk.
+            let aligned_len = round_up(len as u64, lbs) as usize;
+            dio::dio_read(&ops, dev, &self.inode, offset, &mut buf[..aligned_len], flags)?;
+            return Ok(len);
+        }
+        let start = round_down(offset, lbs);
+        let end = round_up(offset + len as u64, lbs);
+        let mut bounce = self.bounce_buffer(end - start)?;
+        dio::dio_read(&ops, dev, &self.inode, start, &mut bounce, flags)?;
+        let skip = (offset - start) as usize;
+        buf[..len].copy_from_slice(&bounce[skip..skip + len]);
+        Ok(len)
+    }
+
     /// Writes at `offset`; returns bytes written.
-    pub fn pwrite(&self, _buf: &[u8], _offset: u64) -> Result<usize> {
-        todo!()
+    pub fn pwrite(&self, buf: &[u8], offset: u64) -> Result<usize> {
+        self.check_writable(offset, buf.len() as u64)
+            .map_err(|e| self.at(offset, e))?;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let result = if self.flags.direct {
+            self.check_direct_alignment(offset, buf.len() as u64)
+                .and_then(|()| self.direct_write(buf, offset))
+        } else {
+            let _exclusive = self.inode.io_lock.lock_exclusive();
+            self.inode.io_lock.drain_dio();
+            self.rmw_write_locked(buf, offset)
+        };
+        let outcome = result.map_err(|e| self.at(offset, e))?;
+        if self.flags.dsync || self.flags.sync {
+            self.sync_after_write(&outcome)
+                .map_err(|e| self.at(offset, e))?;
+        }
+        Ok(buf.len())
     }
+
+    fn direct_write(&self, buf: &[u8], offset: u64) -> Result<DioWriteOutcome> {
+        let ops = self.ops();
+        let dev = &*self.vol.dev;
+        let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT;
+        if self.flags.dsync || self.flags.sync {
+            flags = flags | IomapOpFlags::DSYNC;
+        }
+        {
+            let _shared = self.inode.io_lock.lock_shared();
+            let _inflight = self.inode.io_lock.dio_begin();
+            match dio::dio_write(
+                &ops,
+                dev,
+                &self.inode,
+                offset,
+                buf,
+                flags | IomapOpFlags::OVERWRITE_ONLY,
+            ) {
+                Err(Error::Iomap(IomapError::WouldBlock)) => {}
+                other => return other,
+            }
+        }
+        let _exclusive = self.inode.io_lock.lock_exclusive();
+        self.inode.io_lock.drain_dio();
+        let _inflight = self.inode.io_lock.dio_begin();
+        dio::dio_write(&ops, dev, &self.inode, offset, buf, flags)
+    }
+
+    /// Writes any byte range by reading the partial device blocks at its
+    /// edges and writing whole blocks. The caller holds the exclusive lock.
+    fn rmw_write_locked(&self, buf: &[u8], offset: u64) -> Result<DioWriteOutcome> {
+        let lbs = self.logical_block();
+        let end = offset + buf.len() as u64;
+        let start_aligned = round_down(offset, lbs);
+        let end_aligned = round_up(end, lbs);
+        let ops = self.ops();
+        let dev = &*self.vol.dev;
+        if start_aligned == offset && end_aligned == end {
+            return dio::dio_write(&ops, dev, &self.inode, offset, buf, IomapOpFlags::WRITE | IomapOpFlags::DIRECT);
+        }
+        let mut merged = self.bounce_buffer(end_aligned - start_aligned)?;
+        if start_aligned < offset {
+            self.read_locked(&mut merged[..lbs as usize], start_aligned)?;
+        }
+        let tail_start = end_aligned - lbs;
+        if end < end_aligned && (tail_start > start_aligned || start_aligned == offset) {
+            let at = (tail_start - start_aligned) as usize;
+            self.read_locked(&mut merged[at..at + lbs as usize], tail_start)?;
+        }
+        let skip = (offset - start_aligned) as usize;
+        merged[skip..skip + buf.len()].copy_from_slice(buf);
+        let old_size = self.size()?;
+        *self.inode.write_size_cap.lock() = Some(old_size.max(end));
+        let result = dio::dio_write(
+            &ops,
+            dev,
+            &self.inode,
+            start_aligned,
+            &merged,
+            IomapOpFlags::WRITE | IomapOpFlags::DIRECT,
+        );
+        *self.inode.write_size_cap.lock() = None;
+        result
+    }
+
+    /// Makes a DSYNC/SYNC write durable: a pure overwrite needs only its data
+    /// flushed; anything else commits the journal (which flushes first).
+    fn sync_after_write(&self, outcome: &DioWriteOutcome) -> Result<()> {
+        if outcome.pure_overwrite && !self.flags.sync {
+            self.vol
+                .dev
+                .flush()
+                .map_err(|e| Error::device("dsync write: flush", e))
+        } else {
+            self.vol.commit()
+        }
+    }
+
+    /// Makes this file's data and metadata durable. (Commits the whole
+    /// journal: one commit covers every file.)
     pub fn fsync(&self) -> Result<()> {
-        todo!()
+        self.vol.commit().map_err(|e| self.at(0, e))
     }
+
+    /// Makes this file's data and the metadata needed to read it durable.
     pub fn fdatasync(&self) -> Result<()> {
-        todo!()
+        self.vol.commit().map_err(|e| self.at(0, e))
     }
+
     /// Allocates unwritten space for `[offset, offset+len)`; raises the size
-    /// unless `keep_size`.
-    pub fn fallocate(&self, _offset: u64, _len: u64, _keep_size: bool) -> Result<()> {
-        todo!()
+    /// unless `keep_size`. Out of space changes nothing.
+    pub fn fallocate(&self, offset: u64, len: u64, keep_size: bool) -> Result<()> {
+        self.check_writable(offset, len)
+            .map_err(|e| self.at(offset, e))?;
+        if len == 0 {
+            return Err(self.at(offset, Error::invalid("fallocate", "length 0")));
+        }
+        let _exclusive = self.inode.io_lock.lock_exclusive();
+        self.inode.io_lock.drain_dio();
+        let block = self.block();
+        let end = offset + len;
+        {
+            let mut meta = self.vol.meta.lock();
+            allocate_holes(
+                &self.vol,
+                &mut meta,
+                self.inode.ino,
+                round_down(offset, block),
+                round_up(end, block),
+            )
+            .map_err(|e| self.at(offset, e))?;
+            let size = meta
+                .state
+                .inode(self.inode.ino)
+                .map(|i| i.size)
+                .ok_or(Error::Stale {
+                    ino: self.inode.ino,
+                })?;
+            if !keep_size && end > size {
+                meta.log(Record::SetSize {
+                    ino: self.inode.ino,
+                    size: end,
+                    mtime_ns: now_ns(),
+                })
+                .map_err(|e| self.at(offset, e))?;
+            }
+        }
+        self.vol.commit_if_due()
     }
+
+    /// Writes zeros over `[offset, end)` where it is written data inside EOF;
+    /// the range lies within one file-system block. Unwritten space and holes
+    /// already read as zeros. Caller holds the exclusive lock.
+    fn zero_partial_block_locked(&self, offset: u64, end: u64) -> Result<()> {
+        let size = self.size()?;
+        let end = end.min(size);
+        if offset >= end {
+            return Ok(());
+        }
+        let written = {
+            let meta = self.vol.meta.lock();
+            let inode = meta.state.inode(self.inode.ino).ok_or(Error::Stale {
+                ino: self.inode.ino,
+            })?;
+            matches!(inode.extents.lookup(offset), Lookup::Extent(e) if e.state == ExtentState::Written)
+        };
+        if written {
+            let zeros = vec![0u8; (end - offset) as usize];
+            self.rmw_write_locked(&zeros, offset)?;
+        }
+        Ok(())
+    }
+
     /// Deallocates `[offset, offset+len)`; it reads as zeros afterwards.
-    pub fn punch_hole(&self, _offset: u64, _len: u64) -> Result<()> {
-        todo!()
+    pub fn punch_hole(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_writable(offset, len)
+            .map_err(|e| self.at(offset, e))?;
+        if len == 0 {
+            return Ok(());
+        }
+        let _exclusive = self.inode.io_lock.lock_exclusive();
+        self.inode.io_lock.drain_dio();
+        let block = self.block();
+        let end = offset + len;
+        let inner_start = round_up(offset, block);
+        let inner_end = round_down(end, block);
+        let result = (|| {
+            if inner_start >= inner_end {
+                // Within one block, or straddling two without covering either.
+                let first_end = inner_start.min(end);
+                self.zero_partial_block_locked(offset, first_end)?;
+                if first_end < end {
+                    self.zero_partial_block_locked(first_end, end)?;
+                }
+                return Ok(());
+            }
+            self.zero_partial_block_locked(offset, inner_start)?;
+            self.zero_partial_block_locked(inner_end, end)?;
+            let mut meta = self.vol.meta.lock();
+            meta.reserve_image(&self.vol.sb, crate::volume::image_bytes_for_extents(1))?;
+            meta.log(Record::Punch {
+                ino: self.inode.ino,
+                file_off: inner_start,
+                len: inner_end - inner_start,
+                mtime_ns: now_ns(),
+            })?;
+            Ok(())
+        })();
+        result.map_err(|e| self.at(offset, e))?;
+        self.vol.commit_if_due()
     }
-    pub fn truncate(&self, _size: u64) -> Result<()> {
-        todo!()
+
+    /// Sets the size. Shrinking frees the space past it; growing leaves a
+    /// hole.
+    pub fn truncate(&self, size: u64) -> Result<()> {
+        self.check_writable(size, 0).map_err(|e| self.at(size, e))?;
+        let _exclusive = self.inode.io_lock.lock_exclusive();
+        self.inode.io_lock.drain_dio();
+        let block = self.block();
+        let result = (|| {
+            let old = self.size()?;
+            if size < old && size % block != 0 {
+                // Bytes past the new EOF must read as zeros if the file grows
+                // again: clear them on disk before the size drops.
+                self.zero_partial_block_locked(size, round_up(size, block))?;
+            }
+            let mut meta = self.vol.meta.lock();
+            meta.log(Record::SetSize {
+                ino: self.inode.ino,
+                size,
+                mtime_ns: now_ns(),
+            })?;
+            Ok(())
+        })();
+        result.map_err(|e| self.at(size, e))?;
+        self.vol.commit_if_due()
     }
+
     pub fn stat(&self) -> Result<Stat> {
-        todo!()
+        self.vol.check_live()?;
+        let meta = self.vol.meta.lock();
+        if meta.state.inode(self.inode.ino).is_none() {
+            return Err(Error::Stale {
+                ino: self.inode.ino,
+            });
+        }
+        Ok(self.vol.stat_locked(&meta, self.inode.ino))
     }
+
     /// The file's map from 0 to EOF (and unwritten space beyond it):
     /// data, unwritten and hole ranges in order.
     pub fn fiemap(&self) -> Result<Vec<FiemapExtent>> {
-        todo!()
+        self.vol.check_live()?;
+        let meta = self.vol.meta.lock();
+        let inode = meta.state.inode(self.inode.ino).ok_or(Error::Stale {
+            ino: self.inode.ino,
+        })?;
+        let mut out = Vec::new();
+        let mut cursor = 0u64;
+        for ext in inode.extents.iter() {
+            if ext.file_off > cursor {
+                out.push(FiemapExtent {
+                    offset: cursor,
+                    length: ext.file_off - cursor,
+                    addr: 0,
+                    kind: FiemapKind::Hole,
+                });
+            }
+            out.push(FiemapExtent {
+                offset: ext.file_off,
+                length: ext.len,
+                addr: ext.addr,
+                kind: match ext.state {
+                    ExtentState::Written => FiemapKind::Data,
+                    ExtentState::Unwritten => FiemapKind::Unwritten,
+                },
+            });
+            cursor = ext.file_end();
+        }
+        let eof = round_up(inode.size, self.block());
+        if eof > cursor {
+            out.push(FiemapExtent {
+                offset: cursor,
+                length: eof - cursor,
+                addr: 0,
+                kind: FiemapKind::Hole,
+            });
+        }
+        Ok(out)
     }
 }

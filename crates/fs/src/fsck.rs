@@ -1,9 +1,19 @@
-//! Offline consistency check. (API surface; implementation in progress.)
+//! Offline consistency check.
+//!
+//! fsck loads the volume exactly as mount does (superblock, newest valid
+//! checkpoint, journal replay, free space rebuilt from the extents — which
+//! already rejects extents that overlap each other or leave the data area),
+//! then checks what loading alone does not: extent maps, sizes, link counts
+//! and the shape of the directory tree. It never writes.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use blockdev::BlockDevice;
 
+use crate::state::MetaState;
+use crate::types::{ExtentState, FileKind, Ino, ROOT_INO};
+use crate::volume::load;
 use crate::Result;
 
 /// What fsck found. Clean when `problems` is empty.
@@ -11,6 +21,8 @@ use crate::Result;
 pub struct FsckReport {
     /// One line per inconsistency, saying what and where.
     pub problems: Vec<String>,
+    /// Findings that are not damage (e.g. orphans the next mount frees).
+    pub notes: Vec<String>,
     pub inodes: u64,
     pub directories: u64,
     pub extents: u64,
@@ -29,9 +41,140 @@ impl FsckReport {
     }
 }
 
-/// Checks the volume on `device` without modifying it. Returns `Err` only when
-/// the volume cannot be read at all (no valid superblock or checkpoint, device
-/// error); every other inconsistency is a line in the report.
-pub fn check(_device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
-    todo!()
+/// Checks the volume on `device` without modifying it. Returns `Err` when
+/// the volume cannot be loaded at all (no valid superblock or checkpoint,
+/// overlapping extents, a journal record that does not apply, device error);
+/// every other inconsistency is a line in the report.
+pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
+    let loaded = load(&*device)?;
+    let mut report = FsckReport {
+        data_bytes: loaded.sb.layout.data.len,
+        journal_records: loaded.replay_end.records,
+        checkpoint_generation: loaded.generation,
+        used_bytes: loaded.alloc.used_bytes(),
+        ..FsckReport::default()
+    };
+    if let Err(reason) = loaded.alloc.check() {
+        report.problems.push(format!("free space: {reason}"));
+    }
+    check_state(&loaded.state, &mut report);
+    Ok(report)
+}
+
+fn check_state(state: &MetaState, report: &mut FsckReport) {
+    let block = u64::from(state.block_size);
+    let mut names: HashMap<Ino, u32> = HashMap::new();
+    let mut inos: Vec<&Ino> = state.inodes.keys().collect();
+    inos.sort_unstable();
+    for &ino in &inos {
+        let inode = &state.inodes[ino];
+        report.inodes += 1;
+        if *ino >= state.next_ino {
+            report.problems.push(format!(
+                "inode {ino}: number not below next inode {}",
+                state.next_ino
+            ));
+        }
+        match inode.kind {
+            FileKind::Directory => {
+                report.directories += 1;
+                if inode.extents.len() != 0 {
+                    report
+                        .problems
+                        .push(format!("directory {ino}: has data extents"));
+                }
+                for (name, child) in &inode.entries {
+                    if state.inodes.contains_key(child) {
+                        *names.entry(*child).or_default() += 1;
+                    } else {
+                        report.problems.push(format!(
+                            "directory {ino}: entry {name:?} names missing inode {child}"
+                        ));
+                    }
+                }
+            }
+            FileKind::Regular => {
+                if !inode.entries.is_empty() {
+                    report
+                        .problems
+                        .push(format!("file {ino}: has directory entries"));
+                }
+                if let Err(reason) = inode.extents.check() {
+                    report
+                        .problems
+                        .push(format!("file {ino}: extent map: {reason}"));
+                }
+                report.extents += inode.extents.len() as u64;
+                let eof_block_end = inode.size.div_ceil(block) * block;
+                for ext in inode.extents.iter() {
+                    if ext.state == ExtentState::Written && ext.file_end() > eof_block_end {
+                        report.problems.push(format!(
+                            "file {ino}: written extent at file offset {} length {} (device byte {}) lies past EOF {}",
+                            ext.file_off, ext.len, ext.addr, inode.size
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    for &ino in &inos {
+        let inode = &state.inodes[ino];
+        let linked = names.get(ino).copied().unwrap_or(0);
+        if *ino == ROOT_INO {
+            if linked != 0 {
+                report
+                    .problems
+                    .push("root directory is named by a directory entry".to_string());
+            }
+            continue;
+        }
+        if linked > 1 {
+            report
+                .problems
+                .push(format!("inode {ino}: named by {linked} directory entries"));
+        }
+        if inode.nlink != linked {
+            if inode.nlink == 0 && linked == 0 {
+                continue;
+            }
+            report.problems.push(format!(
+                "inode {ino}: link count {} but {linked} directory entries",
+                inode.nlink
+            ));
+        } else if linked == 0 {
+            report.notes.push(format!(
+                "inode {ino}: unlinked while open; the next mount frees it"
+            ));
+        }
+    }
+    // Every directory must be reachable from the root without cycles.
+    let mut seen: HashSet<Ino> = HashSet::new();
+    let mut stack = vec![ROOT_INO];
+    while let Some(dir) = stack.pop() {
+        if !seen.insert(dir) {
+            report
+                .problems
+                .push(format!("directory {dir}: reachable twice (cycle)"));
+            continue;
+        }
+        if let Some(inode) = state.inodes.get(&dir) {
+            for child in inode.entries.values() {
+                if state
+                    .inodes
+                    .get(child)
+                    .is_some_and(|c| c.kind == FileKind::Directory)
+                {
+                    stack.push(*child);
+                }
+            }
+        }
+    }
+    for &ino in &inos {
+        let inode = &state.inodes[ino];
+        if inode.kind == FileKind::Directory && inode.nlink > 0 && !seen.contains(ino) {
+            report
+                .problems
+                .push(format!("directory {ino}: not reachable from the root"));
+        }
+    }
 }

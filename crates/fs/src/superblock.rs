@@ -1,1 +1,792 @@
-//! (in progress)
+//! The superblock: block 0 of the device. It names the volume (uuid), its
+//! format version and features, and where everything else lives ([`Layout`]).
+//!
+//! The superblock is written once, at format time, with FUA; it never changes
+//! afterwards, so it is never torn by a later crash. Byte layout: see
+//! `docs/FORMAT.md`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use blockdev::{BlockDevice, WriteMode};
+
+use crate::codec::{Decoder, Encoder};
+use crate::error::{Error, Result};
+
+/// First 8 bytes of every iomapfs device.
+pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"IOMAPFS1";
+/// The one on-disk format version this code reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Feature bits this code understands. Version 1 defines none: an unknown
+/// incompat bit refuses the mount, an unknown ro_compat bit refuses writes,
+/// an unknown compat bit is ignored.
+pub const FEATURES_COMPAT_SUPPORTED: u64 = 0;
+pub const FEATURES_INCOMPAT_SUPPORTED: u64 = 0;
+pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = 0;
+
+pub const MIN_BLOCK_SIZE: u32 = 512;
+pub const MAX_BLOCK_SIZE: u32 = 65536;
+
+/// Smallest data area, in blocks.
+pub const MIN_DATA_BLOCKS: u64 = 16;
+/// Smallest journal and checkpoint slot accepted, in blocks (when the sizes
+/// are given explicitly, or read from a superblock).
+pub const MIN_JOURNAL_BLOCKS: u64 = 8;
+pub const MIN_CHECKPOINT_SLOT_BLOCKS: u64 = 2;
+
+/// Default journal size: the device size divided by this, clamped to
+/// [`DEFAULT_JOURNAL_MIN_BLOCKS`] blocks .. [`DEFAULT_JOURNAL_MAX_BYTES`].
+pub const DEFAULT_JOURNAL_DIVISOR: u64 = 64;
+pub const DEFAULT_JOURNAL_MIN_BLOCKS: u64 = 64;
+pub const DEFAULT_JOURNAL_MAX_BYTES: u64 = 128 << 20;
+/// Default size of each checkpoint slot: the device size divided by this,
+/// clamped to [`DEFAULT_SLOT_MIN_BLOCKS`] blocks .. [`DEFAULT_SLOT_MAX_BYTES`].
+pub const DEFAULT_SLOT_DIVISOR: u64 = 32;
+pub const DEFAULT_SLOT_MIN_BLOCKS: u64 = 64;
+pub const DEFAULT_SLOT_MAX_BYTES: u64 = 256 << 20;
+
+/// Number of checkpoint slots.
+pub const CHECKPOINT_SLOTS: usize = 2;
+
+// Byte offsets of the superblock fields (all little-endian).
+pub const OFF_MAGIC: usize = 0;
+pub const OFF_VERSION: usize = 8;
+pub const OFF_BLOCK_SIZE: usize = 12;
+pub const OFF_UUID: usize = 16;
+pub const OFF_FEATURES_COMPAT: usize = 32;
+pub const OFF_FEATURES_INCOMPAT: usize = 40;
+pub const OFF_FEATURES_RO_COMPAT: usize = 48;
+pub const OFF_DEVICE_BYTES: usize = 56;
+/// Four regions follow, each `start: u64, len: u64`: checkpoint slot 0,
+/// checkpoint slot 1, journal, data.
+pub const OFF_REGIONS: usize = 64;
+const REGION_ENCODED_LEN: usize = 16;
+const REGION_COUNT: usize = 4;
+pub const OFF_CREATED_NS: usize = OFF_REGIONS + REGION_COUNT * REGION_ENCODED_LEN;
+/// crc32c of bytes `[0, OFF_CRC)`.
+pub const OFF_CRC: usize = OFF_CREATED_NS + 8;
+/// Bytes of the superblock that carry information; the rest of block 0 is
+/// zero.
+pub const SUPERBLOCK_ENCODED_LEN: usize = OFF_CRC + 4;
+
+const UUID_LEN: usize = 16;
+const WHAT: &str = "superblock";
+
+/// A byte range of the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Region {
+    pub start: u64,
+    pub len: u64,
+}
+
+impl Region {
+    /// One past the last byte (saturating; a decoded layout never overflows).
+    pub fn end(&self) -> u64 {
+        self.start.saturating_add(self.len)
+    }
+
+    pub fn contains(&self, offset: u64) -> bool {
+        offset >= self.start && offset < self.end()
+    }
+
+    fn overlaps(&self, other: &Region) -> bool {
+        self.start < other.end() && other.start < self.end()
+    }
+}
+
+/// Where everything lives, in bytes. Regions are block-aligned and appear in
+/// this order: superblock (block 0), checkpoint slot 0, checkpoint slot 1,
+/// journal, data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub block_size: u32,
+    /// Size of the device at format time.
+    pub device_bytes: u64,
+    pub checkpoint_slots: [Region; CHECKPOINT_SLOTS],
+    pub journal: Region,
+    pub data: Region,
+}
+
+fn check_block_size(block_size: u32) -> std::result::Result<(), String> {
+    if !block_size.is_power_of_two() || !(MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&block_size) {
+        return Err(format!(
+            "block size {block_size} is not a power of two in {MIN_BLOCK_SIZE}..={MAX_BLOCK_SIZE}"
+        ));
+    }
+    Ok(())
+}
+
+fn round_down(v: u64, align: u64) -> u64 {
+    v - v % align
+}
+
+impl Layout {
+    /// Plans a volume on a device of `device_bytes` bytes. `journal_bytes`
+    /// and `slot_bytes` (each of the two checkpoint slots), when given, must
+    /// be multiples of the block size; when `None` they are picked from the
+    /// device size (see the `DEFAULT_*` constants).
+    pub fn compute(
+        device_bytes: u64,
+        logical_block_size: u32,
+        block_size: u32,
+        journal_bytes: Option<u64>,
+        slot_bytes: Option<u64>,
+    ) -> Result<Layout> {
+        const WHAT: &str = "volume layout";
+        check_block_size(block_size).map_err(|r| Error::invalid(WHAT, r))?;
+        if logical_block_size == 0 || !logical_block_size.is_power_of_two() {
+            return Err(Error::invalid(
+                WHAT,
+                format!("device logical block size {logical_block_size} is not a power of two"),
+            ));
+        }
+        if block_size < logical_block_size {
+            return Err(Error::invalid(
+                WHAT,
+                format!(
+                    "block size {block_size} is smaller than the device's logical block size {logical_block_size}"
+                ),
+            ));
+        }
+        let bs = u64::from(block_size);
+        let pick = |given: Option<u64>,
+                    name: &str,
+                    min_blocks: u64,
+                    divisor: u64,
+                    default_min_blocks: u64,
+                    default_max: u64|
+         -> Result<u64> {
+            match given {
+                Some(v) => {
+                    if v % bs != 0 || v < min_blocks * bs {
+                        return Err(Error::invalid(
+                            WHAT,
+                            format!(
+                                "{name} size {v} must be a multiple of the block size {bs} and at least {} bytes",
+                                min_blocks * bs
+                            ),
+                        ));
+                    }
+                    Ok(v)
+                }
+                None => Ok(round_down(device_bytes / divisor, bs)
+                    .clamp(default_min_blocks * bs, default_max)),
+            }
+        };
+        let journal_len = pick(
+            journal_bytes,
+            "journal",
+            MIN_JOURNAL_BLOCKS,
+            DEFAULT_JOURNAL_DIVISOR,
+            DEFAULT_JOURNAL_MIN_BLOCKS,
+            DEFAULT_JOURNAL_MAX_BYTES,
+        )?;
+        let slot_len = pick(
+            slot_bytes,
+            "checkpoint slot",
+            MIN_CHECKPOINT_SLOT_BLOCKS,
+            DEFAULT_SLOT_DIVISOR,
+            DEFAULT_SLOT_MIN_BLOCKS,
+            DEFAULT_SLOT_MAX_BYTES,
+        )?;
+        let too_big = || {
+            Error::invalid(
+                WHAT,
+                format!("journal size {journal_len} and checkpoint slot size {slot_len} overflow"),
+            )
+        };
+        let slot0 = Region {
+            start: bs,
+            len: slot_len,
+        };
+        let slot1 = Region {
+            start: slot0.start.checked_add(slot_len).ok_or_else(too_big)?,
+            len: slot_len,
+        };
+        let journal_start = slot1.start.checked_add(slot_len).ok_or_else(too_big)?;
+        let data_start = journal_start.checked_add(journal_len).ok_or_else(too_big)?;
+        let min_device = data_start
+            .checked_add(MIN_DATA_BLOCKS * bs)
+            .ok_or_else(too_big)?;
+        if device_bytes < min_device {
+            return Err(Error::invalid(
+                WHAT,
+                format!(
+                    "device of {device_bytes} bytes is too small: with block size {bs}, two checkpoint slots of {slot_len} bytes and a journal of {journal_len} bytes it must hold at least {min_device} bytes ({MIN_DATA_BLOCKS} data blocks)"
+                ),
+            ));
+        }
+        let layout = Layout {
+            block_size,
+            device_bytes,
+            checkpoint_slots: [slot0, slot1],
+            journal: Region {
+                start: journal_start,
+                len: journal_len,
+            },
+            data: Region {
+                start: data_start,
+                len: round_down(device_bytes - data_start, bs),
+            },
+        };
+        debug_assert!(layout.validate().is_ok(), "{:?}", layout.validate());
+        Ok(layout)
+    }
+
+    /// The regions in on-disk field order, with their names.
+    fn regions(&self) -> [(&'static str, Region, u64); REGION_COUNT] {
+        [
+            (
+                "checkpoint slot 0",
+                self.checkpoint_slots[0],
+                MIN_CHECKPOINT_SLOT_BLOCKS,
+            ),
+            (
+                "checkpoint slot 1",
+                self.checkpoint_slots[1],
+                MIN_CHECKPOINT_SLOT_BLOCKS,
+            ),
+            ("journal", self.journal, MIN_JOURNAL_BLOCKS),
+            ("data area", self.data, MIN_DATA_BLOCKS),
+        ]
+    }
+
+    /// Checks that the layout is usable: valid block size, every region
+    /// block-aligned, at least its minimum size, after the superblock, inside
+    /// the device, not overlapping another, and the data area after all
+    /// metadata. On failure returns the superblock byte offset of the field
+    /// at fault and why.
+    pub fn validate(&self) -> std::result::Result<(), (usize, String)> {
+        check_block_size(self.block_size).map_err(|r| (OFF_BLOCK_SIZE, r))?;
+        let bs = u64::from(self.block_size);
+        let regions = self.regions();
+        for (i, (name, r, min_blocks)) in regions.iter().enumerate() {
+            let off = OFF_REGIONS + i * REGION_ENCODED_LEN;
+            if r.start % bs != 0 || r.len % bs != 0 {
+                return Err((
+                    off,
+                    format!(
+                        "{name} [{}, +{}) is not aligned to the block size {bs}",
+                        r.start, r.len
+                    ),
+                ));
+            }
+            if r.len < min_blocks * bs {
+                return Err((
+                    off,
+                    format!(
+                        "{name} is {} bytes, less than the minimum {}",
+                        r.len,
+                        min_blocks * bs
+                    ),
+                ));
+            }
+            if r.start < bs {
+                return Err((off, format!("{name} overlaps the superblock")));
+            }
+            match r.start.checked_add(r.len) {
+                Some(end) if end <= self.device_bytes => {}
+                _ => {
+                    return Err((
+                        off,
+                        format!(
+                            "{name} [{}, +{}) runs past the end of the device ({} bytes)",
+                            r.start, r.len, self.device_bytes
+                        ),
+                    ))
+                }
+            }
+            for (other, o, _) in &regions[..i] {
+                if r.overlaps(o) {
+                    return Err((off, format!("{name} overlaps {other}")));
+                }
+            }
+        }
+        for (name, r, _) in &regions[..REGION_COUNT - 1] {
+            if r.end() > self.data.start {
+                return Err((
+                    OFF_REGIONS + (REGION_COUNT - 1) * REGION_ENCODED_LEN,
+                    format!("data area starts before the end of the {name}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The superblock, as decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub version: u32,
+    /// Random at format time. Seeds the crc of every checkpoint and journal
+    /// batch, so that structures left by an earlier format never verify.
+    pub uuid: [u8; UUID_LEN],
+    pub features_compat: u64,
+    pub features_incompat: u64,
+    pub features_ro_compat: u64,
+    pub layout: Layout,
+    /// Format time, nanoseconds since the Unix epoch.
+    pub created_ns: u64,
+}
+
+impl Superblock {
+    /// A new superblock for `layout`: current version, fresh random uuid, no
+    /// features, created now.
+    pub fn new(layout: Layout) -> Superblock {
+        Superblock {
+            version: FORMAT_VERSION,
+            uuid: new_uuid(),
+            features_compat: 0,
+            features_incompat: 0,
+            features_ro_compat: 0,
+            layout,
+            created_ns: now_ns(),
+        }
+    }
+
+    /// The crc32c seed of checkpoints and journal batches of this volume.
+    pub fn crc_seed(&self) -> u32 {
+        crc32c::crc32c(&self.uuid)
+    }
+
+    pub fn block_size(&self) -> u64 {
+        u64::from(self.layout.block_size)
+    }
+
+    /// Exactly one file-system block: the fields, then zeros.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut enc = Encoder::with_capacity(SUPERBLOCK_ENCODED_LEN);
+        enc.bytes(&SUPERBLOCK_MAGIC);
+        enc.u32(self.version);
+        enc.u32(self.layout.block_size);
+        enc.bytes(&self.uuid);
+        enc.u64(self.features_compat);
+        enc.u64(self.features_incompat);
+        enc.u64(self.features_ro_compat);
+        enc.u64(self.layout.device_bytes);
+        for (_, r, _) in self.layout.regions() {
+            enc.u64(r.start);
+            enc.u64(r.len);
+        }
+        enc.u64(self.created_ns);
+        debug_assert_eq!(enc.len(), OFF_CRC);
+        let crc = crc32c::crc32c(enc.as_bytes());
+        enc.u32(crc);
+        let mut out = enc.into_bytes();
+        let block = (self.layout.block_size as usize).max(SUPERBLOCK_ENCODED_LEN);
+        out.resize(block, 0);
+        out
+    }
+
+    /// Decodes and checks a superblock from the start of `buf` (which holds
+    /// at least [`SUPERBLOCK_ENCODED_LEN`] bytes read from device byte 0).
+    /// Checks, in order: magic ([`Error::NotIomapfs`]), version
+    /// ([`Error::NotIomapfs`]), crc, features (unknown incompat:
+    /// [`Error::NotIomapfs`]) and layout sanity.
+    pub fn decode(buf: &[u8]) -> Result<Superblock> {
+        if buf.len() < SUPERBLOCK_ENCODED_LEN {
+            if buf.len() >= SUPERBLOCK_MAGIC.len()
+                && buf[..SUPERBLOCK_MAGIC.len()] != SUPERBLOCK_MAGIC
+            {
+                return Err(not_iomapfs());
+            }
+            return Err(Error::corrupt(
+                WHAT,
+                buf.len() as u64,
+                format!("truncated: {} of {SUPERBLOCK_ENCODED_LEN} bytes", buf.len()),
+            ));
+        }
+        let buf = &buf[..SUPERBLOCK_ENCODED_LEN];
+        let mut dec = Decoder::new(buf, 0, WHAT);
+        let magic: [u8; 8] = dec.array()?;
+        if magic != SUPERBLOCK_MAGIC {
+            return Err(not_iomapfs());
+        }
+        let version = dec.u32()?;
+        if version != FORMAT_VERSION {
+            return Err(Error::NotIomapfs {
+                reason: format!(
+                    "on-disk format version {version} is not supported (this build reads version {FORMAT_VERSION})"
+                ),
+            });
+        }
+        let stored_crc = u32::from_le_bytes(
+            buf[OFF_CRC..SUPERBLOCK_ENCODED_LEN]
+                .try_into()
+                .map_err(|_| Error::corrupt(WHAT, OFF_CRC as u64, "truncated crc"))?,
+        );
+        let crc = crc32c::crc32c(&buf[..OFF_CRC]);
+        if crc != stored_crc {
+            return Err(Error::corrupt(
+                WHAT,
+                OFF_CRC as u64,
+                format!("crc32c mismatch: stored {stored_crc:#010x}, computed {crc:#010x}"),
+            ));
+        }
+        let block_size = dec.u32()?;
+        let uuid: [u8; UUID_LEN] = dec.array()?;
+        let features_compat = dec.u64()?;
+        let features_incompat = dec.u64()?;
+        let features_ro_compat = dec.u64()?;
+        let unknown = features_incompat & !FEATURES_INCOMPAT_SUPPORTED;
+        if unknown != 0 {
+            return Err(Error::NotIomapfs {
+                reason: format!("unsupported incompatible features {unknown:#x}"),
+            });
+        }
+        let device_bytes = dec.u64()?;
+        let mut regions = [Region::default(); REGION_COUNT];
+        for r in regions.iter_mut() {
+            r.start = dec.u64()?;
+            r.len = dec.u64()?;
+        }
+        let created_ns = dec.u64()?;
+        let [slot0, slot1, journal, data] = regions;
+        let layout = Layout {
+            block_size,
+            device_bytes,
+            checkpoint_slots: [slot0, slot1],
+            journal,
+            data,
+        };
+        layout
+            .validate()
+            .map_err(|(off, reason)| Error::corrupt(WHAT, off as u64, reason))?;
+        Ok(Superblock {
+            version,
+            uuid,
+            features_compat,
+            features_incompat,
+            features_ro_compat,
+            layout,
+            created_ns,
+        })
+    }
+
+    /// Fails if the volume has read-only-compatible features this build does
+    /// not know: it may be read but not written.
+    pub fn check_writable(&self) -> Result<()> {
+        let unknown = self.features_ro_compat & !FEATURES_RO_COMPAT_SUPPORTED;
+        if unknown != 0 {
+            return Err(Error::NotIomapfs {
+                reason: format!(
+                    "unsupported read-only-compatible features {unknown:#x}: the volume cannot be written"
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn not_iomapfs() -> Error {
+    Error::NotIomapfs {
+        reason: "no iomapfs magic in block 0".to_string(),
+    }
+}
+
+/// Reads and checks the superblock, and that the device can hold the volume
+/// it describes.
+pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+    let caps = dev.caps();
+    let lbs = u64::from(caps.logical_block_size.max(1));
+    let read_len = (SUPERBLOCK_ENCODED_LEN as u64).div_ceil(lbs) * lbs;
+    if caps.size_bytes < read_len {
+        return Err(Error::NotIomapfs {
+            reason: format!(
+                "device of {} bytes is too small to hold a superblock",
+                caps.size_bytes
+            ),
+        });
+    }
+    let mut buf = vec![0u8; read_len as usize];
+    dev.read_at(&mut buf, 0)
+        .map_err(|e| Error::device("reading the superblock", e))?;
+    let sb = Superblock::decode(&buf)?;
+    let block_size = sb.layout.block_size;
+    if block_size < caps.logical_block_size {
+        return Err(Error::NotIomapfs {
+            reason: format!(
+                "volume block size {block_size} is smaller than the device's logical block size {}",
+                caps.logical_block_size
+            ),
+        });
+    }
+    if sb.layout.device_bytes > caps.size_bytes {
+        return Err(Error::corrupt(
+            WHAT,
+            OFF_DEVICE_BYTES as u64,
+            format!(
+                "volume was formatted for {} bytes but the device holds only {}",
+                sb.layout.device_bytes, caps.size_bytes
+            ),
+        ));
+    }
+    Ok(sb)
+}
+
+/// Writes the superblock to block 0 with FUA.
+pub fn write_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
+    dev.write_at(&sb.encode(), 0, WriteMode::Fua)
+        .map_err(|e| Error::device("writing the superblock", e))
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// A random (version 4) uuid: from /dev/urandom, or failing that from the
+/// standard library's randomly keyed hasher mixed with time and pid.
+fn new_uuid() -> [u8; UUID_LEN] {
+    use std::io::Read;
+    let mut uuid = [0u8; UUID_LEN];
+    let from_os = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut uuid))
+        .is_ok();
+    if !from_os || uuid == [0u8; UUID_LEN] {
+        use std::collections::hash_map::RandomState;
+        use std::hash::{BuildHasher, Hasher};
+        for (i, chunk) in uuid.chunks_mut(8).enumerate() {
+            let mut h = RandomState::new().build_hasher();
+            h.write_u64(now_ns());
+            h.write_u32(std::process::id());
+            h.write_usize(i);
+            chunk.copy_from_slice(&h.finish().to_le_bytes());
+        }
+    }
+    // RFC 4122 version 4, variant 1.
+    uuid[6] = (uuid[6] & 0x0f) | 0x40;
+    uuid[8] = (uuid[8] & 0x3f) | 0x80;
+    uuid
+}
+
+/// A RAM block device for the tests of the on-disk structures.
+#[cfg(test)]
+pub(crate) mod test_device {
+    use blockdev::memory::MemDevice;
+    use blockdev::{
+        check_request, BlockDevice, DeviceCaps, DeviceCounters, DeviceError, WriteMode,
+    };
+    use parking_lot::Mutex;
+
+    pub struct VecDevice {
+        caps: DeviceCaps,
+        data: Mutex<Vec<u8>>,
+        counters: DeviceCounters,
+    }
+
+    impl VecDevice {
+        pub fn new(size: u64, logical_block_size: u32) -> VecDevice {
+            // Capabilities as the memory backend reports them, without a
+            // volatile cache: writes here are durable at once.
+            let caps = MemDevice::with_caps(size, logical_block_size, false, true)
+                .caps()
+                .clone();
+            VecDevice {
+                caps,
+                data: Mutex::new(vec![0; size as usize]),
+                counters: DeviceCounters::default(),
+            }
+        }
+
+        /// Direct access to the bytes, bypassing alignment rules.
+        pub fn with_bytes<R>(&self, f: impl FnOnce(&mut Vec<u8>) -> R) -> R {
+            f(&mut self.data.lock())
+        }
+
+        pub fn flip(&self, offset: u64) {
+            self.with_bytes(|b| b[offset as usize] ^= 0x5a);
+        }
+    }
+
+    impl BlockDevice for VecDevice {
+        fn caps(&self) -> &DeviceCaps {
+            &self.caps
+        }
+
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+            check_request(&self.caps, offset, buf.len())?;
+            let o = offset as usize;
+            buf.copy_from_slice(&self.data.lock()[o..o + buf.len()]);
+            self.counters.record_read(buf.len());
+            Ok(())
+        }
+
+        fn write_at(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError> {
+            check_request(&self.caps, offset, buf.len())?;
+            let o = offset as usize;
+            self.data.lock()[o..o + buf.len()].copy_from_slice(buf);
+            self.counters
+                .record_write(buf.len(), mode == WriteMode::Fua);
+            Ok(())
+        }
+
+        fn flush(&self) -> Result<(), DeviceError> {
+            self.counters.record_flush();
+            Ok(())
+        }
+
+        fn counters(&self) -> &DeviceCounters {
+            &self.counters
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_device::VecDevice;
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn four_mib_device_with_4k_blocks() {
+        let l = Layout::compute(4 * MIB, 512, 4096, None, None).unwrap();
+        assert_eq!(l.checkpoint_slots[0].start, 4096);
+        assert_eq!(l.journal.len, 64 * 4096);
+        assert_eq!(l.checkpoint_slots[0].len, 64 * 4096);
+        assert!(l.data.len >= MIN_DATA_BLOCKS * 4096);
+        assert_eq!(l.data.end(), 4 * MIB);
+        l.validate().unwrap();
+    }
+
+    #[test]
+    fn defaults_clamp() {
+        let l = Layout::compute(1 << 40, 4096, 4096, None, None).unwrap();
+        assert_eq!(l.journal.len, DEFAULT_JOURNAL_MAX_BYTES);
+        assert_eq!(l.checkpoint_slots[1].len, DEFAULT_SLOT_MAX_BYTES);
+        let l = Layout::compute(640 * MIB + 12345, 512, 512, None, None).unwrap();
+        assert_eq!(l.journal.len, 10 * MIB);
+        assert_eq!(l.checkpoint_slots[0].len, 20 * MIB);
+        assert_eq!(l.data.len % 512, 0);
+        assert!(l.data.end() <= 640 * MIB + 12345);
+    }
+
+    #[test]
+    fn bad_parameters() {
+        for bs in [0, 256, 1000, 131072] {
+            assert!(
+                Layout::compute(64 * MIB, 512, bs, None, None).is_err(),
+                "{bs}"
+            );
+        }
+        assert!(Layout::compute(64 * MIB, 4096, 512, None, None).is_err());
+        assert!(Layout::compute(64 * MIB, 512, 4096, Some(4097), None).is_err());
+        assert!(Layout::compute(64 * MIB, 512, 4096, Some(4096), None).is_err());
+        assert!(Layout::compute(64 * MIB, 512, 4096, None, Some(u64::MAX - 4095)).is_err());
+        let err = Layout::compute(MIB / 2, 512, 4096, None, None).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("too small") && msg.contains("at least"),
+            "{msg}"
+        );
+        // Small explicit sizes let small devices work.
+        Layout::compute(MIB / 2, 512, 4096, Some(8 * 4096), Some(2 * 4096)).unwrap();
+    }
+
+    fn sample() -> Superblock {
+        Superblock::new(Layout::compute(4 * MIB, 512, 4096, None, None).unwrap())
+    }
+
+    #[test]
+    fn encode_decode_round_trip() {
+        let sb = sample();
+        assert_ne!(sb.uuid, sample().uuid);
+        let bytes = sb.encode();
+        assert_eq!(bytes.len(), 4096);
+        assert_eq!(&bytes[OFF_MAGIC..OFF_VERSION], b"IOMAPFS1");
+        assert_eq!(bytes[OFF_VERSION], 1);
+        assert_eq!(&bytes[OFF_UUID..OFF_UUID + 16], &sb.uuid);
+        assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
+    }
+
+    #[test]
+    fn rejects_foreign_and_damaged() {
+        let sb = sample();
+        let good = sb.encode();
+        assert!(matches!(
+            Superblock::decode(&vec![0u8; 4096]),
+            Err(Error::NotIomapfs { .. })
+        ));
+        let mut b = good.clone();
+        b[OFF_VERSION] = 2;
+        let err = Superblock::decode(&b).unwrap_err();
+        assert!(matches!(err, Error::NotIomapfs { .. }) && err.to_string().contains("version 2"));
+        // Every single-byte change past the magic and version is caught.
+        for i in OFF_BLOCK_SIZE..SUPERBLOCK_ENCODED_LEN {
+            let mut b = good.clone();
+            b[i] ^= 0x10;
+            assert!(
+                matches!(Superblock::decode(&b), Err(Error::Corrupt { .. })),
+                "byte {i}"
+            );
+        }
+        for cut in 0..SUPERBLOCK_ENCODED_LEN {
+            assert!(Superblock::decode(&good[..cut]).is_err());
+        }
+        // Unknown incompat feature with a valid crc.
+        let mut s = sb.clone();
+        s.features_incompat = 1;
+        assert!(matches!(
+            Superblock::decode(&s.encode()),
+            Err(Error::NotIomapfs { .. })
+        ));
+        // Unknown ro_compat: readable, not writable.
+        let mut s = sb.clone();
+        s.features_ro_compat = 4;
+        let d = Superblock::decode(&s.encode()).unwrap();
+        assert!(d.check_writable().is_err());
+        sb.check_writable().unwrap();
+    }
+
+    #[test]
+    fn rejects_bad_layouts_with_valid_crc() {
+        let sb = sample();
+        let bad: Vec<Box<dyn Fn(&mut Layout)>> = vec![
+            Box::new(|l| l.journal.start += 512),
+            Box::new(|l| l.journal.start = l.checkpoint_slots[1].start),
+            Box::new(|l| l.data.len += 4096),
+            Box::new(|l| l.data.len = 4096),
+            Box::new(|l| l.checkpoint_slots[0].start = 0),
+            Box::new(|l| l.block_size = 3000),
+            Box::new(|l| l.data.start = u64::MAX - 4095),
+            Box::new(|l| std::mem::swap(&mut l.data, &mut l.checkpoint_slots[0])),
+        ];
+        for (i, f) in bad.iter().enumerate() {
+            let mut s = sb.clone();
+            f(&mut s.layout);
+            let err = Superblock::decode(&s.encode()).unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "case {i}: {err}");
+        }
+    }
+
+    #[test]
+    fn device_round_trip() {
+        let dev = VecDevice::new(4 * MIB, 512);
+        assert!(matches!(
+            read_superblock(&dev),
+            Err(Error::NotIomapfs { .. })
+        ));
+        let sb = sample();
+        write_superblock(&dev, &sb).unwrap();
+        assert_eq!(dev.counters().snapshot().fua_writes, 1);
+        assert_eq!(read_superblock(&dev).unwrap(), sb);
+
+        // A device smaller than the volume.
+        let small = VecDevice::new(2 * MIB, 512);
+        small.with_bytes(|b| b[..4096].copy_from_slice(&sb.encode()));
+        let err = read_superblock(&small).unwrap_err();
+        assert!(err.to_string().contains("formatted for"), "{err}");
+
+        // A device whose logical blocks are larger than the volume's blocks.
+        let sb512 = Superblock::new(Layout::compute(4 * MIB, 512, 512, None, None).unwrap());
+        let big_lbs = VecDevice::new(4 * MIB, 4096);
+        big_lbs.with_bytes(|b| b[..512].copy_from_slice(&sb512.encode()));
+        assert!(matches!(
+            read_superblock(&big_lbs),
+            Err(Error::NotIomapfs { .. })
+        ));
+    }
+}

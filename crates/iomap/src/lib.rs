@@ -5,13 +5,22 @@
 //! writes into device requests from those answers. It knows nothing of the
 //! on-disk format.
 
+pub mod align;
 pub mod dio;
 pub mod error;
 pub mod io_lock;
 pub mod iomap;
+pub mod iter;
 pub mod ops;
+pub mod zero;
 
+#[cfg(test)]
+mod test_support;
+
+pub use dio::{dio_read, dio_write, DioWriteOutcome};
 pub use error::IomapError;
-pub use io_lock::InodeIoLock;
+pub use io_lock::{DioInflightGuard, InodeIoLock, IoLockExclusive, IoLockShared};
 pub use iomap::{Iomap, IomapFlags, IomapKind};
+pub use iter::{IomapIter, IomapSpan};
 pub use ops::{DioEndFlags, IomapOpFlags, IomapOps};
+pub use zero::{zero_file_range, zero_range};

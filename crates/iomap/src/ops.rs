@@ -15,7 +15,9 @@ impl IomapOpFlags {
     /// The caller may not block: fail with `WouldBlock` instead.
     pub const NOWAIT: IomapOpFlags = IomapOpFlags(1 << 2);
     /// Fail with `WouldBlock` rather than allocate, convert, zero, or cross
-    /// EOF. Set when the caller holds only the inode's shared lock.
+    /// EOF. Set when the caller holds only the inode's shared lock. A
+    /// `Mapped` answer may still carry `DIRTY`: writing it is safe under the
+    /// shared lock, but syncing it then needs a journal commit.
     pub const OVERWRITE_ONLY: IomapOpFlags = IomapOpFlags(1 << 3);
     /// Zeroing a range.
     pub const ZERO: IomapOpFlags = IomapOpFlags(1 << 4);
@@ -66,7 +68,7 @@ pub trait IomapOps: Send + Sync {
     ///
     /// With [`IomapOpFlags::WRITE`] and [`IomapOpFlags::DIRECT`], holes are
     /// allocated as `Unwritten` with [`crate::IomapFlags::NEW`]. With
-    /// [`IomapOpFlags::OVERWRITE_ONLY`], anything but a pure overwrite inside
+    /// [`IomapOpFlags::OVERWRITE_ONLY`], anything but a `Mapped` range inside
     /// EOF fails with [`IomapError::WouldBlock`].
     fn begin(
         &self,

@@ -1,0 +1,372 @@
+//! Capability probing: asks the kernel what an open device handle can do.
+//!
+//! Everything iomapfs promises about durability and alignment rests on these
+//! answers, so each value comes from the kernel (ioctl, `statx`, sysfs). When
+//! the kernel cannot answer, the fallback is the choice that is *safe* (never
+//! loses data or gets `EINVAL`), at the cost of speed — never the fast guess.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use crate::error::DeviceError;
+
+/// Capabilities learned from the kernel for one open descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Probed {
+    pub logical_block_size: u32,
+    pub memory_alignment: u32,
+    pub size_bytes: u64,
+    pub volatile_write_cache: bool,
+    pub fua: bool,
+}
+
+/// `BLKGETSIZE64` from `<linux/fs.h>`: `_IOR(0x12, 114, size_t)`. The kernel
+/// writes a `u64` whatever `size_t` is, so callers pass a `u64`.
+const BLKGETSIZE64: libc::Ioctl = libc::_IOR::<libc::size_t>(0x12, 114);
+
+/// Logical block size assumed for a buffered (non-`O_DIRECT`) image file that
+/// the kernel gives no alignment for. Without `O_DIRECT` the kernel imposes no
+/// alignment at all, so this only sets the device's I/O granularity: 512 is
+/// the smallest sector any real disk has, so the image behaves like the
+/// finest-grained device and sub-block code paths get the most exercise.
+const BUFFERED_IMAGE_BLOCK_SIZE: u32 = 512;
+
+/// Probes a block device node opened as `file`.
+pub(crate) fn block_device(file: &File, path: &Path, rdev: u64) -> Result<Probed, DeviceError> {
+    let fd = file.as_raw_fd();
+
+    let mut lbs: libc::c_int = 0;
+    // SAFETY: BLKSSZGET stores one `int` through its argument; `lbs` is a live,
+    // writable `c_int` for the duration of the call, and `fd` is open (we hold
+    // `file`).
+    let rc = unsafe { libc::ioctl(fd, libc::BLKSSZGET, &mut lbs as *mut libc::c_int) };
+    if rc < 0 {
+        return Err(probe_err(
+            path,
+            "logical block size (BLKSSZGET)",
+            io::Error::last_os_error(),
+        ));
+    }
+    let logical_block_size = u32::try_from(lbs)
+        .ok()
+        .filter(|b| b.is_power_of_two())
+        .ok_or_else(|| unusable(path, format!("kernel reports logical block size {lbs}")))?;
+
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 stores one `u64` through its argument; `size` is a
+    // live, writable `u64` for the duration of the call, and `fd` is open.
+    let rc = unsafe { libc::ioctl(fd, BLKGETSIZE64, &mut size as *mut u64) };
+    if rc < 0 {
+        return Err(probe_err(
+            path,
+            "size (BLKGETSIZE64)",
+            io::Error::last_os_error(),
+        ));
+    }
+
+    // Since Linux 6.11 statx reports a block device's DMA alignment, which
+    // is often smaller than the block size (e.g. 4 bytes on NVMe). Before
+    // that, the block size is the alignment the block layer always accepts.
+    let memory_alignment = match dio_support(file) {
+        DioSupport::Aligned(dio) => dio.mem_align,
+        _ => logical_block_size,
+    };
+
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let queue = queue_dir(major, minor);
+    // Conservative when sysfs cannot tell (not mounted in a container, or an
+    // unusual driver): assuming a volatile cache only costs flushes that the
+    // device treats as no-ops; assuming no FUA only costs the FUA fast path.
+    let volatile_write_cache = read_sysfs_flag(
+        path,
+        queue.as_deref(),
+        "write_cache",
+        "volatile write cache (queue/write_cache)",
+        parse_write_cache,
+    )?
+    .unwrap_or(true);
+    let fua = read_sysfs_flag(
+        path,
+        queue.as_deref(),
+        "fua",
+        "FUA support (queue/fua)",
+        parse_fua,
+    )?
+    .unwrap_or(false);
+
+    finish(
+        path,
+        logical_block_size,
+        memory_alignment,
+        size,
+        volatile_write_cache,
+        fua,
+    )
+}
+
+/// Probes a regular file used as an image. `dio` is what
+/// [`dio_support`] said about the descriptor; `direct_io` whether it was
+/// opened with `O_DIRECT`.
+pub(crate) fn image_file(
+    path: &Path,
+    st_size: u64,
+    direct_io: bool,
+    dio: DioSupport,
+) -> Result<Probed, DeviceError> {
+    let (logical_block_size, memory_alignment) = match (direct_io, dio) {
+        (true, DioSupport::Aligned(dio)) => (dio.offset_align, dio.mem_align),
+        // Kernel before 6.1, or a file system that does not report
+        // STATX_DIOALIGN. Linux file systems derive their O_DIRECT alignment
+        // from the underlying logical block size, which is at most the page
+        // size on every mainstream configuration, so page-aligned offsets,
+        // lengths and buffers are always accepted.
+        (true, _) => (page_size(), page_size()),
+        (false, _) => (BUFFERED_IMAGE_BLOCK_SIZE, 1),
+    };
+    // The host file system may keep our writes in its page cache or in the
+    // disk's cache; we cannot see through it, so flushes are always needed and
+    // durable writes are emulated with RWF_DSYNC rather than native FUA.
+    finish(
+        path,
+        logical_block_size,
+        memory_alignment,
+        st_size,
+        true,
+        false,
+    )
+}
+
+/// Rounds the size down to whole blocks and rejects devices that cannot hold
+/// one, or whose byte offsets would not fit `off_t`.
+fn finish(
+    path: &Path,
+    logical_block_size: u32,
+    memory_alignment: u32,
+    raw_size: u64,
+    volatile_write_cache: bool,
+    fua: bool,
+) -> Result<Probed, DeviceError> {
+    let size_bytes = raw_size - raw_size % u64::from(logical_block_size);
+    if size_bytes == 0 {
+        return Err(unusable(
+            path,
+            format!(
+                "size {raw_size} bytes holds no whole logical block of {logical_block_size} bytes"
+            ),
+        ));
+    }
+    if i64::try_from(size_bytes).is_err() {
+        return Err(unusable(
+            path,
+            format!("size {size_bytes} bytes does not fit off_t"),
+        ));
+    }
+    Ok(Probed {
+        logical_block_size,
+        memory_alignment,
+        size_bytes,
+        volatile_write_cache,
+        fua,
+    })
+}
+
+/// Direct-I/O alignment of one descriptor, from `statx(STATX_DIOALIGN)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DioAlign {
+    pub mem_align: u32,
+    pub offset_align: u32,
+}
+
+/// What the kernel says about direct I/O on a descriptor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DioSupport {
+    Aligned(DioAlign),
+    /// The kernel answered with zero alignments: this file cannot do
+    /// `O_DIRECT` even though the open may have succeeded (e.g. ext4 with
+    /// `data=journal`), so I/O would fail with `EINVAL`.
+    Unsupported,
+    /// No usable answer: statx missing or filtered (ENOSYS, EPERM under
+    /// seccomp), the DIOALIGN bit not returned (kernel before 6.1, or a file
+    /// system that does not report it), or a value that is not a power of two.
+    Unknown,
+}
+
+pub(crate) fn dio_support(file: &File) -> DioSupport {
+    // SAFETY: `statx` is plain old data (integers and padding); all-zero bytes
+    // are a valid value.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: the path is a valid NUL-terminated empty string, which with
+    // AT_EMPTY_PATH makes statx describe `fd` itself; `stx` is a live,
+    // writable `statx` the kernel fills in; `fd` is open (we hold `file`).
+    let rc = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut stx,
+        )
+    };
+    if rc != 0 || stx.stx_mask & libc::STATX_DIOALIGN == 0 {
+        return DioSupport::Unknown;
+    }
+    match (stx.stx_dio_mem_align, stx.stx_dio_offset_align) {
+        (0, _) | (_, 0) => DioSupport::Unsupported,
+        (mem, off) if mem.is_power_of_two() && off.is_power_of_two() => {
+            DioSupport::Aligned(DioAlign {
+                mem_align: mem,
+                offset_align: off,
+            })
+        }
+        _ => DioSupport::Unknown,
+    }
+}
+
+fn page_size() -> u32 {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let raw = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u32::try_from(raw)
+        .ok()
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(4096)
+}
+
+/// The sysfs `queue` directory describing the device `major:minor`. A whole
+/// disk has `/sys/dev/block/M:N/queue`; a partition has none, and its queue
+/// is the parent disk's, one directory up. `None` if neither exists (sysfs
+/// not mounted, or no queue for this driver).
+fn queue_dir(major: u32, minor: u32) -> Option<PathBuf> {
+    let dev = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    // `..` is resolved by the kernel after following the `M:N` symlink, so it
+    // names the parent disk's directory.
+    [dev.join("queue"), dev.join("../queue")]
+        .into_iter()
+        .find(|dir| dir.is_dir())
+}
+
+/// Reads and parses one sysfs attribute. `Ok(None)` when the queue directory
+/// or the attribute does not exist; an error when it exists but cannot be
+/// read or says something we do not understand (better to stop than to guess
+/// about durability).
+fn read_sysfs_flag(
+    path: &Path,
+    queue: Option<&Path>,
+    attr: &str,
+    what: &'static str,
+    parse: fn(&str) -> Option<bool>,
+) -> Result<Option<bool>, DeviceError> {
+    let Some(queue) = queue else { return Ok(None) };
+    let file = queue.join(attr);
+    let text = match std::fs::read_to_string(&file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(probe_err(path, what, e)),
+    };
+    parse(&text).map(Some).ok_or_else(|| {
+        probe_err(
+            path,
+            what,
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "unrecognised content {:?} in {}",
+                    text.trim(),
+                    file.display()
+                ),
+            ),
+        )
+    })
+}
+
+/// `queue/write_cache`: "write back" means a volatile cache that needs
+/// flushes; "write through" means completed writes are durable.
+fn parse_write_cache(text: &str) -> Option<bool> {
+    match text.trim() {
+        "write back" => Some(true),
+        "write through" => Some(false),
+        _ => None,
+    }
+}
+
+/// `queue/fua`: "1" when the device honours Force Unit Access natively.
+fn parse_fua(text: &str) -> Option<bool> {
+    match text.trim() {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => None,
+    }
+}
+
+fn probe_err(path: &Path, what: &'static str, source: io::Error) -> DeviceError {
+    DeviceError::Probe {
+        path: path.to_owned(),
+        what,
+        source,
+    }
+}
+
+fn unusable(path: &Path, reason: String) -> DeviceError {
+    DeviceError::Unusable {
+        path: path.to_owned(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysfs_values_parse_strictly() {
+        assert_eq!(parse_write_cache("write back\n"), Some(true));
+        assert_eq!(parse_write_cache("write through\n"), Some(false));
+        assert_eq!(parse_write_cache("writeback"), None);
+        assert_eq!(parse_write_cache(""), None);
+        assert_eq!(parse_fua("1\n"), Some(true));
+        assert_eq!(parse_fua("0\n"), Some(false));
+        assert_eq!(parse_fua("yes"), None);
+    }
+
+    #[test]
+    fn size_is_rounded_down_and_empty_devices_are_refused() {
+        let p = Path::new("/x");
+        let probed = finish(p, 4096, 512, 3 * 4096 + 100, true, false).unwrap();
+        assert_eq!(probed.size_bytes, 3 * 4096);
+        for raw in [0, 4095] {
+            assert!(matches!(
+                finish(p, 4096, 512, raw, true, false),
+                Err(DeviceError::Unusable { .. })
+            ));
+        }
+        assert!(matches!(
+            finish(p, 512, 512, u64::MAX - 511, true, false),
+            Err(DeviceError::Unusable { .. })
+        ));
+    }
+
+    #[test]
+    fn missing_sysfs_queue_gives_no_answer() {
+        let p = Path::new("/x");
+        assert_eq!(
+            read_sysfs_flag(p, None, "fua", "fua", parse_fua).unwrap(),
+            None
+        );
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(
+            read_sysfs_flag(p, Some(dir.path()), "fua", "fua", parse_fua).unwrap(),
+            None
+        );
+        std::fs::write(dir.path().join("fua"), "maybe\n").unwrap();
+        assert!(matches!(
+            read_sysfs_flag(p, Some(dir.path()), "fua", "fua", parse_fua),
+            Err(DeviceError::Probe { .. })
+        ));
+        std::fs::write(dir.path().join("fua"), "1\n").unwrap();
+        assert_eq!(
+            read_sysfs_flag(p, Some(dir.path()), "fua", "fua", parse_fua).unwrap(),
+            Some(true)
+        );
+    }
+}

@@ -1,0 +1,123 @@
+//! Opening the TARGET of a command (an image file or a block device) and
+//! recognising what it already holds.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use blockdev::sync_backend::{SyncDevice, SyncOpenOptions};
+use blockdev::{BlockDevice, DeviceKind};
+
+use crate::Failure;
+
+/// Opens `path` with the synchronous backend (`O_DIRECT`, pread/pwritev2).
+pub fn open_device(path: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>, Failure> {
+    match SyncDevice::open(path, SyncOpenOptions { read_only }) {
+        Ok(dev) => Ok(Arc::new(dev)),
+        // The device error names the path and the cause already.
+        Err(e) => Err(Failure::new(1, e.to_string())),
+    }
+}
+
+/// One line describing the device and backend, for `stat` and reports.
+pub fn describe_device(dev: &dyn BlockDevice) -> String {
+    let caps = dev.caps();
+    let kind = match caps.kind {
+        DeviceKind::BlockDevice => "block device",
+        DeviceKind::ImageFile => "image file",
+        DeviceKind::Memory => "memory",
+    };
+    let backend = match caps.kind {
+        DeviceKind::Memory => "memory",
+        _ if caps.direct_io => "sync (O_DIRECT pread/pwritev2)",
+        // The file system refused O_DIRECT: still durable (flush is
+        // fdatasync), but timings measure the kernel page cache.
+        _ => "sync (buffered pread/pwritev2: O_DIRECT refused by the host file system)",
+    };
+    format!(
+        "{} ({kind}), backend {backend}, {} bytes, logical block {} bytes, \
+         memory alignment {}, FUA {}, volatile write cache {}",
+        caps.name,
+        caps.size_bytes,
+        caps.logical_block_size,
+        caps.memory_alignment,
+        yes_no(caps.fua),
+        yes_no(caps.volatile_write_cache),
+    )
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+/// The iomapfs superblock magic, at byte 0.
+pub const IOMAPFS_MAGIC: &[u8; 8] = &iomapfs_fs::superblock::SUPERBLOCK_MAGIC;
+
+/// Bytes read from the start of a device to recognise its contents.
+pub const PROBE_BYTES: usize = 4096;
+
+/// What the first [`PROBE_BYTES`] of a device say it holds, if anything
+/// recognisable: an existing iomapfs volume, another file system, or a
+/// partition table.
+pub fn recognise(head: &[u8]) -> Option<&'static str> {
+    let at = |offset: usize, magic: &[u8]| {
+        head.get(offset..offset + magic.len()) == Some(magic)
+    };
+    if at(0, IOMAPFS_MAGIC) {
+        Some("an iomapfs volume")
+    } else if at(0, b"XFSB") {
+        Some("an XFS file system")
+    } else if at(1080, &[0x53, 0xEF]) {
+        Some("an ext2/ext3/ext4 file system")
+    } else if at(512, b"EFI PART") {
+        Some("a GPT partition table")
+    } else if at(510, &[0x55, 0xAA]) {
+        Some("an MBR partition table or boot sector")
+    } else {
+        None
+    }
+}
+
+/// Reads the start of the device for [`recognise`]: up to [`PROBE_BYTES`],
+/// rounded down to the logical block size.
+pub fn read_head(dev: &dyn BlockDevice) -> Result<Vec<u8>, Failure> {
+    let caps = dev.caps();
+    let lbs = u64::from(caps.logical_block_size.max(1));
+    let len = (PROBE_BYTES as u64).min(caps.size_bytes) / lbs * lbs;
+    let mut head = vec![0u8; len as usize];
+    if len > 0 {
+        dev.read_at(&mut head, 0).map_err(|e| {
+            Failure::new(1, format!("{}: cannot read the first {len} bytes: {e}", caps.name))
+        })?;
+    }
+    Ok(head)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(offset: usize, magic: &[u8]) -> Vec<u8> {
+        let mut head = vec![0u8; PROBE_BYTES];
+        head[offset..offset + magic.len()].copy_from_slice(magic);
+        head
+    }
+
+    #[test]
+    fn recognises_known_magics() {
+        assert_eq!(recognise(&vec![0u8; PROBE_BYTES]), None);
+        assert_eq!(recognise(&with(0, b"IOMAPFS1")), Some("an iomapfs volume"));
+        assert_eq!(recognise(&with(0, b"XFSB")), Some("an XFS file system"));
+        assert!(recognise(&with(1080, &[0x53, 0xEF])).unwrap().contains("ext4"));
+        assert!(recognise(&with(510, &[0x55, 0xAA])).unwrap().contains("MBR"));
+        let mut gpt = with(510, &[0x55, 0xAA]);
+        gpt[512..520].copy_from_slice(b"EFI PART");
+        assert!(recognise(&gpt).unwrap().contains("GPT"));
+        // Short heads (tiny devices) are fine.
+        assert_eq!(recognise(&[0u8; 16]), None);
+        assert_eq!(recognise(&[]), None);
+    }
+}

@@ -1,0 +1,211 @@
+//! The file system's answers to the iomap engine: mappings, allocation of
+//! unwritten space, and write completion (conversion and size, journaled).
+
+use iomap::{DioEndFlags, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
+
+use crate::extent_map::Lookup;
+use crate::types::{ExtentState, Ino, Record};
+use crate::volume::{image_bytes_for_extents, now_ns, Meta, OpenInode, VolumeInner};
+use crate::{Error, Result};
+
+/// Extents one hole may fragment into, at worst, for the metadata-space
+/// check: the allocator returns few, large chunks in practice.
+const EXTENTS_PER_HOLE_ESTIMATE: u64 = 4;
+
+pub(crate) struct FsOps<'a> {
+    pub vol: &'a VolumeInner,
+}
+
+fn round_down(x: u64, unit: u64) -> u64 {
+    x - x % unit
+}
+
+fn round_up(x: u64, unit: u64) -> u64 {
+    x.div_ceil(unit) * unit
+}
+
+/// Places unwritten space in every hole of `[start, end)` (block-aligned),
+/// all or nothing: the free-space and metadata checks come before any change.
+/// Returns whether anything was allocated.
+pub(crate) fn allocate_holes(
+    vol: &VolumeInner,
+    meta: &mut Meta,
+    ino: Ino,
+    start: u64,
+    end: u64,
+) -> Result<bool> {
+    let inode = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
+    let holes = inode.extents.holes_in(start, end - start);
+    if holes.is_empty() {
+        return Ok(false);
+    }
+    let needed: u64 = holes.iter().map(|&(_, len)| len).sum();
+    let available = meta.alloc.free_bytes();
+    if needed > available {
+        return Err(Error::NoSpace {
+            what: format!("inode {ino} file range {start}..{end}"),
+            needed,
+            available,
+        });
+    }
+    meta.reserve_image(
+        &vol.sb,
+        image_bytes_for_extents(holes.len() as u64 * EXTENTS_PER_HOLE_ESTIMATE),
+    )?;
+    let block = u64::from(vol.block_size);
+    for (hole_start, hole_len) in holes {
+        let hole_end = hole_start + hole_len;
+        let mut cur = hole_start;
+        while cur < hole_end {
+            // Keep the file contiguous on the device when the space allows.
+            let hint = if cur >= block {
+                match meta.state.inode(ino).map(|i| i.extents.lookup(cur - block)) {
+                    Some(Lookup::Extent(e)) => Some(e.addr + (cur - e.file_off)),
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            let (addr, len) =
+                meta.alloc
+                    .alloc(hole_end - cur, hint)
+                    .ok_or_else(|| Error::NoSpace {
+                        what: format!("inode {ino} file offset {cur}"),
+                        needed: hole_end - cur,
+                        available: 0,
+                    })?;
+            meta.log(Record::MapUnwritten {
+                ino,
+                file_off: cur,
+                len,
+                addr,
+            })?;
+            cur += len;
+        }
+    }
+    Ok(true)
+}
+
+impl IomapOps for FsOps<'_> {
+    type Inode = OpenInode;
+    type Error = Error;
+
+    fn begin(
+        &self,
+        inode: &OpenInode,
+        pos: u64,
+        len: u64,
+        flags: IomapOpFlags,
+    ) -> Result<Iomap> {
+        let block = u64::from(self.vol.block_size);
+        let ino = inode.ino;
+        let mut meta = self.vol.meta.lock();
+        let writing = flags.contains(IomapOpFlags::WRITE);
+        let overwrite_only = flags.contains(IomapOpFlags::OVERWRITE_ONLY)
+            || flags.contains(IomapOpFlags::NOWAIT);
+        let mut new = false;
+        if writing && !overwrite_only {
+            let start = round_down(pos, block);
+            let end = round_up(pos + len, block);
+            if allocate_holes(self.vol, &mut meta, ino, start, end)? {
+                // Everything in range that was a hole is now new unwritten
+                // space; whether `pos` itself was is what matters here.
+                new = true;
+            }
+        }
+        let dirty_inode = meta.is_dirty(ino);
+        let state = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
+        let size = state.size;
+        let lookup = state.extents.lookup(pos);
+        let mut iomap = match lookup {
+            Lookup::Extent(e) => {
+                let end = e.file_end().min(pos + len);
+                Iomap {
+                    offset: pos,
+                    length: end - pos,
+                    kind: match e.state {
+                        ExtentState::Written => IomapKind::Mapped,
+                        ExtentState::Unwritten => IomapKind::Unwritten,
+                    },
+                    addr: e.addr + (pos - e.file_off),
+                    flags: IomapFlags::EMPTY,
+                }
+            }
+            Lookup::Hole { end } => {
+                if writing {
+                    if overwrite_only {
+                        return Err(IomapError::WouldBlock.into());
+                    }
+                    return Err(IomapError::BadMapping {
+                        pos,
+                        reason: "hole left after allocation".to_string(),
+                    }
+                    .into());
+                }
+                let end = end.unwrap_or(u64::MAX).min(pos + len);
+                Iomap {
+                    offset: pos,
+                    length: end - pos,
+                    kind: IomapKind::Hole,
+                    addr: 0,
+                    flags: IomapFlags::EMPTY,
+                }
+            }
+        };
+        if writing {
+            let crosses_eof = iomap.end() > size;
+            if overwrite_only && (iomap.kind != IomapKind::Mapped || crosses_eof) {
+                return Err(IomapError::WouldBlock.into());
+            }
+            if new && iomap.kind == IomapKind::Unwritten {
+                iomap.flags = iomap.flags | IomapFlags::NEW;
+            }
+            if iomap.kind == IomapKind::Unwritten || crosses_eof || dirty_inode {
+                iomap.flags = iomap.flags | IomapFlags::DIRTY;
+            }
+        }
+        Ok(iomap)
+    }
+
+    fn size(&self, inode: &OpenInode) -> u64 {
+        let meta = self.vol.meta.lock();
+        meta.state.inode(inode.ino).map_or(0, |i| i.size)
+    }
+
+    fn block_size(&self) -> u32 {
+        self.vol.block_size
+    }
+
+    fn dio_end_io(&self, inode: &OpenInode, pos: u64, len: u64, flags: DioEndFlags) -> Result<()> {
+        if flags.is_pure() || len == 0 {
+            return Ok(());
+        }
+        let block = u64::from(self.vol.block_size);
+        let end = pos + len;
+        let min_size = if flags.size_change {
+            // A read-modify-write widened to whole device blocks must not
+            // raise the size past what its caller wrote.
+            match *inode.write_size_cap.lock() {
+                Some(cap) => end.min(cap),
+                None => end,
+            }
+        } else {
+            0
+        };
+        let (file_off, conv_len) = if flags.unwritten {
+            let start = round_down(pos, block);
+            (start, round_up(end, block) - start)
+        } else {
+            (pos, 0)
+        };
+        let mut meta = self.vol.meta.lock();
+        meta.log(Record::CompleteWrite {
+            ino: inode.ino,
+            file_off,
+            len: conv_len,
+            min_size,
+            mtime_ns: now_ns(),
+        })?;
+        Ok(())
+    }
+}

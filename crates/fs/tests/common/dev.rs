@@ -1,0 +1,221 @@
+//! Devices for the suites: memory devices, and a tap that lets a test act
+//! (cut power, say) just before any write or flush the file system issues.
+
+use std::sync::{Arc, Mutex};
+
+use blockdev::memory::{MemDevice, PendingWrite, Survival};
+use blockdev::{BlockDevice, DeviceCaps, DeviceCounters, DeviceError, WriteMode};
+use iomapfs_fs::{fsck, FormatOptions, Volume};
+
+use super::history::MARKER;
+use super::{mix64, Rng, SeedableRng, SmallRng};
+
+pub const LBS: u32 = 512;
+pub const MIB: u64 = 1 << 20;
+
+/// A memory device filled with the stale-data marker, with a volatile write
+/// cache and FUA as asked.
+pub fn marked_device(size: u64, fua: bool) -> Arc<MemDevice> {
+    let d = MemDevice::with_caps(size, LBS, true, fua);
+    d.fill(MARKER);
+    Arc::new(d)
+}
+
+pub fn dynd(d: &Arc<MemDevice>) -> Arc<dyn BlockDevice> {
+    d.clone()
+}
+
+pub fn format(dev: Arc<dyn BlockDevice>) {
+    Volume::format(dev, &FormatOptions::default()).expect("format");
+}
+
+/// Runs fsck; panics unless it is clean. Returns the report.
+pub fn fsck_clean(dev: Arc<dyn BlockDevice>, ctx: &str) -> fsck::FsckReport {
+    match fsck::check(dev) {
+        Ok(r) if r.is_clean() => r,
+        Ok(r) => panic!(
+            "{ctx}: fsck found {} problem(s):\n  {}",
+            r.problems.len(),
+            r.problems.join("\n  ")
+        ),
+        Err(e) => panic!("{ctx}: fsck could not read the volume: {e}"),
+    }
+}
+
+/// How a power cut treats the writes that were not durable yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CutPolicy {
+    /// `power_cut_seeded`: each write lost, kept or torn at random.
+    Seeded(u64),
+    /// Every pending write lost.
+    KeepNothing,
+    /// Every pending write kept (a crash right after the writes landed).
+    KeepEverything,
+    /// Every pending write torn: each logical block kept with probability 1/2.
+    TornAll(u64),
+    /// The first `n` pending writes kept, the rest lost (an in-order device).
+    Prefix(u64),
+}
+
+pub fn cut(dev: &MemDevice, policy: CutPolicy) -> MemDevice {
+    match policy {
+        CutPolicy::Seeded(seed) => dev.power_cut_seeded(seed),
+        CutPolicy::KeepNothing => dev.power_cut(&mut |_| Survival::Lost),
+        CutPolicy::KeepEverything => dev.power_cut(&mut |_| Survival::Kept),
+        CutPolicy::TornAll(seed) => {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            dev.power_cut(&mut |w: &PendingWrite| {
+                Survival::Torn((0..w.blocks()).map(|_| rng.gen_bool(0.5)).collect())
+            })
+        }
+        CutPolicy::Prefix(seed) => {
+            let n = dev.pending_writes();
+            let keep = if n == 0 {
+                0
+            } else {
+                (mix64(seed) % (n as u64 + 1)) as usize
+            };
+            dev.power_cut(&mut |w: &PendingWrite| {
+                if w.index() < keep {
+                    Survival::Kept
+                } else {
+                    Survival::Lost
+                }
+            })
+        }
+    }
+}
+
+/// A request the tap is about to forward.
+#[derive(Clone, Copy, Debug)]
+pub enum Tapped {
+    Write { offset: u64, len: u64, fua: bool },
+    Flush,
+}
+
+pub type TapHook = Box<dyn FnMut(&MemDevice, Tapped) + Send>;
+
+/// Forwards everything to a [`MemDevice`], calling a hook before each write
+/// and flush: one workload then yields a crash state at any request.
+pub struct TapDevice {
+    pub inner: Arc<MemDevice>,
+    hook: Mutex<Option<TapHook>>,
+}
+
+impl TapDevice {
+    pub fn new(inner: Arc<MemDevice>) -> Arc<TapDevice> {
+        Arc::new(TapDevice {
+            inner,
+            hook: Mutex::new(None),
+        })
+    }
+    pub fn set_hook(&self, hook: Option<TapHook>) {
+        *self.hook.lock().unwrap_or_else(|e| e.into_inner()) = hook;
+    }
+    fn tap(&self, what: Tapped) {
+        let mut h = self.hook.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = h.as_mut() {
+            h(&self.inner, what);
+        }
+    }
+}
+
+impl BlockDevice for TapDevice {
+    fn caps(&self) -> &DeviceCaps {
+        self.inner.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError> {
+        self.tap(Tapped::Write {
+            offset,
+            len: buf.len() as u64,
+            fua: mode == WriteMode::Fua,
+        });
+        self.inner.write_at(buf, offset, mode)
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        self.tap(Tapped::Flush);
+        self.inner.flush()
+    }
+    fn counters(&self) -> &DeviceCounters {
+        self.inner.counters()
+    }
+}
+
+/// One request as a [`RecDevice`] saw it.
+#[derive(Clone, Copy, Debug)]
+pub struct Req {
+    pub write: bool,
+    pub flush: bool,
+    pub offset: u64,
+    pub len: u64,
+    pub ok: bool,
+}
+
+/// Forwards to a [`MemDevice`] and records every request and its outcome.
+pub struct RecDevice {
+    pub inner: Arc<MemDevice>,
+    pub log: Mutex<Vec<Req>>,
+}
+
+impl RecDevice {
+    pub fn new(inner: Arc<MemDevice>) -> Arc<RecDevice> {
+        Arc::new(RecDevice {
+            inner,
+            log: Mutex::new(Vec::new()),
+        })
+    }
+    pub fn mark(&self) -> usize {
+        self.log.lock().unwrap().len()
+    }
+    pub fn since(&self, mark: usize) -> Vec<Req> {
+        self.log.lock().unwrap()[mark..].to_vec()
+    }
+    fn rec(&self, r: Req) {
+        self.log.lock().unwrap().push(r);
+    }
+}
+
+impl BlockDevice for RecDevice {
+    fn caps(&self) -> &DeviceCaps {
+        self.inner.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        let r = self.inner.read_at(buf, offset);
+        self.rec(Req {
+            write: false,
+            flush: false,
+            offset,
+            len: buf.len() as u64,
+            ok: r.is_ok(),
+        });
+        r
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError> {
+        let r = self.inner.write_at(buf, offset, mode);
+        self.rec(Req {
+            write: true,
+            flush: false,
+            offset,
+            len: buf.len() as u64,
+            ok: r.is_ok(),
+        });
+        r
+    }
+    fn flush(&self) -> Result<(), DeviceError> {
+        let r = self.inner.flush();
+        self.rec(Req {
+            write: false,
+            flush: true,
+            offset: 0,
+            len: 0,
+            ok: r.is_ok(),
+        });
+        r
+    }
+    fn counters(&self) -> &DeviceCounters {
+        self.inner.counters()
+    }
+}

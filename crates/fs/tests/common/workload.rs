@@ -1,0 +1,612 @@
+//! A random workload that drives a volume and records every state it could
+//! leave behind in a [`History`]: the engine of the power-cut and
+//! device-error suites.
+
+use std::sync::Arc;
+
+use blockdev::BlockDevice;
+use iomapfs_fs::{Error, File, OpenFlags, Volume};
+
+use super::history::{tagged, History, Id, Namespace, Window};
+use super::volstate::{parent_of, read_volume, VolState};
+use super::{Rng, SmallRng};
+
+pub const ROOT_NAMES: &[&str] = &["a", "b", "c", "d"];
+pub const DIRS: &[&str] = &["/d", "/e"];
+pub const DIR_NAMES: &[&str] = &["x", "y"];
+
+pub struct WHandle {
+    pub id: Id,
+    pub file: File,
+    pub direct: bool,
+    pub dsync: bool,
+    /// Its file was unlinked or replaced since it was opened.
+    pub orphan: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct WorkloadCfg {
+    /// Largest file offset written, truncated or allocated to.
+    pub max_file: u64,
+    /// Largest single write.
+    pub max_write: u64,
+    /// Most handles kept open at once.
+    pub max_handles: usize,
+    /// Probability of comparing a file with the model after an op.
+    pub live_check: f64,
+    /// Allow remounts that drop the volume without unmount or sync.
+    pub crash_remounts: bool,
+}
+
+impl Default for WorkloadCfg {
+    fn default() -> Self {
+        WorkloadCfg {
+            max_file: 64 * 1024,
+            max_write: 16 * 1024,
+            max_handles: 6,
+            live_check: 0.1,
+            crash_remounts: true,
+        }
+    }
+}
+
+pub struct Workload {
+    pub vol: Option<Volume>,
+    pub dev: Arc<dyn BlockDevice>,
+    pub h: History,
+    pub handles: Vec<WHandle>,
+    pub rng: SmallRng,
+    pub cfg: WorkloadCfg,
+    next_wid: u64,
+    lbs: u64,
+    /// Set once an operation failed: everything after is uncertain.
+    pub failed: Option<String>,
+}
+
+/// The result of one library call inside a workload op.
+type R<T> = std::result::Result<T, Error>;
+
+impl Workload {
+    /// `dev` must hold a freshly formatted volume.
+    pub fn new(dev: Arc<dyn BlockDevice>, rng: SmallRng, cfg: WorkloadCfg) -> Workload {
+        let lbs = u64::from(dev.caps().logical_block_size);
+        let vol = Volume::open(dev.clone()).expect("open freshly formatted volume");
+        Workload {
+            vol: Some(vol),
+            dev,
+            h: History::new(),
+            handles: Vec::new(),
+            rng,
+            cfg,
+            next_wid: 0,
+            lbs,
+            failed: None,
+        }
+    }
+
+    pub fn vol(&self) -> &Volume {
+        self.vol.as_ref().expect("volume is mounted")
+    }
+
+    fn file_paths(&self) -> Vec<String> {
+        let mut v: Vec<String> = ROOT_NAMES.iter().map(|n| format!("/{n}")).collect();
+        for d in DIRS {
+            for n in DIR_NAMES {
+                v.push(format!("{d}/{n}"));
+            }
+        }
+        v
+    }
+
+    fn existing_files(&self) -> Vec<String> {
+        self.h.ns.files.keys().cloned().collect()
+    }
+
+    fn pick<T: Clone>(&mut self, v: &[T]) -> Option<T> {
+        if v.is_empty() {
+            None
+        } else {
+            Some(v[self.rng.gen_range(0..v.len())].clone())
+        }
+    }
+
+    /// Ends the op in progress: on `Err`, records the failure (its effect is
+    /// uncertain, so the model keeps it as possible) and stops the workload.
+    fn finish<T>(&mut self, what: &str, r: R<T>) -> Option<T> {
+        match r {
+            Ok(v) => {
+                self.h.end();
+                Some(v)
+            }
+            Err(e) => {
+                self.h.end_failed();
+                self.failed = Some(format!("{what}: {e}"));
+                None
+            }
+        }
+    }
+
+    fn mark_orphans(&mut self, id: Id) {
+        for h in &mut self.handles {
+            if h.id == id {
+                h.orphan = true;
+            }
+        }
+    }
+
+    fn new_wid(&mut self) -> u64 {
+        self.next_wid += 1;
+        self.next_wid
+    }
+
+    /// Runs one random operation. Returns `false` once an op has failed.
+    pub fn step(&mut self) -> bool {
+        if self.failed.is_some() {
+            return false;
+        }
+        let roll = self.rng.gen_range(0..100);
+        match roll {
+            0..=9 => self.op_create(),
+            10..=44 => self.op_write(),
+            45..=49 => self.op_truncate(),
+            50..=53 => self.op_fallocate(),
+            54..=57 => self.op_punch(),
+            58..=63 => self.op_rename(),
+            64..=67 => self.op_unlink(),
+            68..=70 => self.op_dir(),
+            71..=80 => self.op_fsync(),
+            81..=82 => self.op_sync(),
+            83..=84 => self.op_checkpoint(),
+            85..=88 => self.op_close(),
+            89 => self.op_remount(),
+            _ => self.op_write(),
+        }
+        if self.failed.is_none() && self.rng.gen_bool(self.cfg.live_check) {
+            self.live_check_one();
+        }
+        self.failed.is_none()
+    }
+
+    fn random_flags(&mut self) -> OpenFlags {
+        OpenFlags {
+            direct: self.rng.gen_bool(0.5),
+            dsync: self.rng.gen_bool(0.2),
+            ..OpenFlags::default()
+        }
+    }
+
+    fn push_handle(&mut self, id: Id, file: File, flags: OpenFlags) {
+        if self.handles.len() >= self.cfg.max_handles {
+            self.handles.remove(0);
+        }
+        self.handles.push(WHandle {
+            id,
+            file,
+            direct: flags.direct,
+            dsync: flags.dsync || flags.sync,
+            orphan: false,
+        });
+    }
+
+    pub fn op_create(&mut self) {
+        let paths = self.file_paths();
+        let path = self.pick(&paths).unwrap();
+        let parent = parent_of(&path).to_string();
+        if parent != "/" && !self.h.ns.dirs.contains(&parent) {
+            return self.op_dir();
+        }
+        let mut flags = self.random_flags();
+        flags.create = true;
+        let existing = self.h.ns.files.get(&path).copied();
+        flags.truncate = existing.is_some() && self.rng.gen_bool(0.2);
+        self.h.begin(format!("open({path}, {flags:?})"));
+        let r = self.vol().open_file(&path, flags);
+        let id = match existing {
+            Some(id) => {
+                if flags.truncate {
+                    self.h.data_mut(id).clear();
+                }
+                id
+            }
+            None => self.h.new_file(&path),
+        };
+        if let Some(f) = self.finish("open", r) {
+            self.push_handle(id, f, flags);
+        }
+    }
+
+    /// A live handle of a random existing file, opening one if needed.
+    fn handle_for_write(&mut self) -> Option<usize> {
+        let live: Vec<usize> = (0..self.handles.len())
+            .filter(|&i| !self.handles[i].orphan || self.rng.gen_bool(0.3))
+            .collect();
+        if !live.is_empty() && self.rng.gen_bool(0.8) {
+            return self.pick(&live);
+        }
+        self.open_existing()
+    }
+
+    /// Opens a new handle on a random existing file (an op that changes
+    /// nothing, but may fail under fault injection).
+    fn open_existing(&mut self) -> Option<usize> {
+        let files = self.existing_files();
+        let path = self.pick(&files)?;
+        let id = self.h.ns.files[&path];
+        let flags = self.random_flags();
+        self.h.begin(format!("open existing({path}, {flags:?})"));
+        let r = self.vol().open_file(&path, flags);
+        let f = self.finish("open existing", r)?;
+        self.push_handle(id, f, flags);
+        Some(self.handles.len() - 1)
+    }
+
+    pub fn op_write(&mut self) {
+        let Some(hi) = self.handle_for_write() else {
+            return if self.failed.is_none() { self.op_create() } else { };
+        };
+        let (id, direct, dsync, orphan) = {
+            let h = &self.handles[hi];
+            (h.id, h.direct, h.dsync, h.orphan)
+        };
+        let lbs = self.lbs;
+        let (off, len) = if direct {
+            let off = self.rng.gen_range(0..self.cfg.max_file / lbs) * lbs;
+            let len = self.rng.gen_range(1..=self.cfg.max_write / lbs) * lbs;
+            (off, len.min(self.cfg.max_file - off).max(lbs))
+        } else {
+            let off = self.rng.gen_range(0..self.cfg.max_file);
+            let len = self.rng.gen_range(1..=self.cfg.max_write);
+            (off, len.min(self.cfg.max_file - off).max(1))
+        };
+        let wid = self.new_wid();
+        let data = tagged(wid, off, len as usize);
+        self.h.begin(format!(
+            "write(#{id}{}, {} {}[{off}, {}) w{wid})",
+            if orphan { " orphan" } else { "" },
+            if direct { "direct" } else { "buffered" },
+            if dsync { "dsync " } else { "" },
+            off + len
+        ));
+        let r = self.handles[hi].file.pwrite(&data, off);
+        if orphan {
+            if let Err(Error::Stale { .. }) = r {
+                self.h.end();
+                self.handles.remove(hi);
+                return;
+            }
+        }
+        let r = match r {
+            Ok(n) if n as u64 != len => {
+                panic!("pwrite of {len} at {off} returned {n}: short write with space free")
+            }
+            r => r,
+        };
+        {
+            let d = self.h.data_mut(id);
+            let end = (off + len) as usize;
+            if d.len() < end {
+                d.resize(end, 0);
+            }
+            d[off as usize..end].copy_from_slice(&data);
+        }
+        if dsync {
+            self.h.mark_dsync(id, off, off + len);
+        }
+        self.finish("pwrite", r);
+    }
+
+    fn live_file_handle(&mut self) -> Option<usize> {
+        let live: Vec<usize> = (0..self.handles.len())
+            .filter(|&i| !self.handles[i].orphan)
+            .collect();
+        if !live.is_empty() && self.rng.gen_bool(0.7) {
+            return self.pick(&live);
+        }
+        self.open_existing()
+    }
+
+    pub fn op_truncate(&mut self) {
+        let Some(hi) = self.live_file_handle() else {
+            return if self.failed.is_none() { self.op_create() } else { };
+        };
+        let id = self.handles[hi].id;
+        let size = match self.rng.gen_range(0..4) {
+            0 => 0,
+            1 => self.rng.gen_range(0..=self.cfg.max_file / 4096) * 4096,
+            _ => self.rng.gen_range(0..=self.cfg.max_file),
+        };
+        self.h.begin(format!("truncate(#{id}, {size})"));
+        let r = self.handles[hi].file.truncate(size);
+        self.h.data_mut(id).resize(size as usize, 0);
+        self.finish("truncate", r);
+    }
+
+    pub fn op_fallocate(&mut self) {
+        let Some(hi) = self.live_file_handle() else {
+            return if self.failed.is_none() { self.op_create() } else { };
+        };
+        let id = self.handles[hi].id;
+        let off = self.rng.gen_range(0..self.cfg.max_file);
+        let len = self.rng.gen_range(1..=(self.cfg.max_file - off).min(32 * 1024));
+        let keep = self.rng.gen_bool(0.4);
+        self.h.begin(format!("fallocate(#{id}, {off}, {len}, keep={keep})"));
+        let r = self.handles[hi].file.fallocate(off, len, keep);
+        if !keep {
+            let d = self.h.data_mut(id);
+            if (d.len() as u64) < off + len {
+                d.resize((off + len) as usize, 0);
+            }
+        }
+        self.finish("fallocate", r);
+    }
+
+    pub fn op_punch(&mut self) {
+        let Some(hi) = self.live_file_handle() else {
+            return if self.failed.is_none() { self.op_create() } else { };
+        };
+        let id = self.handles[hi].id;
+        let off = self.rng.gen_range(0..self.cfg.max_file);
+        let len = self.rng.gen_range(1..=(self.cfg.max_file - off).min(32 * 1024));
+        self.h.begin(format!("punch(#{id}, {off}, {len})"));
+        let r = self.handles[hi].file.punch_hole(off, len);
+        {
+            let d = self.h.data_mut(id);
+            let end = ((off + len) as usize).min(d.len());
+            if (off as usize) < end {
+                d[off as usize..end].fill(0);
+            }
+        }
+        self.finish("punch_hole", r);
+    }
+
+    pub fn op_rename(&mut self) {
+        let files = self.existing_files();
+        let Some(from) = self.pick(&files) else {
+            return self.op_create();
+        };
+        let targets: Vec<String> = self
+            .file_paths()
+            .into_iter()
+            .filter(|p| {
+                let parent = parent_of(p);
+                p != &from && (parent == "/" || self.h.ns.dirs.contains(parent))
+            })
+            .collect();
+        let Some(to) = self.pick(&targets) else {
+            return;
+        };
+        self.h.begin(format!("rename({from}, {to})"));
+        let r = self.vol().rename(&from, &to);
+        let ns = self.h.ns_mut();
+        let id = ns.files.remove(&from).unwrap();
+        let replaced = ns.files.insert(to.clone(), id);
+        if let Some(old) = replaced {
+            self.mark_orphans(old);
+        }
+        self.finish("rename", r);
+    }
+
+    pub fn op_unlink(&mut self) {
+        let files = self.existing_files();
+        let Some(path) = self.pick(&files) else {
+            return self.op_create();
+        };
+        self.h.begin(format!("unlink({path})"));
+        let r = self.vol().unlink(&path);
+        let id = self.h.ns_mut().files.remove(&path).unwrap();
+        self.mark_orphans(id);
+        self.finish("unlink", r);
+    }
+
+    pub fn op_dir(&mut self) {
+        let d = self.pick(DIRS).unwrap().to_string();
+        if !self.h.ns.dirs.contains(&d) {
+            self.h.begin(format!("mkdir({d})"));
+            let r = self.vol().mkdir(&d);
+            self.h.ns_mut().dirs.insert(d);
+            self.finish("mkdir", r);
+        } else {
+            let prefix = format!("{d}/");
+            let empty = !self.h.ns.files.keys().any(|p| p.starts_with(&prefix));
+            if !empty {
+                return;
+            }
+            self.h.begin(format!("rmdir({d})"));
+            let r = self.vol().rmdir(&d);
+            self.h.ns_mut().dirs.remove(&d);
+            self.finish("rmdir", r);
+        }
+    }
+
+    pub fn op_fsync(&mut self) {
+        if self.handles.is_empty() {
+            return self.op_sync();
+        }
+        let hi = self.rng.gen_range(0..self.handles.len());
+        let data_only = self.rng.gen_bool(0.5);
+        let id = self.handles[hi].id;
+        self.h.begin(format!(
+            "{}(#{id}{})",
+            if data_only { "fdatasync" } else { "fsync" },
+            if self.handles[hi].orphan { " orphan" } else { "" }
+        ));
+        let r = if data_only {
+            self.handles[hi].file.fdatasync()
+        } else {
+            self.handles[hi].file.fsync()
+        };
+        if self.handles[hi].orphan {
+            if let Err(Error::Stale { .. }) = r {
+                self.h.end();
+                self.handles.remove(hi);
+                return;
+            }
+        }
+        if r.is_ok() {
+            self.h.mark_durable();
+        }
+        self.finish("fsync", r);
+    }
+
+    pub fn op_sync(&mut self) {
+        self.h.begin("sync");
+        let r = self.vol().sync();
+        if r.is_ok() {
+            self.h.mark_durable();
+        }
+        self.finish("sync", r);
+    }
+
+    pub fn op_checkpoint(&mut self) {
+        self.h.begin("checkpoint");
+        let r = self.vol().checkpoint();
+        if r.is_ok() {
+            self.h.mark_durable();
+        }
+        self.finish("checkpoint", r);
+    }
+
+    pub fn op_close(&mut self) {
+        if self.handles.is_empty() {
+            return;
+        }
+        let hi = self.rng.gen_range(0..self.handles.len());
+        let h = self.handles.remove(hi);
+        // Closing the last handle of an orphan frees its space: a metadata
+        // change of its own, so it is an op (a cut may land in it).
+        self.h.begin(format!(
+            "close(#{}{})",
+            h.id,
+            if h.orphan { " orphan" } else { "" }
+        ));
+        drop(h);
+        self.h.end();
+    }
+
+    /// Remounts: clean unmount, sync + drop, or (if allowed) a plain drop, a
+    /// crash without power loss, after which the model adopts what recovery
+    /// found (checked against the window first).
+    pub fn op_remount(&mut self) {
+        let how = self.rng.gen_range(0..3);
+        let how = if how == 2 && !self.cfg.crash_remounts {
+            1
+        } else {
+            how
+        };
+        let name = ["remount(unmount)", "remount(sync+drop)", "remount(drop)"][how];
+        self.h.begin(name);
+        self.handles.clear();
+        let vol = self.vol.take().unwrap();
+        let r = match how {
+            0 => vol.unmount(),
+            1 => {
+                let r = vol.sync();
+                drop(vol);
+                r
+            }
+            _ => {
+                drop(vol);
+                Ok(())
+            }
+        };
+        if let Err(e) = r {
+            self.h.end_failed();
+            self.failed = Some(format!("{name}: {e}"));
+            return;
+        }
+        if how < 2 {
+            self.h.mark_durable();
+        }
+        let w_before = self.h.progress.window();
+        match Volume::open(self.dev.clone()) {
+            Ok(v) => self.vol = Some(v),
+            Err(e) => {
+                self.h.end_failed();
+                self.failed = Some(format!("reopen after {name}: {e}"));
+                return;
+            }
+        }
+        if how == 2 {
+            // What recovery found must be a state of the window; adopt it.
+            let st = match read_volume(self.vol(), u64::MAX) {
+                Ok(st) => st,
+                Err(e) => {
+                    self.h.end_failed();
+                    self.failed = Some(format!("reading the volume after {name}: {e}"));
+                    return;
+                }
+            };
+            let w = Window {
+                lo: w_before.lo,
+                completed: w_before.completed,
+                hi: w_before.completed,
+            };
+            let ns = self
+                .h
+                .check(&st, w)
+                .unwrap_or_else(|e| panic!("after {name} (crash without power loss): {e}"));
+            self.adopt(&ns, &st);
+        } else if self.cfg.live_check > 0.0 {
+            self.compare_all("after a synced remount");
+        }
+        self.h.end();
+    }
+
+    fn adopt(&mut self, ns: &Namespace, st: &VolState) {
+        *self.h.ns_mut() = ns.clone();
+        for (path, &id) in &ns.files {
+            *self.h.data_mut(id) = st.files[path].data.clone();
+        }
+    }
+
+    /// Compares one random file (read through a fresh handle) with the model.
+    pub fn live_check_one(&mut self) {
+        let files = self.existing_files();
+        let Some(path) = self.pick(&files) else {
+            return;
+        };
+        let id = self.h.ns.files[&path];
+        let fd = super::volstate::read_file(self.vol(), &path, u64::MAX)
+            .unwrap_or_else(|e| panic!("live check: {e}"));
+        let want = self.h.data(id);
+        if fd.data != want {
+            let at = super::first_diff(&fd.data, want).unwrap_or(0);
+            panic!(
+                "live check: {path} (#{id}) differs from the model at {at} (size {} want {}): got {} want {}; last ops {:?}",
+                fd.size,
+                want.len(),
+                super::excerpt(&fd.data, at),
+                super::excerpt(want, at),
+                &self.h.op_names[self.h.op_names.len().saturating_sub(6)..]
+            );
+        }
+    }
+
+    /// Compares the whole volume with the model.
+    pub fn compare_all(&self, ctx: &str) {
+        let st = read_volume(self.vol(), u64::MAX).unwrap_or_else(|e| panic!("{ctx}: {e}"));
+        let ns = &self.h.ns;
+        if !ns.same_names(&st) {
+            panic!(
+                "{ctx}: namespace differs: volume dirs {:?} files {:?}; model {}",
+                st.dirs,
+                st.files.keys().collect::<Vec<_>>(),
+                ns.describe()
+            );
+        }
+        for (path, &id) in &ns.files {
+            let want = self.h.data(id);
+            let got = &st.files[path].data;
+            if got != want {
+                let at = super::first_diff(got, want).unwrap_or(0);
+                panic!(
+                    "{ctx}: {path} (#{id}) differs at {at} (size {} want {}): got {} want {}",
+                    got.len(),
+                    want.len(),
+                    super::excerpt(got, at),
+                    super::excerpt(want, at)
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,1259 @@
+//! Randomized differential test: random operation sequences run against a
+//! volume and against a plain model (paths -> bytes, a set of directories);
+//! every answer must agree.
+//!
+//! Covered: create/open (direct, buffered, dsync, read-only, exclusive,
+//! truncate), pwrite (aligned; unaligned on buffered handles; unaligned on
+//! direct handles must be EINVAL), pread (across EOF, holes, unwritten
+//! space), truncate up and down at any size, fallocate with and without
+//! keep_size, punch_hole at any offset, rename (moves, replaces, directories,
+//! errors), unlink (also of open files: orphans), mkdir/rmdir, readdir, stat,
+//! fiemap, fsync/fdatasync/sync/checkpoint, remounts (clean unmount, and
+//! sync + drop with journal replay), and filling the device (ENOSPC must
+//! change nothing). Each case ends with a clean fsck, an accounting check
+//! (space used = space the files hold) and a final remount comparison.
+//!
+//! Env: `IOMAPFS_MODEL_CASES` (default 1500), `IOMAPFS_MODEL_OPS` (max ops
+//! per case, default 150), `IOMAPFS_TEST_SEED`, `IOMAPFS_TEST_BASE_SEED`.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use blockdev::memory::MemDevice;
+use blockdev::BlockDevice;
+use common::dev::{dynd, fsck_clean, LBS, MIB};
+use common::volstate::{join, parent_of};
+use common::{env_u64, excerpt, first_diff, run_case, Rng, SeedableRng, Seeds, SmallRng, Stats};
+use iomapfs_fs::{
+    Error, FiemapKind, File, FileKind, FormatOptions, OpenFlags, Volume,
+};
+
+/// The spec as briefed: direct I/O must be aligned to the logical block size
+/// (EINVAL otherwise). DESIGN.md's "beyond the kernel" paragraph promises
+/// direct I/O at any byte offset instead; flip this if that lands.
+const DIRECT_UNALIGNED_IS_EINVAL: bool = true;
+
+const DEV_SIZE: u64 = 8 * MIB;
+const MAX_OFF: u64 = 256 * 1024;
+
+const DIR_POOL: &[&str] = &["/d0", "/d1", "/d0/e"];
+const NAME_POOL: &[&str] = &["a", "b", "c"];
+
+type Id = u32;
+
+#[derive(Clone, Debug, Default)]
+struct Model {
+    dirs: BTreeSet<String>,
+    files: BTreeMap<String, Id>,
+    data: HashMap<Id, Vec<u8>>,
+    next: Id,
+}
+
+impl Model {
+    fn is_dir(&self, p: &str) -> bool {
+        p == "/" || self.dirs.contains(p)
+    }
+    fn exists(&self, p: &str) -> bool {
+        self.is_dir(p) || self.files.contains_key(p)
+    }
+    fn children(&self, dir: &str) -> BTreeMap<String, FileKind> {
+        let mut out = BTreeMap::new();
+        for d in &self.dirs {
+            if parent_of(d) == dir {
+                out.insert(d.rsplit('/').next().unwrap().to_string(), FileKind::Directory);
+            }
+        }
+        for f in self.files.keys() {
+            if parent_of(f) == dir {
+                out.insert(f.rsplit('/').next().unwrap().to_string(), FileKind::Regular);
+            }
+        }
+        out
+    }
+}
+
+struct H {
+    id: Id,
+    file: File,
+    flags: OpenFlags,
+    orphan: bool,
+}
+
+struct Case {
+    seed: u64,
+    rng: SmallRng,
+    mem: Arc<MemDevice>,
+    dev: Arc<dyn BlockDevice>,
+    vol: Option<Volume>,
+    m: Model,
+    handles: Vec<H>,
+    log: Vec<String>,
+    bs: u64,
+}
+
+fn is_einval(e: &Error) -> bool {
+    e.errno() == libc::EINVAL
+}
+
+fn gen_data(rng: &mut SmallRng, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    match rng.gen_range(0..6) {
+        0 => {} // zeros are data too
+        1 => v.fill(rng.gen_range(1..=255)),
+        2 | 3 => rng.fill(&mut v[..]),
+        _ => {
+            let tag = common::history::tag_of(rng.gen());
+            for (i, b) in v.iter_mut().enumerate() {
+                *b = tag[i % 8];
+            }
+        }
+    }
+    v
+}
+
+impl Case {
+    fn new(seed: u64) -> Case {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let fua = rng.gen_bool(0.5);
+        let mem = Arc::new(MemDevice::with_caps(DEV_SIZE, LBS, true, fua));
+        mem.fill(common::history::MARKER);
+        let dev = dynd(&mem);
+        Volume::format(dev.clone(), &FormatOptions::default()).expect("format");
+        let vol = Volume::open(dev.clone()).expect("open after format");
+        let bs = u64::from(vol.statfs().block_size);
+        Case {
+            seed,
+            rng,
+            mem,
+            dev,
+            vol: Some(vol),
+            m: Model::default(),
+            handles: Vec::new(),
+            log: Vec::new(),
+            bs,
+        }
+    }
+
+    fn vol(&self) -> &Volume {
+        self.vol.as_ref().unwrap()
+    }
+
+    fn ctx(&self) -> String {
+        let tail = &self.log[self.log.len().saturating_sub(12)..];
+        format!(
+            "seed={} op #{}; last ops:\n    {}",
+            self.seed,
+            self.log.len(),
+            tail.join("\n    ")
+        )
+    }
+
+    fn fail(&self, msg: String) -> ! {
+        panic!("{msg}\n  {}", self.ctx())
+    }
+
+    fn note(&mut self, s: String) {
+        self.log.push(s);
+    }
+
+    fn pick<T: Clone>(&mut self, v: &[T]) -> T {
+        v[self.rng.gen_range(0..v.len())].clone()
+    }
+
+    fn rand_file_path(&mut self) -> String {
+        match self.rng.gen_range(0..10) {
+            0 => "/fill".into(),
+            1 => {
+                let d = self.pick(DIR_POOL);
+                let n = self.pick(NAME_POOL);
+                // Sometimes through a file: "/a/x" (NotDir) or a missing dir.
+                if self.rng.gen_bool(0.5) {
+                    format!("/{n}/x")
+                } else {
+                    format!("{d}/zz/{n}")
+                }
+            }
+            2..=4 => {
+                let d = self.pick(DIR_POOL);
+                let n = self.pick(NAME_POOL);
+                join(&d, &n)
+            }
+            _ => {
+                let n = self.pick(NAME_POOL);
+                join("/", &n)
+            }
+        }
+    }
+
+    fn rand_any_path(&mut self) -> String {
+        if self.rng.gen_bool(0.3) {
+            self.pick(DIR_POOL).to_string()
+        } else {
+            self.rand_file_path()
+        }
+    }
+
+    /// Expected error for resolving `path`'s parent, if any.
+    fn parent_error(&self, path: &str) -> Option<&'static str> {
+        let parent = parent_of(path);
+        // Walk components: a file on the way gives NotDir, a missing one NotFound.
+        let mut cur = String::new();
+        for comp in parent.split('/').filter(|c| !c.is_empty()) {
+            cur = format!("{cur}/{comp}");
+            if self.m.files.contains_key(&cur) {
+                return Some("NotDir");
+            }
+            if !self.m.dirs.contains(&cur) {
+                return Some("NotFound");
+            }
+        }
+        None
+    }
+
+    fn check_err(&self, what: &str, r: &Error, want: &[&str]) {
+        let name = match r {
+            Error::NotFound { .. } => "NotFound",
+            Error::Exists { .. } => "Exists",
+            Error::NotDir { .. } => "NotDir",
+            Error::IsDir { .. } => "IsDir",
+            Error::NotEmpty { .. } => "NotEmpty",
+            Error::InvalidArgument { .. } => "InvalidArgument",
+            Error::NoSpace { .. } => "NoSpace",
+            Error::Stale { .. } => "Stale",
+            Error::Iomap(iomap::IomapError::Unaligned { .. }) => "InvalidArgument",
+            _ => "other",
+        };
+        if !want.contains(&name) && !want.contains(&"any") {
+            self.fail(format!("{what}: got error {name} ({r}), want one of {want:?}"));
+        }
+        if r.to_string().is_empty() {
+            self.fail(format!("{what}: error with an empty message"));
+        }
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.vol().statfs().free_bytes
+    }
+
+    /// ENOSPC is only acceptable when space is really short.
+    fn check_nospace(&self, what: &str, e: &Error, needed: u64, free_before: u64) {
+        if !matches!(e, Error::NoSpace { .. }) {
+            return;
+        }
+        let slack = 2 * MIB;
+        if free_before > needed + slack {
+            self.fail(format!(
+                "{what}: ENOSPC ({e}) with {free_before} bytes free for a {needed}-byte request"
+            ));
+        }
+        let after = self.free_bytes();
+        if after != free_before {
+            self.fail(format!(
+                "{what}: failed with ENOSPC but free space changed {free_before} -> {after}"
+            ));
+        }
+    }
+
+    fn push_handle(&mut self, id: Id, file: File, flags: OpenFlags) {
+        if self.handles.len() >= 8 {
+            let i = self.rng.gen_range(0..self.handles.len());
+            self.handles.remove(i);
+        }
+        self.handles.push(H {
+            id,
+            file,
+            flags,
+            orphan: false,
+        });
+    }
+
+    fn orphan(&mut self, id: Id) {
+        for h in &mut self.handles {
+            if h.id == id {
+                h.orphan = true;
+            }
+        }
+        if !self.handles.iter().any(|h| h.id == id) {
+            self.m.data.remove(&id);
+        }
+    }
+
+    // ---- operations -------------------------------------------------------
+
+    fn op_open(&mut self) {
+        let path = if self.rng.gen_bool(0.1) {
+            self.rand_any_path()
+        } else {
+            self.rand_file_path()
+        };
+        let create = self.rng.gen_bool(0.6);
+        let exclusive = create && self.rng.gen_bool(0.2);
+        let truncate = self.rng.gen_bool(0.1);
+        let read_only = !create && !truncate && self.rng.gen_bool(0.2);
+        let flags = OpenFlags {
+            create,
+            exclusive,
+            truncate,
+            direct: self.rng.gen_bool(0.5),
+            dsync: self.rng.gen_bool(0.1),
+            sync: self.rng.gen_bool(0.05),
+            read_only,
+        };
+        self.note(format!("open({path}, {flags:?})"));
+        let r = self.vol().open_file(&path, flags);
+        let what = format!("open({path})");
+        let perr = self.parent_error(&path);
+        if self.m.is_dir(&path) {
+            match r {
+                Ok(_) => self.fail(format!("{what}: opened a directory as a file")),
+                Err(e) => self.check_err(&what, &e, &["IsDir", "Exists"]),
+            }
+        } else if let Some(pe) = perr {
+            match r {
+                Ok(_) => self.fail(format!("{what}: succeeded, want {pe}")),
+                Err(e) => self.check_err(&what, &e, &[pe]),
+            }
+        } else if let Some(&id) = self.m.files.get(&path) {
+            match r {
+                Ok(f) if !exclusive => {
+                    if truncate {
+                        self.m.data.get_mut(&id).unwrap().clear();
+                    }
+                    if f.flags().direct != flags.direct {
+                        self.fail(format!("{what}: flags() {:?} != {flags:?}", f.flags()));
+                    }
+                    self.push_handle(id, f, flags);
+                }
+                Ok(_) => self.fail(format!("{what}: exclusive create of an existing file succeeded")),
+                Err(e) if exclusive => self.check_err(&what, &e, &["Exists"]),
+                Err(e) => self.fail(format!("{what}: {e}")),
+            }
+        } else {
+            match r {
+                Ok(f) if create => {
+                    self.m.next += 1;
+                    let id = self.m.next;
+                    self.m.files.insert(path.clone(), id);
+                    self.m.data.insert(id, Vec::new());
+                    self.push_handle(id, f, flags);
+                }
+                Ok(_) => self.fail(format!("{what}: opened a missing file without create")),
+                Err(e) if create => {
+                    let free = self.free_bytes();
+                    self.check_err(&what, &e, &["NoSpace"]);
+                    self.check_nospace(&what, &e, 0, free);
+                }
+                Err(e) => self.check_err(&what, &e, &["NotFound"]),
+            }
+        }
+    }
+
+    /// A random handle, opening one on an existing file if there is none.
+    fn some_handle(&mut self) -> Option<usize> {
+        if self.handles.is_empty() || self.rng.gen_bool(0.1) {
+            let files: Vec<String> = self.m.files.keys().cloned().collect();
+            if files.is_empty() {
+                return None;
+            }
+            let path = self.pick(&files);
+            let id = self.m.files[&path];
+            let flags = OpenFlags {
+                direct: self.rng.gen_bool(0.5),
+                ..OpenFlags::default()
+            };
+            let f = match self.vol().open_file(&path, flags) {
+                Ok(f) => f,
+                Err(e) => self.fail(format!("open existing {path}: {e}")),
+            };
+            self.push_handle(id, f, flags);
+            return Some(self.handles.len() - 1);
+        }
+        Some(self.rng.gen_range(0..self.handles.len()))
+    }
+
+    /// Handles a `Stale` answer on an orphan: allowed, and the handle is dead.
+    fn stale_orphan(&mut self, hi: usize, e: &Error) -> bool {
+        if self.handles[hi].orphan && matches!(e, Error::Stale { .. }) {
+            self.handles.remove(hi);
+            return true;
+        }
+        false
+    }
+
+    fn op_write(&mut self) {
+        let Some(hi) = self.some_handle() else { return };
+        let (id, flags, orphan) = {
+            let h = &self.handles[hi];
+            (h.id, h.flags, h.orphan)
+        };
+        let lbs = u64::from(LBS);
+        let big = self.rng.gen_bool(0.05);
+        let max_len = if big { 1024 * 1024 } else { 64 * 1024 };
+        let mut unaligned_direct = false;
+        let (off, len) = if flags.direct && self.rng.gen_bool(0.9) {
+            let off = self.rng.gen_range(0..MAX_OFF / lbs) * lbs;
+            let len = self.rng.gen_range(1..=max_len / lbs) * lbs;
+            (off, len)
+        } else {
+            let off = match self.rng.gen_range(0..4) {
+                0 => self.m.data.get(&id).map(|d| d.len() as u64).unwrap_or(0), // append
+                1 => self.rng.gen_range(0..MAX_OFF / self.bs) * self.bs + self.rng.gen_range(0..3),
+                _ => self.rng.gen_range(0..MAX_OFF),
+            };
+            let len = match self.rng.gen_range(0..4) {
+                0 => self.rng.gen_range(1..16),
+                1 => self.bs - off % self.bs, // up to a block boundary
+                _ => self.rng.gen_range(1..=max_len),
+            };
+            unaligned_direct = flags.direct && (off % lbs != 0 || len % lbs != 0);
+            (off, len)
+        };
+        let data = gen_data(&mut self.rng, len as usize);
+        let what = format!(
+            "pwrite(#{id}{}, {}{}{}, [{off}, {}))",
+            if orphan { " orphan" } else { "" },
+            if flags.direct { "direct" } else { "buffered" },
+            if flags.dsync || flags.sync { " dsync" } else { "" },
+            if flags.read_only { " read-only" } else { "" },
+            off + len
+        );
+        self.note(what.clone());
+        let free = self.free_bytes();
+        let r = self.handles[hi].file.pwrite(&data, off);
+        match r {
+            Err(e) if self.stale_orphan(hi, &e) => {}
+            Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
+            Ok(_) if flags.read_only => self.fail(format!("{what}: write on a read-only handle succeeded")),
+            Err(e) if unaligned_direct && DIRECT_UNALIGNED_IS_EINVAL => {
+                if !is_einval(&e) {
+                    self.fail(format!("{what}: unaligned direct write: {e}, want EINVAL"));
+                }
+            }
+            Ok(n) if unaligned_direct && DIRECT_UNALIGNED_IS_EINVAL => {
+                self.fail(format!("{what}: unaligned direct write returned {n}, want EINVAL"))
+            }
+            Ok(n) => {
+                if n == 0 || n as u64 > len {
+                    self.fail(format!("{what}: returned {n}"));
+                }
+                if (n as u64) < len && free > len + 2 * MIB {
+                    self.fail(format!("{what}: short write {n} of {len} with {free} bytes free"));
+                }
+                let d = self.m.data.get_mut(&id).unwrap();
+                let end = off as usize + n;
+                if d.len() < end {
+                    d.resize(end, 0);
+                }
+                d[off as usize..end].copy_from_slice(&data[..n]);
+            }
+            Err(e) => {
+                self.check_err(&what, &e, &["NoSpace"]);
+                self.check_nospace(&what, &e, len, free);
+            }
+        }
+    }
+
+    fn op_read(&mut self) {
+        let Some(hi) = self.some_handle() else { return };
+        let (id, flags, orphan) = {
+            let h = &self.handles[hi];
+            (h.id, h.flags, h.orphan)
+        };
+        let size = self.m.data.get(&id).map(|d| d.len() as u64).unwrap_or(0);
+        let lbs = u64::from(LBS);
+        let mut unaligned_direct = false;
+        let (off, len) = if flags.direct && self.rng.gen_bool(0.9) {
+            let hi_off = (size + 8192) / lbs + 1;
+            (
+                self.rng.gen_range(0..hi_off) * lbs,
+                self.rng.gen_range(1..=128u64) * lbs,
+            )
+        } else {
+            let off = match self.rng.gen_range(0..4) {
+                0 => size.saturating_sub(self.rng.gen_range(0..100)),
+                _ => self.rng.gen_range(0..=size + 5000),
+            };
+            let len = self.rng.gen_range(1..=70_000u64);
+            unaligned_direct = flags.direct && (off % lbs != 0 || len % lbs != 0);
+            (off, len)
+        };
+        let what = format!(
+            "pread(#{id}{}, {}, [{off}, {}), size {size})",
+            if orphan { " orphan" } else { "" },
+            if flags.direct { "direct" } else { "buffered" },
+            off + len
+        );
+        self.note(what.clone());
+        let mut buf = vec![0xEEu8; len as usize];
+        let r = self.handles[hi].file.pread(&mut buf, off);
+        match r {
+            Err(e) if self.stale_orphan(hi, &e) => {}
+            Err(e) if unaligned_direct && DIRECT_UNALIGNED_IS_EINVAL => {
+                if !is_einval(&e) {
+                    self.fail(format!("{what}: unaligned direct read: {e}, want EINVAL"));
+                }
+            }
+            Ok(n) if unaligned_direct && DIRECT_UNALIGNED_IS_EINVAL => {
+                self.fail(format!("{what}: unaligned direct read returned {n}, want EINVAL"))
+            }
+            Err(e) => self.fail(format!("{what}: {e}")),
+            Ok(n) => {
+                let want_n = size.saturating_sub(off).min(len) as usize;
+                if n != want_n {
+                    self.fail(format!("{what}: returned {n}, want {want_n}"));
+                }
+                let d = &self.m.data[&id];
+                let want = &d[off.min(size) as usize..off.min(size) as usize + n];
+                if &buf[..n] != want {
+                    let at = first_diff(&buf[..n], want).unwrap();
+                    self.fail(format!(
+                        "{what}: data differs at file offset {}: got {} want {}",
+                        off as usize + at,
+                        excerpt(&buf[..n], at),
+                        excerpt(want, at)
+                    ));
+                }
+            }
+        }
+    }
+
+    fn writable_handle(&mut self) -> Option<usize> {
+        let hi = self.some_handle()?;
+        Some(hi)
+    }
+
+    fn op_truncate(&mut self) {
+        let Some(hi) = self.writable_handle() else { return };
+        let (id, flags, orphan) = {
+            let h = &self.handles[hi];
+            (h.id, h.flags, h.orphan)
+        };
+        let cur = self.m.data.get(&id).map(|d| d.len() as u64).unwrap_or(0);
+        let size = match self.rng.gen_range(0..6) {
+            0 => 0,
+            1 => cur.saturating_sub(self.rng.gen_range(1..5000)),
+            2 => cur + self.rng.gen_range(1..5000),
+            3 => self.rng.gen_range(0..MAX_OFF / self.bs) * self.bs,
+            _ => self.rng.gen_range(0..MAX_OFF + 64 * 1024),
+        };
+        let what = format!("truncate(#{id}{}, {cur} -> {size})", if orphan { " orphan" } else { "" });
+        self.note(what.clone());
+        let free = self.free_bytes();
+        let r = self.handles[hi].file.truncate(size);
+        match r {
+            Err(e) if self.stale_orphan(hi, &e) => {}
+            Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
+            Ok(()) if flags.read_only => self.fail(format!("{what}: truncate on a read-only handle succeeded")),
+            Ok(()) => self.m.data.get_mut(&id).unwrap().resize(size as usize, 0),
+            Err(e) => {
+                self.check_err(&what, &e, &["NoSpace"]);
+                self.check_nospace(&what, &e, 0, free);
+            }
+        }
+    }
+
+    fn op_fallocate(&mut self, huge: bool) {
+        let Some(hi) = self.writable_handle() else { return };
+        let (id, flags, orphan) = {
+            let h = &self.handles[hi];
+            (h.id, h.flags, h.orphan)
+        };
+        let free = self.free_bytes();
+        let (off, len) = if huge {
+            (
+                self.rng.gen_range(0..MAX_OFF),
+                free + self.rng.gen_range(1..MIB),
+            )
+        } else {
+            (
+                self.rng.gen_range(0..MAX_OFF),
+                self.rng.gen_range(1..=128 * 1024),
+            )
+        };
+        let keep = self.rng.gen_bool(0.4);
+        let what = format!(
+            "fallocate(#{id}{}, {off}, {len}, keep_size={keep})",
+            if orphan { " orphan" } else { "" }
+        );
+        self.note(what.clone());
+        let r = self.handles[hi].file.fallocate(off, len, keep);
+        match r {
+            Err(e) if self.stale_orphan(hi, &e) => {}
+            Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
+            Ok(()) if flags.read_only => self.fail(format!("{what}: fallocate on a read-only handle succeeded")),
+            Ok(()) if huge => self.fail(format!("{what}: succeeded with only {free} bytes free")),
+            Ok(()) => {
+                if !keep {
+                    let d = self.m.data.get_mut(&id).unwrap();
+                    if (d.len() as u64) < off + len {
+                        d.resize((off + len) as usize, 0);
+                    }
+                }
+            }
+            Err(e) => {
+                self.check_err(&what, &e, &["NoSpace"]);
+                self.check_nospace(&what, &e, len, free);
+            }
+        }
+    }
+
+    fn op_punch(&mut self) {
+        let Some(hi) = self.writable_handle() else { return };
+        let (id, flags, orphan) = {
+            let h = &self.handles[hi];
+            (h.id, h.flags, h.orphan)
+        };
+        let size = self.m.data.get(&id).map(|d| d.len() as u64).unwrap_or(0);
+        let off = match self.rng.gen_range(0..3) {
+            0 => self.rng.gen_range(0..MAX_OFF / self.bs) * self.bs,
+            _ => self.rng.gen_range(0..=size + 4096),
+        };
+        let len = match self.rng.gen_range(0..3) {
+            0 => self.rng.gen_range(1..=16) * self.bs,
+            1 => self.rng.gen_range(1..100),
+            _ => self.rng.gen_range(1..=100_000),
+        };
+        let what = format!("punch_hole(#{id}{}, {off}, {len}), size {size}", if orphan { " orphan" } else { "" });
+        self.note(what.clone());
+        let free = self.free_bytes();
+        let r = self.handles[hi].file.punch_hole(off, len);
+        match r {
+            Err(e) if self.stale_orphan(hi, &e) => {}
+            Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
+            Ok(()) if flags.read_only => self.fail(format!("{what}: punch on a read-only handle succeeded")),
+            Ok(()) => {
+                let d = self.m.data.get_mut(&id).unwrap();
+                let end = ((off + len) as usize).min(d.len());
+                if (off as usize) < end {
+                    d[off as usize..end].fill(0);
+                }
+            }
+            Err(e) => {
+                // Punching a partial block can need space (no, it zeroes in
+                // place) — but a split extent can need metadata room.
+                self.check_err(&what, &e, &["NoSpace"]);
+                self.check_nospace(&what, &e, 0, free);
+            }
+        }
+    }
+
+    fn op_stat(&mut self) {
+        let path = self.rand_any_path();
+        self.note(format!("stat({path})"));
+        let r = self.vol().stat(&path);
+        let what = format!("stat({path})");
+        if self.m.is_dir(&path) {
+            match r {
+                Ok(st) if st.kind == FileKind::Directory => {}
+                Ok(st) => self.fail(format!("{what}: kind {:?} for a directory", st.kind)),
+                Err(e) => self.fail(format!("{what}: {e}")),
+            }
+        } else if let Some(&id) = self.m.files.get(&path) {
+            match r {
+                Ok(st) => self.check_stat(&what, &st, id, false),
+                Err(e) => self.fail(format!("{what}: {e}")),
+            }
+        } else {
+            let want = self.parent_error(&path).unwrap_or("NotFound");
+            match r {
+                Ok(_) => self.fail(format!("{what}: succeeded on a missing path")),
+                Err(e) => self.check_err(&what, &e, &[want]),
+            }
+        }
+        // And a handle's stat.
+        if let Some(hi) = (!self.handles.is_empty()).then(|| self.rng.gen_range(0..self.handles.len())) {
+            let (id, orphan) = (self.handles[hi].id, self.handles[hi].orphan);
+            match self.handles[hi].file.stat() {
+                Ok(st) => self.check_stat(&format!("fstat(#{id})"), &st, id, orphan),
+                Err(e) if self.stale_orphan(hi, &e) => {}
+                Err(e) => self.fail(format!("fstat(#{id}): {e}")),
+            }
+        }
+    }
+
+    fn check_stat(&self, what: &str, st: &iomapfs_fs::Stat, id: Id, orphan: bool) {
+        let d = &self.m.data[&id];
+        if st.size != d.len() as u64 {
+            self.fail(format!("{what}: size {} want {}", st.size, d.len()));
+        }
+        if st.kind != FileKind::Regular {
+            self.fail(format!("{what}: kind {:?}", st.kind));
+        }
+        let want_nlink = if orphan { 0 } else { 1 };
+        if st.nlink != want_nlink {
+            self.fail(format!("{what}: nlink {} want {want_nlink}", st.nlink));
+        }
+        if st.allocated_bytes % self.bs != 0 {
+            self.fail(format!("{what}: allocated_bytes {} not a multiple of the block size", st.allocated_bytes));
+        }
+        if u64::from(st.block_size) != self.bs {
+            self.fail(format!("{what}: block_size {}", st.block_size));
+        }
+        // Non-zero bytes need space under them.
+        let bs = self.bs as usize;
+        let data_blocks = d.chunks(bs).filter(|c| c.iter().any(|&b| b != 0)).count() as u64;
+        if st.allocated_bytes < data_blocks * self.bs {
+            self.fail(format!(
+                "{what}: allocated_bytes {} < {} bytes of blocks holding non-zero data",
+                st.allocated_bytes,
+                data_blocks * self.bs
+            ));
+        }
+    }
+
+    fn op_unlink(&mut self) {
+        let path = if self.rng.gen_bool(0.8) && !self.m.files.is_empty() {
+            let files: Vec<String> = self.m.files.keys().cloned().collect();
+            self.pick(&files)
+        } else {
+            self.rand_any_path()
+        };
+        let what = format!("unlink({path})");
+        self.note(what.clone());
+        let r = self.vol().unlink(&path);
+        if self.m.is_dir(&path) {
+            match r {
+                Ok(()) => self.fail(format!("{what}: unlinked a directory")),
+                Err(e) => self.check_err(&what, &e, &["IsDir", "InvalidArgument"]),
+            }
+        } else if let Some(&id) = self.m.files.get(&path) {
+            match r {
+                Ok(()) => {
+                    self.m.files.remove(&path);
+                    self.orphan(id);
+                }
+                Err(e) => self.fail(format!("{what}: {e}")),
+            }
+        } else {
+            let want = self.parent_error(&path).unwrap_or("NotFound");
+            match r {
+                Ok(()) => self.fail(format!("{what}: succeeded on a missing path")),
+                Err(e) => self.check_err(&what, &e, &[want]),
+            }
+        }
+    }
+
+    fn op_mkdir(&mut self) {
+        let path = if self.rng.gen_bool(0.85) {
+            self.pick(DIR_POOL).to_string()
+        } else {
+            self.rand_file_path()
+        };
+        let what = format!("mkdir({path})");
+        self.note(what.clone());
+        let free = self.free_bytes();
+        let r = self.vol().mkdir(&path);
+        if self.m.exists(&path) {
+            match r {
+                Ok(()) => self.fail(format!("{what}: succeeded on an existing path")),
+                Err(e) => self.check_err(&what, &e, &["Exists"]),
+            }
+        } else if let Some(pe) = self.parent_error(&path) {
+            match r {
+                Ok(()) => self.fail(format!("{what}: succeeded, want {pe}")),
+                Err(e) => self.check_err(&what, &e, &[pe]),
+            }
+        } else {
+            match r {
+                Ok(()) => {
+                    self.m.dirs.insert(path);
+                }
+                Err(e) => {
+                    self.check_err(&what, &e, &["NoSpace"]);
+                    self.check_nospace(&what, &e, 0, free);
+                }
+            }
+        }
+    }
+
+    fn op_rmdir(&mut self) {
+        let path = if self.rng.gen_bool(0.85) {
+            self.pick(DIR_POOL).to_string()
+        } else {
+            self.rand_file_path()
+        };
+        let what = format!("rmdir({path})");
+        self.note(what.clone());
+        let r = self.vol().rmdir(&path);
+        if self.m.dirs.contains(&path) {
+            let empty = self.m.children(&path).is_empty();
+            match r {
+                Ok(()) if empty => {
+                    self.m.dirs.remove(&path);
+                }
+                Ok(()) => self.fail(format!("{what}: removed a non-empty directory")),
+                Err(e) if !empty => self.check_err(&what, &e, &["NotEmpty"]),
+                Err(e) => self.fail(format!("{what}: {e}")),
+            }
+        } else if self.m.files.contains_key(&path) {
+            match r {
+                Ok(()) => self.fail(format!("{what}: removed a file")),
+                Err(e) => self.check_err(&what, &e, &["NotDir"]),
+            }
+        } else {
+            let want = self.parent_error(&path).unwrap_or("NotFound");
+            match r {
+                Ok(()) => self.fail(format!("{what}: succeeded on a missing path")),
+                Err(e) => self.check_err(&what, &e, &[want]),
+            }
+        }
+    }
+
+    fn op_rename(&mut self) {
+        let from = if self.rng.gen_bool(0.7) && !self.m.files.is_empty() {
+            let files: Vec<String> = self.m.files.keys().cloned().collect();
+            self.pick(&files)
+        } else {
+            self.rand_any_path()
+        };
+        let to = if self.rng.gen_bool(0.05) {
+            from.clone()
+        } else if self.m.is_dir(&from) {
+            // Directory targets: a fresh name, inside itself, or anything.
+            match self.rng.gen_range(0..4) {
+                0 => format!("{from}/sub"),
+                _ => self.rand_any_path(),
+            }
+        } else {
+            self.rand_any_path()
+        };
+        let what = format!("rename({from}, {to})");
+        self.note(what.clone());
+        let free = self.free_bytes();
+        let r = self.vol().rename(&from, &to);
+        let before = self.m.clone();
+        let expect: Result<(), &[&str]> = if !self.m.exists(&from) || from == "/" {
+            Err(&["NotFound", "NotDir", "InvalidArgument"])
+        } else if let Some(pe) = self.parent_error(&to) {
+            Err(if pe == "NotDir" { &["NotDir"] } else { &["NotFound"] })
+        } else if from == to {
+            Ok(())
+        } else if self.m.files.contains_key(&from) {
+            if self.m.is_dir(&to) {
+                Err(&["IsDir", "Exists", "InvalidArgument"])
+            } else {
+                Ok(())
+            }
+        } else {
+            // `from` is a directory.
+            if to.starts_with(&format!("{from}/")) {
+                Err(&["InvalidArgument"])
+            } else if self.m.files.contains_key(&to) {
+                Err(&["NotDir", "Exists", "InvalidArgument"])
+            } else if self.m.is_dir(&to) {
+                if self.m.children(&to).is_empty() {
+                    // POSIX replaces an empty directory; refusing is fine too.
+                    Err(&["ALLOW_OK", "Exists", "NotEmpty", "IsDir", "InvalidArgument"])
+                } else {
+                    Err(&["NotEmpty", "Exists", "IsDir", "InvalidArgument"])
+                }
+            } else {
+                Ok(())
+            }
+        };
+        match (r, expect) {
+            (Ok(()), Ok(())) => self.apply_rename(&from, &to),
+            (Ok(()), Err(w)) if w.contains(&"ALLOW_OK") => self.apply_rename(&from, &to),
+            (Ok(()), Err(w)) => self.fail(format!("{what}: succeeded, want one of {w:?}")),
+            (Err(e), Ok(())) => {
+                if matches!(e, Error::NoSpace { .. }) {
+                    self.check_nospace(&what, &e, 0, free);
+                } else {
+                    self.fail(format!("{what}: {e}"))
+                }
+            }
+            (Err(e), Err(w)) => self.check_err(&what, &e, w),
+        }
+        let _ = before;
+    }
+
+    fn apply_rename(&mut self, from: &str, to: &str) {
+        if from == to {
+            return;
+        }
+        if let Some(id) = self.m.files.remove(from) {
+            if let Some(old) = self.m.files.insert(to.to_string(), id) {
+                self.orphan(old);
+            }
+            return;
+        }
+        // Directory: move it and everything under it.
+        self.m.dirs.remove(to);
+        let pre = format!("{from}/");
+        let dirs: Vec<String> = self.m.dirs.iter().filter(|d| d.starts_with(&pre)).cloned().collect();
+        self.m.dirs.remove(from);
+        self.m.dirs.insert(to.to_string());
+        for d in dirs {
+            self.m.dirs.remove(&d);
+            self.m.dirs.insert(format!("{to}/{}", &d[pre.len()..]));
+        }
+        let files: Vec<(String, Id)> = self
+            .m
+            .files
+            .iter()
+            .filter(|(p, _)| p.starts_with(&pre))
+            .map(|(p, &i)| (p.clone(), i))
+            .collect();
+        for (p, id) in files {
+            self.m.files.remove(&p);
+            self.m.files.insert(format!("{to}/{}", &p[pre.len()..]), id);
+        }
+    }
+
+    fn op_readdir(&mut self) {
+        let path = if self.rng.gen_bool(0.8) {
+            let mut dirs: Vec<String> = self.m.dirs.iter().cloned().collect();
+            dirs.push("/".into());
+            self.pick(&dirs)
+        } else {
+            self.rand_any_path()
+        };
+        let what = format!("readdir({path})");
+        self.note(what.clone());
+        let r = self.vol().readdir(&path);
+        if self.m.is_dir(&path) {
+            match r {
+                Ok(entries) => {
+                    let got: BTreeMap<String, FileKind> =
+                        entries.iter().map(|e| (e.name.clone(), e.kind)).collect();
+                    if got.len() != entries.len() {
+                        self.fail(format!("{what}: duplicate names {entries:?}"));
+                    }
+                    let want = self.m.children(&path);
+                    if got != want {
+                        self.fail(format!("{what}: got {got:?} want {want:?}"));
+                    }
+                }
+                Err(e) => self.fail(format!("{what}: {e}")),
+            }
+        } else if self.m.files.contains_key(&path) {
+            match r {
+                Ok(_) => self.fail(format!("{what}: listed a file")),
+                Err(e) => self.check_err(&what, &e, &["NotDir"]),
+            }
+        } else {
+            let want = self.parent_error(&path).unwrap_or("NotFound");
+            match r {
+                Ok(_) => self.fail(format!("{what}: listed a missing path")),
+                Err(e) => self.check_err(&what, &e, &[want]),
+            }
+        }
+    }
+
+    fn op_sync(&mut self) {
+        match self.rng.gen_range(0..4) {
+            0 | 1 if !self.handles.is_empty() => {
+                let hi = self.rng.gen_range(0..self.handles.len());
+                let data = self.rng.gen_bool(0.5);
+                let id = self.handles[hi].id;
+                self.note(format!("{}(#{id})", if data { "fdatasync" } else { "fsync" }));
+                let r = if data {
+                    self.handles[hi].file.fdatasync()
+                } else {
+                    self.handles[hi].file.fsync()
+                };
+                match r {
+                    Err(e) if self.stale_orphan(hi, &e) => {}
+                    Err(e) => self.fail(format!("fsync(#{id}): {e}")),
+                    Ok(()) => {}
+                }
+            }
+            2 => {
+                self.note("checkpoint".into());
+                if let Err(e) = self.vol().checkpoint() {
+                    self.fail(format!("checkpoint: {e}"));
+                }
+            }
+            _ => {
+                self.note("sync".into());
+                if let Err(e) = self.vol().sync() {
+                    self.fail(format!("sync: {e}"));
+                }
+            }
+        }
+    }
+
+    fn op_close(&mut self) {
+        if self.handles.is_empty() {
+            return;
+        }
+        let hi = self.rng.gen_range(0..self.handles.len());
+        let h = self.handles.remove(hi);
+        self.note(format!("close(#{}{})", h.id, if h.orphan { " orphan" } else { "" }));
+        let id = h.id;
+        drop(h);
+        if !self.m.files.values().any(|&v| v == id) && !self.handles.iter().any(|h| h.id == id) {
+            self.m.data.remove(&id);
+        }
+    }
+
+    /// Fills the device with one file until ENOSPC, then checks that the
+    /// failed write changed nothing.
+    fn op_fill(&mut self) {
+        let path = "/fill";
+        self.note("fill device".into());
+        let f = match self.vol().open_file(
+            path,
+            OpenFlags {
+                create: true,
+                direct: true,
+                ..OpenFlags::default()
+            },
+        ) {
+            Ok(f) => f,
+            Err(Error::NoSpace { .. }) => return,
+            Err(Error::IsDir { .. }) | Err(Error::NotDir { .. }) => return,
+            Err(e) => self.fail(format!("open {path}: {e}")),
+        };
+        let id = match self.m.files.get(path) {
+            Some(&id) => id,
+            None => {
+                self.m.next += 1;
+                let id = self.m.next;
+                self.m.files.insert(path.into(), id);
+                self.m.data.insert(id, Vec::new());
+                id
+            }
+        };
+        let chunk = 512 * 1024u64;
+        let mut hit = false;
+        for _ in 0..64 {
+            let off = self.m.data[&id].len() as u64;
+            let off = off.div_ceil(u64::from(LBS)) * u64::from(LBS);
+            let data = gen_data(&mut self.rng, chunk as usize);
+            let free = self.free_bytes();
+            let size_before = f.stat().map(|s| s.size).unwrap_or(0);
+            match f.pwrite(&data, off) {
+                Ok(n) => {
+                    let d = self.m.data.get_mut(&id).unwrap();
+                    d.resize(off as usize, 0);
+                    d.extend_from_slice(&data[..n]);
+                    if (n as u64) < chunk {
+                        hit = true;
+                        break;
+                    }
+                }
+                Err(e) => {
+                    self.check_err("fill write", &e, &["NoSpace"]);
+                    self.check_nospace("fill write", &e, chunk, free);
+                    let size = f.stat().map(|s| s.size).unwrap_or(u64::MAX);
+                    if size != size_before {
+                        self.fail(format!(
+                            "fill write: ENOSPC but size changed {size_before} -> {size}"
+                        ));
+                    }
+                    hit = true;
+                    break;
+                }
+            }
+        }
+        if !hit {
+            self.fail("fill: 32 MiB written to an 8 MiB device without ENOSPC".into());
+        }
+        self.push_handle(
+            id,
+            f,
+            OpenFlags {
+                direct: true,
+                ..OpenFlags::default()
+            },
+        );
+        self.verify_all("after filling the device");
+    }
+
+    // ---- whole-volume checks ---------------------------------------------
+
+    fn verify_all(&mut self, ctx: &str) {
+        let st = match common::volstate::read_volume(self.vol(), u64::MAX) {
+            Ok(s) => s,
+            Err(e) => self.fail(format!("{ctx}: {e}")),
+        };
+        if st.dirs != self.m.dirs {
+            self.fail(format!("{ctx}: dirs {:?} want {:?}", st.dirs, self.m.dirs));
+        }
+        let got: Vec<&String> = st.files.keys().collect();
+        let want: Vec<&String> = self.m.files.keys().collect();
+        if got != want {
+            self.fail(format!("{ctx}: files {got:?} want {want:?}"));
+        }
+        for (p, &id) in &self.m.files {
+            let w = &self.m.data[&id];
+            let g = &st.files[p].data;
+            if g != w {
+                let at = first_diff(g, w).unwrap();
+                self.fail(format!(
+                    "{ctx}: {p} (#{id}, size {} want {}) differs at {at}: got {} want {}",
+                    g.len(),
+                    w.len(),
+                    excerpt(g, at),
+                    excerpt(w, at)
+                ));
+            }
+        }
+    }
+
+    /// fiemap: ordered, non-overlapping, block-aligned, inside the device,
+    /// and every non-zero byte in a data range.
+    fn verify_fiemap(&self, ctx: &str) {
+        let dev_size = self.dev.caps().size_bytes;
+        for (p, &id) in &self.m.files {
+            let f = match self.vol().open_file(p, common::volstate::ro()) {
+                Ok(f) => f,
+                Err(e) => self.fail(format!("{ctx}: open {p}: {e}")),
+            };
+            let map = match f.fiemap() {
+                Ok(m) => m,
+                Err(e) => self.fail(format!("{ctx}: fiemap {p}: {e}")),
+            };
+            let mut end = 0u64;
+            for x in &map {
+                if x.offset < end || x.length == 0 {
+                    self.fail(format!("{ctx}: fiemap {p}: unordered/empty range {x:?} in {map:?}"));
+                }
+                end = x.offset + x.length;
+                if x.kind != FiemapKind::Hole {
+                    if x.offset % self.bs != 0 || x.length % self.bs != 0 || x.addr % self.bs != 0 {
+                        self.fail(format!("{ctx}: fiemap {p}: unaligned {x:?}"));
+                    }
+                    if x.addr + x.length > dev_size || x.addr == 0 {
+                        self.fail(format!("{ctx}: fiemap {p}: {x:?} outside the device"));
+                    }
+                }
+            }
+            let d = &self.m.data[&id];
+            for (i, &b) in d.iter().enumerate() {
+                if b == 0 {
+                    continue;
+                }
+                let i = i as u64;
+                let covered = map
+                    .iter()
+                    .any(|x| x.kind == FiemapKind::Data && x.offset <= i && i < x.offset + x.length);
+                if !covered {
+                    self.fail(format!(
+                        "{ctx}: fiemap {p}: non-zero byte at {i} not in a data range: {map:?}"
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Space accounting: fsck's used bytes equal the files' allocations, and
+    /// statfs agrees. Only with no handles open (orphans hold space).
+    fn verify_accounting(&self, ctx: &str, report: &iomapfs_fs::fsck::FsckReport) {
+        let mut alloc = 0;
+        for p in self.m.files.keys() {
+            match self.vol().stat(p) {
+                Ok(s) => alloc += s.allocated_bytes,
+                Err(e) => self.fail(format!("{ctx}: stat {p}: {e}")),
+            }
+        }
+        if report.used_bytes != alloc {
+            self.fail(format!(
+                "{ctx}: fsck used_bytes {} != {} allocated by the files (leak?)",
+                report.used_bytes, alloc
+            ));
+        }
+        let sf = self.vol().statfs();
+        if sf.data_bytes != report.data_bytes || sf.free_bytes + alloc != sf.data_bytes {
+            self.fail(format!(
+                "{ctx}: statfs {sf:?}: free + allocated ({} + {alloc}) != data bytes; fsck data_bytes {}",
+                sf.free_bytes, report.data_bytes
+            ));
+        }
+    }
+
+    fn reopen(&mut self, clean: bool) {
+        self.note(format!("reopen({})", if clean { "unmount" } else { "sync + drop" }));
+        if !clean {
+            for h in &self.handles {
+                if let Err(e) = h.file.fsync() {
+                    if !(h.orphan && matches!(e, Error::Stale { .. })) {
+                        self.fail(format!("fsync before drop: {e}"));
+                    }
+                }
+            }
+        }
+        self.handles.clear();
+        let live: BTreeSet<Id> = self.m.files.values().copied().collect();
+        self.m.data.retain(|id, _| live.contains(id));
+        let vol = self.vol.take().unwrap();
+        if clean {
+            if let Err(e) = vol.unmount() {
+                self.fail(format!("unmount: {e}"));
+            }
+        } else {
+            if let Err(e) = vol.sync() {
+                self.fail(format!("sync: {e}"));
+            }
+            drop(vol);
+        }
+        let report = fsck_clean(self.dev.clone(), &self.ctx());
+        match Volume::open(self.dev.clone()) {
+            Ok(v) => self.vol = Some(v),
+            Err(e) => self.fail(format!("open after reopen: {e}")),
+        }
+        self.verify_all("after reopen");
+        self.verify_fiemap("after reopen");
+        self.verify_accounting("after reopen", &report);
+        let _ = &self.mem;
+    }
+
+    fn run(&mut self, ops: usize) {
+        for _ in 0..ops {
+            match self.rng.gen_range(0..100) {
+                0..=11 => self.op_open(),
+                12..=35 => self.op_write(),
+                36..=49 => self.op_read(),
+                50..=54 => self.op_truncate(),
+                55..=58 => self.op_fallocate(false),
+                59 => self.op_fallocate(true),
+                60..=63 => self.op_punch(),
+                64..=66 => self.op_stat(),
+                67..=70 => self.op_unlink(),
+                71..=73 => self.op_mkdir(),
+                74..=75 => self.op_rmdir(),
+                76..=80 => self.op_rename(),
+                81..=83 => self.op_readdir(),
+                84..=88 => self.op_sync(),
+                89..=93 => self.op_close(),
+                94 => self.op_fill(),
+                95..=96 => self.reopen(true),
+                97..=98 => self.reopen(false),
+                _ => self.verify_all("mid-case"),
+            }
+            common::watchdog().beat();
+        }
+        self.verify_all("end of case");
+        self.reopen(self.rng.gen_bool(0.5));
+        self.handles.clear();
+        let vol = self.vol.take().unwrap();
+        if let Err(e) = vol.unmount() {
+            self.fail(format!("final unmount: {e}"));
+        }
+        fsck_clean(self.dev.clone(), &format!("final fsck; {}", self.ctx()));
+    }
+}
+
+#[test]
+fn model_differential() {
+    let t0 = Instant::now();
+    let seeds = Seeds::from_env("model");
+    let cases = seeds.count(env_u64("IOMAPFS_MODEL_CASES", 1500));
+    let max_ops = env_u64("IOMAPFS_MODEL_OPS", 150) as usize;
+    let stats = Stats::default();
+    for i in 0..cases {
+        let seed = seeds.case(i);
+        run_case("model", seed, "model case", || {
+            let mut c = Case::new(seed);
+            let ops = c.rng.gen_range(1..=max_ops);
+            c.run(ops);
+            stats.add("ops", c.log.len() as u64);
+        });
+        stats.add("cases", 1);
+    }
+    stats.print("model", t0.elapsed());
+}
