@@ -60,16 +60,17 @@ impl SyncDevice {
 
         let (mut file, mut direct_io) = open_fd(path, opts.read_only, exclusive)?;
 
-        // The path was looked up twice (stat, then open); make sure both saw
-        // the same kind of object, or the exclusive claim and the probe
-        // could be about different things.
-        let meta = file.metadata().map_err(open_err)?;
-        if kind_of(path, &meta.file_type())? != kind {
+        // The path was looked up twice (stat, then open); make sure both
+        // found the same object, or the open flags we chose (O_EXCL or not)
+        // would have been for something else.
+        let opened = file.metadata().map_err(open_err)?;
+        if (opened.dev(), opened.ino()) != (meta.dev(), meta.ino()) {
             return Err(DeviceError::Unusable {
                 path: path.to_owned(),
-                reason: "it changed type while being opened".into(),
+                reason: "it was replaced while being opened".into(),
             });
         }
+        let meta = opened;
 
         let probed = match kind {
             DeviceKind::BlockDevice => probe::block_device(&file, path, meta.rdev())?,
@@ -310,8 +311,8 @@ fn open_fd(path: &Path, read_only: bool, exclusive: bool) -> Result<(File, bool)
 }
 
 fn open_with(path: &Path, read_only: bool, exclusive: bool, direct: bool) -> io::Result<File> {
-    // std adds O_CLOEXEC itself; it is repeated here because the brief for
-    // this descriptor is "never leaks into a child", not "std happens to".
+    // std sets O_CLOEXEC on every open already; it is spelled out so that a
+    // reader of this function sees the descriptor never leaks into children.
     let mut flags = libc::O_CLOEXEC;
     if direct {
         flags |= libc::O_DIRECT;

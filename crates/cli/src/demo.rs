@@ -6,15 +6,14 @@
 //! every byte against an in-memory model, runs fsck, and reports.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blockdev::{BlockDevice, RequestCounts};
+use blockdev::RequestCounts;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use iomapfs_fs::{fsck, FiemapKind, File, FormatOptions, OpenFlags, Volume};
 
-use crate::size::{cvtstr, human_bytes, per_second};
+use crate::size::{cvtstr, human_bytes, per_second, short_bytes};
 use crate::target::{describe_device, open_device};
 use crate::{size_arg, Failure};
 
@@ -49,12 +48,12 @@ pub struct DemoArgs {
     #[arg(long, value_name = "PATH")]
     pub image: Option<PathBuf>,
 
-    /// Image size in bytes (suffixes k/m/g). At least 8m.
+    /// Image size in bytes (suffixes k/m/g). At least 16m.
     #[arg(long, value_name = "BYTES", value_parser = size_arg, default_value = "64m")]
     pub size: u64,
 }
 
-const MIN_SIZE: u64 = 8 << 20;
+const MIN_SIZE: u64 = 16 << 20;
 const MIB: u64 = 1 << 20;
 /// O_DIRECT writes are issued in calls of this size.
 const DIRECT_CHUNK: u64 = MIB;
@@ -75,7 +74,7 @@ pub fn run(args: &DemoArgs) -> Result<u8, Failure> {
             format!(
                 "demo: --size {}: must be a multiple of 4 KiB and at least {}",
                 args.size,
-                cvtstr(MIN_SIZE as f64)
+                short_bytes(MIN_SIZE)
             ),
         ));
     }
@@ -186,7 +185,10 @@ struct Timing {
 
 impl Timing {
     fn rate(&self) -> String {
-        format!("{}/sec", cvtstr(per_second(self.bytes as f64, self.elapsed)))
+        format!(
+            "{}/sec",
+            cvtstr(per_second(self.bytes as f64, self.elapsed))
+        )
     }
 }
 
@@ -238,7 +240,8 @@ fn demo(image: &Path) -> Result<(), Failure> {
         human_bytes(sfs.free_bytes)
     );
 
-    // Size the workload to the volume: about a third of the free space.
+    // Size the workload to the volume: the direct file takes a quarter of
+    // the free space, everything together about half.
     let direct_bytes = (sfs.free_bytes / 4 / DIRECT_CHUNK * DIRECT_CHUNK).clamp(MIB, 16 * MIB);
     let buffered_bytes = direct_bytes / 2 + 12_345;
     let sparse_bytes = 4 * MIB;
@@ -317,7 +320,8 @@ fn demo(image: &Path) -> Result<(), Failure> {
         write_all(&f, tmp_path, &patch, 12_345)?;
         buffered.write(12_345, &patch);
         buffered_ops += 1;
-        f.fsync().map_err(|e| fail(&format!("fsync {tmp_path}"), e))?;
+        f.fsync()
+            .map_err(|e| fail(&format!("fsync {tmp_path}"), e))?;
     }
     vol.rename(tmp_path, buffered.path)
         .map_err(|e| fail(&format!("rename {tmp_path} -> {}", buffered.path), e))?;
@@ -452,7 +456,7 @@ fn demo(image: &Path) -> Result<(), Failure> {
     vol.unmount().map_err(|e| fail("unmount after verify", e))?;
 
     // 6. fsck.
-    let report = fsck::check(dev.clone() as Arc<dyn BlockDevice>).map_err(|e| fail("fsck", e))?;
+    let report = fsck::check(dev.clone()).map_err(|e| fail("fsck", e))?;
     if !report.is_clean() {
         return Err(fail(
             "fsck",
@@ -548,13 +552,13 @@ struct Report<'a> {
 fn print_report(r: &Report) {
     println!(
         "O_DIRECT writes   {} in {} calls, {}",
-        cvtstr(r.direct.bytes as f64),
+        short_bytes(r.direct.bytes),
         r.direct.ops,
         r.direct.rate()
     );
     println!(
         "buffered writes   {} in {} calls + fsync + rename, {}",
-        cvtstr(r.buffered.bytes as f64),
+        short_bytes(r.buffered.bytes),
         r.buffered.ops,
         r.buffered.rate()
     );
@@ -580,13 +584,13 @@ fn print_report(r: &Report) {
     println!(
         "device requests   {} writes ({}), {} FUA, {} flushes until unmount",
         r.written.writes,
-        cvtstr(r.written.bytes_written as f64),
+        short_bytes(r.written.bytes_written),
         r.written.fua_writes,
         r.written.flushes
     );
     println!(
         "verify            {} in {} files read back after remount: every byte matches, {}",
-        cvtstr(r.read.bytes as f64),
+        short_bytes(r.read.bytes),
         r.files,
         r.read.rate()
     );
@@ -595,7 +599,7 @@ fn print_report(r: &Report) {
         r.fsck.inodes,
         r.fsck.directories,
         r.fsck.extents,
-        cvtstr(r.fsck.used_bytes as f64)
+        short_bytes(r.fsck.used_bytes)
     );
     println!("OK");
 }

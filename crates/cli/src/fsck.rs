@@ -46,7 +46,10 @@ pub fn run(args: &FsckArgs) -> Result<u8, Failure> {
         .map_err(|e| Failure::new(2, format!("fsck: {shown}: cannot read the volume: {e}")))?;
 
     println!("fsck {shown}");
-    println!("  checkpoint generation     {}", report.checkpoint_generation);
+    println!(
+        "  checkpoint generation     {}",
+        report.checkpoint_generation
+    );
     println!("  journal records replayed  {}", report.journal_records);
     println!("  inodes                    {}", report.inodes);
     println!("  directories               {}", report.directories);

@@ -84,8 +84,8 @@ pub fn run(args: &IoArgs) -> Result<u8, Failure> {
     let shown = args.target.display();
     let dev = open_device(&args.target, false)
         .map_err(|f| Failure::new(1, format!("io: {}", f.message)))?;
-    let vol = Volume::open(dev)
-        .map_err(|e| Failure::new(1, format!("io: cannot mount {shown}: {e}")))?;
+    let vol =
+        Volume::open(dev).map_err(|e| Failure::new(1, format!("io: cannot mount {shown}: {e}")))?;
     let mut session = Session::new(vol);
 
     if args.commands.is_empty() {
@@ -241,7 +241,7 @@ struct Spec {
     run: Handler,
 }
 
-const COMMANDS: &[Spec] = &[
+static COMMANDS: &[Spec] = &[
     Spec {
         name: "open",
         alias: Some("o"),
@@ -598,11 +598,9 @@ impl Session {
     }
 
     fn current(&self, cmd: &str) -> Result<&OpenFile, String> {
-        self.current
-            .and_then(|i| self.files.get(i))
-            .ok_or_else(|| {
-                format!("{cmd}: no file is open; open one first with 'open -c PATH' (see 'help open')")
-            })
+        self.current.and_then(|i| self.files.get(i)).ok_or_else(|| {
+            format!("{cmd}: no file is open; open one first with 'open -c PATH' (see 'help open')")
+        })
     }
 
     fn number(&self, cmd: &str, what: &str, text: &str) -> Result<u64, String> {
@@ -629,6 +627,18 @@ fn ns_error(cmd: &str, path: &str, e: &Error) -> String {
     }
 }
 
+/// `CMD: PATH CONTEXT: cause`, where CONTEXT is e.g. ` at offset 4096`;
+/// when the library's message already names the file (and so says where),
+/// just `CMD: cause`.
+fn file_error(cmd: &str, path: &str, context: &str, e: &Error) -> String {
+    let cause = e.to_string();
+    if cause.contains(path) {
+        format!("{cmd}: {cause}")
+    } else {
+        format!("{cmd}: {path}{context}: {cause}")
+    }
+}
+
 fn flag_words(f: &OpenFlags) -> String {
     let sync = if f.sync {
         "sync"
@@ -638,7 +648,11 @@ fn flag_words(f: &OpenFlags) -> String {
         "non-sync"
     };
     let direct = if f.direct { "direct" } else { "non-direct" };
-    let rw = if f.read_only { "read-only" } else { "read-write" };
+    let rw = if f.read_only {
+        "read-only"
+    } else {
+        "read-write"
+    };
     format!("{sync},{direct},{rw}")
 }
 
@@ -681,7 +695,11 @@ fn dump_buffer(offset: u64, data: &[u8]) {
         }
         out.push(' ');
         for &b in chunk {
-            out.push(if b.is_ascii_alphanumeric() { b as char } else { '.' });
+            out.push(if b.is_ascii_alphanumeric() {
+                b as char
+            } else {
+                '.'
+            });
         }
         println!("{out}");
     }
@@ -728,7 +746,9 @@ fn cmd_open(s: &mut Session, _spec: &Spec, p: &Parsed) -> Result<(), String> {
 }
 
 fn cmd_close(s: &mut Session, _spec: &Spec, _p: &Parsed) -> Result<(), String> {
-    let idx = s.current.ok_or_else(|| "close: no file is open".to_string())?;
+    let idx = s
+        .current
+        .ok_or_else(|| "close: no file is open".to_string())?;
     s.files.remove(idx);
     s.current = s.files.len().checked_sub(1);
     Ok(())
@@ -748,7 +768,11 @@ fn cmd_file(s: &mut Session, _spec: &Spec, p: &Parsed) -> Result<(), String> {
         s.current = Some(idx);
     }
     for (i, f) in s.files.iter().enumerate() {
-        let (l, r) = if Some(i) == s.current { ('[', ']') } else { (' ', ' ') };
+        let (l, r) = if Some(i) == s.current {
+            ('[', ']')
+        } else {
+            (' ', ' ')
+        };
         println!("{l}{i:03}{r} {:<14} ({})", f.path, flag_words(&f.flags));
     }
     Ok(())
@@ -801,7 +825,7 @@ fn cmd_pwrite(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
         let n = (count - total).min(bsize) as usize;
         let written = file
             .pwrite(&buf[..n], pos)
-            .map_err(|e| format!("{cmd}: {} at offset {pos}: {e}", of.path))?;
+            .map_err(|e| file_error(cmd, &of.path, &format!(" at offset {pos}"), &e))?;
         if written == 0 {
             return Err(format!(
                 "{cmd}: {} at offset {pos}: write made no progress",
@@ -815,12 +839,12 @@ fn cmd_pwrite(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
     if p.has('w') {
         of.file
             .fdatasync()
-            .map_err(|e| format!("{cmd}: {}: fdatasync: {e}", of.path))?;
+            .map_err(|e| file_error(&format!("{cmd} -w: fdatasync"), &of.path, "", &e))?;
     }
     if p.has('W') {
         of.file
             .fsync()
-            .map_err(|e| format!("{cmd}: {}: fsync: {e}", of.path))?;
+            .map_err(|e| file_error(&format!("{cmd} -W: fsync"), &of.path, "", &e))?;
     }
     let elapsed = start.elapsed();
     if !p.has('q') {
@@ -843,7 +867,7 @@ fn cmd_pread(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
         let got = of
             .file
             .pread(&mut buf[..n], pos)
-            .map_err(|e| format!("{cmd}: {} at offset {pos}: {e}", of.path))?;
+            .map_err(|e| file_error(cmd, &of.path, &format!(" at offset {pos}"), &e))?;
         if got == 0 {
             break; // end of file
         }
@@ -868,30 +892,40 @@ fn cmd_fsync(s: &mut Session, spec: &Spec, _p: &Parsed) -> Result<(), String> {
     let of = s.current(spec.name)?;
     of.file
         .fsync()
-        .map_err(|e| format!("{}: {}: {e}", spec.name, of.path))
+        .map_err(|e| file_error(spec.name, &of.path, "", &e))
 }
 
 fn cmd_fdatasync(s: &mut Session, spec: &Spec, _p: &Parsed) -> Result<(), String> {
     let of = s.current(spec.name)?;
     of.file
         .fdatasync()
-        .map_err(|e| format!("{}: {}: {e}", spec.name, of.path))
+        .map_err(|e| file_error(spec.name, &of.path, "", &e))
 }
 
 fn cmd_falloc(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
     let (off, len) = off_len(s, spec.name, p)?;
     let of = s.current(spec.name)?;
-    of.file
-        .fallocate(off, len, p.has('k'))
-        .map_err(|e| format!("{}: {} at offset {off} length {len}: {e}", spec.name, of.path))
+    of.file.fallocate(off, len, p.has('k')).map_err(|e| {
+        file_error(
+            spec.name,
+            &of.path,
+            &format!(" at offset {off} length {len}"),
+            &e,
+        )
+    })
 }
 
 fn cmd_fpunch(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
     let (off, len) = off_len(s, spec.name, p)?;
     let of = s.current(spec.name)?;
-    of.file
-        .punch_hole(off, len)
-        .map_err(|e| format!("{}: {} at offset {off} length {len}: {e}", spec.name, of.path))
+    of.file.punch_hole(off, len).map_err(|e| {
+        file_error(
+            spec.name,
+            &of.path,
+            &format!(" at offset {off} length {len}"),
+            &e,
+        )
+    })
 }
 
 fn cmd_truncate(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
@@ -899,7 +933,7 @@ fn cmd_truncate(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> 
     let of = s.current(spec.name)?;
     of.file
         .truncate(size)
-        .map_err(|e| format!("{}: {} to {size} bytes: {e}", spec.name, of.path))
+        .map_err(|e| file_error(spec.name, &of.path, &format!(" to {size} bytes"), &e))
 }
 
 fn print_stat(st: &iomapfs_fs::Stat) {
@@ -929,7 +963,7 @@ fn cmd_stat(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
         let st = of
             .file
             .stat()
-            .map_err(|e| format!("{cmd}: {}: {e}", of.path))?;
+            .map_err(|e| file_error(cmd, &of.path, "", &e))?;
         println!("fd.path = \"{}\"", of.path);
         println!("fd.flags = {}", flag_words(&of.flags));
         print_stat(&st);
@@ -943,7 +977,7 @@ fn cmd_fiemap(s: &mut Session, spec: &Spec, _p: &Parsed) -> Result<(), String> {
     let map = of
         .file
         .fiemap()
-        .map_err(|e| format!("{}: {}: {e}", spec.name, of.path))?;
+        .map_err(|e| file_error(spec.name, &of.path, "", &e))?;
     println!("{}:", of.path);
     if map.is_empty() {
         return Ok(());
@@ -958,23 +992,32 @@ fn cmd_fiemap(s: &mut Session, spec: &Spec, _p: &Parsed) -> Result<(), String> {
                 FiemapKind::Hole => ("hole".to_string(), "hole"),
                 k => {
                     let a = x.addr / SECTOR;
-                    let kind = if k == FiemapKind::Data { "data" } else { "unwritten" };
+                    let kind = if k == FiemapKind::Data {
+                        "data"
+                    } else {
+                        "unwritten"
+                    };
                     (format!("{a}..{}", a + sectors.saturating_sub(1)), kind)
                 }
             };
-            [format!("[{start}..{last}]:"), range, sectors.to_string(), kind.to_string()]
+            [
+                format!("[{start}..{last}]:"),
+                range,
+                sectors.to_string(),
+                kind.to_string(),
+            ]
         })
         .collect();
     let w0 = rows.iter().map(|r| r[0].len()).max().unwrap_or(0).max(16);
     let w1 = rows.iter().map(|r| r[1].len()).max().unwrap_or(0).max(16);
     let w2 = rows.iter().map(|r| r[2].len()).max().unwrap_or(0).max(5);
     println!(
-        "{:>4} {:<w0$} {:<w1$} {:>w2$} TYPE",
+        "{:>5} {:<w0$} {:<w1$} {:>w2$} TYPE",
         "EXT:", "FILE-OFFSET", "BLOCK-RANGE", "TOTAL"
     );
     for (i, r) in rows.iter().enumerate() {
         println!(
-            "{:>3}: {:<w0$} {:<w1$} {:>w2$} {}",
+            "{:>4}: {:<w0$} {:<w1$} {:>w2$} {}",
             i, r[0], r[1], r[2], r[3]
         );
     }
@@ -983,7 +1026,9 @@ fn cmd_fiemap(s: &mut Session, spec: &Spec, _p: &Parsed) -> Result<(), String> {
 
 fn cmd_mkdir(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
     let path = volume_path(&p.args[0]);
-    s.vol.mkdir(&path).map_err(|e| ns_error(spec.name, &path, &e))
+    s.vol
+        .mkdir(&path)
+        .map_err(|e| ns_error(spec.name, &path, &e))
 }
 
 fn cmd_ls(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
@@ -1126,8 +1171,12 @@ mod tests {
         let p = getopt(&args(&["--", "-x"]), "v").unwrap();
         assert_eq!(p.args, ["-x"]);
 
-        assert!(getopt(&args(&["-z"]), "v").unwrap_err().contains("unknown option -z"));
-        assert!(getopt(&args(&["-b"]), "b:").unwrap_err().contains("needs a value"));
+        assert!(getopt(&args(&["-z"]), "v")
+            .unwrap_err()
+            .contains("unknown option -z"));
+        assert!(getopt(&args(&["-b"]), "b:")
+            .unwrap_err()
+            .contains("needs a value"));
         assert!(getopt(&args(&["-:"]), "b:").is_err());
     }
 

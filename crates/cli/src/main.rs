@@ -62,7 +62,7 @@ k (KiB), m (MiB), g (GiB), t (TiB), e.g. 4k, 16m, 0x1000.
 Quick start (no setup needed):
   iomapfs demo
 
-By hand:
+Examples (by hand):
   iomapfs mkfs disk.img --size 64m
   iomapfs io disk.img -c 'open -c /log' -c 'pwrite 0 1m' -c 'fsync' -c 'fiemap'
   iomapfs fsck disk.img";

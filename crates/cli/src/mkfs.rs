@@ -78,9 +78,7 @@ fn check_block_size(bs: u64) -> Result<u32, Failure> {
     if !(512..=65536).contains(&bs) || !bs.is_power_of_two() {
         return Err(Failure::new(
             1,
-            format!(
-                "mkfs: --block-size {bs}: must be a power of two from 512 to 65536 bytes"
-            ),
+            format!("mkfs: --block-size {bs}: must be a power of two from 512 to 65536 bytes"),
         ));
     }
     Ok(bs as u32)
@@ -175,7 +173,10 @@ fn prepare_target(path: &Path, args: &MkfsArgs) -> Result<bool, Failure> {
                     .open(path)
                     .map_err(|e| Failure::new(1, format!("mkfs: cannot open {shown}: {e}")))?;
                 file.set_len(size).map_err(|e| {
-                    Failure::new(1, format!("mkfs: cannot resize {shown} to {size} bytes: {e}"))
+                    Failure::new(
+                        1,
+                        format!("mkfs: cannot resize {shown} to {size} bytes: {e}"),
+                    )
                 })?;
             }
             _ if meta.len() == 0 => {
@@ -224,7 +225,10 @@ fn format(path: &Path, args: &MkfsArgs, block_size: u32) -> Result<u8, Failure> 
     Volume::format(dev.clone(), &opts)
         .map_err(|e| Failure::new(1, format!("mkfs: cannot format {shown}: {e}")))?;
     let vol = Volume::open(dev.clone()).map_err(|e| {
-        Failure::new(1, format!("mkfs: formatted {shown}, but cannot mount it: {e}"))
+        Failure::new(
+            1,
+            format!("mkfs: formatted {shown}, but cannot mount it: {e}"),
+        )
     })?;
     let sfs = vol.statfs();
     vol.unmount()
@@ -232,7 +236,10 @@ fn format(path: &Path, args: &MkfsArgs, block_size: u32) -> Result<u8, Failure> 
 
     let caps = dev.caps();
     println!("formatted {shown}");
-    println!("  device        {}", crate::target::describe_device(dev.as_ref()));
+    println!(
+        "  device        {}",
+        crate::target::describe_device(dev.as_ref())
+    );
     println!("  size          {}", human_bytes(caps.size_bytes));
     println!("  block size    {} bytes", sfs.block_size);
     // The layout as written: read back from the superblock.

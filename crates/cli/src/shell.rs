@@ -77,7 +77,10 @@ mod tests {
 
     #[test]
     fn words_and_quotes() {
-        assert_eq!(s("pwrite -S 0xab 0 4k"), ["pwrite", "-S", "0xab", "0", "4k"]);
+        assert_eq!(
+            s("pwrite -S 0xab 0 4k"),
+            ["pwrite", "-S", "0xab", "0", "4k"]
+        );
         assert_eq!(s("  open   -c  /a  "), ["open", "-c", "/a"]);
         assert_eq!(s("open '/a b'"), ["open", "/a b"]);
         assert_eq!(s(r#"open "/a \"b\" \\ c""#), ["open", r#"/a "b" \ c"#]);

@@ -17,22 +17,22 @@ pub fn parse_size(text: &str, block_size: u64) -> Result<u64, String> {
     if s.is_empty() {
         return Err("empty number".to_string());
     }
-    let (digits, radix, rest) = if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        let end = hex
-            .find(|c: char| !c.is_ascii_hexdigit())
-            .unwrap_or(hex.len());
-        (&hex[..end], 16, &hex[end..])
-    } else {
-        let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-        (&s[..end], 10, &s[end..])
-    };
+    let (digits, radix, rest) =
+        if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+            let end = hex
+                .find(|c: char| !c.is_ascii_hexdigit())
+                .unwrap_or(hex.len());
+            (&hex[..end], 16, &hex[end..])
+        } else {
+            let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+            (&s[..end], 10, &s[end..])
+        };
     if digits.is_empty() {
         return Err(format!(
             "'{text}' is not a number (expected e.g. 4096, 0x1000, 64k, 16m, 1g)"
         ));
     }
-    let value = u64::from_str_radix(digits, radix)
-        .map_err(|_| format!("'{text}' is too large"))?;
+    let value = u64::from_str_radix(digits, radix).map_err(|_| format!("'{text}' is too large"))?;
     let multiplier = suffix_multiplier(rest, block_size).ok_or_else(|| {
         format!(
             "'{text}' has an unknown unit suffix '{rest}' (use k, m, g, t, p, e \
@@ -51,7 +51,10 @@ fn suffix_multiplier(suffix: &str, block_size: u64) -> Option<u64> {
         "b" => return Some(block_size),
         "s" => return Some(512),
         other => {
-            let rest = other.strip_suffix("ib").or_else(|| other.strip_suffix('b')).unwrap_or(other);
+            let rest = other
+                .strip_suffix("ib")
+                .or_else(|| other.strip_suffix('b'))
+                .unwrap_or(other);
             rest
         }
     };
@@ -121,13 +124,34 @@ pub fn per_second(value: f64, elapsed: Duration) -> f64 {
     }
 }
 
-/// Human-readable size for summaries: `16 MiB (16777216 bytes)`.
+/// Human-readable size for summaries, exact where it can be:
+/// `16 MiB (16777216 bytes)`, `14.75 MiB (15462400 bytes)`, `512 bytes`.
+/// (Unlike [`cvtstr`], never rounds 14.75 MiB to "15 MiB".)
 pub fn human_bytes(bytes: u64) -> String {
-    if bytes < 1024 {
-        format!("{bytes} bytes")
-    } else {
-        format!("{} ({bytes} bytes)", cvtstr(bytes as f64))
+    format!("{} ({bytes} bytes)", short_bytes(bytes))
+}
+
+/// [`human_bytes`] without the exact count: `16 MiB`, `14.75 MiB`.
+pub fn short_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 6] = [
+        ("EiB", 60),
+        ("PiB", 50),
+        ("TiB", 40),
+        ("GiB", 30),
+        ("MiB", 20),
+        ("KiB", 10),
+    ];
+    for (name, shift) in UNITS {
+        let unit = 1u64 << shift;
+        if bytes >= unit {
+            return if bytes.is_multiple_of(unit) {
+                format!("{} {name}", bytes >> shift)
+            } else {
+                format!("{:.2} {name}", bytes as f64 / unit as f64)
+            };
+        }
     }
+    format!("{bytes} bytes")
 }
 
 #[cfg(test)]
@@ -163,8 +187,18 @@ mod tests {
     #[test]
     fn bad_input_is_an_error_not_a_panic() {
         for bad in [
-            "", "k", "abc", "-1", "4x", "4 k", "1.5m", "4kk", "0x", "16e",
-            "99999999999999999999", "18446744073709551615k",
+            "",
+            "k",
+            "abc",
+            "-1",
+            "4x",
+            "4 k",
+            "1.5m",
+            "4kk",
+            "0x",
+            "16e",
+            "99999999999999999999",
+            "18446744073709551615k",
         ] {
             assert!(parse_size(bad, 4096).is_err(), "{bad:?} should be rejected");
         }
@@ -182,6 +216,15 @@ mod tests {
         assert_eq!(cvtstr(512.0), "512.000000 bytes");
         assert_eq!(cvtstr(102400000.0 / 1.0000001), "97.656 MiB");
         assert_eq!(cvtstr((1u64 << 30) as f64), "1 GiB");
+    }
+
+    #[test]
+    fn human_bytes_is_exact() {
+        assert_eq!(human_bytes(16 << 20), "16 MiB (16777216 bytes)");
+        assert_eq!(human_bytes(15462400), "14.75 MiB (15462400 bytes)");
+        assert_eq!(short_bytes(512), "512 bytes");
+        assert_eq!(short_bytes(0), "0 bytes");
+        assert_eq!(short_bytes(1536), "1.50 KiB");
     }
 
     #[test]

@@ -63,9 +63,7 @@ pub const PROBE_BYTES: usize = 4096;
 /// recognisable: an existing iomapfs volume, another file system, or a
 /// partition table.
 pub fn recognise(head: &[u8]) -> Option<&'static str> {
-    let at = |offset: usize, magic: &[u8]| {
-        head.get(offset..offset + magic.len()) == Some(magic)
-    };
+    let at = |offset: usize, magic: &[u8]| head.get(offset..offset + magic.len()) == Some(magic);
     if at(0, IOMAPFS_MAGIC) {
         Some("an iomapfs volume")
     } else if at(0, b"XFSB") {
@@ -90,7 +88,10 @@ pub fn read_head(dev: &dyn BlockDevice) -> Result<Vec<u8>, Failure> {
     let mut head = vec![0u8; len as usize];
     if len > 0 {
         dev.read_at(&mut head, 0).map_err(|e| {
-            Failure::new(1, format!("{}: cannot read the first {len} bytes: {e}", caps.name))
+            Failure::new(
+                1,
+                format!("{}: cannot read the first {len} bytes: {e}", caps.name),
+            )
         })?;
     }
     Ok(head)
@@ -111,8 +112,12 @@ mod tests {
         assert_eq!(recognise(&vec![0u8; PROBE_BYTES]), None);
         assert_eq!(recognise(&with(0, b"IOMAPFS1")), Some("an iomapfs volume"));
         assert_eq!(recognise(&with(0, b"XFSB")), Some("an XFS file system"));
-        assert!(recognise(&with(1080, &[0x53, 0xEF])).unwrap().contains("ext4"));
-        assert!(recognise(&with(510, &[0x55, 0xAA])).unwrap().contains("MBR"));
+        assert!(recognise(&with(1080, &[0x53, 0xEF]))
+            .unwrap()
+            .contains("ext4"));
+        assert!(recognise(&with(510, &[0x55, 0xAA]))
+            .unwrap()
+            .contains("MBR"));
         let mut gpt = with(510, &[0x55, 0xAA]);
         gpt[512..520].copy_from_slice(b"EFI PART");
         assert!(recognise(&gpt).unwrap().contains("GPT"));

@@ -66,7 +66,7 @@ impl Allocator {
         assert!(block_size > 0, "allocator: block size must not be 0");
         let bs = u64::from(block_size);
         debug_assert!(
-            data_start % bs == 0 && data_len % bs == 0,
+            data_start.is_multiple_of(bs) && data_len.is_multiple_of(bs),
             "data area {data_start}+{data_len} not aligned to {bs}"
         );
         let end = data_start.saturating_add(data_len);
@@ -140,7 +140,7 @@ impl Allocator {
     /// down, so a chunk never exceeds what was asked.
     pub fn alloc(&mut self, want: u64, hint: Option<u64>) -> Option<(u64, u64)> {
         debug_assert!(
-            want > 0 && want % self.block_size == 0,
+            want > 0 && want.is_multiple_of(self.block_size),
             "alloc({want}) not a positive multiple of {}",
             self.block_size
         );
@@ -300,7 +300,7 @@ impl Allocator {
     }
 
     fn check_stored(&self, what: &str, a: u64, l: u64) -> Result<(), String> {
-        if l == 0 || a % self.block_size != 0 || l % self.block_size != 0 {
+        if l == 0 || !a.is_multiple_of(self.block_size) || !l.is_multiple_of(self.block_size) {
             return Err(format!(
                 "{what} {a}+{l}: empty or not aligned to {}",
                 self.block_size
@@ -323,7 +323,7 @@ impl Allocator {
         let Some(end) = addr.checked_add(len) else {
             return Err(format!("{what} {addr}+{len}: end overflows"));
         };
-        if addr % bs != 0 || len % bs != 0 {
+        if !addr.is_multiple_of(bs) || !len.is_multiple_of(bs) {
             return Err(format!(
                 "{what} {}: not aligned to the block size {bs}",
                 range(addr, end)
@@ -616,7 +616,7 @@ mod tests {
                             prop_assert!(runs.is_empty(), "None with free space {:?}", runs);
                             continue;
                         };
-                        prop_assert!(addr % BS == 0 && len % BS == 0 && len > 0);
+                        prop_assert!(addr.is_multiple_of(BS) && len.is_multiple_of(BS) && len > 0);
                         let (blk, n) = (addr / BS, len / BS);
                         prop_assert!(all(&model, blk, n, B::Free), "allocated non-free {}+{}", blk, n);
                         let largest = runs.iter().map(|r| r.1 / BS).max().unwrap_or(0);

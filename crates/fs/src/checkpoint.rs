@@ -19,7 +19,7 @@ use blockdev::{BlockDevice, WriteMode};
 
 use crate::codec::{self, Decoder, Encoder};
 use crate::error::{Error, Result};
-use crate::superblock::{Region, Superblock, CHECKPOINT_SLOTS};
+use crate::superblock::{is_aligned, Region, Superblock, CHECKPOINT_SLOTS};
 use crate::types::MetaImage;
 
 /// First 8 bytes of a valid checkpoint slot.
@@ -93,7 +93,7 @@ fn round_up(v: u64, align: u64) -> u64 {
 
 fn check_journal_start(sb: &Superblock, start: u64) -> std::result::Result<(), String> {
     let journal = sb.layout.journal;
-    if start >= journal.len || start % sb.block_size() != 0 {
+    if start >= journal.len || !is_aligned(start, sb.block_size()) {
         return Err(format!(
             "journal start {start} is not a block-aligned offset inside the {}-byte journal",
             journal.len

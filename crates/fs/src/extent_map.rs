@@ -293,7 +293,7 @@ impl ExtentMap {
     }
 
     fn aligned(&self, x: u64) -> bool {
-        x % self.block_size == 0
+        x.is_multiple_of(self.block_size)
     }
 
     /// Why `e` cannot be an extent of this map on its own, if it cannot.

@@ -17,7 +17,6 @@ use blockdev::AlignedBuf;
 use iomap::dio::{self, DioWriteOutcome};
 use iomap::{IomapError, IomapOpFlags};
 
-use crate::extent_map::Lookup;
 use crate::iomap_ops::{allocate_holes, FsOps};
 use crate::types::{ExtentState, FileKind, Ino, Record};
 use crate::volume::{now_ns, OpenInode, VolumeInner};
@@ -390,27 +389,15 @@ impl File {
         self.vol.commit_if_due()
     }
 
-    /// Writes zeros over `[offset, end)` where it is written data inside EOF;
-    /// the range lies within one file-system block. Unwritten space and holes
-    /// already read as zeros. Caller holds the exclusive lock.
-    fn zero_partial_block_locked(&self, offset: u64, end: u64) -> Result<()> {
-        let size = self.size()?;
-        let end = end.min(size);
+    /// Writes zeros over the written data in `[offset, end)` inside EOF;
+    /// unwritten space, holes and bytes past EOF already read as zeros.
+    /// Caller holds the exclusive lock.
+    fn zero_inside_eof_locked(&self, offset: u64, end: u64) -> Result<()> {
+        let end = end.min(self.size()?);
         if offset >= end {
             return Ok(());
         }
-        let written = {
-            let meta = self.vol.meta.lock();
-            let inode = meta.state.inode(self.inode.ino).ok_or(Error::Stale {
-                ino: self.inode.ino,
-            })?;
-            matches!(inode.extents.lookup(offset), Lookup::Extent(e) if e.state == ExtentState::Written)
-        };
-        if written {
-            let zeros = vec![0u8; (end - offset) as usize];
-            self.rmw_write_locked(&zeros, offset)?;
-        }
-        Ok(())
+        iomap::zero_file_range(&self.ops(), &*self.vol.dev, &self.inode, offset, end - offset)
     }
 
     /// Deallocates `[offset, offset+len)`; it reads as zeros afterwards.
@@ -428,16 +415,11 @@ impl File {
         let inner_end = round_down(end, block);
         let result = (|| {
             if inner_start >= inner_end {
-                // Within one block, or straddling two without covering either.
-                let first_end = inner_start.min(end);
-                self.zero_partial_block_locked(offset, first_end)?;
-                if first_end < end {
-                    self.zero_partial_block_locked(first_end, end)?;
-                }
-                return Ok(());
+                // No whole block inside: only zeroing to do.
+                return self.zero_inside_eof_locked(offset, end);
             }
-            self.zero_partial_block_locked(offset, inner_start)?;
-            self.zero_partial_block_locked(inner_end, end)?;
+            self.zero_inside_eof_locked(offset, inner_start)?;
+            self.zero_inside_eof_locked(inner_end, end)?;
             let mut meta = self.vol.meta.lock();
             meta.reserve_image(&self.vol.sb, crate::volume::image_bytes_for_extents(1))?;
             meta.log(Record::Punch {
@@ -464,7 +446,7 @@ impl File {
             if size < old && size % block != 0 {
                 // Bytes past the new EOF must read as zeros if the file grows
                 // again: clear them on disk before the size drops.
-                self.zero_partial_block_locked(size, round_up(size, block))?;
+                self.zero_inside_eof_locked(size, round_up(size, block))?;
             }
             let mut meta = self.vol.meta.lock();
             meta.log(Record::SetSize {

@@ -116,6 +116,11 @@ fn check_block_size(block_size: u32) -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// Whether `v` is a multiple of `align` (false for `align` 0).
+pub fn is_aligned(v: u64, align: u64) -> bool {
+    v.checked_rem(align) == Some(0)
+}
+
 fn round_down(v: u64, align: u64) -> u64 {
     v - v % align
 }
@@ -158,7 +163,7 @@ impl Layout {
          -> Result<u64> {
             match given {
                 Some(v) => {
-                    if v % bs != 0 || v < min_blocks * bs {
+                    if !is_aligned(v, bs) || v < min_blocks * bs {
                         return Err(Error::invalid(
                             WHAT,
                             format!(
@@ -262,7 +267,7 @@ impl Layout {
         let regions = self.regions();
         for (i, (name, r, min_blocks)) in regions.iter().enumerate() {
             let off = OFF_REGIONS + i * REGION_ENCODED_LEN;
-            if r.start % bs != 0 || r.len % bs != 0 {
+            if !is_aligned(r.start, bs) || !is_aligned(r.len, bs) {
                 return Err((
                     off,
                     format!(
@@ -744,15 +749,15 @@ mod tests {
     #[test]
     fn rejects_bad_layouts_with_valid_crc() {
         let sb = sample();
-        let bad: Vec<Box<dyn Fn(&mut Layout)>> = vec![
-            Box::new(|l| l.journal.start += 512),
-            Box::new(|l| l.journal.start = l.checkpoint_slots[1].start),
-            Box::new(|l| l.data.len += 4096),
-            Box::new(|l| l.data.len = 4096),
-            Box::new(|l| l.checkpoint_slots[0].start = 0),
-            Box::new(|l| l.block_size = 3000),
-            Box::new(|l| l.data.start = u64::MAX - 4095),
-            Box::new(|l| std::mem::swap(&mut l.data, &mut l.checkpoint_slots[0])),
+        let bad: Vec<fn(&mut Layout)> = vec![
+            |l| l.journal.start += 512,
+            |l| l.journal.start = l.checkpoint_slots[1].start,
+            |l| l.data.len += 4096,
+            |l| l.data.len = 4096,
+            |l| l.checkpoint_slots[0].start = 0,
+            |l| l.block_size = 3000,
+            |l| l.data.start = u64::MAX - 4095,
+            |l| std::mem::swap(&mut l.data, &mut l.checkpoint_slots[0]),
         ];
         for (i, f) in bad.iter().enumerate() {
             let mut s = sb.clone();

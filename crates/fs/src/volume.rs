@@ -847,3 +847,74 @@ pub(crate) fn resolve_parent(state: &MetaState, path: &str) -> Result<(Ino, Stri
 pub(crate) fn image_bytes_for_extents(extents: u64) -> u64 {
     extents * IMAGE_BYTES_PER_EXTENT
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use blockdev::MemDevice;
+
+    fn fresh(size: u64) -> (Arc<MemDevice>, Volume) {
+        let dev = Arc::new(MemDevice::new(size, 512));
+        dev.fill(b"STALE!!!");
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        (dev, vol)
+    }
+
+    #[test]
+    fn write_read_reopen_round_trip() {
+        let (dev, vol) = fresh(8 << 20);
+        vol.mkdir("/d").unwrap();
+        let direct = OpenFlags {
+            create: true,
+            direct: true,
+            ..OpenFlags::default()
+        };
+        let f = vol.open_file("/d/a", direct).unwrap();
+        let data: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+        assert_eq!(f.pwrite(&data, 4096).unwrap(), 8192);
+        let mut back = vec![0u8; 16384];
+        assert_eq!(f.pread(&mut back, 0).unwrap(), 12288);
+        assert!(back[..4096].iter().all(|&b| b == 0));
+        assert_eq!(&back[4096..12288], &data[..]);
+        // Sub-block overwrite through a buffered handle.
+        let g = vol
+            .open_file("/d/a", OpenFlags::default())
+            .unwrap();
+        g.pwrite(b"hello", 5000).unwrap();
+        f.fsync().unwrap();
+        drop(f);
+        drop(g);
+        drop(vol);
+        let vol = Volume::open(dev.clone()).unwrap();
+        let f = vol.open_file("/d/a", OpenFlags::default()).unwrap();
+        let mut back = vec![0u8; 12288];
+        assert_eq!(f.pread(&mut back, 0).unwrap(), 12288);
+        assert_eq!(&back[5000..5005], b"hello");
+        assert_eq!(&back[4096..5000], &data[..904]);
+        assert_eq!(&back[5005..12288], &data[909..]);
+        let report = crate::fsck::check(dev.clone()).unwrap();
+        assert!(report.is_clean(), "{:?}", report.problems);
+    }
+
+    #[test]
+    fn enospc_changes_nothing() {
+        let (_dev, vol) = fresh(4 << 20);
+        let f = vol
+            .open_file(
+                "big",
+                OpenFlags {
+                    create: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        let free = vol.statfs().free_bytes;
+        let err = f.fallocate(0, free + 4096, false).unwrap_err();
+        assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+        assert_eq!(f.stat().unwrap().size, 0);
+        assert_eq!(vol.statfs().free_bytes, free);
+        f.fallocate(0, free, false).unwrap();
+        assert_eq!(vol.statfs().free_bytes, 0);
+    }
+}

@@ -304,7 +304,7 @@ fn make_case(img: &Image, kind: Kind, rng: &mut SmallRng) -> (Vec<u8>, String) {
 
 fn error_is_clear(e: &Error) -> Result<(), String> {
     let msg = e.to_string();
-    match e {
+    match e.root() {
         Error::Corrupt { what, reason, .. } => {
             if what.is_empty() || reason.is_empty() {
                 return Err(format!("Corrupt error without what/reason: {e:?}"));

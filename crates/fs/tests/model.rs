@@ -214,7 +214,7 @@ impl Case {
     }
 
     fn check_err(&self, what: &str, r: &Error, want: &[&str]) {
-        let name = match r {
+        let name = match r.root() {
             Error::NotFound { .. } => "NotFound",
             Error::Exists { .. } => "Exists",
             Error::NotDir { .. } => "NotDir",
@@ -240,7 +240,7 @@ impl Case {
 
     /// ENOSPC is only acceptable when space is really short.
     fn check_nospace(&self, what: &str, e: &Error, needed: u64, free_before: u64) {
-        if !matches!(e, Error::NoSpace { .. }) {
+        if !matches!(e.root(), Error::NoSpace { .. }) {
             return;
         }
         let slack = 2 * MIB;
@@ -376,7 +376,7 @@ impl Case {
 
     /// Handles a `Stale` answer on an orphan: allowed, and the handle is dead.
     fn stale_orphan(&mut self, hi: usize, e: &Error) -> bool {
-        if self.handles[hi].orphan && matches!(e, Error::Stale { .. }) {
+        if self.handles[hi].orphan && matches!(e.root(), Error::Stale { .. }) {
             self.handles.remove(hi);
             return true;
         }
@@ -859,7 +859,7 @@ impl Case {
             (Ok(()), Err(w)) if w.contains(&"ALLOW_OK") => self.apply_rename(&from, &to),
             (Ok(()), Err(w)) => self.fail(format!("{what}: succeeded, want one of {w:?}")),
             (Err(e), Ok(())) => {
-                if matches!(e, Error::NoSpace { .. }) {
+                if matches!(e.root(), Error::NoSpace { .. }) {
                     self.check_nospace(&what, &e, 0, free);
                 } else {
                     self.fail(format!("{what}: {e}"))
@@ -1004,8 +1004,8 @@ impl Case {
             },
         ) {
             Ok(f) => f,
-            Err(Error::NoSpace { .. }) => return,
-            Err(Error::IsDir { .. }) | Err(Error::NotDir { .. }) => return,
+            Err(e) if e.errno() == libc::ENOSPC => return,
+            Err(e) if matches!(e.root(), Error::IsDir { .. } | Error::NotDir { .. }) => return,
             Err(e) => self.fail(format!("open {path}: {e}")),
         };
         let id = match self.m.files.get(path) {
@@ -1171,7 +1171,7 @@ impl Case {
         if !clean {
             for h in &self.handles {
                 if let Err(e) = h.file.fsync() {
-                    if !(h.orphan && matches!(e, Error::Stale { .. })) {
+                    if !(h.orphan && matches!(e.root(), Error::Stale { .. })) {
                         self.fail(format!("fsync before drop: {e}"));
                     }
                 }
@@ -1228,7 +1228,8 @@ impl Case {
             common::watchdog().beat();
         }
         self.verify_all("end of case");
-        self.reopen(self.rng.gen_bool(0.5));
+        let clean = self.rng.gen_bool(0.5);
+        self.reopen(clean);
         self.handles.clear();
         let vol = self.vol.take().unwrap();
         if let Err(e) = vol.unmount() {

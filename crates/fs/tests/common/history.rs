@@ -290,7 +290,7 @@ impl History {
                 ));
                 continue;
             }
-            let mut res = Ok(());
+            let mut res: Result<(), String> = Ok(());
             for (path, &id) in &ns.files {
                 if let Err(e) = self.check_file(id, &st.files[path], w) {
                     res = Err(format!("{path} (#{id}, namespace of boundary {b}): {e}"));
@@ -298,7 +298,7 @@ impl History {
                 }
             }
             match res {
-                Ok(()) => return Ok((**ns).clone()),
+                Ok(()) => return Ok(Namespace::clone(ns)),
                 Err(e) => {
                     first_err.get_or_insert(e);
                 }

@@ -269,7 +269,7 @@ impl Workload {
         ));
         let r = self.handles[hi].file.pwrite(&data, off);
         if orphan {
-            if let Err(Error::Stale { .. }) = r {
+            if r.as_ref().is_err_and(|e| matches!(e.root(), Error::Stale { .. })) {
                 self.h.end();
                 self.handles.remove(hi);
                 return;
@@ -436,7 +436,7 @@ impl Workload {
             self.handles[hi].file.fsync()
         };
         if self.handles[hi].orphan {
-            if let Err(Error::Stale { .. }) = r {
+            if r.as_ref().is_err_and(|e| matches!(e.root(), Error::Stale { .. })) {
                 self.h.end();
                 self.handles.remove(hi);
                 return;
