@@ -86,6 +86,22 @@ pub(crate) fn allocate_holes(
     Ok(true)
 }
 
+/// Every byte of `[pos, pos+len)` is written data inside EOF.
+fn is_written_inside_eof(inode: &crate::state::InodeState, pos: u64, len: u64) -> bool {
+    let end = pos + len;
+    if end > inode.size {
+        return false;
+    }
+    let mut cur = pos;
+    while cur < end {
+        match inode.extents.lookup(cur) {
+            Lookup::Extent(e) if e.state == ExtentState::Written => cur = e.file_end(),
+            _ => return false,
+        }
+    }
+    true
+}
+
 impl IomapOps for FsOps<'_> {
     type Inode = OpenInode;
     type Error = Error;
@@ -116,6 +132,12 @@ impl IomapOps for FsOps<'_> {
         let dirty_inode = meta.is_dirty(ino);
         let state = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
         let size = state.size;
+        if writing && overwrite_only && !is_written_inside_eof(state, pos, len) {
+            // Decided for the whole request before any data moves: a write
+            // that started under the shared lock and then needed allocation
+            // would already have changed bytes when its retry hit ENOSPC.
+            return Err(IomapError::WouldBlock.into());
+        }
         let lookup = state.extents.lookup(pos);
         let mut iomap = match lookup {
             Lookup::Extent(e) => {

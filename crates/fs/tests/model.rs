@@ -142,7 +142,8 @@ impl Case {
     }
 
     fn ctx(&self) -> String {
-        let tail = &self.log[self.log.len().saturating_sub(12)..];
+        let keep = env_u64("IOMAPFS_LOG_TAIL", 12) as usize;
+        let tail = &self.log[self.log.len().saturating_sub(keep)..];
         format!(
             "seed={} op #{}; last ops:\n    {}",
             self.seed,
@@ -157,6 +158,17 @@ impl Case {
 
     fn note(&mut self, s: String) {
         self.log.push(s);
+    }
+
+    /// Appends an operation's outcome to its log line.
+    fn note_result<T: std::fmt::Debug>(&mut self, r: &Result<T, Error>) {
+        let o = match r {
+            Ok(v) => format!(" -> Ok({v:?})"),
+            Err(e) => format!(" -> Err({e})"),
+        };
+        if let Some(l) = self.log.last_mut() {
+            l.push_str(&o);
+        }
     }
 
     fn pick<T: Clone>(&mut self, v: &[T]) -> T {
@@ -254,6 +266,38 @@ impl Case {
             self.fail(format!(
                 "{what}: failed with ENOSPC but free space changed {free_before} -> {after}"
             ));
+        }
+    }
+
+    /// After a failed operation: the file (read through handle `hi`) and its
+    /// size are exactly as the model says — a failed call changes nothing.
+    fn verify_unchanged(&self, hi: usize, what: &str) {
+        let h = &self.handles[hi];
+        let want = &self.m.data[&h.id];
+        let size = match h.file.stat() {
+            Ok(st) => st.size,
+            Err(e) => self.fail(format!("{what}: stat after the failure: {e}")),
+        };
+        if size != want.len() as u64 {
+            self.fail(format!(
+                "{what}: failed, but the size changed: {size}, want {}",
+                want.len()
+            ));
+        }
+        let lbs = u64::from(LBS);
+        let mut buf = vec![0u8; (size.div_ceil(lbs).max(1) * lbs) as usize];
+        match h.file.pread(&mut buf, 0) {
+            Ok(n) if n == want.len() && buf[..n] == want[..] => {}
+            Ok(n) => {
+                let at = first_diff(&buf[..n], want).unwrap_or(0);
+                self.fail(format!(
+                    "{what}: failed, but the file changed (read {n} of {}): at {at} got {} want {}",
+                    want.len(),
+                    excerpt(&buf[..n], at),
+                    excerpt(want, at)
+                ));
+            }
+            Err(e) => self.fail(format!("{what}: read after the failure: {e}")),
         }
     }
 
@@ -423,6 +467,9 @@ impl Case {
         self.note(what.clone());
         let free = self.free_bytes();
         let r = self.handles[hi].file.pwrite(&data, off);
+        self.note_result(&r);
+        let failed = r.is_err();
+        let n_handles = self.handles.len();
         match r {
             Err(e) if self.stale_orphan(hi, &e) => {}
             Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
@@ -453,6 +500,9 @@ impl Case {
                 self.check_err(&what, &e, &["NoSpace"]);
                 self.check_nospace(&what, &e, len, free);
             }
+        }
+        if failed && self.handles.len() == n_handles {
+            self.verify_unchanged(hi, &what);
         }
     }
 
@@ -489,6 +539,7 @@ impl Case {
         self.note(what.clone());
         let mut buf = vec![0xEEu8; len as usize];
         let r = self.handles[hi].file.pread(&mut buf, off);
+        self.note_result(&r);
         match r {
             Err(e) if self.stale_orphan(hi, &e) => {}
             Err(e) if unaligned_direct && DIRECT_UNALIGNED_IS_EINVAL => {
@@ -543,6 +594,9 @@ impl Case {
         self.note(what.clone());
         let free = self.free_bytes();
         let r = self.handles[hi].file.truncate(size);
+        self.note_result(&r);
+        let failed = r.is_err();
+        let n_handles = self.handles.len();
         match r {
             Err(e) if self.stale_orphan(hi, &e) => {}
             Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
@@ -552,6 +606,9 @@ impl Case {
                 self.check_err(&what, &e, &["NoSpace"]);
                 self.check_nospace(&what, &e, 0, free);
             }
+        }
+        if failed && self.handles.len() == n_handles {
+            self.verify_unchanged(hi, &what);
         }
     }
 
@@ -563,9 +620,13 @@ impl Case {
         };
         let free = self.free_bytes();
         let (off, len) = if huge {
+            // Past everything allocated (data and keep_size allocations
+            // stay below MAX_OFF + 128 KiB, or below EOF), so that it
+            // really needs more than is free.
+            let size = self.m.data.get(&id).map(|d| d.len() as u64).unwrap_or(0);
             (
-                self.rng.gen_range(0..MAX_OFF),
-                free + self.rng.gen_range(1..MIB),
+                size.max(2 * MAX_OFF) + self.rng.gen_range(0..8192),
+                free + self.rng.gen_range(64 * 1024..MIB),
             )
         } else {
             (
@@ -580,6 +641,9 @@ impl Case {
         );
         self.note(what.clone());
         let r = self.handles[hi].file.fallocate(off, len, keep);
+        self.note_result(&r);
+        let failed = r.is_err();
+        let n_handles = self.handles.len();
         match r {
             Err(e) if self.stale_orphan(hi, &e) => {}
             Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
@@ -597,6 +661,9 @@ impl Case {
                 self.check_err(&what, &e, &["NoSpace"]);
                 self.check_nospace(&what, &e, len, free);
             }
+        }
+        if failed && self.handles.len() == n_handles {
+            self.verify_unchanged(hi, &what);
         }
     }
 
@@ -620,6 +687,9 @@ impl Case {
         self.note(what.clone());
         let free = self.free_bytes();
         let r = self.handles[hi].file.punch_hole(off, len);
+        self.note_result(&r);
+        let failed = r.is_err();
+        let n_handles = self.handles.len();
         match r {
             Err(e) if self.stale_orphan(hi, &e) => {}
             Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
@@ -637,6 +707,9 @@ impl Case {
                 self.check_err(&what, &e, &["NoSpace"]);
                 self.check_nospace(&what, &e, 0, free);
             }
+        }
+        if failed && self.handles.len() == n_handles {
+            self.verify_unchanged(hi, &what);
         }
     }
 
