@@ -16,6 +16,7 @@ pub mod caps;
 pub mod counters;
 pub mod error;
 pub mod memory;
+pub mod queue;
 mod probe;
 pub mod sync_backend;
 
@@ -23,6 +24,7 @@ pub use aligned_buf::AlignedBuf;
 pub use caps::{DeviceCaps, DeviceKind};
 pub use counters::{DeviceCounters, RequestCounts};
 pub use error::DeviceError;
+pub use queue::{DeviceCompletion, DeviceQueue, DeviceRequest, Token};
 pub use memory::{FaultOp, FaultRule, MemDevice, PendingWrite, Survival};
 pub use sync_backend::{SyncDevice, SyncOpenOptions};
 

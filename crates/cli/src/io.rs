@@ -13,6 +13,7 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
+use blockdev::AlignedBuf;
 use clap::Args;
 use iomapfs_fs::{Error, FiemapKind, File, FileKind, OpenFlags, Volume};
 
@@ -126,6 +127,8 @@ pub fn run(args: &IoArgs) -> Result<u8, Failure> {
 
 /// Largest buffer a single pread/pwrite call may use (`-b`).
 const MAX_IO_BUFFER: u64 = 1 << 30;
+/// Memory alignment of I/O buffers (at least the device's requirement).
+const IO_BUFFER_ALIGN: usize = 4096;
 /// xfs_io's default `-b`.
 const DEFAULT_IO_BUFFER: u64 = 4096;
 /// xfs_io's default fill pattern (0xcdcdcdcd, one byte of it).
@@ -719,6 +722,13 @@ fn io_buffer_size(s: &Session, cmd: &str, p: &Parsed) -> Result<u64, String> {
     Ok(bsize)
 }
 
+/// A buffer aligned for O_DIRECT, like xfs_io's memalign'd buffer, so
+/// direct I/O goes straight to the device without a bounce copy.
+fn io_buffer(s: &Session, cmd: &str, len: u64) -> Result<AlignedBuf, String> {
+    let align = (s.vol.device().caps().memory_alignment as usize).max(IO_BUFFER_ALIGN);
+    AlignedBuf::new(len as usize, align).map_err(|e| format!("{cmd}: {e}"))
+}
+
 fn cmd_open(s: &mut Session, _spec: &Spec, p: &Parsed) -> Result<(), String> {
     let Some(arg) = p.args.first() else {
         return cmd_stat(s, _spec, p);
@@ -818,7 +828,8 @@ fn cmd_pwrite(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
         &of.file
     };
 
-    let buf = vec![pattern; bsize.min(count) as usize];
+    let mut buf = io_buffer(s, cmd, bsize.min(count))?;
+    buf.fill(pattern);
     let start = Instant::now();
     let (mut pos, mut total, mut ops) = (offset, 0u64, 0u64);
     while total < count {
@@ -858,7 +869,7 @@ fn cmd_pread(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
     let bsize = io_buffer_size(s, cmd, p)?;
     let (offset, count) = off_len(s, cmd, p)?;
     let of = s.current(cmd)?;
-    let mut buf = vec![0u8; bsize.min(count) as usize];
+    let mut buf = io_buffer(s, cmd, bsize.min(count))?;
     let verbose = p.has('v') && !p.has('q');
     let start = Instant::now();
     let (mut pos, mut total, mut ops) = (offset, 0u64, 0u64);

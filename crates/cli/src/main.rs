@@ -112,7 +112,20 @@ fn install_panic_hook() {
     }));
 }
 
+/// Like C tools (xfs_io among them), end quietly when the reader of our
+/// output goes away (`iomapfs io ... | head`) instead of failing on every
+/// later write. A volume left mounted that way is recovered from its journal
+/// at the next mount, as after a crash.
+fn default_sigpipe() {
+    // SAFETY: setting a signal disposition to SIG_DFL at startup, before any
+    // other thread exists, has no memory-safety preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    default_sigpipe();
     install_panic_hook();
     let cli = Cli::parse();
     let result = match cli.command {

@@ -197,6 +197,23 @@ impl File {
         })
     }
 
+    /// Space freed by changes that are not durable yet stays busy (reusing it
+    /// could expose new data in its old owner after a crash). When an
+    /// allocation fails while space is busy, commit to release it and try
+    /// once more.
+    fn with_busy_retry<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
+        match op() {
+            Err(e)
+                if matches!(e.root(), Error::NoSpace { .. })
+                    && self.vol.meta.lock().alloc.busy_bytes() > 0 =>
+            {
+                self.vol.commit()?;
+                op()
+            }
+            other => other,
+        }
+    }
+
     /// Reads at `offset`; returns bytes read (short at EOF).
     pub fn pread(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         self.vol.check_live().map_err(|e| self.at(offset, e))?;
@@ -249,7 +266,7 @@ impl File {
         } else {
             let _exclusive = self.inode.io_lock.lock_exclusive();
             self.inode.io_lock.drain_dio();
-            self.rmw_write_locked(buf, offset)
+            self.with_busy_retry(|| self.rmw_write_locked(buf, offset))
         };
         let outcome = result.map_err(|e| self.at(offset, e))?;
         if self.flags.dsync || self.flags.sync {
@@ -284,7 +301,7 @@ impl File {
         let _exclusive = self.inode.io_lock.lock_exclusive();
         self.inode.io_lock.drain_dio();
         let _inflight = self.inode.io_lock.dio_begin();
-        dio::dio_write(&ops, dev, &self.inode, offset, buf, flags)
+        self.with_busy_retry(|| dio::dio_write(&ops, dev, &self.inode, offset, buf, flags))
     }
 
     /// Writes any byte range by reading the partial device blocks at its
@@ -360,7 +377,7 @@ impl File {
         self.inode.io_lock.drain_dio();
         let block = self.block();
         let end = offset + len;
-        {
+        self.with_busy_retry(|| {
             let mut meta = self.vol.meta.lock();
             allocate_holes(
                 &self.vol,
@@ -369,7 +386,10 @@ impl File {
                 round_down(offset, block),
                 round_up(end, block),
             )
-            .map_err(|e| self.at(offset, e))?;
+        })
+        .map_err(|e| self.at(offset, e))?;
+        {
+            let mut meta = self.vol.meta.lock();
             let size = meta
                 .state
                 .inode(self.inode.ino)

@@ -917,4 +917,23 @@ mod tests {
         f.fallocate(0, free, false).unwrap();
         assert_eq!(vol.statfs().free_bytes, 0);
     }
+
+    #[test]
+    fn space_freed_by_uncommitted_unlink_is_reused_after_an_internal_commit() {
+        let (_dev, vol) = fresh(4 << 20);
+        let create = OpenFlags {
+            create: true,
+            ..OpenFlags::default()
+        };
+        let a = vol.open_file("a", create).unwrap();
+        let free = vol.statfs().free_bytes;
+        a.fallocate(0, free, false).unwrap();
+        drop(a);
+        vol.unlink("a").unwrap();
+        // Freed but busy until the unlink is durable.
+        assert_eq!(vol.statfs().free_bytes, 0);
+        let b = vol.open_file("b", create).unwrap();
+        b.fallocate(0, free, false).unwrap();
+        assert_eq!(b.stat().unwrap().allocated_bytes, free);
+    }
 }

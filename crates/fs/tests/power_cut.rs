@@ -89,8 +89,16 @@ fn run_workload(seed: u64, mix: Mix, stats: &Stats) -> u64 {
         let states = states.clone();
         let mut hrng = SmallRng::seed_from_u64(rng.gen());
         let mut request = 0u64;
+        let trace = std::env::var_os("IOMAPFS_TRACE_IO").is_some();
         tap.set_hook(Some(Box::new(move |dev: &MemDevice, what: Tapped| {
             request += 1;
+            if trace {
+                let w = progress.window();
+                eprintln!(
+                    "io: request {request} {what:?} during op {} (durable up to {})",
+                    w.hi, w.lo
+                );
+            }
             if !hrng.gen_bool(p_cut) {
                 return;
             }
@@ -153,6 +161,27 @@ fn run_workload(seed: u64, mix: Mix, stats: &Stats) -> u64 {
     n
 }
 
+fn vol2_open_rw(vol: &Volume, path: &str, ctx: &str) -> iomapfs_fs::File {
+    vol.open_file(path, OpenFlags::default())
+        .unwrap_or_else(|e| panic!("{ctx}: open {path} after recovery: {e}"))
+}
+
+/// With `IOMAPFS_FULL_HISTORY=1`, every op of the workload, for a failure
+/// message.
+fn full_history(wl: &Workload) -> String {
+    if std::env::var_os("IOMAPFS_FULL_HISTORY").is_none() {
+        return "\n  (IOMAPFS_FULL_HISTORY=1 prints every op)".into();
+    }
+    let ops: Vec<String> = wl
+        .h
+        .op_names
+        .iter()
+        .enumerate()
+        .map(|(i, o)| format!("  {i}: {o}"))
+        .collect();
+    format!("\n  all ops:\n{}", ops.join("\n"))
+}
+
 fn verify_cut(cs: CutState, wl: &Workload, ctx: &str, rng: &mut SmallRng, stats: &Stats) {
     let dev: Arc<dyn BlockDevice> = Arc::new(cs.dev);
     let report = fsck_clean(dev.clone(), &format!("{ctx}: fsck of the crash state"));
@@ -162,7 +191,7 @@ fn verify_cut(cs: CutState, wl: &Workload, ctx: &str, rng: &mut SmallRng, stats:
     let st = read_volume(&vol, u64::MAX)
         .unwrap_or_else(|e| panic!("{ctx}: reading the recovered volume: {e}"));
     if let Err(e) = wl.h.check(&st, cs.window) {
-        panic!("{ctx}:\n{e}");
+        panic!("{ctx}:\n{e}{}", full_history(wl));
     }
     stats.add("states_verified", 1);
     stats.add("files_verified", st.files.len() as u64);
@@ -198,15 +227,31 @@ fn verify_cut(cs: CutState, wl: &Workload, ctx: &str, rng: &mut SmallRng, stats:
         f.fsync()
             .unwrap_or_else(|e| panic!("{ctx}: fsync after recovery: {e}"));
         drop(f);
-        vol.unmount()
+        let vol_for_unmount = vol.clone();
+        drop(vol);
+        vol_for_unmount
+            .unmount()
             .unwrap_or_else(|e| panic!("{ctx}: unmount after recovery: {e}"));
         fsck_clean(dev.clone(), &format!("{ctx}: fsck after recovery + write + unmount"));
         let vol = Volume::open(dev.clone())
             .unwrap_or_else(|e| panic!("{ctx}: remount after recovery: {e}"));
         let st2 = read_volume(&vol, u64::MAX)
             .unwrap_or_else(|e| panic!("{ctx}: reading after remount: {e}"));
+        // Extending a recovered file must show zeros past its old EOF, even
+        // where a lost write had left bytes on the device.
         let mut want = st.clone();
         want.files.remove(path);
+        let names: Vec<String> = want.files.keys().cloned().collect();
+        if !names.is_empty() {
+            let p = &names[rng.gen_range(0..names.len())];
+            let fd = want.files.get_mut(p).unwrap();
+            let grow = rng.gen_range(1..20_000u64);
+            let h = vol2_open_rw(&vol, p, ctx);
+            h.truncate(fd.size + grow)
+                .unwrap_or_else(|e| panic!("{ctx}: truncate up {p} after recovery: {e}"));
+            fd.size += grow;
+            fd.data.resize(fd.size as usize, 0);
+        }
         let got_new = st2.files.get(path).map(|f| f.data.clone());
         let mut st2 = st2;
         st2.files.remove(path);

@@ -118,6 +118,8 @@ pub struct History {
     pending_durable: bool,
     next_id: Id,
     pub op_names: Vec<String>,
+    /// Highest write id used, for attributing bytes in messages.
+    pub max_wid: u64,
 }
 
 impl History {
@@ -415,11 +417,12 @@ impl History {
                             "STALE/ATTRIBUTION"
                         };
                         return Err(format!(
-                            "{kind}: byte at offset {x} is {:02x}, allowed {{{}}} from {} version(s) since boundary {fl}; got {}; newest version {}",
+                            "{kind}: byte at offset {x} is {:02x}, allowed {{{}}} from {} version(s) since boundary {fl}; got {} (from {}); newest version {}",
                             data[x],
                             vals.join(","),
                             allowed.len(),
                             super::excerpt(data, x),
+                            attribute(data, x, self.max_wid),
                             super::excerpt(allowed.last().unwrap(), x),
                         ));
                     }
@@ -467,4 +470,24 @@ pub fn tag_of(wid: u64) -> [u8; 8] {
         }
     }
     t
+}
+
+/// Which write (id up to `max_wid`) put the 8 bytes at file offset `at`
+/// (tags repeat in step with the file offset), for failure messages.
+pub fn attribute(data: &[u8], at: usize, max_wid: u64) -> String {
+    if at + 8 > data.len() {
+        return "?".into();
+    }
+    if data[at..at + 8] == *MARKER {
+        return "the device fill marker (stale)".into();
+    }
+    if data[at..at + 8].iter().all(|&b| b == 0) {
+        return "zeros".into();
+    }
+    for wid in 1..=max_wid {
+        if tagged(wid, at as u64, 8) == data[at..at + 8] {
+            return format!("write w{wid}");
+        }
+    }
+    "no known write".into()
 }

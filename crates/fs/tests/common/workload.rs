@@ -11,7 +11,7 @@ use super::history::{tagged, History, Id, Namespace, Window};
 use super::volstate::{parent_of, read_volume, VolState};
 use super::{Rng, SmallRng};
 
-pub const ROOT_NAMES: &[&str] = &["a", "b", "c", "d"];
+pub const ROOT_NAMES: &[&str] = &["a", "b", "c", "f"];
 pub const DIRS: &[&str] = &["/d", "/e"];
 pub const DIR_NAMES: &[&str] = &["x", "y"];
 
@@ -136,6 +136,7 @@ impl Workload {
 
     fn new_wid(&mut self) -> u64 {
         self.next_wid += 1;
+        self.h.max_wid = self.next_wid;
         self.next_wid
     }
 
@@ -572,12 +573,13 @@ impl Workload {
         if fd.data != want {
             let at = super::first_diff(&fd.data, want).unwrap_or(0);
             panic!(
-                "live check: {path} (#{id}) differs from the model at {at} (size {} want {}): got {} want {}; last ops {:?}",
+                "live check: {path} (#{id}) differs from the model at {at} (size {} want {}): got {} (from {}) want {}; last ops {:?}",
                 fd.size,
                 want.len(),
                 super::excerpt(&fd.data, at),
+                super::history::attribute(&fd.data, at, self.next_wid),
                 super::excerpt(want, at),
-                &self.h.op_names[self.h.op_names.len().saturating_sub(6)..]
+                &self.h.op_names[self.h.op_names.len().saturating_sub(super::env_u64("IOMAPFS_LOG_TAIL", 8) as usize)..]
             );
         }
     }
