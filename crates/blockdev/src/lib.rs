@@ -8,10 +8,17 @@
 //! Backends:
 //! - [`sync_backend::SyncDevice`]: an `O_DIRECT` descriptor on a block device or
 //!   image file, driven by `pread`/`pwritev2`.
+//! - [`uring::UringDevice`]: the same descriptor driven through io_uring by
+//!   per-thread [`DeviceQueue`]s (one ring each, batched submission).
 //! - [`memory::MemDevice`]: RAM-backed, for tests. Counts requests, injects
 //!   errors and simulates power cuts.
+//!
+//! [`backend::open_device`] opens a path with the backend the caller asked for,
+//! or, for [`Backend::Auto`], the one probing says is faster, and says why.
+//! Asynchronous I/O goes through [`new_queue`], which works on every device.
 
 pub mod aligned_buf;
+pub mod backend;
 pub mod caps;
 pub mod counters;
 pub mod error;
@@ -19,14 +26,20 @@ pub mod memory;
 pub mod queue;
 mod probe;
 pub mod sync_backend;
+pub mod uring;
 
 pub use aligned_buf::AlignedBuf;
 pub use caps::{DeviceCaps, DeviceKind};
 pub use counters::{DeviceCounters, RequestCounts};
 pub use error::DeviceError;
-pub use queue::{DeviceCompletion, DeviceQueue, DeviceRequest, Token};
+pub use backend::{open_device, Backend, BackendChoice};
 pub use memory::{FaultOp, FaultRule, MemDevice, PendingWrite, Survival};
+pub use queue::{
+    new_queue, DeviceCompletion, DeviceQueue, DeviceRequest, InlineQueue, QueueFull, Token,
+    MAX_QUEUE_DEPTH,
+};
 pub use sync_backend::{SyncDevice, SyncOpenOptions};
+pub use uring::{UringDevice, UringOptions, UringQueue};
 
 /// Whether a write must be durable when it completes (Force Unit Access).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +74,23 @@ pub trait BlockDevice: Send + Sync {
 
     /// Requests issued so far, by kind.
     fn counters(&self) -> &DeviceCounters;
+
+    /// The backend's own asynchronous queue of (clamped) depth `depth`, or
+    /// `None` when it has none. Callers use [`new_queue`], which falls back
+    /// to an [`InlineQueue`] for `None`; a wrapper device that changes what
+    /// requests do (fault injection, recording) keeps the default, so its
+    /// queue goes through its own `read_at`/`write_at`/`flush`.
+    fn native_queue(&self, depth: usize) -> Result<Option<Box<dyn DeviceQueue>>, DeviceError> {
+        let _ = depth;
+        Ok(None)
+    }
+
+    /// Short name of the backend doing the I/O, for `stat`/`info` output:
+    /// `"sync"`, `"uring"`, `"memory"`. Wrappers forward their inner
+    /// device's name.
+    fn backend_name(&self) -> &'static str {
+        "other"
+    }
 }
 
 /// Checks that a request is aligned to the device's logical block size and

@@ -484,6 +484,10 @@ impl BlockDevice for MemDevice {
     fn counters(&self) -> &DeviceCounters {
         &self.counters
     }
+
+    fn backend_name(&self) -> &'static str {
+        "memory"
+    }
 }
 
 impl fmt::Debug for MemDevice {

@@ -122,7 +122,18 @@ impl SyncDevice {
         self.bounced.load(Ordering::Relaxed)
     }
 
-    fn needs_bounce(&self, addr: *const u8, len: usize) -> bool {
+    /// The descriptor, for backends that drive it another way (io_uring)
+    /// and for probes.
+    pub(crate) fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Counts one request bounced outside this type (by a queue).
+    pub(crate) fn note_bounce(&self) {
+        self.bounced.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn needs_bounce(&self, addr: *const u8, len: usize) -> bool {
         self.caps.direct_io
             && len != 0
             && !(addr as usize).is_multiple_of(self.caps.memory_alignment as usize)
@@ -268,6 +279,10 @@ impl BlockDevice for SyncDevice {
 
     fn counters(&self) -> &DeviceCounters {
         &self.counters
+    }
+
+    fn backend_name(&self) -> &'static str {
+        "sync"
     }
 }
 

@@ -324,7 +324,8 @@ fn demo(image: &Path) -> Result<(), Failure> {
         }
         write_all(&f, tmp_path, &patch, 12_345)?;
         buffered_ops += 1;
-        f.fsync().map_err(|e| fail(&format!("fsync {tmp_path}"), e))?;
+        f.fsync()
+            .map_err(|e| fail(&format!("fsync {tmp_path}"), e))?;
     }
     buffered.write(0, &data);
     buffered.write(12_345, &patch);

@@ -657,6 +657,38 @@ fn fsck_fails_on_a_corrupted_volume() {
     );
 }
 
+/// Rewrites the newest checkpoint with `edit` applied to its metadata,
+/// keeping it well-formed (valid checksum) so that only fsck's cross-checks
+/// can notice.
+fn rewrite_checkpoint(img: &Path, edit: impl FnOnce(&mut iomapfs_fs::types::MetaImage)) {
+    use blockdev::sync_backend::{SyncDevice, SyncOpenOptions};
+    use iomapfs_fs::{checkpoint, superblock};
+    let dev = SyncDevice::open(img, SyncOpenOptions { read_only: false }).unwrap();
+    let sb = superblock::read_superblock(&dev).unwrap();
+    let (slot, mut ckpt) = checkpoint::read_newest_checkpoint(&dev, &sb).unwrap();
+    edit(&mut ckpt.image);
+    checkpoint::write_checkpoint(&dev, &sb, slot, &ckpt).unwrap();
+}
+
+#[test]
+fn fsck_lists_problems_in_a_well_formed_but_inconsistent_volume() {
+    let dir = scratch();
+    let img = formatted(&dir);
+    assert_ok(&io(&img, &["open -c /f", "pwrite 0 64k"]), "io");
+    rewrite_checkpoint(&img, |image| {
+        let file = image
+            .inodes
+            .iter_mut()
+            .find(|i| !i.extents.is_empty())
+            .expect("an inode with extents");
+        file.nlink = 2;
+    });
+    let r = iomapfs(["fsck", img.to_str().unwrap()]);
+    assert_eq!(r.code, 1, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(r.stdout.contains("problem(s) found:\n  - "), "{}", r.stdout);
+    assert!(!r.stdout.contains("clean"), "{}", r.stdout);
+}
+
 #[test]
 fn fsck_of_a_non_iomapfs_image_says_so() {
     let dir = scratch();

@@ -178,7 +178,7 @@ impl File {
 
     fn check_direct_alignment(&self, offset: u64, len: u64) -> Result<()> {
         let lbs = self.logical_block();
-        if offset % lbs != 0 || len % lbs != 0 {
+        if !offset.is_multiple_of(lbs) || !len.is_multiple_of(lbs) {
             return Err(IomapError::Unaligned {
                 pos: offset,
                 len,
@@ -237,11 +237,14 @@ impl File {
         let ops = self.ops();
         let dev = &*self.vol.dev;
         let flags = IomapOpFlags::DIRECT;
-        if offset % lbs == 0 && buf.len() as u64 % lbs == 0 {
+        if offset.is_multiple_of(lbs) && (buf.len() as u64).is_multiple_of(lbs) {
             // Aligned: read whole device blocks straight into the caller's
             // buffer; bytes between EOF and the block end are zero on disk.
             let aligned_len = round_up(len as u64, lbs) as usize;
             dio::dio_read(&ops, dev, &self.inode, offset, &mut buf[..aligned_len], flags)?;
+            // Past EOF the device may still hold bytes of a write whose size
+            // change never became durable: never hand them out.
+            buf[len..aligned_len].fill(0);
             return Ok(len);
         }
         let start = round_down(offset, lbs);
@@ -266,7 +269,8 @@ impl File {
         } else {
             let _exclusive = self.inode.io_lock.lock_exclusive();
             self.inode.io_lock.drain_dio();
-            self.with_busy_retry(|| self.rmw_write_locked(buf, offset))
+            self.zero_past_eof_locked(offset)
+                .and_then(|()| self.with_busy_retry(|| self.rmw_write_locked(buf, offset)))
         };
         let outcome = result.map_err(|e| self.at(offset, e))?;
         if self.flags.dsync || self.flags.sync {
@@ -300,6 +304,7 @@ impl File {
         }
         let _exclusive = self.inode.io_lock.lock_exclusive();
         self.inode.io_lock.drain_dio();
+        self.zero_past_eof_locked(offset)?;
         let _inflight = self.inode.io_lock.dio_begin();
         self.with_busy_retry(|| dio::dio_write(&ops, dev, &self.inode, offset, buf, flags))
     }
@@ -377,6 +382,10 @@ impl File {
         self.inode.io_lock.drain_dio();
         let block = self.block();
         let end = offset + len;
+        if !keep_size {
+            self.zero_past_eof_locked(end)
+                .map_err(|e| self.at(offset, e))?;
+        }
         self.with_busy_retry(|| {
             let mut meta = self.vol.meta.lock();
             allocate_holes(
@@ -407,6 +416,20 @@ impl File {
             }
         }
         self.vol.commit_if_due()
+    }
+
+    /// Before the size grows to cover `new_start` or beyond: zeros the tail
+    /// of the current EOF block up to `new_start`. Those bytes read as zeros
+    /// today only because reads stop at EOF; on the device they may hold data
+    /// of a write whose size change was lost in a crash, or of a truncate.
+    /// Caller holds the exclusive lock.
+    fn zero_past_eof_locked(&self, new_start: u64) -> Result<()> {
+        let size = self.size()?;
+        let end = new_start.min(round_up(size, self.block()));
+        if end <= size {
+            return Ok(());
+        }
+        iomap::zero_file_range(&self.ops(), &*self.vol.dev, &self.inode, size, end - size)
     }
 
     /// Writes zeros over the written data in `[offset, end)` inside EOF;
@@ -463,7 +486,10 @@ impl File {
         let block = self.block();
         let result = (|| {
             let old = self.size()?;
-            if size < old && size % block != 0 {
+            if size > old {
+                self.zero_past_eof_locked(size)?;
+            }
+            if size < old && !size.is_multiple_of(block) {
                 // Bytes past the new EOF must read as zeros if the file grows
                 // again: clear them on disk before the size drops.
                 self.zero_inside_eof_locked(size, round_up(size, block))?;

@@ -78,7 +78,7 @@ fn check_state(state: &MetaState, report: &mut FsckReport) {
         match inode.kind {
             FileKind::Directory => {
                 report.directories += 1;
-                if inode.extents.len() != 0 {
+                if !inode.extents.is_empty() {
                     report
                         .problems
                         .push(format!("directory {ino}: has data extents"));

@@ -45,7 +45,7 @@ impl Default for WorkloadCfg {
             max_write: 16 * 1024,
             max_handles: 6,
             live_check: 0.1,
-            crash_remounts: true,
+            crash_remounts: !super::skip("eof-tail"),
         }
     }
 }
