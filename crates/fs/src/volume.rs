@@ -66,8 +66,8 @@ pub struct StatFs {
     pub block_size: u32,
     /// Bytes in the data area.
     pub data_bytes: u64,
-    /// Bytes free for allocation now (excluding space freed by uncommitted
-    /// changes).
+    /// Bytes free for allocation, including space freed by changes that
+    /// are not durable yet (an allocation that needs it commits first).
     pub free_bytes: u64,
     pub inodes: u64,
 }
@@ -538,7 +538,7 @@ impl Volume {
         StatFs {
             block_size: self.inner.block_size,
             data_bytes: self.inner.sb.layout.data.len,
-            free_bytes: meta.alloc.free_bytes(),
+            free_bytes: meta.alloc.free_bytes() + meta.alloc.busy_bytes(),
             inodes: meta.state.inodes.len() as u64,
         }
     }
@@ -930,8 +930,9 @@ mod tests {
         a.fallocate(0, free, false).unwrap();
         drop(a);
         vol.unlink("a").unwrap();
-        // Freed but busy until the unlink is durable.
-        assert_eq!(vol.statfs().free_bytes, 0);
+        // Freed but busy until the unlink is durable; statfs counts it.
+        assert_eq!(vol.inner.meta.lock().alloc.free_bytes(), 0);
+        assert_eq!(vol.statfs().free_bytes, free);
         let b = vol.open_file("b", create).unwrap();
         b.fallocate(0, free, false).unwrap();
         assert_eq!(b.stat().unwrap().allocated_bytes, free);
