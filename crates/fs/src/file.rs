@@ -153,7 +153,7 @@ impl File {
     }
 
     fn size(&self) -> Result<u64> {
-        let meta = self.vol.meta.lock();
+        let meta = self.vol.meta.read();
         meta.state
             .inode(self.inode.ino)
             .map(|i| i.size)
@@ -205,7 +205,7 @@ impl File {
         match op() {
             Err(e)
                 if matches!(e.root(), Error::NoSpace { .. })
-                    && self.vol.meta.lock().alloc.busy_bytes() > 0 =>
+                    && self.vol.meta.read().alloc.busy_bytes() > 0 =>
             {
                 self.vol.commit()?;
                 op()
@@ -284,7 +284,9 @@ impl File {
         let ops = self.ops();
         let dev = &*self.vol.dev;
         let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT;
-        if self.flags.dsync || self.flags.sync {
+        if self.flags.dsync && !self.flags.sync {
+            // O_SYNC never takes the FUA shortcut: it commits inode metadata
+            // too.
             flags = flags | IomapOpFlags::DSYNC;
         }
         {
@@ -346,17 +348,21 @@ impl File {
         result
     }
 
-    /// Makes a DSYNC/SYNC write durable: a pure overwrite needs only its data
-    /// flushed; anything else commits the journal (which flushes first).
+    /// Makes a DSYNC/SYNC write durable. A pure overwrite sent with FUA is
+    /// durable already; one without needs only its data flushed, and shares
+    /// that flush with concurrent writers. Anything else commits the journal
+    /// (group commit, which flushes first).
     fn sync_after_write(&self, outcome: &DioWriteOutcome) -> Result<()> {
-        if outcome.pure_overwrite && !self.flags.sync {
-            self.vol
-                .dev
-                .flush()
-                .map_err(|e| Error::device("dsync write: flush", e))
-        } else {
-            self.vol.commit()
+        if self.flags.sync || !outcome.pure_overwrite {
+            return self.vol.commit();
         }
+        if outcome.fua {
+            return Ok(());
+        }
+        self.vol
+            .flush_coalescer
+            .flush_completed_write(&*self.vol.dev)
+            .map_err(|e| Error::device("dsync write: flush", e))
     }
 
     /// Makes this file's data and metadata durable. (Commits the whole
@@ -387,7 +393,7 @@ impl File {
                 .map_err(|e| self.at(offset, e))?;
         }
         self.with_busy_retry(|| {
-            let mut meta = self.vol.meta.lock();
+            let mut meta = self.vol.meta.write();
             allocate_holes(
                 &self.vol,
                 &mut meta,
@@ -398,7 +404,7 @@ impl File {
         })
         .map_err(|e| self.at(offset, e))?;
         {
-            let mut meta = self.vol.meta.lock();
+            let mut meta = self.vol.meta.write();
             let size = meta
                 .state
                 .inode(self.inode.ino)
@@ -463,7 +469,7 @@ impl File {
             }
             self.zero_inside_eof_locked(offset, inner_start)?;
             self.zero_inside_eof_locked(inner_end, end)?;
-            let mut meta = self.vol.meta.lock();
+            let mut meta = self.vol.meta.write();
             meta.reserve_image(&self.vol.sb, crate::volume::image_bytes_for_extents(1))?;
             meta.log(Record::Punch {
                 ino: self.inode.ino,
@@ -494,7 +500,7 @@ impl File {
                 // again: clear them on disk before the size drops.
                 self.zero_inside_eof_locked(size, round_up(size, block))?;
             }
-            let mut meta = self.vol.meta.lock();
+            let mut meta = self.vol.meta.write();
             meta.log(Record::SetSize {
                 ino: self.inode.ino,
                 size,
@@ -508,7 +514,7 @@ impl File {
 
     pub fn stat(&self) -> Result<Stat> {
         self.vol.check_live()?;
-        let meta = self.vol.meta.lock();
+        let meta = self.vol.meta.read();
         if meta.state.inode(self.inode.ino).is_none() {
             return Err(Error::Stale {
                 ino: self.inode.ino,
@@ -521,7 +527,7 @@ impl File {
     /// data, unwritten and hole ranges in order.
     pub fn fiemap(&self) -> Result<Vec<FiemapExtent>> {
         self.vol.check_live()?;
-        let meta = self.vol.meta.lock();
+        let meta = self.vol.meta.read();
         let inode = meta.state.inode(self.inode.ino).ok_or(Error::Stale {
             ino: self.inode.ino,
         })?;

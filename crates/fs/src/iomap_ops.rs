@@ -1,6 +1,8 @@
 //! The file system's answers to the iomap engine: mappings, allocation of
 //! unwritten space, and write completion (conversion and size, journaled).
 
+use parking_lot::RwLockWriteGuard;
+
 use iomap::{DioEndFlags, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
 
 use crate::extent_map::Lookup;
@@ -115,20 +117,21 @@ impl IomapOps for FsOps<'_> {
     ) -> Result<Iomap> {
         let block = u64::from(self.vol.block_size);
         let ino = inode.ino;
-        let mut meta = self.vol.meta.lock();
         let writing = flags.contains(IomapOpFlags::WRITE);
         let overwrite_only = flags.contains(IomapOpFlags::OVERWRITE_ONLY)
             || flags.contains(IomapOpFlags::NOWAIT);
+        // Only allocation changes metadata: every other answer is a lookup
+        // under the shared side of the metadata lock.
         let mut new = false;
-        if writing && !overwrite_only {
+        let meta = if writing && !overwrite_only {
+            let mut meta = self.vol.meta.write();
             let start = round_down(pos, block);
             let end = round_up(pos + len, block);
-            if allocate_holes(self.vol, &mut meta, ino, start, end)? {
-                // Everything in range that was a hole is now new unwritten
-                // space; whether `pos` itself was is what matters here.
-                new = true;
-            }
-        }
+            new = allocate_holes(self.vol, &mut meta, ino, start, end)?;
+            RwLockWriteGuard::downgrade(meta)
+        } else {
+            self.vol.meta.read()
+        };
         let dirty_inode = meta.is_dirty(ino);
         let state = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
         let size = state.size;
@@ -190,7 +193,7 @@ impl IomapOps for FsOps<'_> {
     }
 
     fn size(&self, inode: &OpenInode) -> u64 {
-        let meta = self.vol.meta.lock();
+        let meta = self.vol.meta.read();
         meta.state.inode(inode.ino).map_or(0, |i| i.size)
     }
 
@@ -220,7 +223,7 @@ impl IomapOps for FsOps<'_> {
         } else {
             (pos, 0)
         };
-        let mut meta = self.vol.meta.lock();
+        let mut meta = self.vol.meta.write();
         meta.log(Record::CompleteWrite {
             ino: inode.ino,
             file_off,

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use blockdev::BlockDevice;
-use iomap::InodeIoLock;
-use parking_lot::Mutex;
+use iomap::{FlushCoalescer, InodeIoLock};
+use parking_lot::{Mutex, RwLock};
 
 use crate::alloc::Allocator;
 use crate::checkpoint::{self, Checkpoint};
@@ -127,10 +127,12 @@ pub(crate) struct VolumeInner {
     pub dev: Arc<dyn BlockDevice>,
     pub sb: Superblock,
     pub block_size: u32,
-    pub meta: Mutex<Meta>,
+    pub meta: RwLock<Meta>,
     commit: Mutex<CommitState>,
     shutdown: Mutex<Option<String>>,
     commit_threshold: u64,
+    /// Shares flushes among concurrent DSYNC overwrites.
+    pub flush_coalescer: FlushCoalescer,
 }
 
 pub(crate) fn now_ns() -> u64 {
@@ -260,7 +262,7 @@ impl Volume {
             dev: device,
             block_size: sb.layout.block_size,
             sb,
-            meta: Mutex::new(Meta {
+            meta: RwLock::new(Meta {
                 state,
                 alloc,
                 pending: Vec::new(),
@@ -277,11 +279,12 @@ impl Volume {
             }),
             shutdown: Mutex::new(None),
             commit_threshold,
+            flush_coalescer: FlushCoalescer::new(),
         });
         // Inodes unlinked while open when the volume went down: nothing can
         // reach them any more.
         {
-            let mut meta = inner.meta.lock();
+            let mut meta = inner.meta.write();
             let mut orphans: Vec<Ino> = meta
                 .state
                 .inodes
@@ -312,7 +315,7 @@ impl Volume {
             return Err(Error::invalid(path, "truncate on a read-only open"));
         }
         let inode = {
-            let mut meta = self.inner.meta.lock();
+            let mut meta = self.inner.meta.write();
             let (parent, name) = resolve_parent(&meta.state, path)?;
             let existing = meta.state.inode(parent).and_then(|d| d.entries.get(&name)).copied();
             let ino = match existing {
@@ -385,7 +388,7 @@ impl Volume {
     pub fn mkdir(&self, path: &str) -> Result<()> {
         self.inner.check_live()?;
         {
-            let mut meta = self.inner.meta.lock();
+            let mut meta = self.inner.meta.write();
             let (parent, name) = resolve_parent(&meta.state, path)?;
             if meta.state.inodes[&parent].entries.contains_key(&name) {
                 return Err(Error::Exists {
@@ -399,7 +402,7 @@ impl Volume {
 
     pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
         self.inner.check_live()?;
-        let meta = self.inner.meta.lock();
+        let meta = self.inner.meta.read();
         let ino = resolve(&meta.state, path)?;
         let dir = &meta.state.inodes[&ino];
         if dir.kind != FileKind::Directory {
@@ -429,7 +432,7 @@ impl Volume {
     fn remove(&self, path: &str, want: FileKind) -> Result<()> {
         self.inner.check_live()?;
         {
-            let mut meta = self.inner.meta.lock();
+            let mut meta = self.inner.meta.write();
             let (parent, name) = resolve_parent(&meta.state, path)?;
             let ino = *meta.state.inodes[&parent]
                 .entries
@@ -468,7 +471,7 @@ impl Volume {
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
         self.inner.check_live()?;
         {
-            let mut meta = self.inner.meta.lock();
+            let mut meta = self.inner.meta.write();
             let (src_parent, src_name) = resolve_parent(&meta.state, from)?;
             let (dst_parent, dst_name) = resolve_parent(&meta.state, to)?;
             let state = &meta.state;
@@ -528,13 +531,13 @@ impl Volume {
 
     pub fn stat(&self, path: &str) -> Result<Stat> {
         self.inner.check_live()?;
-        let meta = self.inner.meta.lock();
+        let meta = self.inner.meta.read();
         let ino = resolve(&meta.state, path)?;
         Ok(self.inner.stat_locked(&meta, ino))
     }
 
     pub fn statfs(&self) -> StatFs {
-        let meta = self.inner.meta.lock();
+        let meta = self.inner.meta.read();
         StatFs {
             block_size: self.inner.block_size,
             data_bytes: self.inner.sb.layout.data.len,
@@ -595,7 +598,7 @@ impl VolumeInner {
 
     /// Commits when enough uncommitted metadata has piled up.
     pub fn commit_if_due(&self) -> Result<()> {
-        let due = self.meta.lock().pending_bytes >= self.commit_threshold;
+        let due = self.meta.read().pending_bytes >= self.commit_threshold;
         if due {
             self.commit()
         } else {
@@ -611,7 +614,7 @@ impl VolumeInner {
         let mut commit = self.commit.lock();
         self.check_live()?;
         let (records, last_seq) = {
-            let mut meta = self.meta.lock();
+            let mut meta = self.meta.write();
             meta.pending_bytes = 0;
             (std::mem::take(&mut meta.pending), meta.next_seq - 1)
         };
@@ -645,13 +648,13 @@ impl VolumeInner {
             self.shut_down(&err);
             return Err(err);
         }
-        self.meta.lock().mark_committed(last_seq);
+        self.meta.write().mark_committed(last_seq);
         Ok(())
     }
 
     fn checkpoint_locked(&self, commit: &mut CommitState) -> Result<()> {
         self.check_live()?;
-        let mut meta = self.meta.lock();
+        let mut meta = self.meta.write();
         let result = self.write_checkpoint(commit, &mut meta);
         if let Err(err) = &result {
             self.shut_down(err);
@@ -689,7 +692,7 @@ impl VolumeInner {
 
     /// A handle on `ino` closed.
     pub(crate) fn release_handle(&self, ino: Ino) {
-        let mut meta = self.meta.lock();
+        let mut meta = self.meta.write();
         let last = match meta.open.get_mut(&ino) {
             Some(entry) => {
                 entry.handles -= 1;
@@ -931,7 +934,7 @@ mod tests {
         drop(a);
         vol.unlink("a").unwrap();
         // Freed but busy until the unlink is durable; statfs counts it.
-        assert_eq!(vol.inner.meta.lock().alloc.free_bytes(), 0);
+        assert_eq!(vol.inner.meta.read().alloc.free_bytes(), 0);
         assert_eq!(vol.statfs().free_bytes, free);
         let b = vol.open_file("b", create).unwrap();
         b.fallocate(0, free, false).unwrap();

@@ -510,3 +510,463 @@ fn hostile_images() {
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// (f) Hostile metadata with valid checksums: checkpoints and journal batches
+// written through the library's own encoders, so every CRC verifies and only
+// the content is wrong. Checksums cannot save mount here; validation must.
+
+use iomapfs_fs::checkpoint::{other_slot, read_newest_checkpoint, write_checkpoint, Checkpoint};
+use iomapfs_fs::journal::JournalWriter;
+use iomapfs_fs::types::{
+    DirEntryImage, Extent, ExtentState, FileKind, MetaImage, Record, ROOT_INO,
+};
+
+/// A clean (unmounted) volume with a few files and a directory.
+fn clean_base() -> (Vec<u8>, VolState) {
+    let mem = Arc::new(MemDevice::new(SIZE, LBS));
+    let dev = dynd(&mem);
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone()).unwrap();
+    vol.mkdir("/d").unwrap();
+    for (i, p) in ["/a", "/b", "/d/c"].iter().enumerate() {
+        let f = vol.open_file(p, cf()).unwrap();
+        f.pwrite(&tagged(i as u64 + 1, 0, 9000 + 7000 * i), 0).unwrap();
+    }
+    let f = vol.open_file("/b", cf()).unwrap();
+    f.fallocate(40_000, 30_000, true).unwrap();
+    drop(f);
+    let st = read_volume(&vol, u64::MAX).unwrap();
+    vol.unmount().unwrap();
+    (mem.snapshot(), st)
+}
+
+fn mutate_image(rng: &mut SmallRng, img: &mut MetaImage, data: Range<u64>, dev_size: u64) -> String {
+    let n = img.inodes.len();
+    let pick = |rng: &mut SmallRng, img: &MetaImage, kind: FileKind| -> Option<usize> {
+        let c: Vec<usize> = (0..img.inodes.len())
+            .filter(|&i| img.inodes[i].kind == kind)
+            .collect();
+        (!c.is_empty()).then(|| c[rng.gen_range(0..c.len())])
+    };
+    let file = pick(rng, img, FileKind::Regular);
+    let dir = pick(rng, img, FileKind::Directory);
+    let bs = 4096u64;
+    match rng.gen_range(0..22) {
+        0 => {
+            // An extent outside the data area (into the journal, superblock,
+            // or past the device).
+            let Some(f) = file else {
+                return "nothing".into();
+            };
+            let addr = [0, 4096, data.start - bs, dev_size, dev_size - bs, u64::MAX - bs + 1]
+                [rng.gen_range(0..6)];
+            let e = &mut img.inodes[f].extents;
+            if let Some(x) = e.first_mut() {
+                x.addr = addr;
+            }
+            format!("extent of inode #{} moved to device byte {addr}", img.inodes[f].ino)
+        }
+        1 => {
+            // Two files share space.
+            let files: Vec<usize> = (0..n)
+                .filter(|&i| img.inodes[i].kind == FileKind::Regular && !img.inodes[i].extents.is_empty())
+                .collect();
+            if files.len() < 2 {
+                return "nothing".into();
+            }
+            let src = img.inodes[files[0]].extents[0];
+            let dst = &mut img.inodes[files[1]].extents[0];
+            dst.addr = src.addr;
+            "two files cross-linked".into()
+        }
+        2 => {
+            let Some(f) = file else {
+                return "nothing".into();
+            };
+            let e = &mut img.inodes[f].extents;
+            if e.len() >= 1 {
+                let mut x = e[0];
+                x.file_off += bs;
+                x.addr += bs * 100;
+                e.push(x);
+            }
+            "overlapping extents in one file".into()
+        }
+        3 => {
+            let Some(f) = file else {
+                return "nothing".into();
+            };
+            if let Some(x) = img.inodes[f].extents.first_mut() {
+                match rng.gen_range(0..4) {
+                    0 => x.len = 0,
+                    1 => x.addr += 1,
+                    2 => x.file_off += 100,
+                    _ => x.len = u64::MAX - bs + 1,
+                }
+            }
+            "zero-length or unaligned extent".into()
+        }
+        4 => {
+            let Some(f) = file else {
+                return "nothing".into();
+            };
+            let s = [u64::MAX, 1 << 62, 1 << 60, (1 << 60) + 1][rng.gen_range(0..4)];
+            img.inodes[f].size = s;
+            format!("file size {s}")
+        }
+        5 => {
+            let Some(d) = dir else {
+                return "nothing".into();
+            };
+            img.inodes[d].entries.push(DirEntryImage {
+                name: "ghost".into(),
+                ino: 9999,
+            });
+            img.inodes[d].entries.sort_by(|a, b| a.name.cmp(&b.name));
+            "entry naming a missing inode".into()
+        }
+        6 => {
+            let Some(d) = dir else {
+                return "nothing".into();
+            };
+            img.inodes[d].entries.push(DirEntryImage {
+                name: "loop".into(),
+                ino: ROOT_INO,
+            });
+            img.inodes[d].entries.sort_by(|a, b| a.name.cmp(&b.name));
+            "directory cycle (entry naming the root)".into()
+        }
+        7 => {
+            // Two names for one directory.
+            let sub: Vec<u64> = img
+                .inodes
+                .iter()
+                .filter(|i| i.kind == FileKind::Directory && i.ino != ROOT_INO)
+                .map(|i| i.ino)
+                .collect();
+            if let Some(&s) = sub.first() {
+                let Some(root) = img.inodes.iter_mut().find(|i| i.ino == ROOT_INO) else {
+                return "nothing".into();
+            };
+                root.entries.push(DirEntryImage {
+                    name: "alias".into(),
+                    ino: s,
+                });
+                root.entries.sort_by(|a, b| a.name.cmp(&b.name));
+            }
+            "directory with two names".into()
+        }
+        8 => {
+            if n >= 2 {
+                let ino = img.inodes[0].ino;
+                img.inodes[1].ino = ino;
+            }
+            "duplicate inode numbers".into()
+        }
+        9 => {
+            img.inodes.retain(|i| i.ino != ROOT_INO);
+            "no root directory".into()
+        }
+        10 => {
+            let Some(root) = img.inodes.iter_mut().find(|i| i.ino == ROOT_INO) else {
+                return "nothing".into();
+            };
+            root.kind = FileKind::Regular;
+            "root is a regular file".into()
+        }
+        11 => {
+            img.next_ino = rng.gen_range(0..3);
+            format!("next_ino {}", img.next_ino)
+        }
+        12 => {
+            let Some(f) = file else {
+                return "nothing".into();
+            };
+            img.inodes[f].entries.push(DirEntryImage {
+                name: "x".into(),
+                ino: ROOT_INO,
+            });
+            "regular file with directory entries".into()
+        }
+        13 => {
+            let Some(d) = dir else {
+                return "nothing".into();
+            };
+            img.inodes[d].extents.push(Extent {
+                file_off: 0,
+                len: bs,
+                addr: data.start,
+                state: ExtentState::Written,
+            });
+            "directory with an extent".into()
+        }
+        14 => {
+            let i = rng.gen_range(0..n);
+            img.inodes[i].nlink = [0, 2, u32::MAX][rng.gen_range(0..3)];
+            format!("nlink of #{} = {}", img.inodes[i].ino, img.inodes[i].nlink)
+        }
+        15 => {
+            let Some(d) = dir else {
+                return "nothing".into();
+            };
+            let bad = ["", ".", "..", "a/b", "nul\0x"][rng.gen_range(0..5)];
+            if let Some(e) = img.inodes[d].entries.first_mut() {
+                e.name = bad.into();
+            }
+            format!("entry name {bad:?}")
+        }
+        16 => {
+            let Some(d) = dir else {
+                return "nothing".into();
+            };
+            if let Some(e) = img.inodes[d].entries.first() {
+                let dup = e.clone();
+                img.inodes[d].entries.push(dup);
+            }
+            "duplicate directory entry".into()
+        }
+        17 => {
+            let Some(d) = dir else {
+                return "nothing".into();
+            };
+            img.inodes[d].entries.reverse();
+            "unsorted directory entries".into()
+        }
+        18 => {
+            img.inodes.reverse();
+            "unsorted inodes".into()
+        }
+        19 => {
+            let Some(f) = file else {
+                return "nothing".into();
+            };
+            img.inodes[f].extents.reverse();
+            "unsorted extents".into()
+        }
+        20 => {
+            // An extent far past EOF and huge.
+            let Some(f) = file else {
+                return "nothing".into();
+            };
+            img.inodes[f].extents.push(Extent {
+                file_off: 1 << 59,
+                len: data.end - data.start,
+                addr: data.start,
+                state: ExtentState::Unwritten,
+            });
+            "extent covering the whole data area".into()
+        }
+        _ => {
+            img.inodes[rng.gen_range(0..n)].ino = [0, u64::MAX][rng.gen_range(0..2)];
+            "inode number 0 or u64::MAX".into()
+        }
+    }
+}
+
+fn hostile_record(rng: &mut SmallRng, data: &Range<u64>) -> Record {
+    let ino = [0, 1, 2, 3, 4, 5, 9999, u64::MAX][rng.gen_range(0..8)];
+    let name = ["a", "b", "d", "new", "", "..", "x/y", "c"][rng.gen_range(0..8)].to_string();
+    let off = [0, 4096, 100, 1 << 59, u64::MAX - 4095, 8192][rng.gen_range(0..6)];
+    let len = [4096, 0, 1, 1 << 40, u64::MAX, 12288][rng.gen_range(0..6)];
+    let addr = [data.start, data.start + 4096, 0, 4096, data.end, u64::MAX - 4095, data.start + 1]
+        [rng.gen_range(0..7)];
+    match rng.gen_range(0..8) {
+        0 => Record::Create {
+            ino,
+            parent: [1, 2, 3, 9999][rng.gen_range(0..4)],
+            name,
+            kind: if rng.gen_bool(0.5) { FileKind::Regular } else { FileKind::Directory },
+            mtime_ns: 1,
+        },
+        1 => Record::Unlink {
+            parent: [1, 2, 3, 9999][rng.gen_range(0..4)],
+            name,
+        },
+        2 => Record::Rename {
+            src_parent: [1, 2, 3][rng.gen_range(0..3)],
+            src_name: name,
+            dst_parent: [1, 2, 3, 9999][rng.gen_range(0..4)],
+            dst_name: ["z", "a", "", "d"][rng.gen_range(0..4)].to_string(),
+        },
+        3 => Record::FreeInode { ino },
+        4 => Record::MapUnwritten {
+            ino,
+            file_off: off,
+            len,
+            addr,
+        },
+        5 => Record::CompleteWrite {
+            ino,
+            file_off: off,
+            len,
+            min_size: [0, 5000, u64::MAX, 1 << 61][rng.gen_range(0..4)],
+            mtime_ns: 2,
+        },
+        6 => Record::SetSize {
+            ino,
+            size: [0, 1, u64::MAX, 1 << 61, 123_456][rng.gen_range(0..5)],
+            mtime_ns: 3,
+        },
+        _ => Record::Punch {
+            ino,
+            file_off: off,
+            len,
+            mtime_ns: 4,
+        },
+    }
+}
+
+/// Mounts a volume built from hostile-but-checksummed metadata: a clear
+/// error, or a volume that fsck accepts and that keeps files apart.
+fn run_semantic(bytes: Vec<u8>) -> Result<&'static str, String> {
+    let dev = Arc::new(MemDevice::from_bytes(bytes, LBS, true, false));
+    let dyn_dev: Arc<dyn BlockDevice> = dev.clone();
+    let report = fsck::check(dyn_dev.clone());
+    let fsck_clean = matches!(&report, Ok(r) if r.is_clean());
+    let vol = match Volume::open(dyn_dev.clone()) {
+        Err(e) => {
+            error_is_clear(&e).map_err(|m| format!("mount error: {m}"))?;
+            return Ok("refused");
+        }
+        Ok(v) => v,
+    };
+    let st = match read_volume(&vol, READ_CAP) {
+        Ok(st) => st,
+        Err(e) if !fsck_clean => {
+            let _ = e;
+            return Ok("mounted_fsck_dirty_unreadable");
+        }
+        Err(e) => return Err(format!("fsck clean, mounted, but reads fail: {e}")),
+    };
+    // Write a distinct pattern to every file, then check each file holds
+    // only its own pattern: cross-linked or misplaced extents show here.
+    let mut expect = Vec::new();
+    for (i, (p, fd)) in st.files.iter().enumerate() {
+        let f = match vol.open_file(p, OpenFlags::default()) {
+            Ok(f) => f,
+            Err(_) => continue,
+        };
+        let n = fd.size.clamp(1, 20_000) as usize;
+        let data = tagged(1000 + i as u64, 0, n);
+        if f.pwrite(&data, 0).is_ok() {
+            expect.push((p.clone(), data));
+        }
+    }
+    for (p, data) in &expect {
+        match vol.open_file(p, ro()) {
+            Ok(f) => {
+                let mut buf = vec![0u8; data.len()];
+                if let Ok(n) = f.pread(&mut buf, 0) {
+                    if n == data.len() && &buf != data {
+                        return Err(format!(
+                            "{p}: holds another file's bytes after writing each file (cross-linked extents accepted; fsck clean: {fsck_clean})"
+                        ));
+                    }
+                }
+            }
+            Err(e) => return Err(format!("{p}: cannot reopen: {e}")),
+        }
+    }
+    let _ = vol.unmount();
+    // Whatever was mounted must still mount (no self-inflicted damage).
+    let r2 = fsck::check(dyn_dev.clone());
+    if fsck_clean && !matches!(&r2, Ok(r) if r.is_clean()) {
+        return Err(format!(
+            "fsck was clean before mounting and writing, not after: {:?}",
+            r2.map(|r| r.problems)
+        ));
+    }
+    Ok(if fsck_clean { "mounted_fsck_clean" } else { "mounted_fsck_dirty" })
+}
+
+fn ro() -> OpenFlags {
+    common::volstate::ro()
+}
+
+#[test]
+fn hostile_metadata_with_valid_checksums() {
+    let t0 = Instant::now();
+    let seeds = Seeds::from_env("hostile");
+    let cases = seeds.count(env_u64("IOMAPFS_HOSTILE_CASES", 800) / 2);
+    let (base, _st) = clean_base();
+    let stats = Stats::default();
+    let mut failures = Vec::new();
+    for i in 0..cases {
+        let seed = seeds.case(i) ^ 0x5EA;
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mem = MemDevice::from_bytes(base.clone(), LBS, true, false);
+        let sb = read_superblock(&mem).unwrap();
+        let data = sb.layout.data.start..sb.layout.data.end();
+        let (slot, ckpt) = read_newest_checkpoint(&mem, &sb).unwrap();
+        let journal_case = rng.gen_bool(0.4);
+        let desc = if journal_case {
+            let n = rng.gen_range(1..=4);
+            let recs: Vec<Record> = (0..n).map(|_| hostile_record(&mut rng, &data)).collect();
+            let mut w = JournalWriter::new(&sb, ckpt.journal_start, ckpt.journal_seq, ckpt.journal_chain);
+            match w.append(&mem, &recs) {
+                Ok(_) => {}
+                Err(e) => {
+                    stats.add("journal_append_refused", 1);
+                    let _ = e;
+                    continue;
+                }
+            }
+            mem.flush().unwrap();
+            format!("journal records {recs:?}")
+        } else {
+            let mut image = ckpt.image.clone();
+            let k = rng.gen_range(1..=2);
+            let mut d = Vec::new();
+            for _ in 0..k {
+                d.push(mutate_image(&mut rng, &mut image, data.clone(), SIZE));
+            }
+            let c = Checkpoint {
+                generation: ckpt.generation + 1,
+                image,
+                ..ckpt.clone()
+            };
+            if let Err(e) = write_checkpoint(&mem, &sb, other_slot(slot), &c) {
+                stats.add("checkpoint_write_refused", 1);
+                let _ = e;
+                continue;
+            }
+            format!("checkpoint: {}", d.join("; "))
+        };
+        let bytes = mem.snapshot();
+        let r = run_case("hostile", seed, "semantic", || {
+            catch_unwind(AssertUnwindSafe(|| run_semantic(bytes)))
+        });
+        let outcome = match r {
+            Err(p) => Err(format!(
+                "PANIC: {}",
+                p.downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default()
+            )),
+            Ok(r) => r,
+        };
+        let kind = if journal_case { "journal" } else { "checkpoint" };
+        match outcome {
+            Ok(o) => {
+                stats.add(&format!("{kind}_{o}"), 1);
+                if o == "mounted_fsck_dirty" || o == "mounted_fsck_dirty_unreadable" {
+                    eprintln!("hostile: note: seed={seed} {desc}: mounted although fsck reports problems");
+                }
+            }
+            Err(e) => {
+                stats.add("FAILURES", 1);
+                failures.push(format!("seed={seed} {desc}: {e}"));
+            }
+        }
+    }
+    stats.print("hostile_metadata_with_valid_checksums", t0.elapsed());
+    if !failures.is_empty() {
+        panic!(
+            "{} hostile metadata case(s) mishandled:\n  {}",
+            failures.len(),
+            failures[..failures.len().min(25)].join("\n  ")
+        );
+    }
+}

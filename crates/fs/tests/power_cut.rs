@@ -309,3 +309,110 @@ fn power_cut_seeded_random_subsets() {
 fn power_cut_policies_nothing_everything_torn_prefix() {
     run(Mix::Policies, "power_cut_policies", 0.4);
 }
+
+/// The crash model must be able to fail: states that break an invariant are
+/// rejected, legal ones accepted. (A checker that accepts everything would
+/// make every other test here pass vacuously.)
+#[test]
+fn crash_model_rejects_bad_states() {
+    use common::history::{History, MARKER};
+    use common::volstate::{FileData, VolState};
+
+    let fd = |d: Vec<u8>| FileData {
+        size: d.len() as u64,
+        data: d,
+    };
+    let mut h = History::new();
+    h.begin("create /a");
+    let a = h.new_file("/a");
+    h.end(); // 1
+    h.begin("write w1 [0, 8192)");
+    *h.data_mut(a) = tagged(1, 0, 8192);
+    h.end(); // 2
+    h.begin("fsync");
+    h.mark_durable();
+    h.end(); // 3: /a = w1 is durable
+    h.begin("write w2 [0, 4096)");
+    h.data_mut(a)[..4096].copy_from_slice(&tagged(2, 0, 4096));
+    h.end(); // 4
+    h.begin("create /b");
+    h.new_file("/b");
+    h.end(); // 5
+    let w = Window {
+        lo: 3,
+        completed: 5,
+        hi: 5,
+    };
+    let v1 = tagged(1, 0, 8192);
+    let mut v2 = v1.clone();
+    v2[..4096].copy_from_slice(&tagged(2, 0, 4096));
+    let state = |files: Vec<(&str, Vec<u8>)>| VolState {
+        dirs: Default::default(),
+        files: files.into_iter().map(|(p, d)| (p.to_string(), fd(d))).collect(),
+    };
+    // Legal: old or new data, torn per sector, /b created or not.
+    let mut torn = v1.clone();
+    torn[512..1024].copy_from_slice(&v2[512..1024]);
+    for ok in [
+        state(vec![("/a", v1.clone())]),
+        state(vec![("/a", v2.clone())]),
+        state(vec![("/a", torn), ("/b", vec![])]),
+    ] {
+        h.check(&ok, w).expect("a legal state was rejected");
+    }
+    // Illegal.
+    let mut stale = v1.clone();
+    stale[4096..4104].copy_from_slice(MARKER);
+    let mut zeroed = v1.clone();
+    zeroed[6000..6500].fill(0);
+    let mut foreign = v1.clone();
+    foreign[5000..5512].copy_from_slice(&tagged(99, 5000, 512));
+    let bad = [
+        ("synced file lost", state(vec![])),
+        ("synced file truncated", state(vec![("/a", v1[..4096].to_vec())])),
+        ("stale marker", state(vec![("/a", stale)])),
+        ("synced data zeroed", state(vec![("/a", zeroed)])),
+        ("foreign write's bytes", state(vec![("/a", foreign)])),
+        ("file never created", state(vec![("/a", v1.clone()), ("/c", vec![])])),
+        ("size past any write", state(vec![("/a", [v1.clone(), vec![0; 10]].concat())])),
+    ];
+    for (what, st) in bad {
+        assert!(h.check(&st, w).is_err(), "crash model accepted: {what}");
+    }
+    // A returned DSYNC write is durable on its own, without a sync.
+    h.begin("dsync write w3 [4096, 8192)");
+    h.data_mut(a)[4096..].copy_from_slice(&tagged(3, 4096, 4096));
+    h.mark_dsync(a, 4096, 8192);
+    h.end(); // 6
+    let w = Window {
+        lo: 3,
+        completed: 6,
+        hi: 6,
+    };
+    let mut v3 = v1.clone();
+    v3[4096..].copy_from_slice(&tagged(3, 4096, 4096));
+    h.check(&state(vec![("/a", v3)]), w).expect("dsync state rejected");
+    assert!(
+        h.check(&state(vec![("/a", v2)]), w).is_err(),
+        "crash model accepted the loss of a returned DSYNC write"
+    );
+    // Metadata is a prefix: /b (op 5) cannot exist without what op 4 did
+    // being possible... but a namespace from before the sync can't come back.
+    h.begin("unlink /a");
+    h.ns_mut().files.remove("/a");
+    h.end(); // 7
+    h.begin("sync");
+    h.mark_durable();
+    h.end(); // 8
+    let w = Window {
+        lo: 8,
+        completed: 8,
+        hi: 8,
+    };
+    assert!(
+        h.check(&state(vec![("/a", v1), ("/b", vec![])]), w).is_err(),
+        "crash model accepted an unlink undone after a sync"
+    );
+    h.check(&state(vec![("/b", vec![])]), w)
+        .expect("the synced state was rejected");
+}

@@ -123,3 +123,149 @@ fn extension_after_crash_zeroes_stale_tail_of_eof_block() {
         "bytes past the recovered EOF (1000) reappear after extending the file: {bad:?}"
     );
 }
+
+// ---- hostile metadata with valid checksums (hostile.rs, semantic cases) ----
+
+use iomapfs_fs::checkpoint::{other_slot, read_newest_checkpoint, write_checkpoint, Checkpoint};
+use iomapfs_fs::journal::JournalWriter;
+use iomapfs_fs::superblock::read_superblock;
+use iomapfs_fs::types::Record;
+use iomapfs_fs::{fsck, Error};
+
+/// A clean volume holding `/a` (inode 2, 8 KiB written).
+fn clean_volume_with_a() -> Arc<MemDevice> {
+    let (mem, vol) = volume(4 * MIB);
+    let f = create(&vol, "/a", false);
+    f.pwrite(&[7u8; 8192], 0).unwrap();
+    drop(f);
+    vol.unmount().unwrap();
+    mem
+}
+
+/// Appends `records` as one valid batch after the newest checkpoint.
+fn append_records(mem: &MemDevice, records: &[Record]) {
+    let sb = read_superblock(mem).unwrap();
+    let (_, ckpt) = read_newest_checkpoint(mem, &sb).unwrap();
+    let mut w = JournalWriter::new(&sb, ckpt.journal_start, ckpt.journal_seq, ckpt.journal_chain);
+    w.append(mem, records).unwrap();
+    mem.flush().unwrap();
+}
+
+/// Mount and fsck of `mem`, each under catch_unwind: `Err` if either panics
+/// or mount fails with something other than a Corrupt error.
+fn mount_and_fsck(mem: Arc<MemDevice>) -> Result<(), String> {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    let dev: Arc<dyn BlockDevice> = mem;
+    let d = dev.clone();
+    let f = catch_unwind(AssertUnwindSafe(move || fsck::check(d).map(|r| r.problems)));
+    let d = dev.clone();
+    let m = catch_unwind(AssertUnwindSafe(move || match Volume::open(d) {
+        Ok(v) => common::volstate::read_volume(&v, 1 << 20).map(|_| "mounted"),
+        Err(e @ Error::Corrupt { .. }) => Ok(Box::leak(e.to_string().into_boxed_str()) as &str),
+        Err(e) => Err(format!("mount failed with a non-Corrupt error: {e:?}")),
+    }));
+    match (f, m) {
+        (Err(_), _) => Err("fsck panicked".into()),
+        (_, Err(_)) => Err("mount or readdir panicked".into()),
+        (_, Ok(Err(e))) => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// A journal record with a file range not aligned to the block size must be
+/// refused as corruption at replay; it reaches `ExtentMap` asserts instead
+/// (a panic in debug builds, unchecked extent surgery in release builds).
+#[test]
+fn replay_rejects_unaligned_record_ranges() {
+    let mut bad = Vec::new();
+    for rec in [
+        Record::CompleteWrite {
+            ino: 2,
+            file_off: 100,
+            len: 1,
+            min_size: 8192,
+            mtime_ns: 1,
+        },
+        Record::Punch {
+            ino: 2,
+            file_off: 100,
+            len: 1,
+            mtime_ns: 1,
+        },
+        Record::Punch {
+            ino: 2,
+            file_off: 0,
+            len: 0,
+            mtime_ns: 1,
+        },
+    ] {
+        let mem = clean_volume_with_a();
+        append_records(&mem, &[rec.clone()]);
+        if let Err(e) = mount_and_fsck(mem) {
+            bad.push(format!("{rec:?}: {e}"));
+        }
+    }
+    assert!(bad.is_empty(), "hostile journal records mishandled:\n  {}", bad.join("\n  "));
+}
+
+/// Huge values in a valid record: `min_size` near u64::MAX makes fsck
+/// overflow (`size.div_ceil(block) * block`), an inode number of u64::MAX
+/// overflows `next_ino` (`ino + 1`).
+#[test]
+fn replay_and_fsck_survive_huge_values() {
+    let mut bad = Vec::new();
+    for rec in [
+        Record::CompleteWrite {
+            ino: 2,
+            file_off: 0,
+            len: 4096,
+            min_size: u64::MAX,
+            mtime_ns: 1,
+        },
+        Record::SetSize {
+            ino: 2,
+            size: u64::MAX,
+            mtime_ns: 1,
+        },
+        Record::Create {
+            ino: u64::MAX,
+            parent: 1,
+            name: "big".into(),
+            kind: iomapfs_fs::FileKind::Regular,
+            mtime_ns: 1,
+        },
+    ] {
+        let mem = clean_volume_with_a();
+        append_records(&mem, &[rec.clone()]);
+        if let Err(e) = mount_and_fsck(mem) {
+            bad.push(format!("{rec:?}: {e}"));
+        }
+    }
+    assert!(bad.is_empty(), "hostile journal records mishandled:\n  {}", bad.join("\n  "));
+}
+
+/// A checkpoint whose linked inode has nlink 0: mount frees it as an orphan
+/// but leaves the directory entry, and readdir then indexes a missing inode
+/// (`volume.rs` readdir: `inodes[&ino]` panics). For the root (nlink 0) the
+/// mount error is `InvalidArgument("metadata update")`, not `Corrupt`.
+#[test]
+fn checkpoint_with_nlink_zero_on_linked_inode() {
+    let mut bad = Vec::new();
+    for ino in [2u64, 1] {
+        let mem = clean_volume_with_a();
+        let sb = read_superblock(&*mem).unwrap();
+        let (slot, ckpt) = read_newest_checkpoint(&*mem, &sb).unwrap();
+        let mut image = ckpt.image.clone();
+        image.inodes.iter_mut().find(|i| i.ino == ino).unwrap().nlink = 0;
+        let c = Checkpoint {
+            generation: ckpt.generation + 1,
+            image,
+            ..ckpt.clone()
+        };
+        write_checkpoint(&*mem, &sb, other_slot(slot), &c).unwrap();
+        if let Err(e) = mount_and_fsck(mem) {
+            bad.push(format!("nlink 0 on inode {ino}: {e}"));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n  "));
+}

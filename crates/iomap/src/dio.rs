@@ -49,6 +49,17 @@ pub struct DioWriteOutcome {
     /// write needed no metadata (the DSYNC and inline-completion fast paths
     /// key on this).
     pub pure_overwrite: bool,
+    /// Every byte went to the device with FUA: a DSYNC write that needs no
+    /// metadata is durable already, with no flush.
+    pub fua: bool,
+}
+
+/// A DSYNC write to a pure overwrite is sent with FUA only when that is
+/// cheaper than a flush: the device has native FUA, or no volatile cache to
+/// flush (then every write is durable on completion anyway).
+pub fn fua_is_native(dev: &dyn BlockDevice) -> bool {
+    let caps = dev.caps();
+    caps.fua || !caps.volatile_write_cache
 }
 
 /// One unit of work a direct I/O needs for part of one mapping.
@@ -462,9 +473,12 @@ pub fn dio_write<O: IomapOps>(
             written: 0,
             end_flags: DioEndFlags::default(),
             pure_overwrite: true,
+            fua: false,
         });
     }
     let op_flags = flags | IomapOpFlags::WRITE | IomapOpFlags::DIRECT;
+    let fua_if_pure = op_flags.contains(IomapOpFlags::DSYNC) && fua_is_native(dev);
+    let mut all_fua = true;
     // Sampled once, before any mapping: the size this write may extend. A
     // file system that raised its in-memory size in `begin` would otherwise
     // hide the size change from completion.
@@ -494,7 +508,16 @@ pub fn dio_write<O: IomapOps>(
                 // `pure_overwrite` still reports it.)
                 (0, Err(IomapError::WouldBlock))
             } else {
-                write_span(dev, &span, pos, req_end, buf, block_size, lbs)
+                // FUA only where nothing but the data is needed for
+                // durability; any other span leaves the caller a flush or
+                // journal commit to do.
+                let mode = if fua_if_pure && span.iomap.is_pure_overwrite() {
+                    WriteMode::Fua
+                } else {
+                    all_fua = false;
+                    WriteMode::Normal
+                };
+                write_span(dev, &span, pos, req_end, buf, block_size, lbs, mode)
             };
         if done > 0 && needs_zeroing(&span.iomap) {
             end_flags.unwritten = true;
@@ -524,10 +547,11 @@ pub fn dio_write<O: IomapOps>(
         written,
         end_flags,
         pure_overwrite: all_pure && !end_flags.size_change,
+        fua: fua_if_pure && all_fua && all_pure && !end_flags.size_change,
     })
 }
 
-/// Writes one span (edge zeroing included); returns the bytes that count as
+/// Writes one span (edge zeroing included), its data with `mode`; returns the bytes that count as
 /// written (a contiguous prefix of the span, safe to complete) and the first
 /// error.
 fn write_span(
@@ -538,6 +562,7 @@ fn write_span(
     buf: &[u8],
     block_size: u32,
     lbs: u32,
+    mode: WriteMode,
 ) -> (u64, Result<(), IomapError>) {
     let segments = match write_segments(span, req_pos, req_end, block_size, lbs) {
         Ok(s) => s,
@@ -553,7 +578,7 @@ fn write_span(
                 len,
             } => {
                 let at = (file_offset - req_pos) as usize;
-                dev.write_at(&buf[at..at + len as usize], dev_addr, WriteMode::Normal)
+                dev.write_at(&buf[at..at + len as usize], dev_addr, mode)
             }
             DioSegment::WriteZeroes { dev_addr, len, .. } => zero_range(dev, dev_addr, len),
             DioSegment::FillZeroes { .. } | DioSegment::Read { .. } => {
@@ -872,6 +897,8 @@ mod tests {
                 written: 4 * BS,
                 end_flags: DioEndFlags::default(),
                 pure_overwrite: true,
+                // The test device has a volatile cache and no FUA.
+                fua: false,
             }
         );
         assert_eq!(fs.end_ios(), vec![(0, 4 * BS, DioEndFlags::default())]);

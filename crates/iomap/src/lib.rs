@@ -7,6 +7,7 @@
 
 pub mod align;
 pub mod dio;
+pub mod flush_coalesce;
 pub mod error;
 pub mod io_lock;
 pub mod iomap;
@@ -19,6 +20,7 @@ mod test_support;
 
 pub use dio::{dio_read, dio_write, DioWriteOutcome};
 pub use error::IomapError;
+pub use flush_coalesce::FlushCoalescer;
 pub use io_lock::{DioInflightGuard, InodeIoLock, IoLockExclusive, IoLockShared};
 pub use iomap::{Iomap, IomapFlags, IomapKind};
 pub use iter::{IomapIter, IomapSpan};
