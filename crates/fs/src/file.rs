@@ -222,6 +222,14 @@ impl File {
                 .map_err(|e| self.at(offset, e))?;
         }
         let _shared = self.inode.io_lock.lock_shared();
+        if self.flags.direct {
+            let ops = self.ops();
+            if let Some(result) =
+                dio::dio_read_simple(&ops, &*self.vol.dev, &self.inode, offset, buf)
+            {
+                return result.map_err(|e| self.at(offset, e));
+            }
+        }
         self.read_locked(buf, offset)
             .map_err(|e| self.at(offset, e))
     }

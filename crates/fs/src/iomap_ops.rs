@@ -192,6 +192,20 @@ impl IomapOps for FsOps<'_> {
         Ok(iomap)
     }
 
+    fn simple_read_addr(&self, inode: &OpenInode, pos: u64, len: u64) -> Option<u64> {
+        let meta = self.vol.meta.read();
+        let state = meta.state.inode(inode.ino)?;
+        if pos.checked_add(len)? > state.size {
+            return None;
+        }
+        match state.extents.lookup(pos) {
+            Lookup::Extent(e) if e.state == ExtentState::Written && pos + len <= e.file_end() => {
+                Some(e.addr + (pos - e.file_off))
+            }
+            _ => None,
+        }
+    }
+
     fn size(&self, inode: &OpenInode) -> u64 {
         let meta = self.vol.meta.read();
         meta.state.inode(inode.ino).map_or(0, |i| i.size)

@@ -54,6 +54,38 @@ pub struct DioWriteOutcome {
     pub fua: bool,
 }
 
+/// Simple read: a direct read of at most one file-system block inside one
+/// `Mapped` extent and inside EOF skips the mapping iteration — one lookup,
+/// one device request, no heap allocation, completed in the caller's
+/// context. Returns `None` (having done nothing) when the read does not
+/// qualify; the caller then takes the generic [`dio_read`].
+pub fn dio_read_simple<O: IomapOps>(
+    ops: &O,
+    dev: &dyn BlockDevice,
+    inode: &O::Inode,
+    pos: u64,
+    buf: &mut [u8],
+) -> Option<Result<usize, O::Error>> {
+    let len = buf.len() as u64;
+    let lbs = u64::from(dev.caps().logical_block_size);
+    if len == 0 || len > u64::from(ops.block_size()) || !is_aligned(pos, lbs) || !is_aligned(len, lbs)
+    {
+        return None;
+    }
+    let addr = ops.simple_read_addr(inode, pos, len)?;
+    Some(
+        dev.read_at(buf, addr)
+            .map(|()| buf.len())
+            .map_err(|source| {
+                IomapError::Device {
+                    file_offset: pos,
+                    source,
+                }
+                .into()
+            }),
+    )
+}
+
 /// A DSYNC write to a pure overwrite is sent with FUA only when that is
 /// cheaper than a flush: the device has native FUA, or no volatile cache to
 /// flush (then every write is durable on completion anyway).

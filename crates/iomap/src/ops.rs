@@ -91,6 +91,14 @@ pub trait IomapOps: Send + Sync {
         Ok(())
     }
 
+    /// The simple-read fast path: the device address of `[pos, pos+len)`
+    /// when the whole range lies inside one `Mapped` extent and inside EOF,
+    /// found with one lookup that takes no exclusive lock and allocates
+    /// nothing. `None` sends the read down the generic path.
+    fn simple_read_addr(&self, _inode: &Self::Inode, _pos: u64, _len: u64) -> Option<u64> {
+        None
+    }
+
     /// In-memory file size, used to detect EOF crossings.
     fn size(&self, inode: &Self::Inode) -> u64;
 
