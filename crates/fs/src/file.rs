@@ -116,6 +116,27 @@ impl File {
         }
     }
 
+    /// Another handle on the same open file, with the same flags (like
+    /// `dup`): the file stays open until both are dropped.
+    pub fn try_clone(&self) -> Result<File> {
+        self.vol.check_live()?;
+        self.vol.add_handle(self.inode.ino)?;
+        Ok(File {
+            vol: self.vol.clone(),
+            inode: self.inode.clone(),
+            flags: self.flags,
+            path: self.path.clone(),
+        })
+    }
+
+    pub(crate) fn volume(&self) -> &Arc<VolumeInner> {
+        &self.vol
+    }
+
+    pub(crate) fn open_inode(&self) -> &Arc<OpenInode> {
+        &self.inode
+    }
+
     pub fn ino(&self) -> Ino {
         self.inode.ino
     }
@@ -128,7 +149,7 @@ impl File {
         &self.path
     }
 
-    fn ops(&self) -> FsOps<'_> {
+    pub(crate) fn ops(&self) -> FsOps<'_> {
         FsOps { vol: &self.vol }
     }
 

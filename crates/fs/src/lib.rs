@@ -2,6 +2,7 @@
 //! fsck. It answers the iomap engine's mapping questions ([`iomap::IomapOps`])
 //! and handles completions; it never builds device requests for file data.
 
+pub mod aio;
 pub mod alloc;
 pub mod checkpoint;
 pub mod codec;

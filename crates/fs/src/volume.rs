@@ -95,6 +95,12 @@ pub(crate) struct OpenInode {
     pub write_size_cap: Mutex<Option<u64>>,
 }
 
+impl AsRef<InodeIoLock> for OpenInode {
+    fn as_ref(&self) -> &InodeIoLock {
+        &self.io_lock
+    }
+}
+
 struct OpenEntry {
     inode: Arc<OpenInode>,
     handles: usize,
@@ -688,6 +694,17 @@ impl VolumeInner {
         let last_seq = meta.next_seq - 1;
         meta.mark_committed(last_seq);
         Ok(())
+    }
+
+    /// Another handle on an inode that is open already.
+    pub(crate) fn add_handle(&self, ino: Ino) -> Result<()> {
+        match self.meta.write().open.get_mut(&ino) {
+            Some(entry) => {
+                entry.handles += 1;
+                Ok(())
+            }
+            None => Err(Error::Stale { ino }),
+        }
     }
 
     /// A handle on `ino` closed.

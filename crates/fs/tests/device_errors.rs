@@ -24,7 +24,9 @@ use std::time::Instant;
 use blockdev::memory::{FaultOp, FaultRule, MemDevice};
 use blockdev::BlockDevice;
 use blockdev::DeviceError;
-use common::dev::{cut, dynd, format, fsck_clean, marked_device, CutPolicy, RecDevice, Req, LBS, MIB};
+use common::dev::{
+    cut, dynd, format, fsck_clean, marked_device, CutPolicy, Geometry, RecDevice, Req, LBS, MIB,
+};
 use common::history::{find_marker, tagged};
 use common::volstate::read_volume;
 use common::workload::{Workload, WorkloadCfg};
@@ -99,7 +101,10 @@ fn assert_write_error_located(e: &Error, lo: u64, hi: u64, ctx: &str) {
     }
     let mut device = false;
     match cur {
-        Error::Iomap(IomapError::Device { file_offset, source }) => {
+        Error::Iomap(IomapError::Device {
+            file_offset,
+            source,
+        }) => {
             offsets.push(*file_offset);
             device = matches!(source, DeviceError::Io { .. });
         }
@@ -123,13 +128,20 @@ fn assert_write_error_located(e: &Error, lo: u64, hi: u64, ctx: &str) {
         }
         src = s.source();
     }
-    assert!(device, "{ctx}: error does not carry the device's EIO: {e:?}");
+    assert!(
+        device,
+        "{ctx}: error does not carry the device's EIO: {e:?}"
+    );
     assert_eq!(e.errno(), libc::EIO, "{ctx}: errno of {e}");
 }
 
 /// Remounts the device as it would be after losing power (keeping nothing
 /// not flushed), checks fsck, and returns the volume.
-fn crash_and_mount(mem: &MemDevice, policy: CutPolicy, ctx: &str) -> (Arc<dyn BlockDevice>, Volume) {
+fn crash_and_mount(
+    mem: &MemDevice,
+    policy: CutPolicy,
+    ctx: &str,
+) -> (Arc<dyn BlockDevice>, Volume) {
     let dev: Arc<dyn BlockDevice> = Arc::new(cut(mem, policy));
     fsck_clean(dev.clone(), ctx);
     let vol = Volume::open(dev.clone()).unwrap_or_else(|e| panic!("{ctx}: mount: {e}"));
@@ -162,14 +174,22 @@ fn failed_data_write_reports_offset_and_keeps_synced_data() {
             let dev_addr = addr_of(&f, off);
             mem.inject(FaultRule::new(FaultOp::Write).range(dev_addr..dev_addr + 4096));
             let b = tagged(2, off, 4096);
-            let (woff, wlen) = if direct { (off, 4096) } else { (off + 100, 3000) };
+            let (woff, wlen) = if direct {
+                (off, 4096)
+            } else {
+                (off + 100, 3000)
+            };
             let r = f.pwrite(&b[(woff - off) as usize..][..wlen], woff);
             let e = match r {
                 Ok(n) => panic!("{ctx}: write to a failing device block returned Ok({n})"),
                 Err(e) => e,
             };
             // A buffered write may name the block it read-modify-wrote.
-            let (lo, hi) = if direct { (woff, woff + wlen as u64) } else { (off, off + 4096) };
+            let (lo, hi) = if direct {
+                (woff, woff + wlen as u64)
+            } else {
+                (off, off + 4096)
+            };
             assert_write_error_located(&e, lo, hi, &format!("{ctx}: overwrite"));
             mem.clear_faults();
 
@@ -235,9 +255,16 @@ fn failed_allocating_write_does_not_extend_size() {
             let ctx = format!("{ctx} after cut {p:?}");
             let (_dev, vol2) = crash_and_mount(&mem, p, &ctx);
             let got = read_all(&vol2, "/f");
-            assert!(got.len() as u64 <= off, "{ctx}: size {} covers the failed write", got.len());
+            assert!(
+                got.len() as u64 <= off,
+                "{ctx}: size {} covers the failed write",
+                got.len()
+            );
             assert_eq!(&got[..a.len()], &a[..], "{ctx}: synced data");
-            assert!(got[a.len()..].iter().all(|&x| x == 0), "{ctx}: non-zero past the synced data");
+            assert!(
+                got[a.len()..].iter().all(|&x| x == 0),
+                "{ctx}: non-zero past the synced data"
+            );
             assert_eq!(find_marker(&got), None, "{ctx}: stale data");
         }
     }
@@ -362,7 +389,8 @@ fn sync_fault_case(fault: SyncFault, call: SyncCall, fua: bool, ctx: &str, stats
                 )
                 .unwrap();
             // Extends the file: needs metadata, so it must commit.
-            h.pwrite(&tagged(5, 300 * 1024, 4096), 300 * 1024).map(|_| ())
+            h.pwrite(&tagged(5, 300 * 1024, 4096), 300 * 1024)
+                .map(|_| ())
         }
     };
     let reqs = rec.since(mark);
@@ -407,7 +435,11 @@ fn sync_fault_case(fault: SyncFault, call: SyncCall, fua: bool, ctx: &str, stats
         let ctx = format!("{ctx} after cut {p:?}");
         let (_dev, vol2) = crash_and_mount(&mem, p, &ctx);
         let got = read_all(&vol2, "/f");
-        assert!(got.len() >= d.len(), "{ctx}: synced size lost: {}", got.len());
+        assert!(
+            got.len() >= d.len(),
+            "{ctx}: synced size lost: {}",
+            got.len()
+        );
         assert_eq!(&got[..d.len()], &d[..], "{ctx}: synced data lost");
         if durable_claimed {
             // Everything done before the successful sync is durable.
@@ -427,7 +459,10 @@ fn sync_fault_case(fault: SyncFault, call: SyncCall, fua: bool, ctx: &str, stats
                 vol2.stat("/g").is_ok(),
                 "{ctx}: /g lost after a successful sync"
             );
-            assert!(vol2.stat("/dir").is_ok(), "{ctx}: /dir lost after a successful sync");
+            assert!(
+                vol2.stat("/dir").is_ok(),
+                "{ctx}: /dir lost after a successful sync"
+            );
         }
         let st = read_volume(&vol2, u64::MAX).unwrap_or_else(|e| panic!("{ctx}: {e}"));
         for (p, fd) in &st.files {
@@ -479,7 +514,11 @@ fn failed_reads_are_errors_not_zeros() {
         mem.clear_faults();
         let mut buf = vec![0u8; 4096];
         f.pread(&mut buf, off).unwrap();
-        assert_eq!(&buf[..], &a[off as usize..off as usize + 4096], "{ctx}: after the fault cleared");
+        assert_eq!(
+            &buf[..],
+            &a[off as usize..off as usize + 4096],
+            "{ctx}: after the fault cleared"
+        );
     }
 }
 
@@ -506,8 +545,9 @@ fn failed_reads_during_mount_and_fsck() {
     vol.sync().unwrap();
     drop(vol);
     let want = {
-        let v = Volume::open(Arc::new(cut(&mem, CutPolicy::KeepEverything)) as Arc<dyn BlockDevice>)
-            .unwrap();
+        let v =
+            Volume::open(Arc::new(cut(&mem, CutPolicy::KeepEverything)) as Arc<dyn BlockDevice>)
+                .unwrap();
         read_volume(&v, u64::MAX).unwrap()
     };
     // How many reads does a mount make?
@@ -581,8 +621,12 @@ fn random_faults_in_random_workloads() {
 fn random_fault_case(seed: u64, stats: &Stats) {
     let mut rng = SmallRng::seed_from_u64(seed);
     let fua = rng.gen_bool(0.5);
-    let mem = marked_device(SIZE, fua);
-    format(dynd(&mem));
+    let geo = if rng.gen_bool(0.5) {
+        Geometry::default_4k()
+    } else {
+        Geometry::random(&mut rng)
+    };
+    let mem = geo.formatted_device(SIZE, fua);
     let l = layout(&*dynd(&mem));
     let cfg = WorkloadCfg {
         live_check: 0.0,
@@ -591,7 +635,11 @@ fn random_fault_case(seed: u64, stats: &Stats) {
     let mut wl = Workload::new(dynd(&mem), SmallRng::seed_from_u64(rng.gen()), cfg);
     let before = rng.gen_range(0..40);
     for _ in 0..before {
-        assert!(wl.step(), "seed={seed}: op failed before any fault: {:?}", wl.failed);
+        assert!(
+            wl.step(),
+            "seed={seed}: op failed before any fault: {:?}",
+            wl.failed
+        );
     }
     let op = [FaultOp::Write, FaultOp::Flush, FaultOp::Read, FaultOp::Any][rng.gen_range(0..4)];
     let mut rule = FaultRule::new(op).skip(rng.gen_range(0..30));
@@ -642,8 +690,8 @@ fn random_fault_case(seed: u64, stats: &Stats) {
     wl.vol.take();
     for (p, dev) in states {
         let ctx = format!(
-            "seed={seed} fault {desc}, failure {:?}, cut {p:?}, window lo={} completed={} hi={}",
-            wl.failed, w.lo, w.completed, w.hi
+            "seed={seed} ({}) fault {desc}, failure {:?}, cut {p:?}, window lo={} completed={} hi={}",
+            geo.describe(), wl.failed, w.lo, w.completed, w.hi
         );
         let dev: Arc<dyn BlockDevice> = Arc::new(dev);
         fsck_clean(dev.clone(), &ctx);

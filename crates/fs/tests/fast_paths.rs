@@ -124,7 +124,12 @@ fn concurrent_dsync_overwriters_share_flushes() {
     const WRITES: usize = 64;
     let dev = Arc::new(MemDevice::with_caps(16 * MIB, 512, true, false));
     let vol = volume_on(&dev);
-    drop(written_file(&vol, "/db", THREADS * WRITES, flags(false, false)));
+    drop(written_file(
+        &vol,
+        "/db",
+        THREADS * WRITES,
+        flags(false, false),
+    ));
     let before = counts(&dev);
     let barrier = Arc::new(Barrier::new(THREADS));
     let threads: Vec<_> = (0..THREADS)

@@ -99,7 +99,8 @@ fn build_image() -> Image {
     vol.mkdir("/d").unwrap();
     for i in 0..5u64 {
         let f = vol.open_file(&format!("/f{i}"), cf()).unwrap();
-        f.pwrite(&tagged(i, 0, 3000 + 5000 * i as usize), 0).unwrap();
+        f.pwrite(&tagged(i, 0, 3000 + 5000 * i as usize), 0)
+            .unwrap();
     }
     let g = vol.open_file("/d/g", cf()).unwrap();
     g.pwrite(&tagged(9, 70_000, 10_000), 70_000).unwrap();
@@ -147,8 +148,14 @@ fn build_image() -> Image {
     let mut slot_used = changed_ranges(&formatted, &after_ckpt, &slots[0]);
     slot_used.extend(changed_ranges(&formatted, &after_ckpt, &slots[1]));
     let journal_used = changed_ranges(&after_ckpt, &bytes, &journal);
-    assert!(!slot_used.is_empty(), "checkpoints wrote nothing to the slots?");
-    assert!(!journal_used.is_empty(), "synced changes wrote nothing to the journal?");
+    assert!(
+        !slot_used.is_empty(),
+        "checkpoints wrote nothing to the slots?"
+    );
+    assert!(
+        !journal_used.is_empty(),
+        "synced changes wrote nothing to the journal?"
+    );
     Image {
         bytes,
         states,
@@ -394,7 +401,8 @@ fn run_one(img: &Image, bytes: Vec<u8>, desc: &str) -> Result<Outcome, String> {
                 return Err(format!("fsck after write + unmount: {:?}", r.problems));
             }
             let vol = Volume::open(dyn_dev.clone()).map_err(|e| format!("remount: {e}"))?;
-            let st2 = read_volume(&vol, READ_CAP).map_err(|e| format!("read after remount: {e}"))?;
+            let st2 =
+                read_volume(&vol, READ_CAP).map_err(|e| format!("read after remount: {e}"))?;
             if st2.files.get("/after").map(|f| &f.data) != Some(&data) {
                 return Err("file written after mounting the image is wrong".into());
             }
@@ -531,7 +539,8 @@ fn clean_base() -> (Vec<u8>, VolState) {
     vol.mkdir("/d").unwrap();
     for (i, p) in ["/a", "/b", "/d/c"].iter().enumerate() {
         let f = vol.open_file(p, cf()).unwrap();
-        f.pwrite(&tagged(i as u64 + 1, 0, 9000 + 7000 * i), 0).unwrap();
+        f.pwrite(&tagged(i as u64 + 1, 0, 9000 + 7000 * i), 0)
+            .unwrap();
     }
     let f = vol.open_file("/b", cf()).unwrap();
     f.fallocate(40_000, 30_000, true).unwrap();
@@ -541,7 +550,12 @@ fn clean_base() -> (Vec<u8>, VolState) {
     (mem.snapshot(), st)
 }
 
-fn mutate_image(rng: &mut SmallRng, img: &mut MetaImage, data: Range<u64>, dev_size: u64) -> String {
+fn mutate_image(
+    rng: &mut SmallRng,
+    img: &mut MetaImage,
+    data: Range<u64>,
+    dev_size: u64,
+) -> String {
     let n = img.inodes.len();
     let pick = |rng: &mut SmallRng, img: &MetaImage, kind: FileKind| -> Option<usize> {
         let c: Vec<usize> = (0..img.inodes.len())
@@ -559,18 +573,29 @@ fn mutate_image(rng: &mut SmallRng, img: &mut MetaImage, data: Range<u64>, dev_s
             let Some(f) = file else {
                 return "nothing".into();
             };
-            let addr = [0, 4096, data.start - bs, dev_size, dev_size - bs, u64::MAX - bs + 1]
-                [rng.gen_range(0..6)];
+            let addr = [
+                0,
+                4096,
+                data.start - bs,
+                dev_size,
+                dev_size - bs,
+                u64::MAX - bs + 1,
+            ][rng.gen_range(0..6)];
             let e = &mut img.inodes[f].extents;
             if let Some(x) = e.first_mut() {
                 x.addr = addr;
             }
-            format!("extent of inode #{} moved to device byte {addr}", img.inodes[f].ino)
+            format!(
+                "extent of inode #{} moved to device byte {addr}",
+                img.inodes[f].ino
+            )
         }
         1 => {
             // Two files share space.
             let files: Vec<usize> = (0..n)
-                .filter(|&i| img.inodes[i].kind == FileKind::Regular && !img.inodes[i].extents.is_empty())
+                .filter(|&i| {
+                    img.inodes[i].kind == FileKind::Regular && !img.inodes[i].extents.is_empty()
+                })
                 .collect();
             if files.len() < 2 {
                 return "nothing".into();
@@ -647,8 +672,8 @@ fn mutate_image(rng: &mut SmallRng, img: &mut MetaImage, data: Range<u64>, dev_s
                 .collect();
             if let Some(&s) = sub.first() {
                 let Some(root) = img.inodes.iter_mut().find(|i| i.ino == ROOT_INO) else {
-                return "nothing".into();
-            };
+                    return "nothing".into();
+                };
                 root.entries.push(DirEntryImage {
                     name: "alias".into(),
                     ino: s,
@@ -769,14 +794,25 @@ fn hostile_record(rng: &mut SmallRng, data: &Range<u64>) -> Record {
     let name = ["a", "b", "d", "new", "", "..", "x/y", "c"][rng.gen_range(0..8)].to_string();
     let off = [0, 4096, 100, 1 << 59, u64::MAX - 4095, 8192][rng.gen_range(0..6)];
     let len = [4096, 0, 1, 1 << 40, u64::MAX, 12288][rng.gen_range(0..6)];
-    let addr = [data.start, data.start + 4096, 0, 4096, data.end, u64::MAX - 4095, data.start + 1]
-        [rng.gen_range(0..7)];
+    let addr = [
+        data.start,
+        data.start + 4096,
+        0,
+        4096,
+        data.end,
+        u64::MAX - 4095,
+        data.start + 1,
+    ][rng.gen_range(0..7)];
     match rng.gen_range(0..8) {
         0 => Record::Create {
             ino,
             parent: [1, 2, 3, 9999][rng.gen_range(0..4)],
             name,
-            kind: if rng.gen_bool(0.5) { FileKind::Regular } else { FileKind::Directory },
+            kind: if rng.gen_bool(0.5) {
+                FileKind::Regular
+            } else {
+                FileKind::Directory
+            },
             mtime_ns: 1,
         },
         1 => Record::Unlink {
@@ -877,7 +913,11 @@ fn run_semantic(bytes: Vec<u8>) -> Result<&'static str, String> {
             r2.map(|r| r.problems)
         ));
     }
-    Ok(if fsck_clean { "mounted_fsck_clean" } else { "mounted_fsck_dirty" })
+    Ok(if fsck_clean {
+        "mounted_fsck_clean"
+    } else {
+        "mounted_fsck_dirty"
+    })
 }
 
 fn ro() -> OpenFlags {
@@ -903,7 +943,12 @@ fn hostile_metadata_with_valid_checksums() {
         let desc = if journal_case {
             let n = rng.gen_range(1..=4);
             let recs: Vec<Record> = (0..n).map(|_| hostile_record(&mut rng, &data)).collect();
-            let mut w = JournalWriter::new(&sb, ckpt.journal_start, ckpt.journal_seq, ckpt.journal_chain);
+            let mut w = JournalWriter::new(
+                &sb,
+                ckpt.journal_start,
+                ckpt.journal_seq,
+                ckpt.journal_chain,
+            );
             match w.append(&mem, &recs) {
                 Ok(_) => {}
                 Err(e) => {
@@ -947,12 +992,18 @@ fn hostile_metadata_with_valid_checksums() {
             )),
             Ok(r) => r,
         };
-        let kind = if journal_case { "journal" } else { "checkpoint" };
+        let kind = if journal_case {
+            "journal"
+        } else {
+            "checkpoint"
+        };
         match outcome {
             Ok(o) => {
                 stats.add(&format!("{kind}_{o}"), 1);
                 if o == "mounted_fsck_dirty" || o == "mounted_fsck_dirty_unreadable" {
-                    eprintln!("hostile: note: seed={seed} {desc}: mounted although fsck reports problems");
+                    eprintln!(
+                        "hostile: note: seed={seed} {desc}: mounted although fsck reports problems"
+                    );
                 }
             }
             Err(e) => {

@@ -24,12 +24,10 @@ use std::time::Instant;
 
 use blockdev::memory::MemDevice;
 use blockdev::BlockDevice;
-use common::dev::{dynd, fsck_clean, LBS, MIB};
+use common::dev::{dynd, fsck_clean, Geometry, MIB};
 use common::volstate::{join, parent_of};
 use common::{env_u64, excerpt, first_diff, run_case, Rng, SeedableRng, Seeds, SmallRng, Stats};
-use iomapfs_fs::{
-    Error, FiemapKind, File, FileKind, FormatOptions, OpenFlags, Volume,
-};
+use iomapfs_fs::{Error, FiemapKind, File, FileKind, OpenFlags, Volume};
 
 /// The spec as briefed: direct I/O must be aligned to the logical block size
 /// (EINVAL otherwise). DESIGN.md's "beyond the kernel" paragraph promises
@@ -63,7 +61,10 @@ impl Model {
         let mut out = BTreeMap::new();
         for d in &self.dirs {
             if parent_of(d) == dir {
-                out.insert(d.rsplit('/').next().unwrap().to_string(), FileKind::Directory);
+                out.insert(
+                    d.rsplit('/').next().unwrap().to_string(),
+                    FileKind::Directory,
+                );
             }
         }
         for f in self.files.keys() {
@@ -92,6 +93,8 @@ struct Case {
     handles: Vec<H>,
     log: Vec<String>,
     bs: u64,
+    lbs: u64,
+    geometry: String,
 }
 
 fn is_einval(e: &Error) -> bool {
@@ -118,12 +121,16 @@ impl Case {
     fn new(seed: u64) -> Case {
         let mut rng = SmallRng::seed_from_u64(seed);
         let fua = rng.gen_bool(0.5);
-        let mem = Arc::new(MemDevice::with_caps(DEV_SIZE, LBS, true, fua));
-        mem.fill(common::history::MARKER);
+        let geo = if rng.gen_bool(0.5) {
+            Geometry::default_4k()
+        } else {
+            Geometry::random(&mut rng)
+        };
+        let mem = geo.formatted_device(DEV_SIZE, fua);
         let dev = dynd(&mem);
-        Volume::format(dev.clone(), &FormatOptions::default()).expect("format");
         let vol = Volume::open(dev.clone()).expect("open after format");
         let bs = u64::from(vol.statfs().block_size);
+        assert_eq!(bs, u64::from(geo.opts.block_size));
         Case {
             seed,
             rng,
@@ -133,7 +140,9 @@ impl Case {
             m: Model::default(),
             handles: Vec::new(),
             log: Vec::new(),
+            geometry: format!("{} fua={fua}", geo.describe()),
             bs,
+            lbs: u64::from(geo.lbs),
         }
     }
 
@@ -145,8 +154,9 @@ impl Case {
         let keep = env_u64("IOMAPFS_LOG_TAIL", 12) as usize;
         let tail = &self.log[self.log.len().saturating_sub(keep)..];
         format!(
-            "seed={} op #{}; last ops:\n    {}",
+            "seed={} ({}) op #{}; last ops:\n    {}",
             self.seed,
+            self.geometry,
             self.log.len(),
             tail.join("\n    ")
         )
@@ -239,7 +249,9 @@ impl Case {
             _ => "other",
         };
         if !want.contains(&name) && !want.contains(&"any") {
-            self.fail(format!("{what}: got error {name} ({r}), want one of {want:?}"));
+            self.fail(format!(
+                "{what}: got error {name} ({r}), want one of {want:?}"
+            ));
         }
         if r.to_string().is_empty() {
             self.fail(format!("{what}: error with an empty message"));
@@ -284,7 +296,7 @@ impl Case {
                 want.len()
             ));
         }
-        let lbs = u64::from(LBS);
+        let lbs = self.lbs;
         let mut buf = vec![0u8; (size.div_ceil(lbs).max(1) * lbs) as usize];
         match h.file.pread(&mut buf, 0) {
             Ok(n) if n == want.len() && buf[..n] == want[..] => {}
@@ -371,7 +383,9 @@ impl Case {
                     }
                     self.push_handle(id, f, flags);
                 }
-                Ok(_) => self.fail(format!("{what}: exclusive create of an existing file succeeded")),
+                Ok(_) => self.fail(format!(
+                    "{what}: exclusive create of an existing file succeeded"
+                )),
                 Err(e) if exclusive => self.check_err(&what, &e, &["Exists"]),
                 Err(e) => self.fail(format!("{what}: {e}")),
             }
@@ -433,7 +447,7 @@ impl Case {
             let h = &self.handles[hi];
             (h.id, h.flags, h.orphan)
         };
-        let lbs = u64::from(LBS);
+        let lbs = self.lbs;
         let big = self.rng.gen_bool(0.05);
         let max_len = if big { 1024 * 1024 } else { 64 * 1024 };
         let mut unaligned_direct = false;
@@ -460,7 +474,11 @@ impl Case {
             "pwrite(#{id}{}, {}{}{}, [{off}, {}))",
             if orphan { " orphan" } else { "" },
             if flags.direct { "direct" } else { "buffered" },
-            if flags.dsync || flags.sync { " dsync" } else { "" },
+            if flags.dsync || flags.sync {
+                " dsync"
+            } else {
+                ""
+            },
             if flags.read_only { " read-only" } else { "" },
             off + len
         );
@@ -473,21 +491,25 @@ impl Case {
         match r {
             Err(e) if self.stale_orphan(hi, &e) => {}
             Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
-            Ok(_) if flags.read_only => self.fail(format!("{what}: write on a read-only handle succeeded")),
+            Ok(_) if flags.read_only => {
+                self.fail(format!("{what}: write on a read-only handle succeeded"))
+            }
             Err(e) if unaligned_direct && DIRECT_UNALIGNED_IS_EINVAL => {
                 if !is_einval(&e) {
                     self.fail(format!("{what}: unaligned direct write: {e}, want EINVAL"));
                 }
             }
-            Ok(n) if unaligned_direct && DIRECT_UNALIGNED_IS_EINVAL => {
-                self.fail(format!("{what}: unaligned direct write returned {n}, want EINVAL"))
-            }
+            Ok(n) if unaligned_direct && DIRECT_UNALIGNED_IS_EINVAL => self.fail(format!(
+                "{what}: unaligned direct write returned {n}, want EINVAL"
+            )),
             Ok(n) => {
                 if n == 0 || n as u64 > len {
                     self.fail(format!("{what}: returned {n}"));
                 }
                 if (n as u64) < len && free > len + 2 * MIB {
-                    self.fail(format!("{what}: short write {n} of {len} with {free} bytes free"));
+                    self.fail(format!(
+                        "{what}: short write {n} of {len} with {free} bytes free"
+                    ));
                 }
                 let d = self.m.data.get_mut(&id).unwrap();
                 let end = off as usize + n;
@@ -513,7 +535,7 @@ impl Case {
             (h.id, h.flags, h.orphan)
         };
         let size = self.m.data.get(&id).map(|d| d.len() as u64).unwrap_or(0);
-        let lbs = u64::from(LBS);
+        let lbs = self.lbs;
         let mut unaligned_direct = false;
         let (off, len) = if flags.direct && self.rng.gen_bool(0.9) {
             let hi_off = (size + 8192) / lbs + 1;
@@ -547,9 +569,9 @@ impl Case {
                     self.fail(format!("{what}: unaligned direct read: {e}, want EINVAL"));
                 }
             }
-            Ok(n) if unaligned_direct && DIRECT_UNALIGNED_IS_EINVAL => {
-                self.fail(format!("{what}: unaligned direct read returned {n}, want EINVAL"))
-            }
+            Ok(n) if unaligned_direct && DIRECT_UNALIGNED_IS_EINVAL => self.fail(format!(
+                "{what}: unaligned direct read returned {n}, want EINVAL"
+            )),
             Err(e) => self.fail(format!("{what}: {e}")),
             Ok(n) => {
                 let want_n = size.saturating_sub(off).min(len) as usize;
@@ -577,7 +599,9 @@ impl Case {
     }
 
     fn op_truncate(&mut self) {
-        let Some(hi) = self.writable_handle() else { return };
+        let Some(hi) = self.writable_handle() else {
+            return;
+        };
         let (id, flags, orphan) = {
             let h = &self.handles[hi];
             (h.id, h.flags, h.orphan)
@@ -590,7 +614,10 @@ impl Case {
             3 => self.rng.gen_range(0..MAX_OFF / self.bs) * self.bs,
             _ => self.rng.gen_range(0..MAX_OFF + 64 * 1024),
         };
-        let what = format!("truncate(#{id}{}, {cur} -> {size})", if orphan { " orphan" } else { "" });
+        let what = format!(
+            "truncate(#{id}{}, {cur} -> {size})",
+            if orphan { " orphan" } else { "" }
+        );
         self.note(what.clone());
         let free = self.free_bytes();
         let r = self.handles[hi].file.truncate(size);
@@ -600,7 +627,9 @@ impl Case {
         match r {
             Err(e) if self.stale_orphan(hi, &e) => {}
             Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
-            Ok(()) if flags.read_only => self.fail(format!("{what}: truncate on a read-only handle succeeded")),
+            Ok(()) if flags.read_only => {
+                self.fail(format!("{what}: truncate on a read-only handle succeeded"))
+            }
             Ok(()) => self.m.data.get_mut(&id).unwrap().resize(size as usize, 0),
             Err(e) => {
                 self.check_err(&what, &e, &["NoSpace"]);
@@ -613,7 +642,9 @@ impl Case {
     }
 
     fn op_fallocate(&mut self, huge: bool) {
-        let Some(hi) = self.writable_handle() else { return };
+        let Some(hi) = self.writable_handle() else {
+            return;
+        };
         let (id, flags, orphan) = {
             let h = &self.handles[hi];
             (h.id, h.flags, h.orphan)
@@ -647,7 +678,9 @@ impl Case {
         match r {
             Err(e) if self.stale_orphan(hi, &e) => {}
             Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
-            Ok(()) if flags.read_only => self.fail(format!("{what}: fallocate on a read-only handle succeeded")),
+            Ok(()) if flags.read_only => {
+                self.fail(format!("{what}: fallocate on a read-only handle succeeded"))
+            }
             Ok(()) if huge => self.fail(format!("{what}: succeeded with only {free} bytes free")),
             Ok(()) => {
                 if !keep {
@@ -668,7 +701,9 @@ impl Case {
     }
 
     fn op_punch(&mut self) {
-        let Some(hi) = self.writable_handle() else { return };
+        let Some(hi) = self.writable_handle() else {
+            return;
+        };
         let (id, flags, orphan) = {
             let h = &self.handles[hi];
             (h.id, h.flags, h.orphan)
@@ -683,7 +718,10 @@ impl Case {
             1 => self.rng.gen_range(1..100),
             _ => self.rng.gen_range(1..=100_000),
         };
-        let what = format!("punch_hole(#{id}{}, {off}, {len}), size {size}", if orphan { " orphan" } else { "" });
+        let what = format!(
+            "punch_hole(#{id}{}, {off}, {len}), size {size}",
+            if orphan { " orphan" } else { "" }
+        );
         self.note(what.clone());
         let free = self.free_bytes();
         let r = self.handles[hi].file.punch_hole(off, len);
@@ -693,7 +731,9 @@ impl Case {
         match r {
             Err(e) if self.stale_orphan(hi, &e) => {}
             Err(e) if flags.read_only => self.check_err(&what, &e, &["any"]),
-            Ok(()) if flags.read_only => self.fail(format!("{what}: punch on a read-only handle succeeded")),
+            Ok(()) if flags.read_only => {
+                self.fail(format!("{what}: punch on a read-only handle succeeded"))
+            }
             Ok(()) => {
                 let d = self.m.data.get_mut(&id).unwrap();
                 let end = ((off + len) as usize).min(d.len());
@@ -737,7 +777,9 @@ impl Case {
             }
         }
         // And a handle's stat.
-        if let Some(hi) = (!self.handles.is_empty()).then(|| self.rng.gen_range(0..self.handles.len())) {
+        if let Some(hi) =
+            (!self.handles.is_empty()).then(|| self.rng.gen_range(0..self.handles.len()))
+        {
             let (id, orphan) = (self.handles[hi].id, self.handles[hi].orphan);
             match self.handles[hi].file.stat() {
                 Ok(st) => self.check_stat(&format!("fstat(#{id})"), &st, id, orphan),
@@ -760,7 +802,10 @@ impl Case {
             self.fail(format!("{what}: nlink {} want {want_nlink}", st.nlink));
         }
         if st.allocated_bytes % self.bs != 0 {
-            self.fail(format!("{what}: allocated_bytes {} not a multiple of the block size", st.allocated_bytes));
+            self.fail(format!(
+                "{what}: allocated_bytes {} not a multiple of the block size",
+                st.allocated_bytes
+            ));
         }
         if u64::from(st.block_size) != self.bs {
             self.fail(format!("{what}: block_size {}", st.block_size));
@@ -900,7 +945,11 @@ impl Case {
         let expect: Result<(), &[&str]> = if !self.m.exists(&from) || from == "/" {
             Err(&["NotFound", "NotDir", "InvalidArgument"])
         } else if let Some(pe) = self.parent_error(&to) {
-            Err(if pe == "NotDir" { &["NotDir"] } else { &["NotFound"] })
+            Err(if pe == "NotDir" {
+                &["NotDir"]
+            } else {
+                &["NotFound"]
+            })
         } else if from == to {
             Ok(())
         } else if self.m.files.contains_key(&from) {
@@ -954,7 +1003,13 @@ impl Case {
         // Directory: move it and everything under it.
         self.m.dirs.remove(to);
         let pre = format!("{from}/");
-        let dirs: Vec<String> = self.m.dirs.iter().filter(|d| d.starts_with(&pre)).cloned().collect();
+        let dirs: Vec<String> = self
+            .m
+            .dirs
+            .iter()
+            .filter(|d| d.starts_with(&pre))
+            .cloned()
+            .collect();
         self.m.dirs.remove(from);
         self.m.dirs.insert(to.to_string());
         for d in dirs {
@@ -1020,7 +1075,10 @@ impl Case {
                 let hi = self.rng.gen_range(0..self.handles.len());
                 let data = self.rng.gen_bool(0.5);
                 let id = self.handles[hi].id;
-                self.note(format!("{}(#{id})", if data { "fdatasync" } else { "fsync" }));
+                self.note(format!(
+                    "{}(#{id})",
+                    if data { "fdatasync" } else { "fsync" }
+                ));
                 let r = if data {
                     self.handles[hi].file.fdatasync()
                 } else {
@@ -1053,7 +1111,11 @@ impl Case {
         }
         let hi = self.rng.gen_range(0..self.handles.len());
         let h = self.handles.remove(hi);
-        self.note(format!("close(#{}{})", h.id, if h.orphan { " orphan" } else { "" }));
+        self.note(format!(
+            "close(#{}{})",
+            h.id,
+            if h.orphan { " orphan" } else { "" }
+        ));
         let id = h.id;
         drop(h);
         if !self.m.files.values().any(|&v| v == id) && !self.handles.iter().any(|h| h.id == id) {
@@ -1093,7 +1155,7 @@ impl Case {
         let mut hit = false;
         for _ in 0..64 {
             let off = self.m.data[&id].len() as u64;
-            let off = off.div_ceil(u64::from(LBS)) * u64::from(LBS);
+            let off = off.div_ceil(self.lbs) * self.lbs;
             let data = vec![self.rng.gen::<u8>() | 1; chunk as usize];
             let free = self.free_bytes();
             let size_before = f.stat().map(|s| s.size).unwrap_or(0);
@@ -1182,7 +1244,9 @@ impl Case {
             let mut end = 0u64;
             for x in &map {
                 if x.offset < end || x.length == 0 {
-                    self.fail(format!("{ctx}: fiemap {p}: unordered/empty range {x:?} in {map:?}"));
+                    self.fail(format!(
+                        "{ctx}: fiemap {p}: unordered/empty range {x:?} in {map:?}"
+                    ));
                 }
                 end = x.offset + x.length;
                 if x.kind != FiemapKind::Hole {
@@ -1244,7 +1308,10 @@ impl Case {
     }
 
     fn reopen(&mut self, clean: bool) {
-        self.note(format!("reopen({})", if clean { "unmount" } else { "sync + drop" }));
+        self.note(format!(
+            "reopen({})",
+            if clean { "unmount" } else { "sync + drop" }
+        ));
         if !clean {
             for h in &self.handles {
                 if let Err(e) = h.file.fsync() {

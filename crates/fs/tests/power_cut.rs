@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use blockdev::memory::MemDevice;
 use blockdev::BlockDevice;
-use common::dev::{cut, dynd, format, fsck_clean, marked_device, CutPolicy, TapDevice, Tapped, MIB};
+use common::dev::{cut, fsck_clean, CutPolicy, Geometry, TapDevice, Tapped, MIB};
 use common::history::{tagged, Window};
 use common::volstate::read_volume;
 use common::workload::{Workload, WorkloadCfg};
@@ -66,14 +66,24 @@ fn run_workload(seed: u64, mix: Mix, stats: &Stats) -> u64 {
     let mut rng = SmallRng::seed_from_u64(seed);
     let fua = rng.gen_bool(0.5);
     let size = [4 * MIB, 6 * MIB, 8 * MIB][rng.gen_range(0..3)];
-    let mem = marked_device(size, fua);
-    format(dynd(&mem));
+    let geo = if rng.gen_bool(0.5) {
+        Geometry::default_4k()
+    } else {
+        Geometry::random(&mut rng)
+    };
+    let mem = geo.formatted_device(size, fua);
     let tap = TapDevice::new(mem.clone());
 
     let states: Arc<Mutex<Vec<CutState>>> = Arc::default();
     let cfg = WorkloadCfg::default();
-    let ops = rng.gen_range(15..60);
+    // Mostly short workloads; some long ones, which wrap the journal.
+    let ops = if rng.gen_bool(0.1) {
+        rng.gen_range(150..400)
+    } else {
+        rng.gen_range(15..60)
+    };
     let p_cut: f64 = rng.gen_range(0.05..0.5);
+    // Reservoir of cut states, spread over the whole workload.
     let max_states = 64usize;
 
     // The workload's history is created inside; the hook needs its progress,
@@ -89,6 +99,7 @@ fn run_workload(seed: u64, mix: Mix, stats: &Stats) -> u64 {
         let states = states.clone();
         let mut hrng = SmallRng::seed_from_u64(rng.gen());
         let mut request = 0u64;
+        let mut seen = 0u64;
         let trace = std::env::var_os("IOMAPFS_TRACE_IO").is_some();
         tap.set_hook(Some(Box::new(move |dev: &MemDevice, what: Tapped| {
             request += 1;
@@ -103,20 +114,27 @@ fn run_workload(seed: u64, mix: Mix, stats: &Stats) -> u64 {
                 return;
             }
             let mut st = states.lock().unwrap();
-            if st.len() >= max_states {
-                return;
-            }
-            let window = progress.window();
-            let n = if hrng.gen_bool(0.2) { 2 } else { 1 };
-            for _ in 0..n {
-                let policy = policy_for(mix, &mut hrng);
-                st.push(CutState {
-                    dev: cut(dev, policy),
-                    window,
-                    policy,
-                    request,
-                    what: format!("{what:?}"),
-                });
+            seen += 1;
+            let slot = if st.len() < max_states {
+                None
+            } else {
+                let j = hrng.gen_range(0..seen);
+                if j >= max_states as u64 {
+                    return;
+                }
+                Some(j as usize)
+            };
+            let policy = policy_for(mix, &mut hrng);
+            let cs = CutState {
+                dev: cut(dev, policy),
+                window: progress.window(),
+                policy,
+                request,
+                what: format!("{what:?}"),
+            };
+            match slot {
+                None => st.push(cs),
+                Some(j) => st[j] = cs,
             }
         })));
     }
@@ -152,8 +170,8 @@ fn run_workload(seed: u64, mix: Mix, stats: &Stats) -> u64 {
     let n = states.len() as u64;
     for (i, cs) in states.into_iter().enumerate() {
         let ctx = format!(
-            "seed={seed} cut #{i} before request {} ({}), policy {:?}, window lo={} completed={} hi={}, fua={fua}",
-            cs.request, cs.what, cs.policy, cs.window.lo, cs.window.completed, cs.window.hi
+            "seed={seed} cut #{i} before request {} ({}), policy {:?}, window lo={} completed={} hi={}, fua={fua} {}",
+            cs.request, cs.what, cs.policy, cs.window.lo, cs.window.completed, cs.window.hi, geo.describe()
         );
         verify_cut(cs, &wl, &ctx, &mut rng, stats);
         watchdog().beat();
@@ -167,13 +185,12 @@ fn full_history(wl: &Workload) -> String {
     if std::env::var_os("IOMAPFS_FULL_HISTORY").is_none() {
         return "\n  (IOMAPFS_FULL_HISTORY=1 prints every op)".into();
     }
-    let ops: Vec<String> = wl
-        .h
-        .op_names
-        .iter()
-        .enumerate()
-        .map(|(i, o)| format!("  {i}: {o}"))
-        .collect();
+    let ops: Vec<String> =
+        wl.h.op_names
+            .iter()
+            .enumerate()
+            .map(|(i, o)| format!("  {i}: {o}"))
+            .collect();
     format!("\n  all ops:\n{}", ops.join("\n"))
 }
 
@@ -242,7 +259,10 @@ fn verify_cut(cs: CutState, wl: &Workload, ctx: &str, rng: &mut SmallRng, stats:
         drop(f);
         vol.unmount()
             .unwrap_or_else(|e| panic!("{ctx}: unmount after recovery: {e}"));
-        fsck_clean(dev.clone(), &format!("{ctx}: fsck after recovery + write + unmount"));
+        fsck_clean(
+            dev.clone(),
+            &format!("{ctx}: fsck after recovery + write + unmount"),
+        );
         let vol = Volume::open(dev.clone())
             .unwrap_or_else(|e| panic!("{ctx}: remount after recovery: {e}"));
         let mut st2 = read_volume(&vol, u64::MAX)
@@ -348,7 +368,10 @@ fn crash_model_rejects_bad_states() {
     v2[..4096].copy_from_slice(&tagged(2, 0, 4096));
     let state = |files: Vec<(&str, Vec<u8>)>| VolState {
         dirs: Default::default(),
-        files: files.into_iter().map(|(p, d)| (p.to_string(), fd(d))).collect(),
+        files: files
+            .into_iter()
+            .map(|(p, d)| (p.to_string(), fd(d)))
+            .collect(),
     };
     // Legal: old or new data, torn per sector, /b created or not.
     let mut torn = v1.clone();
@@ -369,12 +392,21 @@ fn crash_model_rejects_bad_states() {
     foreign[5000..5512].copy_from_slice(&tagged(99, 5000, 512));
     let bad = [
         ("synced file lost", state(vec![])),
-        ("synced file truncated", state(vec![("/a", v1[..4096].to_vec())])),
+        (
+            "synced file truncated",
+            state(vec![("/a", v1[..4096].to_vec())]),
+        ),
         ("stale marker", state(vec![("/a", stale)])),
         ("synced data zeroed", state(vec![("/a", zeroed)])),
         ("foreign write's bytes", state(vec![("/a", foreign)])),
-        ("file never created", state(vec![("/a", v1.clone()), ("/c", vec![])])),
-        ("size past any write", state(vec![("/a", [v1.clone(), vec![0; 10]].concat())])),
+        (
+            "file never created",
+            state(vec![("/a", v1.clone()), ("/c", vec![])]),
+        ),
+        (
+            "size past any write",
+            state(vec![("/a", [v1.clone(), vec![0; 10]].concat())]),
+        ),
     ];
     for (what, st) in bad {
         assert!(h.check(&st, w).is_err(), "crash model accepted: {what}");
@@ -391,7 +423,8 @@ fn crash_model_rejects_bad_states() {
     };
     let mut v3 = v1.clone();
     v3[4096..].copy_from_slice(&tagged(3, 4096, 4096));
-    h.check(&state(vec![("/a", v3)]), w).expect("dsync state rejected");
+    h.check(&state(vec![("/a", v3)]), w)
+        .expect("dsync state rejected");
     assert!(
         h.check(&state(vec![("/a", v2)]), w).is_err(),
         "crash model accepted the loss of a returned DSYNC write"
@@ -410,7 +443,8 @@ fn crash_model_rejects_bad_states() {
         hi: 8,
     };
     assert!(
-        h.check(&state(vec![("/a", v1), ("/b", vec![])]), w).is_err(),
+        h.check(&state(vec![("/a", v1), ("/b", vec![])]), w)
+            .is_err(),
         "crash model accepted an unlink undone after a sync"
     );
     h.check(&state(vec![("/b", vec![])]), w)

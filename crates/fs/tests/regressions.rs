@@ -59,7 +59,10 @@ fn enospc_write_changes_nothing() {
     let mut back = vec![0u8; 32768];
     f.pread(&mut back, 49152).unwrap();
     match r {
-        Ok(n) => assert!(n < data.len(), "a write needing 32 KiB with {free} bytes free fully succeeded"),
+        Ok(n) => assert!(
+            n < data.len(),
+            "a write needing 32 KiB with {free} bytes free fully succeeded"
+        ),
         Err(e) => {
             assert_eq!(e.errno(), libc::ENOSPC, "{e}");
             let changed = back.iter().position(|&b| b != 0xAA);
@@ -146,7 +149,12 @@ fn clean_volume_with_a() -> Arc<MemDevice> {
 fn append_records(mem: &MemDevice, records: &[Record]) {
     let sb = read_superblock(mem).unwrap();
     let (_, ckpt) = read_newest_checkpoint(mem, &sb).unwrap();
-    let mut w = JournalWriter::new(&sb, ckpt.journal_start, ckpt.journal_seq, ckpt.journal_chain);
+    let mut w = JournalWriter::new(
+        &sb,
+        ckpt.journal_start,
+        ckpt.journal_seq,
+        ckpt.journal_chain,
+    );
     w.append(mem, records).unwrap();
     mem.flush().unwrap();
 }
@@ -200,12 +208,16 @@ fn replay_rejects_unaligned_record_ranges() {
         },
     ] {
         let mem = clean_volume_with_a();
-        append_records(&mem, &[rec.clone()]);
+        append_records(&mem, std::slice::from_ref(&rec));
         if let Err(e) = mount_and_fsck(mem) {
             bad.push(format!("{rec:?}: {e}"));
         }
     }
-    assert!(bad.is_empty(), "hostile journal records mishandled:\n  {}", bad.join("\n  "));
+    assert!(
+        bad.is_empty(),
+        "hostile journal records mishandled:\n  {}",
+        bad.join("\n  ")
+    );
 }
 
 /// Huge values in a valid record: `min_size` near u64::MAX makes fsck
@@ -236,12 +248,16 @@ fn replay_and_fsck_survive_huge_values() {
         },
     ] {
         let mem = clean_volume_with_a();
-        append_records(&mem, &[rec.clone()]);
+        append_records(&mem, std::slice::from_ref(&rec));
         if let Err(e) = mount_and_fsck(mem) {
             bad.push(format!("{rec:?}: {e}"));
         }
     }
-    assert!(bad.is_empty(), "hostile journal records mishandled:\n  {}", bad.join("\n  "));
+    assert!(
+        bad.is_empty(),
+        "hostile journal records mishandled:\n  {}",
+        bad.join("\n  ")
+    );
 }
 
 /// A checkpoint whose linked inode has nlink 0: mount frees it as an orphan
@@ -256,7 +272,12 @@ fn checkpoint_with_nlink_zero_on_linked_inode() {
         let sb = read_superblock(&*mem).unwrap();
         let (slot, ckpt) = read_newest_checkpoint(&*mem, &sb).unwrap();
         let mut image = ckpt.image.clone();
-        image.inodes.iter_mut().find(|i| i.ino == ino).unwrap().nlink = 0;
+        image
+            .inodes
+            .iter_mut()
+            .find(|i| i.ino == ino)
+            .unwrap()
+            .nlink = 0;
         let c = Checkpoint {
             generation: ckpt.generation + 1,
             image,

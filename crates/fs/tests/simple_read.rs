@@ -79,7 +79,10 @@ fn simple_reads_allocate_nothing_and_send_one_request_each() {
     let requests = dev.counters().snapshot().since(&before_requests);
     for i in 0..64u64 {
         f.pread(&mut buf, i * BLOCK).unwrap();
-        assert_eq!(&buf[..], &data[(i * BLOCK) as usize..((i + 1) * BLOCK) as usize]);
+        assert_eq!(
+            &buf[..],
+            &data[(i * BLOCK) as usize..((i + 1) * BLOCK) as usize]
+        );
     }
     assert_eq!(allocated, 0, "simple reads allocated {allocated} times");
     assert_eq!(requests.reads, READS, "one device request per read");

@@ -332,3 +332,31 @@ mod tests {
         }
     }
 }
+
+/// An in-flight count that outlives the I/O lock under which it was taken:
+/// asynchronous direct I/O completes after its submitter released the lock,
+/// and exclusive operations must still wait for it. Owns a reference to the
+/// inode, so it can travel with the request.
+#[must_use = "the I/O counts as completed as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct OwnedDioInflight<T: AsRef<InodeIoLock>> {
+    owner: std::sync::Arc<T>,
+}
+
+impl<T: AsRef<InodeIoLock>> OwnedDioInflight<T> {
+    /// Counts one direct I/O in flight on `owner`'s lock. Call with the lock
+    /// held (either mode), like [`InodeIoLock::dio_begin`].
+    pub fn begin(owner: &std::sync::Arc<T>) -> OwnedDioInflight<T> {
+        owner.as_ref().as_ref().inflight.fetch_add(1, Ordering::Relaxed);
+        OwnedDioInflight {
+            owner: std::sync::Arc::clone(owner),
+        }
+    }
+}
+
+impl<T: AsRef<InodeIoLock>> Drop for OwnedDioInflight<T> {
+    fn drop(&mut self) {
+        self.owner.as_ref().as_ref().dio_end();
+    }
+}
+

@@ -21,7 +21,7 @@ mod test_support;
 pub use dio::{dio_read, dio_read_simple, dio_write, DioWriteOutcome};
 pub use error::IomapError;
 pub use flush_coalesce::FlushCoalescer;
-pub use io_lock::{DioInflightGuard, InodeIoLock, IoLockExclusive, IoLockShared};
+pub use io_lock::{DioInflightGuard, InodeIoLock, IoLockExclusive, IoLockShared, OwnedDioInflight};
 pub use iomap::{Iomap, IomapFlags, IomapKind};
 pub use iter::{IomapIter, IomapSpan};
 pub use ops::{DioEndFlags, IomapOpFlags, IomapOps};

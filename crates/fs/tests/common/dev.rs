@@ -219,3 +219,66 @@ impl BlockDevice for RecDevice {
         self.inner.counters()
     }
 }
+
+/// A device and volume geometry: logical block size, and format options
+/// (block size from 512 to 16 KiB, sometimes a tiny journal so that it wraps
+/// and forces checkpoints often).
+#[derive(Clone, Debug)]
+pub struct Geometry {
+    pub lbs: u32,
+    pub opts: FormatOptions,
+}
+
+impl Geometry {
+    pub fn random(rng: &mut SmallRng) -> Geometry {
+        let lbs = if rng.gen_bool(0.75) { 512 } else { 4096 };
+        let sizes: Vec<u32> = [512, 1024, 2048, 4096, 4096, 4096, 4096, 8192, 16384]
+            .into_iter()
+            .filter(|&b| b >= lbs)
+            .collect();
+        let block_size = sizes[rng.gen_range(0..sizes.len())];
+        let journal_bytes = if rng.gen_bool(0.3) {
+            // 8..=32 blocks, at least 16 KiB.
+            Some((u64::from(block_size) * rng.gen_range(8..=32)).max(16 * 1024))
+        } else {
+            None
+        };
+        Geometry {
+            lbs,
+            opts: FormatOptions {
+                block_size,
+                journal_bytes,
+                checkpoint_slot_bytes: None,
+            },
+        }
+    }
+
+    pub fn default_4k() -> Geometry {
+        Geometry {
+            lbs: LBS,
+            opts: FormatOptions::default(),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "lbs={} block_size={} journal={}",
+            self.lbs,
+            self.opts.block_size,
+            self.opts
+                .journal_bytes
+                .map(|j| j.to_string())
+                .unwrap_or_else(|| "default".into())
+        )
+    }
+
+    /// A marker-filled device of `size` bytes with this geometry, formatted.
+    pub fn formatted_device(&self, size: u64, fua: bool) -> Arc<MemDevice> {
+        let d = MemDevice::with_caps(size, self.lbs, true, fua);
+        d.fill(MARKER);
+        let d = Arc::new(d);
+        Volume::format(dynd(&d), &self.opts)
+            .unwrap_or_else(|e| panic!("format with {}: {e}", self.describe()));
+        d
+    }
+}

@@ -51,11 +51,7 @@ impl Namespace {
         self.files.values().any(|&v| v == id)
     }
     pub fn describe(&self) -> String {
-        let files: Vec<String> = self
-            .files
-            .iter()
-            .map(|(k, v)| format!("{k}#{v}"))
-            .collect();
+        let files: Vec<String> = self.files.iter().map(|(k, v)| format!("{k}#{v}")).collect();
         format!("dirs {:?} files [{}]", self.dirs, files.join(", "))
     }
 }
@@ -102,11 +98,14 @@ struct Floor {
     at: usize,
 }
 
+/// Versions of one thing, each with the boundary it became current at.
+type Versions<T> = Vec<(usize, Arc<T>)>;
+
 #[derive(Default)]
 pub struct History {
     boundary: usize,
-    ns_versions: Vec<(usize, Arc<Namespace>)>,
-    versions: HashMap<Id, Vec<(usize, Arc<Vec<u8>>)>>,
+    ns_versions: Versions<Namespace>,
+    versions: HashMap<Id, Versions<Vec<u8>>>,
     floors: HashMap<Id, Vec<Floor>>,
     pub progress: Arc<Progress>,
     /// The state being built by the operation in progress.
@@ -258,7 +257,10 @@ impl History {
             for f in floors {
                 if f.at <= w.completed
                     && f.at >= w.lo
-                    && self.ns_in(f.at, w.hi).iter().all(|(_, ns)| ns.contains_id(id))
+                    && self
+                        .ns_in(f.at, w.hi)
+                        .iter()
+                        .all(|(_, ns)| ns.contains_id(id))
                 {
                     required.insert(id);
                 }
@@ -365,11 +367,7 @@ impl History {
             }
         }
         if fd.data.len() as u64 != fd.size {
-            return Err(format!(
-                "read {} bytes, size {}",
-                fd.data.len(),
-                fd.size
-            ));
+            return Err(format!("read {} bytes, size {}", fd.data.len(), fd.size));
         }
         // Bytes, 512 at a time; a chunk matching one allowed version whole is
         // fine, otherwise byte by byte with each byte's own floor.
@@ -459,7 +457,9 @@ pub fn find_marker(data: &[u8]) -> Option<usize> {
 /// byte read back can be attributed to the write (and the offset) it came from.
 pub fn tagged(wid: u64, off: u64, len: usize) -> Vec<u8> {
     let tag = tag_of(wid);
-    (0..len as u64).map(|i| tag[((off + i) % 8) as usize]).collect()
+    (0..len as u64)
+        .map(|i| tag[((off + i) % 8) as usize])
+        .collect()
 }
 
 pub fn tag_of(wid: u64) -> [u8; 8] {

@@ -88,7 +88,9 @@ pub fn read_file(vol: &Volume, path: &str, cap: u64) -> Result<FileData, String>
         .open_file(path, ro())
         .map_err(|e| format!("open({path}): {e}"))?;
     let st = f.stat().map_err(|e| format!("stat({path}): {e}"))?;
-    let st2 = vol.stat(path).map_err(|e| format!("stat path({path}): {e}"))?;
+    let st2 = vol
+        .stat(path)
+        .map_err(|e| format!("stat path({path}): {e}"))?;
     if st.size != st2.size || st.ino != st2.ino {
         return Err(format!(
             "{path}: handle stat (ino {} size {}) != path stat (ino {} size {})",
@@ -96,7 +98,10 @@ pub fn read_file(vol: &Volume, path: &str, cap: u64) -> Result<FileData, String>
         ));
     }
     if st.kind != FileKind::Regular {
-        return Err(format!("{path}: stat kind {:?} for a regular file", st.kind));
+        return Err(format!(
+            "{path}: stat kind {:?} for a regular file",
+            st.kind
+        ));
     }
     let want = st.size.min(cap) as usize;
     let mut data = vec![0u8; want];

@@ -243,7 +243,10 @@ impl Workload {
 
     pub fn op_write(&mut self) {
         let Some(hi) = self.handle_for_write() else {
-            return if self.failed.is_none() { self.op_create() } else { };
+            if self.failed.is_none() {
+                self.op_create();
+            }
+            return;
         };
         let (id, direct, dsync, orphan) = {
             let h = &self.handles[hi];
@@ -269,12 +272,13 @@ impl Workload {
             off + len
         ));
         let r = self.handles[hi].file.pwrite(&data, off);
-        if orphan {
-            if r.as_ref().is_err_and(|e| matches!(e.root(), Error::Stale { .. })) {
-                self.h.end();
-                self.handles.remove(hi);
-                return;
-            }
+        if orphan
+            && r.as_ref()
+                .is_err_and(|e| matches!(e.root(), Error::Stale { .. }))
+        {
+            self.h.end();
+            self.handles.remove(hi);
+            return;
         }
         let r = match r {
             Ok(n) if n as u64 != len => {
@@ -308,7 +312,10 @@ impl Workload {
 
     pub fn op_truncate(&mut self) {
         let Some(hi) = self.live_file_handle() else {
-            return if self.failed.is_none() { self.op_create() } else { };
+            if self.failed.is_none() {
+                self.op_create();
+            }
+            return;
         };
         let id = self.handles[hi].id;
         let size = match self.rng.gen_range(0..4) {
@@ -324,13 +331,19 @@ impl Workload {
 
     pub fn op_fallocate(&mut self) {
         let Some(hi) = self.live_file_handle() else {
-            return if self.failed.is_none() { self.op_create() } else { };
+            if self.failed.is_none() {
+                self.op_create();
+            }
+            return;
         };
         let id = self.handles[hi].id;
         let off = self.rng.gen_range(0..self.cfg.max_file);
-        let len = self.rng.gen_range(1..=(self.cfg.max_file - off).min(32 * 1024));
+        let len = self
+            .rng
+            .gen_range(1..=(self.cfg.max_file - off).min(32 * 1024));
         let keep = self.rng.gen_bool(0.4);
-        self.h.begin(format!("fallocate(#{id}, {off}, {len}, keep={keep})"));
+        self.h
+            .begin(format!("fallocate(#{id}, {off}, {len}, keep={keep})"));
         let r = self.handles[hi].file.fallocate(off, len, keep);
         if !keep {
             let d = self.h.data_mut(id);
@@ -343,11 +356,16 @@ impl Workload {
 
     pub fn op_punch(&mut self) {
         let Some(hi) = self.live_file_handle() else {
-            return if self.failed.is_none() { self.op_create() } else { };
+            if self.failed.is_none() {
+                self.op_create();
+            }
+            return;
         };
         let id = self.handles[hi].id;
         let off = self.rng.gen_range(0..self.cfg.max_file);
-        let len = self.rng.gen_range(1..=(self.cfg.max_file - off).min(32 * 1024));
+        let len = self
+            .rng
+            .gen_range(1..=(self.cfg.max_file - off).min(32 * 1024));
         self.h.begin(format!("punch(#{id}, {off}, {len})"));
         let r = self.handles[hi].file.punch_hole(off, len);
         {
@@ -429,19 +447,24 @@ impl Workload {
         self.h.begin(format!(
             "{}(#{id}{})",
             if data_only { "fdatasync" } else { "fsync" },
-            if self.handles[hi].orphan { " orphan" } else { "" }
+            if self.handles[hi].orphan {
+                " orphan"
+            } else {
+                ""
+            }
         ));
         let r = if data_only {
             self.handles[hi].file.fdatasync()
         } else {
             self.handles[hi].file.fsync()
         };
-        if self.handles[hi].orphan {
-            if r.as_ref().is_err_and(|e| matches!(e.root(), Error::Stale { .. })) {
-                self.h.end();
-                self.handles.remove(hi);
-                return;
-            }
+        if self.handles[hi].orphan
+            && r.as_ref()
+                .is_err_and(|e| matches!(e.root(), Error::Stale { .. }))
+        {
+            self.h.end();
+            self.handles.remove(hi);
+            return;
         }
         if r.is_ok() {
             self.h.mark_durable();

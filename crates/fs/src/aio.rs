@@ -1,0 +1,719 @@
+//! Asynchronous file I/O: a per-thread queue of reads and writes, each with a
+//! caller's token, submitted in batches and reaped as completions.
+//!
+//! Completion policy — decided in one place, [`IoQueue::submit_write`]:
+//! - **inline**: the thread that reaps the device completion completes the
+//!   request. Reads, and writes that are pure overwrites inside EOF with no
+//!   sync work left (not DSYNC, or DSYNC done by FUA).
+//! - **deferred**: a completion worker does the work a reaper must never block
+//!   on — allocation, unwritten conversion, size change, journal commit, or
+//!   the flush of a DSYNC write without FUA — and then posts the completion
+//!   to this queue.
+//!
+//! Buffers are owned [`AlignedBuf`]s moved into the queue and handed back in
+//! the [`Completion`]: the device can never write into memory the caller has
+//! freed or reused. Offsets and lengths must be multiples of the device's
+//! logical block size, as for O_DIRECT.
+//!
+//! Every request in flight counts on its inode's direct-I/O counter until it
+//! completes, so truncate, punch and other exclusive operations wait for it.
+//! Reap regularly: a request is complete (and its count released) only once
+//! reaped.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use blockdev::{AlignedBuf, DeviceCompletion, DeviceQueue, DeviceRequest, Token, WriteMode};
+use iomap::dio::{fua_is_native, read_segments, DioSegment};
+use iomap::{IomapError, IomapIter, IomapKind, IomapOpFlags, IomapOps, OwnedDioInflight};
+
+use crate::file::File;
+use crate::iomap_ops::FsOps;
+use crate::volume::{OpenInode, Volume, VolumeInner};
+use crate::{Error, Result};
+
+/// Which context completed a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompletedBy {
+    /// The thread that reaped the device completion (inline completion).
+    Reaper,
+    /// The completion worker (metadata, journal or flush work was needed).
+    Worker,
+}
+
+/// A finished request.
+#[derive(Debug)]
+pub struct Completion {
+    /// The caller's token, as given at submission.
+    pub token: u64,
+    /// Bytes read (short at EOF) or written, or what failed and where.
+    pub result: Result<usize>,
+    /// The request's buffer, handed back.
+    pub buf: AlignedBuf,
+    pub completed_by: CompletedBy,
+}
+
+/// Device tokens carry the request's slot and the part of the request.
+const PART_BITS: u32 = 20;
+const PART_MASK: u64 = (1 << PART_BITS) - 1;
+
+enum Kind {
+    Read,
+    /// A write whose data is on the device once every part completes;
+    /// `flush_after` sends it to the worker for a (coalesced) flush.
+    Write { flush_after: bool },
+}
+
+/// A request whose device parts are in flight.
+struct Inflight {
+    token: u64,
+    kind: Kind,
+    /// Keeps the inode open; the worker uses it for a deferred flush.
+    file: File,
+    offset: u64,
+    /// The caller's buffer while split parts are in flight; `None` when the
+    /// single part carries it.
+    user_buf: Option<AlignedBuf>,
+    /// For each part: where its bytes go in the caller's buffer.
+    part_offsets: Vec<usize>,
+    remaining: usize,
+    done_len: usize,
+    error: Option<Error>,
+    _inflight: OwnedDioInflight<OpenInode>,
+}
+
+enum Job {
+    Read {
+        file: File,
+        offset: u64,
+        buf: AlignedBuf,
+        token: u64,
+    },
+    Write {
+        file: File,
+        offset: u64,
+        buf: AlignedBuf,
+        token: u64,
+    },
+    Flush {
+        file: File,
+        len: usize,
+        buf: AlignedBuf,
+        token: u64,
+    },
+}
+
+/// A per-thread asynchronous I/O queue on a volume. See the module docs.
+pub struct IoQueue {
+    vol: Arc<VolumeInner>,
+    devq: Box<dyn DeviceQueue>,
+    slots: Vec<Option<Inflight>>,
+    free_slots: Vec<usize>,
+    ready: VecDeque<Completion>,
+    jobs: Option<Sender<Job>>,
+    worker: Option<JoinHandle<()>>,
+    done_tx: Sender<Completion>,
+    done_rx: Receiver<Completion>,
+    /// Jobs handed to the worker and not yet back.
+    deferred: usize,
+    scratch: Vec<DeviceCompletion>,
+}
+
+impl Volume {
+    /// A new asynchronous queue holding up to `depth` device requests in
+    /// flight. Make one per submitting thread.
+    pub fn io_queue(&self, depth: usize) -> Result<IoQueue> {
+        self.inner.check_live()?;
+        let devq = blockdev::queue::new_queue(&self.inner.dev, depth)
+            .map_err(|e| Error::device("io queue", e))?;
+        let (done_tx, done_rx) = mpsc::channel();
+        Ok(IoQueue {
+            vol: self.inner.clone(),
+            devq,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            ready: VecDeque::new(),
+            jobs: None,
+            worker: None,
+            done_tx,
+            done_rx,
+            deferred: 0,
+            scratch: Vec::new(),
+        })
+    }
+}
+
+fn round_up(x: u64, unit: u64) -> u64 {
+    x.div_ceil(unit) * unit
+}
+
+impl IoQueue {
+    fn logical_block(&self) -> u64 {
+        u64::from(self.vol.dev.caps().logical_block_size)
+    }
+
+    fn check_request(&self, file: &File, offset: u64, len: usize) -> Result<()> {
+        self.vol.check_live()?;
+        if !Arc::ptr_eq(file.volume(), &self.vol) {
+            return Err(Error::invalid(file.path(), "file belongs to another volume"));
+        }
+        let lbs = self.logical_block();
+        if !offset.is_multiple_of(lbs) || !(len as u64).is_multiple_of(lbs) {
+            return Err(IomapError::Unaligned {
+                pos: offset,
+                len: len as u64,
+                alignment: lbs as u32,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    fn at(file: &File, offset: u64, err: Error) -> Error {
+        match err {
+            Error::At { .. } | Error::Shutdown { .. } => err,
+            other => Error::At {
+                path: file.path().to_string(),
+                offset,
+                source: Box::new(other),
+            },
+        }
+    }
+
+    fn complete_now(&mut self, token: u64, result: Result<usize>, buf: AlignedBuf) {
+        self.ready.push_back(Completion {
+            token,
+            result,
+            buf,
+            completed_by: CompletedBy::Reaper,
+        });
+    }
+
+    fn defer(&mut self, job: Job) -> Result<()> {
+        if self.jobs.is_none() {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let done = self.done_tx.clone();
+            let worker = std::thread::Builder::new()
+                .name("iomapfs-completion".to_string())
+                .spawn(move || completion_worker(rx, done))
+                .map_err(|e| Error::invalid("completion worker", e.to_string()))?;
+            self.jobs = Some(tx);
+            self.worker = Some(worker);
+        }
+        let jobs = self.jobs.as_ref().expect("started above");
+        jobs.send(job)
+            .map_err(|_| Error::invalid("completion worker", "worker exited"))?;
+        self.deferred += 1;
+        Ok(())
+    }
+
+    fn take_slot(&mut self, inflight: Inflight) -> usize {
+        match self.free_slots.pop() {
+            Some(slot) => {
+                self.slots[slot] = Some(inflight);
+                slot
+            }
+            None => {
+                self.slots.push(Some(inflight));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    /// Pushes one device request, making room by reaping when the device
+    /// queue is full.
+    fn push(&mut self, token: Token, mut request: DeviceRequest) -> Result<()> {
+        loop {
+            match self.devq.push(token, request) {
+                Ok(()) => return Ok(()),
+                Err(full) => {
+                    request = full.request;
+                    self.devq
+                        .submit()
+                        .map_err(|e| Error::device("io queue submit", e))?;
+                    let mut got = std::mem::take(&mut self.scratch);
+                    let result = self.devq.reap(1, &mut got);
+                    for c in got.drain(..) {
+                        self.on_device_completion(c);
+                    }
+                    self.scratch = got;
+                    result.map_err(|e| Error::device("io queue reap", e))?;
+                }
+            }
+        }
+    }
+
+    /// Queues a read of `buf.len()` bytes at `offset`. On a refused request
+    /// the buffer comes back with the error.
+    pub fn submit_read(
+        &mut self,
+        file: &File,
+        offset: u64,
+        mut buf: AlignedBuf,
+        token: u64,
+    ) -> std::result::Result<(), (AlignedBuf, Error)> {
+        if let Err(e) = self.check_request(file, offset, buf.len()) {
+            return Err((buf, Self::at(file, offset, e)));
+        }
+        let inode = file.open_inode().clone();
+        let Some(_shared) = inode.io_lock.try_lock_shared() else {
+            // An exclusive operation holds the file: never block a submitter.
+            return match file.try_clone() {
+                Ok(file) => self
+                    .defer(Job::Read {
+                        file,
+                        offset,
+                        buf,
+                        token,
+                    })
+                    .map_err(|e| (AlignedBuf::new(0, 1).expect("empty buffer"), e)),
+                Err(e) => Err((buf, e)),
+            };
+        };
+        let size = {
+            let meta = self.vol.meta.read();
+            meta.state.inode(inode.ino).map(|i| i.size)
+        };
+        let Some(size) = size else {
+            return Err((buf, Error::Stale { ino: inode.ino }));
+        };
+        if offset >= size || buf.is_empty() {
+            self.complete_now(token, Ok(0), buf);
+            return Ok(());
+        }
+        let len = (buf.len() as u64).min(size - offset) as usize;
+        let aligned_len = round_up(len as u64, self.logical_block()) as usize;
+        buf[len..].fill(0);
+        let file = match file.try_clone() {
+            Ok(f) => f,
+            Err(e) => return Err((buf, e)),
+        };
+        let vol = self.vol.clone();
+        let ops = FsOps { vol: &vol };
+        let simple = (aligned_len == buf.len())
+            .then(|| ops.simple_read_addr(&inode, offset, aligned_len as u64))
+            .flatten();
+        let mut inflight = Inflight {
+            token,
+            kind: Kind::Read,
+            file,
+            offset,
+            user_buf: None,
+            part_offsets: Vec::new(),
+            remaining: 0,
+            done_len: len,
+            error: None,
+            _inflight: OwnedDioInflight::begin(&inode),
+        };
+        if let Some(addr) = simple {
+            inflight.part_offsets.push(0);
+            inflight.remaining = 1;
+            let slot = self.take_slot(inflight);
+            return self
+                .push((slot as u64) << PART_BITS, DeviceRequest::Read { offset: addr, buf })
+                .map_err(|e| (AlignedBuf::new(0, 1).expect("empty buffer"), e));
+        }
+        // Generic: plan the read from the mappings; zero ranges now, device
+        // ranges as parts read into their own buffers and copied back.
+        let mut parts: Vec<(u64, usize, usize)> = Vec::new();
+        let plan = (|| -> Result<()> {
+            let lbs = self.vol.dev.caps().logical_block_size;
+            let mut iter = IomapIter::new(
+                &ops,
+                &*inode,
+                offset,
+                aligned_len as u64,
+                IomapOpFlags::DIRECT,
+                lbs,
+            )?;
+            while let Some(span) = iter.begin()? {
+                for seg in read_segments(&span, lbs)? {
+                    match seg {
+                        DioSegment::FillZeroes { file_offset, len } => {
+                            let at = (file_offset - offset) as usize;
+                            buf[at..at + len as usize].fill(0);
+                        }
+                        DioSegment::Read {
+                            file_offset,
+                            dev_addr,
+                            len,
+                        } => parts.push((dev_addr, (file_offset - offset) as usize, len as usize)),
+                        _ => {}
+                    }
+                }
+                iter.end(&span, span.len)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = plan {
+            return Err((buf, Self::at(&inflight.file, offset, e)));
+        }
+        buf[len..].fill(0);
+        if parts.is_empty() {
+            self.complete_now(token, Ok(len), buf);
+            return Ok(());
+        }
+        let align = self.vol.dev.caps().memory_alignment as usize;
+        let mut part_bufs = Vec::with_capacity(parts.len());
+        for &(_, _, part_len) in &parts {
+            match AlignedBuf::new(part_len, align) {
+                Ok(b) => part_bufs.push(b),
+                Err(e) => return Err((buf, Error::invalid("read part buffer", e.to_string()))),
+            }
+        }
+        inflight.part_offsets = parts.iter().map(|&(_, at, _)| at).collect();
+        inflight.remaining = parts.len();
+        inflight.user_buf = Some(buf);
+        let slot = self.take_slot(inflight);
+        for (i, (&(dev_addr, _, _), part_buf)) in parts.iter().zip(part_bufs).enumerate() {
+            let token = (slot as u64) << PART_BITS | i as u64;
+            if let Err(e) = self.push(
+                token,
+                DeviceRequest::Read {
+                    offset: dev_addr,
+                    buf: part_buf,
+                },
+            ) {
+                return Err((AlignedBuf::new(0, 1).expect("empty buffer"), e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues a write of `buf` at `offset`. Pure overwrites go to the device
+    /// from this thread; anything that needs metadata or sync work is handed
+    /// to the completion worker (the completion says which).
+    pub fn submit_write(
+        &mut self,
+        file: &File,
+        offset: u64,
+        buf: AlignedBuf,
+        token: u64,
+    ) -> std::result::Result<(), (AlignedBuf, Error)> {
+        if let Err(e) = self.check_request(file, offset, buf.len()) {
+            return Err((buf, Self::at(file, offset, e)));
+        }
+        if file.flags().read_only {
+            return Err((buf, Error::invalid(file.path(), "file is open read-only")));
+        }
+        let file = match file.try_clone() {
+            Ok(f) => f,
+            Err(e) => return Err((buf, e)),
+        };
+        let flags = file.flags();
+        let dsync = flags.dsync || flags.sync;
+        let inode = file.open_inode().clone();
+        // The one place the completion class is decided.
+        let plan = if flags.sync || buf.is_empty() {
+            None // O_SYNC commits inode metadata: always the worker's job.
+        } else {
+            match inode.io_lock.try_lock_shared() {
+                None => None,
+                Some(shared) => match self.plan_pure_overwrite(&file, offset, buf.len() as u64, dsync) {
+                    Ok(Some(parts)) => Some((shared, parts)),
+                    Ok(None) => None,
+                    Err(e) => return Err((buf, Self::at(&file, offset, e))),
+                },
+            }
+        };
+        let Some((_shared, parts)) = plan else {
+            return self
+                .defer(Job::Write {
+                    file,
+                    offset,
+                    buf,
+                    token,
+                })
+                .map_err(|e| (AlignedBuf::new(0, 1).expect("empty buffer"), e));
+        };
+        let mode = if dsync && fua_is_native(&*self.vol.dev) {
+            WriteMode::Fua
+        } else {
+            WriteMode::Normal
+        };
+        let flush_after = dsync && mode == WriteMode::Normal;
+        let len = buf.len();
+        let mut inflight = Inflight {
+            token,
+            kind: Kind::Write { flush_after },
+            file,
+            offset,
+            user_buf: None,
+            part_offsets: Vec::new(),
+            remaining: parts.len(),
+            done_len: len,
+            error: None,
+            _inflight: OwnedDioInflight::begin(&inode),
+        };
+        let mut requests = Vec::with_capacity(parts.len());
+        if parts.len() == 1 {
+            inflight.part_offsets.push(0);
+            requests.push(DeviceRequest::Write {
+                offset: parts[0].0,
+                buf,
+                mode,
+            });
+        } else {
+            let align = self.vol.dev.caps().memory_alignment as usize;
+            for &(dev_addr, at, part_len) in &parts {
+                let mut part = match AlignedBuf::new(part_len, align) {
+                    Ok(b) => b,
+                    Err(e) => return Err((buf, Error::invalid("write part buffer", e.to_string()))),
+                };
+                part.copy_from_slice(&buf[at..at + part_len]);
+                inflight.part_offsets.push(at);
+                requests.push(DeviceRequest::Write {
+                    offset: dev_addr,
+                    buf: part,
+                    mode,
+                });
+            }
+            inflight.user_buf = Some(buf);
+        }
+        let slot = self.take_slot(inflight);
+        for (i, request) in requests.into_iter().enumerate() {
+            if let Err(e) = self.push((slot as u64) << PART_BITS | i as u64, request) {
+                return Err((AlignedBuf::new(0, 1).expect("empty buffer"), e));
+            }
+        }
+        Ok(())
+    }
+
+    /// The device ranges of a write that is a pure overwrite inside EOF
+    /// (`None` if it is not, or if DSYNC would need the journal). Caller
+    /// holds the shared I/O lock.
+    fn plan_pure_overwrite(
+        &self,
+        file: &File,
+        offset: u64,
+        len: u64,
+        dsync: bool,
+    ) -> Result<Option<Vec<(u64, usize, usize)>>> {
+        let ops = FsOps { vol: &self.vol };
+        let inode = file.open_inode();
+        let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT | IomapOpFlags::OVERWRITE_ONLY;
+        if dsync {
+            flags = flags | IomapOpFlags::DSYNC;
+        }
+        let mut parts = Vec::new();
+        let mut pos = offset;
+        while pos < offset + len {
+            let map = match ops.begin(inode, pos, offset + len - pos, flags) {
+                Ok(map) => map,
+                Err(Error::Iomap(IomapError::WouldBlock)) => return Ok(None),
+                Err(e) => return Err(e),
+            };
+            if map.kind != IomapKind::Mapped || (dsync && !map.is_pure_overwrite()) {
+                return Ok(None);
+            }
+            parts.push((map.addr, (pos - offset) as usize, map.length as usize));
+            pos = map.end();
+        }
+        Ok(Some(parts))
+    }
+
+    /// Sends every queued request to the device; returns how many.
+    pub fn submit(&mut self) -> Result<usize> {
+        self.devq
+            .submit()
+            .map_err(|e| Error::device("io queue submit", e))
+    }
+
+    /// Requests submitted and not yet reaped.
+    pub fn in_flight(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count() + self.deferred + self.ready.len()
+    }
+
+    fn on_device_completion(&mut self, c: DeviceCompletion) {
+        let slot = (c.token >> PART_BITS) as usize;
+        let part = (c.token & PART_MASK) as usize;
+        let Some(Some(inflight)) = self.slots.get_mut(slot) else {
+            return;
+        };
+        match c.result {
+            Err(source) => {
+                let offset = inflight.offset + inflight.part_offsets.get(part).copied().unwrap_or(0) as u64;
+                inflight.error.get_or_insert(Self::at(
+                    &inflight.file,
+                    offset,
+                    IomapError::Device {
+                        file_offset: offset,
+                        source,
+                    }
+                    .into(),
+                ));
+            }
+            Ok(_) => {}
+        }
+        match (inflight.user_buf.as_mut(), c.buf) {
+            // Split read: copy the part into the caller's buffer.
+            (Some(user), Some(part_buf)) => {
+                if matches!(inflight.kind, Kind::Read) {
+                    let at = inflight.part_offsets[part];
+                    user[at..at + part_buf.len()].copy_from_slice(&part_buf);
+                }
+            }
+            (None, Some(whole)) => inflight.user_buf = Some(whole),
+            _ => {}
+        }
+        inflight.remaining -= 1;
+        if inflight.remaining > 0 {
+            return;
+        }
+        let inflight = self.slots[slot].take().expect("checked above");
+        self.free_slots.push(slot);
+        let buf = inflight
+            .user_buf
+            .unwrap_or_else(|| AlignedBuf::new(0, 1).expect("empty buffer"));
+        let result = match inflight.error {
+            Some(e) => Err(e),
+            None => Ok(inflight.done_len),
+        };
+        match (inflight.kind, result) {
+            (Kind::Write { flush_after: true }, Ok(len)) => {
+                // The data is on the device: the in-flight count can go; the
+                // flush that makes it durable is the worker's.
+                let job = Job::Flush {
+                    file: inflight.file,
+                    len,
+                    buf,
+                    token: inflight.token,
+                };
+                if let Err(e) = self.defer(job) {
+                    let _ = e;
+                }
+            }
+            (_, result) => self.complete_now(inflight.token, result, buf),
+        }
+    }
+
+    /// Waits for at least `min` completions (capped at what is in flight),
+    /// appends every available one to `out`, returns how many.
+    pub fn reap(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        let min = min.min(self.in_flight());
+        let mut got = 0;
+        loop {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let result = self.devq.reap(0, &mut scratch);
+            for c in scratch.drain(..) {
+                self.on_device_completion(c);
+            }
+            self.scratch = scratch;
+            result.map_err(|e| Error::device("io queue reap", e))?;
+            while let Ok(done) = self.done_rx.try_recv() {
+                self.deferred -= 1;
+                self.ready.push_back(done);
+            }
+            while let Some(c) = self.ready.pop_front() {
+                out.push(c);
+                got += 1;
+            }
+            if got >= min {
+                return Ok(got);
+            }
+            if self.devq.in_flight() > 0 {
+                // Device completions first: a deferred job may be waiting
+                // for these requests' in-flight count to drain.
+                let mut scratch = std::mem::take(&mut self.scratch);
+                let result = self.devq.reap(1, &mut scratch);
+                for c in scratch.drain(..) {
+                    self.on_device_completion(c);
+                }
+                self.scratch = scratch;
+                result.map_err(|e| Error::device("io queue reap", e))?;
+            } else if self.deferred > 0 {
+                match self.done_rx.recv() {
+                    Ok(done) => {
+                        self.deferred -= 1;
+                        self.ready.push_back(done);
+                    }
+                    Err(_) => return Err(Error::invalid("completion worker", "worker exited")),
+                }
+            } else {
+                return Ok(got);
+            }
+        }
+    }
+}
+
+impl Drop for IoQueue {
+    fn drop(&mut self) {
+        // Every request must finish before its buffers and in-flight counts
+        // go: reap until nothing is left (errors only end the wait early).
+        let mut sink = Vec::new();
+        while self.in_flight() > 0 {
+            let before = self.in_flight();
+            if self.reap(before, &mut sink).is_err() {
+                break;
+            }
+            sink.clear();
+            if self.in_flight() >= before {
+                break;
+            }
+        }
+        self.jobs = None;
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+/// Runs deferred work in order and posts each completion back.
+fn completion_worker(jobs: Receiver<Job>, done: Sender<Completion>) {
+    for job in jobs {
+        let completion = match job {
+            Job::Read {
+                file,
+                offset,
+                mut buf,
+                token,
+            } => {
+                let result = file.pread(&mut buf, offset);
+                Completion {
+                    token,
+                    result,
+                    buf,
+                    completed_by: CompletedBy::Worker,
+                }
+            }
+            Job::Write {
+                file,
+                offset,
+                buf,
+                token,
+            } => {
+                let result = file.pwrite(&buf, offset);
+                Completion {
+                    token,
+                    result,
+                    buf,
+                    completed_by: CompletedBy::Worker,
+                }
+            }
+            Job::Flush {
+                file,
+                len,
+                buf,
+                token,
+            } => {
+                let vol = file.volume();
+                let result = vol
+                    .flush_coalescer
+                    .flush_completed_write(&*vol.dev)
+                    .map(|()| len)
+                    .map_err(|e| Error::device(format!("{}: dsync write: flush", file.path()), e));
+                Completion {
+                    token,
+                    result,
+                    buf,
+                    completed_by: CompletedBy::Worker,
+                }
+            }
+        };
+        if done.send(completion).is_err() {
+            return;
+        }
+    }
+}

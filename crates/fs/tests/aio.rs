@@ -1,0 +1,241 @@
+//! The asynchronous file API against the synchronous one, its completion
+//! classes, and device errors reaching the submitter.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use blockdev::{AlignedBuf, FaultOp, FaultRule, MemDevice};
+use iomapfs_fs::aio::{CompletedBy, Completion};
+use iomapfs_fs::{FormatOptions, OpenFlags, Volume};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const BLOCK: u64 = 4096;
+const SECTOR: u64 = 512;
+
+fn volume(dev: &Arc<MemDevice>) -> Volume {
+    dev.fill(b"STALE!!!");
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    Volume::open(dev.clone()).unwrap()
+}
+
+fn direct(dsync: bool) -> OpenFlags {
+    OpenFlags {
+        create: true,
+        direct: true,
+        dsync,
+        ..OpenFlags::default()
+    }
+}
+
+fn buf_of(bytes: &[u8]) -> AlignedBuf {
+    let mut b = AlignedBuf::new(bytes.len(), 4096).unwrap();
+    b.copy_from_slice(bytes);
+    b
+}
+
+fn reap_all(q: &mut iomapfs_fs::aio::IoQueue) -> HashMap<u64, Completion> {
+    let mut out = Vec::new();
+    while q.in_flight() > 0 {
+        q.reap(1, &mut out).unwrap();
+    }
+    out.into_iter().map(|c| (c.token, c)).collect()
+}
+
+/// A file of 64 blocks: written, unwritten and hole blocks mixed, several
+/// extents, and an EOF that is not block-aligned.
+fn fragmented_file(vol: &Volume, rng: &mut SmallRng) -> (iomapfs_fs::File, Vec<u8>) {
+    let f = vol.open_file("/frag", direct(false)).unwrap();
+    let mut model = vec![0u8; (64 * BLOCK) as usize];
+    for b in 0..64u64 {
+        match rng.gen_range(0..3) {
+            0 => {
+                let data: Vec<u8> = (0..BLOCK).map(|_| rng.gen()).collect();
+                f.pwrite(&data, b * BLOCK).unwrap();
+                model[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize].copy_from_slice(&data);
+            }
+            1 => f.fallocate(b * BLOCK, BLOCK, true).unwrap(),
+            _ => {}
+        }
+    }
+    let size = 64 * BLOCK - 1000;
+    f.truncate(size).unwrap();
+    model.truncate(size as usize);
+    (f, model)
+}
+
+#[test]
+fn async_reads_and_writes_match_the_sync_path_at_every_depth() {
+    let seed = std::env::var("IOMAPFS_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_a10);
+    println!("aio seed {seed}");
+    for depth in [1usize, 4, 32, 256] {
+        let mut rng = SmallRng::seed_from_u64(seed ^ depth as u64);
+        let dev = Arc::new(MemDevice::new(32 << 20, SECTOR as u32));
+        let vol = volume(&dev);
+        let (f, mut model) = fragmented_file(&vol, &mut rng);
+        let mut q = vol.io_queue(depth).unwrap();
+        // Reads across extent boundaries, holes, unwritten space and EOF.
+        let mut expected = HashMap::new();
+        for token in 0..512u64 {
+            let blocks = rng.gen_range(1..=16u64);
+            let off = rng.gen_range(0..80u64) * SECTOR * 8;
+            let len = blocks * SECTOR * rng.gen_range(1..=8u64);
+            q.submit_read(&f, off, AlignedBuf::new(len as usize, 4096).unwrap(), token)
+                .unwrap();
+            expected.insert(token, (off, len));
+            if q.in_flight() >= depth {
+                q.submit().unwrap();
+            }
+        }
+        q.submit().unwrap();
+        for (token, c) in reap_all(&mut q) {
+            let (off, len) = expected[&token];
+            let n = c.result.unwrap();
+            let want_len = (model.len() as u64).saturating_sub(off).min(len) as usize;
+            assert_eq!(n, want_len, "depth {depth} token {token}");
+            let want = &model[off.min(model.len() as u64) as usize..][..want_len];
+            assert_eq!(
+                &c.buf[..n],
+                want,
+                "depth {depth} read {token} at {off}+{len}"
+            );
+            assert!(c.buf[n..].iter().all(|&b| b == 0), "bytes past EOF");
+        }
+        // Writes: pure overwrites, writes into holes and unwritten space,
+        // some crossing EOF.
+        for token in 0..256u64 {
+            let off = rng.gen_range(0..72u64) * SECTOR * 8 + rng.gen_range(0..8u64) * SECTOR;
+            let len = SECTOR * rng.gen_range(1..=24u64);
+            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            // One request per range at a time keeps the model order-free.
+            let end = (off + len) as usize;
+            if model.len() < end {
+                model.resize(end, 0);
+            }
+            model[off as usize..end].copy_from_slice(&data);
+            q.submit_write(&f, off, buf_of(&data), token).unwrap();
+            q.submit().unwrap();
+            for (_, c) in reap_all(&mut q) {
+                assert_eq!(c.result.unwrap(), len as usize);
+            }
+        }
+        let mut all = vec![0u8; model.len() + 4096];
+        let n = f.pread(&mut all, 0).unwrap();
+        assert_eq!(n, model.len(), "depth {depth}: size");
+        assert!(
+            all[..n] == model[..],
+            "depth {depth}: contents differ from the model"
+        );
+        drop(q);
+        drop(f);
+        vol.unmount().unwrap();
+        let report = iomapfs_fs::fsck::check(dev.clone()).unwrap();
+        assert!(report.is_clean(), "{:?}", report.problems);
+    }
+}
+
+#[test]
+fn concurrent_async_overwrites_at_queue_depth_complete_inline() {
+    let dev = Arc::new(MemDevice::new(32 << 20, SECTOR as u32));
+    let vol = volume(&dev);
+    let f = vol.open_file("/db", direct(false)).unwrap();
+    f.pwrite(&vec![1u8; (256 * BLOCK) as usize], 0).unwrap();
+    f.fsync().unwrap();
+    let mut q = vol.io_queue(64).unwrap();
+    for token in 0..256u64 {
+        q.submit_write(
+            &f,
+            token * BLOCK,
+            buf_of(&[token as u8; BLOCK as usize]),
+            token,
+        )
+        .unwrap();
+    }
+    q.submit().unwrap();
+    let done = reap_all(&mut q);
+    assert_eq!(done.len(), 256);
+    for (token, c) in done {
+        assert_eq!(c.result.unwrap(), BLOCK as usize);
+        assert_eq!(c.completed_by, CompletedBy::Reaper, "token {token}");
+    }
+    let mut back = vec![0u8; BLOCK as usize];
+    for token in 0..256u64 {
+        f.pread(&mut back, token * BLOCK).unwrap();
+        assert!(back.iter().all(|&b| b == token as u8));
+    }
+}
+
+#[test]
+fn each_class_of_write_completes_in_its_context() {
+    for fua in [false, true] {
+        let dev = Arc::new(MemDevice::with_caps(32 << 20, SECTOR as u32, true, fua));
+        let vol = volume(&dev);
+        let plain = vol.open_file("/f", direct(false)).unwrap();
+        plain.pwrite(&vec![1u8; (8 * BLOCK) as usize], 0).unwrap();
+        plain.fsync().unwrap();
+        let dsync = vol.open_file("/f", direct(true)).unwrap();
+        let mut q = vol.io_queue(8).unwrap();
+        let one = || buf_of(&[9u8; BLOCK as usize]);
+        q.submit_write(&plain, 0, one(), 1).unwrap(); // pure overwrite
+        q.submit_write(&plain, 16 * BLOCK, one(), 2).unwrap(); // allocates, extends
+        q.submit_write(&dsync, BLOCK, one(), 3).unwrap(); // pure overwrite, DSYNC
+        q.submit().unwrap();
+        let done = reap_all(&mut q);
+        let by = |t: u64| done[&t].completed_by;
+        assert_eq!(by(1), CompletedBy::Reaper);
+        assert_eq!(
+            by(2),
+            CompletedBy::Worker,
+            "conversion and size need the worker"
+        );
+        let dsync_class = if fua {
+            CompletedBy::Reaper
+        } else {
+            CompletedBy::Worker
+        };
+        assert_eq!(by(3), dsync_class, "fua={fua}: DSYNC overwrite");
+        for t in 1..=3 {
+            assert_eq!(*done[&t].result.as_ref().unwrap(), BLOCK as usize);
+        }
+        assert_eq!(plain.stat().unwrap().size, 17 * BLOCK);
+    }
+}
+
+#[test]
+fn device_errors_reach_the_submitter_with_token_and_cause() {
+    let dev = Arc::new(MemDevice::new(32 << 20, SECTOR as u32));
+    let vol = volume(&dev);
+    let f = vol.open_file("/f", direct(false)).unwrap();
+    f.pwrite(&vec![1u8; (8 * BLOCK) as usize], 0).unwrap();
+    f.fsync().unwrap();
+    let mut q = vol.io_queue(8).unwrap();
+    dev.inject(FaultRule::new(FaultOp::Write).count(1));
+    q.submit_write(&f, 2 * BLOCK, buf_of(&[7u8; BLOCK as usize]), 42)
+        .unwrap();
+    q.submit_write(&f, 3 * BLOCK, buf_of(&[7u8; BLOCK as usize]), 43)
+        .unwrap();
+    q.submit().unwrap();
+    let done = reap_all(&mut q);
+    let err = done[&42].result.as_ref().unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("/f") && text.contains(&(2 * BLOCK).to_string()),
+        "{text}"
+    );
+    assert_eq!(*done[&43].result.as_ref().unwrap(), BLOCK as usize);
+    dev.clear_faults();
+    dev.inject(FaultRule::new(FaultOp::Read).count(1));
+    q.submit_read(&f, 0, AlignedBuf::new(BLOCK as usize, 4096).unwrap(), 7)
+        .unwrap();
+    q.submit().unwrap();
+    let done = reap_all(&mut q);
+    assert_eq!(done[&7].result.as_ref().unwrap_err().errno(), libc::EIO);
+    // Every in-flight count was released: an exclusive operation, which
+    // drains in-flight direct I/O, does not hang.
+    f.truncate(BLOCK).unwrap();
+    assert_eq!(f.stat().unwrap().size, BLOCK);
+}
