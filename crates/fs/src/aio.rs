@@ -63,7 +63,9 @@ enum Kind {
     Read,
     /// A write whose data is on the device once every part completes;
     /// `flush_after` sends it to the worker for a (coalesced) flush.
-    Write { flush_after: bool },
+    Write {
+        flush_after: bool,
+    },
 }
 
 /// A request whose device parts are in flight.
@@ -145,6 +147,12 @@ impl Volume {
     }
 }
 
+/// Stands in for a buffer that went into a device request which never
+/// completed (the queue itself failed).
+fn empty_buf() -> AlignedBuf {
+    AlignedBuf::new(0, 1).expect("a zero-length buffer needs no memory")
+}
+
 fn round_up(x: u64, unit: u64) -> u64 {
     x.div_ceil(unit) * unit
 }
@@ -157,7 +165,10 @@ impl IoQueue {
     fn check_request(&self, file: &File, offset: u64, len: usize) -> Result<()> {
         self.vol.check_live()?;
         if !Arc::ptr_eq(file.volume(), &self.vol) {
-            return Err(Error::invalid(file.path(), "file belongs to another volume"));
+            return Err(Error::invalid(
+                file.path(),
+                "file belongs to another volume",
+            ));
         }
         let lbs = self.logical_block();
         if !offset.is_multiple_of(lbs) || !(len as u64).is_multiple_of(lbs) {
@@ -268,7 +279,7 @@ impl IoQueue {
                         buf,
                         token,
                     })
-                    .map_err(|e| (AlignedBuf::new(0, 1).expect("empty buffer"), e)),
+                    .map_err(|e| (empty_buf(), e)),
                 Err(e) => Err((buf, e)),
             };
         };
@@ -312,8 +323,11 @@ impl IoQueue {
             inflight.remaining = 1;
             let slot = self.take_slot(inflight);
             return self
-                .push((slot as u64) << PART_BITS, DeviceRequest::Read { offset: addr, buf })
-                .map_err(|e| (AlignedBuf::new(0, 1).expect("empty buffer"), e));
+                .push(
+                    (slot as u64) << PART_BITS,
+                    DeviceRequest::Read { offset: addr, buf },
+                )
+                .map_err(|e| (empty_buf(), e));
         }
         // Generic: plan the read from the mappings; zero ranges now, device
         // ranges as parts read into their own buffers and copied back.
@@ -376,7 +390,7 @@ impl IoQueue {
                     buf: part_buf,
                 },
             ) {
-                return Err((AlignedBuf::new(0, 1).expect("empty buffer"), e));
+                return Err((empty_buf(), e));
             }
         }
         Ok(())
@@ -411,11 +425,13 @@ impl IoQueue {
         } else {
             match inode.io_lock.try_lock_shared() {
                 None => None,
-                Some(shared) => match self.plan_pure_overwrite(&file, offset, buf.len() as u64, dsync) {
-                    Ok(Some(parts)) => Some((shared, parts)),
-                    Ok(None) => None,
-                    Err(e) => return Err((buf, Self::at(&file, offset, e))),
-                },
+                Some(shared) => {
+                    match self.plan_pure_overwrite(&file, offset, buf.len() as u64, dsync) {
+                        Ok(Some(parts)) => Some((shared, parts)),
+                        Ok(None) => None,
+                        Err(e) => return Err((buf, Self::at(&file, offset, e))),
+                    }
+                }
             }
         };
         let Some((_shared, parts)) = plan else {
@@ -426,7 +442,7 @@ impl IoQueue {
                     buf,
                     token,
                 })
-                .map_err(|e| (AlignedBuf::new(0, 1).expect("empty buffer"), e));
+                .map_err(|e| (empty_buf(), e));
         };
         let mode = if dsync && fua_is_native(&*self.vol.dev) {
             WriteMode::Fua
@@ -460,7 +476,9 @@ impl IoQueue {
             for &(dev_addr, at, part_len) in &parts {
                 let mut part = match AlignedBuf::new(part_len, align) {
                     Ok(b) => b,
-                    Err(e) => return Err((buf, Error::invalid("write part buffer", e.to_string()))),
+                    Err(e) => {
+                        return Err((buf, Error::invalid("write part buffer", e.to_string())))
+                    }
                 };
                 part.copy_from_slice(&buf[at..at + part_len]);
                 inflight.part_offsets.push(at);
@@ -475,7 +493,7 @@ impl IoQueue {
         let slot = self.take_slot(inflight);
         for (i, request) in requests.into_iter().enumerate() {
             if let Err(e) = self.push((slot as u64) << PART_BITS | i as u64, request) {
-                return Err((AlignedBuf::new(0, 1).expect("empty buffer"), e));
+                return Err((empty_buf(), e));
             }
         }
         Ok(())
@@ -532,20 +550,18 @@ impl IoQueue {
         let Some(Some(inflight)) = self.slots.get_mut(slot) else {
             return;
         };
-        match c.result {
-            Err(source) => {
-                let offset = inflight.offset + inflight.part_offsets.get(part).copied().unwrap_or(0) as u64;
-                inflight.error.get_or_insert(Self::at(
-                    &inflight.file,
-                    offset,
-                    IomapError::Device {
-                        file_offset: offset,
-                        source,
-                    }
-                    .into(),
-                ));
-            }
-            Ok(_) => {}
+        if let Err(source) = c.result {
+            let offset =
+                inflight.offset + inflight.part_offsets.get(part).copied().unwrap_or(0) as u64;
+            inflight.error.get_or_insert(Self::at(
+                &inflight.file,
+                offset,
+                IomapError::Device {
+                    file_offset: offset,
+                    source,
+                }
+                .into(),
+            ));
         }
         match (inflight.user_buf.as_mut(), c.buf) {
             // Split read: copy the part into the caller's buffer.
@@ -564,9 +580,7 @@ impl IoQueue {
         }
         let inflight = self.slots[slot].take().expect("checked above");
         self.free_slots.push(slot);
-        let buf = inflight
-            .user_buf
-            .unwrap_or_else(|| AlignedBuf::new(0, 1).expect("empty buffer"));
+        let buf = inflight.user_buf.unwrap_or_else(empty_buf);
         let result = match inflight.error {
             Some(e) => Err(e),
             None => Ok(inflight.done_len),
@@ -575,14 +589,16 @@ impl IoQueue {
             (Kind::Write { flush_after: true }, Ok(len)) => {
                 // The data is on the device: the in-flight count can go; the
                 // flush that makes it durable is the worker's.
+                let token = inflight.token;
                 let job = Job::Flush {
                     file: inflight.file,
                     len,
                     buf,
-                    token: inflight.token,
+                    token,
                 };
                 if let Err(e) = self.defer(job) {
-                    let _ = e;
+                    // No worker to flush: the write cannot be made durable.
+                    self.complete_now(token, Err(e), empty_buf());
                 }
             }
             (_, result) => self.complete_now(inflight.token, result, buf),

@@ -214,7 +214,10 @@ impl File {
     fn bounce_buffer(&self, len: u64) -> Result<AlignedBuf> {
         let align = self.vol.dev.caps().memory_alignment as usize;
         AlignedBuf::new(len as usize, align).map_err(|e| {
-            Error::invalid(format!("{}: bounce buffer of {len} bytes", self.path), e.to_string())
+            Error::invalid(
+                format!("{}: bounce buffer of {len} bytes", self.path),
+                e.to_string(),
+            )
         })
     }
 
@@ -270,7 +273,14 @@ impl File {
             // Aligned: read whole device blocks straight into the caller's
             // buffer; bytes between EOF and the block end are zero on disk.
             let aligned_len = round_up(len as u64, lbs) as usize;
-            dio::dio_read(&ops, dev, &self.inode, offset, &mut buf[..aligned_len], flags)?;
+            dio::dio_read(
+                &ops,
+                dev,
+                &self.inode,
+                offset,
+                &mut buf[..aligned_len],
+                flags,
+            )?;
             // Past EOF the device may still hold bytes of a write whose size
             // change never became durable: never hand them out.
             buf[len..aligned_len].fill(0);
@@ -350,7 +360,14 @@ impl File {
         let ops = self.ops();
         let dev = &*self.vol.dev;
         if start_aligned == offset && end_aligned == end {
-            return dio::dio_write(&ops, dev, &self.inode, offset, buf, IomapOpFlags::WRITE | IomapOpFlags::DIRECT);
+            return dio::dio_write(
+                &ops,
+                dev,
+                &self.inode,
+                offset,
+                buf,
+                IomapOpFlags::WRITE | IomapOpFlags::DIRECT,
+            );
         }
         let mut merged = self.bounce_buffer(end_aligned - start_aligned)?;
         if start_aligned < offset {
@@ -475,7 +492,13 @@ impl File {
         if offset >= end {
             return Ok(());
         }
-        iomap::zero_file_range(&self.ops(), &*self.vol.dev, &self.inode, offset, end - offset)
+        iomap::zero_file_range(
+            &self.ops(),
+            &*self.vol.dev,
+            &self.inode,
+            offset,
+            end - offset,
+        )
     }
 
     /// Deallocates `[offset, offset+len)`; it reads as zeros afterwards.

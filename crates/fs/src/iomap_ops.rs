@@ -108,18 +108,12 @@ impl IomapOps for FsOps<'_> {
     type Inode = OpenInode;
     type Error = Error;
 
-    fn begin(
-        &self,
-        inode: &OpenInode,
-        pos: u64,
-        len: u64,
-        flags: IomapOpFlags,
-    ) -> Result<Iomap> {
+    fn begin(&self, inode: &OpenInode, pos: u64, len: u64, flags: IomapOpFlags) -> Result<Iomap> {
         let block = u64::from(self.vol.block_size);
         let ino = inode.ino;
         let writing = flags.contains(IomapOpFlags::WRITE);
-        let overwrite_only = flags.contains(IomapOpFlags::OVERWRITE_ONLY)
-            || flags.contains(IomapOpFlags::NOWAIT);
+        let overwrite_only =
+            flags.contains(IomapOpFlags::OVERWRITE_ONLY) || flags.contains(IomapOpFlags::NOWAIT);
         // Only allocation changes metadata: every other answer is a lookup
         // under the shared side of the metadata lock.
         let mut new = false;

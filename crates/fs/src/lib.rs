@@ -18,6 +18,6 @@ pub mod types;
 pub mod volume;
 
 pub use error::{Error, Result};
-pub use file::{File, FiemapExtent, FiemapKind, OpenFlags, Stat};
+pub use file::{FiemapExtent, FiemapKind, File, OpenFlags, Stat};
 pub use types::{FileKind, Ino, ROOT_INO};
 pub use volume::{DirEntry, FormatOptions, StatFs, Volume};

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::extent_map::ExtentMap;
 use crate::types::{
-    DirEntryImage, Extent, FileKind, InodeImage, Ino, MetaImage, Record, MAX_NAME_LEN, ROOT_INO,
+    DirEntryImage, Extent, FileKind, Ino, InodeImage, MetaImage, Record, MAX_NAME_LEN, ROOT_INO,
 };
 
 /// Encoded bytes a checkpoint spends per inode, extent and directory entry,
@@ -89,7 +89,10 @@ impl MetaState {
             let mut entries = BTreeMap::new();
             for e in &img.entries {
                 if entries.insert(e.name.clone(), e.ino).is_some() {
-                    return Err(format!("directory {}: duplicate entry {:?}", img.ino, e.name));
+                    return Err(format!(
+                        "directory {}: duplicate entry {:?}",
+                        img.ino, e.name
+                    ));
                 }
             }
             let state = InodeState {
@@ -205,7 +208,11 @@ impl MetaState {
 
     /// Applies one record. Device ranges the record releases are appended to
     /// `freed`. On error nothing has changed.
-    pub fn apply(&mut self, record: &Record, freed: &mut Vec<(u64, u64)>) -> Result<(), ApplyError> {
+    pub fn apply(
+        &mut self,
+        record: &Record,
+        freed: &mut Vec<(u64, u64)>,
+    ) -> Result<(), ApplyError> {
         match record {
             Record::Create {
                 ino,
@@ -335,7 +342,9 @@ impl MetaState {
             return Err("create: inode 0".to_string());
         }
         if self.dir(parent)?.entries.contains_key(name) {
-            return Err(format!("create: {name:?} already exists in directory {parent}"));
+            return Err(format!(
+                "create: {name:?} already exists in directory {parent}"
+            ));
         }
         self.inodes.insert(
             ino,
@@ -427,8 +436,8 @@ impl MetaState {
             .entries
             .insert(dst_name.to_string(), src);
         self.inodes.get_mut(&src).expect("checked above").parent = dst_parent;
-        self.image_bytes = (self.image_bytes + dst_name.len() as u64)
-            .saturating_sub(src_name.len() as u64);
+        self.image_bytes =
+            (self.image_bytes + dst_name.len() as u64).saturating_sub(src_name.len() as u64);
         Ok(())
     }
 
@@ -450,7 +459,11 @@ impl MetaState {
         false
     }
 
-    fn apply_free_inode(&mut self, ino: Ino, freed: &mut Vec<(u64, u64)>) -> Result<(), ApplyError> {
+    fn apply_free_inode(
+        &mut self,
+        ino: Ino,
+        freed: &mut Vec<(u64, u64)>,
+    ) -> Result<(), ApplyError> {
         match self.inodes.get(&ino) {
             Some(i) if i.nlink == 0 && i.entries.is_empty() => {}
             Some(_) => return Err(format!("free inode {ino}: still linked or not empty")),

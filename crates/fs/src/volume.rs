@@ -24,7 +24,9 @@ use crate::alloc::Allocator;
 use crate::checkpoint::{self, Checkpoint};
 use crate::file::{File, OpenFlags, Stat};
 use crate::journal::{self, JournalWriter};
-use crate::state::{self, MetaState, IMAGE_BYTES_PER_ENTRY, IMAGE_BYTES_PER_EXTENT, IMAGE_BYTES_PER_INODE};
+use crate::state::{
+    self, MetaState, IMAGE_BYTES_PER_ENTRY, IMAGE_BYTES_PER_EXTENT, IMAGE_BYTES_PER_INODE,
+};
 use crate::superblock::{self, Layout, Superblock};
 use crate::types::{FileKind, Ino, Record, MAX_NAME_LEN, ROOT_INO};
 use crate::{Error, Result};
@@ -323,7 +325,11 @@ impl Volume {
         let inode = {
             let mut meta = self.inner.meta.write();
             let (parent, name) = resolve_parent(&meta.state, path)?;
-            let existing = meta.state.inode(parent).and_then(|d| d.entries.get(&name)).copied();
+            let existing = meta
+                .state
+                .inode(parent)
+                .and_then(|d| d.entries.get(&name))
+                .copied();
             let ino = match existing {
                 Some(ino) => {
                     if flags.create && flags.exclusive {
@@ -642,14 +648,11 @@ impl VolumeInner {
             // contains these records.
             return self.checkpoint_locked(&mut commit);
         }
-        let result = commit
-            .journal
-            .append(&*self.dev, &records)
-            .and_then(|_| {
-                self.dev
-                    .flush()
-                    .map_err(|e| Error::device("journal commit: flush", e))
-            });
+        let result = commit.journal.append(&*self.dev, &records).and_then(|_| {
+            self.dev
+                .flush()
+                .map_err(|e| Error::device("journal commit: flush", e))
+        });
         if let Err(err) = result {
             self.shut_down(&err);
             return Err(err);
@@ -791,7 +794,10 @@ pub(crate) fn build_allocator(sb: &Superblock, state: &MetaState) -> Result<Allo
                 Error::corrupt(
                     "extent map",
                     ext.addr,
-                    format!("inode {ino} extent at file offset {}: {reason}", ext.file_off),
+                    format!(
+                        "inode {ino} extent at file offset {}: {reason}",
+                        ext.file_off
+                    ),
                 )
             })?;
         }
@@ -898,9 +904,7 @@ mod tests {
         assert!(back[..4096].iter().all(|&b| b == 0));
         assert_eq!(&back[4096..12288], &data[..]);
         // Sub-block overwrite through a buffered handle.
-        let g = vol
-            .open_file("/d/a", OpenFlags::default())
-            .unwrap();
+        let g = vol.open_file("/d/a", OpenFlags::default()).unwrap();
         g.pwrite(b"hello", 5000).unwrap();
         f.fsync().unwrap();
         drop(f);

@@ -68,7 +68,10 @@ pub fn dio_read_simple<O: IomapOps>(
 ) -> Option<Result<usize, O::Error>> {
     let len = buf.len() as u64;
     let lbs = u64::from(dev.caps().logical_block_size);
-    if len == 0 || len > u64::from(ops.block_size()) || !is_aligned(pos, lbs) || !is_aligned(len, lbs)
+    if len == 0
+        || len > u64::from(ops.block_size())
+        || !is_aligned(pos, lbs)
+        || !is_aligned(len, lbs)
     {
         return None;
     }
@@ -549,7 +552,14 @@ pub fn dio_write<O: IomapOps>(
                     all_fua = false;
                     WriteMode::Normal
                 };
-                write_span(dev, &span, pos, req_end, buf, block_size, lbs, mode)
+                let source = WriteSource {
+                    pos,
+                    end: req_end,
+                    buf,
+                    block_size,
+                    lbs,
+                };
+                write_span(dev, &span, &source, mode)
             };
         if done > 0 && needs_zeroing(&span.iomap) {
             end_flags.unwritten = true;
@@ -583,19 +593,31 @@ pub fn dio_write<O: IomapOps>(
     })
 }
 
-/// Writes one span (edge zeroing included), its data with `mode`; returns the bytes that count as
-/// written (a contiguous prefix of the span, safe to complete) and the first
-/// error.
+/// The caller's side of a direct write: its data, where it goes, and how.
+struct WriteSource<'a> {
+    pos: u64,
+    end: u64,
+    buf: &'a [u8],
+    block_size: u32,
+    lbs: u32,
+}
+
+/// Writes one span (edge zeroing included), its data with `mode`; returns
+/// the bytes that count as written (a contiguous prefix of the span, safe to
+/// complete) and the first error.
 fn write_span(
     dev: &dyn BlockDevice,
     span: &IomapSpan,
-    req_pos: u64,
-    req_end: u64,
-    buf: &[u8],
-    block_size: u32,
-    lbs: u32,
+    source: &WriteSource<'_>,
     mode: WriteMode,
 ) -> (u64, Result<(), IomapError>) {
+    let WriteSource {
+        pos: req_pos,
+        end: req_end,
+        buf,
+        block_size,
+        lbs,
+    } = *source;
     let segments = match write_segments(span, req_pos, req_end, block_size, lbs) {
         Ok(s) => s,
         Err(e) => return (0, Err(e)),

@@ -347,7 +347,11 @@ impl<T: AsRef<InodeIoLock>> OwnedDioInflight<T> {
     /// Counts one direct I/O in flight on `owner`'s lock. Call with the lock
     /// held (either mode), like [`InodeIoLock::dio_begin`].
     pub fn begin(owner: &std::sync::Arc<T>) -> OwnedDioInflight<T> {
-        owner.as_ref().as_ref().inflight.fetch_add(1, Ordering::Relaxed);
+        owner
+            .as_ref()
+            .as_ref()
+            .inflight
+            .fetch_add(1, Ordering::Relaxed);
         OwnedDioInflight {
             owner: std::sync::Arc::clone(owner),
         }
@@ -359,4 +363,3 @@ impl<T: AsRef<InodeIoLock>> Drop for OwnedDioInflight<T> {
         self.owner.as_ref().as_ref().dio_end();
     }
 }
-

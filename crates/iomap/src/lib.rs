@@ -7,8 +7,8 @@
 
 pub mod align;
 pub mod dio;
-pub mod flush_coalesce;
 pub mod error;
+pub mod flush_coalesce;
 pub mod io_lock;
 pub mod iomap;
 pub mod iter;
