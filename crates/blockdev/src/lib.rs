@@ -23,16 +23,16 @@ pub mod caps;
 pub mod counters;
 pub mod error;
 pub mod memory;
-pub mod queue;
 mod probe;
+pub mod queue;
 pub mod sync_backend;
 pub mod uring;
 
 pub use aligned_buf::AlignedBuf;
+pub use backend::{open_device, Backend, BackendChoice};
 pub use caps::{DeviceCaps, DeviceKind};
 pub use counters::{DeviceCounters, RequestCounts};
 pub use error::DeviceError;
-pub use backend::{open_device, Backend, BackendChoice};
 pub use memory::{FaultOp, FaultRule, MemDevice, PendingWrite, Survival};
 pub use queue::{
     new_queue, DeviceCompletion, DeviceQueue, DeviceRequest, InlineQueue, QueueFull, Token,

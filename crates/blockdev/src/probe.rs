@@ -8,9 +8,12 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use crate::aligned_buf::AlignedBuf;
 use crate::error::DeviceError;
+use crate::{DeviceCaps, DeviceKind};
 
 /// Capabilities learned from the kernel for one open descriptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,10 +70,15 @@ pub(crate) fn block_device(file: &File, path: &Path, rdev: u64) -> Result<Probed
     }
 
     // Since Linux 6.11 statx reports a block device's DMA alignment, which
-    // is often smaller than the block size (e.g. 4 bytes on NVMe). Before
-    // that, the block size is the alignment the block layer always accepts.
+    // is often smaller than the block size (e.g. 4 bytes on NVMe). It is not
+    // trusted below the block size: zram on Linux 6.18 reports 512 bytes
+    // (queue/dma_alignment 511) but copies whole pages, so a 512-aligned,
+    // not page-aligned buffer gets the bytes around it overwritten by a read
+    // and wrong data written by a write. The block size is the alignment
+    // the block layer has always honoured, and an `AlignedBuf` costs nothing
+    // more at 4096 than at 4; only callers with arbitrary memory bounce more.
     let memory_alignment = match dio_support(file) {
-        DioSupport::Aligned(dio) => dio.mem_align,
+        DioSupport::Aligned(dio) => dio.mem_align.max(logical_block_size),
         _ => logical_block_size,
     };
 
@@ -222,6 +230,87 @@ pub(crate) fn dio_support(file: &File) -> DioSupport {
         }
         _ => DioSupport::Unknown,
     }
+}
+
+/// Whether a descriptor accepts non-blocking submission (`RWF_NOWAIT`,
+/// the kernel's `IOCB_NOWAIT`).
+///
+/// io_uring first issues every read and write with NOWAIT from the
+/// submitting thread; a file that refuses NOWAIT outright (zram, and other
+/// bio-based drivers without `QUEUE_FLAG_NOWAIT`) has every request handed to
+/// an io-wq kernel worker instead, which costs a context switch per request
+/// and makes io_uring slower than plain `pread`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Nowait {
+    Supported,
+    /// Refused; the text is the evidence, for the user.
+    Unsupported(String),
+    /// The probe could not tell; the text says why.
+    Unknown(String),
+}
+
+/// Probes NOWAIT on `file` (opened as described by `caps`): the block
+/// queue's `nowait` attribute where sysfs has one, then one aligned
+/// `preadv2(RWF_NOWAIT)` of the first logical block, which is what decides:
+/// the kernel answers `EOPNOTSUPP` when the file cannot take NOWAIT at all,
+/// and `EAGAIN` only when it can but would block right now.
+pub(crate) fn nowait_support(file: &File, caps: &DeviceCaps) -> Nowait {
+    if caps.kind == DeviceKind::BlockDevice {
+        if let Ok(meta) = file.metadata() {
+            let queue = queue_dir(libc::major(meta.rdev()), libc::minor(meta.rdev()));
+            if let Some(queue) = queue {
+                // Not every kernel has the attribute; when it says 0 the
+                // read below would only confirm it.
+                if let Ok(text) = std::fs::read_to_string(queue.join("nowait")) {
+                    if text.trim() == "0" {
+                        return Nowait::Unsupported(format!(
+                            "{} is 0",
+                            queue.join("nowait").display()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let len = caps.logical_block_size as usize;
+    let align = caps.memory_alignment.max(caps.logical_block_size) as usize;
+    let mut buf = match AlignedBuf::new(len, align) {
+        Ok(buf) => buf,
+        Err(e) => return Nowait::Unknown(e.to_string()),
+    };
+    let iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: len,
+    };
+    loop {
+        // SAFETY: `iov` describes `buf`, `len` writable bytes that live (and
+        // are not otherwise borrowed) for the whole call; one iovec is passed,
+        // matching `iovcnt = 1`; `file` keeps the descriptor open.
+        let n = unsafe { libc::preadv2(file.as_raw_fd(), &iov, 1, 0, libc::RWF_NOWAIT) };
+        if n >= 0 {
+            return Nowait::Supported;
+        }
+        let err = io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => Nowait::Supported,
+            Some(libc::EOPNOTSUPP) => {
+                Nowait::Unsupported("preadv2(RWF_NOWAIT) fails with EOPNOTSUPP".into())
+            }
+            _ => Nowait::Unknown(format!("preadv2(RWF_NOWAIT) failed: {err}")),
+        };
+    }
+}
+
+/// The `kernel.io_uring_disabled` sysctl (Linux 6.6+): 0 enabled, 1 only
+/// for members of `kernel.io_uring_group` (and CAP_SYS_ADMIN), 2 disabled
+/// for everyone. `None` when the kernel has no such knob or it is unreadable.
+pub(crate) fn io_uring_disabled() -> Option<u32> {
+    std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn page_size() -> u32 {

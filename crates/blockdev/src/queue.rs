@@ -102,6 +102,19 @@ pub trait DeviceQueue: Send {
 
     /// Requests pushed but not yet reaped.
     fn in_flight(&self) -> usize;
+
+    /// [`submit`](DeviceQueue::submit), then [`reap`](DeviceQueue::reap)
+    /// `(min, out)`, in one system call where the backend can (io_uring: one
+    /// `io_uring_enter` that submits and waits). The loop of a queue-depth-1
+    /// caller pays one kernel entry per request instead of two.
+    fn submit_and_reap(
+        &mut self,
+        min: usize,
+        out: &mut Vec<DeviceCompletion>,
+    ) -> Result<usize, DeviceError> {
+        self.submit()?;
+        self.reap(min, out)
+    }
 }
 
 /// A queue on `dev`: the backend's native queue if it has one (see
@@ -290,10 +303,10 @@ mod tests {
         let dev: Arc<dyn BlockDevice> = mem.clone();
         let mut q = new_queue(&dev, 8).unwrap();
         let reqs = [
-            (10, 0u64, 512usize),   // injected EIO
-            (11, 8192, 512),        // out of range
-            (12, 100, 512),         // unaligned
-            (13, 512, 512),         // fine
+            (10, 0u64, 512usize), // injected EIO
+            (11, 8192, 512),      // out of range
+            (12, 100, 512),       // unaligned
+            (13, 512, 512),       // fine
         ];
         for (token, offset, len) in reqs {
             q.push(

@@ -1,0 +1,572 @@
+//! Device queues: the io_uring queue and the inline queue keep the same
+//! contract and give the same results.
+
+mod common;
+
+use std::sync::Arc;
+
+use blockdev::{
+    new_queue, open_device, AlignedBuf, Backend, BlockDevice, DeviceCompletion, DeviceError,
+    DeviceQueue, DeviceRequest, MemDevice, SyncDevice, SyncOpenOptions, UringDevice, UringOptions,
+    WriteMode,
+};
+use common::{image, initial, random_mix};
+
+const IMAGE_BYTES: usize = 4 << 20;
+const DEPTHS: [usize; 9] = [1, 2, 3, 8, 17, 32, 64, 128, 256];
+
+fn open_uring(path: &std::path::Path, opts: UringOptions) -> Arc<dyn BlockDevice> {
+    Arc::new(UringDevice::open(path, SyncOpenOptions::default(), opts).unwrap())
+}
+
+fn open_sync(path: &std::path::Path) -> Arc<dyn BlockDevice> {
+    Arc::new(SyncDevice::open(path, SyncOpenOptions::default()).unwrap())
+}
+
+fn buf(len: usize, fill: u8) -> AlignedBuf {
+    let mut b = AlignedBuf::new(len, 4096).unwrap();
+    b.fill(fill);
+    b
+}
+
+fn reap_all(q: &mut dyn DeviceQueue) -> Vec<DeviceCompletion> {
+    q.submit().unwrap();
+    let mut out = Vec::new();
+    while q.in_flight() > 0 {
+        let n = q.in_flight();
+        q.reap(n, &mut out).unwrap();
+    }
+    out.sort_by_key(|c| c.token);
+    out
+}
+
+/// The heart of it: for every depth, the same seeded mix of reads, writes,
+/// FUA writes and flushes through io_uring, through the inline queue on the
+/// sync backend, and through the inline queue on the memory device, gives
+/// the same completions and leaves the same bytes.
+#[test]
+fn uring_and_inline_queues_agree_on_random_mixes() {
+    for (i, depth) in DEPTHS.into_iter().enumerate() {
+        let seed = 0x5eed_0000 + i as u64;
+        let ops = 300 + 8 * depth;
+
+        let uring_img = image(IMAGE_BYTES, initial);
+        let uring = open_uring(uring_img.path(), UringOptions::default());
+        assert_eq!(uring.backend_name(), "uring");
+        let lbs = uring.caps().logical_block_size as usize;
+        let align = uring.caps().memory_alignment.max(1) as usize;
+        let size = uring.caps().size_bytes as usize;
+        let mut model: Vec<u8> = (0..size).map(initial).collect();
+        let mut q = new_queue(&uring, depth).unwrap();
+        assert_eq!(q.depth(), depth);
+        let uring_log = random_mix(q.as_mut(), &mut model, lbs, align, seed, ops);
+        drop(q);
+
+        let sync_img = image(IMAGE_BYTES, initial);
+        let sync = open_sync(sync_img.path());
+        assert_eq!(sync.backend_name(), "sync");
+        let mut sync_model: Vec<u8> = (0..size).map(initial).collect();
+        let mut q = new_queue(&sync, depth).unwrap();
+        let sync_log = random_mix(q.as_mut(), &mut sync_model, lbs, align, seed, ops);
+        drop(q);
+
+        let mem = Arc::new(MemDevice::new(size as u64, lbs as u32));
+        let initial_bytes: Vec<u8> = (0..size).map(initial).collect();
+        mem.write_at(&initial_bytes, 0, WriteMode::Normal).unwrap();
+        let mem_dev: Arc<dyn BlockDevice> = mem.clone();
+        let mut mem_model = initial_bytes.clone();
+        let mut q = new_queue(&mem_dev, depth).unwrap();
+        let mem_log = random_mix(q.as_mut(), &mut mem_model, lbs, align, seed, ops);
+        drop(q);
+
+        assert_eq!(uring_log.len(), ops);
+        assert_eq!(uring_log, sync_log, "depth {depth}: uring vs sync");
+        assert_eq!(uring_log, mem_log, "depth {depth}: uring vs memory");
+        assert!(model == sync_model && model == mem_model);
+
+        // What reached the files: the model, byte for byte.
+        drop((uring, sync));
+        assert!(std::fs::read(uring_img.path()).unwrap()[..size] == model[..]);
+        assert!(std::fs::read(sync_img.path()).unwrap()[..size] == model[..]);
+        assert!(mem.snapshot() == model);
+    }
+}
+
+#[test]
+fn counters_match_the_sync_backend() {
+    let img = image(IMAGE_BYTES, initial);
+    let dev = open_uring(img.path(), UringOptions::default());
+    let lbs = dev.caps().logical_block_size as usize;
+    let mut q = new_queue(&dev, 8).unwrap();
+    q.push(
+        1,
+        DeviceRequest::Write {
+            offset: 0,
+            buf: buf(2 * lbs, 1),
+            mode: WriteMode::Normal,
+        },
+    )
+    .unwrap();
+    q.push(
+        2,
+        DeviceRequest::Write {
+            offset: 0,
+            buf: buf(lbs, 2),
+            mode: WriteMode::Fua,
+        },
+    )
+    .unwrap();
+    q.push(
+        3,
+        DeviceRequest::Read {
+            offset: 0,
+            buf: buf(2 * lbs, 0),
+        },
+    )
+    .unwrap();
+    q.push(4, DeviceRequest::Flush).unwrap();
+    q.push(5, DeviceRequest::Flush).unwrap();
+    for c in reap_all(q.as_mut()) {
+        c.result.unwrap();
+    }
+    let c = dev.counters().snapshot();
+    assert_eq!(
+        (c.reads, c.writes, c.fua_writes, c.flushes),
+        (1, 2, 1, 2),
+        "{c:?}"
+    );
+    assert_eq!(c.bytes_written, 3 * lbs as u64);
+    assert_eq!(c.bytes_read, 2 * lbs as u64);
+}
+
+/// Invalid requests, and requests the kernel fails, complete with the
+/// error, their own token and their buffer; the queue stays usable.
+#[test]
+fn errors_are_completions_with_the_right_token() {
+    let img = image(IMAGE_BYTES, initial);
+    let dev = open_uring(img.path(), UringOptions::default());
+    let lbs = dev.caps().logical_block_size as usize;
+    let size = dev.caps().size_bytes;
+    let mut q = new_queue(&dev, 16).unwrap();
+    q.push(
+        10,
+        DeviceRequest::Read {
+            offset: size,
+            buf: buf(lbs, 10),
+        },
+    )
+    .unwrap();
+    q.push(
+        11,
+        DeviceRequest::Write {
+            offset: 1,
+            buf: buf(lbs, 11),
+            mode: WriteMode::Normal,
+        },
+    )
+    .unwrap();
+    q.push(
+        12,
+        DeviceRequest::Read {
+            offset: 0,
+            buf: buf(lbs + 1, 12),
+        },
+    )
+    .unwrap();
+    q.push(
+        13,
+        DeviceRequest::Read {
+            offset: 0,
+            buf: buf(0, 13),
+        },
+    )
+    .unwrap();
+    q.push(
+        14,
+        DeviceRequest::Read {
+            offset: lbs as u64,
+            buf: buf(lbs, 14),
+        },
+    )
+    .unwrap();
+    let out = reap_all(q.as_mut());
+    let tokens: Vec<_> = out.iter().map(|c| c.token).collect();
+    assert_eq!(tokens, [10, 11, 12, 13, 14]);
+    assert!(
+        matches!(out[0].result, Err(DeviceError::OutOfRange { .. })),
+        "{:?}",
+        out[0]
+    );
+    assert!(
+        matches!(out[1].result, Err(DeviceError::Unaligned { .. })),
+        "{:?}",
+        out[1]
+    );
+    assert!(
+        matches!(out[2].result, Err(DeviceError::Unaligned { .. })),
+        "{:?}",
+        out[2]
+    );
+    assert_eq!(*out[3].result.as_ref().unwrap(), 0);
+    assert_eq!(*out[4].result.as_ref().unwrap(), lbs);
+    for c in &out[..4] {
+        let b = c.buf.as_ref().unwrap();
+        assert!(
+            b.iter().all(|&x| x == c.token as u8),
+            "buffer {} untouched",
+            c.token
+        );
+    }
+    let expect: Vec<u8> = (lbs..2 * lbs).map(initial).collect();
+    assert!(out[4].buf.as_ref().unwrap()[..] == expect[..]);
+    // Rejected requests are not counted as issued.
+    assert_eq!(dev.counters().snapshot().reads, 2);
+
+    // A failure inside the kernel: the image shrank under the device.
+    img.as_file().set_len(0).unwrap();
+    q.push(
+        20,
+        DeviceRequest::Read {
+            offset: 0,
+            buf: buf(lbs, 0),
+        },
+    )
+    .unwrap();
+    q.push(21, DeviceRequest::Flush).unwrap();
+    let out = reap_all(q.as_mut());
+    assert_eq!(out[0].token, 20);
+    assert!(
+        matches!(out[0].result, Err(DeviceError::Short { done: 0, .. })),
+        "{:?}",
+        out[0].result
+    );
+    assert_eq!(out[1].token, 21);
+    out[1].result.as_ref().unwrap();
+}
+
+#[test]
+fn read_only_devices_complete_writes_with_an_error() {
+    let img = image(IMAGE_BYTES, initial);
+    let dev: Arc<dyn BlockDevice> = Arc::new(
+        UringDevice::open(
+            img.path(),
+            SyncOpenOptions { read_only: true },
+            UringOptions::default(),
+        )
+        .unwrap(),
+    );
+    let mut q = new_queue(&dev, 4).unwrap();
+    q.push(
+        7,
+        DeviceRequest::Write {
+            offset: 0,
+            buf: buf(4096, 7),
+            mode: WriteMode::Fua,
+        },
+    )
+    .unwrap();
+    let out = reap_all(q.as_mut());
+    assert_eq!(out[0].token, 7);
+    let err = out[0].result.as_ref().unwrap_err();
+    assert!(matches!(err, DeviceError::ReadOnly { .. }), "{err}");
+    assert_eq!(dev.counters().snapshot().writes, 0);
+}
+
+#[test]
+fn a_full_queue_hands_the_request_back() {
+    let img = image(IMAGE_BYTES, initial);
+    let dev = open_uring(img.path(), UringOptions::default());
+    let mut q = new_queue(&dev, 2).unwrap();
+    q.push(1, DeviceRequest::Flush).unwrap();
+    q.push(
+        2,
+        DeviceRequest::Read {
+            offset: 0,
+            buf: buf(4096, 0),
+        },
+    )
+    .unwrap();
+    let full = q
+        .push(
+            3,
+            DeviceRequest::Read {
+                offset: 0,
+                buf: buf(4096, 3),
+            },
+        )
+        .unwrap_err();
+    assert_eq!((full.token, full.depth), (3, 2));
+    let DeviceRequest::Read { buf, .. } = full.request else {
+        panic!("request changed")
+    };
+    assert!(buf.iter().all(|&b| b == 3));
+    // `min` beyond what is in flight waits for what there is.
+    let mut out = Vec::new();
+    assert_eq!(q.reap(100, &mut out).unwrap(), 2);
+    assert_eq!(q.in_flight(), 0);
+    // Depth is clamped, never zero.
+    assert_eq!(new_queue(&dev, 0).unwrap().depth(), 1);
+}
+
+/// Dropping a queue with requests in flight (submitted or only pushed)
+/// waits for them: no crash, no write lost or torn, the device usable after.
+#[test]
+fn dropping_a_queue_with_requests_in_flight_is_safe() {
+    let img = image(IMAGE_BYTES, initial);
+    let dev = open_uring(img.path(), UringOptions::default());
+    let lbs = dev.caps().logical_block_size as usize;
+    let chunk = 4 * lbs;
+    for round in 0..20u8 {
+        let mut q = new_queue(&dev, 256).unwrap();
+        for i in 0..128usize {
+            let offset = (i * chunk) as u64;
+            q.push(
+                i as u64,
+                DeviceRequest::Write {
+                    offset,
+                    buf: buf(chunk, round ^ i as u8),
+                    mode: WriteMode::Normal,
+                },
+            )
+            .unwrap();
+            // Reads of other blocks, into buffers the kernel writes to.
+            let roff = ((128 + i) * chunk) as u64;
+            q.push(
+                1000 + i as u64,
+                DeviceRequest::Read {
+                    offset: roff,
+                    buf: buf(chunk, 0),
+                },
+            )
+            .unwrap();
+            if i == 100 {
+                q.submit().unwrap();
+            }
+        }
+        // 202 submitted, 54 only pushed; none reaped.
+        drop(q);
+        let mut back = buf(128 * chunk, 0);
+        dev.read_at(&mut back, 0).unwrap();
+        for i in 0..128usize {
+            let want = round ^ i as u8;
+            let got = &back[i * chunk..(i + 1) * chunk];
+            assert!(got.iter().all(|&b| b == want), "round {round} write {i}");
+        }
+    }
+    let c = dev.counters().snapshot();
+    assert_eq!(c.writes, 20 * 128);
+}
+
+/// Each thread makes its own queue (its own ring) on one shared device.
+#[test]
+fn one_queue_per_thread_on_a_shared_device() {
+    let img = image(IMAGE_BYTES, initial);
+    let dev = open_uring(img.path(), UringOptions::default());
+    let lbs = dev.caps().logical_block_size as usize;
+    let size = dev.caps().size_bytes as usize;
+    let threads = 4;
+    let slice = size / threads;
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let dev = Arc::clone(&dev);
+            s.spawn(move || {
+                let mut q = new_queue(&dev, 32).unwrap();
+                let base = (t * slice) as u64;
+                for i in 0..slice / lbs {
+                    let offset = base + (i * lbs) as u64;
+                    let fill = (t * 31 + i) as u8;
+                    if q.in_flight() == q.depth() {
+                        q.submit().unwrap();
+                        let mut out = Vec::new();
+                        q.reap(1, &mut out).unwrap();
+                        for c in out {
+                            c.result.unwrap();
+                        }
+                    }
+                    q.push(
+                        offset,
+                        DeviceRequest::Write {
+                            offset,
+                            buf: buf(lbs, fill),
+                            mode: WriteMode::Normal,
+                        },
+                    )
+                    .unwrap();
+                }
+                for c in reap_all(q.as_mut()) {
+                    c.result.unwrap();
+                }
+            });
+        }
+    });
+    let on_disk = std::fs::read(img.path()).unwrap();
+    for t in 0..threads {
+        for i in 0..slice / lbs {
+            let at = t * slice + i * lbs;
+            assert!(on_disk[at..at + lbs]
+                .iter()
+                .all(|&b| b == (t * 31 + i) as u8));
+        }
+    }
+}
+
+/// SQPOLL: a kernel thread takes submissions; same results.
+#[test]
+fn sqpoll_ring_gives_the_same_results() {
+    let img = image(IMAGE_BYTES, initial);
+    let opts = UringOptions {
+        iopoll: false,
+        sqpoll_idle_ms: Some(20),
+    };
+    let dev = match UringDevice::open(img.path(), SyncOpenOptions::default(), opts) {
+        Ok(dev) => Arc::new(dev) as Arc<dyn BlockDevice>,
+        // Unprivileged SQPOLL needs Linux 5.11+; say so rather than fail.
+        Err(e) => return eprintln!("skipping: SQPOLL unavailable: {e}"),
+    };
+    let lbs = dev.caps().logical_block_size as usize;
+    let size = dev.caps().size_bytes as usize;
+    let mut model: Vec<u8> = (0..size).map(initial).collect();
+    let mut q = new_queue(&dev, 32).unwrap();
+    random_mix(q.as_mut(), &mut model, lbs, 4096, 77, 1000);
+    drop(q);
+    drop(dev);
+    assert!(std::fs::read(img.path()).unwrap()[..size] == model[..]);
+}
+
+/// IOPOLL on a device without poll queues (an image file): reads and writes
+/// complete with the kernel's error, flushes still work (they run as
+/// fdatasync), and nothing hangs.
+#[test]
+fn iopoll_ring_reports_unsupported_io_as_completions() {
+    let img = image(IMAGE_BYTES, initial);
+    let opts = UringOptions {
+        iopoll: true,
+        sqpoll_idle_ms: None,
+    };
+    let sync = Arc::new(SyncDevice::open(img.path(), SyncOpenOptions::default()).unwrap());
+    if !sync.caps().direct_io {
+        return eprintln!("skipping: no O_DIRECT here, IOPOLL cannot apply");
+    }
+    // The availability check reads through the ring, which IOPOLL refuses
+    // on a file without poll support: that is an honest "unusable".
+    match UringDevice::from_sync(Arc::clone(&sync), opts) {
+        Ok(dev) => {
+            let dev: Arc<dyn BlockDevice> = Arc::new(dev);
+            let mut q = new_queue(&dev, 4).unwrap();
+            q.push(
+                1,
+                DeviceRequest::Read {
+                    offset: 0,
+                    buf: buf(4096, 0),
+                },
+            )
+            .unwrap();
+            q.push(2, DeviceRequest::Flush).unwrap();
+            let out = reap_all(q.as_mut());
+            assert_eq!(out.len(), 2);
+            out[1].result.as_ref().unwrap();
+            eprintln!("IOPOLL read on an image: {:?}", out[0].result);
+        }
+        Err(e) => {
+            let text = e.to_string();
+            assert!(text.contains("io_uring"), "{text}");
+            eprintln!("IOPOLL refused as expected: {text}");
+        }
+    }
+}
+
+/// Big requests and misaligned buffer memory: bounced where direct I/O
+/// needs it, correct either way.
+#[test]
+fn large_and_misaligned_buffers_round_trip() {
+    let img = image(IMAGE_BYTES, initial);
+    let dev = Arc::new(
+        UringDevice::open(
+            img.path(),
+            SyncOpenOptions::default(),
+            UringOptions::default(),
+        )
+        .unwrap(),
+    );
+    let as_dyn: Arc<dyn BlockDevice> = dev.clone();
+    let len = 1 << 20;
+    // Alignment 1: at this size the allocator returns mmap'd memory 16 bytes
+    // into a page, misaligned for any direct-I/O alignment above 16.
+    let mut data = AlignedBuf::new(len, 1).unwrap();
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    let needs_bounce = |b: &AlignedBuf| {
+        dev.caps().direct_io
+            && !(b.as_ptr() as usize).is_multiple_of(dev.caps().memory_alignment as usize)
+    };
+    let mut bounces = u64::from(needs_bounce(&data));
+    let expect = data.to_vec();
+    let mut q = new_queue(&as_dyn, 4).unwrap();
+    q.push(
+        1,
+        DeviceRequest::Write {
+            offset: 0,
+            buf: data,
+            mode: WriteMode::Fua,
+        },
+    )
+    .unwrap();
+    let out = reap_all(q.as_mut());
+    assert_eq!(*out[0].result.as_ref().unwrap(), len);
+    let back = AlignedBuf::new(len, 1).unwrap();
+    bounces += u64::from(needs_bounce(&back));
+    q.push(
+        2,
+        DeviceRequest::Read {
+            offset: 0,
+            buf: back,
+        },
+    )
+    .unwrap();
+    let out = reap_all(q.as_mut());
+    assert!(out[0].buf.as_ref().unwrap()[..] == expect[..]);
+    assert_eq!(dev.sync_device().bounced_requests(), bounces);
+    eprintln!("bounced {bounces} of 2 requests");
+}
+
+#[test]
+fn open_device_on_an_image_file() {
+    let img = image(IMAGE_BYTES, initial);
+    let (dev, choice) = open_device(img.path(), false, Backend::Sync).unwrap();
+    assert_eq!(choice.backend, Backend::Sync);
+    assert_eq!(dev.backend_name(), "sync");
+    assert_eq!(choice.reason, "sync: requested");
+    drop(dev);
+
+    let (dev, choice) = open_device(img.path(), false, Backend::Auto).unwrap();
+    eprintln!("image file: {choice}");
+    assert_ne!(choice.backend, Backend::Auto);
+    assert_eq!(dev.backend_name(), choice.backend.as_str());
+    // Regular files on ext4, xfs, btrfs and tmpfs all take NOWAIT, so where
+    // io_uring works, Auto must pick it.
+    if choice.backend == Backend::Sync {
+        assert!(
+            choice.reason.contains("io_uring"),
+            "sync chosen for a reason other than io_uring: {choice}"
+        );
+    } else {
+        assert_eq!(choice.reason, "io_uring: device accepts NOWAIT");
+    }
+    let works = choice.backend == Backend::Uring;
+    drop(dev);
+
+    match open_device(img.path(), true, Backend::Uring) {
+        Ok((dev, choice)) => {
+            assert!(works);
+            assert_eq!(choice.backend, Backend::Uring);
+            assert_eq!(dev.backend_name(), "uring");
+            assert!(choice.reason.starts_with("io_uring: requested"), "{choice}");
+        }
+        Err(e) => {
+            assert!(!works);
+            assert!(matches!(e, DeviceError::Unusable { .. }));
+            assert!(e.to_string().contains("io_uring backend requested"), "{e}");
+        }
+    }
+}
