@@ -74,6 +74,12 @@ Exit status: 0 success; 1 an operation failed or fsck found problems;
 #[derive(Parser)]
 #[command(name = "iomapfs", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
 struct Cli {
+    /// I/O backend for the target: `sync` (pread/pwritev2), `uring`
+    /// (io_uring), or `auto` — io_uring only when the device accepts NOWAIT
+    /// submission (zram, for one, does not: io_uring would punt every request
+    /// to a kernel worker). `stat` in `iomapfs io` shows the choice and why.
+    #[arg(long, global = true, value_name = "BACKEND", default_value = "auto")]
+    backend: blockdev::Backend,
     #[command(subcommand)]
     command: Command,
 }
@@ -128,6 +134,7 @@ fn main() -> ExitCode {
     default_sigpipe();
     install_panic_hook();
     let cli = Cli::parse();
+    target::set_backend(cli.backend);
     let result = match cli.command {
         Command::Mkfs(args) => mkfs::run(&args),
         Command::Fsck(args) => fsck::run(&args),

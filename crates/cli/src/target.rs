@@ -4,15 +4,34 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use blockdev::sync_backend::{SyncDevice, SyncOpenOptions};
-use blockdev::{BlockDevice, DeviceKind};
+use std::sync::{Mutex, OnceLock};
+
+use blockdev::{Backend, BlockDevice, DeviceKind};
 
 use crate::Failure;
 
-/// Opens `path` with the synchronous backend (`O_DIRECT`, pread/pwritev2).
+/// The backend the command line asked for (`--backend`), set once at start.
+static BACKEND: OnceLock<Backend> = OnceLock::new();
+
+/// Why the last device was opened with the backend it got, for reports.
+static LAST_CHOICE: Mutex<Option<String>> = Mutex::new(None);
+
+/// Records the `--backend` choice for every later [`open_device`].
+pub fn set_backend(backend: Backend) {
+    let _ = BACKEND.set(backend);
+}
+
+/// Opens `path` with the backend chosen on the command line (default:
+/// probed, see `blockdev::open_device`).
 pub fn open_device(path: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>, Failure> {
-    match SyncDevice::open(path, SyncOpenOptions { read_only }) {
-        Ok(dev) => Ok(Arc::new(dev)),
+    let backend = BACKEND.get().copied().unwrap_or(Backend::Auto);
+    match blockdev::open_device(path, read_only, backend) {
+        Ok((dev, choice)) => {
+            if let Ok(mut last) = LAST_CHOICE.lock() {
+                *last = Some(choice.reason);
+            }
+            Ok(dev)
+        }
         // The device error names the path and the cause already.
         Err(e) => Err(Failure::new(1, e.to_string())),
     }
@@ -26,17 +45,24 @@ pub fn describe_device(dev: &dyn BlockDevice) -> String {
         DeviceKind::ImageFile => "image file",
         DeviceKind::Memory => "memory",
     };
-    let backend = match caps.kind {
-        DeviceKind::Memory => "memory",
-        _ if caps.direct_io => "sync (O_DIRECT pread/pwritev2)",
+    let io = if caps.kind == DeviceKind::Memory || caps.direct_io {
+        "O_DIRECT"
+    } else {
         // The file system refused O_DIRECT: still durable (flush is
         // fdatasync), but timings measure the kernel page cache.
-        _ => "sync (buffered pread/pwritev2: O_DIRECT refused by the host file system)",
+        "buffered: O_DIRECT refused by the host file system"
     };
+    let why = LAST_CHOICE
+        .lock()
+        .ok()
+        .and_then(|last| last.clone())
+        .map(|reason| format!(" [{reason}]"))
+        .unwrap_or_default();
     format!(
-        "{} ({kind}), backend {backend}, {} bytes, logical block {} bytes, \
+        "{} ({kind}), backend {} ({io}){why}, {} bytes, logical block {} bytes, \
          memory alignment {}, FUA {}, volatile write cache {}",
         caps.name,
+        dev.backend_name(),
         caps.size_bytes,
         caps.logical_block_size,
         caps.memory_alignment,

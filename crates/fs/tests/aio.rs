@@ -122,8 +122,9 @@ fn async_reads_and_writes_match_the_sync_path_at_every_depth() {
                 assert_eq!(c.result.unwrap(), len as usize);
             }
         }
+        let check = vol.open_file("/frag", OpenFlags::default()).unwrap();
         let mut all = vec![0u8; model.len() + 4096];
-        let n = f.pread(&mut all, 0).unwrap();
+        let n = check.pread(&mut all, 0).unwrap();
         assert_eq!(n, model.len(), "depth {depth}: size");
         assert!(
             all[..n] == model[..],
@@ -131,6 +132,7 @@ fn async_reads_and_writes_match_the_sync_path_at_every_depth() {
         );
         drop(q);
         drop(f);
+        drop(check);
         vol.unmount().unwrap();
         let report = iomapfs_fs::fsck::check(dev.clone()).unwrap();
         assert!(report.is_clean(), "{:?}", report.problems);
@@ -238,4 +240,72 @@ fn device_errors_reach_the_submitter_with_token_and_cause() {
     // drains in-flight direct I/O, does not hang.
     f.truncate(BLOCK).unwrap();
     assert_eq!(f.stat().unwrap().size, BLOCK);
+}
+
+#[test]
+fn async_io_through_a_real_io_uring_ring_matches_the_sync_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vol.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(32 << 20)
+        .unwrap();
+    let dev = match blockdev::open_device(&path, false, blockdev::Backend::Uring) {
+        Ok((dev, _)) => dev,
+        Err(e) => {
+            if std::env::var_os("IOMAPFS_REQUIRE_PRIVILEGED").is_some() {
+                panic!("io_uring unavailable: {e}");
+            }
+            println!("skipped: io_uring unavailable here: {e}");
+            return;
+        }
+    };
+    assert_eq!(dev.backend_name(), "uring");
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone()).unwrap();
+    let mut rng = SmallRng::seed_from_u64(7);
+    let (f, model) = fragmented_file(&vol, &mut rng);
+    let lbs = u64::from(dev.caps().logical_block_size);
+    let mut q = vol.io_queue(32).unwrap();
+    let mut expected = HashMap::new();
+    for token in 0..256u64 {
+        let off = rng.gen_range(0..60u64) * BLOCK;
+        let len = lbs * rng.gen_range(1..=16u64);
+        q.submit_read(&f, off, AlignedBuf::new(len as usize, 4096).unwrap(), token)
+            .unwrap();
+        expected.insert(token, (off, len));
+    }
+    q.submit().unwrap();
+    for (token, c) in reap_all(&mut q) {
+        let (off, len) = expected[&token];
+        let n = c.result.unwrap();
+        let want_len = (model.len() as u64).saturating_sub(off).min(len) as usize;
+        assert_eq!(n, want_len);
+        assert_eq!(
+            &c.buf[..n],
+            &model[off as usize..off as usize + n],
+            "read {token}"
+        );
+    }
+    // Pure overwrites through the ring, then check with the sync path.
+    let mut model = model;
+    for token in 0..64u64 {
+        let b = rng.gen_range(0..60u64);
+        let at = (b * BLOCK) as usize;
+        if model[at..at + BLOCK as usize].iter().all(|&x| x == 0) {
+            continue; // keep to written blocks: pure overwrites
+        }
+        let data = vec![token as u8; BLOCK as usize];
+        model[at..at + BLOCK as usize].copy_from_slice(&data);
+        q.submit_write(&f, b * BLOCK, buf_of(&data), 1000 + token)
+            .unwrap();
+        q.submit().unwrap();
+        for (_, c) in reap_all(&mut q) {
+            assert_eq!(c.result.unwrap(), BLOCK as usize);
+        }
+    }
+    let check = vol.open_file("/frag", OpenFlags::default()).unwrap();
+    let mut all = vec![0u8; model.len() + 4096];
+    assert_eq!(check.pread(&mut all, 0).unwrap(), model.len());
+    assert!(all[..model.len()] == model[..]);
 }
