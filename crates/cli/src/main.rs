@@ -4,6 +4,7 @@
 //! Errors go to standard error prefixed with `iomapfs: `; exit codes are
 //! documented in `iomapfs --help`.
 
+mod bench;
 mod demo;
 mod fsck;
 mod io;
@@ -90,6 +91,7 @@ enum Command {
     Fsck(fsck::FsckArgs),
     Io(io::IoArgs),
     Demo(demo::DemoArgs),
+    Bench(bench::BenchArgs),
 }
 
 /// Keeps panics (bugs, never user errors) from printing a bare backtrace:
@@ -140,6 +142,7 @@ fn main() -> ExitCode {
         Command::Fsck(args) => fsck::run(&args),
         Command::Io(args) => io::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Bench(args) => bench::run(&args, cli.backend).map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -105,7 +105,10 @@ fn check_state(state: &MetaState, report: &mut FsckReport) {
                         .push(format!("file {ino}: extent map: {reason}"));
                 }
                 report.extents += inode.extents.len() as u64;
-                let eof_block_end = inode.size.div_ceil(block) * block;
+                let eof_block_end = inode
+                    .size
+                    .checked_next_multiple_of(block)
+                    .unwrap_or(u64::MAX);
                 for ext in inode.extents.iter() {
                     if ext.state == ExtentState::Written && ext.file_end() > eof_block_end {
                         report.problems.push(format!(

@@ -229,7 +229,7 @@ impl IomapOps for FsOps<'_> {
             let start = round_down(pos, block);
             (start, round_up(end, block) - start)
         } else {
-            (pos, 0)
+            (round_down(pos, block), 0)
         };
         let mut meta = self.vol.meta.write();
         meta.log(Record::CompleteWrite {

@@ -9,9 +9,13 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::extent_map::ExtentMap;
+use crate::file::MAX_FILE_SIZE;
 use crate::types::{
     DirEntryImage, Extent, FileKind, Ino, InodeImage, MetaImage, Record, MAX_NAME_LEN, ROOT_INO,
 };
+
+/// Inode numbers stay below this, so `ino + 1` never overflows.
+pub const MAX_INO: Ino = 1 << 62;
 
 /// Encoded bytes a checkpoint spends per inode, extent and directory entry,
 /// rounded up: used to refuse changes that would not fit a checkpoint slot.
@@ -113,6 +117,9 @@ impl MetaState {
             Some(root) if root.kind == FileKind::Directory => {}
             _ => return Err("root directory missing".to_string()),
         }
+        if image.next_ino > MAX_INO {
+            return Err(format!("next inode number {} out of range", image.next_ino));
+        }
         let mut state = MetaState {
             block_size,
             next_ino: image.next_ino,
@@ -120,6 +127,7 @@ impl MetaState {
             image_bytes: 0,
         };
         state.rebuild_parents()?;
+        state.check_links_and_kinds()?;
         state.image_bytes = state.compute_image_bytes();
         Ok(state)
     }
@@ -148,6 +156,42 @@ impl MetaState {
                 return Err(format!("inode {child} has more than one name"));
             }
             inode.parent = parent;
+        }
+        Ok(())
+    }
+
+    /// What a checkpoint image must satisfy beyond its encoding: link
+    /// counts match the directory entries (an unlinked-but-open orphan has
+    /// none), sizes are in range, and only directories have entries.
+    fn check_links_and_kinds(&self) -> Result<(), ApplyError> {
+        for inode in self.inodes.values() {
+            let names = u32::from(inode.parent != 0 && inode.ino != ROOT_INO);
+            let consistent = if inode.ino == ROOT_INO {
+                inode.nlink == 1
+            } else {
+                inode.nlink == names
+            };
+            if !consistent {
+                return Err(format!(
+                    "inode {}: link count {} but {names} directory entries",
+                    inode.ino, inode.nlink
+                ));
+            }
+            if inode.size > MAX_FILE_SIZE {
+                return Err(format!(
+                    "inode {}: size {} exceeds {MAX_FILE_SIZE}",
+                    inode.ino, inode.size
+                ));
+            }
+            match inode.kind {
+                FileKind::Directory if !inode.extents.is_empty() => {
+                    return Err(format!("directory {} has data extents", inode.ino))
+                }
+                FileKind::Regular if !inode.entries.is_empty() => {
+                    return Err(format!("file {} has directory entries", inode.ino))
+                }
+                _ => {}
+            }
         }
         Ok(())
     }
@@ -213,6 +257,7 @@ impl MetaState {
         record: &Record,
         freed: &mut Vec<(u64, u64)>,
     ) -> Result<(), ApplyError> {
+        self.check_record(record)?;
         match record {
             Record::Create {
                 ino,
@@ -302,6 +347,63 @@ impl MetaState {
                 self.adjust_extents(before, after);
                 Ok(())
             }
+        }
+    }
+
+    /// Rejects a record no live operation would write: ranges not on block
+    /// boundaries, sizes or inode numbers past their limits. Replay meets
+    /// such records only in a corrupt (or hostile) journal.
+    fn check_record(&self, record: &Record) -> Result<(), ApplyError> {
+        let block = u64::from(self.block_size);
+        let range = |what: &str, off: u64, len: u64, allow_empty: bool| {
+            let end = off.checked_add(len).filter(|&e| e <= MAX_FILE_SIZE);
+            if end.is_none()
+                || !off.is_multiple_of(block)
+                || !len.is_multiple_of(block)
+                || (len == 0 && !allow_empty)
+            {
+                return Err(format!(
+                    "{what}: file range {off}+{len} is not whole blocks of {block} bytes below {MAX_FILE_SIZE}"
+                ));
+            }
+            Ok(())
+        };
+        let size = |what: &str, size: u64| {
+            if size > MAX_FILE_SIZE {
+                return Err(format!("{what}: size {size} exceeds {MAX_FILE_SIZE}"));
+            }
+            Ok(())
+        };
+        match record {
+            Record::Create { ino, .. } if *ino == 0 || *ino >= MAX_INO => {
+                Err(format!("create: inode number {ino} out of range"))
+            }
+            Record::MapUnwritten {
+                file_off,
+                len,
+                addr,
+                ..
+            } => {
+                range("map unwritten", *file_off, *len, false)?;
+                if !addr.is_multiple_of(block) || addr.checked_add(*len).is_none() {
+                    return Err(format!(
+                        "map unwritten: device address {addr} is not a block"
+                    ));
+                }
+                Ok(())
+            }
+            Record::CompleteWrite {
+                file_off,
+                len,
+                min_size,
+                ..
+            } => {
+                range("complete write", *file_off, *len, true)?;
+                size("complete write", *min_size)
+            }
+            Record::SetSize { size: s, .. } => size("set size", *s),
+            Record::Punch { file_off, len, .. } => range("punch", *file_off, *len, false),
+            _ => Ok(()),
         }
     }
 

@@ -201,11 +201,11 @@ impl Case {
             2..=4 => {
                 let d = self.pick(DIR_POOL);
                 let n = self.pick(NAME_POOL);
-                join(&d, &n)
+                join(d, n)
             }
             _ => {
                 let n = self.pick(NAME_POOL);
-                join("/", &n)
+                join("/", n)
             }
         }
     }
@@ -801,7 +801,7 @@ impl Case {
         if st.nlink != want_nlink {
             self.fail(format!("{what}: nlink {} want {want_nlink}", st.nlink));
         }
-        if st.allocated_bytes % self.bs != 0 {
+        if st.allocated_bytes / self.bs * self.bs != st.allocated_bytes {
             self.fail(format!(
                 "{what}: allocated_bytes {} not a multiple of the block size",
                 st.allocated_bytes

@@ -14,7 +14,7 @@
 //! written data. Some recovered volumes are then written to, unmounted and
 //! checked again.
 //!
-//! Env: `IOMAPFS_POWER_CUTS` (default 10000 per run, split over the two
+//! Env: `IOMAPFS_POWER_CUTS` (default 20000 per run, split over the two
 //! tests), `IOMAPFS_TEST_SEED` (one workload), `IOMAPFS_TEST_BASE_SEED`.
 
 mod common;
@@ -24,7 +24,7 @@ use std::time::Instant;
 
 use blockdev::memory::MemDevice;
 use blockdev::BlockDevice;
-use common::dev::{cut, fsck_clean, CutPolicy, Geometry, TapDevice, Tapped, MIB};
+use common::dev::{cut, fsck_clean, try_fsck_clean, CutPolicy, Geometry, TapDevice, Tapped, MIB};
 use common::history::{tagged, Window};
 use common::volstate::read_volume;
 use common::workload::{Workload, WorkloadCfg};
@@ -63,6 +63,10 @@ fn policy_for(mix: Mix, rng: &mut SmallRng) -> CutPolicy {
 /// Runs one workload, cutting power along the way; verifies every cut.
 /// Returns the number of cut states verified.
 fn run_workload(seed: u64, mix: Mix, stats: &Stats) -> u64 {
+    run_workload_on(seed, mix, stats, false).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn run_workload_on(seed: u64, mix: Mix, stats: &Stats, lying_device: bool) -> Result<u64, String> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let fua = rng.gen_bool(0.5);
     let size = [4 * MIB, 6 * MIB, 8 * MIB][rng.gen_range(0..3)];
@@ -73,6 +77,8 @@ fn run_workload(seed: u64, mix: Mix, stats: &Stats) -> u64 {
     };
     let mem = geo.formatted_device(size, fua);
     let tap = TapDevice::new(mem.clone());
+    tap.lie_about_flush
+        .store(lying_device, std::sync::atomic::Ordering::Relaxed);
 
     let states: Arc<Mutex<Vec<CutState>>> = Arc::default();
     let cfg = WorkloadCfg::default();
@@ -173,10 +179,10 @@ fn run_workload(seed: u64, mix: Mix, stats: &Stats) -> u64 {
             "seed={seed} cut #{i} before request {} ({}), policy {:?}, window lo={} completed={} hi={}, fua={fua} {}",
             cs.request, cs.what, cs.policy, cs.window.lo, cs.window.completed, cs.window.hi, geo.describe()
         );
-        verify_cut(cs, &wl, &ctx, &mut rng, stats);
+        verify_cut(cs, &wl, &ctx, &mut rng, stats)?;
         watchdog().beat();
     }
-    n
+    Ok(n)
 }
 
 /// With `IOMAPFS_FULL_HISTORY=1`, every op of the workload, for a failure
@@ -194,16 +200,24 @@ fn full_history(wl: &Workload) -> String {
     format!("\n  all ops:\n{}", ops.join("\n"))
 }
 
-fn verify_cut(cs: CutState, wl: &Workload, ctx: &str, rng: &mut SmallRng, stats: &Stats) {
+/// Verifies one crash state. `Err` for a violated invariant; panics only in
+/// the optional post-recovery part.
+fn verify_cut(
+    cs: CutState,
+    wl: &Workload,
+    ctx: &str,
+    rng: &mut SmallRng,
+    stats: &Stats,
+) -> Result<(), String> {
     let dev: Arc<dyn BlockDevice> = Arc::new(cs.dev);
-    let report = fsck_clean(dev.clone(), &format!("{ctx}: fsck of the crash state"));
+    let report = try_fsck_clean(dev.clone(), &format!("{ctx}: fsck of the crash state"))?;
     stats.add("journal_records_replayed", report.journal_records);
     let vol = Volume::open(dev.clone())
-        .unwrap_or_else(|e| panic!("{ctx}: mount of the crash state failed: {e}"));
+        .map_err(|e| format!("{ctx}: mount of the crash state failed: {e}"))?;
     let st = read_volume(&vol, u64::MAX)
-        .unwrap_or_else(|e| panic!("{ctx}: reading the recovered volume: {e}"));
+        .map_err(|e| format!("{ctx}: reading the recovered volume: {e}"))?;
     if let Err(e) = wl.h.check(&st, cs.window) {
-        panic!("{ctx}:\n{e}{}", full_history(wl));
+        return Err(format!("{ctx}:\n{e}{}", full_history(wl)));
     }
     stats.add("states_verified", 1);
     stats.add("files_verified", st.files.len() as u64);
@@ -299,12 +313,13 @@ fn verify_cut(cs: CutState, wl: &Workload, ctx: &str, rng: &mut SmallRng, stats:
     } else {
         drop(vol);
     }
+    Ok(())
 }
 
 fn run(mix: Mix, name: &str, share: f64) {
     let t0 = Instant::now();
     let seeds = Seeds::from_env(name);
-    let target = (env_u64("IOMAPFS_POWER_CUTS", 10_000) as f64 * share).ceil() as u64;
+    let target = (env_u64("IOMAPFS_POWER_CUTS", 20_000) as f64 * share).ceil() as u64;
     let stats = Stats::default();
     let mut cuts = 0u64;
     let mut i = 0u64;
@@ -449,4 +464,25 @@ fn crash_model_rejects_bad_states() {
     );
     h.check(&state(vec![("/b", vec![])]), w)
         .expect("the synced state was rejected");
+}
+
+/// The harness must notice a device that acknowledges flushes without making
+/// anything durable: synced data then vanishes at a cut, and some workload
+/// among a few must fail verification. (Guards against a harness that cuts
+/// nothing or checks nothing.)
+#[test]
+fn harness_catches_a_device_that_ignores_flush() {
+    let stats = Stats::default();
+    let mut caught = 0;
+    for i in 0..20u64 {
+        let seed = common::mix64(0xF1A5 + i);
+        if run_workload_on(seed, Mix::Policies, &stats, true).is_err() {
+            caught += 1;
+        }
+    }
+    assert!(
+        caught >= 5,
+        "only {caught} of 20 workloads on a device that ignores flushes failed verification"
+    );
+    eprintln!("harness_catches_a_device_that_ignores_flush: {caught} of 20 workloads caught");
 }

@@ -176,6 +176,13 @@ fn mount_and_fsck(mem: Arc<MemDevice>) -> Result<(), String> {
         (Err(_), _) => Err("fsck panicked".into()),
         (_, Err(_)) => Err("mount or readdir panicked".into()),
         (_, Ok(Err(e))) => Err(e),
+        // Mounting what fsck calls broken: the record was applied, not refused.
+        (Ok(Ok(problems)), Ok(Ok("mounted"))) if !problems.is_empty() => Err(format!(
+            "mounted although fsck reports problems: {problems:?}"
+        )),
+        (Ok(Err(e)), Ok(Ok("mounted"))) => {
+            Err(format!("mounted although fsck cannot load the volume: {e}"))
+        }
         _ => Ok(()),
     }
 }

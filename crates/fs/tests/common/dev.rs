@@ -31,14 +31,19 @@ pub fn format(dev: Arc<dyn BlockDevice>) {
 
 /// Runs fsck; panics unless it is clean. Returns the report.
 pub fn fsck_clean(dev: Arc<dyn BlockDevice>, ctx: &str) -> fsck::FsckReport {
+    try_fsck_clean(dev, ctx).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs fsck; `Err` (saying why) unless it is clean.
+pub fn try_fsck_clean(dev: Arc<dyn BlockDevice>, ctx: &str) -> Result<fsck::FsckReport, String> {
     match fsck::check(dev) {
-        Ok(r) if r.is_clean() => r,
-        Ok(r) => panic!(
+        Ok(r) if r.is_clean() => Ok(r),
+        Ok(r) => Err(format!(
             "{ctx}: fsck found {} problem(s):\n  {}",
             r.problems.len(),
             r.problems.join("\n  ")
-        ),
-        Err(e) => panic!("{ctx}: fsck could not read the volume: {e}"),
+        )),
+        Err(e) => Err(format!("{ctx}: fsck could not read the volume: {e}")),
     }
 }
 
@@ -100,6 +105,9 @@ pub type TapHook = Box<dyn FnMut(&MemDevice, Tapped) + Send>;
 pub struct TapDevice {
     pub inner: Arc<MemDevice>,
     hook: Mutex<Option<TapHook>>,
+    /// Test-the-test switch: flushes succeed without reaching the device,
+    /// as on a drive that lies about its cache. The crash checks must notice.
+    pub lie_about_flush: std::sync::atomic::AtomicBool,
 }
 
 impl TapDevice {
@@ -107,6 +115,7 @@ impl TapDevice {
         Arc::new(TapDevice {
             inner,
             hook: Mutex::new(None),
+            lie_about_flush: Default::default(),
         })
     }
     pub fn set_hook(&self, hook: Option<TapHook>) {
@@ -137,6 +146,12 @@ impl BlockDevice for TapDevice {
     }
     fn flush(&self) -> Result<(), DeviceError> {
         self.tap(Tapped::Flush);
+        if self
+            .lie_about_flush
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(());
+        }
         self.inner.flush()
     }
     fn counters(&self) -> &DeviceCounters {
