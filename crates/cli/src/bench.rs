@@ -81,7 +81,10 @@ pub fn run(args: &BenchArgs, backend: blockdev::Backend) -> Result<(), Failure> 
     if !(args.runtime.is_finite() && args.runtime > 0.0 && args.runtime <= 3600.0) {
         return Err(Failure::new(
             2,
-            format!("bench: --runtime {} must be between 0 and 3600 seconds", args.runtime),
+            format!(
+                "bench: --runtime {} must be between 0 and 3600 seconds",
+                args.runtime
+            ),
         ));
     }
     let known: Vec<&str> = iomapfs_bench::workloads().iter().map(|w| w.0).collect();
