@@ -1,0 +1,476 @@
+//! Kernel XFS and ext4 on the same device, measured by fio with the job
+//! equivalent to the workload.
+//!
+//! Equivalence: the same I/O sizes and offset alignment, the same data span
+//! (file size), O_DIRECT, O_DSYNC where the workload has it, the file fully
+//! written before measuring (fio lays out read files; `overwrite=1` makes it
+//! lay out write files too, so writes are overwrites of written blocks), and
+//! the same queue-depth model as the engine: with the sync backend,
+//! `ioengine=psync` with `numjobs` = queue depth as threads on one shared
+//! file; with io_uring, `ioengine=io_uring` with `iodepth` = queue depth in
+//! one job. Latency is fio's total latency (`lat_ns`, with
+//! `lat_percentiles=1`): submission to completion, like the engine's per-I/O
+//! time (for psync it equals clat).
+
+use std::fs;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::engine::Driver;
+use crate::engine::Timing;
+use crate::interrupt::stop_requested;
+use crate::testbed::{is_root, run_command, BedDevice, BedKind, TEMP_PREFIX};
+use crate::workload::{IoPattern, Op, Order};
+use crate::BenchError;
+
+/// How long fio may take beyond warm-up and runtime (file layout, mkfs'd
+/// file system warming up) before it is killed.
+const FIO_GRACE: Duration = Duration::from_secs(120);
+/// How long unmount retries a busy mount.
+const UMOUNT_PATIENCE: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelFs {
+    Xfs,
+    Ext4,
+}
+
+impl KernelFs {
+    pub const ALL: [KernelFs; 2] = [KernelFs::Xfs, KernelFs::Ext4];
+
+    /// Target name in results.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelFs::Xfs => "xfs",
+            KernelFs::Ext4 => "ext4",
+        }
+    }
+
+    fn mkfs(self) -> (&'static str, &'static [&'static str], &'static str) {
+        match self {
+            KernelFs::Xfs => ("mkfs.xfs", &["-f", "-q"], "xfsprogs"),
+            // Initialise inode tables and journal now, not in the
+            // background while fio measures.
+            KernelFs::Ext4 => (
+                "mkfs.ext4",
+                &["-F", "-q", "-E", "lazy_itable_init=0,lazy_journal_init=0"],
+                "e2fsprogs",
+            ),
+        }
+    }
+}
+
+/// A program on PATH or in the sbin directories (which a non-login root
+/// shell may not have on PATH).
+pub fn find_program(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .chain(["/usr/sbin", "/sbin", "/usr/bin", "/bin"].map(PathBuf::from))
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Why kernel file systems cannot be measured in this run, if they cannot.
+pub fn unavailable(no_kernel: bool) -> Option<String> {
+    if no_kernel {
+        Some("kernel comparisons disabled (--no-kernel)".into())
+    } else if !is_root() {
+        Some("not root: mkfs and mount need root".into())
+    } else if find_program("fio").is_none() {
+        Some("fio not found (apt-get install fio)".into())
+    } else {
+        None
+    }
+}
+
+/// Why `fs` cannot be measured on `dev`, if it cannot.
+pub fn unavailable_on(fs: KernelFs, dev: &BedDevice) -> Option<String> {
+    let (mkfs, _, package) = fs.mkfs();
+    if dev.kind == BedKind::ImageFile {
+        Some("the device is an image file; kernel file systems need a block device".into())
+    } else if find_program(mkfs).is_none() {
+        Some(format!("{mkfs} not found (apt-get install {package})"))
+    } else {
+        None
+    }
+}
+
+/// One fio measurement.
+#[derive(Clone, Debug)]
+pub struct KernelRun {
+    pub iops: f64,
+    pub bw_bytes: f64,
+    pub lat_mean_ns: f64,
+    pub lat_p99_ns: f64,
+    /// The exact fio command line.
+    pub command: String,
+    /// mkfs and mount, as run.
+    pub setup: String,
+}
+
+/// A mounted file system; unmounted (then the directory removed) on drop.
+struct Mounted {
+    dir: TempDir,
+    mounted: bool,
+}
+
+impl Mounted {
+    fn release(&mut self) -> Result<(), String> {
+        if !self.mounted {
+            return Ok(());
+        }
+        self.mounted = false;
+        let at = self.dir.path().to_string_lossy().into_owned();
+        let deadline = Instant::now() + UMOUNT_PATIENCE;
+        loop {
+            match run_command("umount", &[&at]) {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() >= deadline => {
+                    // Last resort: detach it so the device is released when
+                    // the last user goes away, and say so.
+                    let _ = run_command("umount", &["-l", &at]);
+                    return Err(e);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = self.release();
+    }
+}
+
+fn shell_quote(arg: &str) -> String {
+    if !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_=./:,+@%".contains(c))
+    {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+fn command_line(program: &str, args: &[String]) -> String {
+    std::iter::once(program.to_string())
+        .chain(args.iter().map(|a| shell_quote(a)))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn millis(d: Duration) -> u128 {
+    d.as_millis().max(1)
+}
+
+/// The fio arguments equivalent to `pattern` over a `span`-byte file.
+pub fn fio_args(
+    name: &str,
+    pattern: &IoPattern,
+    file: &Path,
+    span: u64,
+    timing: Timing,
+    output: &Path,
+    driver: Driver,
+) -> Vec<String> {
+    let rw = match (pattern.op, pattern.order) {
+        (Op::Read, Order::Random) => "randread",
+        (Op::Read, Order::Sequential) => "read",
+        (Op::Write, Order::Random) => "randwrite",
+        (Op::Write, Order::Sequential) => "write",
+    };
+    let mut args = vec![
+        format!("--name={name}"),
+        format!("--filename={}", file.display()),
+        format!("--size={span}"),
+        "--direct=1".into(),
+        format!("--rw={rw}"),
+    ];
+    if pattern.min_size == pattern.max_size {
+        args.push(format!("--bs={}", pattern.min_size));
+    } else {
+        args.push(format!(
+            "--bsrange={}-{}",
+            pattern.min_size, pattern.max_size
+        ));
+    }
+    args.push(format!("--blockalign={}", pattern.align));
+    if pattern.op == Op::Write {
+        args.push("--overwrite=1".into());
+    }
+    if pattern.dsync {
+        args.push("--sync=dsync".into());
+    }
+    if pattern.order == Order::Random {
+        args.push("--norandommap".into());
+        args.push("--randrepeat=0".into());
+    }
+    match driver {
+        Driver::Threads => args.extend([
+            "--ioengine=psync".into(),
+            format!("--numjobs={}", pattern.queue_depth),
+        ]),
+        Driver::Queue => args.extend([
+            "--ioengine=io_uring".into(),
+            format!("--iodepth={}", pattern.queue_depth),
+            "--numjobs=1".into(),
+        ]),
+    }
+    args.extend([
+        "--thread".into(),
+        "--group_reporting".into(),
+        "--lat_percentiles=1".into(),
+        "--time_based".into(),
+        format!("--ramp_time={}ms", millis(timing.warmup)),
+        format!("--runtime={}ms", millis(timing.runtime)),
+        "--output-format=json".into(),
+        format!("--output={}", output.display()),
+    ]);
+    args
+}
+
+/// Pulls iops, bandwidth and latency (mean, p99) out of fio's JSON.
+pub fn parse_fio_json(text: &str, op: Op) -> Result<(f64, f64, f64, f64), String> {
+    // fio may print notes before the JSON object.
+    let start = text.find('{').ok_or("fio wrote no JSON")?;
+    let v: Value =
+        serde_json::from_str(&text[start..]).map_err(|e| format!("fio JSON unreadable: {e}"))?;
+    let side = match op {
+        Op::Read => "read",
+        Op::Write => "write",
+    };
+    let job = v
+        .get("jobs")
+        .and_then(|j| j.get(0))
+        .and_then(|j| j.get(side))
+        .ok_or_else(|| format!("fio JSON has no jobs[0].{side}"))?;
+    let num = |path: &[&str]| -> Result<f64, String> {
+        let mut at = job;
+        for key in path {
+            at = at
+                .get(key)
+                .ok_or_else(|| format!("fio JSON has no {side}.{}", path.join(".")))?;
+        }
+        at.as_f64()
+            .ok_or_else(|| format!("fio JSON {side}.{} is not a number", path.join(".")))
+    };
+    // Total latency (submission to completion), as the engine measures:
+    // for psync it equals clat; for io_uring, clat alone would leave out
+    // work done inside the submitting system call. Older fio without
+    // lat_ns percentiles falls back to clat.
+    let lat = |field: &[&str]| {
+        let mut path = vec!["lat_ns"];
+        path.extend_from_slice(field);
+        num(&path).or_else(|_| {
+            let mut path = vec!["clat_ns"];
+            path.extend_from_slice(field);
+            num(&path)
+        })
+    };
+    Ok((
+        num(&["iops"])?,
+        num(&["bw_bytes"])?,
+        lat(&["mean"])?,
+        lat(&["percentile", "99.000000"])?,
+    ))
+}
+
+/// Makes `fs` on the device, mounts it, runs the equivalent fio job and
+/// unmounts. Errors other than [`BenchError::Interrupted`] mean "could not
+/// be measured" and are reported as skips by the caller.
+pub fn run(
+    fs: KernelFs,
+    dev: &BedDevice,
+    name: &str,
+    pattern: &IoPattern,
+    span: u64,
+    timing: Timing,
+    driver: Driver,
+) -> Result<KernelRun, BenchError> {
+    let failed =
+        |what: &str, detail: String| BenchError::failed(format!("{} {what}", fs.name()), detail);
+    let (mkfs, mkfs_flags, _) = fs.mkfs();
+    let mkfs_path =
+        find_program(mkfs).ok_or_else(|| failed("mkfs", format!("{mkfs} not found")))?;
+    let dev_path = dev.path.to_string_lossy().into_owned();
+
+    let mut mkfs_args: Vec<&str> = mkfs_flags.to_vec();
+    mkfs_args.push(&dev_path);
+    run_command(&mkfs_path.to_string_lossy(), &mkfs_args).map_err(|e| failed("mkfs", e))?;
+    if stop_requested() {
+        return Err(BenchError::Interrupted);
+    }
+
+    let dir = tempfile::Builder::new()
+        .prefix(TEMP_PREFIX)
+        .tempdir()
+        .map_err(|e| BenchError::io("mount point", e))?;
+    let at = dir.path().to_string_lossy().into_owned();
+    run_command("mount", &["-t", fs.name(), &dev_path, &at]).map_err(|e| failed("mount", e))?;
+    let mut mounted = Mounted { dir, mounted: true };
+    let setup = format!(
+        "{} {} && mount -t {} {dev_path} {at}",
+        mkfs,
+        mkfs_args.join(" "),
+        fs.name()
+    );
+
+    let out_dir = tempfile::Builder::new()
+        .prefix(TEMP_PREFIX)
+        .tempdir()
+        .map_err(|e| BenchError::io("fio output directory", e))?;
+    let output = out_dir.path().join("fio.json");
+    let stderr_path = out_dir.path().join("fio.stderr");
+    let file = mounted.dir.path().join("bench.dat");
+    let fio = find_program("fio").ok_or_else(|| failed("fio", "fio not found".into()))?;
+    let args = fio_args(name, pattern, &file, span, timing, &output, driver);
+    let command = command_line("fio", &args);
+
+    let stderr =
+        fs::File::create(&stderr_path).map_err(|e| BenchError::io("fio stderr file", e))?;
+    let mut command_builder = Command::new(&fio);
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes one async-signal-safe system call.
+    unsafe {
+        command_builder.pre_exec(|| {
+            // fio dies with us: a killed bench must not leave fio holding
+            // the mount (and so the device) busy.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command_builder
+        .args(&args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| failed("fio", format!("cannot start {}: {e}", fio.display())))?;
+    let deadline = Instant::now() + timing.warmup + timing.runtime + FIO_GRACE;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) => {}
+            Err(e) => return Err(failed("fio", format!("waiting: {e}"))),
+        }
+        if stop_requested() || Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            if stop_requested() {
+                return Err(BenchError::Interrupted);
+            }
+            return Err(failed("fio", format!("did not finish in time: {command}")));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if stop_requested() {
+        return Err(BenchError::Interrupted);
+    }
+    if !status.success() {
+        let err = fs::read_to_string(&stderr_path).unwrap_or_default();
+        return Err(failed("fio", format!("{status}: {}", err.trim())));
+    }
+    let text = fs::read_to_string(&output).map_err(|e| BenchError::io("read fio output", e))?;
+    let (iops, bw_bytes, lat_mean_ns, lat_p99_ns) =
+        parse_fio_json(&text, pattern.op).map_err(|e| failed("fio", e))?;
+    mounted.release().map_err(|e| failed("umount", e))?;
+    Ok(KernelRun {
+        iops,
+        bw_bytes,
+        lat_mean_ns,
+        lat_p99_ns,
+        command,
+        setup,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::{select, Kind};
+
+    #[test]
+    fn fio_job_mirrors_the_workload() {
+        let timing = Timing {
+            warmup: Duration::from_millis(500),
+            runtime: Duration::from_secs(5),
+        };
+        let p = match select(&["aio-overwrite-4k..16k-qd64".into()]).unwrap()[0].kind {
+            Kind::Direct(p) => p,
+            Kind::Buffered => unreachable!(),
+        };
+        let args = fio_args(
+            "w",
+            &p,
+            Path::new("/m/bench.dat"),
+            1 << 28,
+            timing,
+            Path::new("/o.json"),
+            Driver::Threads,
+        );
+        for want in [
+            "--rw=randwrite",
+            "--bsrange=4096-16384",
+            "--blockalign=4096",
+            "--numjobs=64",
+            "--overwrite=1",
+            "--direct=1",
+            "--ioengine=psync",
+            "--size=268435456",
+            "--runtime=5000ms",
+            "--ramp_time=500ms",
+        ] {
+            assert!(
+                args.iter().any(|a| a == want),
+                "{want} missing from {args:?}"
+            );
+        }
+        let p = match select(&["dsync-overwrite-4k".into()]).unwrap()[0].kind {
+            Kind::Direct(p) => p,
+            Kind::Buffered => unreachable!(),
+        };
+        let args = fio_args(
+            "d",
+            &p,
+            Path::new("/m/f"),
+            1 << 25,
+            timing,
+            Path::new("/o"),
+            Driver::Queue,
+        );
+        assert!(args.iter().any(|a| a == "--ioengine=io_uring"));
+        assert!(args.iter().any(|a| a == "--iodepth=1"));
+        assert!(args.iter().any(|a| a == "--sync=dsync"));
+        assert!(args.iter().any(|a| a == "--rw=write"));
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("--bs=4096"), "--bs=4096");
+    }
+
+    #[test]
+    fn parses_fio_json() {
+        let text = r#"note: something
+{"jobs":[{"write":{"iops":1234.5,"bw_bytes":5056512,
+  "clat_ns":{"mean":800.25,"percentile":{"99.000000":1500}}}}]}"#;
+        let (iops, bw, mean, p99) = parse_fio_json(text, Op::Write).unwrap();
+        assert_eq!((iops, bw, mean, p99), (1234.5, 5056512.0, 800.25, 1500.0));
+        assert!(parse_fio_json(text, Op::Read).unwrap_err().contains("read"));
+        let text = r#"{"jobs":[{"read":{"iops":1,"bw_bytes":2,
+  "clat_ns":{"mean":3,"percentile":{"99.000000":4}},
+  "lat_ns":{"mean":5,"percentile":{"99.000000":6}}}}]}"#;
+        assert_eq!(
+            parse_fio_json(text, Op::Read).unwrap(),
+            (1.0, 2.0, 5.0, 6.0)
+        );
+        assert!(parse_fio_json("", Op::Read).is_err());
+    }
+}

@@ -1,0 +1,483 @@
+//! The iomapfs benchmark engine (`iomapfs bench`).
+//!
+//! Runs the seed workloads on one device in one run, each against
+//! - `raw`: the device itself, same backend, same queue depth, same offsets;
+//! - `iomapfs`: one preallocated, fully written file on a fresh volume;
+//! - `xfs`, `ext4`: the kernel's file systems made on the same device,
+//!   measured by fio with the equivalent job (root, fio and mkfs needed);
+//!
+//! and reports absolute figures and ratios to raw (DESIGN.md, "Benchmarks").
+//!
+//! Entry points: [`run`] with [`BenchOptions`] (the CLI flags, no clap
+//! here) and a [`Progress`] sink; [`render_table`] for people and
+//! [`BenchReport`] (serde) for scripts.
+//!
+//! Module map: `workload` (names and I/O patterns) · `testbed` (zram, loop,
+//! image file; teardown) · `safety` (refusing devices with data) · `target`
+//! (raw and iomapfs targets) · `engine` (threads, warm-up, measured window)
+//! · `histogram` (latency) · `kernel` (mkfs, mount, fio) · `report` (JSON
+//! shape, table) · `interrupt` (Ctrl-C).
+
+mod engine;
+mod error;
+pub mod histogram;
+mod interrupt;
+mod kernel;
+mod report;
+mod safety;
+mod target;
+mod testbed;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use blockdev::Backend;
+pub use error::BenchError;
+pub use interrupt::request_stop;
+pub use report::{
+    render_table, BenchReport, BenchResult, DeviceInfo, DeviceRequests, Machine, RequestsPerOp,
+    Settings, Skipped,
+};
+pub use safety::recognise;
+pub use testbed::LOCK_PATH;
+
+use engine::{Driver, Measurement, Timing};
+use interrupt::SignalGuard;
+use kernel::KernelFs;
+use report::DeviceInfo as ReportDevice;
+use target::{open_device, IomapfsTarget, RawTarget, IOMAPFS_BLOCK_SIZE, IOMAPFS_FILE};
+use testbed::{BedDevice, Testbed};
+use workload::{seed_of, IoPattern, Kind, Op, Order, Workload};
+
+/// What to run; mirrors `iomapfs bench`'s flags.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Device or image file to use (destroyed). `None`: set up a RAM-backed
+    /// bed (zram + loop on tmpfs as root, else an image file) and tear it
+    /// down afterwards.
+    pub device: Option<PathBuf>,
+    /// Measured time per workload per target (after a warm-up of a tenth of
+    /// it, between 50 ms and 1 s).
+    pub runtime: Duration,
+    /// Workload names (see [`workloads`]); empty: all of them.
+    pub workloads: Vec<String>,
+    /// Also write the report as JSON here.
+    pub json: Option<PathBuf>,
+    /// Skip kernel XFS/ext4 comparisons.
+    pub no_kernel: bool,
+    /// Overwrite an explicit device even if it holds a file system or
+    /// partition table (never one that is mounted or in use).
+    pub force: bool,
+    /// Backend of raw and iomapfs targets: `Sync` (queue depth N = N
+    /// threads), `Uring` (one thread, N requests in flight), or `Auto`
+    /// (probed per device: io_uring only where the device takes NOWAIT).
+    pub backend: Backend,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            device: None,
+            runtime: Duration::from_secs(5),
+            workloads: Vec::new(),
+            json: None,
+            no_kernel: false,
+            force: false,
+            backend: Backend::Auto,
+        }
+    }
+}
+
+/// Where a run reports progress (the CLI plugs an indicatif bar in).
+/// Called from the thread that called [`run`].
+pub trait Progress {
+    /// Total steps (workloads × targets), announced once at the start.
+    fn set_length(&self, _steps: u64) {}
+    /// What is happening now, e.g. `randread-4k-qd1 · iomapfs: measuring`.
+    fn set_message(&self, message: &str);
+    /// `steps` more workload × target pairs done (measured or skipped).
+    fn inc(&self, steps: u64);
+    /// The run is over (also called on failure).
+    fn finish(&self);
+}
+
+/// A [`Progress`] that shows nothing.
+pub struct NoProgress;
+
+impl Progress for NoProgress {
+    fn set_message(&self, _message: &str) {}
+    fn inc(&self, _steps: u64) {}
+    fn finish(&self) {}
+}
+
+/// Every workload name with a one-line summary, in run order (for `--help`).
+pub fn workloads() -> Vec<(&'static str, &'static str)> {
+    workload::WORKLOADS
+        .iter()
+        .map(|w| (w.name, w.summary))
+        .collect()
+}
+
+/// Target names, in the order each workload runs them.
+pub const TARGETS: [&str; 4] = ["raw", "iomapfs", "xfs", "ext4"];
+
+/// Smallest and largest warm-up.
+const WARMUP_MIN: Duration = Duration::from_millis(50);
+const WARMUP_MAX: Duration = Duration::from_secs(1);
+
+fn warmup_for(runtime: Duration) -> Duration {
+    (runtime / 10).clamp(WARMUP_MIN, WARMUP_MAX)
+}
+
+/// Data span of a workload on a device: its nominal file size, or half the
+/// device (whole MiB) when that is smaller.
+fn span_for(pattern: &IoPattern, device_bytes: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    pattern.span.min(device_bytes / 2 / MIB * MIB).max(MIB)
+}
+
+/// Runs the selected workloads and returns the report (also written to
+/// `opts.json` when set). Devices set up for the run are torn down before it
+/// returns, whatever happens; SIGINT/SIGTERM/SIGHUP during the run stop it
+/// with [`BenchError::Interrupted`] after teardown.
+pub fn run(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport, BenchError> {
+    let result = run_inner(opts, progress);
+    progress.finish();
+    result
+}
+
+fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport, BenchError> {
+    if opts.runtime.is_zero() {
+        return Err(BenchError::InvalidOption(
+            "the runtime must be more than zero".into(),
+        ));
+    }
+    let selected = workload::select(&opts.workloads)?;
+    let timing = Timing {
+        warmup: warmup_for(opts.runtime),
+        runtime: opts.runtime,
+    };
+    let _signals = SignalGuard::install();
+    let patterns: Vec<IoPattern> = selected
+        .iter()
+        .filter_map(|w| match w.kind {
+            Kind::Direct(p) => Some(p),
+            Kind::Buffered => None,
+        })
+        .collect();
+    progress.set_length((selected.len() * TARGETS.len()) as u64);
+    progress.set_message("setting up devices");
+    let bed = Testbed::prepare(opts, &patterns, progress)?;
+    let mut report = BenchReport {
+        machine: machine(&bed),
+        settings: Settings {
+            runtime_s: timing.runtime.as_secs_f64(),
+            warmup_s: timing.warmup.as_secs_f64(),
+            queue_model: "sync backend: queue depth N = N threads with one synchronous I/O \
+                          each (fio psync, numjobs=N); io_uring backend: one thread with N \
+                          requests in flight (fio io_uring, iodepth=N)"
+                .into(),
+        },
+        results: Vec::new(),
+        skipped: Vec::new(),
+        notes: bed.notes.clone(),
+    };
+    let outcome = (|| {
+        for w in &selected {
+            run_workload(w, &bed, opts, timing, progress, &mut report)?;
+        }
+        Ok(())
+    })();
+    progress.set_message("tearing down");
+    let problems = bed.teardown();
+    report
+        .notes
+        .extend(problems.into_iter().map(|p| format!("teardown: {p}")));
+    outcome?;
+    if let Some(path) = &opts.json {
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| BenchError::io("encode JSON report", std::io::Error::other(e)))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| BenchError::io(format!("write {}", path.display()), e))?;
+    }
+    Ok(report)
+}
+
+fn machine(bed: &Testbed) -> Machine {
+    let devices: Vec<ReportDevice> = bed
+        .devices
+        .iter()
+        .map(|d| ReportDevice {
+            path: d.path.display().to_string(),
+            kind: d.kind.label().to_string(),
+            logical_block_size: d.caps.logical_block_size,
+            size_bytes: d.caps.size_bytes,
+            volatile_write_cache: d.caps.volatile_write_cache,
+            fua: d.caps.fua,
+            direct_io: d.caps.direct_io,
+            backend: d.backend.reason.clone(),
+            backing_file: d.backing_file.as_ref().map(|p| p.display().to_string()),
+        })
+        .collect();
+    let join =
+        |f: &dyn Fn(&ReportDevice) -> String| devices.iter().map(f).collect::<Vec<_>>().join(", ");
+    let mut backends: Vec<&str> = bed
+        .devices
+        .iter()
+        .map(|d| d.backend.backend.as_str())
+        .collect();
+    backends.dedup();
+    let mut backend = backends.join(" + ");
+    if devices.iter().any(|d| !d.direct_io) {
+        backend.push_str(
+            " (O_DIRECT refused by the host file system: figures include its page cache)",
+        );
+    }
+    Machine {
+        kernel: report::kernel_release(),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        memory_bytes: report::memory_bytes(),
+        device: join(&|d| d.path.clone()),
+        device_kind: join(&|d| d.kind.clone()),
+        logical_block_size: devices.first().map_or(0, |d| d.logical_block_size),
+        backend,
+        devices,
+    }
+}
+
+/// The engine driver for a device's chosen backend.
+fn driver_for(dev: &BedDevice) -> Driver {
+    if dev.backend.backend == Backend::Uring {
+        Driver::Queue
+    } else {
+        Driver::Threads
+    }
+}
+
+fn skip(report: &mut BenchReport, workload: &str, target: &str, reason: impl Into<String>) {
+    report.skipped.push(Skipped {
+        workload: workload.into(),
+        target: target.into(),
+        reason: reason.into(),
+    });
+}
+
+/// Describes what the engine ran, for the result's `command`.
+fn engine_command(pattern: &IoPattern, span: u64, target: &str, dev: &BedDevice) -> String {
+    let depth = match driver_for(dev) {
+        Driver::Threads => format!("threads={} (sync backend)", pattern.queue_depth),
+        Driver::Queue => format!("iodepth={} (io_uring queue, 1 thread)", pattern.queue_depth),
+    };
+    let rw = match (pattern.op, pattern.order) {
+        (Op::Read, Order::Random) => "randread",
+        (Op::Read, Order::Sequential) => "read",
+        (Op::Write, Order::Random) => "randwrite",
+        (Op::Write, Order::Sequential) => "write",
+    };
+    let size = if pattern.min_size == pattern.max_size {
+        format!("bs={}", pattern.min_size)
+    } else {
+        format!("bsrange={}-{}", pattern.min_size, pattern.max_size)
+    };
+    let on = match target {
+        "raw" => format!("raw device {} [0, {span})", dev.path.display()),
+        _ => format!(
+            "iomapfs file {IOMAPFS_FILE} ({span} bytes, block size {IOMAPFS_BLOCK_SIZE}) on {}",
+            dev.path.display()
+        ),
+    };
+    let sync = match (pattern.dsync, target) {
+        (false, _) => "",
+        // What an O_DSYNC write to a block device is.
+        (true, "raw") => " dsync=1 (each write RWF_DSYNC, counted as FUA)",
+        (true, _) => " dsync=1 (file opened O_DSYNC)",
+    };
+    format!(
+        "engine rw={rw} {size} blockalign={} {depth} direct=1{sync} on {on}",
+        pattern.align,
+    )
+}
+
+fn engine_result(
+    workload: &str,
+    target: &str,
+    dev: &BedDevice,
+    m: &Measurement,
+    raw_iops: Option<f64>,
+    command: String,
+) -> BenchResult {
+    let iops = m.iops();
+    let requests = m.requests.map(|r| DeviceRequests {
+        reads: r.reads,
+        writes: r.writes,
+        fua_writes: r.fua_writes,
+        flushes: r.flushes,
+    });
+    let per_op = requests.filter(|_| m.ops > 0).map(|r| {
+        let ops = m.ops as f64;
+        RequestsPerOp {
+            reads: r.reads as f64 / ops,
+            writes: r.writes as f64 / ops,
+            fua_writes: r.fua_writes as f64 / ops,
+            flushes: r.flushes as f64 / ops,
+        }
+    });
+    BenchResult {
+        workload: workload.into(),
+        target: target.into(),
+        device: dev.path.display().to_string(),
+        iops,
+        bw_bytes: m.bandwidth(),
+        lat_mean_ns: m.latency.mean(),
+        lat_p99_ns: m.latency.quantile(0.99) as f64,
+        ratio_to_raw: ratio(iops, raw_iops),
+        device_requests: requests,
+        requests_per_op: per_op,
+        ops: Some(m.ops),
+        backend: dev.backend.backend.as_str().into(),
+        command,
+        setup: None,
+    }
+}
+
+fn ratio(iops: f64, raw_iops: Option<f64>) -> Option<f64> {
+    raw_iops.filter(|r| *r > 0.0).map(|r| iops / r)
+}
+
+/// Interrupts end the run; any other failure of one target is recorded as
+/// a skip with the error, and the run goes on.
+fn recorded<T>(
+    result: Result<T, BenchError>,
+    report: &mut BenchReport,
+    workload: &str,
+    target: &str,
+) -> Result<Option<T>, BenchError> {
+    match result {
+        Ok(v) => Ok(Some(v)),
+        Err(BenchError::Interrupted) => Err(BenchError::Interrupted),
+        Err(e) => {
+            skip(report, workload, target, format!("failed: {e}"));
+            Ok(None)
+        }
+    }
+}
+
+fn run_workload(
+    w: &Workload,
+    bed: &Testbed,
+    opts: &BenchOptions,
+    timing: Timing,
+    progress: &dyn Progress,
+    report: &mut BenchReport,
+) -> Result<(), BenchError> {
+    let steps = TARGETS.len() as u64;
+    let pattern = match w.kind {
+        Kind::Direct(p) => p,
+        Kind::Buffered => {
+            for t in TARGETS {
+                skip(report, w.name, t, workload::BUFFERED_NOT_BUILT);
+            }
+            progress.inc(steps);
+            return Ok(());
+        }
+    };
+    let dev = match bed.device_for(&pattern) {
+        Ok(dev) => dev,
+        Err(reason) => {
+            for t in TARGETS {
+                skip(report, w.name, t, reason.clone());
+            }
+            progress.inc(steps);
+            return Ok(());
+        }
+    };
+    if pattern.dsync && !dev.caps.volatile_write_cache {
+        report.notes.push(format!(
+            "{}: {} has no volatile write cache, so DSYNC writes need no flush there",
+            w.name,
+            dev.path.display()
+        ));
+    }
+    let span = span_for(&pattern, dev.caps.size_bytes);
+    let seed = seed_of(w.name);
+    let say =
+        |target: &str, what: &str| progress.set_message(&format!("{} · {target}: {what}", w.name));
+
+    // raw
+    say("raw", "writing the data span");
+    // Open with the backend probed for this device, so every target of
+    // the run uses the same one.
+    let backend = dev.backend.backend;
+    let driver = driver_for(dev);
+    let measured = open_device(&dev.path, backend)
+        .and_then(|(d, _)| RawTarget::prepare(d, &pattern, span))
+        .and_then(|raw| {
+            say("raw", "measuring");
+            engine::measure(&raw, &pattern, span, seed, timing, driver)
+        });
+    let mut raw_iops = None;
+    if let Some(m) = recorded(measured, report, w.name, "raw")? {
+        raw_iops = Some(m.iops());
+        let command = engine_command(&pattern, span, "raw", dev);
+        report
+            .results
+            .push(engine_result(w.name, "raw", dev, &m, raw_iops, command));
+    }
+    progress.inc(1);
+
+    // iomapfs
+    say("iomapfs", "formatting and writing the file");
+    let measured = open_device(&dev.path, backend)
+        .and_then(|(d, _)| IomapfsTarget::prepare(d, &pattern, span))
+        .and_then(|fs| {
+            say("iomapfs", "measuring");
+            let m = engine::measure(&fs, &pattern, span, seed, timing, driver);
+            let closed = fs.close();
+            let m = m?;
+            closed.map(|()| m)
+        });
+    if let Some(m) = recorded(measured, report, w.name, "iomapfs")? {
+        let command = engine_command(&pattern, span, "iomapfs", dev);
+        report
+            .results
+            .push(engine_result(w.name, "iomapfs", dev, &m, raw_iops, command));
+    }
+    progress.inc(1);
+
+    // kernel file systems
+    let kernel_off = kernel::unavailable(opts.no_kernel);
+    for fs in KernelFs::ALL {
+        let target = fs.name();
+        if let Some(reason) = kernel_off
+            .clone()
+            .or_else(|| kernel::unavailable_on(fs, dev))
+        {
+            skip(report, w.name, target, reason);
+            progress.inc(1);
+            continue;
+        }
+        say(target, "mkfs, mount, fio");
+        let ran = kernel::run(fs, dev, w.name, &pattern, span, timing, driver);
+        if let Some(k) = recorded(ran, report, w.name, target)? {
+            report.results.push(BenchResult {
+                workload: w.name.into(),
+                target: target.into(),
+                device: dev.path.display().to_string(),
+                iops: k.iops,
+                bw_bytes: k.bw_bytes,
+                lat_mean_ns: k.lat_mean_ns,
+                lat_p99_ns: k.lat_p99_ns,
+                ratio_to_raw: ratio(k.iops, raw_iops),
+                device_requests: None,
+                requests_per_op: None,
+                ops: None,
+                backend: "kernel".into(),
+                command: k.command,
+                setup: Some(k.setup),
+            });
+        }
+        progress.inc(1);
+    }
+    Ok(())
+}

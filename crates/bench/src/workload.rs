@@ -1,0 +1,367 @@
+//! The seed workloads: names (stable, used on the command line and in JSON),
+//! I/O patterns, and what each needs from the device.
+
+use crate::BenchError;
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// Read or write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+}
+
+/// Where successive I/Os land inside the data span.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Uniformly random offsets aligned to [`IoPattern::align`].
+    Random,
+    /// Back to back from offset 0, wrapping at the end of the span (one
+    /// stream per thread; every sequential seed workload has one thread).
+    Sequential,
+}
+
+/// What a workload needs from the device it runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceNeed {
+    /// Any device; the default bed uses the 4 KiB-sector RAM device (zram).
+    Any,
+    /// Logical blocks small enough for the I/O size (2 KiB writes need
+    /// sectors of at most 2 KiB): the default bed uses the 512-byte loop
+    /// device.
+    SmallSectors,
+    /// A volatile write cache, so that DSYNC has flushes to save: the
+    /// default bed uses the loop device.
+    VolatileCache,
+}
+
+/// A direct-I/O workload: the same pattern runs on every target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoPattern {
+    pub op: Op,
+    pub order: Order,
+    /// Smallest I/O size in bytes.
+    pub min_size: u64,
+    /// Largest I/O size in bytes; sizes are `min_size + k * size_step`.
+    pub max_size: u64,
+    pub size_step: u64,
+    /// Offsets are multiples of this.
+    pub align: u64,
+    /// I/Os in flight at once. With the synchronous backend: this many
+    /// threads, each with one synchronous I/O outstanding (fio's psync
+    /// with numjobs = queue_depth).
+    pub queue_depth: usize,
+    /// Writes are O_DSYNC: durable when they return.
+    pub dsync: bool,
+    /// Size of the preallocated, fully written file (and of the raw device
+    /// range) the I/O lands in; less on a small device.
+    pub span: u64,
+    pub needs: DeviceNeed,
+}
+
+impl IoPattern {
+    /// How many I/O sizes the pattern draws from.
+    pub fn size_choices(&self) -> u64 {
+        (self.max_size - self.min_size) / self.size_step + 1
+    }
+}
+
+/// What kind of workload a name stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Direct(IoPattern),
+    /// Buffered I/O through iomapfs' page cache: not built yet, so these are
+    /// listed (their names are stable) and reported as skipped.
+    Buffered,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workload {
+    pub name: &'static str,
+    /// One line for `--help` and the report.
+    pub summary: &'static str,
+    pub kind: Kind,
+}
+
+/// Writer threads of the sub-block overwrite workload ("several writers").
+pub const SUBBLOCK_WRITERS: usize = 8;
+
+/// Every workload, in run order.
+pub const WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "randread-4k-qd1",
+        summary: "4 KiB random direct reads, queue depth 1",
+        kind: Kind::Direct(IoPattern {
+            op: Op::Read,
+            order: Order::Random,
+            min_size: 4 * KIB,
+            max_size: 4 * KIB,
+            size_step: 4 * KIB,
+            align: 4 * KIB,
+            queue_depth: 1,
+            dsync: false,
+            span: 256 * MIB,
+            needs: DeviceNeed::Any,
+        }),
+    },
+    Workload {
+        name: "randread-4k-qd32",
+        summary: "4 KiB random direct reads, queue depth 32",
+        kind: Kind::Direct(IoPattern {
+            op: Op::Read,
+            order: Order::Random,
+            min_size: 4 * KIB,
+            max_size: 4 * KIB,
+            size_step: 4 * KIB,
+            align: 4 * KIB,
+            queue_depth: 32,
+            dsync: false,
+            span: 256 * MIB,
+            needs: DeviceNeed::Any,
+        }),
+    },
+    Workload {
+        name: "overwrite-2k-unaligned",
+        summary: "2 KiB direct overwrites at 2 KiB offsets inside 4 KiB blocks, 8 writers",
+        kind: Kind::Direct(IoPattern {
+            op: Op::Write,
+            order: Order::Random,
+            min_size: 2 * KIB,
+            max_size: 2 * KIB,
+            size_step: 2 * KIB,
+            align: 2 * KIB,
+            queue_depth: SUBBLOCK_WRITERS,
+            dsync: false,
+            span: 128 * MIB,
+            needs: DeviceNeed::SmallSectors,
+        }),
+    },
+    Workload {
+        name: "dsync-overwrite-4k",
+        summary: "sequential 4 KiB O_DSYNC overwrites of a 32 MiB file (device requests per write)",
+        kind: Kind::Direct(IoPattern {
+            op: Op::Write,
+            order: Order::Sequential,
+            min_size: 4 * KIB,
+            max_size: 4 * KIB,
+            size_step: 4 * KIB,
+            align: 4 * KIB,
+            queue_depth: 1,
+            dsync: true,
+            span: 32 * MIB,
+            needs: DeviceNeed::VolatileCache,
+        }),
+    },
+    Workload {
+        name: "aio-overwrite-4k..16k-qd64",
+        summary: "random 4-16 KiB direct overwrites, queue depth 64 (completion latency)",
+        kind: Kind::Direct(IoPattern {
+            op: Op::Write,
+            order: Order::Random,
+            min_size: 4 * KIB,
+            max_size: 16 * KIB,
+            size_step: 4 * KIB,
+            align: 4 * KIB,
+            queue_depth: 64,
+            dsync: false,
+            span: 256 * MIB,
+            needs: DeviceNeed::Any,
+        }),
+    },
+    Workload {
+        name: "buffered-read-4k",
+        summary: "4 KiB buffered reads (needs buffered I/O)",
+        kind: Kind::Buffered,
+    },
+    Workload {
+        name: "buffered-read-64k",
+        summary: "64 KiB buffered reads (needs buffered I/O)",
+        kind: Kind::Buffered,
+    },
+    Workload {
+        name: "buffered-read-1m",
+        summary: "1 MiB buffered reads (needs buffered I/O)",
+        kind: Kind::Buffered,
+    },
+    Workload {
+        name: "buffered-write-4k",
+        summary: "4 KiB buffered writes (needs buffered I/O)",
+        kind: Kind::Buffered,
+    },
+    Workload {
+        name: "buffered-write-64k",
+        summary: "64 KiB buffered writes (needs buffered I/O)",
+        kind: Kind::Buffered,
+    },
+    Workload {
+        name: "buffered-write-1m",
+        summary: "1 MiB buffered writes (needs buffered I/O)",
+        kind: Kind::Buffered,
+    },
+];
+
+/// Why buffered workloads are not measured yet.
+pub const BUFFERED_NOT_BUILT: &str = "buffered I/O is not built yet (DESIGN.md fast path 5)";
+
+/// The workloads named in `names` (all of them when empty), in run order,
+/// each once.
+pub fn select(names: &[String]) -> Result<Vec<&'static Workload>, BenchError> {
+    if names.is_empty() {
+        return Ok(WORKLOADS.iter().collect());
+    }
+    for name in names {
+        if !WORKLOADS.iter().any(|w| w.name == name) {
+            return Err(BenchError::UnknownWorkload {
+                name: name.clone(),
+                known: WORKLOADS.iter().map(|w| w.name.to_string()).collect(),
+            });
+        }
+    }
+    Ok(WORKLOADS
+        .iter()
+        .filter(|w| names.iter().any(|n| n == w.name))
+        .collect())
+}
+
+/// A small, fast, seedable generator (SplitMix64): the same seed gives the
+/// same offsets on every target, so raw and iomapfs see one I/O sequence.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0), by multiply-shift: no modulo bias worth
+    /// measuring for the ranges used here.
+    pub fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
+    }
+
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        let mut chunks = buf.chunks_exact_mut(8);
+        for chunk in &mut chunks {
+            chunk.copy_from_slice(&self.next_u64().to_le_bytes());
+        }
+        let rest = chunks.into_remainder();
+        let last = self.next_u64().to_le_bytes();
+        rest.copy_from_slice(&last[..rest.len()]);
+    }
+}
+
+/// The I/O stream of one thread: sizes and offsets inside `[0, span)`.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    pattern: IoPattern,
+    span: u64,
+    rng: Rng,
+    next_seq: u64,
+}
+
+impl Stream {
+    /// `thread` picks the seed (and, for sequential streams, nothing else:
+    /// every sequential seed workload has one thread).
+    pub fn new(pattern: &IoPattern, span: u64, workload_seed: u64, thread: usize) -> Stream {
+        Stream {
+            pattern: *pattern,
+            span,
+            rng: Rng::new(workload_seed ^ (thread as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)),
+            next_seq: 0,
+        }
+    }
+
+    /// The next I/O: `(offset, len)`, always inside the span.
+    pub fn next_io(&mut self) -> (u64, u64) {
+        let p = &self.pattern;
+        let len = if p.min_size == p.max_size {
+            p.min_size
+        } else {
+            p.min_size + self.rng.below(p.size_choices()) * p.size_step
+        };
+        let offset = match p.order {
+            Order::Random => {
+                let slots = (self.span - len) / p.align + 1;
+                self.rng.below(slots) * p.align
+            }
+            Order::Sequential => {
+                if self.next_seq + len > self.span {
+                    self.next_seq = 0;
+                }
+                let at = self.next_seq;
+                self.next_seq += len;
+                at
+            }
+        };
+        (offset, len)
+    }
+}
+
+/// A seed per workload name, so each workload has its own fixed sequence.
+pub fn seed_of(name: &str) -> u64 {
+    // FNV-1a.
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_selection_keeps_run_order() {
+        for (i, a) in WORKLOADS.iter().enumerate() {
+            for b in &WORKLOADS[i + 1..] {
+                assert_ne!(a.name, b.name);
+            }
+        }
+        let picked = select(&["dsync-overwrite-4k".into(), "randread-4k-qd1".into()]).unwrap();
+        let names: Vec<_> = picked.iter().map(|w| w.name).collect();
+        assert_eq!(names, ["randread-4k-qd1", "dsync-overwrite-4k"]);
+        let err = select(&["nope".into()]).unwrap_err().to_string();
+        assert!(
+            err.contains("nope") && err.contains("randread-4k-qd32"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn streams_stay_inside_the_span_and_aligned() {
+        for w in WORKLOADS {
+            let Kind::Direct(p) = w.kind else { continue };
+            let span = 8 * MIB;
+            let mut s = Stream::new(&p, span, seed_of(w.name), 3);
+            for _ in 0..10_000 {
+                let (off, len) = s.next_io();
+                assert!(off + len <= span, "{}: {off}+{len}", w.name);
+                assert_eq!(off % p.align, 0);
+                assert!(len >= p.min_size && len <= p.max_size && len % p.size_step == 0);
+            }
+        }
+    }
+
+    #[test]
+    fn unaligned_workload_hits_both_halves_of_blocks() {
+        let Kind::Direct(p) = select(&["overwrite-2k-unaligned".into()]).unwrap()[0].kind else {
+            panic!()
+        };
+        let mut s = Stream::new(&p, MIB, 1, 0);
+        let mut halves = [0u32; 2];
+        for _ in 0..1000 {
+            let (off, _) = s.next_io();
+            halves[((off % 4096) / 2048) as usize] += 1;
+        }
+        assert!(halves[0] > 300 && halves[1] > 300, "{halves:?}");
+    }
+}
