@@ -178,7 +178,7 @@ impl TargetQueue for IomapfsQueue<'_> {
             Op::Read => self.queue.submit_read(self.file, offset, buf, token),
             Op::Write => self.queue.submit_write(self.file, offset, buf, token),
         };
-        pushed.map_err(|(_, e)| BenchError::fs("iomapfs queue", e))
+        pushed.map_err(|refused| BenchError::fs("iomapfs queue", refused.1))
     }
 
     fn submit_and_reap(&mut self, min: usize, out: &mut Vec<Done>) -> Result<(), BenchError> {

@@ -69,7 +69,7 @@ fn fs(vol: &Volume, file: &iomapfs_fs::File, depth: usize, secs: f64) -> f64 {
     while start.elapsed().as_secs_f64() < secs {
         while let Some(buf) = free.pop() {
             q.submit_read(file, offsets.next(FILE_BYTES), buf, 0)
-                .map_err(|(_, e)| e)
+                .map_err(|r| r.1)
                 .unwrap();
         }
         q.submit().unwrap();

@@ -5,10 +5,13 @@
 //! - **inline**: the thread that reaps the device completion completes the
 //!   request. Reads, and writes that are pure overwrites inside EOF with no
 //!   sync work left (not DSYNC, or DSYNC done by FUA).
+//! - **inline after a queued flush**: a DSYNC pure overwrite on a device
+//!   without native FUA. The reaper queues one device flush (never waiting
+//!   for it) and completes every such write the flush covers when it lands:
+//!   one flush is shared by all DSYNC writes completed before it was issued.
 //! - **deferred**: a completion worker does the work a reaper must never block
-//!   on — allocation, unwritten conversion, size change, journal commit, or
-//!   the flush of a DSYNC write without FUA — and then posts the completion
-//!   to this queue.
+//!   on — allocation, unwritten conversion, size change, journal commit — and
+//!   then posts the completion to this queue.
 //!
 //! Buffers are owned [`AlignedBuf`]s moved into the queue and handed back in
 //! the [`Completion`]: the device can never write into memory the caller has
@@ -57,12 +60,14 @@ pub struct Completion {
 
 /// Device tokens carry the request's slot and the part of the request.
 const PART_BITS: u32 = 20;
+/// Device token of this queue's flush (no slot reaches it).
+const FLUSH_TOKEN: Token = u64::MAX;
 const PART_MASK: u64 = (1 << PART_BITS) - 1;
 
 enum Kind {
     Read,
     /// A write whose data is on the device once every part completes;
-    /// `flush_after` sends it to the worker for a (coalesced) flush.
+    /// `flush_after` makes it wait for a device flush queued after it.
     Write {
         flush_after: bool,
     },
@@ -99,12 +104,6 @@ enum Job {
         buf: AlignedBuf,
         token: u64,
     },
-    Flush {
-        file: File,
-        len: usize,
-        buf: AlignedBuf,
-        token: u64,
-    },
 }
 
 /// A per-thread asynchronous I/O queue on a volume. See the module docs.
@@ -120,6 +119,11 @@ pub struct IoQueue {
     done_rx: Receiver<Completion>,
     /// Jobs handed to the worker and not yet back.
     deferred: usize,
+    /// DSYNC writes covered by the device flush in flight.
+    flushing: Vec<Completion>,
+    /// DSYNC writes whose data completed after that flush was issued: they
+    /// need the next one.
+    awaiting_flush: Vec<Completion>,
     scratch: Vec<DeviceCompletion>,
 }
 
@@ -142,9 +146,18 @@ impl Volume {
             done_tx,
             done_rx,
             deferred: 0,
+            flushing: Vec::new(),
+            awaiting_flush: Vec::new(),
             scratch: Vec::new(),
         })
     }
+}
+
+/// A request the queue refused, with its buffer handed back.
+pub type Refused = Box<(AlignedBuf, Error)>;
+
+fn refused(buf: AlignedBuf, error: Error) -> Refused {
+    Box::new((buf, error))
 }
 
 /// Stands in for a buffer that went into a device request which never
@@ -264,9 +277,9 @@ impl IoQueue {
         offset: u64,
         mut buf: AlignedBuf,
         token: u64,
-    ) -> std::result::Result<(), (AlignedBuf, Error)> {
+    ) -> std::result::Result<(), Refused> {
         if let Err(e) = self.check_request(file, offset, buf.len()) {
-            return Err((buf, Self::at(file, offset, e)));
+            return Err(refused(buf, Self::at(file, offset, e)));
         }
         let inode = file.open_inode().clone();
         let Some(_shared) = inode.io_lock.try_lock_shared() else {
@@ -279,8 +292,8 @@ impl IoQueue {
                         buf,
                         token,
                     })
-                    .map_err(|e| (empty_buf(), e)),
-                Err(e) => Err((buf, e)),
+                    .map_err(|e| refused(empty_buf(), e)),
+                Err(e) => Err(refused(buf, e)),
             };
         };
         let size = {
@@ -288,7 +301,7 @@ impl IoQueue {
             meta.state.inode(inode.ino).map(|i| i.size)
         };
         let Some(size) = size else {
-            return Err((buf, Error::Stale { ino: inode.ino }));
+            return Err(refused(buf, Error::Stale { ino: inode.ino }));
         };
         if offset >= size || buf.is_empty() {
             self.complete_now(token, Ok(0), buf);
@@ -299,7 +312,7 @@ impl IoQueue {
         buf[len..].fill(0);
         let file = match file.try_clone() {
             Ok(f) => f,
-            Err(e) => return Err((buf, e)),
+            Err(e) => return Err(refused(buf, e)),
         };
         let vol = self.vol.clone();
         let ops = FsOps { vol: &vol };
@@ -327,7 +340,7 @@ impl IoQueue {
                     (slot as u64) << PART_BITS,
                     DeviceRequest::Read { offset: addr, buf },
                 )
-                .map_err(|e| (empty_buf(), e));
+                .map_err(|e| refused(empty_buf(), e));
         }
         // Generic: plan the read from the mappings; zero ranges now, device
         // ranges as parts read into their own buffers and copied back.
@@ -362,7 +375,7 @@ impl IoQueue {
             Ok(())
         })();
         if let Err(e) = plan {
-            return Err((buf, Self::at(&inflight.file, offset, e)));
+            return Err(refused(buf, Self::at(&inflight.file, offset, e)));
         }
         buf[len..].fill(0);
         if parts.is_empty() {
@@ -374,7 +387,12 @@ impl IoQueue {
         for &(_, _, part_len) in &parts {
             match AlignedBuf::new(part_len, align) {
                 Ok(b) => part_bufs.push(b),
-                Err(e) => return Err((buf, Error::invalid("read part buffer", e.to_string()))),
+                Err(e) => {
+                    return Err(refused(
+                        buf,
+                        Error::invalid("read part buffer", e.to_string()),
+                    ))
+                }
             }
         }
         inflight.part_offsets = parts.iter().map(|&(_, at, _)| at).collect();
@@ -390,7 +408,7 @@ impl IoQueue {
                     buf: part_buf,
                 },
             ) {
-                return Err((empty_buf(), e));
+                return Err(refused(empty_buf(), e));
             }
         }
         Ok(())
@@ -405,16 +423,19 @@ impl IoQueue {
         offset: u64,
         buf: AlignedBuf,
         token: u64,
-    ) -> std::result::Result<(), (AlignedBuf, Error)> {
+    ) -> std::result::Result<(), Refused> {
         if let Err(e) = self.check_request(file, offset, buf.len()) {
-            return Err((buf, Self::at(file, offset, e)));
+            return Err(refused(buf, Self::at(file, offset, e)));
         }
         if file.flags().read_only {
-            return Err((buf, Error::invalid(file.path(), "file is open read-only")));
+            return Err(refused(
+                buf,
+                Error::invalid(file.path(), "file is open read-only"),
+            ));
         }
         let file = match file.try_clone() {
             Ok(f) => f,
-            Err(e) => return Err((buf, e)),
+            Err(e) => return Err(refused(buf, e)),
         };
         let flags = file.flags();
         let dsync = flags.dsync || flags.sync;
@@ -429,7 +450,7 @@ impl IoQueue {
                     match self.plan_pure_overwrite(&file, offset, buf.len() as u64, dsync) {
                         Ok(Some(parts)) => Some((shared, parts)),
                         Ok(None) => None,
-                        Err(e) => return Err((buf, Self::at(&file, offset, e))),
+                        Err(e) => return Err(refused(buf, Self::at(&file, offset, e))),
                     }
                 }
             }
@@ -442,7 +463,7 @@ impl IoQueue {
                     buf,
                     token,
                 })
-                .map_err(|e| (empty_buf(), e));
+                .map_err(|e| refused(empty_buf(), e));
         };
         let mode = if dsync && fua_is_native(&*self.vol.dev) {
             WriteMode::Fua
@@ -477,7 +498,10 @@ impl IoQueue {
                 let mut part = match AlignedBuf::new(part_len, align) {
                     Ok(b) => b,
                     Err(e) => {
-                        return Err((buf, Error::invalid("write part buffer", e.to_string())))
+                        return Err(refused(
+                            buf,
+                            Error::invalid("write part buffer", e.to_string()),
+                        ))
                     }
                 };
                 part.copy_from_slice(&buf[at..at + part_len]);
@@ -493,7 +517,7 @@ impl IoQueue {
         let slot = self.take_slot(inflight);
         for (i, request) in requests.into_iter().enumerate() {
             if let Err(e) = self.push((slot as u64) << PART_BITS | i as u64, request) {
-                return Err((empty_buf(), e));
+                return Err(refused(empty_buf(), e));
             }
         }
         Ok(())
@@ -541,10 +565,52 @@ impl IoQueue {
 
     /// Requests submitted and not yet reaped.
     pub fn in_flight(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count() + self.deferred + self.ready.len()
+        self.slots.iter().filter(|s| s.is_some()).count()
+            + self.deferred
+            + self.ready.len()
+            + self.flushing.len()
+            + self.awaiting_flush.len()
+    }
+
+    /// Issues a device flush for the DSYNC writes waiting for one, unless a
+    /// flush is already in flight (they then wait for the next).
+    fn start_flush_if_idle(&mut self) {
+        if !self.flushing.is_empty() || self.awaiting_flush.is_empty() {
+            return;
+        }
+        self.flushing = std::mem::take(&mut self.awaiting_flush);
+        if let Err(e) = self.push(FLUSH_TOKEN, DeviceRequest::Flush) {
+            self.finish_flush(Err(e));
+        }
+    }
+
+    /// The device flush landed: its writes are durable (or failed with it).
+    fn finish_flush(&mut self, result: Result<()>) {
+        // Every write the flush covered fails with it, with the same errno.
+        let failure = result.err().map(|e| (e.errno(), e.to_string()));
+        for mut done in std::mem::take(&mut self.flushing) {
+            if let Some((errno, reason)) = &failure {
+                done.result = Err(Error::device(
+                    format!("dsync write: {reason}"),
+                    blockdev::DeviceError::Flush {
+                        source: std::io::Error::from_raw_os_error(*errno),
+                    },
+                ));
+            }
+            self.ready.push_back(done);
+        }
+        self.start_flush_if_idle();
     }
 
     fn on_device_completion(&mut self, c: DeviceCompletion) {
+        if c.token == FLUSH_TOKEN {
+            let result = c
+                .result
+                .map(|_| ())
+                .map_err(|e| Error::device("dsync write: flush", e));
+            self.finish_flush(result);
+            return;
+        }
         let slot = (c.token >> PART_BITS) as usize;
         let part = (c.token & PART_MASK) as usize;
         let Some(Some(inflight)) = self.slots.get_mut(slot) else {
@@ -587,19 +653,15 @@ impl IoQueue {
         };
         match (inflight.kind, result) {
             (Kind::Write { flush_after: true }, Ok(len)) => {
-                // The data is on the device: the in-flight count can go; the
-                // flush that makes it durable is the worker's.
-                let token = inflight.token;
-                let job = Job::Flush {
-                    file: inflight.file,
-                    len,
+                // The data is on the device; the in-flight count can go. The
+                // write completes when a flush issued after now lands.
+                self.awaiting_flush.push(Completion {
+                    token: inflight.token,
+                    result: Ok(len),
                     buf,
-                    token,
-                };
-                if let Err(e) = self.defer(job) {
-                    // No worker to flush: the write cannot be made durable.
-                    self.complete_now(token, Err(e), empty_buf());
-                }
+                    completed_by: CompletedBy::Reaper,
+                });
+                self.start_flush_if_idle();
             }
             (_, result) => self.complete_now(inflight.token, result, buf),
         }
@@ -701,25 +763,6 @@ fn completion_worker(jobs: Receiver<Job>, done: Sender<Completion>) {
                 token,
             } => {
                 let result = file.pwrite(&buf, offset);
-                Completion {
-                    token,
-                    result,
-                    buf,
-                    completed_by: CompletedBy::Worker,
-                }
-            }
-            Job::Flush {
-                file,
-                len,
-                buf,
-                token,
-            } => {
-                let vol = file.volume();
-                let result = vol
-                    .flush_coalescer
-                    .flush_completed_write(&*vol.dev)
-                    .map(|()| len)
-                    .map_err(|e| Error::device(format!("{}: dsync write: flush", file.path()), e));
                 Completion {
                     token,
                     result,

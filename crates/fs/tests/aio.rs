@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use blockdev::{AlignedBuf, FaultOp, FaultRule, MemDevice};
+use blockdev::{AlignedBuf, BlockDevice, FaultOp, FaultRule, MemDevice};
 use iomapfs_fs::aio::{CompletedBy, Completion};
 use iomapfs_fs::{FormatOptions, OpenFlags, Volume};
 use rand::rngs::SmallRng;
@@ -181,6 +181,7 @@ fn each_class_of_write_completes_in_its_context() {
         let dsync = vol.open_file("/f", direct(true)).unwrap();
         let mut q = vol.io_queue(8).unwrap();
         let one = || buf_of(&[9u8; BLOCK as usize]);
+        let before = dev.counters().snapshot();
         q.submit_write(&plain, 0, one(), 1).unwrap(); // pure overwrite
         q.submit_write(&plain, 16 * BLOCK, one(), 2).unwrap(); // allocates, extends
         q.submit_write(&dsync, BLOCK, one(), 3).unwrap(); // pure overwrite, DSYNC
@@ -193,12 +194,16 @@ fn each_class_of_write_completes_in_its_context() {
             CompletedBy::Worker,
             "conversion and size need the worker"
         );
-        let dsync_class = if fua {
-            CompletedBy::Reaper
+        // A DSYNC pure overwrite completes in the reaper: with FUA at once,
+        // without it when the flush the reaper queued (never waited for)
+        // lands.
+        assert_eq!(by(3), CompletedBy::Reaper, "fua={fua}: DSYNC overwrite");
+        let d = dev.counters().snapshot().since(&before);
+        if fua {
+            assert_eq!((d.fua_writes, d.flushes), (1, 0), "{d:?}");
         } else {
-            CompletedBy::Worker
-        };
-        assert_eq!(by(3), dsync_class, "fua={fua}: DSYNC overwrite");
+            assert_eq!((d.fua_writes, d.flushes), (0, 1), "{d:?}");
+        }
         for t in 1..=3 {
             assert_eq!(*done[&t].result.as_ref().unwrap(), BLOCK as usize);
         }
@@ -308,4 +313,79 @@ fn async_io_through_a_real_io_uring_ring_matches_the_sync_path() {
     let mut all = vec![0u8; model.len() + 4096];
     assert_eq!(check.pread(&mut all, 0).unwrap(), model.len());
     assert!(all[..model.len()] == model[..]);
+}
+
+#[test]
+fn dsync_writes_completed_before_a_queued_flush_share_it() {
+    let dev = Arc::new(MemDevice::with_caps(32 << 20, SECTOR as u32, true, false));
+    let vol = volume(&dev);
+    let plain = vol.open_file("/f", direct(false)).unwrap();
+    plain.pwrite(&vec![1u8; (64 * BLOCK) as usize], 0).unwrap();
+    plain.fsync().unwrap();
+    let f = vol.open_file("/f", direct(true)).unwrap();
+    let mut q = vol.io_queue(64).unwrap();
+    let before = dev.counters().snapshot();
+    for token in 0..64u64 {
+        q.submit_write(&f, token * BLOCK, buf_of(&[3u8; BLOCK as usize]), token)
+            .unwrap();
+    }
+    q.submit().unwrap();
+    let done = reap_all(&mut q);
+    assert_eq!(done.len(), 64);
+    assert!(done.values().all(|c| c.result.is_ok()));
+    let d = dev.counters().snapshot().since(&before);
+    assert_eq!(d.writes, 64, "{d:?}");
+    // The memory device completes all 64 writes in the submit that carries
+    // them: the reaper then needs one flush for all of them, and at most one
+    // more for writes that completed after it was issued.
+    assert!(d.flushes <= 2, "64 DSYNC writes took {} flushes", d.flushes);
+    // And every acknowledged write survives a power cut.
+    let cut = Arc::new(dev.power_cut(&mut |_| blockdev::Survival::Lost));
+    let after = Volume::open(cut).unwrap();
+    let g = after.open_file("/f", OpenFlags::default()).unwrap();
+    let mut back = vec![0u8; (64 * BLOCK) as usize];
+    g.pread(&mut back, 0).unwrap();
+    assert!(back.iter().all(|&b| b == 3));
+}
+
+#[test]
+fn a_failed_shared_flush_fails_every_dsync_write_it_covered() {
+    let dev = Arc::new(MemDevice::with_caps(32 << 20, SECTOR as u32, true, false));
+    let vol = volume(&dev);
+    let plain = vol.open_file("/f", direct(false)).unwrap();
+    plain.pwrite(&vec![1u8; (8 * BLOCK) as usize], 0).unwrap();
+    plain.fsync().unwrap();
+    let f = vol.open_file("/f", direct(true)).unwrap();
+    let mut q = vol.io_queue(8).unwrap();
+    dev.inject(FaultRule::new(FaultOp::Flush).count(1));
+    for token in 0..4u64 {
+        q.submit_write(&f, token * BLOCK, buf_of(&[3u8; BLOCK as usize]), token)
+            .unwrap();
+    }
+    q.submit().unwrap();
+    let done = reap_all(&mut q);
+    assert_eq!(done.len(), 4);
+    // The inline queue completes all four writes at once; the reaper's first
+    // flush covers the first write reaped, and fails: so does that write. The
+    // others completed after that flush was issued and wait for the next one,
+    // which succeeds.
+    let failed: Vec<u64> = done
+        .iter()
+        .filter(|(_, c)| c.result.is_err())
+        .map(|(t, _)| *t)
+        .collect();
+    assert_eq!(failed, vec![0], "exactly the covered write fails");
+    let err = done[&0].result.as_ref().unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    let cut = Arc::new(dev.power_cut(&mut |_| blockdev::Survival::Lost));
+    let after = Volume::open(cut).unwrap();
+    let g = after.open_file("/f", OpenFlags::default()).unwrap();
+    let mut back = vec![0u8; BLOCK as usize];
+    for token in 1..4u64 {
+        g.pread(&mut back, token * BLOCK).unwrap();
+        assert!(
+            back.iter().all(|&b| b == 3),
+            "acknowledged write {token} lost"
+        );
+    }
 }
