@@ -13,6 +13,7 @@
 //! what is durable.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -138,6 +139,8 @@ pub(crate) struct VolumeInner {
     pub meta: RwLock<Meta>,
     commit: Mutex<CommitState>,
     shutdown: Mutex<Option<String>>,
+    /// Set once `shutdown` holds a reason.
+    is_shut_down: AtomicBool,
     commit_threshold: u64,
     /// Shares flushes among concurrent DSYNC overwrites.
     pub flush_coalescer: FlushCoalescer,
@@ -286,6 +289,7 @@ impl Volume {
                 generation,
             }),
             shutdown: Mutex::new(None),
+            is_shut_down: AtomicBool::new(false),
             commit_threshold,
             flush_coalescer: FlushCoalescer::new(),
         });
@@ -579,6 +583,10 @@ impl Volume {
 
 impl VolumeInner {
     pub fn check_live(&self) -> Result<()> {
+        // Every I/O asks: one relaxed load, the reason only when it is set.
+        if !self.is_shut_down.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match &*self.shutdown.lock() {
             Some(reason) => Err(Error::Shutdown {
                 reason: reason.clone(),
@@ -592,6 +600,7 @@ impl VolumeInner {
         if shutdown.is_none() {
             *shutdown = Some(err.to_string());
         }
+        self.is_shut_down.store(true, Ordering::Release);
     }
 
     pub(crate) fn stat_locked(&self, meta: &Meta, ino: Ino) -> Stat {
