@@ -36,6 +36,20 @@ pub struct AlignedBuf {
     /// The exact layout passed to `alloc_zeroed`, which `dealloc` must get
     /// back.
     layout: Layout,
+    /// Set only by an io_uring queue's buffer pool (see
+    /// [`crate::uring`], "Registered buffers"): this allocation is entry
+    /// `index` of the registered-buffer table of the ring `ring_id`. The tag
+    /// travels with the allocation (it is a private field, so moving or
+    /// swapping the `AlignedBuf` moves both together) and is never copied:
+    /// [`Clone`] makes an untagged buffer.
+    fixed: Option<FixedTag>,
+}
+
+/// Which registered-buffer slot of which ring an [`AlignedBuf`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FixedTag {
+    pub(crate) ring_id: u64,
+    pub(crate) index: u16,
 }
 
 // SAFETY: `AlignedBuf` uniquely owns its allocation (no aliasing pointer
@@ -63,7 +77,43 @@ impl AlignedBuf {
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        Ok(AlignedBuf { ptr, len, layout })
+        Ok(AlignedBuf {
+            ptr,
+            len,
+            layout,
+            fixed: None,
+        })
+    }
+
+    /// Whether this buffer came from a queue's registered-buffer pool
+    /// ([`crate::DeviceQueue::alloc_buffer`]), so that queue can use it
+    /// without per-request page pinning.
+    pub fn is_registered(&self) -> bool {
+        self.fixed.is_some()
+    }
+
+    pub(crate) fn fixed_tag(&self) -> Option<FixedTag> {
+        self.fixed
+    }
+
+    pub(crate) fn set_fixed_tag(&mut self, tag: Option<FixedTag>) {
+        self.fixed = tag;
+    }
+
+    /// Bytes the allocation holds (at least `len`).
+    pub(crate) fn capacity(&self) -> usize {
+        self.layout.size()
+    }
+
+    /// Sets the visible length to `len` bytes of the allocation and zeroes
+    /// them.
+    ///
+    /// # Panics
+    /// If `len` exceeds [`capacity`](AlignedBuf::capacity).
+    pub(crate) fn reset_zeroed(&mut self, len: usize) {
+        assert!(len <= self.capacity(), "{len} > {}", self.capacity());
+        self.len = len;
+        self.fill(0);
     }
 
     /// The alignment the buffer's address is guaranteed to have.
@@ -85,7 +135,8 @@ impl Deref for AlignedBuf {
 
     fn deref(&self) -> &[u8] {
         // SAFETY: `ptr` points to an allocation of at least `len` bytes that
-        // this struct owns and that was zero-initialised by `alloc_zeroed`, so
+        // this struct owns and that was zero-initialised by `alloc_zeroed`
+        // (`len` never exceeds `layout.size()`: `reset_zeroed` checks), so
         // every byte is initialised. The returned borrow is tied to `&self`,
         // so no `&mut` to the same bytes can exist while it lives.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
@@ -129,6 +180,7 @@ impl fmt::Debug for AlignedBuf {
             .field("len", &self.len)
             .field("align", &self.align())
             .field("ptr", &self.ptr)
+            .field("fixed", &self.fixed)
             .finish()
     }
 }
@@ -174,6 +226,25 @@ mod tests {
         }
         // Rounded up to the alignment, this overflows isize.
         assert!(AlignedBuf::new(isize::MAX as usize, 4096).is_err());
+    }
+
+    #[test]
+    fn registration_tag_is_not_cloned_and_len_shrinks_within_capacity() {
+        let mut buf = AlignedBuf::new(8192, 4096).unwrap();
+        assert!(!buf.is_registered());
+        buf.set_fixed_tag(Some(FixedTag {
+            ring_id: 3,
+            index: 7,
+        }));
+        buf.fill(9);
+        assert!(buf.is_registered());
+        assert!(!buf.clone().is_registered());
+        buf.reset_zeroed(4096);
+        assert_eq!(buf.len(), 4096);
+        assert_eq!(buf.capacity(), 8192);
+        assert!(buf.iter().all(|&b| b == 0));
+        buf.reset_zeroed(8192);
+        assert!(buf.iter().all(|&b| b == 0));
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub use queue::{
     MAX_QUEUE_DEPTH,
 };
 pub use sync_backend::{SyncDevice, SyncOpenOptions};
-pub use uring::{UringDevice, UringOptions, UringQueue};
+pub use uring::{FixedBufferOptions, UringDevice, UringOptions, UringQueue};
 
 /// Whether a write must be durable when it completes (Force Unit Access).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

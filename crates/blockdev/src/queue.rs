@@ -103,6 +103,28 @@ pub trait DeviceQueue: Send {
     /// Requests pushed but not yet reaped.
     fn in_flight(&self) -> usize;
 
+    /// A zeroed buffer of `len` bytes from this queue's own pool, which the
+    /// queue may transfer through more cheaply (io_uring: registered buffers,
+    /// `READ_FIXED`/`WRITE_FIXED`, no page pinning per request). `None` when
+    /// the queue has no pool, `len` exceeds its buffers, or all of them are
+    /// handed out.
+    ///
+    /// The buffer is an ordinary [`AlignedBuf`] (aligned for direct I/O):
+    /// it works in any request on any queue, and dropping it is an ordinary
+    /// free. Handing it back with [`recycle_buffer`](DeviceQueue::recycle_buffer)
+    /// instead returns it to the pool; a dropped one is gone from the pool
+    /// for the life of the queue.
+    fn alloc_buffer(&mut self, len: usize) -> Option<AlignedBuf> {
+        let _ = len;
+        None
+    }
+
+    /// Returns a buffer from [`alloc_buffer`](DeviceQueue::alloc_buffer) to
+    /// the pool; any other buffer is simply dropped.
+    fn recycle_buffer(&mut self, buf: AlignedBuf) {
+        drop(buf);
+    }
+
     /// [`submit`](DeviceQueue::submit), then [`reap`](DeviceQueue::reap)
     /// `(min, out)`, in one system call where the backend can (io_uring: one
     /// `io_uring_enter` that submits and waits). The loop of a queue-depth-1

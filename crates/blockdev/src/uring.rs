@@ -33,21 +33,50 @@
 //!
 //! # Registered buffers
 //!
-//! TODO: `IORING_REGISTER_BUFFERS` (READ_FIXED/WRITE_FIXED) is not used yet.
-//! The queue API moves caller-owned [`AlignedBuf`]s in and out, so the queue
-//! cannot tell whether a buffer at a registered address is still the
-//! registered allocation (one freed and re-mapped at the same address would
-//! be read into the old, pinned pages: silently wrong data). Doing it safely
-//! needs the queue to own the pool and lend out handles that name their
-//! registered index (a buffer type or request variant of its own).
+//! With [`UringDevice::with_fixed_buffers`]`(count, len)`, each queue
+//! allocates `count` buffers of `len` bytes (page-aligned, each a separate
+//! [`AlignedBuf`] allocation) and registers them with its ring, one iovec
+//! per buffer (`IORING_REGISTER_BUFFERS`). The kernel pins their pages
+//! once, instead of per request. [`DeviceQueue::alloc_buffer`] hands them
+//! out; each carries a crate-private tag `(ring id, table index)`. A read or
+//! write whose buffer carries *this* ring's tag, and lies inside the region
+//! registered at that index, goes out as `READ_FIXED`/`WRITE_FIXED`; every
+//! other buffer (plain, bounced, another queue's) as plain `READ`/`WRITE`.
+//!
+//! Why the tag can be trusted, which is the whole problem (a buffer merely
+//! *at* a registered address may be a new allocation on pinned pages the
+//! kernel would write through behind Rust's back):
+//!
+//! - The tag is a private field of `AlignedBuf`, set only here, at
+//!   registration. It moves with the allocation (moving or swapping the
+//!   value moves both) and is never copied (`Clone` makes an untagged
+//!   buffer). Each table index is handed out at most once at a time, so at
+//!   most one live `AlignedBuf` carries a given `(ring, index)` and it owns
+//!   exactly the registered allocation.
+//! - A handed-out buffer is the caller's. [`DeviceQueue::recycle_buffer`]
+//!   puts it back in the pool. Dropping it is an ordinary free; its table
+//!   entry is then simply dead: no live buffer carries its tag, so no fixed
+//!   entry ever names that index again, and the kernel's pinned pages behind
+//!   it are never written or read (they are released at unregistration).
+//!   The pool shrinks by one; that is the price of the simple design.
+//! - The in-flight argument below is unchanged: a fixed entry's buffer is
+//!   owned by the in-flight table until its completion, like a plain one.
+//! - `Drop` waits for all in-flight entries, then unregisters the table,
+//!   and only then do the pool's own buffers (fields) get freed.
+//!
+//! If registration fails (typically `ENOMEM` from `RLIMIT_MEMLOCK`), the
+//! queue works without a pool: `alloc_buffer` returns `None` and
+//! [`UringQueue::fixed_buffer_error`] says why.
 
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use io_uring::{opcode, squeue, types, EnterFlags, IoUring};
 
+use crate::aligned_buf::FixedTag;
 use crate::error::IoOp;
 use crate::probe;
 use crate::queue::{clamp_depth, DeviceCompletion, DeviceQueue, DeviceRequest, QueueFull, Token};
@@ -70,6 +99,24 @@ const MAX_BYTES_PER_ENTRY: usize = 1 << 30;
 /// error is reported: bounded so that a device that keeps saying "try
 /// again" gives an error instead of a hang.
 const MAX_RETRIES: u32 = 16;
+
+/// Most entries a registered-buffer table holds (the kernel's
+/// `IORING_MAX_REG_BUFFERS`).
+const MAX_FIXED_BUFFERS: usize = 1 << 14;
+
+/// Source of ring ids for registered-buffer tags: unique per queue for the
+/// life of the process, so a tag never names another queue's table.
+static NEXT_RING_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Per-queue pool of registered buffers (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FixedBufferOptions {
+    /// Buffers per queue; 0 (the default) turns the pool off. At most
+    /// 16384.
+    pub count: usize,
+    /// Bytes per buffer; 0 turns the pool off.
+    pub len: usize,
+}
 
 /// Ring options. Both are off by default; each needs support the device
 /// may not have, and costs CPU.
@@ -246,6 +293,7 @@ pub fn check_uring(dev: &SyncDevice, opts: UringOptions) -> Result<(), UringUnav
 pub struct UringDevice {
     sync: Arc<SyncDevice>,
     opts: UringOptions,
+    fixed: FixedBufferOptions,
 }
 
 impl UringDevice {
@@ -274,7 +322,23 @@ impl UringDevice {
 
     /// For callers that already ran [`check_uring`].
     pub(crate) fn new_unchecked(sync: Arc<SyncDevice>, opts: UringOptions) -> UringDevice {
-        UringDevice { sync, opts }
+        UringDevice {
+            sync,
+            opts,
+            fixed: FixedBufferOptions::default(),
+        }
+    }
+
+    /// Gives every queue made from now on a pool of `count` registered
+    /// buffers of `len` bytes (see the module docs); `0` for either turns
+    /// pools off (the default).
+    pub fn with_fixed_buffers(mut self, count: usize, len: usize) -> UringDevice {
+        self.fixed = FixedBufferOptions { count, len };
+        self
+    }
+
+    pub fn fixed_buffer_options(&self) -> FixedBufferOptions {
+        self.fixed
     }
 
     pub fn sync_device(&self) -> &SyncDevice {
@@ -288,7 +352,7 @@ impl UringDevice {
     /// A queue of `depth` (clamped to `1..=`[`crate::MAX_QUEUE_DEPTH`])
     /// requests with its own ring. Make one per submitting thread.
     pub fn new_queue(&self, depth: usize) -> Result<UringQueue, DeviceError> {
-        UringQueue::new(Arc::clone(&self.sync), depth, self.opts)
+        UringQueue::new(Arc::clone(&self.sync), depth, self.opts, self.fixed)
     }
 }
 
@@ -339,6 +403,9 @@ enum Op {
         /// Aligned stand-in for a `buf` whose memory is misaligned for
         /// direct I/O; copied into `buf` at completion.
         bounce: Option<AlignedBuf>,
+        /// Registered-buffer index of `buf` in this ring's table, checked by
+        /// `UringQueue::fixed_index` (never set with a bounce).
+        fixed: Option<u16>,
     },
     Write {
         offset: u64,
@@ -346,6 +413,8 @@ enum Op {
         /// Aligned copy of a misaligned `buf`.
         bounce: Option<AlignedBuf>,
         fua: bool,
+        /// As for reads.
+        fixed: Option<u16>,
     },
     Flush,
 }
@@ -360,28 +429,47 @@ impl InFlight {
                 offset,
                 buf,
                 bounce,
+                fixed,
             } => {
                 let target = bounce.as_mut().unwrap_or(buf);
                 let rest = &mut target[done..];
                 let len = rest.len().min(MAX_BYTES_PER_ENTRY) as u32;
-                opcode::Read::new(DEVICE_FILE, rest.as_mut_ptr(), len)
-                    .offset(*offset + done as u64)
-                    .build()
+                let at = *offset + done as u64;
+                match fixed {
+                    // The piece lies inside `buf`, which lies inside the
+                    // region registered at `index`.
+                    Some(index) => {
+                        opcode::ReadFixed::new(DEVICE_FILE, rest.as_mut_ptr(), len, *index)
+                            .offset(at)
+                            .build()
+                    }
+                    None => opcode::Read::new(DEVICE_FILE, rest.as_mut_ptr(), len)
+                        .offset(at)
+                        .build(),
+                }
             }
             Op::Write {
                 offset,
                 buf,
                 bounce,
                 fua,
+                fixed,
             } => {
                 let source = bounce.as_ref().unwrap_or(buf);
                 let rest = &source[done..];
                 let len = rest.len().min(MAX_BYTES_PER_ENTRY) as u32;
                 let flags = if *fua { libc::RWF_DSYNC } else { 0 };
-                opcode::Write::new(DEVICE_FILE, rest.as_ptr(), len)
-                    .offset(*offset + done as u64)
-                    .rw_flags(flags)
-                    .build()
+                let at = *offset + done as u64;
+                match fixed {
+                    Some(index) => opcode::WriteFixed::new(DEVICE_FILE, rest.as_ptr(), len, *index)
+                        .offset(at)
+                        .rw_flags(flags)
+                        .build(),
+                    None => opcode::Write::new(DEVICE_FILE, rest.as_ptr(), len)
+                        .offset(at)
+                        .rw_flags(flags)
+                        .build(),
+                }
             }
             Op::Flush => opcode::Fsync::new(DEVICE_FILE)
                 .flags(types::FsyncFlags::DATASYNC)
@@ -439,6 +527,107 @@ pub struct UringQueue {
     resubmitted: bool,
     /// Scratch: completion entries copied out of the ring.
     cqes: Vec<(u64, i32)>,
+    /// Registered buffers (see the module docs, "Registered buffers").
+    pool: FixedPool,
+}
+
+/// A queue's registered-buffer table and the buffers of it not handed out.
+struct FixedPool {
+    /// Tags of this ring's buffers carry this id; unique per queue.
+    ring_id: u64,
+    /// `(address, length)` registered at each table index; empty when the
+    /// queue has no pool.
+    regions: Vec<(usize, usize)>,
+    /// Buffers of the table that are neither handed out nor in flight.
+    /// Declared after `ring` in `UringQueue`, but freed only after `Drop`
+    /// unregistered the table, whatever the field order.
+    free: Vec<AlignedBuf>,
+    /// Why the configured pool could not be registered.
+    error: Option<String>,
+    /// Entries sent with `READ_FIXED`/`WRITE_FIXED`.
+    fixed_entries: u64,
+}
+
+impl FixedPool {
+    fn none() -> FixedPool {
+        FixedPool {
+            ring_id: NEXT_RING_ID.fetch_add(1, Ordering::Relaxed),
+            regions: Vec::new(),
+            free: Vec::new(),
+            error: None,
+            fixed_entries: 0,
+        }
+    }
+
+    /// Allocates `opts.count` buffers and registers them with `ring`.
+    fn register(ring: &IoUring, caps: &DeviceCaps, opts: FixedBufferOptions) -> FixedPool {
+        let mut pool = FixedPool::none();
+        if opts.count == 0 || opts.len == 0 {
+            return pool;
+        }
+        let count = opts.count.min(MAX_FIXED_BUFFERS);
+        // Page-aligned, so each buffer pins only its own pages and never
+        // needs a bounce.
+        let align = (caps.memory_alignment.max(caps.logical_block_size) as usize).max(4096);
+        let mut bufs = Vec::with_capacity(count);
+        for _ in 0..count {
+            match AlignedBuf::new(opts.len, align) {
+                Ok(buf) => bufs.push(buf),
+                Err(e) => {
+                    pool.error = Some(e.to_string());
+                    return pool;
+                }
+            }
+        }
+        let iovecs: Vec<libc::iovec> = bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: each iovec is the whole of a live allocation owned by
+        // `bufs`. From here on the kernel touches those pages only for a
+        // READ_FIXED/WRITE_FIXED entry naming the index, and such an entry
+        // is only pushed for a buffer that carries this ring's tag for that
+        // index and is owned by the in-flight table until its completion
+        // (module docs): the memory is live and exclusively the kernel's
+        // for the transfer. A tagged buffer the caller dropped is never
+        // named again; its pages stay pinned by the kernel, not accessed,
+        // until `Drop` unregisters the table.
+        if let Err(e) = unsafe { ring.submitter().register_buffers(&iovecs) } {
+            pool.error = Some(format!(
+                "registering {count} buffers of {} bytes failed: {}",
+                opts.len,
+                errno_text(&e)
+            ));
+            return pool;
+        }
+        for (index, buf) in bufs.iter_mut().enumerate() {
+            pool.regions.push((buf.as_ptr() as usize, buf.len()));
+            buf.set_fixed_tag(Some(FixedTag {
+                ring_id: pool.ring_id,
+                index: index as u16,
+            }));
+        }
+        // Hand out low indexes first.
+        bufs.reverse();
+        pool.free = bufs;
+        pool
+    }
+
+    /// The table index to name for `buf`, if it is one of this ring's
+    /// registered buffers and lies inside the region registered for it.
+    fn index_of(&self, buf: &AlignedBuf) -> Option<u16> {
+        let tag = buf.fixed_tag()?;
+        if tag.ring_id != self.ring_id {
+            return None;
+        }
+        let &(base, len) = self.regions.get(tag.index as usize)?;
+        let start = buf.as_ptr() as usize;
+        let inside = start >= base && start.checked_add(buf.len())? <= base + len;
+        inside.then_some(tag.index)
+    }
 }
 
 impl UringQueue {
@@ -446,6 +635,7 @@ impl UringQueue {
         dev: Arc<SyncDevice>,
         depth: usize,
         opts: UringOptions,
+        fixed: FixedBufferOptions,
     ) -> Result<UringQueue, DeviceError> {
         let depth = clamp_depth(depth);
         // The kernel rounds up to a power of two itself; `depth` entries is
@@ -456,6 +646,7 @@ impl UringQueue {
             path: dev.path().to_owned(),
             reason: format!("cannot make an io_uring queue of depth {depth}: {why}"),
         })?;
+        let pool = FixedPool::register(&ring, dev.caps(), fixed);
         Ok(UringQueue {
             ring,
             dev,
@@ -470,7 +661,31 @@ impl UringQueue {
             unsubmitted: 0,
             resubmitted: false,
             cqes: Vec::with_capacity(depth),
+            pool,
         })
+    }
+
+    /// Registered buffers in this queue's table (0 without a pool).
+    pub fn fixed_buffers(&self) -> usize {
+        self.pool.regions.len()
+    }
+
+    /// Submission entries sent so far as `READ_FIXED`/`WRITE_FIXED`.
+    pub fn fixed_entries(&self) -> u64 {
+        self.pool.fixed_entries
+    }
+
+    /// Why a configured pool is missing (registration failed), if it is.
+    pub fn fixed_buffer_error(&self) -> Option<&str> {
+        self.pool.error.as_deref()
+    }
+
+    /// The registered-buffer index for `buf` unless it is bounced.
+    fn fixed_index(&self, buf: &AlignedBuf, bounce: &Option<AlignedBuf>) -> Option<u16> {
+        match bounce {
+            Some(_) => None,
+            None => self.pool.index_of(buf),
+        }
     }
 
     fn ring_error(&self, what: &str, e: io::Error) -> DeviceError {
@@ -532,6 +747,12 @@ impl UringQueue {
             retries: 0,
         };
         let entry = request.entry(index);
+        if matches!(
+            request.op,
+            Op::Read { fixed: Some(_), .. } | Op::Write { fixed: Some(_), .. }
+        ) {
+            self.pool.fixed_entries += 1;
+        }
         self.slots[index] = Some(request);
         self.live += 1;
         self.unsubmitted += 1;
@@ -776,14 +997,18 @@ impl DeviceQueue for UringQueue {
                     return Ok(());
                 }
                 match self.bounce_for(&buf, IoOp::Read, offset, false) {
-                    Ok(bounce) => self.start(
-                        token,
-                        Op::Read {
-                            offset,
-                            buf,
-                            bounce,
-                        },
-                    ),
+                    Ok(bounce) => {
+                        let fixed = self.fixed_index(&buf, &bounce);
+                        self.start(
+                            token,
+                            Op::Read {
+                                offset,
+                                buf,
+                                bounce,
+                                fixed,
+                            },
+                        )
+                    }
                     Err(e) => self.finish_now(token, Err(e), Some(buf)),
                 }
             }
@@ -808,15 +1033,19 @@ impl DeviceQueue for UringQueue {
                     return Ok(());
                 }
                 match self.bounce_for(&buf, IoOp::Write, offset, true) {
-                    Ok(bounce) => self.start(
-                        token,
-                        Op::Write {
-                            offset,
-                            buf,
-                            bounce,
-                            fua,
-                        },
-                    ),
+                    Ok(bounce) => {
+                        let fixed = self.fixed_index(&buf, &bounce);
+                        self.start(
+                            token,
+                            Op::Write {
+                                offset,
+                                buf,
+                                bounce,
+                                fua,
+                                fixed,
+                            },
+                        )
+                    }
                     Err(e) => self.finish_now(token, Err(e), Some(buf)),
                 }
             }
@@ -875,6 +1104,23 @@ impl DeviceQueue for UringQueue {
 
     fn in_flight(&self) -> usize {
         self.live + self.ready.len() + self.polled_flushes.len()
+    }
+
+    fn alloc_buffer(&mut self, len: usize) -> Option<AlignedBuf> {
+        let at = self.pool.free.iter().rposition(|b| b.capacity() >= len)?;
+        let mut buf = self.pool.free.swap_remove(at);
+        buf.reset_zeroed(len);
+        Some(buf)
+    }
+
+    fn recycle_buffer(&mut self, buf: AlignedBuf) {
+        // Only this ring's own buffers, whole (as registered), go back.
+        if self.pool.index_of(&buf).is_some() {
+            let index = buf.fixed_tag().map_or(0, |t| t.index as usize);
+            if self.pool.regions[index].0 == buf.as_ptr() as usize {
+                self.pool.free.push(buf);
+            }
+        }
     }
 
     fn submit_and_reap(
@@ -957,6 +1203,11 @@ impl Drop for UringQueue {
             }
             self.cqes = cqes;
         }
+        // Nothing is in flight: unregister the buffer table before the pool's
+        // buffers (fields, dropped after this) are freed.
+        if !self.pool.regions.is_empty() {
+            let _ = self.ring.submitter().unregister_buffers();
+        }
         release_files(&self.ring);
     }
 }
@@ -985,7 +1236,7 @@ mod tests {
             iopoll: true,
             sqpoll_idle_ms: None,
         };
-        let dev = UringDevice::new_unchecked(sync, opts);
+        let dev = UringDevice::new_unchecked(sync, opts).with_fixed_buffers(2, 4096);
         let mut q = match dev.new_queue(4) {
             Ok(q) => q,
             Err(e) => return eprintln!("skipping: no IOPOLL ring here: {e}"),
