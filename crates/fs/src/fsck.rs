@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use blockdev::BlockDevice;
 
+use crate::file::MAX_FILE_SIZE;
 use crate::state::MetaState;
 use crate::types::{ExtentState, FileKind, Ino, ROOT_INO};
-use crate::volume::load;
+use crate::volume::{load, Strictness};
 use crate::Result;
 
 /// What fsck found. Clean when `problems` is empty.
@@ -46,7 +47,7 @@ impl FsckReport {
 /// overlapping extents, a journal record that does not apply, device error);
 /// every other inconsistency is a line in the report.
 pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
-    let loaded = load(&*device)?;
+    let loaded = load(&*device, Strictness::Fsck)?;
     let mut report = FsckReport {
         data_bytes: loaded.sb.layout.data.len,
         journal_records: loaded.replay_end.records,
@@ -105,6 +106,12 @@ fn check_state(state: &MetaState, report: &mut FsckReport) {
                         .push(format!("file {ino}: extent map: {reason}"));
                 }
                 report.extents += inode.extents.len() as u64;
+                if inode.size > MAX_FILE_SIZE {
+                    report.problems.push(format!(
+                        "file {ino}: size {} exceeds the largest file size {MAX_FILE_SIZE}",
+                        inode.size
+                    ));
+                }
                 let eof_block_end = inode
                     .size
                     .checked_next_multiple_of(block)

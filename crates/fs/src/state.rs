@@ -127,7 +127,6 @@ impl MetaState {
             image_bytes: 0,
         };
         state.rebuild_parents()?;
-        state.check_links_and_kinds()?;
         state.image_bytes = state.compute_image_bytes();
         Ok(state)
     }
@@ -163,7 +162,7 @@ impl MetaState {
     /// What a checkpoint image must satisfy beyond its encoding: link
     /// counts match the directory entries (an unlinked-but-open orphan has
     /// none), sizes are in range, and only directories have entries.
-    fn check_links_and_kinds(&self) -> Result<(), ApplyError> {
+    pub fn check_links_and_kinds(&self) -> Result<(), ApplyError> {
         for inode in self.inodes.values() {
             let names = u32::from(inode.parent != 0 && inode.ino != ROOT_INO);
             let consistent = if inode.ino == ROOT_INO {

@@ -255,7 +255,7 @@ impl Volume {
     /// replays the journal after it. Cost is proportional to the metadata and
     /// the journal, never to the device.
     pub fn open(device: Arc<dyn BlockDevice>) -> Result<Volume> {
-        let loaded = load(&*device)?;
+        let loaded = load(&*device, Strictness::Mount)?;
         let Loaded {
             sb,
             slot,
@@ -740,6 +740,16 @@ impl VolumeInner {
     }
 }
 
+/// How much inconsistency loading tolerates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Strictness {
+    /// Refuse a checkpoint whose link counts, sizes or kinds disagree: never
+    /// mount an inconsistent volume.
+    Mount,
+    /// Load what can be loaded, so fsck can list every inconsistency.
+    Fsck,
+}
+
 /// What mount and fsck read from a device.
 pub(crate) struct Loaded {
     pub sb: Superblock,
@@ -753,13 +763,18 @@ pub(crate) struct Loaded {
 
 /// Reads the superblock and newest checkpoint, replays the journal and
 /// rebuilds free space. Shared by mount and fsck.
-pub(crate) fn load(device: &dyn BlockDevice) -> Result<Loaded> {
+pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<Loaded> {
     let sb = superblock::read_superblock(device)?;
     let (slot, ckpt) = checkpoint::read_newest_checkpoint(device, &sb)?;
     let slot_start = sb.layout.checkpoint_slots[slot].start;
     let block_size = sb.layout.block_size;
     let mut state = MetaState::from_image(&ckpt.image, block_size)
         .map_err(|reason| Error::corrupt("checkpoint image", slot_start, reason))?;
+    if strictness == Strictness::Mount {
+        state
+            .check_links_and_kinds()
+            .map_err(|reason| Error::corrupt("checkpoint image", slot_start, reason))?;
+    }
     let journal_start = sb.layout.journal.start;
     let mut freed = Vec::new();
     let replay_end = journal::replay(
