@@ -72,7 +72,6 @@ fn fs(vol: &Volume, file: &iomapfs_fs::File, depth: usize, secs: f64) -> f64 {
                 .map_err(|r| r.1)
                 .unwrap();
         }
-        q.submit().unwrap();
         q.reap(1, &mut done).unwrap();
         for c in done.drain(..) {
             c.result.unwrap();

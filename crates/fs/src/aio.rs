@@ -83,7 +83,8 @@ struct Inflight {
     /// The caller's buffer while split parts are in flight; `None` when the
     /// single part carries it.
     user_buf: Option<AlignedBuf>,
-    /// For each part: where its bytes go in the caller's buffer.
+    /// For each part of a split request: where its bytes go in the caller's
+    /// buffer (empty for a single part, which covers the whole buffer).
     part_offsets: Vec<usize>,
     remaining: usize,
     done_len: usize,
@@ -119,6 +120,8 @@ pub struct IoQueue {
     done_rx: Receiver<Completion>,
     /// Jobs handed to the worker and not yet back.
     deferred: usize,
+    /// Occupied entries of `slots`.
+    active_slots: usize,
     /// DSYNC writes covered by the device flush in flight.
     flushing: Vec<Completion>,
     /// DSYNC writes whose data completed after that flush was issued: they
@@ -146,6 +149,7 @@ impl Volume {
             done_tx,
             done_rx,
             deferred: 0,
+            active_slots: 0,
             flushing: Vec::new(),
             awaiting_flush: Vec::new(),
             scratch: Vec::new(),
@@ -234,6 +238,7 @@ impl IoQueue {
     }
 
     fn take_slot(&mut self, inflight: Inflight) -> usize {
+        self.active_slots += 1;
         match self.free_slots.pop() {
             Some(slot) => {
                 self.slots[slot] = Some(inflight);
@@ -332,7 +337,6 @@ impl IoQueue {
             _inflight: OwnedDioInflight::begin(&inode),
         };
         if let Some(addr) = simple {
-            inflight.part_offsets.push(0);
             inflight.remaining = 1;
             let slot = self.take_slot(inflight);
             return self
@@ -486,7 +490,6 @@ impl IoQueue {
         };
         let mut requests = Vec::with_capacity(parts.len());
         if parts.len() == 1 {
-            inflight.part_offsets.push(0);
             requests.push(DeviceRequest::Write {
                 offset: parts[0].0,
                 buf,
@@ -565,7 +568,7 @@ impl IoQueue {
 
     /// Requests submitted and not yet reaped.
     pub fn in_flight(&self) -> usize {
-        self.slots.iter().filter(|s| s.is_some()).count()
+        self.active_slots
             + self.deferred
             + self.ready.len()
             + self.flushing.len()
@@ -646,6 +649,7 @@ impl IoQueue {
         }
         let inflight = self.slots[slot].take().expect("checked above");
         self.free_slots.push(slot);
+        self.active_slots -= 1;
         let buf = inflight.user_buf.unwrap_or_else(empty_buf);
         let result = match inflight.error {
             Some(e) => Err(e),
@@ -668,7 +672,10 @@ impl IoQueue {
     }
 
     /// Waits for at least `min` completions (capped at what is in flight),
-    /// appends every available one to `out`, returns how many.
+    /// appends every available one to `out`, returns how many. Requests
+    /// queued but not yet submitted are sent first, in the same kernel entry
+    /// that waits where the backend can (io_uring), so a queue-depth-1 loop
+    /// needs no separate [`submit`](IoQueue::submit).
     pub fn reap(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<usize> {
         let min = min.min(self.in_flight());
         let mut got = 0;
@@ -694,8 +701,9 @@ impl IoQueue {
             if self.devq.in_flight() > 0 {
                 // Device completions first: a deferred job may be waiting
                 // for these requests' in-flight count to drain.
+                // Queued requests go out in the same kernel entry that waits.
                 let mut scratch = std::mem::take(&mut self.scratch);
-                let result = self.devq.reap(1, &mut scratch);
+                let result = self.devq.submit_and_reap(1, &mut scratch);
                 for c in scratch.drain(..) {
                     self.on_device_completion(c);
                 }

@@ -97,7 +97,7 @@ fn round_up(x: u64, unit: u64) -> u64 {
 
 impl Drop for File {
     fn drop(&mut self) {
-        self.vol.release_handle(self.inode.ino);
+        self.vol.release_handle(&self.inode);
     }
 }
 
@@ -120,7 +120,7 @@ impl File {
     /// `dup`): the file stays open until both are dropped.
     pub fn try_clone(&self) -> Result<File> {
         self.vol.check_live()?;
-        self.vol.add_handle(self.inode.ino)?;
+        self.vol.add_handle(&self.inode);
         Ok(File {
             vol: self.vol.clone(),
             inode: self.inode.clone(),

@@ -13,7 +13,7 @@
 //! what is durable.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -96,6 +96,10 @@ pub(crate) struct OpenInode {
     /// Set by a read-modify-write (which writes whole device blocks) while it
     /// holds the exclusive I/O lock: the size its completion may raise to.
     pub write_size_cap: Mutex<Option<u64>>,
+    /// Open handles (`File`s, including those asynchronous requests hold
+    /// while in flight). Atomic so that cloning a handle per request takes
+    /// no lock; reaching zero takes the metadata lock to close the inode.
+    handles: AtomicUsize,
 }
 
 impl AsRef<InodeIoLock> for OpenInode {
@@ -106,7 +110,6 @@ impl AsRef<InodeIoLock> for OpenInode {
 
 struct OpenEntry {
     inode: Arc<OpenInode>,
-    handles: usize,
 }
 
 pub(crate) struct Meta {
@@ -365,10 +368,12 @@ impl Volume {
                     ino,
                     io_lock: InodeIoLock::new(),
                     write_size_cap: Mutex::new(None),
+                    handles: AtomicUsize::new(0),
                 }),
-                handles: 0,
             });
-            entry.handles += 1;
+            // Under the metadata lock: a concurrent last close re-checks the
+            // count under the same lock before it closes the inode.
+            entry.inode.handles.fetch_add(1, Ordering::AcqRel);
             entry.inode.clone()
         };
         self.inner.commit_if_due()?;
@@ -708,34 +713,33 @@ impl VolumeInner {
         Ok(())
     }
 
-    /// Another handle on an inode that is open already.
-    pub(crate) fn add_handle(&self, ino: Ino) -> Result<()> {
-        match self.meta.write().open.get_mut(&ino) {
-            Some(entry) => {
-                entry.handles += 1;
-                Ok(())
-            }
-            None => Err(Error::Stale { ino }),
-        }
+    /// Another handle on an inode that is open already (the caller holds
+    /// one, so the count cannot be at zero).
+    pub(crate) fn add_handle(&self, inode: &OpenInode) {
+        inode.handles.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// A handle on `ino` closed.
-    pub(crate) fn release_handle(&self, ino: Ino) {
+    /// A handle on `inode` closed; the last one closes the inode, and frees
+    /// it if it was unlinked.
+    pub(crate) fn release_handle(&self, inode: &Arc<OpenInode>) {
+        if inode.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
         let mut meta = self.meta.write();
-        let last = match meta.open.get_mut(&ino) {
-            Some(entry) => {
-                entry.handles -= 1;
-                entry.handles == 0
-            }
-            None => false,
-        };
-        if last {
-            meta.open.remove(&ino);
-            let unlinked = meta.state.inode(ino).is_some_and(|i| i.nlink == 0);
-            if unlinked && self.check_live().is_ok() {
-                // Failure only leaves an orphan that the next mount frees.
-                let _ = meta.log(Record::FreeInode { ino });
-            }
+        // An open by path may have revived it meanwhile, or a new open inode
+        // may already stand in its place.
+        let still_ours = meta
+            .open
+            .get(&inode.ino)
+            .is_some_and(|e| Arc::ptr_eq(&e.inode, inode));
+        if !still_ours || inode.handles.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        meta.open.remove(&inode.ino);
+        let unlinked = meta.state.inode(inode.ino).is_some_and(|i| i.nlink == 0);
+        if unlinked && self.check_live().is_ok() {
+            // Failure only leaves an orphan that the next mount frees.
+            let _ = meta.log(Record::FreeInode { ino: inode.ino });
         }
     }
 }
