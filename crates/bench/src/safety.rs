@@ -19,27 +19,7 @@ use crate::BenchError;
 /// workload files (which shrink to half the device when it is small).
 pub const MIN_DEVICE_BYTES: u64 = 64 << 20;
 
-/// Bytes read from the start of a device to recognise its contents.
-pub const PROBE_BYTES: usize = 4096;
-
-/// What the first [`PROBE_BYTES`] of a device say it holds, if anything
-/// recognisable. (The same magics as `iomapfs mkfs` checks.)
-pub fn recognise(head: &[u8]) -> Option<&'static str> {
-    let at = |offset: usize, magic: &[u8]| head.get(offset..offset + magic.len()) == Some(magic);
-    if at(0, &iomapfs_fs::superblock::SUPERBLOCK_MAGIC) {
-        Some("an iomapfs volume")
-    } else if at(0, b"XFSB") {
-        Some("an XFS file system")
-    } else if at(1080, &[0x53, 0xEF]) {
-        Some("an ext2/ext3/ext4 file system")
-    } else if at(512, b"EFI PART") {
-        Some("a GPT partition table")
-    } else if at(510, &[0x55, 0xAA]) {
-        Some("an MBR partition table or boot sector")
-    } else {
-        None
-    }
-}
+pub use iomapfs_fs::signature::{recognise, SIGNATURE_PROBE_BYTES as PROBE_BYTES};
 
 fn refuse(path: &Path, reason: impl Into<String>) -> BenchError {
     BenchError::DeviceRefused {

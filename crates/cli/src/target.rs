@@ -79,31 +79,7 @@ fn yes_no(b: bool) -> &'static str {
     }
 }
 
-/// The iomapfs superblock magic, at byte 0.
-pub const IOMAPFS_MAGIC: &[u8; 8] = &iomapfs_fs::superblock::SUPERBLOCK_MAGIC;
-
-/// Bytes read from the start of a device to recognise its contents.
-pub const PROBE_BYTES: usize = 4096;
-
-/// What the first [`PROBE_BYTES`] of a device say it holds, if anything
-/// recognisable: an existing iomapfs volume, another file system, or a
-/// partition table.
-pub fn recognise(head: &[u8]) -> Option<&'static str> {
-    let at = |offset: usize, magic: &[u8]| head.get(offset..offset + magic.len()) == Some(magic);
-    if at(0, IOMAPFS_MAGIC) {
-        Some("an iomapfs volume")
-    } else if at(0, b"XFSB") {
-        Some("an XFS file system")
-    } else if at(1080, &[0x53, 0xEF]) {
-        Some("an ext2/ext3/ext4 file system")
-    } else if at(512, b"EFI PART") {
-        Some("a GPT partition table")
-    } else if at(510, &[0x55, 0xAA]) {
-        Some("an MBR partition table or boot sector")
-    } else {
-        None
-    }
-}
+pub use iomapfs_fs::signature::{recognise, SIGNATURE_PROBE_BYTES as PROBE_BYTES};
 
 /// Reads the start of the device for [`recognise`]: up to [`PROBE_BYTES`],
 /// rounded down to the logical block size.
