@@ -92,6 +92,14 @@ struct Inflight {
     _inflight: OwnedDioInflight<OpenInode>,
 }
 
+/// Where a pure overwrite goes on the device.
+enum WritePlan {
+    /// One mapping covers it: the caller's buffer goes out as is.
+    Single(u64),
+    /// Several: (device address, offset in the buffer, length) per part.
+    Split(Vec<(u64, usize, usize)>),
+}
+
 enum Job {
     Read {
         file: File,
@@ -483,40 +491,47 @@ impl IoQueue {
             offset,
             user_buf: None,
             part_offsets: Vec::new(),
-            remaining: parts.len(),
+            remaining: 1,
             done_len: len,
             error: None,
             _inflight: OwnedDioInflight::begin(&inode),
         };
+        let parts = match parts {
+            WritePlan::Single(dev_addr) => {
+                let slot = self.take_slot(inflight);
+                let request = DeviceRequest::Write {
+                    offset: dev_addr,
+                    buf,
+                    mode,
+                };
+                return self
+                    .push((slot as u64) << PART_BITS, request)
+                    .map_err(|e| refused(empty_buf(), e));
+            }
+            WritePlan::Split(parts) => parts,
+        };
+        inflight.remaining = parts.len();
         let mut requests = Vec::with_capacity(parts.len());
-        if parts.len() == 1 {
+        let align = self.vol.dev.caps().memory_alignment as usize;
+        for &(dev_addr, at, part_len) in &parts {
+            let mut part = match AlignedBuf::new(part_len, align) {
+                Ok(b) => b,
+                Err(e) => {
+                    return Err(refused(
+                        buf,
+                        Error::invalid("write part buffer", e.to_string()),
+                    ))
+                }
+            };
+            part.copy_from_slice(&buf[at..at + part_len]);
+            inflight.part_offsets.push(at);
             requests.push(DeviceRequest::Write {
-                offset: parts[0].0,
-                buf,
+                offset: dev_addr,
+                buf: part,
                 mode,
             });
-        } else {
-            let align = self.vol.dev.caps().memory_alignment as usize;
-            for &(dev_addr, at, part_len) in &parts {
-                let mut part = match AlignedBuf::new(part_len, align) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        return Err(refused(
-                            buf,
-                            Error::invalid("write part buffer", e.to_string()),
-                        ))
-                    }
-                };
-                part.copy_from_slice(&buf[at..at + part_len]);
-                inflight.part_offsets.push(at);
-                requests.push(DeviceRequest::Write {
-                    offset: dev_addr,
-                    buf: part,
-                    mode,
-                });
-            }
-            inflight.user_buf = Some(buf);
         }
+        inflight.user_buf = Some(buf);
         let slot = self.take_slot(inflight);
         for (i, request) in requests.into_iter().enumerate() {
             if let Err(e) = self.push((slot as u64) << PART_BITS | i as u64, request) {
@@ -528,21 +543,22 @@ impl IoQueue {
 
     /// The device ranges of a write that is a pure overwrite inside EOF
     /// (`None` if it is not, or if DSYNC would need the journal). Caller
-    /// holds the shared I/O lock.
+    /// holds the shared I/O lock. One mapping, the common case, allocates
+    /// nothing.
     fn plan_pure_overwrite(
         &self,
         file: &File,
         offset: u64,
         len: u64,
         dsync: bool,
-    ) -> Result<Option<Vec<(u64, usize, usize)>>> {
+    ) -> Result<Option<WritePlan>> {
         let ops = FsOps { vol: &self.vol };
         let inode = file.open_inode();
         let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT | IomapOpFlags::OVERWRITE_ONLY;
         if dsync {
             flags = flags | IomapOpFlags::DSYNC;
         }
-        let mut parts = Vec::new();
+        let mut parts: Vec<(u64, usize, usize)> = Vec::new();
         let mut pos = offset;
         while pos < offset + len {
             let map = match ops.begin(inode, pos, offset + len - pos, flags) {
@@ -553,10 +569,13 @@ impl IoQueue {
             if map.kind != IomapKind::Mapped || (dsync && !map.is_pure_overwrite()) {
                 return Ok(None);
             }
+            if pos == offset && map.end() >= offset + len {
+                return Ok(Some(WritePlan::Single(map.addr)));
+            }
             parts.push((map.addr, (pos - offset) as usize, map.length as usize));
             pos = map.end();
         }
-        Ok(Some(parts))
+        Ok(Some(WritePlan::Split(parts)))
     }
 
     /// Sends every queued request to the device; returns how many.
