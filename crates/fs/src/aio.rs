@@ -178,10 +178,6 @@ fn empty_buf() -> AlignedBuf {
     AlignedBuf::new(0, 1).expect("a zero-length buffer needs no memory")
 }
 
-fn round_up(x: u64, unit: u64) -> u64 {
-    x.div_ceil(unit) * unit
-}
-
 impl IoQueue {
     fn logical_block(&self) -> u64 {
         u64::from(self.vol.dev.caps().logical_block_size)
@@ -205,17 +201,6 @@ impl IoQueue {
             .into());
         }
         Ok(())
-    }
-
-    fn at(file: &File, offset: u64, err: Error) -> Error {
-        match err {
-            Error::At { .. } | Error::Shutdown { .. } => err,
-            other => Error::At {
-                path: file.path().to_string(),
-                offset,
-                source: Box::new(other),
-            },
-        }
     }
 
     fn complete_now(&mut self, token: u64, result: Result<usize>, buf: AlignedBuf) {
@@ -292,7 +277,7 @@ impl IoQueue {
         token: u64,
     ) -> std::result::Result<(), Refused> {
         if let Err(e) = self.check_request(file, offset, buf.len()) {
-            return Err(refused(buf, Self::at(file, offset, e)));
+            return Err(refused(buf, file.at(offset, e)));
         }
         let inode = file.open_inode().clone();
         let Some(_shared) = inode.io_lock.try_lock_shared() else {
@@ -309,6 +294,38 @@ impl IoQueue {
                 Err(e) => Err(refused(buf, e)),
             };
         };
+        let file = match file.try_clone() {
+            Ok(f) => f,
+            Err(e) => return Err(refused(buf, e)),
+        };
+        let vol = self.vol.clone();
+        let ops = FsOps { vol: &vol };
+        // Simple read: one lookup, which also vouches that the whole buffer
+        // lies inside EOF.
+        let simple = (!buf.is_empty())
+            .then(|| ops.simple_read_addr(&inode, offset, buf.len() as u64))
+            .flatten();
+        if let Some(addr) = simple {
+            let inflight = Inflight {
+                token,
+                kind: Kind::Read,
+                file,
+                offset,
+                user_buf: None,
+                part_offsets: Vec::new(),
+                remaining: 1,
+                done_len: buf.len(),
+                error: None,
+                _inflight: OwnedDioInflight::begin(&inode),
+            };
+            let slot = self.take_slot(inflight);
+            return self
+                .push(
+                    (slot as u64) << PART_BITS,
+                    DeviceRequest::Read { offset: addr, buf },
+                )
+                .map_err(|e| refused(empty_buf(), e));
+        }
         let size = {
             let meta = self.vol.meta.read();
             meta.state.inode(inode.ino).map(|i| i.size)
@@ -321,17 +338,8 @@ impl IoQueue {
             return Ok(());
         }
         let len = (buf.len() as u64).min(size - offset) as usize;
-        let aligned_len = round_up(len as u64, self.logical_block()) as usize;
+        let aligned_len = (len as u64).next_multiple_of(self.logical_block()) as usize;
         buf[len..].fill(0);
-        let file = match file.try_clone() {
-            Ok(f) => f,
-            Err(e) => return Err(refused(buf, e)),
-        };
-        let vol = self.vol.clone();
-        let ops = FsOps { vol: &vol };
-        let simple = (aligned_len == buf.len())
-            .then(|| ops.simple_read_addr(&inode, offset, aligned_len as u64))
-            .flatten();
         let mut inflight = Inflight {
             token,
             kind: Kind::Read,
@@ -344,16 +352,6 @@ impl IoQueue {
             error: None,
             _inflight: OwnedDioInflight::begin(&inode),
         };
-        if let Some(addr) = simple {
-            inflight.remaining = 1;
-            let slot = self.take_slot(inflight);
-            return self
-                .push(
-                    (slot as u64) << PART_BITS,
-                    DeviceRequest::Read { offset: addr, buf },
-                )
-                .map_err(|e| refused(empty_buf(), e));
-        }
         // Generic: plan the read from the mappings; zero ranges now, device
         // ranges as parts read into their own buffers and copied back.
         let mut parts: Vec<(u64, usize, usize)> = Vec::new();
@@ -387,7 +385,7 @@ impl IoQueue {
             Ok(())
         })();
         if let Err(e) = plan {
-            return Err(refused(buf, Self::at(&inflight.file, offset, e)));
+            return Err(refused(buf, inflight.file.at(offset, e)));
         }
         buf[len..].fill(0);
         if parts.is_empty() {
@@ -437,7 +435,7 @@ impl IoQueue {
         token: u64,
     ) -> std::result::Result<(), Refused> {
         if let Err(e) = self.check_request(file, offset, buf.len()) {
-            return Err(refused(buf, Self::at(file, offset, e)));
+            return Err(refused(buf, file.at(offset, e)));
         }
         if file.flags().read_only {
             return Err(refused(
@@ -462,7 +460,7 @@ impl IoQueue {
                     match self.plan_pure_overwrite(&file, offset, buf.len() as u64, dsync) {
                         Ok(Some(parts)) => Some((shared, parts)),
                         Ok(None) => None,
-                        Err(e) => return Err(refused(buf, Self::at(&file, offset, e))),
+                        Err(e) => return Err(refused(buf, file.at(offset, e))),
                     }
                 }
             }
@@ -641,15 +639,16 @@ impl IoQueue {
         if let Err(source) = c.result {
             let offset =
                 inflight.offset + inflight.part_offsets.get(part).copied().unwrap_or(0) as u64;
-            inflight.error.get_or_insert(Self::at(
-                &inflight.file,
-                offset,
-                IomapError::Device {
-                    file_offset: offset,
-                    source,
-                }
-                .into(),
-            ));
+            inflight.error.get_or_insert(
+                inflight.file.at(
+                    offset,
+                    IomapError::Device {
+                        file_offset: offset,
+                        source,
+                    }
+                    .into(),
+                ),
+            );
         }
         match (inflight.user_buf.as_mut(), c.buf) {
             // Split read: copy the part into the caller's buffer.

@@ -87,10 +87,6 @@ fn slot_region(sb: &Superblock, slot: usize) -> Result<Region> {
         })
 }
 
-fn round_up(v: u64, align: u64) -> u64 {
-    v.div_ceil(align) * align
-}
-
 fn check_journal_start(sb: &Superblock, start: u64) -> std::result::Result<(), String> {
     let journal = sb.layout.journal;
     if start >= journal.len || !is_aligned(start, sb.block_size()) {
@@ -122,7 +118,7 @@ pub fn write_checkpoint(
         });
     }
     let image = codec::encode_image(&ckpt.image)?;
-    let mut enc = Encoder::with_capacity(round_up(needed, sb.block_size()) as usize);
+    let mut enc = Encoder::with_capacity(needed.next_multiple_of(sb.block_size()) as usize);
     enc.bytes(&CHECKPOINT_MAGIC);
     enc.u64(ckpt.generation);
     enc.u64(ckpt.journal_start);
@@ -135,7 +131,7 @@ pub fn write_checkpoint(
     enc.u32(crc);
     enc.bytes(&image);
     let mut buf = enc.into_bytes();
-    buf.resize(round_up(needed, sb.block_size()) as usize, 0);
+    buf.resize(needed.next_multiple_of(sb.block_size()) as usize, 0);
     dev.write_at(&buf, region.start, WriteMode::Normal)
         .map_err(|e| Error::device(format!("writing checkpoint slot {slot}"), e))?;
     dev.flush()
@@ -176,7 +172,7 @@ pub fn read_checkpoint(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> R
     }
     // image_len is bounded by the slot size, which the superblock bounds by
     // the device size.
-    let total = round_up(CHECKPOINT_HEADER_LEN as u64 + image_len, bs);
+    let total = (CHECKPOINT_HEADER_LEN as u64 + image_len).next_multiple_of(bs);
     if total > bs {
         let mut whole = vec![0u8; total as usize];
         whole[..bs as usize].copy_from_slice(&buf);

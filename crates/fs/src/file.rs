@@ -11,6 +11,7 @@
 //! cache exists they read-modify-write whole device blocks under the
 //! exclusive lock — correct, not fast.
 
+use iomap::align::align_down;
 use std::sync::Arc;
 
 use blockdev::AlignedBuf;
@@ -84,15 +85,8 @@ pub struct File {
     vol: Arc<VolumeInner>,
     inode: Arc<OpenInode>,
     flags: OpenFlags,
-    path: String,
-}
-
-fn round_down(x: u64, unit: u64) -> u64 {
-    x - x % unit
-}
-
-fn round_up(x: u64, unit: u64) -> u64 {
-    x.div_ceil(unit) * unit
+    /// Shared, not copied, by clones: asynchronous requests clone the handle.
+    path: Arc<str>,
 }
 
 impl Drop for File {
@@ -106,13 +100,13 @@ impl File {
         vol: Arc<VolumeInner>,
         inode: Arc<OpenInode>,
         flags: OpenFlags,
-        path: String,
+        path: &str,
     ) -> File {
         File {
             vol,
             inode,
             flags,
-            path,
+            path: Arc::from(path),
         }
     }
 
@@ -125,7 +119,7 @@ impl File {
             vol: self.vol.clone(),
             inode: self.inode.clone(),
             flags: self.flags,
-            path: self.path.clone(),
+            path: Arc::clone(&self.path),
         })
     }
 
@@ -162,11 +156,11 @@ impl File {
     }
 
     /// Wraps an error with this file's path and the offset it concerns.
-    fn at(&self, offset: u64, err: Error) -> Error {
+    pub(crate) fn at(&self, offset: u64, err: Error) -> Error {
         match err {
             Error::At { .. } | Error::Shutdown { .. } => err,
             other => Error::At {
-                path: self.path.clone(),
+                path: self.path.to_string(),
                 offset,
                 source: Box::new(other),
             },
@@ -186,7 +180,7 @@ impl File {
     fn check_writable(&self, offset: u64, len: u64) -> Result<()> {
         self.vol.check_live()?;
         if self.flags.read_only {
-            return Err(Error::invalid(&self.path, "file is open read-only"));
+            return Err(Error::invalid(&*self.path, "file is open read-only"));
         }
         match offset.checked_add(len) {
             Some(end) if end <= MAX_FILE_SIZE => Ok(()),
@@ -272,7 +266,7 @@ impl File {
         if offset.is_multiple_of(lbs) && (buf.len() as u64).is_multiple_of(lbs) {
             // Aligned: read whole device blocks straight into the caller's
             // buffer; bytes between EOF and the block end are zero on disk.
-            let aligned_len = round_up(len as u64, lbs) as usize;
+            let aligned_len = (len as u64).next_multiple_of(lbs) as usize;
             dio::dio_read(
                 &ops,
                 dev,
@@ -286,8 +280,8 @@ impl File {
             buf[len..aligned_len].fill(0);
             return Ok(len);
         }
-        let start = round_down(offset, lbs);
-        let end = round_up(offset + len as u64, lbs);
+        let start = align_down(offset, lbs);
+        let end = (offset + len as u64).next_multiple_of(lbs);
         let mut bounce = self.bounce_buffer(end - start)?;
         dio::dio_read(&ops, dev, &self.inode, start, &mut bounce, flags)?;
         let skip = (offset - start) as usize;
@@ -355,8 +349,8 @@ impl File {
     fn rmw_write_locked(&self, buf: &[u8], offset: u64) -> Result<DioWriteOutcome> {
         let lbs = self.logical_block();
         let end = offset + buf.len() as u64;
-        let start_aligned = round_down(offset, lbs);
-        let end_aligned = round_up(end, lbs);
+        let start_aligned = align_down(offset, lbs);
+        let end_aligned = end.next_multiple_of(lbs);
         let ops = self.ops();
         let dev = &*self.vol.dev;
         if start_aligned == offset && end_aligned == end {
@@ -380,18 +374,15 @@ impl File {
         }
         let skip = (offset - start_aligned) as usize;
         merged[skip..skip + buf.len()].copy_from_slice(buf);
-        let old_size = self.size()?;
-        *self.inode.write_size_cap.lock() = Some(old_size.max(end));
-        let result = dio::dio_write(
+        dio::dio_write_padded(
             &ops,
             dev,
             &self.inode,
             start_aligned,
             &merged,
+            end,
             IomapOpFlags::WRITE | IomapOpFlags::DIRECT,
-        );
-        *self.inode.write_size_cap.lock() = None;
-        result
+        )
     }
 
     /// Makes a DSYNC/SYNC write durable. A pure overwrite sent with FUA is
@@ -444,8 +435,8 @@ impl File {
                 &self.vol,
                 &mut meta,
                 self.inode.ino,
-                round_down(offset, block),
-                round_up(end, block),
+                align_down(offset, block),
+                end.next_multiple_of(block),
             )
         })
         .map_err(|e| self.at(offset, e))?;
@@ -477,7 +468,7 @@ impl File {
     /// Caller holds the exclusive lock.
     fn zero_past_eof_locked(&self, new_start: u64) -> Result<()> {
         let size = self.size()?;
-        let end = new_start.min(round_up(size, self.block()));
+        let end = new_start.min(size.next_multiple_of(self.block()));
         if end <= size {
             return Ok(());
         }
@@ -512,8 +503,8 @@ impl File {
         self.inode.io_lock.drain_dio();
         let block = self.block();
         let end = offset + len;
-        let inner_start = round_up(offset, block);
-        let inner_end = round_down(end, block);
+        let inner_start = offset.next_multiple_of(block);
+        let inner_end = align_down(end, block);
         let result = (|| {
             if inner_start >= inner_end {
                 // No whole block inside: only zeroing to do.
@@ -550,7 +541,7 @@ impl File {
             if size < old && !size.is_multiple_of(block) {
                 // Bytes past the new EOF must read as zeros if the file grows
                 // again: clear them on disk before the size drops.
-                self.zero_inside_eof_locked(size, round_up(size, block))?;
+                self.zero_inside_eof_locked(size, size.next_multiple_of(block))?;
             }
             let mut meta = self.vol.meta.write();
             meta.log(Record::SetSize {
@@ -605,7 +596,7 @@ impl File {
             });
             cursor = ext.file_end();
         }
-        let eof = round_up(inode.size, self.block());
+        let eof = inode.size.next_multiple_of(self.block());
         if eof > cursor {
             out.push(FiemapExtent {
                 offset: cursor,

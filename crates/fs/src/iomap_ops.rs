@@ -1,6 +1,7 @@
 //! The file system's answers to the iomap engine: mappings, allocation of
 //! unwritten space, and write completion (conversion and size, journaled).
 
+use iomap::align::align_down;
 use parking_lot::RwLockWriteGuard;
 
 use iomap::{DioEndFlags, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
@@ -16,14 +17,6 @@ const EXTENTS_PER_HOLE_ESTIMATE: u64 = 4;
 
 pub(crate) struct FsOps<'a> {
     pub vol: &'a VolumeInner,
-}
-
-fn round_down(x: u64, unit: u64) -> u64 {
-    x - x % unit
-}
-
-fn round_up(x: u64, unit: u64) -> u64 {
-    x.div_ceil(unit) * unit
 }
 
 /// Places unwritten space in every hole of `[start, end)` (block-aligned),
@@ -119,8 +112,8 @@ impl IomapOps for FsOps<'_> {
         let mut new = false;
         let meta = if writing && !overwrite_only {
             let mut meta = self.vol.meta.write();
-            let start = round_down(pos, block);
-            let end = round_up(pos + len, block);
+            let start = align_down(pos, block);
+            let end = (pos + len).next_multiple_of(block);
             new = allocate_holes(self.vol, &mut meta, ino, start, end)?;
             RwLockWriteGuard::downgrade(meta)
         } else {
@@ -215,21 +208,12 @@ impl IomapOps for FsOps<'_> {
         }
         let block = u64::from(self.vol.block_size);
         let end = pos + len;
-        let min_size = if flags.size_change {
-            // A read-modify-write widened to whole device blocks must not
-            // raise the size past what its caller wrote.
-            match *inode.write_size_cap.lock() {
-                Some(cap) => end.min(cap),
-                None => end,
-            }
-        } else {
-            0
-        };
+        let min_size = if flags.size_change { end } else { 0 };
         let (file_off, conv_len) = if flags.unwritten {
-            let start = round_down(pos, block);
-            (start, round_up(end, block) - start)
+            let start = align_down(pos, block);
+            (start, end.next_multiple_of(block) - start)
         } else {
-            (round_down(pos, block), 0)
+            (align_down(pos, block), 0)
         };
         let mut meta = self.vol.meta.write();
         meta.log(Record::CompleteWrite {

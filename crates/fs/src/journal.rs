@@ -79,13 +79,9 @@ const SCAN_CHUNK_BYTES: u64 = 1 << 20;
 
 const WHAT: &str = "journal batch";
 
-fn round_up(v: u64, align: u64) -> u64 {
-    v.div_ceil(align) * align
-}
-
 /// Bytes a batch with `payload_len` bytes of records occupies.
 fn batch_len(payload_len: u64, block_size: u64) -> u64 {
-    round_up(BATCH_HEADER_LEN as u64 + payload_len, block_size)
+    (BATCH_HEADER_LEN as u64 + payload_len).next_multiple_of(block_size)
 }
 
 /// Where replay stopped: the writer continues from here.

@@ -8,20 +8,21 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::codec;
 use crate::extent_map::ExtentMap;
 use crate::file::MAX_FILE_SIZE;
-use crate::types::{
-    DirEntryImage, Extent, FileKind, Ino, InodeImage, MetaImage, Record, MAX_NAME_LEN, ROOT_INO,
-};
+use crate::types::{DirEntryImage, Extent, FileKind, Ino, InodeImage, MetaImage, Record, ROOT_INO};
 
 /// Inode numbers stay below this, so `ino + 1` never overflows.
 pub const MAX_INO: Ino = 1 << 62;
 
-/// Encoded bytes a checkpoint spends per inode, extent and directory entry,
-/// rounded up: used to refuse changes that would not fit a checkpoint slot.
-pub const IMAGE_BYTES_PER_INODE: u64 = 64;
-pub const IMAGE_BYTES_PER_EXTENT: u64 = 32;
-pub const IMAGE_BYTES_PER_ENTRY: u64 = 16;
+/// Encoded bytes a checkpoint spends per inode, extent and directory entry
+/// (plus the name's bytes), as the codec writes them: used to refuse changes
+/// that would not fit a checkpoint slot.
+pub const IMAGE_BYTES_PER_INODE: u64 = codec::INODE_FIXED_ENCODED_LEN as u64;
+pub const IMAGE_BYTES_PER_EXTENT: u64 = codec::EXTENT_ENCODED_LEN as u64;
+/// An entry's encoding without its name bytes (the minimum counts one).
+pub const IMAGE_BYTES_PER_ENTRY: u64 = codec::ENTRY_MIN_ENCODED_LEN as u64 - 1;
 
 #[derive(Clone, Debug)]
 pub struct InodeState {
@@ -43,7 +44,7 @@ pub struct MetaState {
     pub block_size: u32,
     pub next_ino: Ino,
     pub inodes: HashMap<Ino, InodeState>,
-    /// Upper bound of the encoded checkpoint image, kept incrementally.
+    /// Encoded size of the checkpoint image's inodes, kept incrementally.
     image_bytes: u64,
 }
 
@@ -435,7 +436,7 @@ impl MetaState {
         kind: FileKind,
         mtime_ns: u64,
     ) -> Result<(), ApplyError> {
-        check_name(name)?;
+        codec::check_name(name).map_err(|why| format!("{why}: {name:?}"))?;
         if ino < self.next_ino && self.inodes.contains_key(&ino) {
             return Err(format!("create: inode {ino} already exists"));
         }
@@ -503,7 +504,7 @@ impl MetaState {
         dst_parent: Ino,
         dst_name: &str,
     ) -> Result<(), ApplyError> {
-        check_name(dst_name)?;
+        codec::check_name(dst_name).map_err(|why| format!("{why}: {dst_name:?}"))?;
         let src = *self
             .dir(src_parent)?
             .entries
@@ -577,15 +578,4 @@ impl MetaState {
         );
         Ok(())
     }
-}
-
-/// A valid directory entry name: 1..=255 bytes, no '/' or NUL, not "." or "..".
-pub fn check_name(name: &str) -> Result<(), ApplyError> {
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(format!("bad name length {}", name.len()));
-    }
-    if name.contains('/') || name.contains('\0') || name == "." || name == ".." {
-        return Err(format!("bad name {name:?}"));
-    }
-    Ok(())
 }

@@ -5,6 +5,7 @@
 //! afterwards, so it is never torn by a later crash. Byte layout: see
 //! `docs/FORMAT.md`.
 
+use iomap::align::align_down;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use blockdev::{BlockDevice, WriteMode};
@@ -121,10 +122,6 @@ pub fn is_aligned(v: u64, align: u64) -> bool {
     v.checked_rem(align) == Some(0)
 }
 
-fn round_down(v: u64, align: u64) -> u64 {
-    v - v % align
-}
-
 impl Layout {
     /// Plans a volume on a device of `device_bytes` bytes. `journal_bytes`
     /// and `slot_bytes` (each of the two checkpoint slots), when given, must
@@ -174,7 +171,7 @@ impl Layout {
                     }
                     Ok(v)
                 }
-                None => Ok(round_down(device_bytes / divisor, bs)
+                None => Ok(align_down(device_bytes / divisor, bs)
                     .clamp(default_min_blocks * bs, default_max)),
             }
         };
@@ -231,7 +228,7 @@ impl Layout {
             },
             data: Region {
                 start: data_start,
-                len: round_down(device_bytes - data_start, bs),
+                len: align_down(device_bytes - data_start, bs),
             },
         };
         debug_assert!(layout.validate().is_ok(), "{:?}", layout.validate());

@@ -23,10 +23,11 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::alloc::Allocator;
 use crate::checkpoint::{self, Checkpoint};
+use crate::codec;
 use crate::file::{File, OpenFlags, Stat};
 use crate::journal::{self, JournalWriter};
 use crate::state::{
-    self, MetaState, IMAGE_BYTES_PER_ENTRY, IMAGE_BYTES_PER_EXTENT, IMAGE_BYTES_PER_INODE,
+    MetaState, IMAGE_BYTES_PER_ENTRY, IMAGE_BYTES_PER_EXTENT, IMAGE_BYTES_PER_INODE,
 };
 use crate::superblock::{self, Layout, Superblock};
 use crate::types::{FileKind, Ino, Record, MAX_NAME_LEN, ROOT_INO};
@@ -93,9 +94,6 @@ pub struct Volume {
 pub(crate) struct OpenInode {
     pub ino: Ino,
     pub io_lock: InodeIoLock,
-    /// Set by a read-modify-write (which writes whole device blocks) while it
-    /// holds the exclusive I/O lock: the size its completion may raise to.
-    pub write_size_cap: Mutex<Option<u64>>,
     /// Open handles (`File`s, including those asynchronous requests hold
     /// while in flight). Atomic so that cloning a handle per request takes
     /// no lock; reaching zero takes the metadata lock to close the inode.
@@ -367,7 +365,6 @@ impl Volume {
                 inode: Arc::new(OpenInode {
                     ino,
                     io_lock: InodeIoLock::new(),
-                    write_size_cap: Mutex::new(None),
                     handles: AtomicUsize::new(0),
                 }),
             });
@@ -377,7 +374,7 @@ impl Volume {
             entry.inode.clone()
         };
         self.inner.commit_if_due()?;
-        let file = File::new(self.inner.clone(), inode, flags, path.to_string());
+        let file = File::new(self.inner.clone(), inode, flags, path);
         if flags.truncate {
             file.truncate(0)?;
         }
@@ -893,7 +890,7 @@ pub(crate) fn resolve_parent(state: &MetaState, path: &str) -> Result<(Ino, Stri
             path: path.to_string(),
         });
     }
-    state::check_name(name).map_err(|reason| Error::invalid(path, reason))?;
+    codec::check_name(name).map_err(|reason| Error::invalid(path, reason))?;
     Ok((parent, name.to_string()))
 }
 

@@ -489,6 +489,23 @@ pub fn dio_write<O: IomapOps>(
     buf: &[u8],
     flags: IomapOpFlags,
 ) -> Result<DioWriteOutcome, O::Error> {
+    let data_end = pos.saturating_add(buf.len() as u64);
+    dio_write_padded(ops, dev, inode, pos, buf, data_end, flags)
+}
+
+/// [`dio_write`] of a read-modify-write: `buf` covers whole device blocks
+/// from `pos`, but the caller's data ends at `data_end`; the bytes after it
+/// are the unchanged rest of the last device block. Completion (conversion,
+/// size) covers the data only, so the file does not grow to the padding.
+pub fn dio_write_padded<O: IomapOps>(
+    ops: &O,
+    dev: &dyn BlockDevice,
+    inode: &O::Inode,
+    pos: u64,
+    buf: &[u8],
+    data_end: u64,
+    flags: IomapOpFlags,
+) -> Result<DioWriteOutcome, O::Error> {
     let lbs = logical_block_size(dev);
     check_aligned(pos, buf.len(), lbs)?;
     let block_size = ops.block_size();
@@ -575,9 +592,12 @@ pub fn dio_write<O: IomapOps>(
     };
 
     let written = iter.processed();
-    end_flags.size_change = pos + written > size;
-    let completion = if written > 0 {
-        ops.dio_end_io(inode, pos, written, end_flags)
+    // Padding past `data_end` shares the data's last device block, hence its
+    // file-system block: completing the data converts the same blocks.
+    let completed = written.min(data_end.saturating_sub(pos));
+    end_flags.size_change = pos + completed > size;
+    let completion = if completed > 0 {
+        ops.dio_end_io(inode, pos, completed, end_flags)
     } else {
         Ok(())
     };

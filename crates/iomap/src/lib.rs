@@ -18,7 +18,7 @@ pub mod zero;
 #[cfg(test)]
 mod test_support;
 
-pub use dio::{dio_read, dio_read_simple, dio_write, DioWriteOutcome};
+pub use dio::{dio_read, dio_read_simple, dio_write, dio_write_padded, DioWriteOutcome};
 pub use error::IomapError;
 pub use flush_coalesce::FlushCoalescer;
 pub use io_lock::{DioInflightGuard, InodeIoLock, IoLockExclusive, IoLockShared, OwnedDioInflight};
