@@ -11,13 +11,13 @@
 //! quote, not a test: nothing is asserted.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use blockdev::{
-    AlignedBuf, BlockDevice, DeviceQueue, DeviceRequest, SyncOpenOptions, UringDevice, UringOptions,
-};
+use blockdev::{AlignedBuf, BlockDevice, SyncOpenOptions, UringDevice, UringOptions};
 
-const BLOCK: usize = 4096;
+mod common;
+
+use common::{keep_reads_in_flight, BLOCK};
 
 fn main() {
     let mut path = None;
@@ -68,18 +68,6 @@ fn main() {
     );
 }
 
-/// xorshift64*: cheap, and good enough to scatter offsets.
-struct Rng(u64);
-
-impl Rng {
-    fn offset(&mut self, blocks: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % blocks) * BLOCK as u64
-    }
-}
-
 /// One thread keeping `depth` reads in flight on a fresh queue.
 fn run(dev: &UringDevice, blocks: u64, depth: usize, fixed: bool, run_for: Duration) -> f64 {
     let mut q = dev.new_queue(depth).unwrap();
@@ -89,58 +77,17 @@ fn run(dev: &UringDevice, blocks: u64, depth: usize, fixed: bool, run_for: Durat
             std::process::exit(1);
         }
     }
-    let mut rng = Rng(0x51_7cc1_b727_220a);
-    for token in 0..depth as u64 {
-        let buf = if fixed {
+    let rate = keep_reads_in_flight(&mut q, blocks, depth, run_for, |q| {
+        if fixed {
             q.alloc_buffer(BLOCK).unwrap()
         } else {
             AlignedBuf::new(BLOCK, BLOCK).unwrap()
-        };
-        q.push(
-            token,
-            DeviceRequest::Read {
-                offset: rng.offset(blocks),
-                buf,
-            },
-        )
-        .unwrap();
-    }
-    q.submit().unwrap();
-    let mut out = Vec::with_capacity(depth);
-    let mut n = 0u64;
-    let start = Instant::now();
-    q.reap(1, &mut out).unwrap();
-    loop {
-        let stopping = start.elapsed() >= run_for;
-        for c in out.drain(..) {
-            c.result.unwrap();
-            n += 1;
-            if !stopping {
-                let buf = c.buf.unwrap();
-                q.push(
-                    c.token,
-                    DeviceRequest::Read {
-                        offset: rng.offset(blocks),
-                        buf,
-                    },
-                )
-                .unwrap();
-            }
         }
-        if stopping {
-            break;
-        }
-        q.submit_and_reap(1, &mut out).unwrap();
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    while q.in_flight() > 0 {
-        q.reap(q.in_flight(), &mut out).unwrap();
-        out.clear();
-    }
+    });
     assert_eq!(
         fixed,
         q.fixed_entries() > 0,
         "fixed entries only when asked"
     );
-    n as f64 / elapsed
+    rate
 }

@@ -15,11 +15,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blockdev::{
-    new_queue, open_device, AlignedBuf, Backend, BlockDevice, DeviceQueue, DeviceRequest, WriteMode,
-};
+use blockdev::{new_queue, open_device, AlignedBuf, Backend, BlockDevice, DeviceQueue, WriteMode};
 
-const BLOCK: usize = 4096;
+mod common;
+
+use common::{keep_reads_in_flight, Rng, BLOCK};
 
 fn main() {
     let mut path = None;
@@ -88,22 +88,6 @@ fn fill_device(dev: &Arc<dyn BlockDevice>) {
     dev.flush().unwrap();
 }
 
-/// xorshift64*: cheap, and good enough to scatter offsets.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn offset(&mut self, blocks: u64) -> u64 {
-        (self.next() % blocks) * BLOCK as u64
-    }
-}
-
 /// `threads` threads, each doing one synchronous read at a time.
 fn sync_threads(dev: &Arc<dyn BlockDevice>, blocks: u64, threads: usize, run_for: Duration) -> f64 {
     let stop = AtomicBool::new(false);
@@ -132,51 +116,7 @@ fn sync_threads(dev: &Arc<dyn BlockDevice>, blocks: u64, threads: usize, run_for
 /// One thread keeping `depth` reads in flight on one queue.
 fn uring_queue(dev: &Arc<dyn BlockDevice>, blocks: u64, depth: usize, run_for: Duration) -> f64 {
     let mut q: Box<dyn DeviceQueue> = new_queue(dev, depth).unwrap();
-    let mut rng = Rng(0x51_7cc1_b727_220a);
-    for token in 0..depth as u64 {
-        let buf = AlignedBuf::new(BLOCK, BLOCK).unwrap();
-        q.push(
-            token,
-            DeviceRequest::Read {
-                offset: rng.offset(blocks),
-                buf,
-            },
-        )
-        .unwrap();
-    }
-    q.submit().unwrap();
-    let mut out = Vec::with_capacity(depth);
-    let mut n = 0u64;
-    let start = Instant::now();
-    q.reap(1, &mut out).unwrap();
-    loop {
-        let stopping = start.elapsed() >= run_for;
-        for c in out.drain(..) {
-            c.result.unwrap();
-            n += 1;
-            if !stopping {
-                let buf = c.buf.unwrap();
-                q.push(
-                    c.token,
-                    DeviceRequest::Read {
-                        offset: rng.offset(blocks),
-                        buf,
-                    },
-                )
-                .unwrap();
-            }
-        }
-        if stopping {
-            break;
-        }
-        // One io_uring_enter: send the new reads, wait for the next.
-        q.submit_and_reap(1, &mut out).unwrap();
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    // Drain (dropping would wait for them anyway).
-    while q.in_flight() > 0 {
-        q.reap(q.in_flight(), &mut out).unwrap();
-        out.clear();
-    }
-    n as f64 / elapsed
+    keep_reads_in_flight(&mut *q, blocks, depth, run_for, |_| {
+        AlignedBuf::new(BLOCK, BLOCK).unwrap()
+    })
 }

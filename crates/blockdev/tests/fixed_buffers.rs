@@ -7,10 +7,10 @@ mod common;
 use std::sync::Arc;
 
 use blockdev::{
-    new_queue, AlignedBuf, BlockDevice, DeviceCompletion, DeviceQueue, DeviceRequest, MemDevice,
-    SyncOpenOptions, UringDevice, UringOptions, UringQueue, WriteMode,
+    new_queue, AlignedBuf, BlockDevice, DeviceQueue, DeviceRequest, MemDevice, SyncOpenOptions,
+    UringDevice, UringOptions, UringQueue, WriteMode,
 };
-use common::{image, initial};
+use common::{image, initial, reap_all};
 use rand::rngs::SmallRng as StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -33,17 +33,6 @@ fn pooled_queue(dev: &UringDevice, depth: usize) -> Option<UringQueue> {
     }
     assert_eq!(q.fixed_buffers(), dev.fixed_buffer_options().count);
     Some(q)
-}
-
-fn reap_all(q: &mut dyn DeviceQueue) -> Vec<DeviceCompletion> {
-    q.submit().unwrap();
-    let mut out = Vec::new();
-    while q.in_flight() > 0 {
-        let n = q.in_flight();
-        q.reap(n, &mut out).unwrap();
-    }
-    out.sort_by_key(|c| c.token);
-    out
 }
 
 /// At depths 1..64, batches of writes (to disjoint ranges) and reads mixing

@@ -6,11 +6,10 @@ mod common;
 use std::sync::Arc;
 
 use blockdev::{
-    new_queue, open_device, AlignedBuf, Backend, BlockDevice, DeviceCompletion, DeviceError,
-    DeviceQueue, DeviceRequest, MemDevice, SyncDevice, SyncOpenOptions, UringDevice, UringOptions,
-    WriteMode,
+    new_queue, open_device, AlignedBuf, Backend, BlockDevice, DeviceError, DeviceRequest,
+    MemDevice, SyncDevice, SyncOpenOptions, UringDevice, UringOptions, WriteMode,
 };
-use common::{image, initial, random_mix};
+use common::{image, initial, random_mix, reap_all};
 
 const IMAGE_BYTES: usize = 4 << 20;
 const DEPTHS: [usize; 9] = [1, 2, 3, 8, 17, 32, 64, 128, 256];
@@ -27,17 +26,6 @@ fn buf(len: usize, fill: u8) -> AlignedBuf {
     let mut b = AlignedBuf::new(len, 4096).unwrap();
     b.fill(fill);
     b
-}
-
-fn reap_all(q: &mut dyn DeviceQueue) -> Vec<DeviceCompletion> {
-    q.submit().unwrap();
-    let mut out = Vec::new();
-    while q.in_flight() > 0 {
-        let n = q.in_flight();
-        q.reap(n, &mut out).unwrap();
-    }
-    out.sort_by_key(|c| c.token);
-    out
 }
 
 /// The heart of it: for every depth, the same seeded mix of reads, writes,

@@ -23,6 +23,12 @@ use crate::types::{ExtentState, FileKind, Ino, Record};
 use crate::volume::{now_ns, OpenInode, VolumeInner};
 use crate::{Error, Result};
 
+#[cfg(test)]
+thread_local! {
+    /// Reads this thread sent down the simple-read fast path (tests only).
+    pub(crate) static SIMPLE_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// Largest file size: keeps every offset computation far from overflow.
 pub const MAX_FILE_SIZE: u64 = 1 << 60;
 
@@ -245,6 +251,8 @@ impl File {
             if let Some(result) =
                 dio::dio_read_simple(&ops, &*self.vol.dev, &self.inode, offset, buf)
             {
+                #[cfg(test)]
+                SIMPLE_READS.with(|n| n.set(n.get() + 1));
                 return result.map_err(|e| self.at(offset, e));
             }
         }

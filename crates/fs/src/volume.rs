@@ -986,4 +986,39 @@ mod tests {
         b.fallocate(0, free, false).unwrap();
         assert_eq!(b.stat().unwrap().allocated_bytes, free);
     }
+
+    #[test]
+    fn direct_reads_of_one_written_block_take_the_simple_path() {
+        use crate::file::SIMPLE_READS;
+        let (_dev, vol) = fresh(8 << 20);
+        let direct = OpenFlags {
+            create: true,
+            direct: true,
+            ..OpenFlags::default()
+        };
+        let f = vol.open_file("/f", direct).unwrap();
+        f.pwrite(&[5u8; 3 * 4096], 0).unwrap();
+        f.fallocate(3 * 4096, 4096, false).unwrap();
+        let taken = || SIMPLE_READS.with(|n| n.get());
+        let mut block = vec![0u8; 4096];
+        let mut two = vec![0u8; 8192];
+        let before = taken();
+        f.pread(&mut block, 4096).unwrap();
+        f.pread(&mut block[..512], 1024).unwrap();
+        assert_eq!(
+            taken() - before,
+            2,
+            "one-block reads inside a written extent"
+        );
+        f.pread(&mut two, 0).unwrap(); // longer than a block
+        f.pread(&mut block, 3 * 4096).unwrap(); // unwritten
+        let buffered = vol.open_file("/f", OpenFlags::default()).unwrap();
+        buffered.pread(&mut block, 0).unwrap(); // not a direct handle
+        assert_eq!(
+            taken() - before,
+            2,
+            "only qualifying reads take the fast path"
+        );
+        assert!(block.iter().all(|&b| b == 5));
+    }
 }

@@ -1338,4 +1338,38 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn simple_read_asks_no_mapping_and_sends_one_request() {
+        let dev = TestDev::new(MIB as usize * 4, 512);
+        let fs = FakeFs::new(BS as u32, 8, MIB);
+        fs.set(1, Block::Mapped(2 * MIB));
+        fs.set(2, Block::Unwritten(3 * MIB));
+        fs.set_size(4 * BS);
+        dev.poke(2 * MIB + 512, &[7u8; 1024]);
+        dev.clear_log();
+        let mut buf = vec![0u8; 1024];
+        let n = dio_read_simple(&fs, &dev, &(), BS + 512, &mut buf)
+            .expect("one mapped block inside EOF qualifies")
+            .unwrap();
+        assert_eq!(n, 1024);
+        assert_eq!(buf, vec![7u8; 1024]);
+        assert!(
+            fs.begins.lock().is_empty(),
+            "the fast path iterated mappings"
+        );
+        assert_eq!(dev.requests().len(), 1);
+        // Anything else falls back untouched: unwritten, a hole, crossing a
+        // block, past EOF, unaligned, longer than a block.
+        let mut two = vec![0u8; 2 * BS as usize];
+        let mut small = vec![0u8; 512];
+        let mut odd = vec![0u8; 100];
+        assert!(dio_read_simple(&fs, &dev, &(), 2 * BS, &mut small).is_none());
+        assert!(dio_read_simple(&fs, &dev, &(), 0, &mut small).is_none());
+        assert!(dio_read_simple(&fs, &dev, &(), 2 * BS - 512, &mut buf).is_none());
+        assert!(dio_read_simple(&fs, &dev, &(), 4 * BS, &mut small).is_none());
+        assert!(dio_read_simple(&fs, &dev, &(), BS, &mut odd).is_none());
+        assert!(dio_read_simple(&fs, &dev, &(), BS, &mut two).is_none());
+        assert_eq!(dev.requests().len(), 1, "a refused simple read sent I/O");
+    }
 }

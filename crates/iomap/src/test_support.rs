@@ -267,6 +267,18 @@ impl IomapOps for FakeFs {
         Ok(())
     }
 
+    fn simple_read_addr(&self, _inode: &(), pos: u64, len: u64) -> Option<u64> {
+        let bs = u64::from(self.bs);
+        let st = self.state.lock();
+        if pos + len > st.size || pos / bs != (pos + len - 1) / bs {
+            return None;
+        }
+        match st.blocks.get((pos / bs) as usize) {
+            Some(Block::Mapped(addr)) => Some(addr + pos % bs),
+            _ => None,
+        }
+    }
+
     fn size(&self, _inode: &()) -> u64 {
         self.state.lock().size
     }

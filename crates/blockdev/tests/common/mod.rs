@@ -350,3 +350,15 @@ fn check_completion(token: Token, o: &Outstanding, c: DeviceCompletion) -> (Toke
     let kind = if o.write { "write" } else { "read" };
     (token, format!("{token} {kind} {:?} {sum:x}", o.range))
 }
+
+/// Submits what is queued and reaps everything in flight, by token.
+pub fn reap_all(q: &mut dyn DeviceQueue) -> Vec<DeviceCompletion> {
+    q.submit().unwrap();
+    let mut out = Vec::new();
+    while q.in_flight() > 0 {
+        let n = q.in_flight();
+        q.reap(n, &mut out).unwrap();
+    }
+    out.sort_by_key(|c| c.token);
+    out
+}
