@@ -28,9 +28,10 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use blockdev::{AlignedBuf, DeviceCompletion, DeviceQueue, DeviceRequest, Token, WriteMode};
-use iomap::dio::{fua_is_native, read_segments, DioSegment};
-use iomap::{IomapError, IomapIter, IomapKind, IomapOpFlags, IomapOps, OwnedDioInflight};
+use blockdev::{AlignedBuf, DeviceCompletion, DeviceQueue, DeviceRequest, Token};
+use iomap::async_dio::{plan_pure_overwrite, plan_read, Part, ReadPlan, WritePlan};
+use iomap::dio::fua_is_native;
+use iomap::{IomapError, OwnedDioInflight};
 
 use crate::file::File;
 use crate::iomap_ops::FsOps;
@@ -90,14 +91,6 @@ struct Inflight {
     done_len: usize,
     error: Option<Error>,
     _inflight: OwnedDioInflight<OpenInode>,
-}
-
-/// Where a pure overwrite goes on the device.
-enum WritePlan {
-    /// One mapping covers it: the caller's buffer goes out as is.
-    Single(u64),
-    /// Several: (device address, offset in the buffer, length) per part.
-    Split(Vec<(u64, usize, usize)>),
 }
 
 enum Job {
@@ -273,155 +266,44 @@ impl IoQueue {
         &mut self,
         file: &File,
         offset: u64,
-        mut buf: AlignedBuf,
+        buf: AlignedBuf,
         token: u64,
     ) -> std::result::Result<(), Refused> {
         if let Err(e) = self.check_request(file, offset, buf.len()) {
             return Err(refused(buf, file.at(offset, e)));
         }
-        let inode = file.open_inode().clone();
-        let Some(_shared) = inode.io_lock.try_lock_shared() else {
-            // An exclusive operation holds the file: never block a submitter.
-            return match file.try_clone() {
-                Ok(file) => self
-                    .defer(Job::Read {
-                        file,
-                        offset,
-                        buf,
-                        token,
-                    })
-                    .map_err(|e| refused(empty_buf(), e)),
-                Err(e) => Err(refused(buf, e)),
-            };
-        };
         let file = match file.try_clone() {
             Ok(f) => f,
             Err(e) => return Err(refused(buf, e)),
         };
+        let inode = file.open_inode().clone();
+        let Some(_shared) = inode.io_lock.try_lock_shared() else {
+            // An exclusive operation holds the file: never block a submitter.
+            return self
+                .defer(Job::Read {
+                    file,
+                    offset,
+                    buf,
+                    token,
+                })
+                .map_err(|e| refused(empty_buf(), e));
+        };
         let vol = self.vol.clone();
         let ops = FsOps { vol: &vol };
-        // Simple read: one lookup, which also vouches that the whole buffer
-        // lies inside EOF.
-        let simple = (!buf.is_empty())
-            .then(|| ops.simple_read_addr(&inode, offset, buf.len() as u64))
-            .flatten();
-        if let Some(addr) = simple {
-            let inflight = Inflight {
-                token,
-                kind: Kind::Read,
-                file,
-                offset,
-                user_buf: None,
-                part_offsets: Vec::new(),
-                remaining: 1,
-                done_len: buf.len(),
-                error: None,
-                _inflight: OwnedDioInflight::begin(&inode),
-            };
-            let slot = self.take_slot(inflight);
-            return self
-                .push(
-                    (slot as u64) << PART_BITS,
-                    DeviceRequest::Read { offset: addr, buf },
-                )
-                .map_err(|e| refused(empty_buf(), e));
-        }
-        let size = {
-            let meta = self.vol.meta.read();
-            meta.state.inode(inode.ino).map(|i| i.size)
+        let (plan, len) = match plan_read(&ops, &*vol.dev, &*inode, offset, buf) {
+            Ok(planned) => planned,
+            Err((buf, e)) => return Err(refused(buf, file.at(offset, e))),
         };
-        let Some(size) = size else {
-            return Err(refused(buf, Error::Stale { ino: inode.ino }));
-        };
-        if offset >= size || buf.is_empty() {
-            self.complete_now(token, Ok(0), buf);
-            return Ok(());
-        }
-        let len = (buf.len() as u64).min(size - offset) as usize;
-        let aligned_len = (len as u64).next_multiple_of(self.logical_block()) as usize;
-        buf[len..].fill(0);
-        let mut inflight = Inflight {
-            token,
-            kind: Kind::Read,
-            file,
-            offset,
-            user_buf: None,
-            part_offsets: Vec::new(),
-            remaining: 0,
-            done_len: len,
-            error: None,
-            _inflight: OwnedDioInflight::begin(&inode),
-        };
-        // Generic: plan the read from the mappings; zero ranges now, device
-        // ranges as parts read into their own buffers and copied back.
-        let mut parts: Vec<(u64, usize, usize)> = Vec::new();
-        let plan = (|| -> Result<()> {
-            let lbs = self.vol.dev.caps().logical_block_size;
-            let mut iter = IomapIter::new(
-                &ops,
-                &*inode,
-                offset,
-                aligned_len as u64,
-                IomapOpFlags::DIRECT,
-                lbs,
-            )?;
-            while let Some(span) = iter.begin()? {
-                for seg in read_segments(&span, lbs)? {
-                    match seg {
-                        DioSegment::FillZeroes { file_offset, len } => {
-                            let at = (file_offset - offset) as usize;
-                            buf[at..at + len as usize].fill(0);
-                        }
-                        DioSegment::Read {
-                            file_offset,
-                            dev_addr,
-                            len,
-                        } => parts.push((dev_addr, (file_offset - offset) as usize, len as usize)),
-                        _ => {}
-                    }
-                }
-                iter.end(&span, span.len)?;
+        match plan {
+            ReadPlan::Done(buf) => {
+                self.complete_now(token, Ok(len), buf);
+                Ok(())
             }
-            Ok(())
-        })();
-        if let Err(e) = plan {
-            return Err(refused(buf, inflight.file.at(offset, e)));
-        }
-        buf[len..].fill(0);
-        if parts.is_empty() {
-            self.complete_now(token, Ok(len), buf);
-            return Ok(());
-        }
-        let align = self.vol.dev.caps().memory_alignment as usize;
-        let mut part_bufs = Vec::with_capacity(parts.len());
-        for &(_, _, part_len) in &parts {
-            match AlignedBuf::new(part_len, align) {
-                Ok(b) => part_bufs.push(b),
-                Err(e) => {
-                    return Err(refused(
-                        buf,
-                        Error::invalid("read part buffer", e.to_string()),
-                    ))
-                }
+            ReadPlan::Whole(request) => self.launch(token, Kind::Read, file, offset, len, request),
+            ReadPlan::Split(buf, parts) => {
+                self.launch_parts(token, Kind::Read, file, offset, len, buf, parts)
             }
         }
-        inflight.part_offsets = parts.iter().map(|&(_, at, _)| at).collect();
-        inflight.remaining = parts.len();
-        inflight.user_buf = Some(buf);
-        let slot = self.take_slot(inflight);
-        for (i, (&(dev_addr, _, _), part_buf)) in parts.iter().zip(part_bufs).enumerate() {
-            let token = (slot as u64) << PART_BITS | i as u64;
-            if let Err(e) = self.push(
-                token,
-                DeviceRequest::Read {
-                    offset: dev_addr,
-                    buf: part_buf,
-                },
-            ) {
-                return Err(refused(empty_buf(), e));
-            }
-        }
-        Ok(())
     }
 
     /// Queues a write of `buf` at `offset`. Pure overwrites go to the device
@@ -450,41 +332,59 @@ impl IoQueue {
         let flags = file.flags();
         let dsync = flags.dsync || flags.sync;
         let inode = file.open_inode().clone();
-        // The one place the completion class is decided.
-        let plan = if flags.sync || buf.is_empty() {
-            None // O_SYNC commits inode metadata: always the worker's job.
+        let len = buf.len();
+        // The one place the completion class is decided: O_SYNC (inode
+        // metadata too), a file held exclusively, or anything but a pure
+        // overwrite goes to the worker.
+        let shared = if flags.sync || buf.is_empty() {
+            None
         } else {
-            match inode.io_lock.try_lock_shared() {
-                None => None,
-                Some(shared) => {
-                    match self.plan_pure_overwrite(&file, offset, buf.len() as u64, dsync) {
-                        Ok(Some(parts)) => Some((shared, parts)),
-                        Ok(None) => None,
-                        Err(e) => return Err(refused(buf, file.at(offset, e))),
-                    }
+            inode.io_lock.try_lock_shared()
+        };
+        let plan = match shared {
+            None => WritePlan::NotPure(buf),
+            Some(_) => {
+                let ops = FsOps { vol: &self.vol };
+                match plan_pure_overwrite(&ops, &*self.vol.dev, &*inode, offset, buf, dsync) {
+                    Ok(plan) => plan,
+                    Err((buf, Error::Iomap(IomapError::WouldBlock))) => WritePlan::NotPure(buf),
+                    Err((buf, e)) => return Err(refused(buf, file.at(offset, e))),
                 }
             }
         };
-        let Some((_shared, parts)) = plan else {
-            return self
+        // Without native FUA, a DSYNC write completes once a flush issued
+        // after its data landed has completed.
+        let kind = Kind::Write {
+            flush_after: dsync && !fua_is_native(&*self.vol.dev),
+        };
+        match plan {
+            WritePlan::NotPure(buf) => self
                 .defer(Job::Write {
                     file,
                     offset,
                     buf,
                     token,
                 })
-                .map_err(|e| refused(empty_buf(), e));
-        };
-        let mode = if dsync && fua_is_native(&*self.vol.dev) {
-            WriteMode::Fua
-        } else {
-            WriteMode::Normal
-        };
-        let flush_after = dsync && mode == WriteMode::Normal;
-        let len = buf.len();
-        let mut inflight = Inflight {
+                .map_err(|e| refused(empty_buf(), e)),
+            WritePlan::Whole(request) => self.launch(token, kind, file, offset, len, request),
+            WritePlan::Split(buf, parts) => {
+                self.launch_parts(token, kind, file, offset, len, buf, parts)
+            }
+        }
+    }
+
+    fn in_flight_record(
+        &self,
+        token: u64,
+        kind: Kind,
+        file: File,
+        offset: u64,
+        len: usize,
+    ) -> Inflight {
+        let inode = file.open_inode().clone();
+        Inflight {
             token,
-            kind: Kind::Write { flush_after },
+            kind,
             file,
             offset,
             user_buf: None,
@@ -493,87 +393,48 @@ impl IoQueue {
             done_len: len,
             error: None,
             _inflight: OwnedDioInflight::begin(&inode),
-        };
-        let parts = match parts {
-            WritePlan::Single(dev_addr) => {
-                let slot = self.take_slot(inflight);
-                let request = DeviceRequest::Write {
-                    offset: dev_addr,
-                    buf,
-                    mode,
-                };
-                return self
-                    .push((slot as u64) << PART_BITS, request)
-                    .map_err(|e| refused(empty_buf(), e));
-            }
-            WritePlan::Split(parts) => parts,
-        };
-        inflight.remaining = parts.len();
-        let mut requests = Vec::with_capacity(parts.len());
-        let align = self.vol.dev.caps().memory_alignment as usize;
-        for &(dev_addr, at, part_len) in &parts {
-            let mut part = match AlignedBuf::new(part_len, align) {
-                Ok(b) => b,
-                Err(e) => {
-                    return Err(refused(
-                        buf,
-                        Error::invalid("write part buffer", e.to_string()),
-                    ))
-                }
-            };
-            part.copy_from_slice(&buf[at..at + part_len]);
-            inflight.part_offsets.push(at);
-            requests.push(DeviceRequest::Write {
-                offset: dev_addr,
-                buf: part,
-                mode,
-            });
         }
-        inflight.user_buf = Some(buf);
-        let slot = self.take_slot(inflight);
-        for (i, request) in requests.into_iter().enumerate() {
-            if let Err(e) = self.push((slot as u64) << PART_BITS | i as u64, request) {
-                return Err(refused(empty_buf(), e));
-            }
-        }
-        Ok(())
     }
 
-    /// The device ranges of a write that is a pure overwrite inside EOF
-    /// (`None` if it is not, or if DSYNC would need the journal). Caller
-    /// holds the shared I/O lock. One mapping, the common case, allocates
-    /// nothing.
-    fn plan_pure_overwrite(
-        &self,
-        file: &File,
+    /// Queues a request served by one device request on the caller's buffer.
+    fn launch(
+        &mut self,
+        token: u64,
+        kind: Kind,
+        file: File,
         offset: u64,
-        len: u64,
-        dsync: bool,
-    ) -> Result<Option<WritePlan>> {
-        let ops = FsOps { vol: &self.vol };
-        let inode = file.open_inode();
-        let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT | IomapOpFlags::OVERWRITE_ONLY;
-        if dsync {
-            flags = flags | IomapOpFlags::DSYNC;
+        len: usize,
+        request: DeviceRequest,
+    ) -> std::result::Result<(), Refused> {
+        let inflight = self.in_flight_record(token, kind, file, offset, len);
+        let slot = self.take_slot(inflight);
+        self.push((slot as u64) << PART_BITS, request)
+            .map_err(|e| refused(empty_buf(), e))
+    }
+
+    /// Queues a request split into parts; it completes once all have.
+    #[allow(clippy::too_many_arguments)] // one request's identity, as the caller has it
+    fn launch_parts(
+        &mut self,
+        token: u64,
+        kind: Kind,
+        file: File,
+        offset: u64,
+        len: usize,
+        buf: AlignedBuf,
+        parts: Vec<Part>,
+    ) -> std::result::Result<(), Refused> {
+        let mut inflight = self.in_flight_record(token, kind, file, offset, len);
+        inflight.remaining = parts.len();
+        inflight.part_offsets = parts.iter().map(|p| p.buf_offset).collect();
+        inflight.user_buf = Some(buf);
+        let slot = self.take_slot(inflight);
+        for (i, part) in parts.into_iter().enumerate() {
+            let token = (slot as u64) << PART_BITS | i as u64;
+            self.push(token, part.request)
+                .map_err(|e| refused(empty_buf(), e))?;
         }
-        let mut parts: Vec<(u64, usize, usize)> = Vec::new();
-        let mut pos = offset;
-        while pos < offset + len {
-            let map = match ops.begin(inode, pos, offset + len - pos, flags) {
-                Ok(map) => map,
-                Err(Error::Iomap(IomapError::WouldBlock)) => return Ok(None),
-                Err(e) => return Err(e),
-            };
-            if map.kind != IomapKind::Mapped || (dsync && !map.is_pure_overwrite()) {
-                return Ok(None);
-            }
-            if pos == offset && map.end() >= offset + len {
-                return Ok(Some(WritePlan::Single(map.addr)));
-            }
-            parts.push((map.addr, (pos - offset) as usize, map.length as usize));
-            pos = map.end();
-        }
-        Ok(Some(WritePlan::Split(parts)))
+        Ok(())
     }
 
     /// Sends every queued request to the device; returns how many.

@@ -6,6 +6,7 @@
 //! on-disk format.
 
 pub mod align;
+pub mod async_dio;
 pub mod dio;
 pub mod error;
 pub mod flush_coalesce;
