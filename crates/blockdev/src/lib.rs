@@ -28,7 +28,7 @@ pub mod queue;
 pub mod sync_backend;
 pub mod uring;
 
-pub use aligned_buf::AlignedBuf;
+pub use aligned_buf::{AlignedBuf, AlignedBufError};
 pub use backend::{open_device, Backend, BackendChoice};
 pub use caps::{DeviceCaps, DeviceKind};
 pub use counters::{DeviceCounters, RequestCounts};

@@ -1,22 +1,26 @@
 //! Open files: data I/O, sync, space management.
 //!
-//! Direct handles go straight to the iomap engine. A write first runs under
+//! Reads and writes go straight to the iomap engine, at any byte offset,
+//! length and buffer address ([`iomap::byte_dio`]). A write first runs under
 //! the inode's *shared* I/O lock with `OVERWRITE_ONLY`: a pure overwrite needs
 //! nothing else. If the mapping says allocation, conversion, zeroing or an EOF
 //! crossing is needed, the engine reports `WouldBlock` and the write is
 //! retried under the *exclusive* lock after draining in-flight direct I/O, so
 //! zeroing never races another writer in the same block.
 //!
-//! Non-direct handles accept any byte offset and length. Until the folio
-//! cache exists they read-modify-write whole device blocks under the
-//! exclusive lock — correct, not fast.
+//! A write that is not aligned to the device block read-modify-writes its
+//! edge blocks. Under the shared lock it holds those blocks exclusive in the
+//! inode's range lock, and aligned writes hold theirs shared, once the inode
+//! has seen one such write (the protocol is in [`iomap::io_lock`]).
+//!
+//! Until the folio cache exists, non-direct handles take the same path.
 
 use iomap::align::align_down;
 use std::sync::Arc;
 
-use blockdev::AlignedBuf;
+use iomap::byte_dio::{self, dio_read_bytes, dio_write_bytes, write_lock_range};
 use iomap::dio::{self, DioWriteOutcome};
-use iomap::{IomapError, IomapOpFlags};
+use iomap::{IomapError, IomapOpFlags, RangeMode};
 
 use crate::iomap_ops::{allocate_holes, FsOps};
 use crate::types::{ExtentState, FileKind, Ino, Record};
@@ -41,8 +45,9 @@ pub struct OpenFlags {
     pub exclusive: bool,
     /// Truncate to zero length on open.
     pub truncate: bool,
-    /// O_DIRECT: offsets and lengths must be aligned to the device's logical
-    /// block size.
+    /// O_DIRECT: no cache between the caller and the device. Any offset,
+    /// length and buffer address works; whole device blocks at aligned
+    /// offsets take the fast paths.
     pub direct: bool,
     /// O_DSYNC: each write is durable (data and the metadata to reach it)
     /// when it returns.
@@ -153,10 +158,6 @@ impl File {
         FsOps { vol: &self.vol }
     }
 
-    fn logical_block(&self) -> u64 {
-        u64::from(self.vol.dev.caps().logical_block_size)
-    }
-
     fn block(&self) -> u64 {
         u64::from(self.vol.block_size)
     }
@@ -197,30 +198,6 @@ impl File {
         }
     }
 
-    fn check_direct_alignment(&self, offset: u64, len: u64) -> Result<()> {
-        let lbs = self.logical_block();
-        if !offset.is_multiple_of(lbs) || !len.is_multiple_of(lbs) {
-            return Err(IomapError::Unaligned {
-                pos: offset,
-                len,
-                alignment: lbs as u32,
-            }
-            .into());
-        }
-        Ok(())
-    }
-
-    /// A device-aligned buffer for a read-modify-write or unaligned read.
-    fn bounce_buffer(&self, len: u64) -> Result<AlignedBuf> {
-        let align = self.vol.dev.caps().memory_alignment as usize;
-        AlignedBuf::new(len as usize, align).map_err(|e| {
-            Error::invalid(
-                format!("{}: bounce buffer of {len} bytes", self.path),
-                e.to_string(),
-            )
-        })
-    }
-
     /// Space freed by changes that are not durable yet stays busy (reusing it
     /// could expose new data in its old owner after a crash). When an
     /// allocation fails while space is busy, commit to release it and try
@@ -241,10 +218,6 @@ impl File {
     /// Reads at `offset`; returns bytes read (short at EOF).
     pub fn pread(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
         self.vol.check_live().map_err(|e| self.at(offset, e))?;
-        if self.flags.direct {
-            self.check_direct_alignment(offset, buf.len() as u64)
-                .map_err(|e| self.at(offset, e))?;
-        }
         let _shared = self.inode.io_lock.lock_shared();
         if self.flags.direct {
             let ops = self.ops();
@@ -256,45 +229,15 @@ impl File {
                 return result.map_err(|e| self.at(offset, e));
             }
         }
-        self.read_locked(buf, offset)
-            .map_err(|e| self.at(offset, e))
-    }
-
-    /// Reads with the I/O lock held (either mode).
-    fn read_locked(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
-        let size = self.size()?;
-        if offset >= size || buf.is_empty() {
-            return Ok(0);
-        }
-        let len = (buf.len() as u64).min(size - offset) as usize;
-        let lbs = self.logical_block();
-        let ops = self.ops();
-        let dev = &*self.vol.dev;
-        let flags = IomapOpFlags::DIRECT;
-        if offset.is_multiple_of(lbs) && (buf.len() as u64).is_multiple_of(lbs) {
-            // Aligned: read whole device blocks straight into the caller's
-            // buffer; bytes between EOF and the block end are zero on disk.
-            let aligned_len = (len as u64).next_multiple_of(lbs) as usize;
-            dio::dio_read(
-                &ops,
-                dev,
-                &self.inode,
-                offset,
-                &mut buf[..aligned_len],
-                flags,
-            )?;
-            // Past EOF the device may still hold bytes of a write whose size
-            // change never became durable: never hand them out.
-            buf[len..aligned_len].fill(0);
-            return Ok(len);
-        }
-        let start = align_down(offset, lbs);
-        let end = (offset + len as u64).next_multiple_of(lbs);
-        let mut bounce = self.bounce_buffer(end - start)?;
-        dio::dio_read(&ops, dev, &self.inode, start, &mut bounce, flags)?;
-        let skip = (offset - start) as usize;
-        buf[..len].copy_from_slice(&bounce[skip..skip + len]);
-        Ok(len)
+        dio_read_bytes(
+            &self.ops(),
+            &*self.vol.dev,
+            &self.inode,
+            offset,
+            buf,
+            IomapOpFlags::DIRECT,
+        )
+        .map_err(|e| self.at(offset, e))
     }
 
     /// Writes at `offset`; returns bytes written.
@@ -304,16 +247,9 @@ impl File {
         if buf.is_empty() {
             return Ok(0);
         }
-        let result = if self.flags.direct {
-            self.check_direct_alignment(offset, buf.len() as u64)
-                .and_then(|()| self.direct_write(buf, offset))
-        } else {
-            let _exclusive = self.inode.io_lock.lock_exclusive();
-            self.inode.io_lock.drain_dio();
-            self.zero_past_eof_locked(offset)
-                .and_then(|()| self.with_busy_retry(|| self.rmw_write_locked(buf, offset)))
-        };
-        let outcome = result.map_err(|e| self.at(offset, e))?;
+        let outcome = self
+            .write_any(buf, offset)
+            .map_err(|e| self.at(offset, e))?;
         if self.flags.dsync || self.flags.sync {
             self.sync_after_write(&outcome)
                 .map_err(|e| self.at(offset, e))?;
@@ -321,76 +257,56 @@ impl File {
         Ok(buf.len())
     }
 
-    fn direct_write(&self, buf: &[u8], offset: u64) -> Result<DioWriteOutcome> {
+    /// The write itself: shared lock first, exclusive retry (module docs).
+    fn write_any(&self, buf: &[u8], offset: u64) -> Result<DioWriteOutcome> {
         let ops = self.ops();
         let dev = &*self.vol.dev;
+        let io_lock = &self.inode.io_lock;
         let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT;
         if self.flags.dsync && !self.flags.sync {
             // O_SYNC never takes the FUA shortcut: it commits inode metadata
             // too.
             flags = flags | IomapOpFlags::DSYNC;
         }
+        let len = buf.len() as u64;
+        let aligned = byte_dio::is_block_aligned(dev, offset, len);
+        // `check_writable` bounds the range far below overflow.
+        let (lock_start, lock_end) =
+            write_lock_range(dev, offset, len).expect("range checked by check_writable");
         {
-            let _shared = self.inode.io_lock.lock_shared();
-            let _inflight = self.inode.io_lock.dio_begin();
-            match dio::dio_write(
-                &ops,
-                dev,
-                &self.inode,
-                offset,
-                buf,
-                flags | IomapOpFlags::OVERWRITE_ONLY,
-            ) {
-                Err(Error::Iomap(IomapError::WouldBlock)) => {}
-                other => return other,
+            let _shared = io_lock.lock_shared();
+            let ranges_on = io_lock.byte_granular_writes();
+            // An inode's first unaligned write goes exclusive: it turns the
+            // range holds on (see `iomap::io_lock`).
+            if aligned || ranges_on {
+                let mode = if aligned {
+                    RangeMode::Shared
+                } else {
+                    RangeMode::Exclusive
+                };
+                let _range = ranges_on.then(|| io_lock.ranges().lock(lock_start, lock_end, mode));
+                let _inflight = io_lock.dio_begin();
+                match dio_write_bytes(
+                    &ops,
+                    dev,
+                    &self.inode,
+                    offset,
+                    buf,
+                    flags | IomapOpFlags::OVERWRITE_ONLY,
+                ) {
+                    Err(Error::Iomap(IomapError::WouldBlock)) => {}
+                    other => return other,
+                }
             }
         }
-        let _exclusive = self.inode.io_lock.lock_exclusive();
-        self.inode.io_lock.drain_dio();
+        let exclusive = io_lock.lock_exclusive();
+        exclusive.drain_dio();
+        if !aligned {
+            exclusive.enable_byte_granular_writes();
+        }
         self.zero_past_eof_locked(offset)?;
-        let _inflight = self.inode.io_lock.dio_begin();
-        self.with_busy_retry(|| dio::dio_write(&ops, dev, &self.inode, offset, buf, flags))
-    }
-
-    /// Writes any byte range by reading the partial device blocks at its
-    /// edges and writing whole blocks. The caller holds the exclusive lock.
-    fn rmw_write_locked(&self, buf: &[u8], offset: u64) -> Result<DioWriteOutcome> {
-        let lbs = self.logical_block();
-        let end = offset + buf.len() as u64;
-        let start_aligned = align_down(offset, lbs);
-        let end_aligned = end.next_multiple_of(lbs);
-        let ops = self.ops();
-        let dev = &*self.vol.dev;
-        if start_aligned == offset && end_aligned == end {
-            return dio::dio_write(
-                &ops,
-                dev,
-                &self.inode,
-                offset,
-                buf,
-                IomapOpFlags::WRITE | IomapOpFlags::DIRECT,
-            );
-        }
-        let mut merged = self.bounce_buffer(end_aligned - start_aligned)?;
-        if start_aligned < offset {
-            self.read_locked(&mut merged[..lbs as usize], start_aligned)?;
-        }
-        let tail_start = end_aligned - lbs;
-        if end < end_aligned && (tail_start > start_aligned || start_aligned == offset) {
-            let at = (tail_start - start_aligned) as usize;
-            self.read_locked(&mut merged[at..at + lbs as usize], tail_start)?;
-        }
-        let skip = (offset - start_aligned) as usize;
-        merged[skip..skip + buf.len()].copy_from_slice(buf);
-        dio::dio_write_padded(
-            &ops,
-            dev,
-            &self.inode,
-            start_aligned,
-            &merged,
-            end,
-            IomapOpFlags::WRITE | IomapOpFlags::DIRECT,
-        )
+        let _inflight = io_lock.dio_begin();
+        self.with_busy_retry(|| dio_write_bytes(&ops, dev, &self.inode, offset, buf, flags))
     }
 
     /// Makes a DSYNC/SYNC write durable. A pure overwrite sent with FUA is

@@ -1,6 +1,6 @@
 //! Engine errors.
 
-use blockdev::DeviceError;
+use blockdev::{AlignedBufError, DeviceError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum IomapError {
@@ -15,6 +15,12 @@ pub enum IomapError {
         file_offset: u64,
         #[source]
         source: DeviceError,
+    },
+    #[error("bounce buffer for byte-granular direct I/O at file offset {pos}: {source}")]
+    Bounce {
+        pos: u64,
+        #[source]
+        source: AlignedBufError,
     },
     #[error("file system returned a bad mapping for offset {pos}: {reason}")]
     BadMapping { pos: u64, reason: String },

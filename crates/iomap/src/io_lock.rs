@@ -20,6 +20,24 @@
 //! I/O that already started. Once the counter is zero under the exclusive
 //! lock, it stays zero until the lock is released.
 //!
+//! # Byte-granular writes
+//!
+//! A write that is not aligned to the device block read-modify-writes its
+//! edge blocks. Under the shared lock it holds its device blocks exclusive in
+//! the inode's [`RangeLock`], and then every other direct write must hold its
+//! blocks shared there, or it could land between the read and the write back
+//! and be undone. So that inodes that never see such writes pay nothing, the
+//! shared holds start with the inode's first byte-granular write, which runs
+//! under the exclusive lock (after a drain, so no unregistered write is in
+//! flight) and turns them on for good
+//! ([`IoLockExclusive::enable_byte_granular_writes`]):
+//!
+//! ```text
+//! byte_granular_writes() false: aligned writers take no range; an unaligned writer goes exclusive
+//! byte_granular_writes() true:  aligned writers hold [pos, end) Shared; unaligned ones hold their
+//!                               device blocks Exclusive, both under the shared lock
+//! ```
+//!
 //! # Fault model
 //!
 //! - A direct I/O that fails or panics still drops its [`DioInflightGuard`],
@@ -28,9 +46,11 @@
 //!   the same lock deadlocks: a direct I/O must never wait for its own inode's
 //!   drain. This is the caller's rule; it is not detected.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::range_lock::RangeLock;
 
 /// Per-inode I/O lock (shared/exclusive) plus the count of direct I/Os in
 /// flight.
@@ -49,6 +69,11 @@ pub struct InodeIoLock {
     /// Protects the sleep in `drain_dio` against a lost wake-up.
     drain_mutex: Mutex<()>,
     drained: Condvar,
+    /// Device blocks held by byte-granular writes and the writes that must
+    /// not interleave with them (see the module docs).
+    ranges: RangeLock,
+    /// Writes under the shared lock hold ranges (set once, never cleared).
+    byte_granular: AtomicBool,
 }
 
 /// The I/O lock held shared. Released on drop.
@@ -125,6 +150,18 @@ impl InodeIoLock {
         DioInflightGuard { lock: self }
     }
 
+    /// The inode's range table (see the module docs).
+    pub fn ranges(&self) -> &RangeLock {
+        &self.ranges
+    }
+
+    /// Whether writes under the shared lock must hold ranges: a
+    /// byte-granular write has run on this inode. Stable while the lock is
+    /// held in either mode (it changes only under the exclusive lock).
+    pub fn byte_granular_writes(&self) -> bool {
+        self.byte_granular.load(Ordering::Acquire)
+    }
+
     /// Direct I/Os currently in flight.
     pub fn inflight(&self) -> u64 {
         self.inflight.load(Ordering::Acquire)
@@ -175,6 +212,14 @@ impl<'a> IoLockExclusive<'a> {
     /// proves the exclusive lock is held, so none can start meanwhile.
     pub fn drain_dio(&self) {
         self.lock.drain_dio();
+    }
+
+    /// Lets byte-granular writes run under the shared lock from now on:
+    /// every later write holds ranges. Call after [`Self::drain_dio`], so
+    /// no write that started without a range hold is still in flight.
+    pub fn enable_byte_granular_writes(&self) {
+        debug_assert_eq!(self.lock.inflight(), 0, "enable without a drain");
+        self.lock.byte_granular.store(true, Ordering::Release);
     }
 
     /// Turns the exclusive lock into a shared one without letting another

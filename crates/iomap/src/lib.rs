@@ -7,6 +7,7 @@
 
 pub mod align;
 pub mod async_dio;
+pub mod byte_dio;
 pub mod dio;
 pub mod error;
 pub mod flush_coalesce;
@@ -14,11 +15,13 @@ pub mod io_lock;
 pub mod iomap;
 pub mod iter;
 pub mod ops;
+pub mod range_lock;
 pub mod zero;
 
 #[cfg(test)]
 mod test_support;
 
+pub use byte_dio::{dio_read_bytes, dio_write_bytes};
 pub use dio::{dio_read, dio_read_simple, dio_write, dio_write_padded, DioWriteOutcome};
 pub use error::IomapError;
 pub use flush_coalesce::FlushCoalescer;
@@ -26,4 +29,5 @@ pub use io_lock::{DioInflightGuard, InodeIoLock, IoLockExclusive, IoLockShared, 
 pub use iomap::{Iomap, IomapFlags, IomapKind};
 pub use iter::{IomapIter, IomapSpan};
 pub use ops::{DioEndFlags, IomapOpFlags, IomapOps};
+pub use range_lock::{RangeGuard, RangeLock, RangeMode};
 pub use zero::{zero_file_range, zero_range};
