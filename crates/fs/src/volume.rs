@@ -547,6 +547,12 @@ impl Volume {
         self.inner.commit_if_due()
     }
 
+    /// DSYNC writers waiting for a device flush to cover their write
+    /// (shared flushes; diagnostics and tests).
+    pub fn dsync_flush_waiters(&self) -> usize {
+        self.inner.flush_coalescer.waiting()
+    }
+
     pub fn stat(&self, path: &str) -> Result<Stat> {
         self.inner.check_live()?;
         let meta = self.inner.meta.read();

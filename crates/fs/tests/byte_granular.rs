@@ -229,3 +229,32 @@ fn odd_buffer_addresses_on_an_o_direct_image() {
     vol.unmount().unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A failing edge read stops the read-modify-write before anything is
+/// written: the caller gets EIO naming the file and offset, and the block
+/// keeps its old bytes. A failing write back reports EIO too.
+#[test]
+fn device_errors_in_a_read_modify_write_reach_the_caller() {
+    use blockdev::{FaultOp, FaultRule};
+    let mem = Arc::new(MemDevice::new(32 * MIB, SECTOR as u32));
+    let vol = volume_on(mem.clone());
+    let f = written_file(&vol, "/faulty", 8192);
+    for op in [FaultOp::Read, FaultOp::Write] {
+        mem.inject(FaultRule::new(op).count(1));
+        let err = f.pwrite(&[0x42; 10], 1000).unwrap_err();
+        assert_eq!(err.errno(), libc::EIO, "{op:?}: {err}");
+        let msg = err.to_string();
+        assert!(msg.contains("/faulty") && msg.contains("1000"), "{msg}");
+        mem.clear_faults();
+        let mut back = vec![0u8; 8192];
+        f.pread(&mut back, 0).unwrap();
+        if op == FaultOp::Read {
+            assert!(back.iter().all(|&b| b == 0xEE), "{op:?}: data changed");
+        }
+    }
+    // The volume is still usable.
+    f.pwrite(&[0x42; 10], 1000).unwrap();
+    let mut back = [0u8; 12];
+    f.pread(&mut back, 999).unwrap();
+    assert_eq!(back, [0xEE, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0x42, 0xEE]);
+}
