@@ -196,7 +196,10 @@ fn concurrent_dsync_overwriters_share_flushes() {
         t.join().unwrap();
     }
     let d = dev.inner.counters().snapshot().since(&before);
-    assert_eq!(d.writes, WRITERS as u64, "pure overwrites write data only: {d:?}");
+    assert_eq!(
+        d.writes, WRITERS as u64,
+        "pure overwrites write data only: {d:?}"
+    );
     assert_eq!(d.flushes, 2, "{WRITERS} DSYNC writes: {d:?}");
 }
 
