@@ -253,7 +253,9 @@ impl Workload {
             (h.id, h.direct, h.dsync, h.orphan)
         };
         let lbs = self.lbs;
-        let (off, len) = if direct {
+        // Direct handles mostly write whole device blocks; some writes of
+        // every handle are byte-granular (edge read-modify-write).
+        let (off, len) = if direct && self.rng.gen_bool(0.8) {
             let off = self.rng.gen_range(0..self.cfg.max_file / lbs) * lbs;
             let len = self.rng.gen_range(1..=self.cfg.max_write / lbs) * lbs;
             (off, len.min(self.cfg.max_file - off).max(lbs))
