@@ -28,6 +28,11 @@ pub struct DeviceCaps {
     pub volatile_write_cache: bool,
     /// The device supports Force Unit Access natively.
     pub fua: bool,
+    /// A [`WriteMode::Fua`](crate::WriteMode::Fua) write is a kernel
+    /// `RWF_DSYNC` write: the kernel makes it durable before completing it,
+    /// with FUA or, on a device without, with a cache flush it issues (and
+    /// merges with concurrent ones) itself. One request either way.
+    pub kernel_durable_writes: bool,
     /// Data I/O bypasses the kernel page cache (`O_DIRECT`). False when the
     /// file system refused `O_DIRECT` and the backend fell back to buffered
     /// I/O: durability still holds (flush is `fdatasync`), but benchmark

@@ -529,6 +529,7 @@ fn mem_caps(
         size_bytes,
         volatile_write_cache,
         fua,
+        kernel_durable_writes: false,
         direct_io: false,
     })
 }

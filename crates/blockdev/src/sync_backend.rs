@@ -95,6 +95,7 @@ impl SyncDevice {
             size_bytes: probed.size_bytes,
             volatile_write_cache: probed.volatile_write_cache,
             fua: probed.fua,
+            kernel_durable_writes: true,
             direct_io,
         };
         Ok(SyncDevice {

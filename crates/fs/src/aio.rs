@@ -4,9 +4,10 @@
 //! Completion policy — decided in one place, [`IoQueue::submit_write`]:
 //! - **inline**: the thread that reaps the device completion completes the
 //!   request. Reads, and writes that are pure overwrites inside EOF with no
-//!   sync work left (not DSYNC, or DSYNC done by FUA).
+//!   sync work left (not DSYNC, or DSYNC done by a durable write, see
+//!   [`iomap::dio::dsync_as_durable_write`]).
 //! - **inline after a queued flush**: a DSYNC pure overwrite on a device
-//!   without native FUA. The reaper queues one device flush (never waiting
+//!   that needs a separate flush. The reaper queues one device flush (never waiting
 //!   for it) and completes every such write the flush covers when it lands:
 //!   one flush is shared by all DSYNC writes completed before it was issued.
 //! - **deferred**: a completion worker does the work a reaper must never block
@@ -15,8 +16,10 @@
 //!
 //! Buffers are owned [`AlignedBuf`]s moved into the queue and handed back in
 //! the [`Completion`]: the device can never write into memory the caller has
-//! freed or reused. Offsets and lengths must be multiples of the device's
-//! logical block size, as for O_DIRECT.
+//! freed or reused. Any offset and length works; requests that are not whole
+//! device blocks, and writes to a file that has seen such a write (their
+//! blocks must be held in its range lock, see [`iomap::io_lock`]), are
+//! completed by the worker through the synchronous byte-granular path.
 //!
 //! Every request in flight counts on its inode's direct-I/O counter until it
 //! completes, so truncate, punch and other exclusive operations wait for it.
@@ -30,7 +33,8 @@ use std::thread::JoinHandle;
 
 use blockdev::{AlignedBuf, DeviceCompletion, DeviceQueue, DeviceRequest, Token};
 use iomap::async_dio::{plan_pure_overwrite, plan_read, Part, ReadPlan, WritePlan};
-use iomap::dio::fua_is_native;
+use iomap::byte_dio::is_block_aligned;
+use iomap::dio::dsync_as_durable_write;
 use iomap::{IomapError, OwnedDioInflight};
 
 use crate::file::File;
@@ -172,11 +176,7 @@ fn empty_buf() -> AlignedBuf {
 }
 
 impl IoQueue {
-    fn logical_block(&self) -> u64 {
-        u64::from(self.vol.dev.caps().logical_block_size)
-    }
-
-    fn check_request(&self, file: &File, offset: u64, len: usize) -> Result<()> {
+    fn check_request(&self, file: &File) -> Result<()> {
         self.vol.check_live()?;
         if !Arc::ptr_eq(file.volume(), &self.vol) {
             return Err(Error::invalid(
@@ -184,16 +184,12 @@ impl IoQueue {
                 "file belongs to another volume",
             ));
         }
-        let lbs = self.logical_block();
-        if !offset.is_multiple_of(lbs) || !(len as u64).is_multiple_of(lbs) {
-            return Err(IomapError::Unaligned {
-                pos: offset,
-                len: len as u64,
-                alignment: lbs as u32,
-            }
-            .into());
-        }
         Ok(())
+    }
+
+    /// Whole device blocks: the device can take the request as it is.
+    fn is_block_aligned(&self, offset: u64, len: usize) -> bool {
+        is_block_aligned(&*self.vol.dev, offset, len as u64)
     }
 
     fn complete_now(&mut self, token: u64, result: Result<usize>, buf: AlignedBuf) {
@@ -269,7 +265,7 @@ impl IoQueue {
         buf: AlignedBuf,
         token: u64,
     ) -> std::result::Result<(), Refused> {
-        if let Err(e) = self.check_request(file, offset, buf.len()) {
+        if let Err(e) = self.check_request(file) {
             return Err(refused(buf, file.at(offset, e)));
         }
         let file = match file.try_clone() {
@@ -277,8 +273,14 @@ impl IoQueue {
             Err(e) => return Err(refused(buf, e)),
         };
         let inode = file.open_inode().clone();
-        let Some(_shared) = inode.io_lock.try_lock_shared() else {
-            // An exclusive operation holds the file: never block a submitter.
+        let shared = if self.is_block_aligned(offset, buf.len()) {
+            inode.io_lock.try_lock_shared()
+        } else {
+            None
+        };
+        let Some(_shared) = shared else {
+            // Byte-granular, or an exclusive operation holds the file: the
+            // worker reads it; never block a submitter.
             return self
                 .defer(Job::Read {
                     file,
@@ -316,7 +318,7 @@ impl IoQueue {
         buf: AlignedBuf,
         token: u64,
     ) -> std::result::Result<(), Refused> {
-        if let Err(e) = self.check_request(file, offset, buf.len()) {
+        if let Err(e) = self.check_request(file) {
             return Err(refused(buf, file.at(offset, e)));
         }
         if file.flags().read_only {
@@ -334,12 +336,16 @@ impl IoQueue {
         let inode = file.open_inode().clone();
         let len = buf.len();
         // The one place the completion class is decided: O_SYNC (inode
-        // metadata too), a file held exclusively, or anything but a pure
-        // overwrite goes to the worker.
-        let shared = if flags.sync || buf.is_empty() {
+        // metadata too), a file held exclusively, a byte-granular write or
+        // a file whose writes hold ranges, or anything but a pure overwrite
+        // goes to the worker.
+        let shared = if flags.sync || buf.is_empty() || !self.is_block_aligned(offset, len) {
             None
         } else {
-            inode.io_lock.try_lock_shared()
+            inode
+                .io_lock
+                .try_lock_shared()
+                .filter(|_| !inode.io_lock.byte_granular_writes())
         };
         let plan = match shared {
             None => WritePlan::NotPure(buf),
@@ -352,10 +358,10 @@ impl IoQueue {
                 }
             }
         };
-        // Without native FUA, a DSYNC write completes once a flush issued
-        // after its data landed has completed.
+        // Without a durable write, a DSYNC write completes once a flush
+        // issued after its data landed has completed.
         let kind = Kind::Write {
-            flush_after: dsync && !fua_is_native(&*self.vol.dev),
+            flush_after: dsync && !dsync_as_durable_write(&*self.vol.dev),
         };
         match plan {
             WritePlan::NotPure(buf) => self

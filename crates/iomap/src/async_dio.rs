@@ -5,7 +5,7 @@
 
 use blockdev::{AlignedBuf, BlockDevice, DeviceRequest, WriteMode};
 
-use crate::dio::{fua_is_native, read_segments, DioSegment};
+use crate::dio::{dsync_as_durable_write, read_segments, DioSegment};
 use crate::{IomapError, IomapIter, IomapKind, IomapOpFlags, IomapOps};
 
 /// One device request of a split file request, and where its bytes sit in
@@ -118,9 +118,9 @@ pub fn plan_read<O: IomapOps>(
 }
 
 /// Plans `buf` at `pos` as a pure overwrite inside EOF: every mapping
-/// `Mapped`, and for `dsync` none dirty. Data goes with FUA when `dsync` and
-/// the device's FUA is native ([`fua_is_native`]); otherwise the caller owes
-/// a flush. The caller holds the inode's shared I/O lock.
+/// `Mapped`, and for `dsync` none dirty. Data goes as a durable write when
+/// `dsync` and the device makes that cheapest ([`dsync_as_durable_write`]);
+/// otherwise the caller owes a flush. The caller holds the inode's shared I/O lock.
 pub fn plan_pure_overwrite<O: IomapOps>(
     ops: &O,
     dev: &dyn BlockDevice,
@@ -133,7 +133,7 @@ pub fn plan_pure_overwrite<O: IomapOps>(
     if dsync {
         flags = flags | IomapOpFlags::DSYNC;
     }
-    let mode = if dsync && fua_is_native(dev) {
+    let mode = if dsync && dsync_as_durable_write(dev) {
         WriteMode::Fua
     } else {
         WriteMode::Normal
