@@ -328,3 +328,33 @@ fn concurrent_sub_block_writers_never_lose_each_others_bytes() {
         assert!(report.is_clean(), "{:?}", report.problems);
     }
 }
+
+/// On a kernel device without FUA (an image file: volatile cache, no FUA),
+/// a DSYNC pure overwrite is one durable (`RWF_DSYNC`) write that the kernel
+/// completes with its own flush: no flush request from us, no journal.
+#[test]
+fn dsync_pure_overwrite_on_a_kernel_device_is_one_durable_write() {
+    use blockdev::{SyncDevice, SyncOpenOptions};
+    let dir = std::env::temp_dir().join(format!("iomapfs-dsync-kernel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("image");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(64 * MIB)
+        .unwrap();
+    let dev = Arc::new(SyncDevice::open(&path, SyncOpenOptions::default()).unwrap());
+    let caps = dev.caps().clone();
+    assert!(caps.volatile_write_cache && !caps.fua && caps.kernel_durable_writes);
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone()).unwrap();
+    let f = vol.open_file("/db", flags(true, false)).unwrap();
+    f.pwrite(&[0x11; 8 * BLOCK], 0).unwrap();
+    f.fsync().unwrap();
+    let before = dev.counters().snapshot();
+    f.pwrite(&[0xAB; BLOCK], 3 * BLOCK as u64).unwrap();
+    let d = dev.counters().snapshot().since(&before);
+    assert_eq!((d.writes, d.fua_writes, d.flushes), (1, 1, 0), "{d:?}");
+    drop(f);
+    vol.unmount().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
