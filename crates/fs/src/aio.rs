@@ -581,6 +581,11 @@ impl IoQueue {
                 got += 1;
             }
             if got >= min {
+                // Queued requests must not wait for the next call (no
+                // kernel entry when nothing is queued).
+                self.devq
+                    .submit()
+                    .map_err(|e| Error::device("io queue submit", e))?;
                 return Ok(got);
             }
             if self.devq.in_flight() > 0 {
