@@ -2,8 +2,12 @@
 //! read-modify-writers of the same device blocks never lose each other's
 //! bytes, nor those of whole-block writers.
 
+mod common;
+
 use std::sync::{Arc, Barrier};
 use std::thread;
+
+use common::dev::ScratchImage;
 
 use blockdev::{BlockDevice, MemDevice, SyncDevice, SyncOpenOptions};
 use iomapfs_fs::{FormatOptions, OpenFlags, Volume};
@@ -193,14 +197,8 @@ fn direct_handles_take_any_offset_and_length() {
 /// addresses are bounced, reads and writes still land where asked.
 #[test]
 fn odd_buffer_addresses_on_an_o_direct_image() {
-    let dir = std::env::temp_dir().join(format!("iomapfs-byte-granular-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("image");
-    std::fs::File::create(&path)
-        .unwrap()
-        .set_len(64 * MIB)
-        .unwrap();
-    let sync_dev = Arc::new(SyncDevice::open(&path, SyncOpenOptions::default()).unwrap());
+    let image = ScratchImage::new("byte-granular", 64 * MIB);
+    let sync_dev = Arc::new(SyncDevice::open(&image.path, SyncOpenOptions::default()).unwrap());
     let vol = volume_on(sync_dev.clone());
     let f = written_file(&vol, "/odd", 16 * 1024);
     let backing: Vec<u8> = (0..9000u32).map(|i| (i * 7 % 251) as u8).collect();
@@ -222,12 +220,11 @@ fn odd_buffer_addresses_on_an_o_direct_image() {
     } else {
         eprintln!(
             "note: {} needs no memory alignment: nothing to bounce",
-            path.display()
+            image.path.display()
         );
     }
     drop(f);
     vol.unmount().unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A failing edge read stops the read-modify-write before anything is

@@ -1,7 +1,11 @@
 //! The direct-I/O fast paths, proven by device request counts and by data
 //! that a wrong implementation would damage.
 
+mod common;
+
 use std::sync::{mpsc, Arc, Barrier, Mutex};
+
+use common::dev::ScratchImage;
 
 use blockdev::{
     BlockDevice, DeviceCaps, DeviceCounters, DeviceError, MemDevice, RequestCounts, WriteMode,
@@ -335,14 +339,8 @@ fn concurrent_sub_block_writers_never_lose_each_others_bytes() {
 #[test]
 fn dsync_pure_overwrite_on_a_kernel_device_is_one_durable_write() {
     use blockdev::{SyncDevice, SyncOpenOptions};
-    let dir = std::env::temp_dir().join(format!("iomapfs-dsync-kernel-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("image");
-    std::fs::File::create(&path)
-        .unwrap()
-        .set_len(64 * MIB)
-        .unwrap();
-    let dev = Arc::new(SyncDevice::open(&path, SyncOpenOptions::default()).unwrap());
+    let image = ScratchImage::new("dsync-kernel", 64 * MIB);
+    let dev = Arc::new(SyncDevice::open(&image.path, SyncOpenOptions::default()).unwrap());
     let caps = dev.caps().clone();
     assert!(caps.volatile_write_cache && !caps.fua && caps.kernel_durable_writes);
     Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
@@ -356,5 +354,4 @@ fn dsync_pure_overwrite_on_a_kernel_device_is_one_durable_write() {
     assert_eq!((d.writes, d.fua_writes, d.flushes), (1, 1, 0), "{d:?}");
     drop(f);
     vol.unmount().unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -230,7 +230,7 @@ pub fn dio_write_bytes<O: IomapOps>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{Block, FakeFs, Req, TestDev};
+    use crate::test_support::{pattern, Block, FakeFs, Req, TestDev};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
 
@@ -238,12 +238,6 @@ mod tests {
     const MIB: u64 = 1024 * KIB;
     const BS: u64 = 4096;
     const STALE: u8 = 0xAA;
-
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(29) ^ seed)
-            .collect()
-    }
 
     /// A file of `nblocks` written blocks at device offset 1 MiB, holding
     /// `pattern(.., 7)`, size `size`.

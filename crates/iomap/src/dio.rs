@@ -705,18 +705,12 @@ fn write_span(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{Block, FakeFs, Req, ScriptedFs, TestDev};
+    use crate::test_support::{pattern, Block, FakeFs, Req, ScriptedFs, TestDev};
 
     const KIB: u64 = 1024;
     const MIB: u64 = 1024 * KIB;
     const BS: u64 = 4096;
     const STALE: u8 = 0xAA;
-
-    fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-            .collect()
-    }
 
     fn setup(lbs: u32, nblocks: usize) -> (TestDev, FakeFs) {
         let dev = TestDev::new(16 * MIB as usize, lbs);

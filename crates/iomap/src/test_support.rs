@@ -12,6 +12,14 @@ use parking_lot::Mutex;
 
 use crate::{DioEndFlags, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
 
+/// Recognisable test data: `len` bytes that differ from their neighbours
+/// and, with another `seed`, from other data.
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
 /// One request the device received.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Req {

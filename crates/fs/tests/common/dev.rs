@@ -10,6 +10,29 @@ use iomapfs_fs::{fsck, FormatOptions, Volume};
 use super::history::MARKER;
 use super::{mix64, Rng, SeedableRng, SmallRng};
 
+/// A sparse image file in a directory of its own, removed on drop (also
+/// when the test panics).
+pub struct ScratchImage {
+    dir: std::path::PathBuf,
+    pub path: std::path::PathBuf,
+}
+
+impl ScratchImage {
+    pub fn new(name: &str, size: u64) -> ScratchImage {
+        let dir = std::env::temp_dir().join(format!("iomapfs-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("image");
+        std::fs::File::create(&path).unwrap().set_len(size).unwrap();
+        ScratchImage { dir, path }
+    }
+}
+
+impl Drop for ScratchImage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 pub const LBS: u32 = 512;
 pub const MIB: u64 = 1 << 20;
 
