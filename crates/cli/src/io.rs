@@ -259,8 +259,8 @@ static COMMANDS: &[Spec] = &[
  file.
  -c, -f  create the file if it does not exist (O_CREAT)
  -x      with -c: fail if it already exists (O_EXCL)
- -d      direct I/O (O_DIRECT): no page cache; offsets and lengths should be
-         multiples of the device's logical block size
+ -d      direct I/O (O_DIRECT): no page cache; any offset and length works,
+         whole device blocks at aligned offsets are fastest
  -s      synchronous I/O (O_SYNC): each write is durable when it returns
  -D      data-synchronous I/O (O_DSYNC): each write's data, and the metadata
          needed to read it back, are durable when it returns
