@@ -227,6 +227,16 @@ impl MemDevice {
         MemDevice::with_caps(size_bytes, logical_block_size, true, false)
     }
 
+    /// Behaves like a kernel device without native FUA: advertises
+    /// [`DeviceCaps::kernel_durable_writes`], so the file system sends DSYNC
+    /// overwrites as durable writes and no flush. (This device always keeps
+    /// a [`WriteMode::Fua`] write across a power cut, as the kernel's write +
+    /// flush would.)
+    pub fn with_kernel_durable_writes(mut self) -> MemDevice {
+        self.caps.kernel_durable_writes = true;
+        self
+    }
+
     /// Like [`MemDevice::new`], choosing the cache and FUA capabilities.
     ///
     /// # Panics

@@ -24,7 +24,16 @@
 //! Every request in flight counts on its inode's direct-I/O counter until it
 //! completes, so truncate, punch and other exclusive operations wait for it.
 //! Reap regularly: a request is complete (and its count released) only once
-//! reaped.
+//! reaped. So the thread that owns a queue must not make a synchronous call
+//! that needs the exclusive lock of a file it has unreaped requests on
+//! (truncate, punch, an allocating write, the file's first byte-granular
+//! write): that call would wait for a reap only this thread can do.
+//!
+//! Once a file has seen a byte-granular write, its asynchronous writes are
+//! completed by the worker (one at a time, in order) for as long as the file
+//! stays open: they must hold their blocks in the range lock, and a
+//! submitter never blocks on it. Keep unaligned writes off files that need
+//! asynchronous write throughput.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -560,7 +569,15 @@ impl IoQueue {
     /// appends every available one to `out`, returns how many. Requests
     /// queued but not yet submitted are sent first, in the same kernel entry
     /// that waits where the backend can (io_uring), so a queue-depth-1 loop
-    /// needs no separate [`submit`](IoQueue::submit).
+    /// needs no separate [`submit`](IoQueue::submit). On an error, the
+    /// completions already appended to `out` stay there: look at them
+    /// before dropping `out`.
+    ///
+    /// Never call a synchronous operation on a file from the thread that
+    /// owns this queue while requests on that file are in flight unreaped:
+    /// if it needs the file's exclusive lock (truncate, punch, a write that
+    /// allocates, a file's first byte-granular write) it waits for them to
+    /// be reaped, which only this thread can do.
     pub fn reap(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<usize> {
         let min = min.min(self.in_flight());
         let mut got = 0;
@@ -576,16 +593,18 @@ impl IoQueue {
                 self.deferred -= 1;
                 self.ready.push_back(done);
             }
-            while let Some(c) = self.ready.pop_front() {
-                out.push(c);
-                got += 1;
-            }
-            if got >= min {
+            let enough = got + self.ready.len() >= min;
+            if enough {
                 // Queued requests must not wait for the next call (no
-                // kernel entry when nothing is queued).
+                // kernel entry when nothing is queued). Before anything is
+                // handed over, so an error loses no completion.
                 self.devq
                     .submit()
                     .map_err(|e| Error::device("io queue submit", e))?;
+            }
+            got += self.ready.len();
+            out.extend(self.ready.drain(..));
+            if enough {
                 return Ok(got);
             }
             if self.devq.in_flight() > 0 {

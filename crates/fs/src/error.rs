@@ -106,7 +106,11 @@ impl Error {
             Error::Corrupt { .. } | Error::NotIomapfs { .. } => libc::EUCLEAN,
             Error::Device { source, .. } => source.errno(),
             Error::Iomap(IomapError::WouldBlock) => libc::EAGAIN,
-            Error::Iomap(IomapError::Unaligned { .. } | IomapError::Bounce { .. }) => libc::EINVAL,
+            Error::Iomap(
+                IomapError::Unaligned { .. }
+                | IomapError::Bounce { .. }
+                | IomapError::RangeOverflow { .. },
+            ) => libc::EINVAL,
             Error::Iomap(IomapError::Device { source, .. }) => source.errno(),
             Error::Iomap(IomapError::BadMapping { .. }) => libc::EUCLEAN,
             Error::Shutdown { .. } => libc::EIO,

@@ -229,6 +229,8 @@ impl File {
                 return result.map_err(|e| self.at(offset, e));
             }
         }
+        // A freed inode reads as an error, not as an empty file.
+        self.size().map_err(|e| self.at(offset, e))?;
         dio_read_bytes(
             &self.ops(),
             &*self.vol.dev,
@@ -241,6 +243,11 @@ impl File {
     }
 
     /// Writes at `offset`; returns bytes written.
+    ///
+    /// A write that needs the file's exclusive lock (it allocates, converts,
+    /// extends, or is the file's first that is not whole device blocks)
+    /// first waits for the file's asynchronous requests in flight to be
+    /// reaped: never call it from the thread that owns such requests.
     pub fn pwrite(&self, buf: &[u8], offset: u64) -> Result<usize> {
         self.check_writable(offset, buf.len() as u64)
             .map_err(|e| self.at(offset, e))?;

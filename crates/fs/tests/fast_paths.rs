@@ -209,22 +209,46 @@ fn concurrent_dsync_overwriters_share_flushes() {
 
 #[test]
 fn acknowledged_dsync_writes_survive_power_cuts() {
-    for (fua, seed) in [(false, 1u64), (true, 2), (false, 3), (true, 4)] {
-        let dev = Arc::new(MemDevice::with_caps(16 * MIB, 512, true, fua));
+    // Each way a DSYNC overwrite is made durable: write + shared flush,
+    // native FUA, and the kernel's durable write (no flush from us). Some
+    // writes are byte-granular (edge read-modify-write).
+    #[derive(Clone, Copy, Debug)]
+    enum Mode {
+        SeparateFlush,
+        NativeFua,
+        KernelDurable,
+    }
+    for (mode, seed) in [
+        (Mode::SeparateFlush, 1u64),
+        (Mode::NativeFua, 2),
+        (Mode::KernelDurable, 3),
+        (Mode::SeparateFlush, 4),
+        (Mode::KernelDurable, 5),
+    ] {
+        let mem = MemDevice::with_caps(16 * MIB, 512, true, matches!(mode, Mode::NativeFua));
+        let dev = Arc::new(match mode {
+            Mode::KernelDurable => mem.with_kernel_durable_writes(),
+            _ => mem,
+        });
         let vol = volume_on(&dev);
         let f = written_file(&vol, "/db", 16, flags(true, false));
         let mut expect = vec![0x11u8; 16 * BLOCK];
         for i in 0..16usize {
-            let off = ((i * 7) % 16) * BLOCK;
+            let off = ((i * 7) % 16) * BLOCK + if i % 3 == 0 { 100 } else { 0 };
+            let len = if i % 3 == 0 { 700 } else { BLOCK };
             let byte = 0x40 + i as u8;
-            f.pwrite(&[byte; BLOCK], off as u64).unwrap();
-            expect[off..off + BLOCK].fill(byte);
+            let before = counts(&dev);
+            f.pwrite(&vec![byte; len], off as u64).unwrap();
+            let d = counts(&dev).since(&before);
+            let flushes_expected = matches!(mode, Mode::SeparateFlush) as u64;
+            assert_eq!(d.flushes, flushes_expected, "{mode:?} write {i}: {d:?}");
+            expect[off..off + len].fill(byte);
             let cut = Arc::new(dev.power_cut_seeded(seed * 1000 + i as u64));
             let after = Volume::open(cut).unwrap();
             let g = after.open_file("/db", OpenFlags::default()).unwrap();
             let mut buf = vec![0; 16 * BLOCK];
             assert_eq!(g.pread(&mut buf, 0).unwrap(), 16 * BLOCK);
-            assert!(buf == expect, "fua={fua} write {i}: acknowledged data lost");
+            assert!(buf == expect, "{mode:?} write {i}: acknowledged data lost");
         }
     }
 }

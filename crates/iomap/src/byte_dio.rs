@@ -27,14 +27,17 @@
 use blockdev::{AlignedBuf, BlockDevice};
 
 use crate::align::{align_down, align_up, is_aligned};
-use crate::dio::{dio_read, dio_write, dio_write_padded, DioWriteOutcome, DIO_MAX_REQUEST_BYTES};
-use crate::{DioEndFlags, IomapError, IomapOpFlags, IomapOps};
+use crate::dio::{
+    dio_read, dio_write, dio_write_padded, logical_block_size, DioWriteOutcome,
+    DIO_MAX_REQUEST_BYTES,
+};
+use crate::{IomapError, IomapOpFlags, IomapOps};
 
 /// Largest bounce buffer one unaligned request uses.
 pub const BOUNCE_CHUNK_BYTES: u64 = DIO_MAX_REQUEST_BYTES;
 
 fn logical_block(dev: &dyn BlockDevice) -> u64 {
-    u64::from(dev.caps().logical_block_size.max(1))
+    u64::from(logical_block_size(dev))
 }
 
 /// `[pos, pos + len)` covers whole device blocks: no bounce, no
@@ -60,7 +63,9 @@ fn bounce_buffer(dev: &dyn BlockDevice, pos: u64, len: u64) -> Result<AlignedBuf
 
 /// The chunk of `[from, stop)` a bounced request handles next: at most
 /// [`BOUNCE_CHUNK_BYTES`], cut at a file-system block boundary when one
-/// lies inside, so a chunk never leaves a new block half zeroed for the next.
+/// lies inside. (Any device-block cut would be correct; a cut inside a new
+/// block would have the first chunk zero the block's rest only for the next
+/// chunk to overwrite it.)
 fn chunk_end(from: u64, stop: u64, fs_block: u64) -> u64 {
     let limit = from.saturating_add(BOUNCE_CHUNK_BYTES);
     if limit >= stop {
@@ -100,11 +105,7 @@ pub fn dio_read_bytes<O: IomapOps>(
         return Ok(len as usize);
     }
     let start = align_down(pos, lbs);
-    let stop = align_up(end, lbs).ok_or(IomapError::Unaligned {
-        pos,
-        len,
-        alignment: lbs as u32,
-    })?;
+    let stop = align_up(end, lbs).ok_or(IomapError::RangeOverflow { pos, len })?;
     let fs_block = u64::from(ops.block_size()).max(lbs);
     let mut bounce = bounce_buffer(dev, pos, (stop - start).min(BOUNCE_CHUNK_BYTES))?;
     let mut from = start;
@@ -121,22 +122,16 @@ pub fn dio_read_bytes<O: IomapOps>(
 }
 
 /// Reads the device block at `block_pos` into `out` as the file shows it:
-/// bytes at or past `size` are zeros.
+/// bytes at or past EOF are zeros.
 fn read_edge_block<O: IomapOps>(
     ops: &O,
     dev: &dyn BlockDevice,
     inode: &O::Inode,
     block_pos: u64,
     out: &mut [u8],
-    size: u64,
     flags: IomapOpFlags,
 ) -> Result<(), O::Error> {
-    if block_pos >= size {
-        out.fill(0);
-        return Ok(());
-    }
-    dio_read(ops, dev, inode, block_pos, out, flags)?;
-    let inside = (size - block_pos).min(out.len() as u64) as usize;
+    let inside = dio_read_bytes(ops, dev, inode, block_pos, out, flags)?;
     out[inside..].fill(0);
     Ok(())
 }
@@ -159,15 +154,12 @@ pub fn dio_write_bytes<O: IomapOps>(
         return dio_write(ops, dev, inode, pos, buf, flags);
     }
     let lbs = logical_block(dev);
-    let unaligned = IomapError::Unaligned {
-        pos,
-        len,
-        alignment: lbs as u32,
-    };
-    let (start, stop) = write_lock_range(dev, pos, len).ok_or(unaligned)?;
+    let (start, stop) =
+        write_lock_range(dev, pos, len).ok_or(IomapError::RangeOverflow { pos, len })?;
     let end = pos + len;
-    let size = ops.size(inode);
-    if flags.contains(IomapOpFlags::OVERWRITE_ONLY) && stop > size {
+    if flags.contains(IomapOpFlags::OVERWRITE_ONLY) && stop > ops.size(inode) {
+        // Padding past EOF: the file system refuses to map it for an
+        // overwrite. Decided before any I/O.
         return Err(IomapError::WouldBlock.into());
     }
     // Edge reads must not block either when the caller may not.
@@ -178,12 +170,7 @@ pub fn dio_write_bytes<O: IomapOps>(
     };
     let fs_block = u64::from(ops.block_size()).max(lbs);
     let mut bounce = bounce_buffer(dev, pos, (stop - start).min(BOUNCE_CHUNK_BYTES))?;
-    let mut total = DioWriteOutcome {
-        written: 0,
-        end_flags: DioEndFlags::default(),
-        pure_overwrite: true,
-        fua: true,
-    };
+    let mut total = DioWriteOutcome::NOTHING;
     let mut from = start;
     while from < stop {
         let to = chunk_end(from, stop, fs_block);
@@ -196,32 +183,22 @@ pub fn dio_write_bytes<O: IomapOps>(
                 inode,
                 from,
                 &mut chunk[..lbs as usize],
-                size,
                 read_flags,
             )?;
         }
         let tail_block = to - lbs;
         if to > end && !(head_partial && tail_block == from) {
             let at = (tail_block - from) as usize;
-            read_edge_block(
-                ops,
-                dev,
-                inode,
-                tail_block,
-                &mut chunk[at..],
-                size,
-                read_flags,
-            )?;
+            read_edge_block(ops, dev, inode, tail_block, &mut chunk[at..], read_flags)?;
         }
         let (copy_from, copy_to) = (pos.max(from), end.min(to));
         chunk[(copy_from - from) as usize..(copy_to - from) as usize]
             .copy_from_slice(&buf[(copy_from - pos) as usize..(copy_to - pos) as usize]);
         let done = dio_write_padded(ops, dev, inode, from, chunk, copy_to, flags)?;
-        total.written += copy_to - copy_from;
-        total.end_flags.unwritten |= done.end_flags.unwritten;
-        total.end_flags.size_change |= done.end_flags.size_change;
-        total.pure_overwrite &= done.pure_overwrite;
-        total.fua &= done.fua;
+        total.merge(&DioWriteOutcome {
+            written: copy_to - copy_from,
+            ..done
+        });
         from = to;
     }
     Ok(total)
@@ -326,6 +303,20 @@ mod tests {
         assert!(block[..6].iter().all(|&b| b == 0), "head padding past EOF");
         assert_eq!(&block[6..16], &[9; 10]);
         assert!(block[16..].iter().all(|&b| b == 0), "tail padding past EOF");
+    }
+
+    #[test]
+    fn edge_block_straddling_eof_keeps_bytes_before_it_and_zeros_after() {
+        // Size 1000: device block [512, 1024) holds file bytes up to 1000
+        // and stale device bytes after.
+        let (dev, fs, content) = mapped_file(512, 2, 1000);
+        assert!(content[1000..1024].iter().any(|&b| b != 0));
+        dio_write_bytes(&fs, &dev, &(), 900, &[9; 50], IomapOpFlags::default()).unwrap();
+        let block = dev.bytes(MIB + 512, 512);
+        assert_eq!(&block[..388], &content[512..900]);
+        assert_eq!(&block[388..438], &[9; 50]);
+        assert_eq!(&block[438..488], &content[950..1000]);
+        assert!(block[488..].iter().all(|&b| b == 0), "stale bytes past EOF");
     }
 
     #[test]

@@ -55,6 +55,28 @@ pub struct DioWriteOutcome {
     pub fua: bool,
 }
 
+impl DioWriteOutcome {
+    /// Nothing written yet: the identity of [`DioWriteOutcome::merge`].
+    pub const NOTHING: DioWriteOutcome = DioWriteOutcome {
+        written: 0,
+        end_flags: DioEndFlags {
+            unwritten: false,
+            size_change: false,
+        },
+        pure_overwrite: true,
+        fua: true,
+    };
+
+    /// Adds the outcome of the next part of one write.
+    pub fn merge(&mut self, next: &DioWriteOutcome) {
+        self.written += next.written;
+        self.end_flags.unwritten |= next.end_flags.unwritten;
+        self.end_flags.size_change |= next.end_flags.size_change;
+        self.pure_overwrite &= next.pure_overwrite;
+        self.fua &= next.fua;
+    }
+}
+
 /// Simple read: a direct read of at most one file-system block inside one
 /// `Mapped` extent and inside EOF skips the mapping iteration — one lookup,
 /// one device request, no heap allocation, completed in the caller's
@@ -389,7 +411,7 @@ fn device_addr(span: &IomapSpan, pos: u64) -> Result<u64, IomapError> {
     }
 }
 
-fn logical_block_size(dev: &dyn BlockDevice) -> u32 {
+pub(crate) fn logical_block_size(dev: &dyn BlockDevice) -> u32 {
     dev.caps().logical_block_size.max(1)
 }
 

@@ -16,6 +16,8 @@ pub enum IomapError {
         #[source]
         source: DeviceError,
     },
+    #[error("file range at offset {pos} length {len} overflows the largest offset")]
+    RangeOverflow { pos: u64, len: u64 },
     #[error("bounce buffer for byte-granular direct I/O at file offset {pos}: {source}")]
     Bounce {
         pos: u64,

@@ -13,8 +13,10 @@
 //! the exclusive lock and a drain), and no two inodes share device blocks,
 //! so locking file ranges locks exactly the affected device blocks.
 //!
-//! Holds are short (one read and one write of a few blocks), so the table is
-//! a plain list under a mutex; waiters sleep on a condition variable.
+//! A hold lasts one write (for a long unaligned write, all of its chunks).
+//! Few are held at once, so the table is a plain list under a mutex; waiters
+//! sleep on a condition variable. There is no fairness: a waiter for an
+//! exclusive range can wait as long as overlapping shared holds keep coming.
 //!
 //! # Fault model
 //!
@@ -103,6 +105,11 @@ impl RangeLock {
             lock: self,
             id: insert(&mut table, start, end, mode),
         })
+    }
+
+    /// Threads waiting for a range (for tests and diagnostics).
+    pub fn waiting(&self) -> usize {
+        self.table.lock().waiters
     }
 
     /// Ranges currently held (for tests and diagnostics).
@@ -215,7 +222,16 @@ mod tests {
             })
         };
         waiting_rx.recv().unwrap();
-        // Whether or not the waiter sleeps yet, it cannot own the range.
+        // Condition wait, not a sleep: the waiter is parked in `lock`.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while lock.waiting() == 0 {
+            assert!(
+                !acquired.load(Ordering::SeqCst),
+                "took a range held in conflict"
+            );
+            assert!(std::time::Instant::now() < deadline, "waiter never parked");
+            thread::yield_now();
+        }
         assert!(!acquired.load(Ordering::SeqCst));
         drop(held);
         waiter.join().unwrap();
