@@ -29,9 +29,12 @@ pub struct DeviceCaps {
     /// The device supports Force Unit Access natively.
     pub fua: bool,
     /// A [`WriteMode::Fua`](crate::WriteMode::Fua) write is a kernel
-    /// `RWF_DSYNC` write: the kernel makes it durable before completing it,
-    /// with FUA or, on a device without, with a cache flush it issues (and
-    /// merges with concurrent ones) itself. One request either way.
+    /// `RWF_DSYNC` write: the kernel makes it durable before completing it.
+    /// On a block device it sets FUA, which the block layer turns into write
+    /// + cache flush (merged with concurrent flushes) where the device lacks
+    /// it; on an image file the host file system syncs the written range.
+    /// Either way it is one request from here, and counters record it as a
+    /// FUA write.
     pub kernel_durable_writes: bool,
     /// Data I/O bypasses the kernel page cache (`O_DIRECT`). False when the
     /// file system refused `O_DIRECT` and the backend fell back to buffered
