@@ -30,9 +30,10 @@ pub struct DeviceCaps {
     pub fua: bool,
     /// A [`WriteMode::Fua`](crate::WriteMode::Fua) write is a kernel
     /// `RWF_DSYNC` write: the kernel makes it durable before completing it.
-    /// On a block device it sets FUA, which the block layer turns into write
-    /// + cache flush (merged with concurrent flushes) where the device lacks
-    /// it; on an image file the host file system syncs the written range.
+    /// On a block device it sets FUA, which the block layer turns into a
+    /// write and then a cache flush (merged with concurrent flushes) where
+    /// the device lacks it; on an image file the host file system syncs the
+    /// written range.
     /// Either way it is one request from here, and counters record it as a
     /// FUA write.
     pub kernel_durable_writes: bool,
