@@ -29,11 +29,12 @@
 //! (truncate, punch, an allocating write, the file's first byte-granular
 //! write): that call would wait for a reap only this thread can do.
 //!
-//! Once a file has seen a byte-granular write, its asynchronous writes are
-//! completed by the worker (one at a time, in order) for as long as the file
-//! stays open: they must hold their blocks in the range lock, and a
-//! submitter never blocks on it. Keep unaligned writes off files that need
-//! asynchronous write throughput.
+//! Once a file has seen a byte-granular write, its asynchronous writes hold
+//! their blocks shared in the file's range lock until their data is on the
+//! device (see [`iomap::io_lock`]); one that finds its blocks held by a
+//! read-modify-write goes to the worker instead of waiting. So do not, from
+//! the owning thread, write byte-granular over your own unreaped writes:
+//! that write would wait for a reap only this thread can do.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{self, Receiver, Sender};
@@ -44,7 +45,7 @@ use blockdev::{AlignedBuf, DeviceCompletion, DeviceQueue, DeviceRequest, Token};
 use iomap::async_dio::{plan_pure_overwrite, plan_read, Part, ReadPlan, WritePlan};
 use iomap::byte_dio::is_block_aligned;
 use iomap::dio::dsync_as_durable_write;
-use iomap::{IomapError, OwnedDioInflight};
+use iomap::{IomapError, OwnedDioInflight, OwnedSharedRange};
 
 use crate::file::File;
 use crate::iomap_ops::FsOps;
@@ -82,8 +83,11 @@ enum Kind {
     Read,
     /// A write whose data is on the device once every part completes;
     /// `flush_after` makes it wait for a device flush queued after it.
+    /// `_range` holds its blocks in a file whose writes must (released when
+    /// the data is on the device).
     Write {
         flush_after: bool,
+        _range: Option<OwnedSharedRange<OpenInode>>,
     },
 }
 
@@ -345,19 +349,24 @@ impl IoQueue {
         let inode = file.open_inode().clone();
         let len = buf.len();
         // The one place the completion class is decided: O_SYNC (inode
-        // metadata too), a file held exclusively, a byte-granular write or
-        // a file whose writes hold ranges, or anything but a pure overwrite
-        // goes to the worker.
+        // metadata too), a file held exclusively, a byte-granular write, a
+        // range held by a read-modify-write, or anything but a pure
+        // overwrite goes to the worker.
         let shared = if flags.sync || buf.is_empty() || !self.is_block_aligned(offset, len) {
             None
         } else {
-            inode
-                .io_lock
-                .try_lock_shared()
-                .filter(|_| !inode.io_lock.byte_granular_writes())
+            inode.io_lock.try_lock_shared()
+        };
+        // Read under the shared lock, where it cannot change.
+        let holds_ranges = shared.is_some() && inode.io_lock.byte_granular_writes();
+        let range = if holds_ranges {
+            OwnedSharedRange::try_hold(&inode, offset, offset + len as u64)
+        } else {
+            None
         };
         let plan = match shared {
             None => WritePlan::NotPure(buf),
+            Some(_) if holds_ranges && range.is_none() => WritePlan::NotPure(buf),
             Some(_) => {
                 let ops = FsOps { vol: &self.vol };
                 match plan_pure_overwrite(&ops, &*self.vol.dev, &*inode, offset, buf, dsync) {
@@ -371,6 +380,7 @@ impl IoQueue {
         // issued after its data landed has completed.
         let kind = Kind::Write {
             flush_after: dsync && !dsync_as_durable_write(&*self.vol.dev),
+            _range: range,
         };
         match plan {
             WritePlan::NotPure(buf) => self
@@ -550,7 +560,12 @@ impl IoQueue {
             None => Ok(inflight.done_len),
         };
         match (inflight.kind, result) {
-            (Kind::Write { flush_after: true }, Ok(len)) => {
+            (
+                Kind::Write {
+                    flush_after: true, ..
+                },
+                Ok(len),
+            ) => {
                 // The data is on the device; the in-flight count can go. The
                 // write completes when a flush issued after now lands.
                 self.awaiting_flush.push(Completion {

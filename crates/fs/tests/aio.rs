@@ -392,8 +392,8 @@ fn a_failed_shared_flush_fails_every_dsync_write_it_covered() {
 
 /// Requests that are not whole device blocks are accepted and completed by
 /// the worker through the byte-granular path. Once a file has seen such a
-/// write, its aligned overwrites must hold their blocks in the range lock,
-/// so they too go to the worker; another file's stay inline.
+/// write, its aligned overwrites hold their blocks in the range lock and
+/// still complete inline.
 #[test]
 fn byte_granular_requests_complete_in_the_worker_with_the_right_bytes() {
     let dev = Arc::new(MemDevice::new(32 << 20, SECTOR as u32));
@@ -436,7 +436,7 @@ fn byte_granular_requests_complete_in_the_worker_with_the_right_bytes() {
         .unwrap();
     q.submit().unwrap();
     let done = reap_all(&mut q);
-    assert_eq!(done[&4].completed_by, CompletedBy::Worker);
+    assert_eq!(done[&4].completed_by, CompletedBy::Reaper);
     assert_eq!(done[&5].completed_by, CompletedBy::Reaper);
     f.pread(&mut back[..8], BLOCK).unwrap();
     assert_eq!(&back[..8], &[0x55; 8]);
@@ -479,4 +479,103 @@ fn later_byte_granular_overwrites_do_not_drain_in_flight_io() {
     assert_eq!(&back[5..15], &[0x22; 10]);
     assert!(back[1000..1700].iter().all(|&b| b == 0x33));
     assert!(back[1700..].iter().all(|&b| b == 0x11));
+}
+
+/// Pauses a chosen read (the edge read of a read-modify-write) until the
+/// test lets it go, so another request can be slipped in between that
+/// read and its write back.
+struct PausingDevice {
+    inner: MemDevice,
+    /// Device address to pause at, and the test's two channels.
+    pause: std::sync::Mutex<Option<PausePoint>>,
+}
+
+type PausePoint = (
+    u64,
+    std::sync::mpsc::Sender<()>,
+    std::sync::mpsc::Receiver<()>,
+);
+
+impl BlockDevice for PausingDevice {
+    fn caps(&self) -> &blockdev::DeviceCaps {
+        self.inner.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), blockdev::DeviceError> {
+        self.inner.read_at(buf, offset)?;
+        let mut pause = self.pause.lock().unwrap();
+        if pause.as_ref().is_some_and(|p| p.0 == offset) {
+            let (_, reached, resume) = pause.take().unwrap();
+            drop(pause);
+            reached.send(()).unwrap();
+            resume.recv().unwrap();
+        }
+        Ok(())
+    }
+    fn write_at(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        mode: blockdev::WriteMode,
+    ) -> Result<(), blockdev::DeviceError> {
+        self.inner.write_at(buf, offset, mode)
+    }
+    fn flush(&self) -> Result<(), blockdev::DeviceError> {
+        self.inner.flush()
+    }
+    fn counters(&self) -> &blockdev::DeviceCounters {
+        self.inner.counters()
+    }
+}
+
+/// A synchronous 10-byte write read-modify-writes a sector; between its
+/// read and its write back, an async whole-sector overwrite of that sector
+/// is submitted. It must not go to the device in between (it would be
+/// undone): it finds the sector held and completes after, through the
+/// worker, so the sector ends up all the async write's bytes. Once nothing
+/// holds the sector, the same write completes inline again.
+#[test]
+fn async_overwrite_never_lands_inside_a_read_modify_write() {
+    let dev = Arc::new(PausingDevice {
+        inner: MemDevice::new(32 << 20, SECTOR as u32),
+        pause: std::sync::Mutex::new(None),
+    });
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone()).unwrap();
+    let f = vol.open_file("/mixed", direct(false)).unwrap();
+    f.pwrite(&[0xEE; 2 * BLOCK as usize], 0).unwrap();
+    f.pwrite(&[0xEE; 10], 3).unwrap(); // first byte-granular write: ranges on
+    let sector = BLOCK + SECTOR;
+    let extent = f.fiemap().unwrap()[0];
+    let sector_addr = extent.addr + (sector - extent.offset);
+    let mut q = vol.io_queue(4).unwrap();
+    for round in 0..20u8 {
+        let (reached_tx, reached_rx) = std::sync::mpsc::channel();
+        let (resume_tx, resume_rx) = std::sync::mpsc::channel();
+        *dev.pause.lock().unwrap() = Some((sector_addr, reached_tx, resume_rx));
+        let byte_writer = {
+            let f = f.try_clone().unwrap();
+            std::thread::spawn(move || f.pwrite(&[0xF0 ^ round; 10], sector + 100).unwrap())
+        };
+        reached_rx.recv().unwrap();
+        let whole = round + 1;
+        q.submit_write(&f, sector, buf_of(&[whole; SECTOR as usize]), 1)
+            .unwrap();
+        q.submit().unwrap();
+        resume_tx.send(()).unwrap();
+        let c = reap_all(&mut q).remove(&1).unwrap();
+        c.result.unwrap();
+        assert_eq!(c.completed_by, CompletedBy::Worker, "round {round}");
+        byte_writer.join().unwrap();
+        let mut got = vec![0u8; SECTOR as usize];
+        f.pread(&mut got, sector).unwrap();
+        assert!(
+            got.iter().all(|&b| b == whole),
+            "round {round}: the async write was undone: {:x?}",
+            &got[..16]
+        );
+    }
+    q.submit_write(&f, sector, buf_of(&[0x77; SECTOR as usize]), 2)
+        .unwrap();
+    let c = reap_all(&mut q).remove(&2).unwrap();
+    assert_eq!(c.completed_by, CompletedBy::Reaper);
 }

@@ -408,3 +408,36 @@ impl<T: AsRef<InodeIoLock>> Drop for OwnedDioInflight<T> {
         self.owner.as_ref().as_ref().dio_end();
     }
 }
+
+/// A shared range hold that owns a reference to the inode, so it can travel
+/// with an asynchronous write and be released by whoever completes it (see
+/// "Byte-granular writes" in the module docs).
+#[must_use = "the range is released as soon as the guard is dropped"]
+#[derive(Debug)]
+pub struct OwnedSharedRange<T: AsRef<InodeIoLock>> {
+    owner: std::sync::Arc<T>,
+    id: u64,
+}
+
+impl<T: AsRef<InodeIoLock>> OwnedSharedRange<T> {
+    /// Holds `[start, end)` shared in `owner`'s range lock if that needs no
+    /// waiting (a submitter never blocks).
+    pub fn try_hold(owner: &std::sync::Arc<T>, start: u64, end: u64) -> Option<Self> {
+        let id =
+            owner
+                .as_ref()
+                .as_ref()
+                .ranges
+                .try_acquire(start, end, crate::RangeMode::Shared)?;
+        Some(OwnedSharedRange {
+            owner: std::sync::Arc::clone(owner),
+            id,
+        })
+    }
+}
+
+impl<T: AsRef<InodeIoLock>> Drop for OwnedSharedRange<T> {
+    fn drop(&mut self) {
+        self.owner.as_ref().as_ref().ranges.release(self.id);
+    }
+}

@@ -25,7 +25,10 @@ pub use byte_dio::{dio_read_bytes, dio_write_bytes};
 pub use dio::{dio_read, dio_read_simple, dio_write, dio_write_padded, DioWriteOutcome};
 pub use error::IomapError;
 pub use flush_coalesce::FlushCoalescer;
-pub use io_lock::{DioInflightGuard, InodeIoLock, IoLockExclusive, IoLockShared, OwnedDioInflight};
+pub use io_lock::{
+    DioInflightGuard, InodeIoLock, IoLockExclusive, IoLockShared, OwnedDioInflight,
+    OwnedSharedRange,
+};
 pub use iomap::{Iomap, IomapFlags, IomapKind};
 pub use iter::{IomapIter, IomapSpan};
 pub use ops::{DioEndFlags, IomapOpFlags, IomapOps};

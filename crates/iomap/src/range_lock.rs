@@ -97,14 +97,18 @@ impl RangeLock {
     /// Holds `[start, end)` in `mode` if no conflicting hold exists; never
     /// waits.
     pub fn try_lock(&self, start: u64, end: u64, mode: RangeMode) -> Option<RangeGuard<'_>> {
+        self.try_acquire(start, end, mode)
+            .map(|id| RangeGuard { lock: self, id })
+    }
+
+    /// The hold behind [`RangeLock::try_lock`], for guards that own their
+    /// lock's owner; `release` it exactly once.
+    pub(crate) fn try_acquire(&self, start: u64, end: u64, mode: RangeMode) -> Option<u64> {
         let mut table = self.table.lock();
         if table.held.iter().any(|h| h.conflicts(start, end, mode)) {
             return None;
         }
-        Some(RangeGuard {
-            lock: self,
-            id: insert(&mut table, start, end, mode),
-        })
+        Some(insert(&mut table, start, end, mode))
     }
 
     /// Threads waiting for a range (for tests and diagnostics).
@@ -117,7 +121,7 @@ impl RangeLock {
         self.table.lock().held.len()
     }
 
-    fn release(&self, id: u64) {
+    pub(crate) fn release(&self, id: u64) {
         let mut table = self.table.lock();
         if let Some(i) = table.held.iter().position(|h| h.id == id) {
             table.held.swap_remove(i);
