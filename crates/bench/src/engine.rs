@@ -64,6 +64,26 @@ pub struct Measurement {
 }
 
 impl Measurement {
+    /// One measurement of two windows on the same target (the raw device
+    /// measured before and after iomapfs).
+    pub fn merge(&mut self, other: &Measurement) {
+        self.ops += other.ops;
+        self.bytes += other.bytes;
+        self.elapsed += other.elapsed;
+        self.latency.merge(&other.latency);
+        self.requests = match (self.requests, other.requests) {
+            (Some(a), Some(b)) => Some(RequestCounts {
+                reads: a.reads + b.reads,
+                writes: a.writes + b.writes,
+                fua_writes: a.fua_writes + b.fua_writes,
+                flushes: a.flushes + b.flushes,
+                bytes_read: a.bytes_read + b.bytes_read,
+                bytes_written: a.bytes_written + b.bytes_written,
+            }),
+            _ => None,
+        };
+    }
+
     pub fn iops(&self) -> f64 {
         self.ops as f64 / self.elapsed.as_secs_f64()
     }
@@ -357,6 +377,44 @@ mod tests {
         warmup: Duration::from_millis(20),
         runtime: Duration::from_millis(100),
     };
+
+    #[test]
+    fn merged_windows_weigh_by_time_not_by_window() {
+        let window = |ops: u64, ms: u64, lat: u64| {
+            let mut latency = Histogram::new();
+            for _ in 0..ops {
+                latency.record(lat);
+            }
+            Measurement {
+                ops,
+                bytes: ops * 4096,
+                elapsed: Duration::from_millis(ms),
+                latency,
+                requests: Some(RequestCounts {
+                    writes: ops,
+                    ..RequestCounts::default()
+                }),
+            }
+        };
+        // 1000 ops in 1 s, then 3000 in 1 s: 4000 ops in 2 s.
+        let mut m = window(1000, 1000, 10);
+        m.merge(&window(3000, 1000, 20));
+        assert_eq!(m.ops, 4000);
+        assert!((m.iops() - 2000.0).abs() < 1e-9);
+        assert_eq!(m.latency.count(), 4000);
+        assert_eq!(m.requests.unwrap().writes, 4000);
+        // Unequal windows: 1000 ops in 1 s and 1000 in 3 s is 500 IOPS.
+        let mut m = window(1000, 1000, 10);
+        m.merge(&window(1000, 3000, 10));
+        assert!((m.iops() - 500.0).abs() < 1e-9);
+        // A window without request counts makes the merge unknown.
+        let mut m = window(1, 1, 1);
+        m.merge(&Measurement {
+            requests: None,
+            ..window(1, 1, 1)
+        });
+        assert!(m.requests.is_none());
+    }
 
     #[test]
     fn raw_and_iomapfs_on_memory_count_consistently() {

@@ -183,6 +183,11 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
         skipped: Vec::new(),
         notes: bed.notes.clone(),
     };
+    report.notes.push(
+        "raw is measured for half the runtime just before iomapfs and half just after, \
+         and ×raw is against both halves: drift of this machine over the pair cancels"
+            .into(),
+    );
     let outcome = (|| {
         for w in &selected {
             run_workload(w, &bed, opts, timing, progress, &mut report)?;
@@ -404,31 +409,32 @@ fn run_workload(
     let say =
         |target: &str, what: &str| progress.set_message(&format!("{} · {target}: {what}", w.name));
 
-    // raw
-    say("raw", "writing the data span");
+    // raw, iomapfs, raw: the raw device is measured for half the runtime
+    // before iomapfs and half after, and the ratio taken against both
+    // halves together, so that a machine slowing down or speeding up over
+    // the pair (this one is shared) does not pass for a difference between
+    // them.
     // Open with the backend probed for this device, so every target of
     // the run uses the same one.
     let backend = dev.backend.backend;
     let driver = driver_for(dev);
-    let measured = open_device(&dev.path, backend)
-        .and_then(|(d, _)| RawTarget::prepare(d, &pattern, span))
-        .and_then(|raw| {
-            say("raw", "measuring");
-            engine::measure(&raw, &pattern, span, seed, timing, driver)
-        });
-    let mut raw_iops = None;
-    if let Some(m) = recorded(measured, report, w.name, "raw")? {
-        raw_iops = Some(m.iops());
-        let command = engine_command(&pattern, span, "raw", dev);
-        report
-            .results
-            .push(engine_result(w.name, "raw", dev, &m, raw_iops, command));
-    }
-    progress.inc(1);
+    let half = Timing {
+        warmup: timing.warmup,
+        runtime: timing.runtime / 2,
+    };
+    let measure_raw = |when: &str| {
+        say("raw", &format!("writing the data span ({when})"));
+        open_device(&dev.path, backend)
+            .and_then(|(d, _)| RawTarget::prepare(d, &pattern, span))
+            .and_then(|raw| {
+                say("raw", &format!("measuring ({when})"));
+                engine::measure(&raw, &pattern, span, seed, half, driver)
+            })
+    };
+    let raw_before = measure_raw("before iomapfs");
 
-    // iomapfs
     say("iomapfs", "formatting and writing the file");
-    let measured = open_device(&dev.path, backend)
+    let fs_measured = open_device(&dev.path, backend)
         .and_then(|(d, _)| IomapfsTarget::prepare(d, &pattern, span))
         .and_then(|fs| {
             say("iomapfs", "measuring");
@@ -437,7 +443,22 @@ fn run_workload(
             let m = m?;
             closed.map(|()| m)
         });
-    if let Some(m) = recorded(measured, report, w.name, "iomapfs")? {
+    let raw_measured = raw_before.and_then(|mut before| {
+        let after = measure_raw("after iomapfs")?;
+        before.merge(&after);
+        Ok(before)
+    });
+
+    let mut raw_iops = None;
+    if let Some(m) = recorded(raw_measured, report, w.name, "raw")? {
+        raw_iops = Some(m.iops());
+        let command = engine_command(&pattern, span, "raw", dev);
+        report
+            .results
+            .push(engine_result(w.name, "raw", dev, &m, raw_iops, command));
+    }
+    progress.inc(1);
+    if let Some(m) = recorded(fs_measured, report, w.name, "iomapfs")? {
         let command = engine_command(&pattern, span, "iomapfs", dev);
         report
             .results
