@@ -14,6 +14,8 @@ use iomapfs_fs::{FormatOptions, OpenFlags, Volume};
 
 const MIB: u64 = 1 << 20;
 const SECTOR: u64 = 512;
+/// Device logical block sizes the tests run on: a disk's and zram's.
+const SECTOR_SIZES: [u32; 2] = [512, 4096];
 
 fn direct() -> OpenFlags {
     OpenFlags {
@@ -43,11 +45,17 @@ fn written_file(vol: &Volume, path: &str, len: usize) -> iomapfs_fs::File {
 /// is not exclusive on its sectors writes back a neighbour's old bytes.
 #[test]
 fn concurrent_byte_writers_in_shared_sectors_lose_nothing() {
+    for sector_size in SECTOR_SIZES {
+        concurrent_byte_writers(sector_size);
+    }
+}
+
+fn concurrent_byte_writers(sector_size: u32) {
     const THREADS: usize = 8;
     const SLICE: usize = 37;
     const FILE: usize = 8 * 1024;
     const ROUNDS: u8 = 40;
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(32 * MIB, SECTOR as u32));
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(32 * MIB, sector_size));
     let vol = volume_on(dev);
     let file = Arc::new(written_file(&vol, "/shared", FILE));
     let slices: Vec<(usize, usize)> = (0..FILE.div_ceil(SLICE))
@@ -80,7 +88,8 @@ fn concurrent_byte_writers_in_shared_sectors_lose_nothing() {
             let want = value(i % THREADS, round);
             if let Some(at) = content[start..end].iter().position(|&b| b != want) {
                 panic!(
-                    "round {round}: byte {} of thread {}'s slice holds {:#x}, want {want:#x}",
+                    "{sector_size}-byte sectors, round {round}: byte {} of thread {}'s slice \
+                     holds {:#x}, want {want:#x}",
                     start + at,
                     i % THREADS,
                     content[start + at]
@@ -101,11 +110,17 @@ fn concurrent_byte_writers_in_shared_sectors_lose_nothing() {
 /// writer's value of the round.
 #[test]
 fn whole_sector_and_byte_writers_of_one_sector_lose_nothing() {
+    for sector_size in SECTOR_SIZES {
+        whole_sector_and_byte_writers(u64::from(sector_size));
+    }
+}
+
+fn whole_sector_and_byte_writers(sector_size: u64) {
     const ROUNDS: u32 = 3000;
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(32 * MIB, SECTOR as u32));
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(32 * MIB, sector_size as u32));
     let vol = volume_on(dev);
-    let file = Arc::new(written_file(&vol, "/mixed", 8192));
-    let sector = 4096 + SECTOR;
+    let file = Arc::new(written_file(&vol, "/mixed", 16384));
+    let sector = 4096 + sector_size;
     let small = [(10u64, 20u64), (300, 310)];
     let start = Arc::new(Barrier::new(4));
     let done = Arc::new(Barrier::new(4));
@@ -117,7 +132,7 @@ fn whole_sector_and_byte_writers_of_one_sector_lose_nothing() {
         writers.push(thread::spawn(move || {
             for round in 0..ROUNDS {
                 start.wait();
-                file.pwrite(&[whole(round); SECTOR as usize], sector)
+                file.pwrite(&vec![whole(round); sector_size as usize], sector)
                     .unwrap();
                 done.wait();
             }
@@ -134,7 +149,7 @@ fn whole_sector_and_byte_writers_of_one_sector_lose_nothing() {
             }
         }));
     }
-    let mut got = vec![0u8; SECTOR as usize];
+    let mut got = vec![0u8; sector_size as usize];
     for round in 0..ROUNDS {
         start.wait();
         done.wait();
@@ -148,7 +163,8 @@ fn whole_sector_and_byte_writers_of_one_sector_lose_nothing() {
             };
             assert!(
                 ok,
-                "round {round}: sector byte {i} holds {b:#x} (whole-sector value {:#x})",
+                "{sector_size}-byte sectors, round {round}: sector byte {i} holds {b:#x} \
+                 (whole-sector value {:#x})",
                 whole(round)
             );
         }
@@ -163,7 +179,13 @@ fn whole_sector_and_byte_writers_of_one_sector_lose_nothing() {
 /// read back at other unaligned offsets.
 #[test]
 fn direct_handles_take_any_offset_and_length() {
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(32 * MIB, SECTOR as u32));
+    for sector_size in SECTOR_SIZES {
+        any_offset_and_length(sector_size);
+    }
+}
+
+fn any_offset_and_length(sector_size: u32) {
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(32 * MIB, sector_size));
     let vol = volume_on(dev);
     let f = vol.open_file("/any", direct()).unwrap();
     let mut model = Vec::new();
@@ -188,8 +210,11 @@ fn direct_handles_take_any_offset_and_length() {
         let mut buf = vec![0xCC; len];
         let n = f.pread(&mut buf, off).unwrap();
         let want_n = model.len().saturating_sub(off as usize).min(len);
-        assert_eq!(n, want_n, "read {off}+{len}");
-        assert_eq!(&buf[..n], &model[off as usize..off as usize + n]);
+        assert_eq!(n, want_n, "{sector_size}-byte sectors: read {off}+{len}");
+        assert!(
+            buf[..n] == model[off as usize..off as usize + n],
+            "{sector_size}-byte sectors: read {off}+{len}"
+        );
     }
 }
 
