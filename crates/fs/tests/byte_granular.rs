@@ -9,7 +9,7 @@ use std::thread;
 
 use common::dev::ScratchImage;
 
-use blockdev::{BlockDevice, MemDevice, SyncDevice, SyncOpenOptions};
+use blockdev::{BlockDevice, MemDevice, SyncDevice, SyncOpenOptions, UringDevice, UringOptions};
 use iomapfs_fs::{FormatOptions, OpenFlags, Volume};
 
 const MIB: u64 = 1 << 20;
@@ -218,38 +218,47 @@ fn any_offset_and_length(sector_size: u32) {
     }
 }
 
-/// The sync backend needs aligned memory for O_DIRECT: buffers at odd
-/// addresses are bounced, reads and writes still land where asked.
+/// O_DIRECT needs aligned memory: buffers at odd addresses are bounced by
+/// the device layer, and reads and writes still land where asked, on the
+/// sync backend and on io_uring.
 #[test]
 fn odd_buffer_addresses_on_an_o_direct_image() {
     let image = ScratchImage::new("byte-granular", 64 * MIB);
     let sync_dev = Arc::new(SyncDevice::open(&image.path, SyncOpenOptions::default()).unwrap());
-    let vol = volume_on(sync_dev.clone());
-    let f = written_file(&vol, "/odd", 16 * 1024);
-    let backing: Vec<u8> = (0..9000u32).map(|i| (i * 7 % 251) as u8).collect();
-    // Aligned offset and length, odd address; then all three odd.
-    f.pwrite(&backing[1..4097], 4096).unwrap();
-    f.pwrite(&backing[3..1003], 9001).unwrap();
-    let mut storage = vec![0u8; 8200];
-    let out = &mut storage[1..4097];
-    f.pread(out, 4096).unwrap();
-    assert_eq!(out, &backing[1..4097]);
-    let out = &mut storage[5..1005];
-    f.pread(out, 9001).unwrap();
-    assert_eq!(out, &backing[3..1003]);
-    if sync_dev.caps().memory_alignment > 1 {
-        assert!(
-            sync_dev.bounced_requests() > 0,
-            "odd buffers were not bounced"
-        );
-    } else {
-        eprintln!(
-            "note: {} needs no memory alignment: nothing to bounce",
-            image.path.display()
-        );
+    let mut devices: Vec<(&str, Arc<dyn BlockDevice>)> = vec![("sync", sync_dev.clone())];
+    match UringDevice::from_sync(sync_dev.clone(), UringOptions::default()) {
+        Ok(uring) => devices.push(("io_uring", Arc::new(uring))),
+        Err(e) => eprintln!("note: io_uring variant skipped: {e}"),
     }
-    drop(f);
-    vol.unmount().unwrap();
+    for (backend, dev) in devices {
+        let bounced_before = sync_dev.bounced_requests();
+        let vol = volume_on(dev);
+        let f = written_file(&vol, "/odd", 16 * 1024);
+        let backing: Vec<u8> = (0..9000u32).map(|i| (i * 7 % 251) as u8).collect();
+        // Aligned offset and length, odd address; then all three odd.
+        f.pwrite(&backing[1..4097], 4096).unwrap();
+        f.pwrite(&backing[3..1003], 9001).unwrap();
+        let mut storage = vec![0u8; 8200];
+        let out = &mut storage[1..4097];
+        f.pread(out, 4096).unwrap();
+        assert!(out == &backing[1..4097], "{backend}");
+        let out = &mut storage[5..1005];
+        f.pread(out, 9001).unwrap();
+        assert!(out == &backing[3..1003], "{backend}");
+        if sync_dev.caps().memory_alignment > 1 {
+            assert!(
+                sync_dev.bounced_requests() > bounced_before,
+                "{backend}: odd buffers were not bounced"
+            );
+        } else {
+            eprintln!(
+                "note: {} needs no memory alignment: nothing to bounce",
+                image.path.display()
+            );
+        }
+        drop(f);
+        vol.unmount().unwrap();
+    }
 }
 
 /// A failing edge read stops the read-modify-write before anything is
