@@ -81,10 +81,10 @@ pub(crate) fn allocate_holes(
     Ok(true)
 }
 
-/// Every byte of `[pos, pos+len)` is written data inside EOF.
-fn is_written_inside_eof(inode: &crate::state::InodeState, pos: u64, len: u64) -> bool {
+/// Every byte of `[pos, pos+len)` is written data before `limit`.
+fn is_written_before(inode: &crate::state::InodeState, pos: u64, len: u64, limit: u64) -> bool {
     let end = pos + len;
-    if end > inode.size {
+    if end > limit {
         return false;
     }
     let mut cur = pos;
@@ -122,7 +122,15 @@ impl IomapOps for FsOps<'_> {
         let dirty_inode = meta.is_dirty(ino);
         let state = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
         let size = state.size;
-        if writing && overwrite_only && !is_written_inside_eof(state, pos, len) {
+        // How far an overwrite may map: EOF, or the end of EOF's device
+        // block for a read-modify-write's padding (which is not data: the
+        // size does not change).
+        let overwrite_limit = if overwrite_only && flags.contains(IomapOpFlags::PADDED_TAIL) {
+            size.next_multiple_of(u64::from(self.vol.dev.caps().logical_block_size))
+        } else {
+            size
+        };
+        if writing && overwrite_only && !is_written_before(state, pos, len, overwrite_limit) {
             // Decided for the whole request before any data moves: a write
             // that started under the shared lock and then needed allocation
             // would already have changed bytes when its retry hit ENOSPC.
@@ -165,7 +173,7 @@ impl IomapOps for FsOps<'_> {
             }
         };
         if writing {
-            let crosses_eof = iomap.end() > size;
+            let crosses_eof = iomap.end() > overwrite_limit;
             if overwrite_only && (iomap.kind != IomapKind::Mapped || crosses_eof) {
                 return Err(IomapError::WouldBlock.into());
             }

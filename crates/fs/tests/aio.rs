@@ -467,6 +467,36 @@ fn later_byte_granular_overwrites_do_not_drain_in_flight_io() {
         });
         rx
     };
+    // Rewriting bytes of the last, partial sector is an overwrite too: the
+    // rest of that sector past EOF is padding.
+    let tail = {
+        let g = vol.open_file("/tail", direct(false)).unwrap();
+        g.pwrite(&[0x44; 5000], 0).unwrap();
+        g.pwrite(&[0x45; 3], 1).unwrap(); // ranges on
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut q2 = vol.io_queue(2).unwrap();
+        q2.submit_read(&g, 0, AlignedBuf::new(SECTOR as usize, 4096).unwrap(), 9)
+            .unwrap();
+        q2.submit().unwrap();
+        let h = g.try_clone().unwrap();
+        std::thread::spawn(move || {
+            h.pwrite(&[0x46; 50], 4900).unwrap();
+            tx.send(()).unwrap();
+        });
+        let finished = rx.recv_timeout(std::time::Duration::from_secs(20));
+        drop(q2); // reaps the read
+        assert!(
+            finished.is_ok(),
+            "rewriting the last partial sector waited for the unreaped read"
+        );
+        g
+    };
+    assert_eq!(tail.stat().unwrap().size, 5000);
+    let mut end = vec![0u8; 200];
+    assert_eq!(tail.pread(&mut end, 4850).unwrap(), 150);
+    assert!(end[..50].iter().all(|&b| b == 0x44));
+    assert!(end[50..100].iter().all(|&b| b == 0x46));
+    assert!(end[100..150].iter().all(|&b| b == 0x44));
     let finished = writer.recv_timeout(std::time::Duration::from_secs(20));
     let done = reap_all(&mut q);
     assert!(

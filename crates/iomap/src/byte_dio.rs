@@ -16,7 +16,9 @@
 //! back. Either the caller holds the inode's I/O lock exclusive with direct
 //! I/O drained, or it holds it shared, passes `OVERWRITE_ONLY`, and holds
 //! [`write_lock_range`] exclusive in the inode's
-//! [`RangeLock`](crate::RangeLock) (see [`crate::io_lock`]).
+//! [`RangeLock`](crate::RangeLock) (see [`crate::io_lock`]). Under the
+//! shared lock the caller's bytes must lie inside EOF; the padding of the
+//! last device block may reach past it (`PADDED_TAIL`).
 //!
 //! # End of file
 //!
@@ -157,10 +159,18 @@ pub fn dio_write_bytes<O: IomapOps>(
     let (start, stop) =
         write_lock_range(dev, pos, len).ok_or(IomapError::RangeOverflow { pos, len })?;
     let end = pos + len;
-    if flags.contains(IomapOpFlags::OVERWRITE_ONLY) && stop > ops.size(inode) {
-        // Padding past EOF: the file system refuses to map it for an
-        // overwrite. Decided before any I/O.
-        return Err(IomapError::WouldBlock.into());
+    let mut flags = flags;
+    if flags.contains(IomapOpFlags::OVERWRITE_ONLY) {
+        let size = ops.size(inode);
+        if end > size {
+            // Decided before any I/O.
+            return Err(IomapError::WouldBlock.into());
+        }
+        if stop > size {
+            // Rewriting the file's last partial device block: the bytes
+            // past EOF are padding (written back as zeros).
+            flags = flags | IomapOpFlags::PADDED_TAIL;
+        }
     }
     // Edge reads must not block either when the caller may not.
     let read_flags = if flags.contains(IomapOpFlags::NOWAIT) {
@@ -285,12 +295,54 @@ mod tests {
     }
 
     #[test]
-    fn overwrite_only_refuses_padding_past_eof_before_any_io() {
+    fn overwrite_only_refuses_data_past_eof_before_any_io() {
         let (dev, fs, _) = mapped_file(512, 2, 1000);
-        let err = dio_write_bytes(&fs, &dev, &(), 900, &[1; 50], IomapOpFlags::OVERWRITE_ONLY)
+        let err = dio_write_bytes(&fs, &dev, &(), 990, &[1; 20], IomapOpFlags::OVERWRITE_ONLY)
             .unwrap_err();
         assert!(matches!(err, IomapError::WouldBlock), "{err:?}");
         assert!(dev.requests().is_empty());
+    }
+
+    /// Rewriting bytes of the file's last partial sector is an overwrite:
+    /// the rest of the sector past EOF is padding, written back as zeros,
+    /// and the size does not change.
+    #[test]
+    fn overwrite_only_rewrites_the_last_partial_sector() {
+        let (dev, fs, content) = mapped_file(512, 2, 1000);
+        let out =
+            dio_write_bytes(&fs, &dev, &(), 900, &[1; 50], IomapOpFlags::OVERWRITE_ONLY).unwrap();
+        assert!(out.pure_overwrite && !out.end_flags.size_change, "{out:?}");
+        assert_eq!(fs.state.lock().size, 1000);
+        assert_eq!(
+            dev.requests(),
+            vec![
+                Req::Read {
+                    off: MIB + 512,
+                    len: 512
+                },
+                Req::Write {
+                    off: MIB + 512,
+                    len: 512
+                },
+            ]
+        );
+        let block = dev.bytes(MIB + 512, 512);
+        assert_eq!(&block[..388], &content[512..900]);
+        assert_eq!(&block[388..438], &[1; 50]);
+        assert_eq!(&block[438..488], &content[950..1000]);
+        assert!(block[488..].iter().all(|&b| b == 0));
+        // Without the declaration the engine does not let padding cross EOF.
+        let err = dio_write_padded(
+            &fs,
+            &dev,
+            &(),
+            512,
+            &block,
+            950,
+            IomapOpFlags::OVERWRITE_ONLY,
+        )
+        .unwrap_err();
+        assert!(matches!(err, IomapError::WouldBlock), "{err:?}");
     }
 
     #[test]

@@ -570,7 +570,13 @@ pub fn dio_write_padded<O: IomapOps>(
     let size = ops.size(inode);
     let mut iter = IomapIter::new(ops, inode, pos, len, op_flags, lbs)?;
     let req_end = pos + len;
-    if op_flags.contains(IomapOpFlags::OVERWRITE_ONLY) && req_end > size {
+    // Only data may not cross EOF; declared padding may (`PADDED_TAIL`).
+    let must_fit = if op_flags.contains(IomapOpFlags::PADDED_TAIL) {
+        data_end
+    } else {
+        req_end
+    };
+    if op_flags.contains(IomapOpFlags::OVERWRITE_ONLY) && must_fit > size {
         return Err(IomapError::WouldBlock.into());
     }
 

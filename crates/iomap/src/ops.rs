@@ -23,6 +23,10 @@ impl IomapOpFlags {
     pub const ZERO: IomapOpFlags = IomapOpFlags(1 << 4);
     /// The write is O_DSYNC.
     pub const DSYNC: IomapOpFlags = IomapOpFlags(1 << 5);
+    /// With `OVERWRITE_ONLY`: the range's tail past EOF is read-modify-write
+    /// padding inside the device block that holds EOF, not data, so the
+    /// mapping may reach to the end of that block without crossing EOF.
+    pub const PADDED_TAIL: IomapOpFlags = IomapOpFlags(1 << 6);
 
     pub const fn contains(self, other: IomapOpFlags) -> bool {
         self.0 & other.0 == other.0

@@ -211,7 +211,13 @@ impl IomapOps for FakeFs {
         let write = flags.contains(IomapOpFlags::WRITE);
         let overwrite_only = flags.contains(IomapOpFlags::OVERWRITE_ONLY);
         let state = st.blocks[first as usize];
-        if overwrite_only && (!matches!(state, Block::Mapped(_)) || pos + len > st.size) {
+        // Declared padding may reach past EOF (to the end of its block).
+        let eof_limit = if flags.contains(IomapOpFlags::PADDED_TAIL) {
+            st.size.next_multiple_of(bs)
+        } else {
+            st.size
+        };
+        if overwrite_only && (!matches!(state, Block::Mapped(_)) || pos + len > eof_limit) {
             return Err(IomapError::WouldBlock);
         }
         let (kind, addr, flags_out, nblocks) = if write && state == Block::Hole {
