@@ -33,7 +33,7 @@ pub use backend::{open_device, Backend, BackendChoice};
 pub use caps::{DeviceCaps, DeviceKind};
 pub use counters::{DeviceCounters, RequestCounts};
 pub use error::DeviceError;
-pub use memory::{FaultOp, FaultRule, MemDevice, PendingWrite, Survival};
+pub use memory::{FaultOp, FaultRule, MemDevice, PausedRequest, PendingWrite, Survival};
 pub use queue::{
     new_queue, DeviceCompletion, DeviceQueue, DeviceRequest, InlineQueue, QueueFull, Token,
     MAX_QUEUE_DEPTH,

@@ -204,6 +204,38 @@ struct State {
     /// and `current` have the same contents.
     pending: Vec<PendingWrite>,
     faults: Vec<ActiveFault>,
+    /// Requests to hold before they return ([`MemDevice::pause_after`]).
+    pauses: Vec<ArmedPause>,
+}
+
+struct ArmedPause {
+    rule: FaultRule,
+    matched: u64,
+    reached: std::sync::mpsc::Sender<()>,
+    resume: std::sync::mpsc::Receiver<()>,
+}
+
+/// A request held by [`MemDevice::pause_after`]: done on the device, not yet
+/// returned to its caller. Tests use it to slip other work in between.
+pub struct PausedRequest {
+    reached: std::sync::mpsc::Receiver<()>,
+    resume: std::sync::mpsc::Sender<()>,
+}
+
+impl PausedRequest {
+    /// Waits until the request is held.
+    pub fn wait_reached(&self) {
+        self.reached
+            .recv()
+            .expect("the device was dropped before the paused request came");
+    }
+
+    /// Lets the held request return (or, if it has not come yet, lets it
+    /// pass without stopping).
+    pub fn resume(&self) {
+        // The request may already have passed a dropped pause: nothing to do.
+        let _ = self.resume.send(());
+    }
 }
 
 struct ActiveFault {
@@ -307,6 +339,7 @@ impl MemDevice {
                 current: image,
                 pending: Vec::new(),
                 faults: Vec::new(),
+                pauses: Vec::new(),
             }),
         }
     }
@@ -348,6 +381,45 @@ impl MemDevice {
 
     pub fn clear_faults(&self) {
         self.state.lock().faults.clear();
+    }
+
+    /// Holds the first request that matches `rule` (its `skip` counts,
+    /// `count` does not) after it is done on the device and before it
+    /// returns, until the test calls [`PausedRequest::resume`]. A hold
+    /// takes no lock, so other requests go on meanwhile.
+    pub fn pause_after(&self, rule: FaultRule) -> PausedRequest {
+        let (reached_tx, reached) = std::sync::mpsc::channel();
+        let (resume, resume_rx) = std::sync::mpsc::channel();
+        self.state.lock().pauses.push(ArmedPause {
+            rule,
+            matched: 0,
+            reached: reached_tx,
+            resume: resume_rx,
+        });
+        PausedRequest { reached, resume }
+    }
+
+    fn hold_if_paused(&self, op: IoOp, offset: u64, len: u64) {
+        let hit = {
+            let mut state = self.state.lock();
+            let mut hit = None;
+            for (i, p) in state.pauses.iter_mut().enumerate() {
+                if p.rule.matches(op, offset, len) {
+                    p.matched += 1;
+                    if p.matched > p.rule.skip {
+                        hit = Some(i);
+                        break;
+                    }
+                }
+            }
+            hit.map(|i| state.pauses.remove(i))
+        };
+        if let Some(pause) = hit {
+            // A test that dropped its handle lets everything through.
+            if pause.reached.send(()).is_ok() {
+                let _ = pause.resume.recv();
+            }
+        }
     }
 
     /// Simulates losing power now, and returns the device as it would come
@@ -428,6 +500,34 @@ impl BlockDevice for MemDevice {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        let result = self.read_now(buf, offset);
+        self.hold_if_paused(IoOp::Read, offset, buf.len() as u64);
+        result
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError> {
+        let result = self.write_now(buf, offset, mode);
+        self.hold_if_paused(IoOp::Write, offset, buf.len() as u64);
+        result
+    }
+
+    fn flush(&self) -> Result<(), DeviceError> {
+        let result = self.flush_now();
+        self.hold_if_paused(IoOp::Flush, 0, 0);
+        result
+    }
+
+    fn counters(&self) -> &DeviceCounters {
+        &self.counters
+    }
+
+    fn backend_name(&self) -> &'static str {
+        "memory"
+    }
+}
+
+impl MemDevice {
+    fn read_now(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
         check_request(&self.caps, offset, buf.len())?;
         self.counters.record_read(buf.len());
         let mut state = self.state.lock();
@@ -438,7 +538,7 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
 
-    fn write_at(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError> {
+    fn write_now(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError> {
         check_request(&self.caps, offset, buf.len())?;
         let fua = mode == WriteMode::Fua;
         self.counters.record_write(buf.len(), fua);
@@ -472,7 +572,7 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
 
-    fn flush(&self) -> Result<(), DeviceError> {
+    fn flush_now(&self) -> Result<(), DeviceError> {
         self.counters.record_flush();
         let mut state = self.state.lock();
         if MemDevice::should_fail(&mut state, IoOp::Flush, 0, 0) {
@@ -489,14 +589,6 @@ impl BlockDevice for MemDevice {
                 .share_from(&state.current, w.offset as usize, w.data.len());
         }
         Ok(())
-    }
-
-    fn counters(&self) -> &DeviceCounters {
-        &self.counters
-    }
-
-    fn backend_name(&self) -> &'static str {
-        "memory"
     }
 }
 
@@ -788,6 +880,37 @@ mod tests {
         assert_eq!(read(&dev, off, 2 * LBS), bytes[off..off + 2 * LBS]);
         // Both durable and current: a cut with nothing pending gives the same.
         assert_eq!(dev.power_cut_seeded(1).snapshot(), bytes);
+    }
+
+    /// The held request is done on the device but has not returned; other
+    /// requests go on meanwhile; `skip` picks which match is held.
+    #[test]
+    fn paused_request_is_done_but_held_until_resumed() {
+        let dev = Arc::new(MemDevice::new(64 * LBS as u64, LBS as u32));
+        let lbs = LBS as u64;
+        let paused = dev.pause_after(FaultRule::new(FaultOp::Write).range(lbs..2 * lbs).skip(1));
+        write(&dev, 1, 1, 1, WriteMode::Normal); // first match: skipped
+        write(&dev, 3, 5, 1, WriteMode::Normal); // outside the range
+        let returned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (dev, returned) = (dev.clone(), returned.clone());
+            std::thread::spawn(move || {
+                write(&dev, 2, 1, 1, WriteMode::Normal);
+                returned.store(true, std::sync::atomic::Ordering::SeqCst);
+            })
+        };
+        paused.wait_reached();
+        // Done on the device, not returned; others go on.
+        assert_eq!(blocks_of(&dev)[1], 2);
+        assert!(!returned.load(std::sync::atomic::Ordering::SeqCst));
+        write(&dev, 4, 6, 1, WriteMode::Normal);
+        dev.flush().unwrap();
+        paused.resume();
+        writer.join().unwrap();
+        assert!(returned.load(std::sync::atomic::Ordering::SeqCst));
+        // One-shot: later matches pass.
+        write(&dev, 5, 1, 1, WriteMode::Normal);
+        assert_eq!(blocks_of(&dev)[1], 5);
     }
 
     #[test]

@@ -189,15 +189,18 @@ fn empty_buf() -> AlignedBuf {
 }
 
 impl IoQueue {
-    fn check_request(&self, file: &File) -> Result<()> {
-        self.vol.check_live()?;
-        if !Arc::ptr_eq(file.volume(), &self.vol) {
-            return Err(Error::invalid(
+    /// The handle a request keeps until it completes (it holds the file
+    /// open), once the file is known to be on this live volume.
+    fn admit(&self, file: &File, offset: u64) -> Result<File> {
+        let admitted = if Arc::ptr_eq(file.volume(), &self.vol) {
+            file.try_clone()
+        } else {
+            Err(Error::invalid(
                 file.path(),
                 "file belongs to another volume",
-            ));
-        }
-        Ok(())
+            ))
+        };
+        admitted.map_err(|e| file.at(offset, e))
     }
 
     /// Whole device blocks: the device can take the request as it is.
@@ -278,10 +281,7 @@ impl IoQueue {
         buf: AlignedBuf,
         token: u64,
     ) -> std::result::Result<(), Refused> {
-        if let Err(e) = self.check_request(file) {
-            return Err(refused(buf, file.at(offset, e)));
-        }
-        let file = match file.try_clone() {
+        let file = match self.admit(file, offset) {
             Ok(f) => f,
             Err(e) => return Err(refused(buf, e)),
         };
@@ -331,16 +331,13 @@ impl IoQueue {
         buf: AlignedBuf,
         token: u64,
     ) -> std::result::Result<(), Refused> {
-        if let Err(e) = self.check_request(file) {
-            return Err(refused(buf, file.at(offset, e)));
-        }
         if file.flags().read_only {
             return Err(refused(
                 buf,
                 Error::invalid(file.path(), "file is open read-only"),
             ));
         }
-        let file = match file.try_clone() {
+        let file = match self.admit(file, offset) {
             Ok(f) => f,
             Err(e) => return Err(refused(buf, e)),
         };

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use iomap::byte_dio::{self, dio_read_bytes, dio_write_bytes, write_lock_range};
 use iomap::dio::{self, DioWriteOutcome};
-use iomap::{IomapError, IomapOpFlags, RangeMode};
+use iomap::{IomapError, IomapOpFlags, IomapOps, RangeMode};
 
 use crate::iomap_ops::{allocate_holes, FsOps};
 use crate::types::{ExtentState, FileKind, Ino, Record};
@@ -175,13 +175,7 @@ impl File {
     }
 
     fn size(&self) -> Result<u64> {
-        let meta = self.vol.meta.read();
-        meta.state
-            .inode(self.inode.ino)
-            .map(|i| i.size)
-            .ok_or(Error::Stale {
-                ino: self.inode.ino,
-            })
+        self.ops().size(&self.inode)
     }
 
     fn check_writable(&self, offset: u64, len: u64) -> Result<()> {
@@ -229,8 +223,6 @@ impl File {
                 return result.map_err(|e| self.at(offset, e));
             }
         }
-        // A freed inode reads as an error, not as an empty file.
-        self.size().map_err(|e| self.at(offset, e))?;
         dio_read_bytes(
             &self.ops(),
             &*self.vol.dev,

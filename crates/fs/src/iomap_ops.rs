@@ -201,9 +201,12 @@ impl IomapOps for FsOps<'_> {
         }
     }
 
-    fn size(&self, inode: &OpenInode) -> u64 {
+    fn size(&self, inode: &OpenInode) -> Result<u64> {
         let meta = self.vol.meta.read();
-        meta.state.inode(inode.ino).map_or(0, |i| i.size)
+        meta.state
+            .inode(inode.ino)
+            .map(|i| i.size)
+            .ok_or(Error::Stale { ino: inode.ino })
     }
 
     fn block_size(&self) -> u32 {

@@ -511,52 +511,6 @@ fn later_byte_granular_overwrites_do_not_drain_in_flight_io() {
     assert!(back[1700..].iter().all(|&b| b == 0x11));
 }
 
-/// Pauses a chosen read (the edge read of a read-modify-write) until the
-/// test lets it go, so another request can be slipped in between that
-/// read and its write back.
-struct PausingDevice {
-    inner: MemDevice,
-    /// Device address to pause at, and the test's two channels.
-    pause: std::sync::Mutex<Option<PausePoint>>,
-}
-
-type PausePoint = (
-    u64,
-    std::sync::mpsc::Sender<()>,
-    std::sync::mpsc::Receiver<()>,
-);
-
-impl BlockDevice for PausingDevice {
-    fn caps(&self) -> &blockdev::DeviceCaps {
-        self.inner.caps()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), blockdev::DeviceError> {
-        self.inner.read_at(buf, offset)?;
-        let mut pause = self.pause.lock().unwrap();
-        if pause.as_ref().is_some_and(|p| p.0 == offset) {
-            let (_, reached, resume) = pause.take().unwrap();
-            drop(pause);
-            reached.send(()).unwrap();
-            resume.recv().unwrap();
-        }
-        Ok(())
-    }
-    fn write_at(
-        &self,
-        buf: &[u8],
-        offset: u64,
-        mode: blockdev::WriteMode,
-    ) -> Result<(), blockdev::DeviceError> {
-        self.inner.write_at(buf, offset, mode)
-    }
-    fn flush(&self) -> Result<(), blockdev::DeviceError> {
-        self.inner.flush()
-    }
-    fn counters(&self) -> &blockdev::DeviceCounters {
-        self.inner.counters()
-    }
-}
-
 /// A synchronous 10-byte write read-modify-writes a sector; between its
 /// read and its write back, an async whole-sector overwrite of that sector
 /// is submitted. It must not go to the device in between (it would be
@@ -565,12 +519,8 @@ impl BlockDevice for PausingDevice {
 /// holds the sector, the same write completes inline again.
 #[test]
 fn async_overwrite_never_lands_inside_a_read_modify_write() {
-    let dev = Arc::new(PausingDevice {
-        inner: MemDevice::new(32 << 20, SECTOR as u32),
-        pause: std::sync::Mutex::new(None),
-    });
-    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
-    let vol = Volume::open(dev.clone()).unwrap();
+    let dev = Arc::new(MemDevice::new(32 << 20, SECTOR as u32));
+    let vol = volume(&dev);
     let f = vol.open_file("/mixed", direct(false)).unwrap();
     f.pwrite(&[0xEE; 2 * BLOCK as usize], 0).unwrap();
     f.pwrite(&[0xEE; 10], 3).unwrap(); // first byte-granular write: ranges on
@@ -579,19 +529,19 @@ fn async_overwrite_never_lands_inside_a_read_modify_write() {
     let sector_addr = extent.addr + (sector - extent.offset);
     let mut q = vol.io_queue(4).unwrap();
     for round in 0..20u8 {
-        let (reached_tx, reached_rx) = std::sync::mpsc::channel();
-        let (resume_tx, resume_rx) = std::sync::mpsc::channel();
-        *dev.pause.lock().unwrap() = Some((sector_addr, reached_tx, resume_rx));
+        // The byte writer's edge read of the sector.
+        let edge_read =
+            dev.pause_after(FaultRule::new(FaultOp::Read).range(sector_addr..sector_addr + SECTOR));
         let byte_writer = {
             let f = f.try_clone().unwrap();
             std::thread::spawn(move || f.pwrite(&[0xF0 ^ round; 10], sector + 100).unwrap())
         };
-        reached_rx.recv().unwrap();
+        edge_read.wait_reached();
         let whole = round + 1;
         q.submit_write(&f, sector, buf_of(&[whole; SECTOR as usize]), 1)
             .unwrap();
         q.submit().unwrap();
-        resume_tx.send(()).unwrap();
+        edge_read.resume();
         let c = reap_all(&mut q).remove(&1).unwrap();
         c.result.unwrap();
         assert_eq!(c.completed_by, CompletedBy::Worker, "round {round}");

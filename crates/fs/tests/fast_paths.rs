@@ -3,12 +3,13 @@
 
 mod common;
 
-use std::sync::{mpsc, Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier};
 
 use common::dev::ScratchImage;
 
 use blockdev::{
-    BlockDevice, DeviceCaps, DeviceCounters, DeviceError, MemDevice, RequestCounts, WriteMode,
+    BlockDevice, DeviceCaps, DeviceCounters, DeviceError, FaultOp, FaultRule, MemDevice,
+    RequestCounts, WriteMode,
 };
 use iomapfs_fs::{FormatOptions, OpenFlags, Volume};
 
@@ -122,36 +123,6 @@ fn dsync_write_into_a_dirty_inode_is_not_metadata_free() {
     assert!(buf.iter().all(|&b| b == 2));
 }
 
-/// A write-back device without FUA whose next flush, once armed, blocks
-/// until the test releases it.
-struct GatedFlushDevice {
-    inner: MemDevice,
-    gate: Mutex<Option<(mpsc::Sender<()>, mpsc::Receiver<()>)>>,
-}
-
-impl BlockDevice for GatedFlushDevice {
-    fn caps(&self) -> &DeviceCaps {
-        self.inner.caps()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
-        self.inner.read_at(buf, offset)
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError> {
-        self.inner.write_at(buf, offset, mode)
-    }
-    fn flush(&self) -> Result<(), DeviceError> {
-        let gate = self.gate.lock().unwrap().take();
-        if let Some((entered, release)) = gate {
-            entered.send(()).unwrap();
-            release.recv().unwrap();
-        }
-        self.inner.flush()
-    }
-    fn counters(&self) -> &DeviceCounters {
-        self.inner.counters()
-    }
-}
-
 /// The schedule: writer 0's flush is held in the device; writers 1..N then
 /// complete their writes and wait. Their writes completed after flush 1 was
 /// issued, so it cannot cover them, but one more flush covers them all:
@@ -161,17 +132,11 @@ impl BlockDevice for GatedFlushDevice {
 #[test]
 fn concurrent_dsync_overwriters_share_flushes() {
     const WRITERS: usize = 6;
-    let dev = Arc::new(GatedFlushDevice {
-        inner: MemDevice::with_caps(16 * MIB, 512, true, false),
-        gate: Mutex::new(None),
-    });
-    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
-    let vol = Volume::open(dev.clone()).unwrap();
+    let dev = Arc::new(MemDevice::with_caps(16 * MIB, 512, true, false));
+    let vol = volume_on(&dev);
     drop(written_file(&vol, "/db", WRITERS, flags(false, false)));
-    let (entered_tx, entered_rx) = mpsc::channel();
-    let (release_tx, release_rx) = mpsc::channel();
-    *dev.gate.lock().unwrap() = Some((entered_tx, release_rx));
-    let before = dev.inner.counters().snapshot();
+    let first_flush = dev.pause_after(FaultRule::new(FaultOp::Flush));
+    let before = counts(&dev);
     let writer = |w: usize| {
         let vol = vol.clone();
         std::thread::spawn(move || {
@@ -180,14 +145,14 @@ fn concurrent_dsync_overwriters_share_flushes() {
         })
     };
     let mut threads = vec![writer(0)];
-    entered_rx.recv().unwrap();
+    first_flush.wait_reached();
     threads.extend((1..WRITERS).map(writer));
     // Condition wait, not a sleep: the writers park in the coalescer. Writers
     // that flush on their own never park: fail instead of hanging.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     while vol.dsync_flush_waiters() < WRITERS - 1 {
         if std::time::Instant::now() > deadline {
-            release_tx.send(()).unwrap();
+            first_flush.resume();
             panic!(
                 "DSYNC writers did not wait for a shared flush ({} waiting)",
                 vol.dsync_flush_waiters()
@@ -195,11 +160,11 @@ fn concurrent_dsync_overwriters_share_flushes() {
         }
         std::thread::yield_now();
     }
-    release_tx.send(()).unwrap();
+    first_flush.resume();
     for t in threads {
         t.join().unwrap();
     }
-    let d = dev.inner.counters().snapshot().since(&before);
+    let d = counts(&dev).since(&before);
     assert_eq!(
         d.writes, WRITERS as u64,
         "pure overwrites write data only: {d:?}"

@@ -70,7 +70,10 @@ pub fn plan_read<O: IomapOps>(
             len,
         ));
     }
-    let size = ops.size(inode);
+    let size = match ops.size(inode) {
+        Ok(size) => size,
+        Err(e) => return Err((buf, e)),
+    };
     if pos >= size {
         buf.fill(0);
         return Ok((ReadPlan::Done(buf), 0));

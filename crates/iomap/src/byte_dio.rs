@@ -92,7 +92,7 @@ pub fn dio_read_bytes<O: IomapOps>(
     buf: &mut [u8],
     flags: IomapOpFlags,
 ) -> Result<usize, O::Error> {
-    let size = ops.size(inode);
+    let size = ops.size(inode)?;
     if buf.is_empty() || pos >= size {
         return Ok(0);
     }
@@ -161,7 +161,7 @@ pub fn dio_write_bytes<O: IomapOps>(
     let end = pos + len;
     let mut flags = flags;
     if flags.contains(IomapOpFlags::OVERWRITE_ONLY) {
-        let size = ops.size(inode);
+        let size = ops.size(inode)?;
         if end > size {
             // Decided before any I/O.
             return Err(IomapError::WouldBlock.into());
@@ -217,14 +217,9 @@ pub fn dio_write_bytes<O: IomapOps>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{pattern, Block, FakeFs, Req, TestDev};
+    use crate::test_support::{pattern, Block, FakeFs, Req, TestDev, BS, MIB, STALE};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
-
-    const KIB: u64 = 1024;
-    const MIB: u64 = 1024 * KIB;
-    const BS: u64 = 4096;
-    const STALE: u8 = 0xAA;
 
     /// A file of `nblocks` written blocks at device offset 1 MiB, holding
     /// `pattern(.., 7)`, size `size`.

@@ -567,7 +567,7 @@ pub fn dio_write_padded<O: IomapOps>(
     // Sampled once, before any mapping: the size this write may extend. A
     // file system that raised its in-memory size in `begin` would otherwise
     // hide the size change from completion.
-    let size = ops.size(inode);
+    let size = ops.size(inode)?;
     let mut iter = IomapIter::new(ops, inode, pos, len, op_flags, lbs)?;
     let req_end = pos + len;
     // Only data may not cross EOF; declared padding may (`PADDED_TAIL`).
@@ -733,12 +733,9 @@ fn write_span(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{pattern, Block, FakeFs, Req, ScriptedFs, TestDev};
-
-    const KIB: u64 = 1024;
-    const MIB: u64 = 1024 * KIB;
-    const BS: u64 = 4096;
-    const STALE: u8 = 0xAA;
+    use crate::test_support::{
+        pattern, Block, FakeFs, Req, ScriptedFs, TestDev, BS, KIB, MIB, STALE,
+    };
 
     fn setup(lbs: u32, nblocks: usize) -> (TestDev, FakeFs) {
         let dev = TestDev::new(16 * MIB as usize, lbs);

@@ -86,56 +86,21 @@ impl FlushCoalescer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use blockdev::{DeviceCaps, DeviceCounters, MemDevice, WriteMode};
-    use std::sync::mpsc;
+    use blockdev::{FaultOp, FaultRule, MemDevice};
     use std::sync::Arc;
-
-    /// A device whose first flush blocks until the test releases it.
-    struct GatedFlush {
-        inner: MemDevice,
-        started: Mutex<Option<mpsc::Sender<()>>>,
-        release: Mutex<Option<mpsc::Receiver<()>>>,
-    }
-
-    impl BlockDevice for GatedFlush {
-        fn caps(&self) -> &DeviceCaps {
-            self.inner.caps()
-        }
-        fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
-            self.inner.read_at(buf, offset)
-        }
-        fn write_at(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError> {
-            self.inner.write_at(buf, offset, mode)
-        }
-        fn flush(&self) -> Result<(), DeviceError> {
-            if let Some(started) = self.started.lock().take() {
-                started.send(()).unwrap();
-                let release = self.release.lock().take().unwrap();
-                release.recv().unwrap();
-            }
-            self.inner.flush()
-        }
-        fn counters(&self) -> &DeviceCounters {
-            self.inner.counters()
-        }
-    }
 
     #[test]
     fn writers_arriving_during_a_flush_share_the_next_one() {
         const WRITERS: usize = 8;
-        let (started_tx, started_rx) = mpsc::channel();
-        let (release_tx, release_rx) = mpsc::channel();
-        let dev = Arc::new(GatedFlush {
-            inner: MemDevice::new(1 << 20, 512),
-            started: Mutex::new(Some(started_tx)),
-            release: Mutex::new(Some(release_rx)),
-        });
+        let dev = Arc::new(MemDevice::new(1 << 20, 512));
+        // The first flush is held until the others are parked.
+        let first_flush = dev.pause_after(FaultRule::new(FaultOp::Flush));
         let coalescer = Arc::new(FlushCoalescer::new());
         let first = {
             let (dev, c) = (dev.clone(), coalescer.clone());
             std::thread::spawn(move || c.flush_completed_write(&*dev))
         };
-        started_rx.recv().unwrap();
+        first_flush.wait_reached();
         let others: Vec<_> = (1..WRITERS)
             .map(|_| {
                 let (dev, c) = (dev.clone(), coalescer.clone());
@@ -147,7 +112,7 @@ mod tests {
         while coalescer.waiting() < WRITERS - 1 {
             std::thread::yield_now();
         }
-        release_tx.send(()).unwrap();
+        first_flush.resume();
         first.join().unwrap().unwrap();
         for t in others {
             t.join().unwrap().unwrap();

@@ -103,8 +103,9 @@ pub trait IomapOps: Send + Sync {
         None
     }
 
-    /// In-memory file size, used to detect EOF crossings.
-    fn size(&self, inode: &Self::Inode) -> u64;
+    /// In-memory file size, used to detect EOF crossings. An inode that no
+    /// longer exists is an error, not an empty file.
+    fn size(&self, inode: &Self::Inode) -> Result<u64, Self::Error>;
 
     /// File-system block size in bytes (allocation and zeroing unit).
     fn block_size(&self) -> u32;

@@ -12,6 +12,13 @@ use parking_lot::Mutex;
 
 use crate::{DioEndFlags, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
 
+pub const KIB: u64 = 1024;
+pub const MIB: u64 = 1024 * KIB;
+/// File-system block size of the engine tests.
+pub const BS: u64 = 4096;
+/// What the device holds where nothing was written: must never leak.
+pub const STALE: u8 = 0xAA;
+
 /// Recognisable test data: `len` bytes that differ from their neighbours
 /// and, with another `seed`, from other data.
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -293,8 +300,8 @@ impl IomapOps for FakeFs {
         }
     }
 
-    fn size(&self, _inode: &()) -> u64 {
-        self.state.lock().size
+    fn size(&self, _inode: &()) -> Result<u64, IomapError> {
+        Ok(self.state.lock().size)
     }
 
     fn block_size(&self) -> u32 {
@@ -374,8 +381,8 @@ impl IomapOps for ScriptedFs {
         Ok(())
     }
 
-    fn size(&self, _: &()) -> u64 {
-        self.size
+    fn size(&self, _: &()) -> Result<u64, IomapError> {
+        Ok(self.size)
     }
 
     fn block_size(&self) -> u32 {

@@ -167,10 +167,7 @@ fn zero_in_block(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{Block, FakeFs, Req, TestDev};
-
-    const BS: u64 = 4096;
-    const STALE: u8 = 0xAA;
+    use crate::test_support::{Block, FakeFs, Req, TestDev, BS, STALE};
 
     #[test]
     fn zero_range_writes_bounded_chunks_and_nothing_else() {
