@@ -257,16 +257,7 @@ impl IoQueue {
                 Ok(()) => return Ok(()),
                 Err(full) => {
                     request = full.request;
-                    self.devq
-                        .submit()
-                        .map_err(|e| Error::device("io queue submit", e))?;
-                    let mut got = std::mem::take(&mut self.scratch);
-                    let result = self.devq.reap(1, &mut got);
-                    for c in got.drain(..) {
-                        self.on_device_completion(c);
-                    }
-                    self.scratch = got;
-                    result.map_err(|e| Error::device("io queue reap", e))?;
+                    self.handle_device_completions(1)?;
                 }
             }
         }
@@ -577,6 +568,25 @@ impl IoQueue {
         }
     }
 
+    /// Handles the device completions available. With `wait_for > 0` it
+    /// first sends queued requests and waits for that many completions, in
+    /// one kernel entry where the backend can; with 0 it only looks.
+    fn handle_device_completions(&mut self, wait_for: usize) -> Result<()> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = if wait_for == 0 {
+            self.devq.reap(0, &mut scratch)
+        } else {
+            self.devq.submit_and_reap(wait_for, &mut scratch)
+        };
+        for c in scratch.drain(..) {
+            self.on_device_completion(c);
+        }
+        self.scratch = scratch;
+        result
+            .map(|_| ())
+            .map_err(|e| Error::device("io queue reap", e))
+    }
+
     /// Waits for at least `min` completions (capped at what is in flight),
     /// appends every available one to `out`, returns how many. Requests
     /// queued but not yet submitted are sent first, in the same kernel entry
@@ -594,13 +604,7 @@ impl IoQueue {
         let min = min.min(self.in_flight());
         let mut got = 0;
         loop {
-            let mut scratch = std::mem::take(&mut self.scratch);
-            let result = self.devq.reap(0, &mut scratch);
-            for c in scratch.drain(..) {
-                self.on_device_completion(c);
-            }
-            self.scratch = scratch;
-            result.map_err(|e| Error::device("io queue reap", e))?;
+            self.handle_device_completions(0)?;
             while let Ok(done) = self.done_rx.try_recv() {
                 self.deferred -= 1;
                 self.ready.push_back(done);
@@ -623,13 +627,7 @@ impl IoQueue {
                 // Device completions first: a deferred job may be waiting
                 // for these requests' in-flight count to drain.
                 // Queued requests go out in the same kernel entry that waits.
-                let mut scratch = std::mem::take(&mut self.scratch);
-                let result = self.devq.submit_and_reap(1, &mut scratch);
-                for c in scratch.drain(..) {
-                    self.on_device_completion(c);
-                }
-                self.scratch = scratch;
-                result.map_err(|e| Error::device("io queue reap", e))?;
+                self.handle_device_completions(1)?;
             } else if self.deferred > 0 {
                 match self.done_rx.recv() {
                     Ok(done) => {
