@@ -29,10 +29,9 @@
 use blockdev::{AlignedBuf, BlockDevice};
 
 use crate::align::{align_down, align_up, is_aligned};
-use crate::dio::{
-    dio_read, dio_write, dio_write_padded, logical_block_size, DioWriteOutcome,
-    DIO_MAX_REQUEST_BYTES,
-};
+use crate::dio::{dio_read, dio_write, dio_write_padded, logical_block_size, DIO_MAX_REQUEST_BYTES};
+use crate::ioend::DioWriteOutcome;
+use crate::write_protocol::WriteRange;
 use crate::{IomapError, IomapOpFlags, IomapOps};
 
 /// Largest bounce buffer one unaligned request uses.
@@ -55,6 +54,18 @@ pub fn write_lock_range(dev: &dyn BlockDevice, pos: u64, len: u64) -> Option<(u6
     let lbs = logical_block(dev);
     let end = align_up(pos.checked_add(len)?, lbs)?;
     Some((align_down(pos, lbs), end))
+}
+
+/// What the write protocol needs to know of a write of `len` bytes at
+/// `pos`: its device blocks and whether it covers them whole.
+pub fn write_range(dev: &dyn BlockDevice, pos: u64, len: u64) -> Result<WriteRange, IomapError> {
+    let (start, end) =
+        write_lock_range(dev, pos, len).ok_or(IomapError::RangeOverflow { pos, len })?;
+    Ok(WriteRange {
+        start,
+        end,
+        aligned: is_block_aligned(dev, pos, len),
+    })
 }
 
 fn bounce_buffer(dev: &dyn BlockDevice, pos: u64, len: u64) -> Result<AlignedBuf, IomapError> {

@@ -40,9 +40,9 @@
 //!
 //! # Fault model
 //!
-//! - A direct I/O that fails or panics still drops its [`DioInflightGuard`],
+//! - A direct I/O that fails or panics still drops its [`InflightIo`],
 //!   so the counter cannot leak and `drain_dio` cannot hang on a dead I/O.
-//! - A thread that holds a `DioInflightGuard` and then calls `drain_dio` on
+//! - A thread that holds an `InflightIo` and then calls `drain_dio` on
 //!   the same lock deadlocks: a direct I/O must never wait for its own inode's
 //!   drain. This is the caller's rule; it is not detected.
 
@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::range_lock::RangeLock;
+use crate::range_lock::{RangeLock, RangeMode};
 
 /// Per-inode I/O lock (shared/exclusive) plus the count of direct I/Os in
 /// flight.
@@ -91,15 +91,27 @@ pub struct IoLockExclusive<'a> {
     guard: RwLockWriteGuard<'a, ()>,
 }
 
-/// One direct I/O in flight on an inode. Dropping it (on completion, error or
-/// unwind) decrements the counter and wakes a drainer if it was the last.
+/// One direct I/O in flight on an inode, and the range it holds in the
+/// inode's [`RangeLock`] if it holds one. Dropping it (on completion, error
+/// or unwind) releases the range, decrements the counter and wakes a drainer
+/// if it was the last.
 ///
-/// It is `Send`, so an asynchronous engine can move it to the context that
-/// completes the I/O.
+/// `H` is what reaches the lock: `&InodeIoLock` for an I/O that completes
+/// in the submitter's scope, or an owning handle (the file system's open
+/// file) for an asynchronous request that outlives the lock under which it
+/// was counted and must keep the inode alive until it completes.
 #[must_use = "the I/O counts as completed as soon as the guard is dropped"]
 #[derive(Debug)]
-pub struct DioInflightGuard<'a> {
-    lock: &'a InodeIoLock,
+pub struct InflightIo<H: AsRef<InodeIoLock>> {
+    /// `None` only once `into_owner` took it out.
+    owner: Option<H>,
+    range: Option<u64>,
+}
+
+impl AsRef<InodeIoLock> for InodeIoLock {
+    fn as_ref(&self) -> &InodeIoLock {
+        self
+    }
 }
 
 impl InodeIoLock {
@@ -142,12 +154,26 @@ impl InodeIoLock {
     ///
     /// Call it while holding the lock (shared or exclusive), before the I/O
     /// is submitted, so that a later exclusive holder's drain sees it.
-    pub fn dio_begin(&self) -> DioInflightGuard<'_> {
+    pub fn dio_begin(&self) -> InflightIo<&InodeIoLock> {
+        InflightIo::begin(self, None)
+    }
+
+    /// Holds `[start, end)` in the range table, waiting for conflicting
+    /// holds to go; the hold belongs to an [`InflightIo`].
+    pub(crate) fn acquire_range(&self, start: u64, end: u64, mode: RangeMode) -> u64 {
+        self.ranges.acquire(start, end, mode)
+    }
+
+    /// Like [`Self::acquire_range`], but `None` instead of waiting.
+    pub(crate) fn try_acquire_range(&self, start: u64, end: u64, mode: RangeMode) -> Option<u64> {
+        self.ranges.try_acquire(start, end, mode)
+    }
+
+    fn count_dio(&self) {
         // Relaxed is enough: the increment happens under the I/O lock, whose
         // release/acquire orders it before any later exclusive holder's
         // drain.
         self.inflight.fetch_add(1, Ordering::Relaxed);
-        DioInflightGuard { lock: self }
     }
 
     /// The inode's range table (see the module docs).
@@ -232,9 +258,63 @@ impl<'a> IoLockExclusive<'a> {
     }
 }
 
-impl Drop for DioInflightGuard<'_> {
+impl<H: AsRef<InodeIoLock>> InflightIo<H> {
+    /// Counts one direct I/O in flight on `owner`'s lock, holding `range`
+    /// (an id from the lock's range table) until it ends. Call with the lock
+    /// held (either mode), like [`InodeIoLock::dio_begin`].
+    pub(crate) fn begin(owner: H, range: Option<u64>) -> InflightIo<H> {
+        owner.as_ref().count_dio();
+        InflightIo {
+            owner: Some(owner),
+            range,
+        }
+    }
+
+    /// Counts one direct I/O in flight on `owner`'s lock, with no range.
+    pub fn count(owner: H) -> InflightIo<H> {
+        InflightIo::begin(owner, None)
+    }
+
+    /// The same I/O, now kept by `owner` (a handle on the same inode that
+    /// can travel with an asynchronous request).
+    pub fn transfer<H2: AsRef<InodeIoLock>>(mut self, owner: H2) -> InflightIo<H2> {
+        let from = self.owner.take().expect("owner present until dropped");
+        assert!(
+            std::ptr::eq(from.as_ref(), owner.as_ref()),
+            "an in-flight I/O moved to another inode's lock"
+        );
+        InflightIo {
+            owner: Some(owner),
+            range: self.range.take(),
+        }
+    }
+
+    /// Whoever keeps the I/O in flight.
+    pub fn owner(&self) -> &H {
+        self.owner.as_ref().expect("owner present until dropped")
+    }
+
+    /// Ends the I/O (releasing its range and count) and hands back its
+    /// owner.
+    pub fn into_owner(mut self) -> H {
+        let owner = self.owner.take().expect("owner present until dropped");
+        Self::end(owner.as_ref(), self.range.take());
+        owner
+    }
+
+    fn end(lock: &InodeIoLock, range: Option<u64>) {
+        if let Some(id) = range {
+            lock.ranges.release(id);
+        }
+        lock.dio_end();
+    }
+}
+
+impl<H: AsRef<InodeIoLock>> Drop for InflightIo<H> {
     fn drop(&mut self) {
-        self.lock.dio_end();
+        if let Some(owner) = self.owner.take() {
+            Self::end(owner.as_ref(), self.range.take());
+        }
     }
 }
 
@@ -375,69 +455,5 @@ mod tests {
             assert_eq!(lock.inflight(), 0);
             guard_holder.join().unwrap();
         }
-    }
-}
-
-/// An in-flight count that outlives the I/O lock under which it was taken:
-/// asynchronous direct I/O completes after its submitter released the lock,
-/// and exclusive operations must still wait for it. Owns a reference to the
-/// inode, so it can travel with the request.
-#[must_use = "the I/O counts as completed as soon as the guard is dropped"]
-#[derive(Debug)]
-pub struct OwnedDioInflight<T: AsRef<InodeIoLock>> {
-    owner: std::sync::Arc<T>,
-}
-
-impl<T: AsRef<InodeIoLock>> OwnedDioInflight<T> {
-    /// Counts one direct I/O in flight on `owner`'s lock. Call with the lock
-    /// held (either mode), like [`InodeIoLock::dio_begin`].
-    pub fn begin(owner: &std::sync::Arc<T>) -> OwnedDioInflight<T> {
-        owner
-            .as_ref()
-            .as_ref()
-            .inflight
-            .fetch_add(1, Ordering::Relaxed);
-        OwnedDioInflight {
-            owner: std::sync::Arc::clone(owner),
-        }
-    }
-}
-
-impl<T: AsRef<InodeIoLock>> Drop for OwnedDioInflight<T> {
-    fn drop(&mut self) {
-        self.owner.as_ref().as_ref().dio_end();
-    }
-}
-
-/// A shared range hold that owns a reference to the inode, so it can travel
-/// with an asynchronous write and be released by whoever completes it (see
-/// "Byte-granular writes" in the module docs).
-#[must_use = "the range is released as soon as the guard is dropped"]
-#[derive(Debug)]
-pub struct OwnedSharedRange<T: AsRef<InodeIoLock>> {
-    owner: std::sync::Arc<T>,
-    id: u64,
-}
-
-impl<T: AsRef<InodeIoLock>> OwnedSharedRange<T> {
-    /// Holds `[start, end)` shared in `owner`'s range lock if that needs no
-    /// waiting (a submitter never blocks).
-    pub fn try_hold(owner: &std::sync::Arc<T>, start: u64, end: u64) -> Option<Self> {
-        let id =
-            owner
-                .as_ref()
-                .as_ref()
-                .ranges
-                .try_acquire(start, end, crate::RangeMode::Shared)?;
-        Some(OwnedSharedRange {
-            owner: std::sync::Arc::clone(owner),
-            id,
-        })
-    }
-}
-
-impl<T: AsRef<InodeIoLock>> Drop for OwnedSharedRange<T> {
-    fn drop(&mut self) {
-        self.owner.as_ref().as_ref().ranges.release(self.id);
     }
 }

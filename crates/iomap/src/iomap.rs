@@ -16,36 +16,23 @@ pub enum IomapKind {
     Inline,
 }
 
-/// Promises attached to a mapping.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct IomapFlags(u8);
-
-impl IomapFlags {
-    pub const EMPTY: IomapFlags = IomapFlags(0);
-    /// Allocated by this `begin` call: partial blocks must be zeroed.
-    pub const NEW: IomapFlags = IomapFlags(1 << 0);
-    /// Completing I/O here needs metadata to become durable (size change,
-    /// conversion, or a dirty inode).
-    pub const DIRTY: IomapFlags = IomapFlags(1 << 1);
-    /// Copy-on-write needed (reserved for reflink).
-    pub const SHARED: IomapFlags = IomapFlags(1 << 2);
-
-    pub const fn contains(self, other: IomapFlags) -> bool {
-        self.0 & other.0 == other.0
-    }
-    pub const fn intersects(self, other: IomapFlags) -> bool {
-        self.0 & other.0 != 0
-    }
-    pub const fn union(self, other: IomapFlags) -> IomapFlags {
-        IomapFlags(self.0 | other.0)
+bitflags::bitflags! {
+    /// Promises attached to a mapping.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct IomapFlags: u8 {
+        /// Allocated by this `begin` call: partial blocks must be zeroed.
+        const NEW = 1 << 0;
+        /// Completing I/O here needs metadata to become durable (size
+        /// change, conversion, or a dirty inode).
+        const DIRTY = 1 << 1;
+        /// Copy-on-write needed (reserved for reflink).
+        const SHARED = 1 << 2;
     }
 }
 
-impl std::ops::BitOr for IomapFlags {
-    type Output = IomapFlags;
-    fn bitor(self, rhs: IomapFlags) -> IomapFlags {
-        self.union(rhs)
-    }
+impl IomapFlags {
+    /// No promise.
+    pub const EMPTY: IomapFlags = IomapFlags::empty();
 }
 
 /// A mapping of file bytes `[offset, offset + length)`.

@@ -1,62 +1,42 @@
 //! The contract between the engine and a file system.
 
-use crate::{Iomap, IomapError};
+use std::sync::Arc;
 
-/// What the caller of [`IomapOps::begin`] intends.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct IomapOpFlags(u16);
+use blockdev::BlockDevice;
+
+use crate::ioend::{EndIo, WriteSync};
+use crate::{EngineError, FlushCoalescer, InodeIoLock, Iomap};
+
+bitflags::bitflags! {
+    /// What the caller of [`IomapOps::begin`] intends. No flag set is a read.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+    pub struct IomapOpFlags: u16 {
+        /// The range will be written: holes must be allocated.
+        const WRITE = 1 << 0;
+        /// Direct I/O: no page cache involved.
+        const DIRECT = 1 << 1;
+        /// The caller may not block: fail with `WouldBlock` instead.
+        const NOWAIT = 1 << 2;
+        /// Fail with `WouldBlock` rather than allocate, convert, zero, or
+        /// cross EOF. Set when the caller holds only the inode's shared lock.
+        /// A `Mapped` answer may still carry `DIRTY`: writing it is safe
+        /// under the shared lock, but syncing it then needs a journal commit.
+        const OVERWRITE_ONLY = 1 << 3;
+        /// Zeroing a range.
+        const ZERO = 1 << 4;
+        /// The write is O_DSYNC.
+        const DSYNC = 1 << 5;
+        /// With `OVERWRITE_ONLY`: the range's tail past EOF is
+        /// read-modify-write padding inside the device block that holds EOF,
+        /// not data, so the mapping may reach to the end of that block
+        /// without crossing EOF.
+        const PADDED_TAIL = 1 << 6;
+    }
+}
 
 impl IomapOpFlags {
-    pub const READ: IomapOpFlags = IomapOpFlags(0);
-    /// The range will be written: holes must be allocated.
-    pub const WRITE: IomapOpFlags = IomapOpFlags(1 << 0);
-    /// Direct I/O: no page cache involved.
-    pub const DIRECT: IomapOpFlags = IomapOpFlags(1 << 1);
-    /// The caller may not block: fail with `WouldBlock` instead.
-    pub const NOWAIT: IomapOpFlags = IomapOpFlags(1 << 2);
-    /// Fail with `WouldBlock` rather than allocate, convert, zero, or cross
-    /// EOF. Set when the caller holds only the inode's shared lock. A
-    /// `Mapped` answer may still carry `DIRTY`: writing it is safe under the
-    /// shared lock, but syncing it then needs a journal commit.
-    pub const OVERWRITE_ONLY: IomapOpFlags = IomapOpFlags(1 << 3);
-    /// Zeroing a range.
-    pub const ZERO: IomapOpFlags = IomapOpFlags(1 << 4);
-    /// The write is O_DSYNC.
-    pub const DSYNC: IomapOpFlags = IomapOpFlags(1 << 5);
-    /// With `OVERWRITE_ONLY`: the range's tail past EOF is read-modify-write
-    /// padding inside the device block that holds EOF, not data, so the
-    /// mapping may reach to the end of that block without crossing EOF.
-    pub const PADDED_TAIL: IomapOpFlags = IomapOpFlags(1 << 6);
-
-    pub const fn contains(self, other: IomapOpFlags) -> bool {
-        self.0 & other.0 == other.0
-    }
-    pub const fn union(self, other: IomapOpFlags) -> IomapOpFlags {
-        IomapOpFlags(self.0 | other.0)
-    }
-}
-
-impl std::ops::BitOr for IomapOpFlags {
-    type Output = IomapOpFlags;
-    fn bitor(self, rhs: IomapOpFlags) -> IomapOpFlags {
-        self.union(rhs)
-    }
-}
-
-/// What a direct write's completion must do, collected from its mappings.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DioEndFlags {
-    /// Some of the written range was `Unwritten`: convert it to `Mapped`.
-    pub unwritten: bool,
-    /// The write ends past the in-memory size: raise the on-disk size.
-    pub size_change: bool,
-}
-
-impl DioEndFlags {
-    /// Completion needs no metadata work: a pure overwrite inside EOF.
-    pub fn is_pure(&self) -> bool {
-        !self.unwritten && !self.size_change
-    }
+    /// A read: no flag set.
+    pub const READ: IomapOpFlags = IomapOpFlags::empty();
 }
 
 /// The file system's side of the engine.
@@ -66,7 +46,7 @@ impl DioEndFlags {
 /// `end`, and asks again for the rest.
 pub trait IomapOps: Send + Sync {
     type Inode: ?Sized + Sync;
-    type Error: std::error::Error + Send + Sync + From<IomapError> + 'static;
+    type Error: EngineError;
 
     /// The mapping at `pos`, covering at most `len` bytes.
     ///
@@ -110,14 +90,55 @@ pub trait IomapOps: Send + Sync {
     /// File-system block size in bytes (allocation and zeroing unit).
     fn block_size(&self) -> u32;
 
-    /// A direct write of `[pos, pos + len)` reached the device. Convert
-    /// unwritten space and raise the on-disk size as `flags` say, through the
-    /// journal. Called once per write, after all its data I/O completed.
-    fn dio_end_io(
-        &self,
-        inode: &Self::Inode,
-        pos: u64,
-        len: u64,
-        flags: DioEndFlags,
-    ) -> Result<(), Self::Error>;
+    /// A write's data reached the device: convert the unwritten space and
+    /// raise the size as `end` says, through the journal. Called once per
+    /// write, after all its data I/O completed, for the bytes that did.
+    fn end_io(&self, inode: &Self::Inode, end: &EndIo) -> Result<(), Self::Error>;
+
+    /// Makes every metadata change applied so far durable, together with
+    /// the data I/O that completed before it (a journal group commit, whose
+    /// preflush covers that data).
+    fn commit(&self) -> Result<(), Self::Error>;
 }
+
+/// An open file, as the engine drives it: the file system's handle type.
+///
+/// Asynchronous requests hold one (from [`IomapFile::hold`]) from
+/// submission to completion, so the file — and its space, if it is unlinked
+/// meanwhile — stays alive while I/O is in flight. `AsRef<InodeIoLock>`
+/// gives the inode's I/O lock.
+pub trait IomapFile: AsRef<InodeIoLock> + Send + Sync + Sized + 'static {
+    type Ops: IomapOps;
+
+    /// The file system's answers (one table per volume).
+    fn ops(&self) -> &Self::Ops;
+
+    fn inode(&self) -> &<Self::Ops as IomapOps>::Inode;
+
+    /// The device the file's data lives on.
+    fn device(&self) -> &Arc<dyn BlockDevice>;
+
+    /// The volume's flush coalescer (one per device).
+    fn flushes(&self) -> &Arc<FlushCoalescer>;
+
+    /// O_DIRECT: reads of one written block may take the simple-read fast
+    /// path.
+    fn is_direct(&self) -> bool;
+
+    /// What each write of this handle promises.
+    fn write_sync(&self) -> WriteSync;
+
+    /// The file system's checks before I/O on `[pos, pos + len)` starts:
+    /// the volume is live; for a write, the handle is writable and the
+    /// range within the largest file size.
+    fn check_io(&self, pos: u64, len: u64, write: bool) -> Result<(), FileError<Self>>;
+
+    /// Another handle on the same file, for a request in flight.
+    fn hold(&self) -> Result<Self, FileError<Self>>;
+
+    /// `err`, said of this file at `offset` (its path, for example).
+    fn error_at(&self, offset: u64, err: FileError<Self>) -> FileError<Self>;
+}
+
+/// The error type of a file's operations table.
+pub type FileError<F> = <<F as IomapFile>::Ops as IomapOps>::Error;

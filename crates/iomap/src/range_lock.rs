@@ -82,16 +82,22 @@ impl RangeLock {
     /// Holds `[start, end)` in `mode`, waiting while a conflicting hold
     /// exists.
     pub fn lock(&self, start: u64, end: u64, mode: RangeMode) -> RangeGuard<'_> {
+        RangeGuard {
+            lock: self,
+            id: self.acquire(start, end, mode),
+        }
+    }
+
+    /// The hold behind [`RangeLock::lock`], for guards that own their
+    /// lock's owner; `release` it exactly once.
+    pub(crate) fn acquire(&self, start: u64, end: u64, mode: RangeMode) -> u64 {
         let mut table = self.table.lock();
         while table.held.iter().any(|h| h.conflicts(start, end, mode)) {
             table.waiters += 1;
             self.released.wait(&mut table);
             table.waiters -= 1;
         }
-        RangeGuard {
-            lock: self,
-            id: insert(&mut table, start, end, mode),
-        }
+        insert(&mut table, start, end, mode)
     }
 
     /// Holds `[start, end)` in `mode` if no conflicting hold exists; never

@@ -10,7 +10,7 @@ use blockdev::memory::{FaultOp, FaultRule, MemDevice};
 use blockdev::{BlockDevice, DeviceCaps, DeviceCounters, DeviceError, WriteMode};
 use parking_lot::Mutex;
 
-use crate::{DioEndFlags, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
+use crate::{DioEndFlags, EndIo, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
 
 pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
@@ -141,7 +141,7 @@ pub struct FsState {
 }
 
 /// A file system of one file with a per-block map. Allocates holes as
-/// `Unwritten | NEW` on direct writes, converts at `dio_end_io`.
+/// `Unwritten | NEW` on direct writes, converts at `end_io`.
 pub struct FakeFs {
     pub bs: u32,
     /// Return mappings clipped to the requested range (true) or whole blocks.
@@ -152,6 +152,8 @@ pub struct FakeFs {
     pub begins: Mutex<Vec<(u64, u64, IomapOpFlags, Iomap)>>,
     pub ends: Mutex<Vec<(u64, u64, u64)>>,
     pub end_ios: Mutex<Vec<(u64, u64, DioEndFlags)>>,
+    /// Journal commits asked for.
+    pub commits: std::sync::atomic::AtomicU64,
 }
 
 impl FakeFs {
@@ -168,6 +170,7 @@ impl FakeFs {
             begins: Mutex::new(Vec::new()),
             ends: Mutex::new(Vec::new()),
             end_ios: Mutex::new(Vec::new()),
+            commits: Default::default(),
         }
     }
 
@@ -308,13 +311,8 @@ impl IomapOps for FakeFs {
         self.bs
     }
 
-    fn dio_end_io(
-        &self,
-        _inode: &(),
-        pos: u64,
-        len: u64,
-        flags: DioEndFlags,
-    ) -> Result<(), IomapError> {
+    fn end_io(&self, _inode: &(), end: &EndIo) -> Result<(), IomapError> {
+        let (pos, len, flags) = logged(end);
         self.end_ios.lock().push((pos, len, flags));
         let bs = u64::from(self.bs);
         let mut st = self.state.lock();
@@ -325,11 +323,25 @@ impl IomapOps for FakeFs {
                 }
             }
         }
-        if flags.size_change {
-            st.size = st.size.max(pos + len);
+        if let Some(size) = end.new_size {
+            st.size = st.size.max(size);
         }
         Ok(())
     }
+
+    fn commit(&self) -> Result<(), IomapError> {
+        self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// How the fakes log a completion: (pos, len, what it asked for).
+fn logged(end: &EndIo) -> (u64, u64, DioEndFlags) {
+    let flags = DioEndFlags {
+        unwritten: end.convert,
+        size_change: end.new_size.is_some(),
+    };
+    (end.pos, end.len, flags)
 }
 
 /// A buggy or scripted file system: answers `begin` from a fixed list of
@@ -389,8 +401,12 @@ impl IomapOps for ScriptedFs {
         self.bs
     }
 
-    fn dio_end_io(&self, _: &(), pos: u64, len: u64, flags: DioEndFlags) -> Result<(), IomapError> {
-        self.end_ios.lock().push((pos, len, flags));
+    fn end_io(&self, _: &(), end: &EndIo) -> Result<(), IomapError> {
+        self.end_ios.lock().push(logged(end));
+        Ok(())
+    }
+
+    fn commit(&self) -> Result<(), IomapError> {
         Ok(())
     }
 }

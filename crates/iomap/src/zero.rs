@@ -104,6 +104,26 @@ pub fn zero_file_range<O: IomapOps>(
     Ok(())
 }
 
+/// Before the size grows to cover `new_start` or beyond: zeros the tail of
+/// the current EOF block up to `new_start`. Those bytes read as zeros today
+/// only because reads stop at EOF; on the device they may hold data of a
+/// write whose size change was lost in a crash, or of a truncate. The
+/// caller holds the inode's I/O lock exclusive with direct I/O drained.
+pub fn zero_eof_gap<O: IomapOps>(
+    ops: &O,
+    dev: &dyn BlockDevice,
+    inode: &O::Inode,
+    new_start: u64,
+) -> Result<(), O::Error> {
+    let size = ops.size(inode)?;
+    let block = u64::from(ops.block_size().max(1));
+    let end = new_start.min(size.next_multiple_of(block));
+    if end <= size {
+        return Ok(());
+    }
+    zero_file_range(ops, dev, inode, size, end - size)
+}
+
 /// Zeros device bytes `[dev_addr, dev_addr + len)` at any byte alignment,
 /// reading and rewriting partial logical blocks at the edges. `file_offset`
 /// (the file byte at `dev_addr`) is only for error reports.

@@ -1,11 +1,12 @@
-//! Asynchronous direct I/O: a file read or pure overwrite turned into device
-//! requests with owned buffers, for a caller that queues them and handles
-//! their completions (the file system's per-thread queue). The mapping and
-//! its translation to device requests stay here, in the engine.
+//! Planning asynchronous direct I/O: a file read or pure overwrite turned
+//! into device requests with owned buffers, for the queue to push. Anything
+//! else (allocation, conversion, zeroing) is not planned here: the queue
+//! hands it to its completion worker, which takes the synchronous path.
 
-use blockdev::{AlignedBuf, BlockDevice, DeviceRequest, WriteMode};
+use blockdev::{AlignedBuf, BlockDevice, DeviceRequest};
 
-use crate::dio::{dsync_as_durable_write, read_segments, DioSegment};
+use crate::dio::{read_segments, DioSegment};
+use crate::ioend::Durability;
 use crate::{IomapError, IomapIter, IomapKind, IomapOpFlags, IomapOps};
 
 /// One device request of a split file request, and where its bytes sit in
@@ -121,26 +122,23 @@ pub fn plan_read<O: IomapOps>(
 }
 
 /// Plans `buf` at `pos` as a pure overwrite inside EOF: every mapping
-/// `Mapped`, and for `dsync` none dirty. Data goes as a durable write when
-/// `dsync` and the device makes that cheapest ([`dsync_as_durable_write`]);
-/// otherwise the caller owes a flush. The caller holds the inode's shared I/O lock.
+/// `Mapped`, and when durability is asked for, none dirty (a dirty inode
+/// needs a journal commit). Data goes out as [`Durability::write_mode`]
+/// says. The caller holds the inode's shared I/O lock.
 pub fn plan_pure_overwrite<O: IomapOps>(
     ops: &O,
     dev: &dyn BlockDevice,
     inode: &O::Inode,
     pos: u64,
     buf: AlignedBuf,
-    dsync: bool,
+    durability: Durability,
 ) -> Result<WritePlan, (AlignedBuf, O::Error)> {
+    let dsync = durability != Durability::NotRequired;
     let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT | IomapOpFlags::OVERWRITE_ONLY;
     if dsync {
-        flags = flags | IomapOpFlags::DSYNC;
+        flags |= IomapOpFlags::DSYNC;
     }
-    let mode = if dsync && dsync_as_durable_write(dev) {
-        WriteMode::Fua
-    } else {
-        WriteMode::Normal
-    };
+    let mode = durability.write_mode();
     let end = pos + buf.len() as u64;
     let mut ranges: Vec<(u64, usize, usize)> = Vec::new();
     let mut cur = pos;

@@ -4,19 +4,17 @@
 //! The engine is split in three so the asynchronous engine can reuse the
 //! first two:
 //! 1. **Iteration** ([`IomapIter`]): `begin` → span of one mapping → `end`.
-//! 2. **Planning** ([`read_segments`], [`write_segments`]): turns one span
-//!    into [`DioSegment`]s — device requests of at most
-//!    [`DIO_MAX_REQUEST_BYTES`], edge zeroing, zero fills — without doing
-//!    any I/O.
+//! 2. **Planning** ([`plan`]): turns one span into [`DioSegment`]s without
+//!    doing any I/O.
 //! 3. **Submission**: here synchronous, one segment after another
-//!    ([`dio_read`], [`dio_write`]).
+//!    ([`dio_read`], [`dio_write`]); completion through [`crate::ioend`].
 //!
 //! # Fault model
 //!
 //! - A device error stops the I/O at that request and is reported with the
 //!   file offset of the failed request ([`IomapError::Device`]).
 //! - A write that fails after some bytes reached the device still completes
-//!   those bytes: `dio_end_io` covers the contiguous written prefix (so size
+//!   those bytes: `end_io` covers the contiguous written prefix (so size
 //!   and conversion match the data on the device) and then the error is
 //!   returned. In a new or unwritten mapping the prefix is cut down to a
 //!   file-system block boundary, because the file system converts whole
@@ -29,53 +27,18 @@
 
 use blockdev::{BlockDevice, WriteMode};
 
-use crate::align::{align_down, align_up, is_aligned};
+use crate::align::{align_down, is_aligned};
 use crate::iter::{IomapIter, IomapSpan};
 use crate::zero::zero_range;
-use crate::{DioEndFlags, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
+use crate::ioend::{dsync_as_durable_write, DioEndFlags, DioWriteOutcome, SizeUpdate, WriteEnd};
+use crate::{IomapError, IomapKind, IomapOpFlags, IomapOps};
 
-/// Largest device request a direct I/O issues; larger mappings are split.
-/// Bounds the latency of one request and the size backends must bounce.
-pub const DIO_MAX_REQUEST_BYTES: u64 = 1 << 20;
 
-/// What a direct write did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DioWriteOutcome {
-    /// Bytes written from the caller's buffer (all of it on success).
-    pub written: u64,
-    /// What completion (`dio_end_io`) was asked to do.
-    pub end_flags: DioEndFlags,
-    /// Every mapping was a pure overwrite and the size did not change: the
-    /// write needed no metadata (the DSYNC and inline-completion fast paths
-    /// key on this).
-    pub pure_overwrite: bool,
-    /// Every byte went to the device as a durable write
-    /// ([`WriteMode::Fua`]): a DSYNC write that needs no metadata is durable
-    /// already, with no flush.
-    pub fua: bool,
-}
+pub mod plan;
 
-impl DioWriteOutcome {
-    /// Nothing written yet: the identity of [`DioWriteOutcome::merge`].
-    pub const NOTHING: DioWriteOutcome = DioWriteOutcome {
-        written: 0,
-        end_flags: DioEndFlags {
-            unwritten: false,
-            size_change: false,
-        },
-        pure_overwrite: true,
-        fua: true,
-    };
-
-    /// Adds the outcome of the next part of one write.
-    pub fn merge(&mut self, next: &DioWriteOutcome) {
-        self.written += next.written;
-        self.end_flags.unwritten |= next.end_flags.unwritten;
-        self.end_flags.size_change |= next.end_flags.size_change;
-        self.pure_overwrite &= next.pure_overwrite;
-        self.fua &= next.fua;
-    }
-}
+pub use plan::{
+    needs_zeroing, read_segments, write_segments, DioSegment, SpanSegments, DIO_MAX_REQUEST_BYTES,
+};
 
 /// Simple read: a direct read of at most one file-system block inside one
 /// `Mapped` extent and inside EOF skips the mapping iteration — one lookup,
@@ -112,307 +75,13 @@ pub fn dio_read_simple<O: IomapOps>(
     )
 }
 
-/// A DSYNC pure overwrite goes out as one durable write
-/// ([`WriteMode::Fua`]) when the device makes that the cheapest way: native
-/// FUA, no volatile cache to flush, or a kernel that turns the write into
-/// write + cache flush inside one request
-/// ([`DeviceCaps::kernel_durable_writes`](blockdev::DeviceCaps)). Otherwise
-/// the caller sends a plain write and then a flush shared with concurrent
-/// DSYNC writers.
-///
-/// Why the kernel gets the flush when it can: on a loop device without FUA,
-/// a plain write plus a flush from here reached 0.5–0.6× the raw device's
-/// `RWF_DSYNC` writes (an io_uring fsync is always handed to a kernel worker
-/// thread; that hop is the gap), the durable write 0.7–1.0×; and the block
-/// layer merges concurrent flushes itself.
-pub fn dsync_as_durable_write(dev: &dyn BlockDevice) -> bool {
-    let caps = dev.caps();
-    caps.fua || !caps.volatile_write_cache || caps.kernel_durable_writes
+pub(crate) fn logical_block_size(dev: &dyn BlockDevice) -> u32 {
+    dev.caps().logical_block_size.max(1)
 }
 
-/// One unit of work a direct I/O needs for part of one mapping.
-///
-/// `file_offset` locates the bytes in the file (and, for `Read` and `Write`,
-/// in the caller's buffer, which starts at the request's position).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DioSegment {
-    /// File bytes that read as zeros (hole, unwritten, delalloc): fill the
-    /// caller's buffer, no device I/O.
-    FillZeroes { file_offset: u64, len: u64 },
-    /// Read device bytes into the caller's buffer.
-    Read {
-        file_offset: u64,
-        dev_addr: u64,
-        len: u64,
-    },
-    /// Write the caller's bytes to the device.
-    Write {
-        file_offset: u64,
-        dev_addr: u64,
-        len: u64,
-    },
-    /// Write zeros to the part of a new or unwritten block that the write
-    /// does not cover. `file_offset` lies outside the request.
-    WriteZeroes {
-        file_offset: u64,
-        dev_addr: u64,
-        len: u64,
-    },
-}
-
-impl DioSegment {
-    pub fn file_offset(&self) -> u64 {
-        match *self {
-            DioSegment::FillZeroes { file_offset, .. }
-            | DioSegment::Read { file_offset, .. }
-            | DioSegment::Write { file_offset, .. }
-            | DioSegment::WriteZeroes { file_offset, .. } => file_offset,
-        }
-    }
-
-    pub fn len(&self) -> u64 {
-        match *self {
-            DioSegment::FillZeroes { len, .. }
-            | DioSegment::Read { len, .. }
-            | DioSegment::Write { len, .. }
-            | DioSegment::WriteZeroes { len, .. } => len,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// A write to this mapping must zero the uncovered parts of its edge blocks:
-/// the blocks read as zeros now (unwritten) or hold garbage (new), and
-/// completion makes the whole block readable.
-pub fn needs_zeroing(iomap: &Iomap) -> bool {
-    iomap.kind == IomapKind::Unwritten || iomap.flags.contains(IomapFlags::NEW)
-}
-
-/// The segments of one span, in submission order: head zeroing, data
-/// requests, tail zeroing.
-#[derive(Clone, Debug)]
-pub struct SpanSegments {
-    head: Option<DioSegment>,
-    body: Body,
-    tail: Option<DioSegment>,
-}
-
-#[derive(Clone, Debug)]
-struct Body {
-    op: BodyOp,
-    pos: u64,
-    end: u64,
-    /// Device address of `pos` (unused for `FillZeroes`).
-    dev_addr: u64,
-    /// Largest request, a multiple of the device logical block size.
-    max_request: u64,
-    /// Preferred cut points between requests (file-system block size for
-    /// writes, so a failed request leaves whole blocks before it).
-    cut_align: u64,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum BodyOp {
-    FillZeroes,
-    Read,
-    Write,
-}
-
-impl Iterator for SpanSegments {
-    type Item = DioSegment;
-
-    fn next(&mut self) -> Option<DioSegment> {
-        if let Some(head) = self.head.take() {
-            return Some(head);
-        }
-        if let Some(seg) = self.body.next() {
-            return Some(seg);
-        }
-        self.tail.take()
-    }
-}
-
-impl Body {
-    fn next(&mut self) -> Option<DioSegment> {
-        if self.pos >= self.end {
-            return None;
-        }
-        let file_offset = self.pos;
-        let cut = match self.op {
-            // Memory fills have no size limit.
-            BodyOp::FillZeroes => self.end,
-            BodyOp::Read | BodyOp::Write => {
-                if self.end - self.pos <= self.max_request {
-                    self.end
-                } else {
-                    let limit = self.pos + self.max_request;
-                    let aligned = align_down(limit, self.cut_align);
-                    if aligned > self.pos {
-                        aligned
-                    } else {
-                        limit
-                    }
-                }
-            }
-        };
-        let len = cut - self.pos;
-        let dev_addr = self.dev_addr;
-        self.pos = cut;
-        self.dev_addr += len;
-        Some(match self.op {
-            BodyOp::FillZeroes => DioSegment::FillZeroes { file_offset, len },
-            BodyOp::Read => DioSegment::Read {
-                file_offset,
-                dev_addr,
-                len,
-            },
-            BodyOp::Write => DioSegment::Write {
-                file_offset,
-                dev_addr,
-                len,
-            },
-        })
-    }
-}
-
-/// Largest request that is a multiple of the device logical block size.
-fn max_request(lbs: u64) -> u64 {
-    align_down(DIO_MAX_REQUEST_BYTES, lbs).max(lbs)
-}
 
 fn bad(pos: u64, reason: String) -> IomapError {
     IomapError::BadMapping { pos, reason }
-}
-
-/// Plans the direct read of `span`. `lbs` is the device logical block size.
-pub fn read_segments(span: &IomapSpan, lbs: u32) -> Result<SpanSegments, IomapError> {
-    let lbs = u64::from(lbs.max(1));
-    let op = match span.iomap.kind {
-        IomapKind::Hole | IomapKind::Unwritten | IomapKind::Delalloc => BodyOp::FillZeroes,
-        IomapKind::Mapped => BodyOp::Read,
-        IomapKind::Inline => {
-            return Err(bad(
-                span.pos,
-                "inline data is not supported by direct I/O".into(),
-            ))
-        }
-    };
-    Ok(SpanSegments {
-        head: None,
-        body: Body {
-            op,
-            pos: span.pos,
-            end: span.end(),
-            dev_addr: device_addr(span, span.pos)?,
-            max_request: max_request(lbs),
-            cut_align: lbs,
-        },
-        tail: None,
-    })
-}
-
-/// Plans the direct write of `span`, part of a write of file bytes
-/// `[req_pos, req_end)`. `block_size` is the file-system block size, a
-/// multiple of the device logical block size `lbs`.
-///
-/// If the mapping is new or unwritten and the span starts or ends inside a
-/// file-system block, the rest of that block is zeroed. A block is contiguous
-/// on the device, so its uncovered part is reached from the span's address
-/// even when the file system clipped the mapping to the request. That is only
-/// safe at the request's own edges, and only if no other mapping starts or
-/// ends inside the block; anything else is a bad mapping.
-pub fn write_segments(
-    span: &IomapSpan,
-    req_pos: u64,
-    req_end: u64,
-    block_size: u32,
-    lbs: u32,
-) -> Result<SpanSegments, IomapError> {
-    let iomap = &span.iomap;
-    let lbs = u64::from(lbs.max(1));
-    let bs = u64::from(block_size);
-    match iomap.kind {
-        IomapKind::Mapped | IomapKind::Unwritten => {}
-        kind => {
-            return Err(bad(
-                span.pos,
-                format!("{kind:?} mapping for a direct write (must be allocated)"),
-            ))
-        }
-    }
-    if iomap.flags.contains(IomapFlags::SHARED) {
-        // Writing in place would change the other owners' data too.
-        return Err(bad(
-            span.pos,
-            format!("shared mapping {iomap:?}: copy-on-write is not supported"),
-        ));
-    }
-    let mut head = None;
-    let mut tail = None;
-    if needs_zeroing(iomap) && bs > 0 {
-        let start = span.pos;
-        if !is_aligned(start, bs) {
-            let block = align_down(start, bs);
-            if start != req_pos || (iomap.offset > block && iomap.offset != start) {
-                return Err(bad(
-                    start,
-                    format!("mapping {iomap:?} starts inside a {bs}-byte block"),
-                ));
-            }
-            head = Some(DioSegment::WriteZeroes {
-                file_offset: block,
-                dev_addr: device_addr(span, block)?,
-                len: start - block,
-            });
-        }
-        let end = span.end();
-        if !is_aligned(end, bs) {
-            let Some(block_end) = align_up(end, bs) else {
-                return Err(bad(end, "block end overflows".into()));
-            };
-            let map_end = iomap.end();
-            if end != req_end || (map_end < block_end && map_end != end) {
-                return Err(bad(
-                    end,
-                    format!("mapping {iomap:?} ends inside a {bs}-byte block"),
-                ));
-            }
-            device_addr(span, block_end)?;
-            tail = Some(DioSegment::WriteZeroes {
-                file_offset: end,
-                dev_addr: device_addr(span, end)?,
-                len: block_end - end,
-            });
-        }
-    }
-    Ok(SpanSegments {
-        head,
-        body: Body {
-            op: BodyOp::Write,
-            pos: span.pos,
-            end: span.end(),
-            dev_addr: device_addr(span, span.pos)?,
-            max_request: max_request(lbs),
-            cut_align: bs.max(lbs),
-        },
-        tail,
-    })
-}
-
-fn device_addr(span: &IomapSpan, pos: u64) -> Result<u64, IomapError> {
-    match span.iomap.kind {
-        IomapKind::Mapped | IomapKind::Unwritten => span
-            .device_addr_of(pos)
-            .ok_or_else(|| bad(pos, format!("device address of {:?} overflows", span.iomap))),
-        _ => Ok(0),
-    }
-}
-
-pub(crate) fn logical_block_size(dev: &dyn BlockDevice) -> u32 {
-    dev.caps().logical_block_size.max(1)
 }
 
 /// Direct I/O must cover whole device blocks.
@@ -505,11 +174,11 @@ fn read_span(
 /// fails with `WouldBlock` before any mapping is asked for.
 ///
 /// After the data is on the device (not necessarily durable: flush policy is
-/// the caller's), `dio_end_io` is called exactly once for the written bytes,
+/// the caller's), `end_io` is called exactly once for the written bytes,
 /// with what they need (conversion, size change). If a later mapping fails
 /// after some bytes were written, those bytes are completed first and then
 /// the error is returned. A zero-length write, or one that fails before any
-/// byte is written, calls no `dio_end_io`.
+/// byte is written, calls no `end_io`.
 ///
 /// The caller holds the inode's I/O lock: shared only with `OVERWRITE_ONLY`,
 /// otherwise exclusive with direct I/O drained (the edge zeroing of a new or
@@ -580,7 +249,7 @@ pub fn dio_write_padded<O: IomapOps>(
         return Err(IomapError::WouldBlock.into());
     }
 
-    let mut end_flags = DioEndFlags::default();
+    let mut unwritten = false;
     let mut all_pure = true;
     let result = loop {
         let span = match iter.begin() {
@@ -618,7 +287,7 @@ pub fn dio_write_padded<O: IomapOps>(
                 write_span(dev, &span, &source, mode)
             };
         if done > 0 && needs_zeroing(&span.iomap) {
-            end_flags.unwritten = true;
+            unwritten = true;
         }
         all_pure &= span.iomap.is_pure_overwrite();
         let end_result = iter.end(&span, done);
@@ -633,17 +302,17 @@ pub fn dio_write_padded<O: IomapOps>(
     let written = iter.processed();
     // Padding past `data_end` shares the data's last device block, hence its
     // file-system block: completing the data converts the same blocks.
-    let completed = written.min(data_end.saturating_sub(pos));
-    end_flags.size_change = pos + completed > size;
-    let completion = if completed > 0 {
-        ops.dio_end_io(inode, pos, completed, end_flags)
-    } else {
-        Ok(())
-    };
+    let completion = WriteEnd {
+        pos,
+        completed: written.min(data_end.saturating_sub(pos)),
+        unwritten,
+        size: SizeUpdate::Extend { size_before: size },
+    }
+    .complete(ops, inode);
     // The I/O error comes first: it is the cause; a completion error after it
     // is a consequence.
     result?;
-    completion?;
+    let end_flags = completion?;
     Ok(DioWriteOutcome {
         written,
         end_flags,
@@ -733,6 +402,7 @@ fn write_span(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Iomap, IomapFlags};
     use crate::test_support::{
         pattern, Block, FakeFs, Req, ScriptedFs, TestDev, BS, KIB, MIB, STALE,
     };
@@ -1319,54 +989,6 @@ mod tests {
         );
         fs.assert_begin_end_paired();
         assert_eq!(fs.ends.lock().last(), Some(&(BS, BS, 0)));
-    }
-
-    #[test]
-    fn write_plan_orders_head_data_tail() {
-        let span = IomapSpan {
-            iomap: Iomap {
-                offset: 0,
-                length: 4 * MIB,
-                kind: IomapKind::Unwritten,
-                addr: 8 * MIB,
-                flags: IomapFlags::NEW,
-            },
-            pos: 512,
-            len: 2 * MIB,
-        };
-        let segs: Vec<_> = write_segments(&span, 512, 512 + 2 * MIB, 4096, 512)
-            .unwrap()
-            .collect();
-        assert_eq!(
-            segs,
-            vec![
-                DioSegment::WriteZeroes {
-                    file_offset: 0,
-                    dev_addr: 8 * MIB,
-                    len: 512
-                },
-                DioSegment::Write {
-                    file_offset: 512,
-                    dev_addr: 8 * MIB + 512,
-                    len: MIB - 512
-                },
-                DioSegment::Write {
-                    file_offset: MIB,
-                    dev_addr: 9 * MIB,
-                    len: MIB
-                },
-                DioSegment::Write {
-                    file_offset: 2 * MIB,
-                    dev_addr: 10 * MIB,
-                    len: 512
-                },
-                DioSegment::WriteZeroes {
-                    file_offset: 2 * MIB + 512,
-                    dev_addr: 10 * MIB + 512,
-                    len: BS - 512
-                },
-            ]
-        );
     }
 
     #[test]

@@ -1,0 +1,602 @@
+//! Asynchronous direct I/O: a per-thread queue of file reads and writes,
+//! each with a caller's token, submitted in batches and reaped as
+//! completions. The file system keeps only the public face (it makes the
+//! queue and names the file); everything from mapping to completion is
+//! here.
+//!
+//! Completion policy (the one in [`crate::ioend`]):
+//! - **inline**: the thread that reaps the device completion completes the
+//!   request. Reads, and writes that are pure overwrites inside EOF with no
+//!   sync work left ([`Durability::NotRequired`] or
+//!   [`Durability::DurableWrites`]).
+//! - **inline after a queued flush** ([`Durability::SharedFlush`]): the
+//!   reaper queues one device flush (never waiting for it) and completes
+//!   every DSYNC write that flush — or any other flush through the volume's
+//!   [`FlushCoalescer`], synchronous writers' included — covers.
+//! - **worker**: everything a reaper must never block on (allocation,
+//!   unwritten conversion, size change, journal commit, read-modify-write
+//!   of partial device blocks, waiting for a lock or a range) runs on the
+//!   queue's completion worker through [`crate::file_io`], with the same
+//!   [write protocol](crate::write_protocol).
+//!
+//! Buffers are owned [`AlignedBuf`]s moved into the queue and handed back in
+//! the [`Completion`]: the device can never write into memory the caller
+//! has freed or reused. A request split over several mappings goes out as
+//! several device requests ("parts") into buffers of their own, copied
+//! back (reads) or out of (writes) the caller's buffer; one [`IoEnd`]
+//! counts them and keeps the first error.
+//!
+//! Every request in flight holds a handle on its file (so an unlinked
+//! file's space stays until it completes) and counts on its inode's
+//! direct-I/O counter, so truncate, punch and other exclusive operations
+//! wait for it. Reap regularly: the thread that owns a queue must not make
+//! a synchronous call that needs the exclusive lock of a file it has
+//! unreaped requests on (truncate, punch, an allocating write, the file's
+//! first byte-granular write, a byte-granular write over its own unreaped
+//! writes): that call would wait for a reap only this thread can do.
+
+mod plan;
+mod worker;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use blockdev::{AlignedBuf, BlockDevice, DeviceCompletion, DeviceQueue, DeviceRequest, Token};
+
+pub use plan::{plan_pure_overwrite, plan_read, Part, ReadPlan, WritePlan};
+
+use crate::byte_dio::write_range;
+use crate::flush_coalesce::{FlushTicket, QueuedFlush};
+use crate::ioend::{CompletedBy, Durability, IoEnd, WriteSync};
+use crate::write_protocol::{self, Route};
+use crate::{FileError, FlushCoalescer, InflightIo, IomapError, IomapFile};
+use worker::{Job, Worker};
+
+/// A finished request.
+#[derive(Debug)]
+pub struct Completion<E> {
+    /// The caller's token, as given at submission.
+    pub token: u64,
+    /// Bytes read (short at EOF) or written, or what failed and where.
+    pub result: Result<usize, E>,
+    /// The request's buffer, handed back.
+    pub buf: AlignedBuf,
+    pub completed_by: CompletedBy,
+}
+
+/// A request the queue refused, with its buffer handed back.
+pub type Refused<E> = Box<(AlignedBuf, E)>;
+
+/// Device tokens carry the request's slot and the index of the part.
+const PART_BITS: u32 = 20;
+const PART_MASK: u64 = (1 << PART_BITS) - 1;
+/// Device token of this queue's flush (no slot reaches it).
+const FLUSH_TOKEN: Token = u64::MAX;
+
+/// Most device parts one request may be split into.
+pub const MAX_PARTS: usize = 1 << PART_BITS;
+
+/// Smallest device block any backend has: a part is at least one.
+const MIN_DEVICE_BLOCK: u64 = 512;
+
+/// Longest request the queue sends to the device itself: at most
+/// [`MAX_PARTS`] parts of at least one device block each. Longer requests
+/// go to the completion worker, whose synchronous path has no limit.
+pub const MAX_INLINE_REQUEST_BYTES: u64 = MAX_PARTS as u64 * MIN_DEVICE_BLOCK;
+
+// A slot index shifted past the part bits must fit in a token, for every
+// slot a queue of the deepest depth can hold (one per request in flight,
+// plus the one being launched), and stay clear of the flush token.
+const _: () =
+    assert!((blockdev::MAX_QUEUE_DEPTH as u64 + 1) < (FLUSH_TOKEN >> PART_BITS));
+
+/// Stands in for a buffer that went into a device request which never
+/// completed (the queue itself failed).
+fn empty_buf() -> AlignedBuf {
+    AlignedBuf::new(0, 1).expect("a zero-length buffer needs no memory")
+}
+
+fn refused<E>(buf: AlignedBuf, error: E) -> Refused<E> {
+    Box::new((buf, error))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotKind {
+    Read,
+    Write { durability: Durability },
+}
+
+/// A request whose device parts are in flight.
+struct Slot<F: IomapFile> {
+    token: u64,
+    kind: SlotKind,
+    ioend: IoEnd,
+    /// The caller's buffer while split parts are in flight; `None` while the
+    /// single part carries it.
+    user_buf: Option<AlignedBuf>,
+    /// Where each part's bytes sit in the caller's buffer (empty for a
+    /// single part, which covers it all).
+    part_offsets: Vec<usize>,
+    /// The file handle, its in-flight count and range hold.
+    holds: InflightIo<F>,
+}
+
+/// A DSYNC write whose data is on the device, waiting for a flush.
+struct AwaitingFlush<F: IomapFile> {
+    ticket: FlushTicket,
+    file: F,
+    pos: u64,
+    completion: Completion<FileError<F>>,
+}
+
+/// How a planned request reaches the device.
+enum Launch {
+    Whole(DeviceRequest),
+    Split(AlignedBuf, Vec<Part>),
+}
+
+/// A per-thread asynchronous I/O queue on one device. See the module docs.
+pub struct IoQueue<F: IomapFile> {
+    dev: Arc<dyn BlockDevice>,
+    flushes: Arc<FlushCoalescer>,
+    devq: Box<dyn DeviceQueue>,
+    slots: Vec<Option<Slot<F>>>,
+    free_slots: Vec<usize>,
+    /// Occupied entries of `slots`.
+    active_slots: usize,
+    ready: VecDeque<Completion<FileError<F>>>,
+    worker: Worker<F>,
+    awaiting_flush: Vec<AwaitingFlush<F>>,
+    /// This queue's device flush in flight, if any.
+    own_flush: Option<QueuedFlush>,
+    scratch: Vec<DeviceCompletion>,
+}
+
+impl<F: IomapFile> IoQueue<F> {
+    /// A queue holding up to `depth` device requests in flight on `dev`,
+    /// sharing DSYNC flushes through `flushes` (the volume's coalescer).
+    pub fn new(
+        dev: Arc<dyn BlockDevice>,
+        flushes: Arc<FlushCoalescer>,
+        depth: usize,
+    ) -> Result<IoQueue<F>, IomapError> {
+        let devq = blockdev::queue::new_queue(&dev, depth).map_err(|source| IomapError::Queue {
+            what: "cannot create the device queue",
+            source,
+        })?;
+        Ok(IoQueue {
+            dev,
+            flushes,
+            devq,
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            active_slots: 0,
+            ready: VecDeque::new(),
+            worker: Worker::new(),
+            awaiting_flush: Vec::new(),
+            own_flush: None,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The handle a request keeps until it completes, once the file system
+    /// allows the I/O and the file is on this queue's device.
+    fn admit(&self, file: &F, pos: u64, len: usize, write: bool) -> Result<F, FileError<F>> {
+        let admitted = if Arc::ptr_eq(file.device(), &self.dev) {
+            file.check_io(pos, len as u64, write).and_then(|()| file.hold())
+        } else {
+            Err(IomapError::ForeignFile.into())
+        };
+        admitted.map_err(|e| file.error_at(pos, e))
+    }
+
+    /// Whether the queue itself can send a request of `len` bytes at `pos`
+    /// to the device: whole device blocks, not too many parts.
+    fn fits_device(&self, pos: u64, len: usize) -> bool {
+        len > 0
+            && len as u64 <= MAX_INLINE_REQUEST_BYTES
+            && crate::byte_dio::is_block_aligned(&*self.dev, pos, len as u64)
+    }
+
+    fn complete_now(&mut self, token: u64, result: Result<usize, FileError<F>>, buf: AlignedBuf) {
+        self.ready.push_back(Completion {
+            token,
+            result,
+            buf,
+            completed_by: CompletedBy::Reaper,
+        });
+    }
+
+    fn defer(&mut self, job: Job<F>) -> Result<(), Refused<FileError<F>>> {
+        self.worker.send(job).map_err(|(job, e)| {
+            let (Job::Read { buf, .. } | Job::Write { buf, .. }) = job;
+            refused(buf, e.into())
+        })
+    }
+
+    /// Queues a read of `buf.len()` bytes at `pos`. On a refused request
+    /// the buffer comes back with the error.
+    pub fn submit_read(
+        &mut self,
+        file: &F,
+        pos: u64,
+        buf: AlignedBuf,
+        token: u64,
+    ) -> Result<(), Refused<FileError<F>>> {
+        let held = match self.admit(file, pos, buf.len(), false) {
+            Ok(held) => held,
+            Err(e) => return Err(refused(buf, e)),
+        };
+        let shared = if self.fits_device(pos, buf.len()) {
+            file.as_ref().try_lock_shared()
+        } else {
+            None
+        };
+        let Some(_shared) = shared else {
+            // Byte-granular, or an exclusive operation holds the file: the
+            // worker reads it; a submitter never blocks.
+            return self.defer(Job::Read {
+                file: held,
+                pos,
+                buf,
+                token,
+            });
+        };
+        let (plan, len) = match plan_read(file.ops(), &*self.dev, file.inode(), pos, buf) {
+            Ok(planned) => planned,
+            Err((buf, e)) => return Err(refused(buf, file.error_at(pos, e))),
+        };
+        let launch = match plan {
+            ReadPlan::Done(buf) => {
+                self.complete_now(token, Ok(len), buf);
+                return Ok(());
+            }
+            ReadPlan::Whole(request) => Launch::Whole(request),
+            ReadPlan::Split(buf, parts) => Launch::Split(buf, parts),
+        };
+        // Counted under the shared lock, so a later exclusive holder's drain
+        // waits for it.
+        let holds = InflightIo::count(held);
+        self.launch(token, SlotKind::Read, pos, len, holds, launch)
+    }
+
+    /// Queues a write of `buf` at `pos`. Pure overwrites go to the device
+    /// from this thread; anything that needs metadata, sync work or a wait
+    /// goes to the completion worker (the completion says which).
+    pub fn submit_write(
+        &mut self,
+        file: &F,
+        pos: u64,
+        buf: AlignedBuf,
+        token: u64,
+    ) -> Result<(), Refused<FileError<F>>> {
+        let held = match self.admit(file, pos, buf.len(), true) {
+            Ok(held) => held,
+            Err(e) => return Err(refused(buf, e)),
+        };
+        let len = buf.len();
+        let sync = file.write_sync();
+        // O_SYNC commits inode metadata: never a reaper's work.
+        if sync == WriteSync::Sync || !self.fits_device(pos, len) {
+            return self.defer(Job::Write {
+                file: held,
+                pos,
+                buf,
+                token,
+            });
+        }
+        let range = match write_range(&*self.dev, pos, len as u64) {
+            Ok(range) => range,
+            Err(e) => return Err(refused(buf, file.error_at(pos, e.into()))),
+        };
+        let durability = Durability::for_pure_overwrite(sync, &*self.dev);
+        let dev = &*self.dev;
+        let mut buf_slot = Some(buf);
+        let mut held_slot = Some(held);
+        let route = write_protocol::write_nowait(file.as_ref(), range, |holds| {
+            let buf = buf_slot.take().expect("the shared attempt runs once");
+            match plan_pure_overwrite(file.ops(), dev, file.inode(), pos, buf, durability) {
+                Ok(WritePlan::NotPure(buf)) => {
+                    buf_slot = Some(buf);
+                    Err(IomapError::WouldBlock.into())
+                }
+                Ok(WritePlan::Whole(request)) => {
+                    let held = held_slot.take().expect("taken once");
+                    Ok((Launch::Whole(request), holds.transfer(held)))
+                }
+                Ok(WritePlan::Split(buf, parts)) => {
+                    let held = held_slot.take().expect("taken once");
+                    Ok((Launch::Split(buf, parts), holds.transfer(held)))
+                }
+                Err((buf, e)) => {
+                    buf_slot = Some(buf);
+                    Err(e)
+                }
+            }
+        });
+        match route {
+            Ok(Route::Done((launch, holds))) => {
+                let kind = SlotKind::Write { durability };
+                self.launch(token, kind, pos, len, holds, launch)
+            }
+            Ok(Route::Deferred) => self.defer(Job::Write {
+                file: held_slot.take().expect("not taken when deferred"),
+                pos,
+                buf: buf_slot.take().expect("handed back when deferred"),
+                token,
+            }),
+            Err(e) => Err(refused(
+                buf_slot.take().expect("handed back on error"),
+                file.error_at(pos, e),
+            )),
+        }
+    }
+
+    fn take_slot(&mut self, slot: Slot<F>) -> usize {
+        self.active_slots += 1;
+        match self.free_slots.pop() {
+            Some(index) => {
+                self.slots[index] = Some(slot);
+                index
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    /// Queues a planned request: one slot, one device request per part.
+    fn launch(
+        &mut self,
+        token: u64,
+        kind: SlotKind,
+        pos: u64,
+        len: usize,
+        holds: InflightIo<F>,
+        launch: Launch,
+    ) -> Result<(), Refused<FileError<F>>> {
+        let (requests, user_buf, part_offsets) = match launch {
+            Launch::Whole(request) => (vec![request], None, Vec::new()),
+            Launch::Split(buf, parts) => {
+                let offsets = parts.iter().map(|p| p.buf_offset).collect();
+                let requests = parts.into_iter().map(|p| p.request).collect();
+                (requests, Some(buf), offsets)
+            }
+        };
+        debug_assert!(requests.len() <= MAX_PARTS, "request over MAX_PARTS parts");
+        let slot = self.take_slot(Slot {
+            token,
+            kind,
+            ioend: IoEnd::new(pos, len, requests.len()),
+            user_buf,
+            part_offsets,
+            holds,
+        });
+        for (part, request) in requests.into_iter().enumerate() {
+            let device_token = (slot as u64) << PART_BITS | part as u64;
+            if let Err(e) = self.push(device_token, request) {
+                return Err(refused(empty_buf(), e.into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Pushes one device request, making room by reaping when the device
+    /// queue is full.
+    fn push(&mut self, token: Token, mut request: DeviceRequest) -> Result<(), IomapError> {
+        loop {
+            match self.devq.push(token, request) {
+                Ok(()) => return Ok(()),
+                Err(full) => {
+                    request = full.request;
+                    self.handle_device_completions(1)?;
+                }
+            }
+        }
+    }
+
+    /// Sends every queued request to the device; returns how many.
+    pub fn submit(&mut self) -> Result<usize, IomapError> {
+        self.devq.submit().map_err(|source| IomapError::Queue {
+            what: "submit",
+            source,
+        })
+    }
+
+    /// Requests submitted and not yet reaped.
+    pub fn in_flight(&self) -> usize {
+        self.active_slots + self.worker.pending() + self.ready.len() + self.awaiting_flush.len()
+    }
+
+    /// Completes the DSYNC writes a flush has settled — this queue's or
+    /// anybody's — and issues this queue's flush for the rest, unless one
+    /// is in flight already.
+    fn settle_flush_waiters(&mut self) -> Result<(), IomapError> {
+        let mut i = 0;
+        while i < self.awaiting_flush.len() {
+            let Some(status) = self.flushes.status(self.awaiting_flush[i].ticket) else {
+                i += 1;
+                continue;
+            };
+            let waiter = self.awaiting_flush.swap_remove(i);
+            let mut completion = waiter.completion;
+            if let Err(source) = status {
+                let error = IomapError::Flush { source }.into();
+                completion.result = Err(waiter.file.error_at(waiter.pos, error));
+            }
+            self.ready.push_back(completion);
+        }
+        if self.awaiting_flush.is_empty() || self.own_flush.is_some() {
+            return Ok(());
+        }
+        self.own_flush = Some(self.flushes.start_queued_flush());
+        self.push(FLUSH_TOKEN, DeviceRequest::Flush)
+    }
+
+    fn on_device_completion(&mut self, c: DeviceCompletion) {
+        if c.token == FLUSH_TOKEN {
+            if let Some(flush) = self.own_flush.take() {
+                self.flushes.flush_done(flush, &c.result);
+            }
+            return;
+        }
+        let index = (c.token >> PART_BITS) as usize;
+        let part = (c.token & PART_MASK) as usize;
+        let Some(Some(slot)) = self.slots.get_mut(index) else {
+            return;
+        };
+        let buf_offset = slot.part_offsets.get(part).copied().unwrap_or(0);
+        match (slot.user_buf.as_mut(), c.buf) {
+            // Split read: copy the part into the caller's buffer.
+            (Some(user), Some(part_buf)) => {
+                if slot.kind == SlotKind::Read && c.result.is_ok() {
+                    user[buf_offset..buf_offset + part_buf.len()].copy_from_slice(&part_buf);
+                }
+            }
+            (None, Some(whole)) => slot.user_buf = Some(whole),
+            _ => {}
+        }
+        let part_pos = slot.ioend.pos() + buf_offset as u64;
+        if !slot.ioend.part_done(part_pos, c.result) {
+            return;
+        }
+        let slot = self.slots[index].take().expect("checked above");
+        self.free_slots.push(index);
+        self.active_slots -= 1;
+        let Slot {
+            token,
+            kind,
+            ioend,
+            user_buf,
+            holds,
+            ..
+        } = slot;
+        let pos = ioend.pos();
+        let buf = user_buf.unwrap_or_else(empty_buf);
+        match (kind, ioend.finish()) {
+            (
+                SlotKind::Write {
+                    durability: Durability::SharedFlush,
+                },
+                Ok(len),
+            ) => {
+                // The data is on the device: its in-flight count can go. It
+                // completes once a flush issued from now on settles it.
+                let file = holds.into_owner();
+                self.awaiting_flush.push(AwaitingFlush {
+                    ticket: self.flushes.ticket(),
+                    file,
+                    pos,
+                    completion: Completion {
+                        token,
+                        result: Ok(len),
+                        buf,
+                        completed_by: CompletedBy::Reaper,
+                    },
+                });
+            }
+            (_, result) => {
+                let result = result.map_err(|e| {
+                    let at = e.file_offset().unwrap_or(pos);
+                    holds.owner().error_at(at, e.into())
+                });
+                drop(holds);
+                self.complete_now(token, result, buf);
+            }
+        }
+    }
+
+    /// Handles the device completions available. With `wait_for > 0` it
+    /// first sends queued requests and waits for that many completions, in
+    /// one kernel entry where the backend can; with 0 it only looks.
+    fn handle_device_completions(&mut self, wait_for: usize) -> Result<(), IomapError> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let result = if wait_for == 0 {
+            self.devq.reap(0, &mut scratch)
+        } else {
+            self.devq.submit_and_reap(wait_for, &mut scratch)
+        };
+        for c in scratch.drain(..) {
+            self.on_device_completion(c);
+        }
+        self.scratch = scratch;
+        result.map_err(|source| IomapError::Queue {
+            what: "reap",
+            source,
+        })?;
+        if !self.awaiting_flush.is_empty() {
+            self.settle_flush_waiters()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for at least `min` completions (capped at what is in flight),
+    /// appends every available one to `out`, returns how many. Requests
+    /// queued but not yet submitted are sent first, in the same kernel entry
+    /// that waits where the backend can (io_uring), so a queue-depth-1 loop
+    /// needs no separate [`submit`](IoQueue::submit). On an error, the
+    /// completions already appended to `out` stay there: look at them
+    /// before dropping `out`.
+    ///
+    /// Never call a synchronous operation on a file from the thread that
+    /// owns this queue while requests on that file are in flight unreaped:
+    /// if it needs the file's exclusive lock (truncate, punch, a write that
+    /// allocates, a file's first byte-granular write) it waits for them to
+    /// be reaped, which only this thread can do.
+    pub fn reap(
+        &mut self,
+        min: usize,
+        out: &mut Vec<Completion<FileError<F>>>,
+    ) -> Result<usize, IomapError> {
+        let min = min.min(self.in_flight());
+        let mut got = 0;
+        loop {
+            self.handle_device_completions(0)?;
+            while let Some(done) = self.worker.try_take() {
+                self.ready.push_back(done);
+            }
+            let enough = got + self.ready.len() >= min;
+            if enough {
+                // Queued requests must not wait for the next call (no
+                // kernel entry when nothing is queued). Before anything is
+                // handed over, so an error loses no completion.
+                self.submit()?;
+            }
+            got += self.ready.len();
+            out.extend(self.ready.drain(..));
+            if enough {
+                return Ok(got);
+            }
+            if self.devq.in_flight() > 0 {
+                // Device completions first: a deferred job may be waiting
+                // for these requests' in-flight count to drain. Queued
+                // requests go out in the same kernel entry that waits.
+                self.handle_device_completions(1)?;
+            } else if self.worker.pending() > 0 {
+                let done = self.worker.take()?;
+                self.ready.push_back(done);
+            } else {
+                return Ok(got);
+            }
+        }
+    }
+}
+
+impl<F: IomapFile> Drop for IoQueue<F> {
+    fn drop(&mut self) {
+        // Every request must finish before its buffers and in-flight counts
+        // go: reap until nothing is left (errors only end the wait early).
+        let mut sink = Vec::new();
+        while self.in_flight() > 0 {
+            let before = self.in_flight();
+            if self.reap(before, &mut sink).is_err() {
+                break;
+            }
+            sink.clear();
+            if self.in_flight() >= before {
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! The synchronous file entry points: what a file system's `pread` and
+//! `pwrite` are, and what the asynchronous queue's completion worker runs
+//! for requests it cannot complete inline.
+//!
+//! A read takes the inode's I/O lock shared and either the simple-read fast
+//! path (direct handles) or the generic path at any byte offset. A write
+//! runs the one [write protocol](crate::write_protocol) and then reaches the
+//! durability its handle promises through the one completion policy
+//! ([`Durability`]).
+
+use std::cell::Cell;
+
+use crate::byte_dio::{dio_read_bytes, dio_write_bytes, write_range};
+use crate::dio::dio_read_simple;
+use crate::ioend::{DioWriteOutcome, Durability, WriteSync};
+use crate::{write_protocol, zero_eof_gap, FileError, IomapFile, IomapOpFlags};
+
+thread_local! {
+    /// Reads this thread sent down the simple-read fast path.
+    static SIMPLE_READS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Reads this thread has sent down the simple-read fast path: how tests
+/// (and curious users) see that a read qualified. A thread-local counter,
+/// so counting costs no shared cache line.
+pub fn simple_reads_on_this_thread() -> u64 {
+    SIMPLE_READS.with(Cell::get)
+}
+
+/// Reads up to `buf.len()` bytes at `pos`; returns the bytes read (short at
+/// EOF).
+pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, FileError<F>> {
+    file.check_io(pos, buf.len() as u64, false)?;
+    let (ops, dev, inode) = (file.ops(), &**file.device(), file.inode());
+    let _shared = file.as_ref().lock_shared();
+    if file.is_direct() {
+        if let Some(result) = dio_read_simple(ops, dev, inode, pos, buf) {
+            SIMPLE_READS.with(|n| n.set(n.get() + 1));
+            return result;
+        }
+    }
+    dio_read_bytes(ops, dev, inode, pos, buf, IomapOpFlags::DIRECT)
+}
+
+/// Writes `buf` at `pos` and makes it as durable as the handle promises
+/// ([`IomapFile::write_sync`]).
+///
+/// A write that needs the file's exclusive lock (it allocates, converts,
+/// extends, or is the file's first that is not whole device blocks) first
+/// waits for the file's direct I/O in flight, asynchronous requests
+/// included: never call it from the thread that owns such requests
+/// unreaped.
+pub fn write<F: IomapFile>(
+    file: &F,
+    pos: u64,
+    buf: &[u8],
+) -> Result<DioWriteOutcome, FileError<F>> {
+    let len = buf.len() as u64;
+    file.check_io(pos, len, true)?;
+    if buf.is_empty() {
+        return Ok(DioWriteOutcome {
+            fua: false,
+            ..DioWriteOutcome::NOTHING
+        });
+    }
+    let (ops, dev, inode) = (file.ops(), &**file.device(), file.inode());
+    let sync = file.write_sync();
+    let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT;
+    if sync == WriteSync::Dsync {
+        // O_SYNC never takes the durable-write shortcut: it commits inode
+        // metadata too.
+        flags |= IomapOpFlags::DSYNC;
+    }
+    let lock = file.as_ref();
+    let outcome = write_protocol::write_waiting(
+        lock,
+        write_range(dev, pos, len)?,
+        |_holds| dio_write_bytes(ops, dev, inode, pos, buf, flags | IomapOpFlags::OVERWRITE_ONLY),
+        |_exclusive| {
+            zero_eof_gap(ops, dev, inode, pos)?;
+            let _inflight = lock.dio_begin();
+            dio_write_bytes(ops, dev, inode, pos, buf, flags)
+        },
+    )?;
+    Durability::after_write(sync, &outcome).wait(ops, dev, file.flushes())?;
+    Ok(outcome)
+}
