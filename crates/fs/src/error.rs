@@ -59,6 +59,15 @@ pub enum Error {
     Shutdown { reason: String },
 }
 
+impl iomap::EngineError for Error {
+    fn as_iomap(&self) -> Option<&IomapError> {
+        match self {
+            Error::Iomap(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
 impl Error {
     pub fn device(what: impl Into<String>, source: DeviceError) -> Error {
         Error::Device {
@@ -105,14 +114,7 @@ impl Error {
             Error::Stale { .. } => libc::ESTALE,
             Error::Corrupt { .. } | Error::NotIomapfs { .. } => libc::EUCLEAN,
             Error::Device { source, .. } => source.errno(),
-            Error::Iomap(IomapError::WouldBlock) => libc::EAGAIN,
-            Error::Iomap(
-                IomapError::Unaligned { .. }
-                | IomapError::Bounce { .. }
-                | IomapError::RangeOverflow { .. },
-            ) => libc::EINVAL,
-            Error::Iomap(IomapError::Device { source, .. }) => source.errno(),
-            Error::Iomap(IomapError::BadMapping { .. }) => libc::EUCLEAN,
+            Error::Iomap(e) => e.errno(),
             Error::Shutdown { .. } => libc::EIO,
             Error::At { source, .. } => source.errno(),
         }

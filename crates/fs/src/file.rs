@@ -1,37 +1,21 @@
 //! Open files: data I/O, sync, space management.
 //!
-//! Reads and writes go straight to the iomap engine, at any byte offset,
-//! length and buffer address ([`iomap::byte_dio`]). A write first runs under
-//! the inode's *shared* I/O lock with `OVERWRITE_ONLY`: a pure overwrite needs
-//! nothing else. If the mapping says allocation, conversion, zeroing or an EOF
-//! crossing is needed, the engine reports `WouldBlock` and the write is
-//! retried under the *exclusive* lock after draining in-flight direct I/O, so
-//! zeroing never races another writer in the same block.
-//!
-//! A write that is not aligned to the device block read-modify-writes its
-//! edge blocks. Under the shared lock it holds those blocks exclusive in the
-//! inode's range lock, and aligned writes hold theirs shared, once the inode
-//! has seen one such write (the protocol is in [`iomap::io_lock`]).
-//!
-//! Until the folio cache exists, non-direct handles take the same path.
+//! Reads and writes are the iomap engine's ([`iomap::file_io`]): this
+//! module is the file system's face for them — checks, error context — and
+//! the [`IomapFile`] the engine drives. Direct and (until the folio cache
+//! exists) non-direct handles take the same path, at any byte offset,
+//! length and buffer address.
 
-use iomap::align::align_down;
 use std::sync::Arc;
 
-use iomap::byte_dio::{self, dio_read_bytes, dio_write_bytes, write_lock_range};
-use iomap::dio::{self, DioWriteOutcome};
-use iomap::{IomapError, IomapOpFlags, IomapOps, RangeMode};
+use blockdev::BlockDevice;
+use iomap::align::align_down;
+use iomap::{file_io, FlushCoalescer, InodeIoLock, IomapFile, IomapOps, WriteSync};
 
-use crate::iomap_ops::{allocate_holes, FsOps};
+use crate::iomap_ops::allocate_holes;
 use crate::types::{ExtentState, FileKind, Ino, Record};
 use crate::volume::{now_ns, OpenInode, VolumeInner};
 use crate::{Error, Result};
-
-#[cfg(test)]
-thread_local! {
-    /// Reads this thread sent down the simple-read fast path (tests only).
-    pub(crate) static SIMPLE_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
 
 /// Largest file size: keeps every offset computation far from overflow.
 pub const MAX_FILE_SIZE: u64 = 1 << 60;
@@ -134,14 +118,6 @@ impl File {
         })
     }
 
-    pub(crate) fn volume(&self) -> &Arc<VolumeInner> {
-        &self.vol
-    }
-
-    pub(crate) fn open_inode(&self) -> &Arc<OpenInode> {
-        &self.inode
-    }
-
     pub fn ino(&self) -> Ino {
         self.inode.ino
     }
@@ -152,10 +128,6 @@ impl File {
 
     pub fn path(&self) -> &str {
         &self.path
-    }
-
-    pub(crate) fn ops(&self) -> FsOps<'_> {
-        FsOps { vol: &self.vol }
     }
 
     fn block(&self) -> u64 {
@@ -175,7 +147,7 @@ impl File {
     }
 
     fn size(&self) -> Result<u64> {
-        self.ops().size(&self.inode)
+        self.vol.size(&self.inode)
     }
 
     fn check_writable(&self, offset: u64, len: u64) -> Result<()> {
@@ -192,137 +164,22 @@ impl File {
         }
     }
 
-    /// Space freed by changes that are not durable yet stays busy (reusing it
-    /// could expose new data in its old owner after a crash). When an
-    /// allocation fails while space is busy, commit to release it and try
-    /// once more.
-    fn with_busy_retry<T>(&self, mut op: impl FnMut() -> Result<T>) -> Result<T> {
-        match op() {
-            Err(e)
-                if matches!(e.root(), Error::NoSpace { .. })
-                    && self.vol.meta.read().alloc.busy_bytes() > 0 =>
-            {
-                self.vol.commit()?;
-                op()
-            }
-            other => other,
-        }
-    }
-
     /// Reads at `offset`; returns bytes read (short at EOF).
     pub fn pread(&self, buf: &mut [u8], offset: u64) -> Result<usize> {
-        self.vol.check_live().map_err(|e| self.at(offset, e))?;
-        let _shared = self.inode.io_lock.lock_shared();
-        if self.flags.direct {
-            let ops = self.ops();
-            if let Some(result) =
-                dio::dio_read_simple(&ops, &*self.vol.dev, &self.inode, offset, buf)
-            {
-                #[cfg(test)]
-                SIMPLE_READS.with(|n| n.set(n.get() + 1));
-                return result.map_err(|e| self.at(offset, e));
-            }
-        }
-        dio_read_bytes(
-            &self.ops(),
-            &*self.vol.dev,
-            &self.inode,
-            offset,
-            buf,
-            IomapOpFlags::DIRECT,
-        )
-        .map_err(|e| self.at(offset, e))
+        file_io::read(self, offset, buf).map_err(|e| self.at(offset, e))
     }
 
-    /// Writes at `offset`; returns bytes written.
+    /// Writes at `offset`; returns bytes written. With O_DSYNC/O_SYNC the
+    /// data (and the metadata to reach it) is durable when it returns.
     ///
     /// A write that needs the file's exclusive lock (it allocates, converts,
     /// extends, or is the file's first that is not whole device blocks)
     /// first waits for the file's asynchronous requests in flight to be
     /// reaped: never call it from the thread that owns such requests.
     pub fn pwrite(&self, buf: &[u8], offset: u64) -> Result<usize> {
-        self.check_writable(offset, buf.len() as u64)
-            .map_err(|e| self.at(offset, e))?;
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        let outcome = self
-            .write_any(buf, offset)
-            .map_err(|e| self.at(offset, e))?;
-        if self.flags.dsync || self.flags.sync {
-            self.sync_after_write(&outcome)
-                .map_err(|e| self.at(offset, e))?;
-        }
-        Ok(buf.len())
-    }
-
-    /// The write itself: shared lock first, exclusive retry (module docs).
-    fn write_any(&self, buf: &[u8], offset: u64) -> Result<DioWriteOutcome> {
-        let ops = self.ops();
-        let dev = &*self.vol.dev;
-        let io_lock = &self.inode.io_lock;
-        let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT;
-        if self.flags.dsync && !self.flags.sync {
-            // O_SYNC never takes the FUA shortcut: it commits inode metadata
-            // too.
-            flags = flags | IomapOpFlags::DSYNC;
-        }
-        let len = buf.len() as u64;
-        let aligned = byte_dio::is_block_aligned(dev, offset, len);
-        // `check_writable` bounds the range far below overflow.
-        let (lock_start, lock_end) =
-            write_lock_range(dev, offset, len).expect("range checked by check_writable");
-        {
-            let _shared = io_lock.lock_shared();
-            let ranges_on = io_lock.byte_granular_writes();
-            // An inode's first unaligned write goes exclusive: it turns the
-            // range holds on (see `iomap::io_lock`).
-            if aligned || ranges_on {
-                let mode = if aligned {
-                    RangeMode::Shared
-                } else {
-                    RangeMode::Exclusive
-                };
-                let _range = ranges_on.then(|| io_lock.ranges().lock(lock_start, lock_end, mode));
-                let _inflight = io_lock.dio_begin();
-                match dio_write_bytes(
-                    &ops,
-                    dev,
-                    &self.inode,
-                    offset,
-                    buf,
-                    flags | IomapOpFlags::OVERWRITE_ONLY,
-                ) {
-                    Err(Error::Iomap(IomapError::WouldBlock)) => {}
-                    other => return other,
-                }
-            }
-        }
-        let exclusive = io_lock.lock_exclusive();
-        exclusive.drain_dio();
-        if !aligned {
-            exclusive.enable_byte_granular_writes();
-        }
-        self.zero_past_eof_locked(offset)?;
-        let _inflight = io_lock.dio_begin();
-        self.with_busy_retry(|| dio_write_bytes(&ops, dev, &self.inode, offset, buf, flags))
-    }
-
-    /// Makes a DSYNC/SYNC write durable. A pure overwrite sent with FUA is
-    /// durable already; one without needs only its data flushed, and shares
-    /// that flush with concurrent writers. Anything else commits the journal
-    /// (group commit, which flushes first).
-    fn sync_after_write(&self, outcome: &DioWriteOutcome) -> Result<()> {
-        if self.flags.sync || !outcome.pure_overwrite {
-            return self.vol.commit();
-        }
-        if outcome.fua {
-            return Ok(());
-        }
-        self.vol
-            .flush_coalescer
-            .flush_completed_write(&*self.vol.dev)
-            .map_err(|e| Error::device("dsync write: flush", e))
+        file_io::write(self, offset, buf)
+            .map(|_| buf.len())
+            .map_err(|e| self.at(offset, e))
     }
 
     /// Makes this file's data and metadata durable. (Commits the whole
@@ -352,17 +209,18 @@ impl File {
             self.zero_past_eof_locked(end)
                 .map_err(|e| self.at(offset, e))?;
         }
-        self.with_busy_retry(|| {
-            let mut meta = self.vol.meta.write();
-            allocate_holes(
-                &self.vol,
-                &mut meta,
-                self.inode.ino,
-                align_down(offset, block),
-                end.next_multiple_of(block),
-            )
-        })
-        .map_err(|e| self.at(offset, e))?;
+        self.vol
+            .with_busy_retry(|meta| {
+                allocate_holes(
+                    &self.vol,
+                    meta,
+                    self.inode.ino,
+                    align_down(offset, block),
+                    end.next_multiple_of(block),
+                )
+            })
+            .map_err(|e| self.at(offset, e))
+            .map(drop)?;
         {
             let mut meta = self.vol.meta.write();
             let size = meta
@@ -384,18 +242,10 @@ impl File {
         self.vol.commit_if_due()
     }
 
-    /// Before the size grows to cover `new_start` or beyond: zeros the tail
-    /// of the current EOF block up to `new_start`. Those bytes read as zeros
-    /// today only because reads stop at EOF; on the device they may hold data
-    /// of a write whose size change was lost in a crash, or of a truncate.
-    /// Caller holds the exclusive lock.
+    /// Before the size grows to cover `new_start` or beyond (see
+    /// [`iomap::zero_eof_gap`]). Caller holds the exclusive lock.
     fn zero_past_eof_locked(&self, new_start: u64) -> Result<()> {
-        let size = self.size()?;
-        let end = new_start.min(size.next_multiple_of(self.block()));
-        if end <= size {
-            return Ok(());
-        }
-        iomap::zero_file_range(&self.ops(), &*self.vol.dev, &self.inode, size, end - size)
+        iomap::zero_eof_gap(&*self.vol, &*self.vol.dev, &self.inode, new_start)
     }
 
     /// Writes zeros over the written data in `[offset, end)` inside EOF;
@@ -407,7 +257,7 @@ impl File {
             return Ok(());
         }
         iomap::zero_file_range(
-            &self.ops(),
+            &*self.vol,
             &*self.vol.dev,
             &self.inode,
             offset,
@@ -529,5 +379,63 @@ impl File {
             });
         }
         Ok(out)
+    }
+}
+
+impl AsRef<InodeIoLock> for File {
+    fn as_ref(&self) -> &InodeIoLock {
+        &self.inode.io_lock
+    }
+}
+
+/// What the engine needs of an open file: the volume's answers, the inode,
+/// the device, and the file system's checks and error context.
+impl IomapFile for File {
+    type Ops = VolumeInner;
+
+    fn ops(&self) -> &VolumeInner {
+        &self.vol
+    }
+
+    fn inode(&self) -> &OpenInode {
+        &self.inode
+    }
+
+    fn device(&self) -> &Arc<dyn BlockDevice> {
+        &self.vol.dev
+    }
+
+    fn flushes(&self) -> &Arc<FlushCoalescer> {
+        &self.vol.flush_coalescer
+    }
+
+    fn is_direct(&self) -> bool {
+        self.flags.direct
+    }
+
+    fn write_sync(&self) -> WriteSync {
+        if self.flags.sync {
+            WriteSync::Sync
+        } else if self.flags.dsync {
+            WriteSync::Dsync
+        } else {
+            WriteSync::None
+        }
+    }
+
+    fn check_io(&self, pos: u64, len: u64, write: bool) -> Result<()> {
+        if write {
+            self.check_writable(pos, len)
+        } else {
+            self.vol.check_live()
+        }
+    }
+
+    fn hold(&self) -> Result<File> {
+        self.try_clone()
+    }
+
+    fn error_at(&self, offset: u64, err: Error) -> Error {
+        self.at(offset, err)
     }
 }

@@ -4,7 +4,7 @@
 use iomap::align::align_down;
 use parking_lot::RwLockWriteGuard;
 
-use iomap::{DioEndFlags, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
+use iomap::{EndIo, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
 
 use crate::extent_map::Lookup;
 use crate::types::{ExtentState, Ino, Record};
@@ -15,8 +15,29 @@ use crate::{Error, Result};
 /// check: the allocator returns few, large chunks in practice.
 const EXTENTS_PER_HOLE_ESTIMATE: u64 = 4;
 
-pub(crate) struct FsOps<'a> {
-    pub vol: &'a VolumeInner,
+impl VolumeInner {
+    /// Runs `allocate` under the metadata write lock. Space freed by
+    /// changes that are not durable yet stays busy (reusing it could expose
+    /// new data in its old owner after a crash); when an allocation fails
+    /// while space is busy, commit to release it and try once more. Returns
+    /// the lock still held, so the caller sees the state it allocated in.
+    pub(crate) fn with_busy_retry<T>(
+        &self,
+        mut allocate: impl FnMut(&mut Meta) -> Result<T>,
+    ) -> Result<(RwLockWriteGuard<'_, Meta>, T)> {
+        let mut meta = self.meta.write();
+        match allocate(&mut meta) {
+            Err(e) if matches!(e.root(), Error::NoSpace { .. }) && meta.alloc.busy_bytes() > 0 => {
+                drop(meta);
+                self.commit()?;
+                let mut meta = self.meta.write();
+                let value = allocate(&mut meta)?;
+                Ok((meta, value))
+            }
+            Err(e) => Err(e),
+            Ok(value) => Ok((meta, value)),
+        }
+    }
 }
 
 /// Places unwritten space in every hole of `[start, end)` (block-aligned),
@@ -97,12 +118,12 @@ fn is_written_before(inode: &crate::state::InodeState, pos: u64, len: u64, limit
     true
 }
 
-impl IomapOps for FsOps<'_> {
+impl IomapOps for VolumeInner {
     type Inode = OpenInode;
     type Error = Error;
 
     fn begin(&self, inode: &OpenInode, pos: u64, len: u64, flags: IomapOpFlags) -> Result<Iomap> {
-        let block = u64::from(self.vol.block_size);
+        let block = u64::from(self.block_size);
         let ino = inode.ino;
         let writing = flags.contains(IomapOpFlags::WRITE);
         let overwrite_only =
@@ -111,13 +132,14 @@ impl IomapOps for FsOps<'_> {
         // under the shared side of the metadata lock.
         let mut new = false;
         let meta = if writing && !overwrite_only {
-            let mut meta = self.vol.meta.write();
             let start = align_down(pos, block);
             let end = (pos + len).next_multiple_of(block);
-            new = allocate_holes(self.vol, &mut meta, ino, start, end)?;
+            let (meta, allocated) =
+                self.with_busy_retry(|meta| allocate_holes(self, meta, ino, start, end))?;
+            new = allocated;
             RwLockWriteGuard::downgrade(meta)
         } else {
-            self.vol.meta.read()
+            self.meta.read()
         };
         let dirty_inode = meta.is_dirty(ino);
         let state = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
@@ -126,7 +148,7 @@ impl IomapOps for FsOps<'_> {
         // block for a read-modify-write's padding (which is not data: the
         // size does not change).
         let overwrite_limit = if overwrite_only && flags.contains(IomapOpFlags::PADDED_TAIL) {
-            size.next_multiple_of(u64::from(self.vol.dev.caps().logical_block_size))
+            size.next_multiple_of(u64::from(self.dev.caps().logical_block_size))
         } else {
             size
         };
@@ -188,7 +210,7 @@ impl IomapOps for FsOps<'_> {
     }
 
     fn simple_read_addr(&self, inode: &OpenInode, pos: u64, len: u64) -> Option<u64> {
-        let meta = self.vol.meta.read();
+        let meta = self.meta.read();
         let state = meta.state.inode(inode.ino)?;
         if pos.checked_add(len)? > state.size {
             return None;
@@ -202,7 +224,7 @@ impl IomapOps for FsOps<'_> {
     }
 
     fn size(&self, inode: &OpenInode) -> Result<u64> {
-        let meta = self.vol.meta.read();
+        let meta = self.meta.read();
         meta.state
             .inode(inode.ino)
             .map(|i| i.size)
@@ -210,23 +232,29 @@ impl IomapOps for FsOps<'_> {
     }
 
     fn block_size(&self) -> u32 {
-        self.vol.block_size
+        self.block_size
     }
 
-    fn dio_end_io(&self, inode: &OpenInode, pos: u64, len: u64, flags: DioEndFlags) -> Result<()> {
-        if flags.is_pure() || len == 0 {
+    fn end_io(&self, inode: &OpenInode, end_io: &EndIo) -> Result<()> {
+        let EndIo {
+            pos,
+            len,
+            convert,
+            new_size,
+        } = *end_io;
+        if (!convert && new_size.is_none()) || len == 0 {
             return Ok(());
         }
-        let block = u64::from(self.vol.block_size);
+        let block = u64::from(self.block_size);
         let end = pos + len;
-        let min_size = if flags.size_change { end } else { 0 };
-        let (file_off, conv_len) = if flags.unwritten {
+        let min_size = new_size.unwrap_or(0);
+        let (file_off, conv_len) = if convert {
             let start = align_down(pos, block);
             (start, end.next_multiple_of(block) - start)
         } else {
             (align_down(pos, block), 0)
         };
-        let mut meta = self.vol.meta.write();
+        let mut meta = self.meta.write();
         meta.log(Record::CompleteWrite {
             ino: inode.ino,
             file_off,
@@ -235,5 +263,9 @@ impl IomapOps for FsOps<'_> {
             mtime_ns: now_ns(),
         })?;
         Ok(())
+    }
+
+    fn commit(&self) -> Result<()> {
+        VolumeInner::commit(self)
     }
 }

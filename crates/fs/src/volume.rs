@@ -90,10 +90,11 @@ pub struct Volume {
     pub(crate) inner: Arc<VolumeInner>,
 }
 
-/// An inode some handle has open: what the I/O engine locks.
-pub(crate) struct OpenInode {
-    pub ino: Ino,
-    pub io_lock: InodeIoLock,
+/// An inode some handle has open: what the I/O engine locks. Opaque outside
+/// this crate (it is the engine's `IomapOps::Inode` for [`File`]).
+pub struct OpenInode {
+    pub(crate) ino: Ino,
+    pub(crate) io_lock: InodeIoLock,
     /// Open handles (`File`s, including those asynchronous requests hold
     /// while in flight). Atomic so that cloning a handle per request takes
     /// no lock; reaching zero takes the metadata lock to close the inode.
@@ -133,18 +134,21 @@ struct CommitState {
     generation: u64,
 }
 
-pub(crate) struct VolumeInner {
-    pub dev: Arc<dyn BlockDevice>,
-    pub sb: Superblock,
-    pub block_size: u32,
-    pub meta: RwLock<Meta>,
+/// A mounted volume's shared state, and the engine's operations table
+/// ([`iomap::IomapOps`]). Opaque outside this crate.
+pub struct VolumeInner {
+    pub(crate) dev: Arc<dyn BlockDevice>,
+    pub(crate) sb: Superblock,
+    pub(crate) block_size: u32,
+    pub(crate) meta: RwLock<Meta>,
     commit: Mutex<CommitState>,
     shutdown: Mutex<Option<String>>,
     /// Set once `shutdown` holds a reason.
     is_shut_down: AtomicBool,
     commit_threshold: u64,
-    /// Shares flushes among concurrent DSYNC overwrites.
-    pub flush_coalescer: FlushCoalescer,
+    /// Shares flushes among concurrent DSYNC overwrites, synchronous and
+    /// asynchronous.
+    pub(crate) flush_coalescer: Arc<FlushCoalescer>,
 }
 
 pub(crate) fn now_ns() -> u64 {
@@ -292,7 +296,7 @@ impl Volume {
             shutdown: Mutex::new(None),
             is_shut_down: AtomicBool::new(false),
             commit_threshold,
-            flush_coalescer: FlushCoalescer::new(),
+            flush_coalescer: Arc::new(FlushCoalescer::new()),
         });
         // Inodes unlinked while open when the volume went down: nothing can
         // reach them any more.
@@ -995,7 +999,7 @@ mod tests {
 
     #[test]
     fn direct_reads_of_one_written_block_take_the_simple_path() {
-        use crate::file::SIMPLE_READS;
+        use iomap::file_io::simple_reads_on_this_thread;
         let (_dev, vol) = fresh(8 << 20);
         let direct = OpenFlags {
             create: true,
@@ -1005,7 +1009,7 @@ mod tests {
         let f = vol.open_file("/f", direct).unwrap();
         f.pwrite(&[5u8; 3 * 4096], 0).unwrap();
         f.fallocate(3 * 4096, 4096, false).unwrap();
-        let taken = || SIMPLE_READS.with(|n| n.get());
+        let taken = simple_reads_on_this_thread;
         let mut block = vec![0u8; 4096];
         let mut two = vec![0u8; 8192];
         let before = taken();

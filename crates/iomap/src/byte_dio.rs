@@ -29,7 +29,9 @@
 use blockdev::{AlignedBuf, BlockDevice};
 
 use crate::align::{align_down, align_up, is_aligned};
-use crate::dio::{dio_read, dio_write, dio_write_padded, logical_block_size, DIO_MAX_REQUEST_BYTES};
+use crate::dio::{
+    dio_read, dio_write, dio_write_padded, logical_block_size, DIO_MAX_REQUEST_BYTES,
+};
 use crate::ioend::DioWriteOutcome;
 use crate::write_protocol::WriteRange;
 use crate::{IomapError, IomapOpFlags, IomapOps};

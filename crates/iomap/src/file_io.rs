@@ -75,7 +75,16 @@ pub fn write<F: IomapFile>(
     let outcome = write_protocol::write_waiting(
         lock,
         write_range(dev, pos, len)?,
-        |_holds| dio_write_bytes(ops, dev, inode, pos, buf, flags | IomapOpFlags::OVERWRITE_ONLY),
+        |_holds| {
+            dio_write_bytes(
+                ops,
+                dev,
+                inode,
+                pos,
+                buf,
+                flags | IomapOpFlags::OVERWRITE_ONLY,
+            )
+        },
         |_exclusive| {
             zero_eof_gap(ops, dev, inode, pos)?;
             let _inflight = lock.dio_begin();

@@ -177,7 +177,10 @@ impl FlushCoalescer {
     /// every waiter (synchronous ones are woken).
     pub fn flush_done(&self, flush: QueuedFlush, result: &Result<usize, DeviceError>) {
         let mut state = self.state.lock();
-        state.finish(flush.upto, result.as_ref().map(|_| ()).map_err(|e| e.errno()));
+        state.finish(
+            flush.upto,
+            result.as_ref().map(|_| ()).map_err(|e| e.errno()),
+        );
         self.flushed.notify_all();
     }
 

@@ -415,7 +415,12 @@ mod tests {
         let no_fua = MemDevice::with_caps(1 << 20, 512, true, false);
         let no_cache = MemDevice::with_caps(1 << 20, 512, false, false);
         let kernel = MemDevice::with_caps(1 << 20, 512, true, false).with_kernel_durable_writes();
-        for (dev, durable) in [(&fua, true), (&no_fua, false), (&no_cache, true), (&kernel, true)] {
+        for (dev, durable) in [
+            (&fua, true),
+            (&no_fua, false),
+            (&no_cache, true),
+            (&kernel, true),
+        ] {
             let d = Durability::for_pure_overwrite(WriteSync::Dsync, dev);
             let want = if durable {
                 Durability::DurableWrites

@@ -330,7 +330,8 @@ impl IomapOps for FakeFs {
     }
 
     fn commit(&self) -> Result<(), IomapError> {
-        self.commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }

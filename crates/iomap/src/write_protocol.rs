@@ -175,7 +175,11 @@ mod tests {
                 assert_eq!(lock.inflight(), 1);
                 assert!(lock.try_lock_exclusive().is_none(), "shared lock held");
                 assert!(lock.try_lock_shared().is_some());
-                assert_eq!(lock.ranges().held(), 0, "no range before byte-granular writes");
+                assert_eq!(
+                    lock.ranges().held(),
+                    0,
+                    "no range before byte-granular writes"
+                );
                 drop(holds);
                 Ok(7)
             },
@@ -207,7 +211,10 @@ mod tests {
         .unwrap();
         assert!(tried_shared.get());
         assert_eq!(out, 1);
-        assert!(!lock.byte_granular_writes(), "an aligned write enables nothing");
+        assert!(
+            !lock.byte_granular_writes(),
+            "an aligned write enables nothing"
+        );
     }
 
     #[test]
@@ -228,10 +235,7 @@ mod tests {
             UNALIGNED,
             |_holds| {
                 assert_eq!(lock.ranges().held(), 1);
-                assert!(lock
-                    .ranges()
-                    .try_lock(0, 512, RangeMode::Shared)
-                    .is_none());
+                assert!(lock.ranges().try_lock(0, 512, RangeMode::Shared).is_none());
                 Ok(())
             },
             |_| panic!("went exclusive"),
@@ -241,10 +245,7 @@ mod tests {
             &lock,
             ALIGNED,
             |_holds| {
-                assert!(lock
-                    .ranges()
-                    .try_lock(0, 4096, RangeMode::Shared)
-                    .is_some());
+                assert!(lock.ranges().try_lock(0, 4096, RangeMode::Shared).is_some());
                 assert!(lock
                     .ranges()
                     .try_lock(0, 512, RangeMode::Exclusive)
@@ -260,12 +261,10 @@ mod tests {
     #[test]
     fn a_writer_that_may_not_wait_is_deferred_instead() {
         let lock = InodeIoLock::new();
-        let never = |_: InflightIo<&InodeIoLock>| -> Result<(), IomapError> {
-            panic!("ran shared")
-        };
-        let never_exclusive = |_: &IoLockExclusive<'_>| -> Result<(), IomapError> {
-            panic!("ran exclusive")
-        };
+        let never =
+            |_: InflightIo<&InodeIoLock>| -> Result<(), IomapError> { panic!("ran shared") };
+        let never_exclusive =
+            |_: &IoLockExclusive<'_>| -> Result<(), IomapError> { panic!("ran exclusive") };
         // The lock is held exclusive elsewhere.
         {
             let _held = lock.lock_exclusive();

@@ -87,8 +87,7 @@ pub const MAX_INLINE_REQUEST_BYTES: u64 = MAX_PARTS as u64 * MIN_DEVICE_BLOCK;
 // A slot index shifted past the part bits must fit in a token, for every
 // slot a queue of the deepest depth can hold (one per request in flight,
 // plus the one being launched), and stay clear of the flush token.
-const _: () =
-    assert!((blockdev::MAX_QUEUE_DEPTH as u64 + 1) < (FLUSH_TOKEN >> PART_BITS));
+const _: () = assert!((blockdev::MAX_QUEUE_DEPTH as u64 + 1) < (FLUSH_TOKEN >> PART_BITS));
 
 /// Stands in for a buffer that went into a device request which never
 /// completed (the queue itself failed).
@@ -183,7 +182,8 @@ impl<F: IomapFile> IoQueue<F> {
     /// allows the I/O and the file is on this queue's device.
     fn admit(&self, file: &F, pos: u64, len: usize, write: bool) -> Result<F, FileError<F>> {
         let admitted = if Arc::ptr_eq(file.device(), &self.dev) {
-            file.check_io(pos, len as u64, write).and_then(|()| file.hold())
+            file.check_io(pos, len as u64, write)
+                .and_then(|()| file.hold())
         } else {
             Err(IomapError::ForeignFile.into())
         };
@@ -410,9 +410,8 @@ impl<F: IomapFile> IoQueue<F> {
     }
 
     /// Completes the DSYNC writes a flush has settled — this queue's or
-    /// anybody's — and issues this queue's flush for the rest, unless one
-    /// is in flight already.
-    fn settle_flush_waiters(&mut self) -> Result<(), IomapError> {
+    /// anybody's — and issues this queue's flush for the rest.
+    fn settle_flush_waiters(&mut self) {
         let mut i = 0;
         while i < self.awaiting_flush.len() {
             let Some(status) = self.flushes.status(self.awaiting_flush[i].ticket) else {
@@ -427,11 +426,29 @@ impl<F: IomapFile> IoQueue<F> {
             }
             self.ready.push_back(completion);
         }
+        self.start_own_flush();
+    }
+
+    /// Issues a device flush for the DSYNC writes waiting, unless this
+    /// queue has one in flight already (they then wait for the next: it
+    /// may have been issued before their data completed). It is queued,
+    /// never waited for.
+    fn start_own_flush(&mut self) {
         if self.awaiting_flush.is_empty() || self.own_flush.is_some() {
-            return Ok(());
+            return;
         }
         self.own_flush = Some(self.flushes.start_queued_flush());
-        self.push(FLUSH_TOKEN, DeviceRequest::Flush)
+        if let Err(e) = self.push(FLUSH_TOKEN, DeviceRequest::Flush) {
+            // The queue itself failed: the flush never reaches the device,
+            // and the writes it was to cover fail with that.
+            let failed = Err(blockdev::DeviceError::Flush {
+                source: std::io::Error::from_raw_os_error(e.errno()),
+            });
+            if let Some(flush) = self.own_flush.take() {
+                self.flushes.flush_done(flush, &failed);
+            }
+            self.settle_flush_waiters();
+        }
     }
 
     fn on_device_completion(&mut self, c: DeviceCompletion) {
@@ -439,6 +456,7 @@ impl<F: IomapFile> IoQueue<F> {
             if let Some(flush) = self.own_flush.take() {
                 self.flushes.flush_done(flush, &c.result);
             }
+            self.settle_flush_waiters();
             return;
         }
         let index = (c.token >> PART_BITS) as usize;
@@ -495,6 +513,7 @@ impl<F: IomapFile> IoQueue<F> {
                         completed_by: CompletedBy::Reaper,
                     },
                 });
+                self.start_own_flush();
             }
             (_, result) => {
                 let result = result.map_err(|e| {
@@ -526,7 +545,9 @@ impl<F: IomapFile> IoQueue<F> {
             source,
         })?;
         if !self.awaiting_flush.is_empty() {
-            self.settle_flush_waiters()?;
+            // Other queues' and synchronous writers' flushes may have
+            // settled some.
+            self.settle_flush_waiters();
         }
         Ok(())
     }

@@ -28,11 +28,10 @@
 use blockdev::{BlockDevice, WriteMode};
 
 use crate::align::{align_down, is_aligned};
+use crate::ioend::{dsync_as_durable_write, DioEndFlags, DioWriteOutcome, SizeUpdate, WriteEnd};
 use crate::iter::{IomapIter, IomapSpan};
 use crate::zero::zero_range;
-use crate::ioend::{dsync_as_durable_write, DioEndFlags, DioWriteOutcome, SizeUpdate, WriteEnd};
 use crate::{IomapError, IomapKind, IomapOpFlags, IomapOps};
-
 
 pub mod plan;
 
@@ -78,7 +77,6 @@ pub fn dio_read_simple<O: IomapOps>(
 pub(crate) fn logical_block_size(dev: &dyn BlockDevice) -> u32 {
     dev.caps().logical_block_size.max(1)
 }
-
 
 fn bad(pos: u64, reason: String) -> IomapError {
     IomapError::BadMapping { pos, reason }
@@ -402,10 +400,10 @@ fn write_span(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Iomap, IomapFlags};
     use crate::test_support::{
         pattern, Block, FakeFs, Req, ScriptedFs, TestDev, BS, KIB, MIB, STALE,
     };
+    use crate::{Iomap, IomapFlags};
 
     fn setup(lbs: u32, nblocks: usize) -> (TestDev, FakeFs) {
         let dev = TestDev::new(16 * MIB as usize, lbs);
