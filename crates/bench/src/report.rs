@@ -130,14 +130,15 @@ pub const CPU_SCOPE_FIO: &str = "fio job threads";
 
 /// What "cpu µs/IO" counts, for the report's notes.
 pub const CPU_NOTE: &str = "cpu µs/IO is user + system CPU time per I/O in the measured window \
-     (not warm-up or setup), and cpu ×raw that over raw's (below 1: less CPU per I/O than \
-     raw). raw and iomapfs: the whole bench process (getrusage RUSAGE_SELF), so also \
-     iomapfs's completion worker and io_uring's io-wq workers (threads of the process); the \
-     bench's own other threads are asleep. xfs and ext4: fio's usr_cpu + sys_cpu, its job \
-     threads only (RUSAGE_THREAD), so not io-wq workers — nearly all of the work with the \
-     sync backend (psync), not with io_uring on a device that makes it punt. Never included: \
-     kernel threads outside the process, such as a loop device's workers, which do its \
-     copying (device req/IO shows what each target asks of the device).";
+     (not warm-up, prefill or setup), and cpu ×raw that over raw's (below 1: less CPU per I/O \
+     than raw). raw and iomapfs: the whole bench process (getrusage RUSAGE_SELF), so also \
+     iomapfs's completion worker and io_uring's io-wq workers, which are threads of the \
+     process; the bench's other threads sleep. xfs and ext4: fio's usr_cpu + sys_cpu, its job \
+     threads only (RUSAGE_THREAD): all of the in-process work with psync, not io-wq work with \
+     io_uring. Kernel work outside the process is in neither: a loop device's workers (its \
+     reads and writes of the backing file) and block completions in softirq or kblockd, about \
+     as much CPU again on the loop device, where cpu µs/IO is thus mostly the submitting side; \
+     zram does its work in the submitting thread, where it is counted.";
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceRequests {
