@@ -206,7 +206,8 @@ pub fn measure(
         // I/O thread is joined: this takes in work the I/O threads hand to
         // other threads (iomapfs's completion worker, io_uring's io-wq),
         // which RUSAGE_THREAD of the I/O threads would miss. What else runs
-        // meanwhile is this thread, asleep but for a 10 ms poll.
+        // meanwhile is this thread, asleep but for a 10 ms poll, and the
+        // caller's progress display (the CLI's ticks every 200 ms).
         let cpu_before = CpuTime::process();
         let start = Instant::now();
         // Relaxed would do for the flag itself; SeqCst orders it after the
