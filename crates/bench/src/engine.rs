@@ -13,7 +13,11 @@
 //! Device counters are read just before the window opens and after every
 //! thread has finished, so every request of a counted I/O is inside the
 //! counter difference (counters can only over-count by the few warm-up I/Os
-//! in flight when the window opens, never under-count).
+//! in flight when the window opens, never under-count). CPU time is taken
+//! the same way, for the whole process (see `cpu`): from the window opening
+//! until every thread has finished, so it too can only over-count by the
+//! finishing of those few warm-up I/Os (at most the queue depth, against
+//! the tens of thousands counted).
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
@@ -22,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use blockdev::{AlignedBuf, RequestCounts};
 
+use crate::cpu::{CpuPerIoTime, CpuTime};
 use crate::histogram::Histogram;
 use crate::interrupt::{sleep_unless_stopped, stop_requested};
 use crate::target::{Done, Target, TargetQueue};
@@ -61,6 +66,12 @@ pub struct Measurement {
     /// Device requests issued during the window, when the target reports
     /// them.
     pub requests: Option<RequestCounts>,
+    /// CPU time of the whole process over the window (every thread: see
+    /// `cpu`); `None` if getrusage failed.
+    pub cpu: Option<CpuTime>,
+    /// CPU time of the I/O threads alone, each from its first I/O in the
+    /// window to its last; `None` if getrusage failed in one.
+    pub io_thread_cpu: Option<CpuTime>,
 }
 
 impl Measurement {
@@ -82,6 +93,11 @@ impl Measurement {
             }),
             _ => None,
         };
+        // Time and I/Os are summed, so per-I/O figures of the merge weigh
+        // each window by its I/Os, as IOPS weighs them by time.
+        let sum = |a: Option<CpuTime>, b: Option<CpuTime>| a.zip(b).map(|(a, b)| a + b);
+        self.cpu = sum(self.cpu, other.cpu);
+        self.io_thread_cpu = sum(self.io_thread_cpu, other.io_thread_cpu);
     }
 
     pub fn iops(&self) -> f64 {
@@ -91,6 +107,16 @@ impl Measurement {
     pub fn bandwidth(&self) -> f64 {
         self.bytes as f64 / self.elapsed.as_secs_f64()
     }
+
+    /// Process CPU time per measured I/O.
+    pub fn cpu_per_io(&self) -> Option<CpuPerIoTime> {
+        self.cpu.and_then(|c| c.per_io(self.ops))
+    }
+
+    /// The I/O threads' CPU time per measured I/O.
+    pub fn io_thread_cpu_per_io(&self) -> Option<CpuPerIoTime> {
+        self.io_thread_cpu.and_then(|c| c.per_io(self.ops))
+    }
 }
 
 #[derive(Default)]
@@ -98,6 +124,35 @@ struct Tally {
     ops: u64,
     bytes: u64,
     latency: Histogram,
+    /// This thread's CPU time in the window (`None`: getrusage failed, or
+    /// the thread ended on an error).
+    cpu: Option<CpuTime>,
+}
+
+/// One I/O thread's share of the window: opened before the first I/O it
+/// issues while measuring, closed when it stops.
+#[derive(Default)]
+struct ThreadWindow {
+    start: Option<std::io::Result<CpuTime>>,
+}
+
+impl ThreadWindow {
+    /// Takes the starting snapshot the first time it is called.
+    fn open(&mut self) {
+        if self.start.is_none() {
+            self.start = Some(CpuTime::thread());
+        }
+    }
+
+    /// CPU used since `open`: zero if the thread issued no I/O in the
+    /// window (nothing of it counted), `None` if getrusage failed.
+    fn close(&self) -> Option<CpuTime> {
+        match &self.start {
+            None => Some(CpuTime::default()),
+            Some(Ok(start)) => CpuTime::thread().ok().map(|end| end.since(start)),
+            Some(Err(_)) => None,
+        }
+    }
 }
 
 /// Runs `pattern` over `[0, span)` of `target`: `timing.warmup`, then
@@ -121,7 +176,7 @@ pub fn measure(
         phase.store(STOP, Ordering::SeqCst);
     };
 
-    let (tallies, before, elapsed) = thread::scope(|scope| {
+    let (tallies, before, elapsed, cpu) = thread::scope(|scope| {
         let threads = match driver {
             Driver::Threads => pattern.queue_depth,
             Driver::Queue => 1,
@@ -147,6 +202,13 @@ pub fn measure(
         }
         sleep_unless_stopped(timing.warmup, &failed);
         let before = target.requests();
+        // The whole process, opened with the window and closed once every
+        // I/O thread is joined: this takes in work the I/O threads hand to
+        // other threads (iomapfs's completion worker, io_uring's io-wq),
+        // which RUSAGE_THREAD of the I/O threads would miss. What else runs
+        // meanwhile is this thread, asleep but for a 10 ms poll, and the
+        // caller's progress display (the CLI's ticks every 200 ms).
+        let cpu_before = CpuTime::process();
         let start = Instant::now();
         // Relaxed would do for the flag itself; SeqCst orders it after the
         // counter snapshot above, which the accounting relies on.
@@ -160,7 +222,13 @@ pub fn measure(
                     .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
             })
             .collect();
-        (tallies, before, start.elapsed())
+        let cpu_after = CpuTime::process();
+        let elapsed = start.elapsed();
+        let cpu = cpu_before
+            .ok()
+            .zip(cpu_after.ok())
+            .map(|(b, a)| a.since(&b));
+        (tallies, before, elapsed, cpu)
     });
 
     if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
@@ -170,11 +238,15 @@ pub fn measure(
         return Err(BenchError::Interrupted);
     }
     let after = target.requests();
-    let mut total = Tally::default();
+    let mut total = Tally {
+        cpu: Some(CpuTime::default()),
+        ..Tally::default()
+    };
     for t in &tallies {
         total.ops += t.ops;
         total.bytes += t.bytes;
         total.latency.merge(&t.latency);
+        total.cpu = total.cpu.zip(t.cpu).map(|(a, b)| a + b);
     }
     Ok(Measurement {
         ops: total.ops,
@@ -182,6 +254,8 @@ pub fn measure(
         elapsed,
         latency: total.latency,
         requests: before.zip(after).map(|(b, a)| a.since(&b)),
+        cpu,
+        io_thread_cpu: total.cpu,
     })
 }
 
@@ -204,10 +278,15 @@ fn worker(
     };
     Rng::new(seed.rotate_left(17) ^ index as u64).fill(&mut buf);
     let mut stream = Stream::new(pattern, span, seed, index);
+    let mut window = ThreadWindow::default();
     loop {
         let now_phase = phase.load(Ordering::Acquire);
         if now_phase == STOP {
+            tally.cpu = window.close();
             return tally;
+        }
+        if now_phase == MEASURE {
+            window.open();
         }
         let (offset, len) = stream.next_io();
         let io = &mut buf[..len as usize];
@@ -296,10 +375,15 @@ fn queue_worker(
     let mut stream = Stream::new(pattern, span, seed, 0);
     let mut done: Vec<Done> = Vec::with_capacity(depth);
     let mut in_flight = 0usize;
+    let mut window = ThreadWindow::default();
     loop {
         let now_phase = phase.load(Ordering::Acquire);
+        if now_phase == MEASURE {
+            window.open();
+        }
         if now_phase == STOP {
             if in_flight == 0 {
+                tally.cpu = window.close();
                 return tally;
             }
         } else {
@@ -378,24 +462,34 @@ mod tests {
         runtime: Duration::from_millis(100),
     };
 
+    fn cpu_ms(user: u64, system: u64) -> Option<CpuTime> {
+        Some(CpuTime {
+            user: Duration::from_millis(user),
+            system: Duration::from_millis(system),
+        })
+    }
+
+    fn window(ops: u64, ms: u64, lat: u64) -> Measurement {
+        let mut latency = Histogram::new();
+        for _ in 0..ops {
+            latency.record(lat);
+        }
+        Measurement {
+            ops,
+            bytes: ops * 4096,
+            elapsed: Duration::from_millis(ms),
+            latency,
+            requests: Some(RequestCounts {
+                writes: ops,
+                ..RequestCounts::default()
+            }),
+            cpu: cpu_ms(ms / 2, ms / 4),
+            io_thread_cpu: cpu_ms(ms / 2, 0),
+        }
+    }
+
     #[test]
     fn merged_windows_weigh_by_time_not_by_window() {
-        let window = |ops: u64, ms: u64, lat: u64| {
-            let mut latency = Histogram::new();
-            for _ in 0..ops {
-                latency.record(lat);
-            }
-            Measurement {
-                ops,
-                bytes: ops * 4096,
-                elapsed: Duration::from_millis(ms),
-                latency,
-                requests: Some(RequestCounts {
-                    writes: ops,
-                    ..RequestCounts::default()
-                }),
-            }
-        };
         // 1000 ops in 1 s, then 3000 in 1 s: 4000 ops in 2 s.
         let mut m = window(1000, 1000, 10);
         m.merge(&window(3000, 1000, 20));
@@ -417,6 +511,31 @@ mod tests {
     }
 
     #[test]
+    fn merged_windows_sum_cpu_and_ios() {
+        // 1000 I/Os on 500 + 250 ms of CPU (750 µs each), then 3000 I/Os on
+        // the same (250 µs each): 1500 ms over 4000 I/Os is 375 µs per
+        // I/O, not the mean of the two windows' figures (500).
+        let mut m = window(1000, 1000, 10);
+        m.merge(&window(3000, 1000, 10));
+        assert_eq!(m.cpu, cpu_ms(1000, 500));
+        let per = m.cpu_per_io().unwrap();
+        assert!((per.total_us() - 375.0).abs() < 1e-9, "{per:?}");
+        assert!((per.user_us - 250.0).abs() < 1e-9, "{per:?}");
+        assert!((per.system_us - 125.0).abs() < 1e-9, "{per:?}");
+        assert_eq!(m.io_thread_cpu, cpu_ms(1000, 0));
+        let io = m.io_thread_cpu_per_io().unwrap();
+        assert!((io.total_us() - 250.0).abs() < 1e-9, "{io:?}");
+        // A window whose CPU is unknown makes the merge unknown.
+        let mut m = window(10, 10, 1);
+        m.merge(&Measurement {
+            cpu: None,
+            ..window(10, 10, 1)
+        });
+        assert!(m.cpu.is_none() && m.cpu_per_io().is_none());
+        assert!(m.io_thread_cpu.is_some());
+    }
+
+    #[test]
     fn raw_and_iomapfs_on_memory_count_consistently() {
         for (name, driver) in [
             ("randread-4k-qd32", Driver::Threads),
@@ -434,6 +553,23 @@ mod tests {
             let raw = RawTarget::prepare(dev.clone(), &p, span).unwrap();
             let m = measure(&raw, &p, span, seed_of(name), TIMING, driver).unwrap();
             assert!(m.ops > 0 && m.latency.count() == m.ops, "{name} raw: {m:?}");
+            // The memory device works in the I/O threads, so they used CPU,
+            // and the process used at least about as much (one scheduler
+            // tick per thread of slack at each snapshot).
+            let (cpu, io) = (m.cpu.unwrap(), m.io_thread_cpu.unwrap());
+            assert!(cpu.total() > Duration::ZERO && io.total() > Duration::ZERO);
+            let slack = Duration::from_millis(10) * (p.queue_depth as u32 + 1);
+            assert!(
+                cpu.total() + slack >= io.total(),
+                "{name}: {cpu:?} < {io:?}"
+            );
+            // And no more than every CPU for the whole window.
+            let cpus = thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+            assert!(
+                cpu.total() <= m.elapsed * cpus + slack,
+                "{name}: {cpu:?} in {:?}",
+                m.elapsed
+            );
             let per_io = m.bytes as f64 / m.ops as f64;
             assert!(per_io >= p.min_size as f64 && per_io <= p.max_size as f64);
             let req = m.requests.unwrap();

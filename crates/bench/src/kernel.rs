@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
+use crate::cpu::{self, CpuPerIoTime};
 use crate::engine::Driver;
 use crate::engine::Timing;
 use crate::interrupt::stop_requested;
@@ -107,6 +108,8 @@ pub struct KernelRun {
     pub bw_bytes: f64,
     pub lat_mean_ns: f64,
     pub lat_p99_ns: f64,
+    /// CPU per I/O of fio's job threads, or why it is not known.
+    pub cpu: Result<CpuPerIoTime, String>,
     /// The exact fio command line.
     pub command: String,
     /// mkfs and mount, as run.
@@ -237,8 +240,20 @@ pub fn fio_args(
     args
 }
 
-/// Pulls iops, bandwidth and latency (mean, p99) out of fio's JSON.
-pub fn parse_fio_json(text: &str, op: Op) -> Result<(f64, f64, f64, f64), String> {
+/// What fio's JSON says about one job group.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FioFigures {
+    pub iops: f64,
+    pub bw_bytes: f64,
+    pub lat_mean_ns: f64,
+    pub lat_p99_ns: f64,
+    /// CPU per I/O of fio's job threads, or why it cannot be had.
+    pub cpu: Result<CpuPerIoTime, String>,
+}
+
+/// Pulls iops, bandwidth, latency (mean, p99) and CPU per I/O out of fio's
+/// JSON.
+pub fn parse_fio_json(text: &str, op: Op) -> Result<FioFigures, String> {
     // fio may print notes before the JSON object.
     let start = text.find('{').ok_or("fio wrote no JSON")?;
     let v: Value =
@@ -247,10 +262,12 @@ pub fn parse_fio_json(text: &str, op: Op) -> Result<(f64, f64, f64, f64), String
         Op::Read => "read",
         Op::Write => "write",
     };
-    let job = v
+    let group = v
         .get("jobs")
         .and_then(|j| j.get(0))
-        .and_then(|j| j.get(side))
+        .ok_or("fio JSON has no jobs[0]")?;
+    let job = group
+        .get(side)
         .ok_or_else(|| format!("fio JSON has no jobs[0].{side}"))?;
     let num = |path: &[&str]| -> Result<f64, String> {
         let mut at = job;
@@ -275,12 +292,32 @@ pub fn parse_fio_json(text: &str, op: Op) -> Result<(f64, f64, f64, f64), String
             num(&path)
         })
     };
-    Ok((
-        num(&["iops"])?,
-        num(&["bw_bytes"])?,
-        lat(&["mean"])?,
-        lat(&["percentile", "99.000000"])?,
-    ))
+    // CPU: usr_cpu and sys_cpu are percent of job_runtime (ms, summed over
+    // the group's jobs), both reset with the I/O counts when ramp_time
+    // ends, and total_ios counts the group's I/Os after it.
+    let cpu = (|| {
+        let root = |key: &str| {
+            group
+                .get(key)
+                .and_then(Value::as_f64)
+                .ok_or_else(|| format!("fio JSON has no number jobs[0].{key}"))
+        };
+        let ios = job
+            .get("total_ios")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| format!("fio JSON has no number {side}.total_ios"))?;
+        let (usr, sys, runtime) = (root("usr_cpu")?, root("sys_cpu")?, root("job_runtime")?);
+        cpu::fio_per_io(usr, sys, runtime, ios).ok_or_else(|| {
+            format!("fio reported no I/O or no runtime ({ios} I/Os in {runtime} ms)")
+        })
+    })();
+    Ok(FioFigures {
+        iops: num(&["iops"])?,
+        bw_bytes: num(&["bw_bytes"])?,
+        lat_mean_ns: lat(&["mean"])?,
+        lat_p99_ns: lat(&["percentile", "99.000000"])?,
+        cpu,
+    })
 }
 
 /// Makes `fs` on the device, mounts it, runs the equivalent fio job and
@@ -381,14 +418,14 @@ pub fn run(
         return Err(failed("fio", format!("{status}: {}", err.trim())));
     }
     let text = fs::read_to_string(&output).map_err(|e| BenchError::io("read fio output", e))?;
-    let (iops, bw_bytes, lat_mean_ns, lat_p99_ns) =
-        parse_fio_json(&text, pattern.op).map_err(|e| failed("fio", e))?;
+    let figures = parse_fio_json(&text, pattern.op).map_err(|e| failed("fio", e))?;
     mounted.release().map_err(|e| failed("umount", e))?;
     Ok(KernelRun {
-        iops,
-        bw_bytes,
-        lat_mean_ns,
-        lat_p99_ns,
+        iops: figures.iops,
+        bw_bytes: figures.bw_bytes,
+        lat_mean_ns: figures.lat_mean_ns,
+        lat_p99_ns: figures.lat_p99_ns,
+        cpu: figures.cpu,
         command,
         setup,
     })
@@ -461,16 +498,42 @@ mod tests {
         let text = r#"note: something
 {"jobs":[{"write":{"iops":1234.5,"bw_bytes":5056512,
   "clat_ns":{"mean":800.25,"percentile":{"99.000000":1500}}}}]}"#;
-        let (iops, bw, mean, p99) = parse_fio_json(text, Op::Write).unwrap();
-        assert_eq!((iops, bw, mean, p99), (1234.5, 5056512.0, 800.25, 1500.0));
+        let f = parse_fio_json(text, Op::Write).unwrap();
+        assert_eq!(
+            (f.iops, f.bw_bytes, f.lat_mean_ns, f.lat_p99_ns),
+            (1234.5, 5056512.0, 800.25, 1500.0)
+        );
+        // No CPU fields: the figures stand, CPU says why it is missing.
+        assert!(f.cpu.unwrap_err().contains("total_ios"));
         assert!(parse_fio_json(text, Op::Read).unwrap_err().contains("read"));
-        let text = r#"{"jobs":[{"read":{"iops":1,"bw_bytes":2,
+        let text = r#"{"jobs":[{"read":{"iops":1,"bw_bytes":2,"total_ios":1000,
   "clat_ns":{"mean":3,"percentile":{"99.000000":4}},
   "lat_ns":{"mean":5,"percentile":{"99.000000":6}}}}]}"#;
+        let f = parse_fio_json(text, Op::Read).unwrap();
         assert_eq!(
-            parse_fio_json(text, Op::Read).unwrap(),
+            (f.iops, f.bw_bytes, f.lat_mean_ns, f.lat_p99_ns),
             (1.0, 2.0, 5.0, 6.0)
         );
+        assert!(f.cpu.unwrap_err().contains("usr_cpu"));
         assert!(parse_fio_json("", Op::Read).is_err());
+    }
+
+    #[test]
+    fn fio_cpu_becomes_microseconds_per_io() {
+        // As fio 3.x writes it: 8 psync jobs ran 2000 ms each (16000 ms of
+        // job time), 10 % of it user and 30 % system = 1600 ms + 4800 ms,
+        // for 800,000 writes: 2 + 6 µs per I/O.
+        let text = r#"{"fio version":"fio-3.36","jobs":[{"jobname":"w","groupid":0,
+  "read":{"iops":0,"bw_bytes":0,"total_ios":0,
+    "lat_ns":{"mean":0,"percentile":{"99.000000":0}}},
+  "write":{"iops":400000.0,"bw_bytes":1638400000,"total_ios":800000,
+    "lat_ns":{"mean":19000.5,"percentile":{"99.000000":40000}}},
+  "job_runtime":16000,"usr_cpu":10.000000,"sys_cpu":30.000000,"ctx":12}]}"#;
+        let cpu = parse_fio_json(text, Op::Write).unwrap().cpu.unwrap();
+        assert!((cpu.user_us - 2.0).abs() < 1e-9, "{cpu:?}");
+        assert!((cpu.system_us - 6.0).abs() < 1e-9, "{cpu:?}");
+        // The read side of the same job did no I/O: no figure, and why.
+        let why = parse_fio_json(text, Op::Read).unwrap().cpu.unwrap_err();
+        assert!(why.contains("0 I/Os"), "{why}");
     }
 }

@@ -15,9 +15,10 @@
 //! Module map: `workload` (names and I/O patterns) · `testbed` (zram, loop,
 //! image file; teardown) · `safety` (refusing devices with data) · `target`
 //! (raw and iomapfs targets) · `engine` (threads, warm-up, measured window)
-//! · `histogram` (latency) · `kernel` (mkfs, mount, fio) · `report` (JSON
-//! shape, table) · `interrupt` (Ctrl-C).
+//! · `cpu` (getrusage, CPU per I/O) · `histogram` (latency) · `kernel`
+//! (mkfs, mount, fio) · `report` (JSON shape, table) · `interrupt` (Ctrl-C).
 
+mod cpu;
 mod engine;
 mod error;
 pub mod histogram;
@@ -36,12 +37,13 @@ pub use blockdev::Backend;
 pub use error::BenchError;
 pub use interrupt::request_stop;
 pub use report::{
-    render_table, BenchReport, BenchResult, DeviceInfo, DeviceRequests, Machine, RequestsPerOp,
-    Settings, Skipped,
+    render_table, BenchReport, BenchResult, CpuPerIo, DeviceInfo, DeviceRequests, Machine,
+    RequestsPerOp, Settings, Skipped, CPU_SCOPE_FIO, CPU_SCOPE_PROCESS,
 };
 pub use safety::recognise;
 pub use testbed::LOCK_PATH;
 
+use cpu::CpuPerIoTime;
 use engine::{Driver, Measurement, Timing};
 use interrupt::SignalGuard;
 use kernel::KernelFs;
@@ -188,6 +190,7 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
          and ×raw is against both halves: drift of this machine over the pair cancels"
             .into(),
     );
+    report.notes.push(report::CPU_NOTE.into());
     let outcome = (|| {
         for w in &selected {
             run_workload(w, &bed, opts, timing, progress, &mut report)?;
@@ -304,12 +307,46 @@ fn engine_command(pattern: &IoPattern, span: u64, target: &str, dev: &BedDevice)
     )
 }
 
+/// The raw device's figures of a workload, which other targets are
+/// compared with.
+#[derive(Clone, Copy, Debug, Default)]
+struct Baseline {
+    iops: Option<f64>,
+    cpu_us_per_io: Option<f64>,
+}
+
+/// CPU per I/O for the report, from per-I/O times (or why there are none).
+fn cpu_figures(
+    per_io: Result<CpuPerIoTime, String>,
+    io_threads: Option<CpuPerIoTime>,
+    scope: &str,
+    raw: &Baseline,
+) -> (Option<CpuPerIo>, Option<f64>, Option<String>) {
+    match per_io {
+        Ok(c) => {
+            let total_us = c.total_us();
+            (
+                Some(CpuPerIo {
+                    total_us,
+                    user_us: c.user_us,
+                    system_us: c.system_us,
+                    scope: scope.into(),
+                    io_threads_us: io_threads.map(|t| t.total_us()),
+                }),
+                ratio(total_us, raw.cpu_us_per_io),
+                None,
+            )
+        }
+        Err(why) => (None, None, Some(why)),
+    }
+}
+
 fn engine_result(
     workload: &str,
     target: &str,
     dev: &BedDevice,
     m: &Measurement,
-    raw_iops: Option<f64>,
+    raw: &Baseline,
     command: String,
 ) -> BenchResult {
     let iops = m.iops();
@@ -328,6 +365,13 @@ fn engine_result(
             flushes: r.flushes as f64 / ops,
         }
     });
+    let cpu = match (m.cpu, m.cpu_per_io()) {
+        (None, _) => Err("getrusage failed".to_string()),
+        (Some(_), None) => Err("no I/O measured".to_string()),
+        (Some(_), Some(c)) => Ok(c),
+    };
+    let (cpu_per_io, cpu_ratio_to_raw, cpu_note) =
+        cpu_figures(cpu, m.io_thread_cpu_per_io(), CPU_SCOPE_PROCESS, raw);
     BenchResult {
         workload: workload.into(),
         target: target.into(),
@@ -336,7 +380,10 @@ fn engine_result(
         bw_bytes: m.bandwidth(),
         lat_mean_ns: m.latency.mean(),
         lat_p99_ns: m.latency.quantile(0.99) as f64,
-        ratio_to_raw: ratio(iops, raw_iops),
+        ratio_to_raw: ratio(iops, raw.iops),
+        cpu_per_io,
+        cpu_ratio_to_raw,
+        cpu_note,
         device_requests: requests,
         requests_per_op: per_op,
         ops: Some(m.ops),
@@ -346,8 +393,8 @@ fn engine_result(
     }
 }
 
-fn ratio(iops: f64, raw_iops: Option<f64>) -> Option<f64> {
-    raw_iops.filter(|r| *r > 0.0).map(|r| iops / r)
+fn ratio(x: f64, raw: Option<f64>) -> Option<f64> {
+    raw.filter(|r| *r > 0.0).map(|r| x / r)
 }
 
 /// Interrupts end the run; any other failure of one target is recorded as
@@ -449,20 +496,23 @@ fn run_workload(
         Ok(before)
     });
 
-    let mut raw_iops = None;
+    let mut raw = Baseline::default();
     if let Some(m) = recorded(raw_measured, report, w.name, "raw")? {
-        raw_iops = Some(m.iops());
+        raw = Baseline {
+            iops: Some(m.iops()),
+            cpu_us_per_io: m.cpu_per_io().map(|c| c.total_us()),
+        };
         let command = engine_command(&pattern, span, "raw", dev);
         report
             .results
-            .push(engine_result(w.name, "raw", dev, &m, raw_iops, command));
+            .push(engine_result(w.name, "raw", dev, &m, &raw, command));
     }
     progress.inc(1);
     if let Some(m) = recorded(fs_measured, report, w.name, "iomapfs")? {
         let command = engine_command(&pattern, span, "iomapfs", dev);
         report
             .results
-            .push(engine_result(w.name, "iomapfs", dev, &m, raw_iops, command));
+            .push(engine_result(w.name, "iomapfs", dev, &m, &raw, command));
     }
     progress.inc(1);
 
@@ -481,6 +531,8 @@ fn run_workload(
         say(target, "mkfs, mount, fio");
         let ran = kernel::run(fs, dev, w.name, &pattern, span, timing, driver);
         if let Some(k) = recorded(ran, report, w.name, target)? {
+            let (cpu_per_io, cpu_ratio_to_raw, cpu_note) =
+                cpu_figures(k.cpu, None, CPU_SCOPE_FIO, &raw);
             report.results.push(BenchResult {
                 workload: w.name.into(),
                 target: target.into(),
@@ -489,7 +541,10 @@ fn run_workload(
                 bw_bytes: k.bw_bytes,
                 lat_mean_ns: k.lat_mean_ns,
                 lat_p99_ns: k.lat_p99_ns,
-                ratio_to_raw: ratio(k.iops, raw_iops),
+                ratio_to_raw: ratio(k.iops, raw.iops),
+                cpu_per_io,
+                cpu_ratio_to_raw,
+                cpu_note,
                 device_requests: None,
                 requests_per_op: None,
                 ops: None,

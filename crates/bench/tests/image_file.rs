@@ -148,6 +148,24 @@ fn image_file_run_reports_consistent_json() {
             "{w}: ratio {} vs {expect}",
             fs["ratio_to_raw"]
         );
+        // CPU per I/O: user + system of the whole process, split too, and
+        // the ratio is against raw's.
+        for r in [raw, fs] {
+            let cpu = &r["cpu_per_io"];
+            assert_eq!(cpu["scope"], "process", "{w}: {cpu}");
+            assert!(num(cpu, "total_us") > 0.0, "{w}: {cpu}");
+            let parts = num(cpu, "user_us") + num(cpu, "system_us");
+            assert!((parts - num(cpu, "total_us")).abs() < 1e-9, "{w}: {cpu}");
+            assert!(num(cpu, "io_threads_us") > 0.0, "{w}: {cpu}");
+            assert!(r.get("cpu_note").is_none(), "{w}: {}", r["cpu_note"]);
+        }
+        assert_eq!(num(raw, "cpu_ratio_to_raw"), 1.0);
+        let expect = num(&fs["cpu_per_io"], "total_us") / num(&raw["cpu_per_io"], "total_us");
+        assert!(
+            (num(fs, "cpu_ratio_to_raw") - expect).abs() <= 1e-9 * expect,
+            "{w}: cpu ratio {} vs {expect}",
+            fs["cpu_ratio_to_raw"]
+        );
         // No kernel targets with --no-kernel, and the skip says so.
         for t in ["xfs", "ext4"] {
             assert!(find(w, t).is_none());
@@ -180,6 +198,8 @@ fn image_file_run_reports_consistent_json() {
         assert!(reason.contains("not built"), "{reason}");
     }
     assert!(table.contains("randread-4k-qd1") && table.contains("iomapfs"));
+    assert!(table.contains("cpu ×raw") && table.contains("cpu µs/IO"));
+    assert!(!table.contains("no CPU figure"), "{table}");
 
     // The device is left blank, so a second run needs no --force.
     let head = std::fs::read(&img).unwrap();

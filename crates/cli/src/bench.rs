@@ -13,8 +13,8 @@ use crate::Failure;
 const LONG_ABOUT: &str = "\
 Runs the seed workloads on one device in one run and prints, for each, the
 raw device (same backend and queue depth), iomapfs, and the kernel's XFS and
-ext4 (through fio), as IOPS, bandwidth, mean and p99 latency, and ratios to
-the raw device.
+ext4 (through fio), as IOPS, bandwidth, mean and p99 latency, CPU time per
+I/O, and ratios to the raw device (of IOPS and of CPU per I/O).
 
 With no --device: as root with zram and loop devices available, a RAM-backed
 bed is set up (zram for 4 KiB workloads; a loop device over a tmpfs file
