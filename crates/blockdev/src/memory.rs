@@ -37,6 +37,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::IoOp;
+use crate::rng::SplitMix64;
 use crate::WriteMode;
 use crate::{check_request, BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceKind};
 
@@ -462,11 +463,13 @@ impl MemDevice {
     /// write keeping each block with probability 1/2. The same seed and
     /// history give the same device, so a failing seed is a reproducer.
     pub fn power_cut_seeded(&self, seed: u64) -> MemDevice {
-        let mut rng = SplitMix64(seed);
-        self.power_cut(&mut |w| match rng.next() % 3 {
+        // `% 3` and `& 1` rather than `below`: saved seeds must keep
+        // cutting the same way.
+        let mut rng = SplitMix64::new(seed);
+        self.power_cut(&mut |w| match rng.next_u64() % 3 {
             0 => Survival::Lost,
             1 => Survival::Kept,
-            _ => Survival::Torn((0..w.blocks()).map(|_| rng.next() & 1 == 1).collect()),
+            _ => Survival::Torn((0..w.blocks()).map(|_| rng.next_u64() & 1 == 1).collect()),
         })
     }
 
@@ -739,20 +742,6 @@ impl Image {
         let mut out = vec![0; size];
         self.read(0, &mut out);
         out
-    }
-}
-
-/// SplitMix64 (Steele, Lea, Flood 2014): a few lines, statistically fine for
-/// choosing crash outcomes, and keeps `rand` out of the library.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
     }
 }
 
