@@ -80,8 +80,6 @@ impl fmt::Debug for PendingWrite {
     }
 }
 
-/// A RAM-backed [`BlockDevice`] with a crash model (see the module docs).
-
 impl MemDevice {
     /// Simulates losing power now, and returns the device as it would come
     /// back: the durable image with the pending writes replayed in issue
