@@ -25,6 +25,7 @@ pub mod error;
 pub mod memory;
 mod probe;
 pub mod queue;
+mod request;
 pub mod rng;
 pub mod sync_backend;
 pub mod uring;

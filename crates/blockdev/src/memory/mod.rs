@@ -37,8 +37,9 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::IoOp;
+use crate::request::Admission;
 use crate::WriteMode;
-use crate::{check_request, BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceKind};
+use crate::{BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceKind};
 
 mod fault;
 mod image;
@@ -236,9 +237,12 @@ impl BlockDevice for MemDevice {
 }
 
 impl MemDevice {
+    fn admission(&self) -> Admission<'_> {
+        Admission::new(&self.caps, &self.counters)
+    }
+
     fn read_now(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
-        check_request(&self.caps, offset, buf.len())?;
-        self.counters.record_read(buf.len());
+        self.admission().read(offset, buf.len())?;
         let mut state = self.state.lock();
         if state
             .faults
@@ -251,9 +255,7 @@ impl MemDevice {
     }
 
     fn write_now(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError> {
-        check_request(&self.caps, offset, buf.len())?;
-        let fua = mode == WriteMode::Fua;
-        self.counters.record_write(buf.len(), fua);
+        self.admission().write(offset, buf.len(), mode)?;
         let mut state = self.state.lock();
         if state
             .faults
@@ -265,7 +267,7 @@ impl MemDevice {
             return Ok(());
         }
         let offset_usize = offset as usize;
-        let durable = fua || !self.caps.volatile_write_cache;
+        let durable = mode == WriteMode::Fua || !self.caps.volatile_write_cache;
         let state = &mut *state;
         state.current.write(offset_usize, buf);
         if durable && state.pending.is_empty() {
@@ -288,7 +290,7 @@ impl MemDevice {
     }
 
     fn flush_now(&self) -> Result<(), DeviceError> {
-        self.counters.record_flush();
+        self.admission().flush();
         let mut state = self.state.lock();
         if state.faults.should_fail(IoOp::Flush, 0, 0) {
             return Err(DeviceError::Flush {

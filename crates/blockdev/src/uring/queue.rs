@@ -28,8 +28,10 @@ use super::fixed_buffers::{FixedBufferOptions, FixedPool};
 use super::in_flight::{into_completion, io_error, outcome, InFlight, Op, Outcome};
 use super::setup::{build_ring, errno_text, release_files, UringOptions, MAX_RETRIES};
 use crate::error::IoOp;
-use crate::queue::{clamp_depth, DeviceCompletion, DeviceQueue, DeviceRequest, QueueFull, Token};
-use crate::{check_request, AlignedBuf, BlockDevice, DeviceError, SyncDevice, WriteMode};
+use crate::queue::{
+    clamp_depth, refuse_if_full, DeviceCompletion, DeviceQueue, DeviceRequest, QueueFull, Token,
+};
+use crate::{AlignedBuf, BlockDevice, DeviceError, SyncDevice, WriteMode};
 
 /// A [`DeviceQueue`] with its own io_uring (see the [`crate::uring`] docs).
 pub struct UringQueue {
@@ -339,20 +341,13 @@ impl DeviceQueue for UringQueue {
     }
 
     fn push(&mut self, token: Token, request: DeviceRequest) -> Result<(), QueueFull> {
-        if self.in_flight() >= self.depth {
-            return Err(QueueFull {
-                token,
-                request,
-                depth: self.depth,
-            });
-        }
+        let request = refuse_if_full(self.in_flight(), self.depth, token, request)?;
         match request {
             DeviceRequest::Read { offset, buf } => {
-                if let Err(e) = check_request(self.dev.caps(), offset, buf.len()) {
+                if let Err(e) = self.dev.admission().read(offset, buf.len()) {
                     self.finish_now(token, Err(e), Some(buf));
                     return Ok(());
                 }
-                self.dev.counters().record_read(buf.len());
                 if buf.is_empty() {
                     self.finish_now(token, Ok(0), Some(buf));
                     return Ok(());
@@ -374,21 +369,11 @@ impl DeviceQueue for UringQueue {
                 }
             }
             DeviceRequest::Write { offset, buf, mode } => {
-                if let Err(e) = check_request(self.dev.caps(), offset, buf.len()) {
+                if let Err(e) = self.dev.admission().write(offset, buf.len(), mode) {
                     self.finish_now(token, Err(e), Some(buf));
                     return Ok(());
                 }
-                if self.dev.is_read_only() {
-                    let err = DeviceError::ReadOnly {
-                        path: self.dev.path().to_owned(),
-                        offset,
-                        len: buf.len() as u64,
-                    };
-                    self.finish_now(token, Err(err), Some(buf));
-                    return Ok(());
-                }
                 let fua = mode == WriteMode::Fua;
-                self.dev.counters().record_write(buf.len(), fua);
                 if buf.is_empty() {
                     self.finish_now(token, Ok(0), Some(buf));
                     return Ok(());
@@ -416,7 +401,7 @@ impl DeviceQueue for UringQueue {
                 self.unsubmitted += 1;
             }
             DeviceRequest::Flush => {
-                self.dev.counters().record_flush();
+                self.dev.admission().flush();
                 self.start(token, Op::Flush);
             }
         }
