@@ -32,14 +32,18 @@
 
 use std::fmt;
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
 use crate::error::IoOp;
 use crate::request::Admission;
+use crate::rng::mix64;
 use crate::WriteMode;
-use crate::{BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceKind};
+use crate::{
+    BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceKind, DeviceQueue, OutOfOrderQueue,
+};
 
 mod fault;
 mod image;
@@ -57,8 +61,19 @@ use pause::Pauses;
 /// A RAM-backed [`BlockDevice`] with a crash model (see the module docs).
 pub struct MemDevice {
     caps: DeviceCaps,
-    counters: DeviceCounters,
-    state: Mutex<State>,
+    /// Shared by every handle on the device (see [`MemDevice::handle`]).
+    counters: Arc<DeviceCounters>,
+    state: Arc<Mutex<State>>,
+    /// `Some`: [`BlockDevice::native_queue`] makes an [`OutOfOrderQueue`].
+    out_of_order: Option<OutOfOrder>,
+}
+
+/// How [`MemDevice::with_out_of_order_queue`] seeds its queues.
+struct OutOfOrder {
+    seed: u64,
+    /// Queues made so far: each gets its own seed, derived from `seed` and
+    /// its number, so two queues do not reorder in lockstep.
+    queues_made: AtomicU64,
 }
 
 struct State {
@@ -98,6 +113,23 @@ impl MemDevice {
     /// flush would.)
     pub fn with_kernel_durable_writes(mut self) -> MemDevice {
         self.caps.kernel_durable_writes = true;
+        self
+    }
+
+    /// Makes [`new_queue`](crate::new_queue) on this device build an
+    /// [`OutOfOrderQueue`], which completes requests in a seeded-random
+    /// order instead of push order: the reorderings a real NVMe or io_uring
+    /// queue may produce, reproducibly. The `n`-th queue made from the
+    /// device (counting from 0) is seeded with [`mix64`]`(seed + n)`, so
+    /// the same seed and the same calls give the same completions.
+    ///
+    /// Without it (the default), queues are [`crate::InlineQueue`]s,
+    /// which complete in push order.
+    pub fn with_out_of_order_queue(mut self, seed: u64) -> MemDevice {
+        self.out_of_order = Some(OutOfOrder {
+            seed,
+            queues_made: AtomicU64::new(0),
+        });
         self
     }
 
@@ -165,14 +197,27 @@ impl MemDevice {
     fn from_image(caps: DeviceCaps, image: Image) -> MemDevice {
         MemDevice {
             caps,
-            counters: DeviceCounters::default(),
-            state: Mutex::new(State {
+            counters: Arc::default(),
+            state: Arc::new(Mutex::new(State {
                 durable: image.clone(),
                 current: image,
                 pending: Vec::new(),
                 faults: Faults::default(),
                 pauses: Pauses::default(),
-            }),
+            })),
+            out_of_order: None,
+        }
+    }
+
+    /// Another handle on the same device (contents, counters, faults,
+    /// pauses), with the default queue: what an [`OutOfOrderQueue`] runs
+    /// its requests on, since it outlives the borrow `native_queue` gets.
+    fn handle(&self) -> MemDevice {
+        MemDevice {
+            caps: self.caps.clone(),
+            counters: Arc::clone(&self.counters),
+            state: Arc::clone(&self.state),
+            out_of_order: None,
         }
     }
 
@@ -229,6 +274,16 @@ impl BlockDevice for MemDevice {
 
     fn counters(&self) -> &DeviceCounters {
         &self.counters
+    }
+
+    fn native_queue(&self, depth: usize) -> Result<Option<Box<dyn DeviceQueue>>, DeviceError> {
+        let Some(out_of_order) = &self.out_of_order else {
+            return Ok(None);
+        };
+        let n = out_of_order.queues_made.fetch_add(1, Ordering::Relaxed);
+        let seed = mix64(out_of_order.seed.wrapping_add(n));
+        let dev: Arc<dyn BlockDevice> = Arc::new(self.handle());
+        Ok(Some(Box::new(OutOfOrderQueue::new(dev, depth, seed))))
     }
 
     fn backend_name(&self) -> &'static str {
@@ -316,6 +371,10 @@ impl fmt::Debug for MemDevice {
             .field("caps", &self.caps)
             .field("pending_writes", &state.pending.len())
             .field("fault_rules", &state.faults.len())
+            .field(
+                "out_of_order_seed",
+                &self.out_of_order.as_ref().map(|o| o.seed),
+            )
             .finish()
     }
 }

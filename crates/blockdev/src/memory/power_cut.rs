@@ -86,9 +86,9 @@ impl MemDevice {
     /// order, each kept, lost or torn as `choose` says (durable writes are
     /// always kept; `choose` is still called for them, and its answer
     /// ignored, so that indices and call counts do not depend on
-    /// durability). The new device has the same capabilities, fresh
-    /// counters and no faults; `self` is unchanged, so one history can be
-    /// cut many ways.
+    /// durability). The new device has the same capabilities and kind of
+    /// queue (its queues numbered from 0 again), fresh counters and no
+    /// faults; `self` is unchanged, so one history can be cut many ways.
     ///
     /// `choose` runs without the device lock held, so it may use `self`.
     pub fn power_cut(&self, choose: &mut dyn FnMut(&PendingWrite) -> Survival) -> MemDevice {
@@ -113,7 +113,11 @@ impl MemDevice {
                 }
             }
         }
-        MemDevice::from_image(self.caps.clone(), image)
+        let cut = MemDevice::from_image(self.caps.clone(), image);
+        match &self.out_of_order {
+            Some(out_of_order) => cut.with_out_of_order_queue(out_of_order.seed),
+            None => cut,
+        }
     }
 
     /// [`MemDevice::power_cut`] with pseudo-random choices from `seed`: each

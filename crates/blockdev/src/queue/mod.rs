@@ -9,8 +9,11 @@
 //! Every device has a queue: [`new_queue`] asks the backend for its native
 //! one (io_uring: [`crate::uring::UringQueue`]) and otherwise builds an
 //! [`InlineQueue`], which runs each request synchronously at
-//! [`DeviceQueue::submit`]. Both follow the same contract, so code written
-//! against [`DeviceQueue`] runs unchanged on the memory device in tests.
+//! [`DeviceQueue::submit`]. All follow the same contract, so code written
+//! against [`DeviceQueue`] runs unchanged on the memory device in tests. The
+//! inline queue completes in push order, which no real queue promises; tests
+//! that must see reordered completions use an [`OutOfOrderQueue`] (see
+//! [`crate::MemDevice::with_out_of_order_queue`]).
 //!
 //! # Contract, in one place
 //!
@@ -29,8 +32,10 @@ use std::sync::Arc;
 use crate::{AlignedBuf, BlockDevice, DeviceError, WriteMode};
 
 mod inline;
+mod out_of_order;
 
 pub use inline::InlineQueue;
+pub use out_of_order::OutOfOrderQueue;
 
 /// Caller-chosen identity of a request, returned with its completion.
 pub type Token = u64;
