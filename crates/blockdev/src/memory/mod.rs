@@ -20,6 +20,10 @@
 //!   over it.
 //! - A failed request (injected with [`FaultRule`]) has no effect at all: a
 //!   failed write changes no byte, a failed flush makes nothing durable.
+//! - Queued requests complete in push order ([`crate::InlineQueue`]), or,
+//!   on a device built [`with_out_of_order_queue`](MemDevice::with_out_of_order_queue),
+//!   in a seeded-random order, each reaching the device as it completes
+//!   (the fault model of that queue is in [`crate::queue::out_of_order`]).
 //!
 //! # Where each part lives
 //!

@@ -33,7 +33,7 @@ pub struct InlineQueue {
 }
 
 impl InlineQueue {
-    /// `depth` is clamped to `1..=`[`MAX_QUEUE_DEPTH`].
+    /// `depth` is clamped to `1..=`[`MAX_QUEUE_DEPTH`](super::MAX_QUEUE_DEPTH).
     pub fn new(dev: Arc<dyn BlockDevice>, depth: usize) -> InlineQueue {
         let depth = clamp_depth(depth);
         InlineQueue {

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use crate::{AlignedBuf, BlockDevice, DeviceError, WriteMode};
 
 mod inline;
-mod out_of_order;
+pub mod out_of_order;
 
 pub use inline::InlineQueue;
 pub use out_of_order::OutOfOrderQueue;

@@ -56,7 +56,7 @@ use crate::rng::SplitMix64;
 use crate::{BlockDevice, DeviceError};
 
 /// A [`DeviceQueue`] that completes submitted requests in a seeded-random
-/// order (see the module docs).
+/// order: see the fault model in the [module docs](self).
 pub struct OutOfOrderQueue {
     dev: Arc<dyn BlockDevice>,
     depth: usize,
