@@ -134,9 +134,10 @@ impl SyncDevice {
     /// sends them (these methods, and queues on the same descriptor).
     pub(crate) fn admission(&self) -> Admission<'_> {
         let admission = Admission::new(&self.caps, &self.counters);
-        match self.read_only {
-            true => admission.read_only(&self.path),
-            false => admission,
+        if self.read_only {
+            admission.read_only(&self.path)
+        } else {
+            admission
         }
     }
 
