@@ -225,40 +225,10 @@ pub fn select(names: &[String]) -> Result<Vec<&'static Workload>, BenchError> {
         .collect())
 }
 
-/// A small, fast, seedable generator (SplitMix64): the same seed gives the
-/// same offsets on every target, so raw and iomapfs see one I/O sequence.
-#[derive(Clone, Debug)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0), by multiply-shift: no modulo bias worth
-    /// measuring for the ranges used here.
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
-    }
-
-    pub fn fill(&mut self, buf: &mut [u8]) {
-        let mut chunks = buf.chunks_exact_mut(8);
-        for chunk in &mut chunks {
-            chunk.copy_from_slice(&self.next_u64().to_le_bytes());
-        }
-        let rest = chunks.into_remainder();
-        let last = self.next_u64().to_le_bytes();
-        rest.copy_from_slice(&last[..rest.len()]);
-    }
-}
+/// The seeded generator of offsets, sizes and data (the workspace's one
+/// SplitMix64): the same seed gives the same offsets on every target, so raw
+/// and iomapfs see one I/O sequence.
+pub use blockdev::rng::SplitMix64 as Rng;
 
 /// The I/O stream of one thread: sizes and offsets inside `[0, span)`.
 #[derive(Clone, Debug)]

@@ -97,7 +97,7 @@ fn sync_threads(dev: &Arc<dyn BlockDevice>, blocks: u64, threads: usize, run_for
         for t in 0..threads {
             let (dev, stop, done) = (Arc::clone(dev), &stop, &done);
             s.spawn(move || {
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
+                let mut rng = Rng::new(t as u64 + 1);
                 let mut buf = AlignedBuf::new(BLOCK, BLOCK).unwrap();
                 let mut n = 0;
                 while !stop.load(Ordering::Relaxed) {

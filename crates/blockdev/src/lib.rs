@@ -11,7 +11,8 @@
 //! - [`uring::UringDevice`]: the same descriptor driven through io_uring by
 //!   per-thread [`DeviceQueue`]s (one ring each, batched submission).
 //! - [`memory::MemDevice`]: RAM-backed, for tests. Counts requests, injects
-//!   errors and simulates power cuts.
+//!   errors, simulates power cuts, and on request completes queued requests
+//!   out of order ([`OutOfOrderQueue`]).
 //!
 //! [`backend::open_device`] opens a path with the backend the caller asked for,
 //! or, for [`Backend::Auto`], the one probing says is faster, and says why.
@@ -25,6 +26,8 @@ pub mod error;
 pub mod memory;
 mod probe;
 pub mod queue;
+mod request;
+pub mod rng;
 pub mod sync_backend;
 pub mod uring;
 
@@ -35,8 +38,8 @@ pub use counters::{DeviceCounters, RequestCounts};
 pub use error::DeviceError;
 pub use memory::{FaultOp, FaultRule, MemDevice, PausedRequest, PendingWrite, Survival};
 pub use queue::{
-    new_queue, DeviceCompletion, DeviceQueue, DeviceRequest, InlineQueue, QueueFull, Token,
-    MAX_QUEUE_DEPTH,
+    new_queue, DeviceCompletion, DeviceQueue, DeviceRequest, InlineQueue, OutOfOrderQueue,
+    QueueFull, Token, MAX_QUEUE_DEPTH,
 };
 pub use sync_backend::{SyncDevice, SyncOpenOptions};
 pub use uring::{FixedBufferOptions, UringDevice, UringOptions, UringQueue};

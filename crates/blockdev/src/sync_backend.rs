@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::aligned_buf::AlignedBuf;
 use crate::error::IoOp;
 use crate::probe::{self, DioSupport};
+use crate::request::Admission;
 use crate::WriteMode;
-use crate::{check_request, BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceKind};
+use crate::{BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceKind};
 
 /// How to open a [`SyncDevice`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -129,6 +130,17 @@ impl SyncDevice {
         &self.file
     }
 
+    /// Validates and counts requests on this handle, for every path that
+    /// sends them (these methods, and queues on the same descriptor).
+    pub(crate) fn admission(&self) -> Admission<'_> {
+        let admission = Admission::new(&self.caps, &self.counters);
+        if self.read_only {
+            admission.read_only(&self.path)
+        } else {
+            admission
+        }
+    }
+
     /// Counts one request bounced outside this type (by a queue).
     pub(crate) fn note_bounce(&self) {
         self.bounced.fetch_add(1, Ordering::Relaxed);
@@ -234,8 +246,7 @@ impl BlockDevice for SyncDevice {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
-        check_request(&self.caps, offset, buf.len())?;
-        self.counters.record_read(buf.len());
+        self.admission().read(offset, buf.len())?;
         if self.needs_bounce(buf.as_ptr(), buf.len()) {
             let mut bounce = self.bounce_buf(IoOp::Read, offset, buf.len())?;
             self.read_fully(&mut bounce, offset)?;
@@ -247,17 +258,11 @@ impl BlockDevice for SyncDevice {
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError> {
-        check_request(&self.caps, offset, buf.len())?;
-        if self.read_only {
-            return Err(DeviceError::ReadOnly {
-                path: self.path.clone(),
-                offset,
-                len: buf.len() as u64,
-            });
-        }
-        let fua = mode == WriteMode::Fua;
-        self.counters.record_write(buf.len(), fua);
-        let flags = if fua { libc::RWF_DSYNC } else { 0 };
+        self.admission().write(offset, buf.len(), mode)?;
+        let flags = match mode {
+            WriteMode::Fua => libc::RWF_DSYNC,
+            WriteMode::Normal => 0,
+        };
         if self.needs_bounce(buf.as_ptr(), buf.len()) {
             let mut bounce = self.bounce_buf(IoOp::Write, offset, buf.len())?;
             bounce.copy_from_slice(buf);
@@ -271,7 +276,7 @@ impl BlockDevice for SyncDevice {
     /// the dirty state, so retrying and getting `Ok` does not mean the data
     /// is durable: callers must treat the failure as data loss.
     fn flush(&self) -> Result<(), DeviceError> {
-        self.counters.record_flush();
+        self.admission().flush();
         // std retries fdatasync on EINTR.
         self.file
             .sync_data()

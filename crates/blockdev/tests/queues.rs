@@ -1,5 +1,7 @@
-//! Device queues: the io_uring queue and the inline queue keep the same
-//! contract and give the same results.
+//! Device queues: the io_uring queue, the inline queue and the out-of-order
+//! queue keep the same contract and give the same results. Tests that do
+//! not depend on a backend's completion order run on every queue (see
+//! [`subjects`]).
 
 mod common;
 
@@ -13,6 +15,8 @@ use common::{image, initial, random_mix, reap_all};
 
 const IMAGE_BYTES: usize = 4 << 20;
 const DEPTHS: [usize; 9] = [1, 2, 3, 8, 17, 32, 64, 128, 256];
+/// Seeds of the out-of-order queues the contract tests run on.
+const OUT_OF_ORDER_SEEDS: [u64; 2] = [1, 0xdead_beef];
 
 fn open_uring(path: &std::path::Path, opts: UringOptions) -> Arc<dyn BlockDevice> {
     Arc::new(UringDevice::open(path, SyncOpenOptions::default(), opts).unwrap())
@@ -28,10 +32,74 @@ fn buf(len: usize, fill: u8) -> AlignedBuf {
     b
 }
 
+/// A memory device holding the standard initial image, with 512-byte
+/// blocks; `Some(seed)` gives it out-of-order queues.
+fn memory(out_of_order: Option<u64>) -> Arc<MemDevice> {
+    let bytes: Vec<u8> = (0..IMAGE_BYTES).map(initial).collect();
+    let dev = MemDevice::from_bytes(bytes, 512, true, false);
+    Arc::new(match out_of_order {
+        Some(seed) => dev.with_out_of_order_queue(seed),
+        None => dev,
+    })
+}
+
+/// One device whose queues a contract test runs on.
+struct Subject {
+    name: String,
+    dev: Arc<dyn BlockDevice>,
+    /// What the device holds, read behind its back (the image file, or the
+    /// memory device's snapshot): not through the queue under test.
+    contents: Box<dyn Fn() -> Vec<u8>>,
+    /// Keeps a file-backed device's image alive.
+    _image: Option<tempfile::NamedTempFile>,
+}
+
+impl Subject {
+    fn file(name: &str, open: impl Fn(&std::path::Path) -> Arc<dyn BlockDevice>) -> Subject {
+        let img = image(IMAGE_BYTES, initial);
+        let path = img.path().to_owned();
+        Subject {
+            name: name.into(),
+            dev: open(&path),
+            contents: Box::new(move || std::fs::read(&path).unwrap()),
+            _image: Some(img),
+        }
+    }
+
+    fn memory(name: String, out_of_order: Option<u64>) -> Subject {
+        let mem = memory(out_of_order);
+        Subject {
+            name,
+            dev: mem.clone(),
+            contents: Box::new(move || mem.snapshot()),
+            _image: None,
+        }
+    }
+}
+
+/// Every kind of queue: io_uring and the inline queue on image files, the
+/// inline queue on the memory device, and out-of-order queues on it.
+fn subjects() -> Vec<Subject> {
+    let mut all = vec![
+        Subject::file("uring", |p| open_uring(p, UringOptions::default())),
+        Subject::file("sync, inline queue", open_sync),
+        Subject::memory("memory, inline queue".into(), None),
+    ];
+    for seed in OUT_OF_ORDER_SEEDS {
+        all.push(Subject::memory(
+            format!("memory, out-of-order queue seed {seed}"),
+            Some(seed),
+        ));
+    }
+    all
+}
+
 /// The heart of it: for every depth, the same seeded mix of reads, writes,
 /// FUA writes and flushes through io_uring, through the inline queue on the
-/// sync backend, and through the inline queue on the memory device, gives
-/// the same completions and leaves the same bytes.
+/// sync backend, through the inline queue on the memory device, and through
+/// out-of-order queues on it, gives the same completions and leaves the same
+/// bytes. (The mix never has a write in flight with an overlapping request,
+/// so completion order cannot change an answer.)
 #[test]
 fn uring_and_inline_queues_agree_on_random_mixes() {
     for (i, depth) in DEPTHS.into_iter().enumerate() {
@@ -72,6 +140,24 @@ fn uring_and_inline_queues_agree_on_random_mixes() {
         assert_eq!(uring_log, mem_log, "depth {depth}: uring vs memory");
         assert!(model == sync_model && model == mem_model);
 
+        for ooo_seed in OUT_OF_ORDER_SEEDS {
+            let bytes = initial_bytes.clone();
+            let ooo = Arc::new(
+                MemDevice::from_bytes(bytes, lbs as u32, true, false)
+                    .with_out_of_order_queue(ooo_seed ^ seed),
+            );
+            let ooo_dev: Arc<dyn BlockDevice> = ooo.clone();
+            let mut ooo_model = initial_bytes.clone();
+            let mut q = new_queue(&ooo_dev, depth).unwrap();
+            let ooo_log = random_mix(q.as_mut(), &mut ooo_model, lbs, align, seed, ops);
+            drop(q);
+            assert_eq!(
+                uring_log, ooo_log,
+                "depth {depth}: uring vs out-of-order seed {ooo_seed}"
+            );
+            assert!(ooo_model == model && ooo.snapshot() == model);
+        }
+
         // What reached the files: the model, byte for byte.
         drop((uring, sync));
         assert!(std::fs::read(uring_img.path()).unwrap()[..size] == model[..]);
@@ -82,60 +168,96 @@ fn uring_and_inline_queues_agree_on_random_mixes() {
 
 #[test]
 fn counters_match_the_sync_backend() {
-    let img = image(IMAGE_BYTES, initial);
-    let dev = open_uring(img.path(), UringOptions::default());
-    let lbs = dev.caps().logical_block_size as usize;
-    let mut q = new_queue(&dev, 8).unwrap();
-    q.push(
-        1,
-        DeviceRequest::Write {
-            offset: 0,
-            buf: buf(2 * lbs, 1),
-            mode: WriteMode::Normal,
-        },
-    )
-    .unwrap();
-    q.push(
-        2,
-        DeviceRequest::Write {
-            offset: 0,
-            buf: buf(lbs, 2),
-            mode: WriteMode::Fua,
-        },
-    )
-    .unwrap();
-    q.push(
-        3,
-        DeviceRequest::Read {
-            offset: 0,
-            buf: buf(2 * lbs, 0),
-        },
-    )
-    .unwrap();
-    q.push(4, DeviceRequest::Flush).unwrap();
-    q.push(5, DeviceRequest::Flush).unwrap();
-    for c in reap_all(q.as_mut()) {
-        c.result.unwrap();
+    for subject in subjects() {
+        let name = &subject.name;
+        let dev = &subject.dev;
+        let lbs = dev.caps().logical_block_size as usize;
+        let mut q = new_queue(dev, 8).unwrap();
+        q.push(
+            1,
+            DeviceRequest::Write {
+                offset: 0,
+                buf: buf(2 * lbs, 1),
+                mode: WriteMode::Normal,
+            },
+        )
+        .unwrap();
+        q.push(
+            2,
+            DeviceRequest::Write {
+                offset: 0,
+                buf: buf(lbs, 2),
+                mode: WriteMode::Fua,
+            },
+        )
+        .unwrap();
+        q.push(
+            3,
+            DeviceRequest::Read {
+                offset: 0,
+                buf: buf(2 * lbs, 0),
+            },
+        )
+        .unwrap();
+        q.push(4, DeviceRequest::Flush).unwrap();
+        q.push(5, DeviceRequest::Flush).unwrap();
+        for c in reap_all(q.as_mut()) {
+            c.result.unwrap();
+        }
+        let c = dev.counters().snapshot();
+        assert_eq!(
+            (c.reads, c.writes, c.fua_writes, c.flushes),
+            (1, 2, 1, 2),
+            "{name}: {c:?}"
+        );
+        assert_eq!(c.bytes_written, 3 * lbs as u64, "{name}");
+        assert_eq!(c.bytes_read, 2 * lbs as u64, "{name}");
     }
-    let c = dev.counters().snapshot();
-    assert_eq!(
-        (c.reads, c.writes, c.fua_writes, c.flushes),
-        (1, 2, 1, 2),
-        "{c:?}"
-    );
-    assert_eq!(c.bytes_written, 3 * lbs as u64);
-    assert_eq!(c.bytes_read, 2 * lbs as u64);
 }
 
 /// Invalid requests, and requests the kernel fails, complete with the
 /// error, their own token and their buffer; the queue stays usable.
 #[test]
 fn errors_are_completions_with_the_right_token() {
+    for subject in subjects() {
+        let mut q = new_queue(&subject.dev, 16).unwrap();
+        invalid_requests_complete_with_their_errors(&subject, q.as_mut());
+    }
+
+    // A failure inside the kernel: the image shrank under the device.
     let img = image(IMAGE_BYTES, initial);
     let dev = open_uring(img.path(), UringOptions::default());
     let lbs = dev.caps().logical_block_size as usize;
-    let size = dev.caps().size_bytes;
     let mut q = new_queue(&dev, 16).unwrap();
+    img.as_file().set_len(0).unwrap();
+    q.push(
+        20,
+        DeviceRequest::Read {
+            offset: 0,
+            buf: buf(lbs, 0),
+        },
+    )
+    .unwrap();
+    q.push(21, DeviceRequest::Flush).unwrap();
+    let out = reap_all(q.as_mut());
+    assert_eq!(out[0].token, 20);
+    assert!(
+        matches!(out[0].result, Err(DeviceError::Short { done: 0, .. })),
+        "{:?}",
+        out[0].result
+    );
+    assert_eq!(out[1].token, 21);
+    out[1].result.as_ref().unwrap();
+}
+
+fn invalid_requests_complete_with_their_errors(
+    subject: &Subject,
+    q: &mut dyn blockdev::DeviceQueue,
+) {
+    let name = &subject.name;
+    let dev = &subject.dev;
+    let lbs = dev.caps().logical_block_size as usize;
+    let size = dev.caps().size_bytes;
     q.push(
         10,
         DeviceRequest::Read {
@@ -177,59 +299,38 @@ fn errors_are_completions_with_the_right_token() {
         },
     )
     .unwrap();
-    let out = reap_all(q.as_mut());
+    let out = reap_all(q);
     let tokens: Vec<_> = out.iter().map(|c| c.token).collect();
-    assert_eq!(tokens, [10, 11, 12, 13, 14]);
+    assert_eq!(tokens, [10, 11, 12, 13, 14], "{name}");
     assert!(
         matches!(out[0].result, Err(DeviceError::OutOfRange { .. })),
-        "{:?}",
+        "{name}: {:?}",
         out[0]
     );
     assert!(
         matches!(out[1].result, Err(DeviceError::Unaligned { .. })),
-        "{:?}",
+        "{name}: {:?}",
         out[1]
     );
     assert!(
         matches!(out[2].result, Err(DeviceError::Unaligned { .. })),
-        "{:?}",
+        "{name}: {:?}",
         out[2]
     );
-    assert_eq!(*out[3].result.as_ref().unwrap(), 0);
-    assert_eq!(*out[4].result.as_ref().unwrap(), lbs);
+    assert_eq!(*out[3].result.as_ref().unwrap(), 0, "{name}");
+    assert_eq!(*out[4].result.as_ref().unwrap(), lbs, "{name}");
     for c in &out[..4] {
         let b = c.buf.as_ref().unwrap();
         assert!(
             b.iter().all(|&x| x == c.token as u8),
-            "buffer {} untouched",
+            "{name}: buffer {} untouched",
             c.token
         );
     }
     let expect: Vec<u8> = (lbs..2 * lbs).map(initial).collect();
-    assert!(out[4].buf.as_ref().unwrap()[..] == expect[..]);
+    assert!(out[4].buf.as_ref().unwrap()[..] == expect[..], "{name}");
     // Rejected requests are not counted as issued.
-    assert_eq!(dev.counters().snapshot().reads, 2);
-
-    // A failure inside the kernel: the image shrank under the device.
-    img.as_file().set_len(0).unwrap();
-    q.push(
-        20,
-        DeviceRequest::Read {
-            offset: 0,
-            buf: buf(lbs, 0),
-        },
-    )
-    .unwrap();
-    q.push(21, DeviceRequest::Flush).unwrap();
-    let out = reap_all(q.as_mut());
-    assert_eq!(out[0].token, 20);
-    assert!(
-        matches!(out[0].result, Err(DeviceError::Short { done: 0, .. })),
-        "{:?}",
-        out[0].result
-    );
-    assert_eq!(out[1].token, 21);
-    out[1].result.as_ref().unwrap();
+    assert_eq!(dev.counters().snapshot().reads, 2, "{name}");
 }
 
 #[test]
@@ -262,38 +363,40 @@ fn read_only_devices_complete_writes_with_an_error() {
 
 #[test]
 fn a_full_queue_hands_the_request_back() {
-    let img = image(IMAGE_BYTES, initial);
-    let dev = open_uring(img.path(), UringOptions::default());
-    let mut q = new_queue(&dev, 2).unwrap();
-    q.push(1, DeviceRequest::Flush).unwrap();
-    q.push(
-        2,
-        DeviceRequest::Read {
-            offset: 0,
-            buf: buf(4096, 0),
-        },
-    )
-    .unwrap();
-    let full = q
-        .push(
-            3,
+    for subject in subjects() {
+        let name = &subject.name;
+        let dev = &subject.dev;
+        let mut q = new_queue(dev, 2).unwrap();
+        q.push(1, DeviceRequest::Flush).unwrap();
+        q.push(
+            2,
             DeviceRequest::Read {
                 offset: 0,
-                buf: buf(4096, 3),
+                buf: buf(4096, 0),
             },
         )
-        .unwrap_err();
-    assert_eq!((full.token, full.depth), (3, 2));
-    let DeviceRequest::Read { buf, .. } = full.request else {
-        panic!("request changed")
-    };
-    assert!(buf.iter().all(|&b| b == 3));
-    // `min` beyond what is in flight waits for what there is.
-    let mut out = Vec::new();
-    assert_eq!(q.reap(100, &mut out).unwrap(), 2);
-    assert_eq!(q.in_flight(), 0);
-    // Depth is clamped, never zero.
-    assert_eq!(new_queue(&dev, 0).unwrap().depth(), 1);
+        .unwrap();
+        let full = q
+            .push(
+                3,
+                DeviceRequest::Read {
+                    offset: 0,
+                    buf: buf(4096, 3),
+                },
+            )
+            .unwrap_err();
+        assert_eq!((full.token, full.depth), (3, 2), "{name}");
+        let DeviceRequest::Read { buf, .. } = full.request else {
+            panic!("{name}: request changed")
+        };
+        assert!(buf.iter().all(|&b| b == 3), "{name}");
+        // `min` beyond what is in flight waits for what there is.
+        let mut out = Vec::new();
+        assert_eq!(q.reap(100, &mut out).unwrap(), 2, "{name}");
+        assert_eq!(q.in_flight(), 0, "{name}");
+        // Depth is clamped, never zero.
+        assert_eq!(new_queue(dev, 0).unwrap().depth(), 1, "{name}");
+    }
 }
 
 /// Dropping a queue with requests in flight (submitted or only pushed)
@@ -348,52 +451,57 @@ fn dropping_a_queue_with_requests_in_flight_is_safe() {
 /// Each thread makes its own queue (its own ring) on one shared device.
 #[test]
 fn one_queue_per_thread_on_a_shared_device() {
-    let img = image(IMAGE_BYTES, initial);
-    let dev = open_uring(img.path(), UringOptions::default());
-    let lbs = dev.caps().logical_block_size as usize;
-    let size = dev.caps().size_bytes as usize;
-    let threads = 4;
-    let slice = size / threads;
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let dev = Arc::clone(&dev);
-            s.spawn(move || {
-                let mut q = new_queue(&dev, 32).unwrap();
-                let base = (t * slice) as u64;
-                for i in 0..slice / lbs {
-                    let offset = base + (i * lbs) as u64;
-                    let fill = (t * 31 + i) as u8;
-                    if q.in_flight() == q.depth() {
-                        q.submit().unwrap();
-                        let mut out = Vec::new();
-                        q.reap(1, &mut out).unwrap();
-                        for c in out {
-                            c.result.unwrap();
+    for subject in subjects() {
+        let name = &subject.name;
+        let dev = &subject.dev;
+        let lbs = dev.caps().logical_block_size as usize;
+        let size = dev.caps().size_bytes as usize;
+        let threads = 4;
+        let slice = size / threads;
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let dev = Arc::clone(dev);
+                s.spawn(move || {
+                    let mut q = new_queue(&dev, 32).unwrap();
+                    let base = (t * slice) as u64;
+                    for i in 0..slice / lbs {
+                        let offset = base + (i * lbs) as u64;
+                        let fill = (t * 31 + i) as u8;
+                        if q.in_flight() == q.depth() {
+                            q.submit().unwrap();
+                            let mut out = Vec::new();
+                            q.reap(1, &mut out).unwrap();
+                            for c in out {
+                                c.result.unwrap();
+                            }
                         }
-                    }
-                    q.push(
-                        offset,
-                        DeviceRequest::Write {
+                        q.push(
                             offset,
-                            buf: buf(lbs, fill),
-                            mode: WriteMode::Normal,
-                        },
-                    )
-                    .unwrap();
-                }
-                for c in reap_all(q.as_mut()) {
-                    c.result.unwrap();
-                }
-            });
-        }
-    });
-    let on_disk = std::fs::read(img.path()).unwrap();
-    for t in 0..threads {
-        for i in 0..slice / lbs {
-            let at = t * slice + i * lbs;
-            assert!(on_disk[at..at + lbs]
-                .iter()
-                .all(|&b| b == (t * 31 + i) as u8));
+                            DeviceRequest::Write {
+                                offset,
+                                buf: buf(lbs, fill),
+                                mode: WriteMode::Normal,
+                            },
+                        )
+                        .unwrap();
+                    }
+                    for c in reap_all(q.as_mut()) {
+                        c.result.unwrap();
+                    }
+                });
+            }
+        });
+        let on_disk = (subject.contents)();
+        for t in 0..threads {
+            for i in 0..slice / lbs {
+                let at = t * slice + i * lbs;
+                assert!(
+                    on_disk[at..at + lbs]
+                        .iter()
+                        .all(|&b| b == (t * 31 + i) as u8),
+                    "{name}: thread {t} block {i}"
+                );
+            }
         }
     }
 }

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use blockdev::rng::mix64;
 use blockdev::{AlignedBuf, RequestCounts};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -147,16 +148,9 @@ fn create_image(image: &Path, size: u64) -> Result<(), Failure> {
 fn fill(seed: u64, offset: u64, buf: &mut [u8]) {
     for (i, b) in buf.iter_mut().enumerate() {
         let pos = offset + i as u64;
-        let word = splitmix64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (pos / 8));
+        let word = mix64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (pos / 8));
         *b = word.to_le_bytes()[(pos % 8) as usize];
     }
-}
-
-fn splitmix64(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
 }
 
 /// What one file must contain after the remount.

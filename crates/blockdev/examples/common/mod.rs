@@ -3,25 +3,23 @@
 
 use std::time::{Duration, Instant};
 
+use blockdev::rng::SplitMix64;
 use blockdev::{AlignedBuf, DeviceQueue, DeviceRequest};
 
 /// Bytes per read.
 pub const BLOCK: usize = 4096;
 
-/// xorshift64*: cheap, and good enough to scatter offsets.
-pub struct Rng(pub u64);
+/// Random block-aligned offsets from the workspace's seeded generator.
+pub struct Rng(SplitMix64);
 
 impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    pub fn new(seed: u64) -> Rng {
+        Rng(SplitMix64::new(seed))
     }
 
     /// A random block-aligned offset below `blocks` blocks.
     pub fn offset(&mut self, blocks: u64) -> u64 {
-        (self.next() % blocks) * BLOCK as u64
+        self.0.below(blocks) * BLOCK as u64
     }
 }
 
@@ -35,7 +33,7 @@ pub fn keep_reads_in_flight(
     run_for: Duration,
     mut buffer: impl FnMut(&mut dyn DeviceQueue) -> AlignedBuf,
 ) -> f64 {
-    let mut rng = Rng(0x51_7cc1_b727_220a);
+    let mut rng = Rng::new(0x51_7cc1_b727_220a);
     for token in 0..depth as u64 {
         let buf = buffer(q);
         let offset = rng.offset(blocks);

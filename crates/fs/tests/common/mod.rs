@@ -39,13 +39,9 @@ fn parse_u64(v: &str) -> Option<u64> {
     }
 }
 
-/// SplitMix64: a cheap, good 64-bit mixer for deriving seeds and patterns.
-pub fn mix64(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
+/// SplitMix64's mixer (the workspace's one, from `blockdev::rng`), for
+/// deriving seeds and patterns: saved seeds keep their meaning.
+pub use blockdev::rng::mix64;
 
 /// How a suite picks the seeds of its cases.
 pub struct Seeds {
