@@ -12,14 +12,20 @@
 //! The exact byte layouts are documented in `docs/FORMAT.md`.
 
 use crate::error::{Error, Result};
+use crate::limits::MAX_NAME_LEN;
 use crate::types::{
-    DirEntryImage, Extent, ExtentState, FileKind, Ino, InodeImage, MetaImage, Record, MAX_NAME_LEN,
+    DirEntryImage, Extent, ExtentState, FileKind, Ino, InodeImage, MetaImage, Record,
 };
 
 /// Bytes of the length prefix of a string.
 const STRING_LEN_BYTES: usize = 2;
 /// Longest string the encoding can carry.
 const MAX_STRING_LEN: usize = u16::MAX as usize;
+
+// Every valid name has an encoding, and [`check_name`]'s message names the
+// limit as a number.
+const _: () = assert!(MAX_NAME_LEN <= MAX_STRING_LEN);
+const _: () = assert!(MAX_NAME_LEN == 255);
 
 const U8_BYTES: usize = 1;
 const U32_BYTES: usize = 4;

@@ -23,6 +23,7 @@ use iomap::dio::{self, DioWriteOutcome};
 use iomap::{IomapError, IomapOpFlags, IomapOps, RangeMode};
 
 use crate::iomap_ops::{allocate_holes, FsOps};
+use crate::limits::MAX_FILE_SIZE;
 use crate::types::{ExtentState, FileKind, Ino, Record};
 use crate::volume::{now_ns, OpenInode, VolumeInner};
 use crate::{Error, Result};
@@ -32,9 +33,6 @@ thread_local! {
     /// Reads this thread sent down the simple-read fast path (tests only).
     pub(crate) static SIMPLE_READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
-
-/// Largest file size: keeps every offset computation far from overflow.
-pub const MAX_FILE_SIZE: u64 = 1 << 60;
 
 /// How to open a file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use blockdev::BlockDevice;
 
-use crate::file::MAX_FILE_SIZE;
+use crate::limits::MAX_FILE_SIZE;
 use crate::state::MetaState;
 use crate::types::{ExtentState, FileKind, Ino, ROOT_INO};
 use crate::volume::{load, Strictness};

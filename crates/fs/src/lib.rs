@@ -12,6 +12,7 @@ pub mod file;
 pub mod fsck;
 mod iomap_ops;
 pub mod journal;
+pub mod limits;
 pub mod signature;
 pub mod state;
 pub mod superblock;

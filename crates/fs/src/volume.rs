@@ -26,11 +26,14 @@ use crate::checkpoint::{self, Checkpoint};
 use crate::codec;
 use crate::file::{File, OpenFlags, Stat};
 use crate::journal::{self, JournalWriter};
+use crate::limits::{
+    CHECKPOINT_HEADROOM, COMMIT_THRESHOLD_DIVISOR, MAX_NAME_LEN, RECORD_BYTES_ESTIMATE,
+};
 use crate::state::{
     MetaState, IMAGE_BYTES_PER_ENTRY, IMAGE_BYTES_PER_EXTENT, IMAGE_BYTES_PER_INODE,
 };
 use crate::superblock::{self, Layout, Superblock};
-use crate::types::{FileKind, Ino, Record, MAX_NAME_LEN, ROOT_INO};
+use crate::types::{FileKind, Ino, Record, ROOT_INO};
 use crate::{Error, Result};
 
 /// Choices made at format time.
@@ -75,14 +78,6 @@ pub struct StatFs {
     pub free_bytes: u64,
     pub inodes: u64,
 }
-
-/// Uncommitted records past which an operation commits the journal itself,
-/// as a fraction of the journal: keeps a crash from losing more than a slice
-/// of work and keeps one batch well inside the journal.
-const COMMIT_THRESHOLD_DIVISOR: u64 = 8;
-
-/// Rough encoded size of a record, for the commit threshold.
-const RECORD_BYTES_ESTIMATE: u64 = 48;
 
 /// A mounted iomapfs volume. Cheap to clone; all clones share one mount.
 #[derive(Clone)]
@@ -217,9 +212,6 @@ fn record_inode(record: &Record) -> Option<Ino> {
         _ => None,
     }
 }
-
-/// Bytes kept free in a checkpoint slot for its header and estimate slack.
-const CHECKPOINT_HEADROOM: u64 = 4096;
 
 impl Volume {
     /// Writes a new, empty file system to `device`.
