@@ -49,7 +49,8 @@ use iomap::{IomapError, OwnedDioInflight, OwnedSharedRange};
 
 use crate::file::File;
 use crate::iomap_ops::FsOps;
-use crate::volume::{OpenInode, Volume, VolumeInner};
+use crate::mount_state::{OpenInode, VolumeInner};
+use crate::volume::Volume;
 use crate::{Error, Result};
 
 /// Which context completed a request.

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use blockdev::BlockDevice;
 
 use crate::limits::MAX_FILE_SIZE;
+use crate::mount::{load, Strictness};
 use crate::state::MetaState;
 use crate::types::{ExtentState, FileKind, Ino, ROOT_INO};
-use crate::volume::{load, Strictness};
 use crate::Result;
 
 /// What fsck found. Clean when `problems` is empty.

@@ -8,8 +8,8 @@ use iomap::{DioEndFlags, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags,
 
 use crate::extent_map::Lookup;
 use crate::limits::EXTENTS_PER_HOLE_ESTIMATE;
+use crate::mount_state::{image_bytes_for_extents, now_ns, Meta, OpenInode, VolumeInner};
 use crate::types::{ExtentState, Ino, Record};
-use crate::volume::{image_bytes_for_extents, now_ns, Meta, OpenInode, VolumeInner};
 use crate::{Error, Result};
 
 pub(crate) struct FsOps<'a> {

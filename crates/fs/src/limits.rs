@@ -47,7 +47,7 @@ const _: () = assert!(MAX_FILE_SIZE.checked_add(MAX_REQUEST_BYTES).is_some());
 const _: () = assert!(MAX_FILE_SIZE.checked_add(MAX_FILE_SIZE).is_some());
 // The largest file is whole blocks at every block size: rounding a valid
 // size up to a block never passes MAX_FILE_SIZE.
-const _: () = assert!(MAX_FILE_SIZE % MAX_BLOCK_SIZE as u64 == 0);
+const _: () = assert!(MAX_FILE_SIZE.is_multiple_of(MAX_BLOCK_SIZE as u64));
 const _: () = assert!(MIN_BLOCK_SIZE.is_power_of_two() && MAX_BLOCK_SIZE.is_power_of_two());
 const _: () = assert!(MIN_BLOCK_SIZE <= MAX_BLOCK_SIZE);
 // `ino + 1` (the next inode number) never overflows, and the root is a
