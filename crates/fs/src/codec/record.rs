@@ -351,8 +351,25 @@ mod tests {
         assert!(err.to_string().contains("unknown file kind 3"), "{err}");
     }
 
-    /// Pins the encoded lengths against the bytes written, kind by kind:
-    /// what the journal reserves is what it writes.
+    /// A record's size as the table in `docs/FORMAT.md` gives it.
+    fn documented_len(record: &Record) -> usize {
+        match record {
+            Record::Create { name, .. } => 28 + name.len(),
+            Record::Unlink { name, .. } => 11 + name.len(),
+            Record::Rename {
+                src_name, dst_name, ..
+            } => 21 + src_name.len() + dst_name.len(),
+            Record::FreeInode { .. } => 9,
+            Record::MapUnwritten { .. } => 33,
+            Record::CompleteWrite { .. } => 41,
+            Record::SetSize { .. } => 25,
+            Record::Punch { .. } => 33,
+        }
+    }
+
+    /// Pins the encoded lengths against the bytes written, kind by kind (what
+    /// the journal reserves is what it writes), and against the format's
+    /// documentation.
     #[test]
     fn encoded_len_is_the_written_length_for_every_kind() {
         let mut by_kind = [None; RECORD_KINDS];
@@ -360,6 +377,7 @@ mod tests {
             let mut enc = Encoder::new();
             encode_record(&r, &mut enc).unwrap();
             assert_eq!(record_encoded_len(&r), enc.len(), "{r:?}");
+            assert_eq!(enc.len(), documented_len(&r), "{r:?} vs docs/FORMAT.md");
             assert!(enc.len() >= RECORD_MIN_ENCODED_LEN, "{r:?}");
             by_kind[kind_index(&r)].get_or_insert(enc.len());
         }
