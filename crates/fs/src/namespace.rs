@@ -225,6 +225,9 @@ impl VolumeInner {
         Ok(self.stat_locked(&meta, ino))
     }
 
+    /// What `stat` reports for inode `ino`; `meta` is the metadata lock,
+    /// held. `File::stat` calls it too: it lives here, above `file`,
+    /// because [`Stat`] is defined there.
     pub(crate) fn stat_locked(&self, meta: &Meta, ino: Ino) -> Stat {
         let inode = &meta.state.inodes[&ino];
         Stat {

@@ -1,9 +1,9 @@
 //! The public face of a mounted volume. Each method hands over to the module
-//! that owns its concept: [`crate::mount`] (format, mount, recovery),
-//! [`crate::namespace`] (paths and directories), [`crate::transaction`]
-//! (commits and checkpoints) and [`crate::handles`] (open inodes). What they
-//! share is in [`crate::mount_state`], where the locking order is written
-//! down; the fault model is with the commits, in [`crate::transaction`].
+//! that owns its concept: `mount` (format, mount, recovery), `namespace`
+//! (paths and directories), `transaction` (commits and checkpoints) and
+//! `handles` (open inodes). What they share is in `mount_state`, where the
+//! locking order is written down; the fault model is with the commits, in
+//! `transaction`.
 
 use std::sync::Arc;
 
