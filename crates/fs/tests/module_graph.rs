@@ -141,9 +141,9 @@ impl Crate {
             return self.root_reexports.get(first).cloned();
         }
         (1..=parts.len())
+            .rev()
             .map(|n| parts[..n].join("::"))
-            .filter(|m| self.modules.contains_key(m))
-            .last()
+            .find(|m| self.modules.contains_key(m))
     }
 
     fn join(base: &str, rest: &str) -> String {
