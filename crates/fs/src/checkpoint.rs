@@ -270,7 +270,7 @@ pub fn invalidate_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::tests::random_image;
+    use crate::codec::random_image;
     use crate::superblock::test_device::VecDevice;
     use crate::superblock::Layout;
     use rand::rngs::SmallRng;

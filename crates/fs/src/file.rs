@@ -13,12 +13,10 @@ use iomap::align::align_down;
 use iomap::{file_io, FlushCoalescer, InodeIoLock, IomapFile, IomapOps, WriteSync};
 
 use crate::iomap_ops::allocate_holes;
+use crate::limits::MAX_FILE_SIZE;
+use crate::mount_state::{now_ns, OpenInode, VolumeInner};
 use crate::types::{ExtentState, FileKind, Ino, Record};
-use crate::volume::{now_ns, OpenInode, VolumeInner};
 use crate::{Error, Result};
-
-/// Largest file size: keeps every offset computation far from overflow.
-pub const MAX_FILE_SIZE: u64 = 1 << 60;
 
 /// How to open a file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -286,7 +284,7 @@ impl File {
             self.zero_inside_eof_locked(offset, inner_start)?;
             self.zero_inside_eof_locked(inner_end, end)?;
             let mut meta = self.vol.meta.write();
-            meta.reserve_image(&self.vol.sb, crate::volume::image_bytes_for_extents(1))?;
+            meta.reserve_image(&self.vol.sb, crate::mount_state::image_bytes_for_extents(1))?;
             meta.log(Record::Punch {
                 ino: self.inode.ino,
                 file_off: inner_start,

@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 use blockdev::BlockDevice;
 
-use crate::file::MAX_FILE_SIZE;
+use crate::limits::MAX_FILE_SIZE;
+use crate::mount::{load, Strictness};
 use crate::state::MetaState;
 use crate::types::{ExtentState, FileKind, Ino, ROOT_INO};
-use crate::volume::{load, Strictness};
 use crate::Result;
 
 /// What fsck found. Clean when `problems` is empty.

@@ -7,13 +7,10 @@ use parking_lot::RwLockWriteGuard;
 use iomap::{EndIo, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
 
 use crate::extent_map::Lookup;
+use crate::limits::EXTENTS_PER_HOLE_ESTIMATE;
+use crate::mount_state::{image_bytes_for_extents, now_ns, Meta, OpenInode, VolumeInner};
 use crate::types::{ExtentState, Ino, Record};
-use crate::volume::{image_bytes_for_extents, now_ns, Meta, OpenInode, VolumeInner};
 use crate::{Error, Result};
-
-/// Extents one hole may fragment into, at worst, for the metadata-space
-/// check: the allocator returns few, large chunks in practice.
-const EXTENTS_PER_HOLE_ESTIMATE: u64 = 4;
 
 impl VolumeInner {
     /// Runs `allocate` under the metadata write lock. Space freed by

@@ -10,11 +10,17 @@ pub mod error;
 pub mod extent_map;
 pub mod file;
 pub mod fsck;
+mod handles;
 mod iomap_ops;
 pub mod journal;
+pub mod limits;
+mod mount;
+mod mount_state;
+mod namespace;
 pub mod signature;
 pub mod state;
 pub mod superblock;
+mod transaction;
 pub mod types;
 pub mod volume;
 

@@ -10,11 +10,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::codec;
 use crate::extent_map::ExtentMap;
-use crate::file::MAX_FILE_SIZE;
+use crate::limits::{MAX_FILE_SIZE, MAX_INO};
 use crate::types::{DirEntryImage, Extent, FileKind, Ino, InodeImage, MetaImage, Record, ROOT_INO};
-
-/// Inode numbers stay below this, so `ino + 1` never overflows.
-pub const MAX_INO: Ino = 1 << 62;
 
 /// Encoded bytes a checkpoint spends per inode, extent and directory entry
 /// (plus the name's bytes), as the codec writes them: used to refuse changes

@@ -12,6 +12,7 @@ use blockdev::{BlockDevice, WriteMode};
 
 use crate::codec::{Decoder, Encoder};
 use crate::error::{Error, Result};
+use crate::limits::{MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 
 /// First 8 bytes of every iomapfs device.
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"IOMAPFS1";
@@ -24,9 +25,6 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const FEATURES_COMPAT_SUPPORTED: u64 = 0;
 pub const FEATURES_INCOMPAT_SUPPORTED: u64 = 0;
 pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = 0;
-
-pub const MIN_BLOCK_SIZE: u32 = 512;
-pub const MAX_BLOCK_SIZE: u32 = 65536;
 
 /// Smallest data area, in blocks.
 pub const MIN_DATA_BLOCKS: u64 = 16;

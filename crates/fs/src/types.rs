@@ -8,9 +8,6 @@ pub type Ino = u64;
 
 pub const ROOT_INO: Ino = 1;
 
-/// Longest directory entry name, in bytes.
-pub const MAX_NAME_LEN: usize = 255;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FileKind {
     Regular,

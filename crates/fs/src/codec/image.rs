@@ -1,0 +1,491 @@
+//! The checkpoint's metadata image: every inode with its extents and
+//! directory entries, sorted, checked on the way in and out.
+
+use super::primitive::{
+    check_name, kind_code, state_code, Decoder, Encoder, STRING_LEN_BYTES, U32_BYTES, U64_BYTES,
+    U8_BYTES,
+};
+use crate::error::{Error, Result};
+use crate::types::{DirEntryImage, Extent, FileKind, Ino, InodeImage, MetaImage};
+
+/// Encoded size of one extent: file_off, len, addr, state.
+pub const EXTENT_ENCODED_LEN: usize = 3 * U64_BYTES + U8_BYTES;
+/// Encoded size of an inode without its extents and entries: ino, kind,
+/// nlink, size, mtime_ns, extent count, entry count.
+pub const INODE_FIXED_ENCODED_LEN: usize =
+    U64_BYTES + U8_BYTES + U32_BYTES + 2 * U64_BYTES + 2 * U32_BYTES;
+/// Smallest encoded directory entry: ino and a one-byte name.
+pub const ENTRY_MIN_ENCODED_LEN: usize = U64_BYTES + STRING_LEN_BYTES + 1;
+/// Encoded size of the image header: next_ino, inode count.
+pub const IMAGE_HEADER_ENCODED_LEN: usize = 2 * U64_BYTES;
+
+/// Encodes a whole metadata image. Fails if the image breaks an invariant
+/// the decoder checks (see [`decode_image`]), so that whatever is written
+/// can be read back.
+pub fn encode_image(image: &MetaImage) -> Result<Vec<u8>> {
+    // Refuse to write an image we would refuse to read.
+    check_image(image).map_err(|reason| Error::invalid("encoding the metadata image", reason))?;
+    let len = usize::try_from(image_encoded_len(image))
+        .map_err(|_| Error::invalid("encoding the metadata image", "image larger than memory"))?;
+    let mut enc = Encoder::with_capacity(len);
+    enc.u64(image.next_ino);
+    enc.u64(image.inodes.len() as u64);
+    for inode in &image.inodes {
+        enc.u64(inode.ino);
+        enc.u8(kind_code(inode.kind));
+        enc.u32(inode.nlink);
+        enc.u64(inode.size);
+        enc.u64(inode.mtime_ns);
+        enc.count_u32(inode.extents.len(), "extents")?;
+        enc.count_u32(inode.entries.len(), "directory entries")?;
+        for e in &inode.extents {
+            enc.u64(e.file_off);
+            enc.u64(e.len);
+            enc.u64(e.addr);
+            enc.u8(state_code(e.state));
+        }
+        for d in &inode.entries {
+            enc.u64(d.ino);
+            enc.name(&d.name)?;
+        }
+    }
+    debug_assert_eq!(enc.len(), len);
+    Ok(enc.into_bytes())
+}
+
+/// Bytes [`encode_image`] produces for `image`, computed without encoding.
+pub fn image_encoded_len(image: &MetaImage) -> u64 {
+    let mut len = IMAGE_HEADER_ENCODED_LEN as u64;
+    for inode in &image.inodes {
+        len += INODE_FIXED_ENCODED_LEN as u64;
+        len += (inode.extents.len() * EXTENT_ENCODED_LEN) as u64;
+        for d in &inode.entries {
+            len += (U64_BYTES + STRING_LEN_BYTES + d.name.len()) as u64;
+        }
+    }
+    len
+}
+
+/// Decodes a whole image from `bytes` (which must hold exactly one image);
+/// errors name offsets relative to the start of `bytes`.
+pub fn decode_image(bytes: &[u8]) -> Result<MetaImage> {
+    decode_image_at(bytes, 0, "metadata image")
+}
+
+/// As [`decode_image`], for bytes read from device byte `base`; errors name
+/// `what` and device offsets.
+pub fn decode_image_at(bytes: &[u8], base: u64, what: &'static str) -> Result<MetaImage> {
+    let mut dec = Decoder::new(bytes, base, what);
+    let next_ino = dec.u64()?;
+    let inode_count = dec.count_u64(INODE_FIXED_ENCODED_LEN, "inode")?;
+    let mut inodes: Vec<InodeImage> = Vec::with_capacity(inode_count);
+    for _ in 0..inode_count {
+        let at = dec.position();
+        let inode = decode_inode(&mut dec)?;
+        if let Some(prev) = inodes.last() {
+            if inode.ino <= prev.ino {
+                return Err(dec.error_at(
+                    at,
+                    format!("inode {} follows inode {}: not sorted", inode.ino, prev.ino),
+                ));
+            }
+        }
+        if inode.ino >= next_ino {
+            return Err(dec.error_at(
+                at,
+                format!("inode {} is not below next_ino {next_ino}", inode.ino),
+            ));
+        }
+        inodes.push(inode);
+    }
+    dec.finish()?;
+    Ok(MetaImage { next_ino, inodes })
+}
+
+fn decode_inode(dec: &mut Decoder<'_>) -> Result<InodeImage> {
+    let at = dec.position();
+    let ino: Ino = dec.u64()?;
+    if ino == 0 {
+        return Err(dec.error_at(at, "inode number 0"));
+    }
+    let kind = dec.kind()?;
+    let nlink = dec.u32()?;
+    let size = dec.u64()?;
+    let mtime_ns = dec.u64()?;
+    let counts_at = dec.position();
+    let extent_count = dec.u32()?;
+    let entry_count = dec.u32()?;
+    // Both lists must fit in what remains; check before allocating.
+    let needed = u64::from(extent_count) * EXTENT_ENCODED_LEN as u64
+        + u64::from(entry_count) * ENTRY_MIN_ENCODED_LEN as u64;
+    if needed > dec.remaining() as u64 {
+        return Err(dec.error_at(
+            counts_at,
+            format!(
+                "inode {ino}: {extent_count} extents and {entry_count} entries cannot fit in the {} bytes that remain",
+                dec.remaining()
+            ),
+        ));
+    }
+    if kind == FileKind::Directory && extent_count != 0 {
+        return Err(dec.error_at(counts_at, format!("directory {ino} has extents")));
+    }
+    if kind == FileKind::Regular && entry_count != 0 {
+        return Err(dec.error_at(counts_at, format!("regular file {ino} has entries")));
+    }
+    let mut extents: Vec<Extent> = Vec::with_capacity(extent_count as usize);
+    for _ in 0..extent_count {
+        let at = dec.position();
+        let e = Extent {
+            file_off: dec.u64()?,
+            len: dec.u64()?,
+            addr: dec.u64()?,
+            state: dec.extent_state()?,
+        };
+        check_extent(&e, extents.last())
+            .map_err(|reason| dec.error_at(at, format!("inode {ino}: {reason}")))?;
+        extents.push(e);
+    }
+    let mut entries: Vec<DirEntryImage> = Vec::with_capacity(entry_count as usize);
+    for _ in 0..entry_count {
+        let at = dec.position();
+        let entry_ino = dec.u64()?;
+        let name = dec.name()?;
+        if entry_ino == 0 {
+            return Err(dec.error_at(at, format!("directory {ino}: entry {name:?} names inode 0")));
+        }
+        if let Some(prev) = entries.last() {
+            if name <= prev.name {
+                return Err(dec.error_at(
+                    at,
+                    format!(
+                        "directory {ino}: entry {name:?} follows {:?}: not sorted",
+                        prev.name
+                    ),
+                ));
+            }
+        }
+        entries.push(DirEntryImage {
+            name,
+            ino: entry_ino,
+        });
+    }
+    Ok(InodeImage {
+        ino,
+        kind,
+        nlink,
+        size,
+        mtime_ns,
+        extents,
+        entries,
+    })
+}
+
+/// An extent must be non-empty, must not overflow, and must start at or
+/// after the end of the previous one.
+fn check_extent(e: &Extent, prev: Option<&Extent>) -> std::result::Result<(), String> {
+    if e.len == 0 {
+        return Err(format!("empty extent at file offset {}", e.file_off));
+    }
+    if e.file_off.checked_add(e.len).is_none() || e.addr.checked_add(e.len).is_none() {
+        return Err(format!(
+            "extent at file offset {} length {} address {} overflows",
+            e.file_off, e.len, e.addr
+        ));
+    }
+    if let Some(p) = prev {
+        if e.file_off < p.file_end() {
+            return Err(format!(
+                "extent at file offset {} overlaps or precedes the one ending at {}",
+                e.file_off,
+                p.file_end()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The invariants [`decode_image`] checks, on an in-memory image.
+fn check_image(image: &MetaImage) -> std::result::Result<(), String> {
+    let mut prev_ino: Option<Ino> = None;
+    for inode in &image.inodes {
+        let ino = inode.ino;
+        if ino == 0 {
+            return Err("inode number 0".into());
+        }
+        if prev_ino.is_some_and(|p| ino <= p) {
+            return Err(format!("inode {ino} is not sorted"));
+        }
+        if ino >= image.next_ino {
+            return Err(format!(
+                "inode {ino} is not below next_ino {}",
+                image.next_ino
+            ));
+        }
+        prev_ino = Some(ino);
+        match inode.kind {
+            FileKind::Directory if !inode.extents.is_empty() => {
+                return Err(format!("directory {ino} has extents"))
+            }
+            FileKind::Regular if !inode.entries.is_empty() => {
+                return Err(format!("regular file {ino} has entries"))
+            }
+            _ => {}
+        }
+        let mut prev: Option<&Extent> = None;
+        for e in &inode.extents {
+            check_extent(e, prev).map_err(|r| format!("inode {ino}: {r}"))?;
+            prev = Some(e);
+        }
+        let mut prev_name: Option<&str> = None;
+        for d in &inode.entries {
+            check_name(&d.name).map_err(|r| format!("directory {ino}: {r}"))?;
+            if d.ino == 0 {
+                return Err(format!("directory {ino}: entry {:?} names inode 0", d.name));
+            }
+            if prev_name.is_some_and(|p| d.name.as_str() <= p) {
+                return Err(format!("directory {ino}: entry {:?} is not sorted", d.name));
+            }
+            prev_name = Some(&d.name);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::codec::primitive::KIND_REGULAR;
+    use crate::types::ExtentState;
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    fn random_name(rng: &mut SmallRng) -> String {
+        let len = rng.gen_range(1..=20);
+        (0..len)
+            .map(|_| char::from(rng.gen_range(b'a'..=b'z')))
+            .collect()
+    }
+
+    pub(crate) fn random_image(rng: &mut SmallRng, inodes: usize) -> MetaImage {
+        let mut out = Vec::new();
+        let mut ino = 0;
+        for _ in 0..inodes {
+            ino += rng.gen_range(1..5u64);
+            let dir = rng.gen_bool(0.3);
+            let mut extents = Vec::new();
+            let mut entries = Vec::new();
+            if dir {
+                let mut names: Vec<String> =
+                    (0..rng.gen_range(0..6)).map(|_| random_name(rng)).collect();
+                names.sort();
+                names.dedup();
+                entries = names
+                    .into_iter()
+                    .map(|name| DirEntryImage {
+                        name,
+                        ino: rng.gen_range(1..1000),
+                    })
+                    .collect();
+            } else {
+                let mut off = 0u64;
+                for _ in 0..rng.gen_range(0..6) {
+                    off += rng.gen_range(0..4u64) * 4096;
+                    let len = rng.gen_range(1..8u64) * 4096;
+                    extents.push(Extent {
+                        file_off: off,
+                        len,
+                        addr: rng.gen_range(0..1u64 << 30) * 4096,
+                        state: if rng.gen() {
+                            ExtentState::Written
+                        } else {
+                            ExtentState::Unwritten
+                        },
+                    });
+                    off += len;
+                }
+            }
+            out.push(InodeImage {
+                ino,
+                kind: if dir {
+                    FileKind::Directory
+                } else {
+                    FileKind::Regular
+                },
+                nlink: rng.gen_range(0..2),
+                size: rng.gen(),
+                mtime_ns: rng.gen(),
+                extents,
+                entries,
+            });
+        }
+        MetaImage {
+            next_ino: ino + 1,
+            inodes: out,
+        }
+    }
+
+    #[test]
+    fn image_round_trip() {
+        let mut rng = SmallRng::seed_from_u64(2);
+        for n in [0, 1, 10, 200] {
+            let image = random_image(&mut rng, n);
+            let bytes = encode_image(&image).unwrap();
+            assert_eq!(bytes.len() as u64, image_encoded_len(&image));
+            assert_eq!(decode_image(&bytes).unwrap(), image);
+        }
+    }
+
+    #[test]
+    fn image_truncations_and_flips_never_panic() {
+        let mut rng = SmallRng::seed_from_u64(3);
+        let image = random_image(&mut rng, 12);
+        let bytes = encode_image(&image).unwrap();
+        for cut in 0..bytes.len() {
+            assert!(decode_image(&bytes[..cut]).is_err(), "cut {cut}");
+        }
+        let mut extra = bytes.clone();
+        extra.push(0);
+        assert!(decode_image(&extra).is_err());
+        for _ in 0..10_000 {
+            let mut b = bytes.clone();
+            for _ in 0..rng.gen_range(1..4) {
+                let i = rng.gen_range(0..b.len());
+                b[i] = rng.gen();
+            }
+            let _ = decode_image(&b);
+        }
+        for _ in 0..2000 {
+            let len = rng.gen_range(0..200);
+            let b: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            let _ = decode_image(&b);
+        }
+    }
+
+    #[test]
+    fn huge_counts_do_not_allocate() {
+        let mut enc = Encoder::new();
+        enc.u64(10);
+        enc.u64(u64::MAX);
+        let err = decode_image(enc.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("cannot fit"), "{err}");
+
+        let mut enc = Encoder::new();
+        enc.u64(10);
+        enc.u64(1);
+        enc.u64(2);
+        enc.u8(KIND_REGULAR);
+        enc.u32(1);
+        enc.u64(0);
+        enc.u64(0);
+        enc.u32(u32::MAX);
+        enc.u32(u32::MAX);
+        let err = decode_image(enc.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("cannot fit"), "{err}");
+    }
+
+    #[test]
+    fn image_invariants_are_checked() {
+        let file = |ino, extents| InodeImage {
+            ino,
+            kind: FileKind::Regular,
+            nlink: 1,
+            size: 0,
+            mtime_ns: 0,
+            extents,
+            entries: vec![],
+        };
+        let ext = |file_off, len| Extent {
+            file_off,
+            len,
+            addr: 0,
+            state: ExtentState::Written,
+        };
+        let bad = [
+            MetaImage {
+                next_ino: 5,
+                inodes: vec![file(3, vec![]), file(2, vec![])],
+            },
+            MetaImage {
+                next_ino: 3,
+                inodes: vec![file(3, vec![])],
+            },
+            MetaImage {
+                next_ino: 5,
+                inodes: vec![file(0, vec![])],
+            },
+            MetaImage {
+                next_ino: 5,
+                inodes: vec![file(2, vec![ext(0, 8192), ext(4096, 4096)])],
+            },
+            MetaImage {
+                next_ino: 5,
+                inodes: vec![file(2, vec![ext(0, 0)])],
+            },
+            MetaImage {
+                next_ino: 5,
+                inodes: vec![file(2, vec![ext(u64::MAX - 10, 4096)])],
+            },
+        ];
+        for image in bad {
+            assert!(encode_image(&image).is_err(), "{image:?}");
+        }
+        // Hand-encode an unsorted image: the decoder refuses it.
+        let mut enc = Encoder::new();
+        enc.u64(10);
+        enc.u64(2);
+        for ino in [3u64, 2] {
+            enc.u64(ino);
+            enc.u8(KIND_REGULAR);
+            enc.u32(1);
+            enc.u64(0);
+            enc.u64(0);
+            enc.u32(0);
+            enc.u32(0);
+        }
+        let err = decode_image(enc.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("not sorted"), "{err}");
+    }
+
+    /// The fixed lengths the checkpoint-space checks use are what the
+    /// encoder writes: each part added to an image grows it by its constant.
+    #[test]
+    fn fixed_lengths_are_the_written_lengths() {
+        let encoded = |inodes: Vec<InodeImage>| {
+            let image = MetaImage {
+                next_ino: 10,
+                inodes,
+            };
+            let bytes = encode_image(&image).unwrap();
+            assert_eq!(bytes.len() as u64, image_encoded_len(&image));
+            bytes.len()
+        };
+        let inode = |ino, kind, extents, entries| InodeImage {
+            ino,
+            kind,
+            nlink: 1,
+            size: 0,
+            mtime_ns: 0,
+            extents,
+            entries,
+        };
+        let extent = Extent {
+            file_off: 0,
+            len: 4096,
+            addr: 0,
+            state: ExtentState::Written,
+        };
+        let entry = DirEntryImage {
+            name: "a".into(),
+            ino: 2,
+        };
+        let empty = encoded(vec![]);
+        assert_eq!(empty, IMAGE_HEADER_ENCODED_LEN);
+        let file = encoded(vec![inode(2, FileKind::Regular, vec![], vec![])]);
+        assert_eq!(file - empty, INODE_FIXED_ENCODED_LEN);
+        let file_extent = encoded(vec![inode(2, FileKind::Regular, vec![extent], vec![])]);
+        assert_eq!(file_extent - file, EXTENT_ENCODED_LEN);
+        let dir_entry = encoded(vec![inode(1, FileKind::Directory, vec![], vec![entry])]);
+        assert_eq!(dir_entry - file, ENTRY_MIN_ENCODED_LEN);
+    }
+}

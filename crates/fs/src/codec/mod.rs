@@ -1,0 +1,34 @@
+//! Byte encoding of journal records and metadata images.
+//!
+//! Everything is little-endian. [`Encoder`] appends to a `Vec<u8>` (or, with
+//! [`Measure`], only counts); [`Decoder`] reads from a borrowed slice and
+//! never panics: every read is bounds-checked, every count is checked
+//! against the bytes that remain before anything is allocated for it, and
+//! every failure is an [`Error::Corrupt`] that names the device byte where
+//! decoding failed.
+//!
+//! The encoder refuses (with [`Error::InvalidArgument`]) to write anything the
+//! decoder would reject, so a value that encodes always decodes back.
+//!
+//! The exact byte layouts are documented in `docs/FORMAT.md`.
+//!
+//! `primitive` holds the values every layout is built of (integers,
+//! strings, names, counts, enum codes), `record` the journal records and
+//! `image` the checkpoint's metadata image. This module only gathers them.
+//!
+//! [`Error::Corrupt`]: crate::Error::Corrupt
+//! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
+
+mod image;
+mod primitive;
+mod record;
+
+pub use image::{
+    decode_image, decode_image_at, encode_image, image_encoded_len, ENTRY_MIN_ENCODED_LEN,
+    EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN, INODE_FIXED_ENCODED_LEN,
+};
+pub use primitive::{check_name, Decoder, Encoder, Measure, Sink};
+pub use record::{decode_record, encode_record, record_encoded_len, RECORD_MIN_ENCODED_LEN};
+
+#[cfg(test)]
+pub(crate) use image::tests::random_image;

@@ -1,0 +1,62 @@
+//! Open inodes and their handle counts. The first handle on an inode makes
+//! its [`OpenInode`] (the I/O lock the engine takes); the last to close
+//! removes it and frees the inode if it was unlinked while open. The count
+//! is atomic, so cloning a handle per asynchronous request takes no lock;
+//! opening and the last close both run under the metadata lock.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::mount_state::{Meta, OpenEntry, OpenInode, VolumeInner};
+use crate::types::{Ino, Record};
+
+impl Meta {
+    /// A new handle on inode `ino`; the first opens the inode.
+    pub(crate) fn open_handle(&mut self, ino: Ino) -> Arc<OpenInode> {
+        let entry = self.open.entry(ino).or_insert_with(|| OpenEntry {
+            inode: Arc::new(OpenInode::new(ino)),
+        });
+        // Under the metadata lock: a concurrent last close re-checks the
+        // count under the same lock before it closes the inode.
+        entry.inode.handles.fetch_add(1, Ordering::AcqRel);
+        entry.inode.clone()
+    }
+
+    /// Some handle holds inode `ino` open: unlinking it leaves the freeing
+    /// to the last close.
+    pub(crate) fn is_open(&self, ino: Ino) -> bool {
+        self.open.contains_key(&ino)
+    }
+}
+
+impl VolumeInner {
+    /// Another handle on an inode that is open already (the caller holds
+    /// one, so the count cannot be at zero).
+    pub(crate) fn add_handle(&self, inode: &OpenInode) {
+        inode.handles.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A handle on `inode` closed; the last one closes the inode, and frees
+    /// it if it was unlinked.
+    pub(crate) fn release_handle(&self, inode: &Arc<OpenInode>) {
+        if inode.handles.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let mut meta = self.meta.write();
+        // An open by path may have revived it meanwhile, or a new open inode
+        // may already stand in its place.
+        let still_ours = meta
+            .open
+            .get(&inode.ino)
+            .is_some_and(|e| Arc::ptr_eq(&e.inode, inode));
+        if !still_ours || inode.handles.load(Ordering::Acquire) != 0 {
+            return;
+        }
+        meta.open.remove(&inode.ino);
+        let unlinked = meta.state.inode(inode.ino).is_some_and(|i| i.nlink == 0);
+        if unlinked && self.check_live().is_ok() {
+            // Failure only leaves an orphan that the next mount frees.
+            let _ = meta.log(Record::FreeInode { ino: inode.ino });
+        }
+    }
+}

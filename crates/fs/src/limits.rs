@@ -1,0 +1,61 @@
+//! Named limits of the file system, in one place, with the compile-time
+//! assertions that tie them together: changing one limit so that it no longer
+//! fits another fails the build, not a test (or a user's volume).
+//!
+//! Bounds that need a lower-level constant as well (a codec length, a
+//! checkpoint header) are asserted next to the code that relies on them:
+//! `codec` for name lengths, `mount_state` for the estimates.
+
+use crate::types::{Ino, ROOT_INO};
+
+/// Largest file size: keeps every offset computation far from overflow.
+pub const MAX_FILE_SIZE: u64 = 1 << 60;
+
+/// Longest directory entry name, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// Inode numbers stay below this, so `ino + 1` never overflows.
+pub const MAX_INO: Ino = 1 << 62;
+
+/// Smallest and largest file-system block size a volume may have.
+pub const MIN_BLOCK_SIZE: u32 = 512;
+pub const MAX_BLOCK_SIZE: u32 = 65536;
+
+/// Longest single read or write: its buffer is a Rust slice, which never
+/// exceeds `isize::MAX` bytes. Not enforced here: a fact the bounds use.
+pub const MAX_REQUEST_BYTES: u64 = isize::MAX as u64;
+
+/// Uncommitted records past which an operation commits the journal itself,
+/// as a fraction of the journal: keeps a crash from losing more than a slice
+/// of work and keeps one batch well inside the journal.
+pub const COMMIT_THRESHOLD_DIVISOR: u64 = 8;
+
+/// Rough encoded size of a record, for the commit threshold.
+pub const RECORD_BYTES_ESTIMATE: u64 = 48;
+
+/// Bytes kept free in a checkpoint slot for its header and estimate slack.
+pub const CHECKPOINT_HEADROOM: u64 = 4096;
+
+/// Extents one hole may fragment into, at worst, for the metadata-space
+/// check: the allocator returns few, large chunks in practice.
+pub const EXTENTS_PER_HOLE_ESTIMATE: u64 = 4;
+
+// Any offset inside a file plus the longest request stays a valid u64, so
+// `offset + len` on a checked range cannot wrap.
+const _: () = assert!(MAX_FILE_SIZE.checked_add(MAX_REQUEST_BYTES).is_some());
+// Two file positions add without overflow (range ends, extent ends).
+const _: () = assert!(MAX_FILE_SIZE.checked_add(MAX_FILE_SIZE).is_some());
+// The largest file is whole blocks at every block size: rounding a valid
+// size up to a block never passes MAX_FILE_SIZE.
+const _: () = assert!(MAX_FILE_SIZE.is_multiple_of(MAX_BLOCK_SIZE as u64));
+const _: () = assert!(MIN_BLOCK_SIZE.is_power_of_two() && MAX_BLOCK_SIZE.is_power_of_two());
+const _: () = assert!(MIN_BLOCK_SIZE <= MAX_BLOCK_SIZE);
+// `ino + 1` (the next inode number) never overflows, and the root is a
+// valid inode number.
+const _: () = assert!(MAX_INO < Ino::MAX);
+const _: () = assert!(ROOT_INO > 0 && ROOT_INO < MAX_INO);
+const _: () = assert!(MAX_NAME_LEN > 0);
+// The threshold is a proper fraction of the journal: work that reaches it
+// still leaves room for the batch that commits it.
+const _: () = assert!(COMMIT_THRESHOLD_DIVISOR >= 2);
+const _: () = assert!(EXTENTS_PER_HOLE_ESTIMATE >= 1);

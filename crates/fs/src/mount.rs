@@ -1,0 +1,202 @@
+//! Bringing a volume up: format, mount (newest checkpoint, journal replay,
+//! free space rebuilt from the extents, orphans freed), and the loading
+//! that fsck shares with mount.
+
+use std::sync::Arc;
+
+use blockdev::BlockDevice;
+
+use crate::alloc::Allocator;
+use crate::checkpoint::{self, Checkpoint};
+use crate::journal::{self, JournalWriter};
+use crate::limits::COMMIT_THRESHOLD_DIVISOR;
+use crate::mount_state::{now_ns, CommitState, Meta, VolumeInner};
+use crate::state::MetaState;
+use crate::superblock::{self, Layout, Superblock};
+use crate::types::{Ino, Record};
+use crate::{Error, Result};
+
+/// Choices made at format time.
+#[derive(Clone, Debug)]
+pub struct FormatOptions {
+    /// File-system block size in bytes: a power of two, at least the device's
+    /// logical block size, 512..=65536. Default 4096.
+    pub block_size: u32,
+    /// Journal size in bytes; `None` picks from the device size.
+    pub journal_bytes: Option<u64>,
+    /// Size of each of the two checkpoint slots in bytes; `None` picks from
+    /// the device size.
+    pub checkpoint_slot_bytes: Option<u64>,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        FormatOptions {
+            block_size: 4096,
+            journal_bytes: None,
+            checkpoint_slot_bytes: None,
+        }
+    }
+}
+
+/// Writes a new, empty file system to `device`.
+pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Result<()> {
+    let caps = device.caps().clone();
+    let layout = Layout::compute(
+        caps.size_bytes,
+        caps.logical_block_size,
+        opts.block_size,
+        opts.journal_bytes,
+        opts.checkpoint_slot_bytes,
+    )?;
+    let sb = Superblock::new(layout);
+    let state = MetaState::new_empty(sb.layout.block_size, now_ns());
+    let ckpt = Checkpoint {
+        generation: 1,
+        journal_start: 0,
+        journal_seq: 1,
+        journal_chain: 0,
+        image: state.to_image(),
+    };
+    // Slots first, superblock last: a crash mid-format leaves the old
+    // superblock (or none), never a new superblock pointing at garbage.
+    checkpoint::write_checkpoint(&*device, &sb, 0, &ckpt)?;
+    checkpoint::invalidate_slot(&*device, &sb, 1)?;
+    superblock::write_superblock(&*device, &sb)?;
+    device
+        .flush()
+        .map_err(|e| Error::device("format: flush", e))?;
+    Ok(())
+}
+
+/// Mounts the volume on `device`: reads the newest valid checkpoint,
+/// replays the journal after it and frees orphans.
+pub(crate) fn mount(device: Arc<dyn BlockDevice>) -> Result<Arc<VolumeInner>> {
+    let loaded = load(&*device, Strictness::Mount)?;
+    let Loaded {
+        sb,
+        slot,
+        generation,
+        state,
+        alloc,
+        replay_end,
+        journal_tail,
+    } = loaded;
+    let mut journal =
+        JournalWriter::new(&sb, replay_end.head, replay_end.next_seq, replay_end.chain);
+    journal.set_tail(journal_tail);
+    let commit_threshold = sb.layout.journal.len / COMMIT_THRESHOLD_DIVISOR;
+    let meta = Meta::new(state, alloc, replay_end.next_seq);
+    let commit = CommitState {
+        journal,
+        slot,
+        generation,
+    };
+    let inner = Arc::new(VolumeInner::new(device, sb, meta, commit, commit_threshold));
+    // Inodes unlinked while open when the volume went down: nothing can
+    // reach them any more.
+    {
+        let mut meta = inner.meta.write();
+        let mut orphans: Vec<Ino> = meta
+            .state
+            .inodes
+            .values()
+            .filter(|i| i.nlink == 0)
+            .map(|i| i.ino)
+            .collect();
+        orphans.sort_unstable();
+        for ino in orphans {
+            meta.log(Record::FreeInode { ino })?;
+        }
+    }
+    Ok(inner)
+}
+
+/// How much inconsistency loading tolerates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Strictness {
+    /// Refuse a checkpoint whose link counts, sizes or kinds disagree: never
+    /// mount an inconsistent volume.
+    Mount,
+    /// Load what can be loaded, so fsck can list every inconsistency.
+    Fsck,
+}
+
+/// What mount and fsck read from a device.
+pub(crate) struct Loaded {
+    pub sb: Superblock,
+    pub slot: usize,
+    pub generation: u64,
+    pub state: MetaState,
+    pub alloc: Allocator,
+    pub replay_end: journal::ReplayEnd,
+    pub journal_tail: u64,
+}
+
+/// Reads the superblock and newest checkpoint, replays the journal and
+/// rebuilds free space. Shared by mount and fsck.
+pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<Loaded> {
+    let sb = superblock::read_superblock(device)?;
+    let (slot, ckpt) = checkpoint::read_newest_checkpoint(device, &sb)?;
+    let slot_start = sb.layout.checkpoint_slots[slot].start;
+    let block_size = sb.layout.block_size;
+    let mut state = MetaState::from_image(&ckpt.image, block_size)
+        .map_err(|reason| Error::corrupt("checkpoint image", slot_start, reason))?;
+    if strictness == Strictness::Mount {
+        state
+            .check_links_and_kinds()
+            .map_err(|reason| Error::corrupt("checkpoint image", slot_start, reason))?;
+    }
+    let journal_start = sb.layout.journal.start;
+    let mut freed = Vec::new();
+    let replay_end = journal::replay(
+        device,
+        &sb,
+        ckpt.journal_start,
+        ckpt.journal_seq,
+        ckpt.journal_chain,
+        &mut |seq, record| {
+            state.apply(&record, &mut freed).map_err(|reason| {
+                Error::corrupt(
+                    "journal record",
+                    journal_start,
+                    format!("record {seq} does not apply: {reason}"),
+                )
+            })
+        },
+    )?;
+    let alloc = build_allocator(&sb, &state)?;
+    Ok(Loaded {
+        sb,
+        slot,
+        generation: ckpt.generation,
+        state,
+        alloc,
+        replay_end,
+        journal_tail: ckpt.journal_start,
+    })
+}
+
+/// Free space = the data area minus every extent. An extent outside the data
+/// area or overlapping another is corruption.
+pub(crate) fn build_allocator(sb: &Superblock, state: &MetaState) -> Result<Allocator> {
+    let data = &sb.layout.data;
+    let mut alloc = Allocator::new(data.start, data.len, sb.layout.block_size);
+    let mut inos: Vec<&Ino> = state.inodes.keys().collect();
+    inos.sort_unstable();
+    for ino in inos {
+        for ext in state.inodes[ino].extents.iter() {
+            alloc.mark_used(ext.addr, ext.len).map_err(|reason| {
+                Error::corrupt(
+                    "extent map",
+                    ext.addr,
+                    format!(
+                        "inode {ino} extent at file offset {}: {reason}",
+                        ext.file_off
+                    ),
+                )
+            })?;
+        }
+    }
+    Ok(alloc)
+}

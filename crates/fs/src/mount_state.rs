@@ -1,0 +1,243 @@
+//! The state of a mounted volume that every handle shares: device,
+//! superblock, in-memory metadata, journal writer, open-inode table and
+//! shutdown flag. It sits below both [`crate::volume`] (the public face) and
+//! [`crate::file`] (open files), so each of them imports it and neither needs
+//! the other; the operations on it live in the modules named after them
+//! (`mount`, `namespace`, `transaction`, `handles`).
+//!
+//! Locking (always taken in this order, never the reverse):
+//! 1. an inode's I/O lock ([`iomap::InodeIoLock`]), held across data I/O;
+//! 2. `commit` — the journal writer; held across journal and checkpoint I/O;
+//! 3. `meta` — the in-memory metadata; held briefly, never across data I/O
+//!    (a checkpoint holds it across its own write so the image is consistent).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use blockdev::BlockDevice;
+use iomap::{FlushCoalescer, InodeIoLock};
+use parking_lot::{Mutex, RwLock};
+
+use crate::alloc::Allocator;
+use crate::checkpoint::CHECKPOINT_HEADER_LEN;
+use crate::codec::RECORD_MIN_ENCODED_LEN;
+use crate::journal::JournalWriter;
+use crate::limits::{CHECKPOINT_HEADROOM, RECORD_BYTES_ESTIMATE};
+use crate::state::{MetaState, IMAGE_BYTES_PER_EXTENT};
+use crate::superblock::Superblock;
+use crate::types::{Ino, Record};
+use crate::{Error, Result};
+
+// The commit threshold counts every record at least as big as the smallest.
+const _: () = assert!(RECORD_BYTES_ESTIMATE >= RECORD_MIN_ENCODED_LEN as u64);
+// The headroom covers at least the slot's header.
+const _: () = assert!(CHECKPOINT_HEADROOM >= CHECKPOINT_HEADER_LEN as u64);
+
+/// An inode some handle has open: what the I/O engine locks.
+pub struct OpenInode {
+    pub(crate) ino: Ino,
+    pub(crate) io_lock: InodeIoLock,
+    /// Open handles (`File`s, including those asynchronous requests hold
+    /// while in flight). Atomic so that cloning a handle per request takes
+    /// no lock; reaching zero takes the metadata lock to close the inode.
+    pub(crate) handles: AtomicUsize,
+}
+
+impl OpenInode {
+    /// An open inode with no handles yet.
+    pub(crate) fn new(ino: Ino) -> OpenInode {
+        OpenInode {
+            ino,
+            io_lock: InodeIoLock::new(),
+            handles: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl AsRef<InodeIoLock> for OpenInode {
+    fn as_ref(&self) -> &InodeIoLock {
+        &self.io_lock
+    }
+}
+
+pub(crate) struct OpenEntry {
+    pub(crate) inode: Arc<OpenInode>,
+}
+
+pub(crate) struct Meta {
+    pub state: MetaState,
+    pub alloc: Allocator,
+    /// Applied but not yet journaled, in sequence order.
+    pub(crate) pending: Vec<Record>,
+    /// Sequence number the next record gets.
+    pub(crate) next_seq: u64,
+    pub(crate) pending_bytes: u64,
+    pub(crate) open: HashMap<Ino, OpenEntry>,
+    /// Newest record that is durable.
+    committed_seq: u64,
+    /// Per inode, the newest record that changed it: an inode is dirty while
+    /// that record is not durable, and a write to it is then not metadata-free.
+    last_change: HashMap<Ino, u64>,
+}
+
+/// The journal writer and the newest checkpoint: what the `commit` lock
+/// guards. Here rather than in `transaction` because it is a field of
+/// [`VolumeInner`].
+pub(crate) struct CommitState {
+    pub(crate) journal: JournalWriter,
+    /// Slot holding the newest checkpoint.
+    pub(crate) slot: usize,
+    pub(crate) generation: u64,
+}
+
+pub struct VolumeInner {
+    pub(crate) dev: Arc<dyn BlockDevice>,
+    pub(crate) sb: Superblock,
+    pub(crate) block_size: u32,
+    pub(crate) meta: RwLock<Meta>,
+    pub(crate) commit: Mutex<CommitState>,
+    shutdown: Mutex<Option<String>>,
+    /// Set once `shutdown` holds a reason.
+    is_shut_down: AtomicBool,
+    pub(crate) commit_threshold: u64,
+    /// Shares flushes among concurrent DSYNC overwrites.
+    pub(crate) flush_coalescer: Arc<FlushCoalescer>,
+}
+
+impl VolumeInner {
+    /// A live volume (not shut down).
+    pub(crate) fn new(
+        dev: Arc<dyn BlockDevice>,
+        sb: Superblock,
+        meta: Meta,
+        commit: CommitState,
+        commit_threshold: u64,
+    ) -> VolumeInner {
+        VolumeInner {
+            dev,
+            block_size: sb.layout.block_size,
+            sb,
+            meta: RwLock::new(meta),
+            commit: Mutex::new(commit),
+            shutdown: Mutex::new(None),
+            is_shut_down: AtomicBool::new(false),
+            commit_threshold,
+            flush_coalescer: Arc::new(FlushCoalescer::new()),
+        }
+    }
+
+    pub fn check_live(&self) -> Result<()> {
+        // Every I/O asks: one relaxed load, the reason only when it is set.
+        if !self.is_shut_down.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match &*self.shutdown.lock() {
+            Some(reason) => Err(Error::Shutdown {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses every later call: memory is ahead of the disk (see the fault
+    /// model in [`crate::transaction`]).
+    pub(crate) fn shut_down(&self, err: &Error) {
+        let mut shutdown = self.shutdown.lock();
+        if shutdown.is_none() {
+            *shutdown = Some(err.to_string());
+        }
+        self.is_shut_down.store(true, Ordering::Release);
+    }
+}
+
+pub(crate) fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+impl Meta {
+    /// The metadata as loaded: every record up to `next_seq` is durable.
+    pub(crate) fn new(state: MetaState, alloc: Allocator, next_seq: u64) -> Meta {
+        Meta {
+            state,
+            alloc,
+            pending: Vec::new(),
+            next_seq,
+            pending_bytes: 0,
+            open: HashMap::new(),
+            committed_seq: next_seq - 1,
+            last_change: HashMap::new(),
+        }
+    }
+
+    /// Applies `record` to memory and queues it for the journal. Space it
+    /// releases stays busy until the record is durable.
+    pub fn log(&mut self, record: Record) -> Result<u64> {
+        let mut freed = Vec::new();
+        self.state
+            .apply(&record, &mut freed)
+            .map_err(|reason| Error::invalid("metadata update", reason))?;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        for (addr, len) in freed {
+            self.alloc
+                .free(addr, len, seq)
+                .map_err(|reason| Error::corrupt("free space", addr, reason))?;
+        }
+        if let Some(ino) = record_inode(&record) {
+            self.last_change.insert(ino, seq);
+        }
+        self.pending.push(record);
+        self.pending_bytes += RECORD_BYTES_ESTIMATE;
+        Ok(seq)
+    }
+
+    /// The inode has metadata changes that are not durable yet.
+    pub fn is_dirty(&self, ino: Ino) -> bool {
+        self.last_change
+            .get(&ino)
+            .is_some_and(|&seq| seq > self.committed_seq)
+    }
+
+    pub(crate) fn mark_committed(&mut self, seq: u64) {
+        self.committed_seq = self.committed_seq.max(seq);
+        self.alloc.release_busy(seq);
+        let committed = self.committed_seq;
+        self.last_change.retain(|_, &mut last| last > committed);
+    }
+
+    /// Refuses a change that could grow the checkpoint image past its slot.
+    pub fn reserve_image(&self, sb: &Superblock, extra: u64) -> Result<()> {
+        let slot = sb.layout.checkpoint_slots[0].len;
+        let needed = self.state.image_bytes_estimate() + extra + CHECKPOINT_HEADROOM;
+        if needed > slot {
+            return Err(Error::NoSpace {
+                what: "metadata (checkpoint slot)".to_string(),
+                needed,
+                available: slot,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The regular file whose data mapping a record changes, if any.
+fn record_inode(record: &Record) -> Option<Ino> {
+    match record {
+        Record::MapUnwritten { ino, .. }
+        | Record::CompleteWrite { ino, .. }
+        | Record::SetSize { ino, .. }
+        | Record::Punch { ino, .. }
+        | Record::Create { ino, .. } => Some(*ino),
+        _ => None,
+    }
+}
+
+/// Extents a change of `bytes` could add to a checkpoint image, at worst.
+pub(crate) fn image_bytes_for_extents(extents: u64) -> u64 {
+    extents * IMAGE_BYTES_PER_EXTENT
+}
