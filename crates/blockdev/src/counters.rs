@@ -3,7 +3,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Live counters of requests issued to a device.
+///
+/// Every request of every thread increments them, so they sit alone on
+/// their cache lines (128 bytes: a line and its adjacent-line prefetch
+/// partner). Without that, a device's capabilities, read on every I/O, shared
+/// a line with them, and each increment on one core cost the next I/O on
+/// another a cache miss (measured: the largest single cost of iomapfs's
+/// 4 KiB reads at queue depth 32 on zram).
 #[derive(Debug, Default)]
+#[repr(align(128))]
 pub struct DeviceCounters {
     reads: AtomicU64,
     writes: AtomicU64,

@@ -197,10 +197,10 @@ impl IomapOps for VolumeInner {
                 return Err(IomapError::WouldBlock.into());
             }
             if new && iomap.kind == IomapKind::Unwritten {
-                iomap.flags = iomap.flags | IomapFlags::NEW;
+                iomap.flags |= IomapFlags::NEW;
             }
             if iomap.kind == IomapKind::Unwritten || crosses_eof || dirty_inode {
-                iomap.flags = iomap.flags | IomapFlags::DIRTY;
+                iomap.flags |= IomapFlags::DIRTY;
             }
         }
         Ok(iomap)

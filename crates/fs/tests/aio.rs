@@ -13,6 +13,23 @@ use rand::{Rng, SeedableRng};
 const BLOCK: u64 = 4096;
 const SECTOR: u64 = 512;
 
+/// The same device twice: with the in-order inline queue, and with a queue
+/// that completes requests out of submission order (as NVMe and io_uring
+/// do), seeded by `IOMAPFS_TEST_SEED` when set.
+fn each_queue(make: impl Fn() -> MemDevice) -> Vec<(String, Arc<MemDevice>)> {
+    let seed = std::env::var("IOMAPFS_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x00_0f_0e_0d);
+    vec![
+        ("inline".to_string(), Arc::new(make())),
+        (
+            format!("out-of-order (seed {seed})"),
+            Arc::new(make().with_out_of_order_queue(seed)),
+        ),
+    ]
+}
+
 fn volume(dev: &Arc<MemDevice>) -> Volume {
     dev.fill(b"STALE!!!");
     Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
@@ -73,178 +90,198 @@ fn async_reads_and_writes_match_the_sync_path_at_every_depth() {
     println!("aio seed {seed}");
     for depth in [1usize, 4, 32, 256] {
         let mut rng = SmallRng::seed_from_u64(seed ^ depth as u64);
-        let dev = Arc::new(MemDevice::new(32 << 20, SECTOR as u32));
-        let vol = volume(&dev);
-        let (f, mut model) = fragmented_file(&vol, &mut rng);
-        let mut q = vol.io_queue(depth).unwrap();
-        // Reads across extent boundaries, holes, unwritten space and EOF.
-        let mut expected = HashMap::new();
-        for token in 0..512u64 {
-            let blocks = rng.gen_range(1..=16u64);
-            let off = rng.gen_range(0..80u64) * SECTOR * 8;
-            let len = blocks * SECTOR * rng.gen_range(1..=8u64);
-            q.submit_read(&f, off, AlignedBuf::new(len as usize, 4096).unwrap(), token)
-                .unwrap();
-            expected.insert(token, (off, len));
-            if q.in_flight() >= depth {
-                q.submit().unwrap();
+        for (queue, dev) in each_queue(|| MemDevice::new(32 << 20, SECTOR as u32)) {
+            println!("{queue} queue");
+            let vol = volume(&dev);
+            let (f, mut model) = fragmented_file(&vol, &mut rng);
+            let mut q = vol.io_queue(depth).unwrap();
+            // Reads across extent boundaries, holes, unwritten space and EOF.
+            let mut expected = HashMap::new();
+            for token in 0..512u64 {
+                let blocks = rng.gen_range(1..=16u64);
+                let off = rng.gen_range(0..80u64) * SECTOR * 8;
+                let len = blocks * SECTOR * rng.gen_range(1..=8u64);
+                q.submit_read(&f, off, AlignedBuf::new(len as usize, 4096).unwrap(), token)
+                    .unwrap();
+                expected.insert(token, (off, len));
+                if q.in_flight() >= depth {
+                    q.submit().unwrap();
+                }
             }
-        }
-        q.submit().unwrap();
-        for (token, c) in reap_all(&mut q) {
-            let (off, len) = expected[&token];
-            let n = c.result.unwrap();
-            let want_len = (model.len() as u64).saturating_sub(off).min(len) as usize;
-            assert_eq!(n, want_len, "depth {depth} token {token}");
-            let want = &model[off.min(model.len() as u64) as usize..][..want_len];
-            assert_eq!(
-                &c.buf[..n],
-                want,
-                "depth {depth} read {token} at {off}+{len}"
-            );
-            assert!(c.buf[n..].iter().all(|&b| b == 0), "bytes past EOF");
-        }
-        // Writes: pure overwrites, writes into holes and unwritten space,
-        // some crossing EOF.
-        for token in 0..256u64 {
-            let off = rng.gen_range(0..72u64) * SECTOR * 8 + rng.gen_range(0..8u64) * SECTOR;
-            let len = SECTOR * rng.gen_range(1..=24u64);
-            let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
-            // One request per range at a time keeps the model order-free.
-            let end = (off + len) as usize;
-            if model.len() < end {
-                model.resize(end, 0);
-            }
-            model[off as usize..end].copy_from_slice(&data);
-            q.submit_write(&f, off, buf_of(&data), token).unwrap();
             q.submit().unwrap();
-            for (_, c) in reap_all(&mut q) {
-                assert_eq!(c.result.unwrap(), len as usize);
+            for (token, c) in reap_all(&mut q) {
+                let (off, len) = expected[&token];
+                let n = c.result.unwrap();
+                let want_len = (model.len() as u64).saturating_sub(off).min(len) as usize;
+                assert_eq!(n, want_len, "depth {depth} token {token}");
+                let want = &model[off.min(model.len() as u64) as usize..][..want_len];
+                assert_eq!(
+                    &c.buf[..n],
+                    want,
+                    "depth {depth} read {token} at {off}+{len}"
+                );
+                assert!(c.buf[n..].iter().all(|&b| b == 0), "bytes past EOF");
             }
+            // Writes: pure overwrites, writes into holes and unwritten space,
+            // some crossing EOF.
+            for token in 0..256u64 {
+                let off = rng.gen_range(0..72u64) * SECTOR * 8 + rng.gen_range(0..8u64) * SECTOR;
+                let len = SECTOR * rng.gen_range(1..=24u64);
+                let data: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+                // One request per range at a time keeps the model order-free.
+                let end = (off + len) as usize;
+                if model.len() < end {
+                    model.resize(end, 0);
+                }
+                model[off as usize..end].copy_from_slice(&data);
+                q.submit_write(&f, off, buf_of(&data), token).unwrap();
+                q.submit().unwrap();
+                for (_, c) in reap_all(&mut q) {
+                    assert_eq!(c.result.unwrap(), len as usize);
+                }
+            }
+            let check = vol.open_file("/frag", OpenFlags::default()).unwrap();
+            let mut all = vec![0u8; model.len() + 4096];
+            let n = check.pread(&mut all, 0).unwrap();
+            assert_eq!(n, model.len(), "depth {depth}: size");
+            assert!(
+                all[..n] == model[..],
+                "depth {depth}: contents differ from the model"
+            );
+            drop(q);
+            drop(f);
+            drop(check);
+            vol.unmount().unwrap();
+            let report = iomapfs_fs::fsck::check(dev.clone()).unwrap();
+            assert!(report.is_clean(), "{:?}", report.problems);
         }
-        let check = vol.open_file("/frag", OpenFlags::default()).unwrap();
-        let mut all = vec![0u8; model.len() + 4096];
-        let n = check.pread(&mut all, 0).unwrap();
-        assert_eq!(n, model.len(), "depth {depth}: size");
-        assert!(
-            all[..n] == model[..],
-            "depth {depth}: contents differ from the model"
-        );
-        drop(q);
-        drop(f);
-        drop(check);
-        vol.unmount().unwrap();
-        let report = iomapfs_fs::fsck::check(dev.clone()).unwrap();
-        assert!(report.is_clean(), "{:?}", report.problems);
     }
 }
 
 #[test]
 fn concurrent_async_overwrites_at_queue_depth_complete_inline() {
-    let dev = Arc::new(MemDevice::new(32 << 20, SECTOR as u32));
-    let vol = volume(&dev);
-    let f = vol.open_file("/db", direct(false)).unwrap();
-    f.pwrite(&vec![1u8; (256 * BLOCK) as usize], 0).unwrap();
-    f.fsync().unwrap();
-    let mut q = vol.io_queue(64).unwrap();
-    for token in 0..256u64 {
-        q.submit_write(
-            &f,
-            token * BLOCK,
-            buf_of(&[token as u8; BLOCK as usize]),
-            token,
-        )
-        .unwrap();
-    }
-    q.submit().unwrap();
-    let done = reap_all(&mut q);
-    assert_eq!(done.len(), 256);
-    for (token, c) in done {
-        assert_eq!(c.result.unwrap(), BLOCK as usize);
-        assert_eq!(c.completed_by, CompletedBy::Reaper, "token {token}");
-    }
-    let mut back = vec![0u8; BLOCK as usize];
-    for token in 0..256u64 {
-        f.pread(&mut back, token * BLOCK).unwrap();
-        assert!(back.iter().all(|&b| b == token as u8));
+    for (queue, dev) in each_queue(|| MemDevice::new(32 << 20, SECTOR as u32)) {
+        println!("{queue} queue");
+        let vol = volume(&dev);
+        let f = vol.open_file("/db", direct(false)).unwrap();
+        f.pwrite(&vec![1u8; (256 * BLOCK) as usize], 0).unwrap();
+        f.fsync().unwrap();
+        let mut q = vol.io_queue(64).unwrap();
+        for token in 0..256u64 {
+            q.submit_write(
+                &f,
+                token * BLOCK,
+                buf_of(&[token as u8; BLOCK as usize]),
+                token,
+            )
+            .unwrap();
+        }
+        q.submit().unwrap();
+        let done = reap_all(&mut q);
+        assert_eq!(done.len(), 256);
+        for (token, c) in done {
+            assert_eq!(c.result.unwrap(), BLOCK as usize);
+            assert_eq!(c.completed_by, CompletedBy::Reaper, "token {token}");
+        }
+        let mut back = vec![0u8; BLOCK as usize];
+        for token in 0..256u64 {
+            f.pread(&mut back, token * BLOCK).unwrap();
+            assert!(back.iter().all(|&b| b == token as u8));
+        }
     }
 }
 
 #[test]
 fn each_class_of_write_completes_in_its_context() {
     for fua in [false, true] {
-        let dev = Arc::new(MemDevice::with_caps(32 << 20, SECTOR as u32, true, fua));
-        let vol = volume(&dev);
-        let plain = vol.open_file("/f", direct(false)).unwrap();
-        plain.pwrite(&vec![1u8; (8 * BLOCK) as usize], 0).unwrap();
-        plain.fsync().unwrap();
-        let dsync = vol.open_file("/f", direct(true)).unwrap();
-        let mut q = vol.io_queue(8).unwrap();
-        let one = || buf_of(&[9u8; BLOCK as usize]);
-        let before = dev.counters().snapshot();
-        q.submit_write(&plain, 0, one(), 1).unwrap(); // pure overwrite
-        q.submit_write(&plain, 16 * BLOCK, one(), 2).unwrap(); // allocates, extends
-        q.submit_write(&dsync, BLOCK, one(), 3).unwrap(); // pure overwrite, DSYNC
-        q.submit().unwrap();
-        let done = reap_all(&mut q);
-        let by = |t: u64| done[&t].completed_by;
-        assert_eq!(by(1), CompletedBy::Reaper);
-        assert_eq!(
-            by(2),
-            CompletedBy::Worker,
-            "conversion and size need the worker"
-        );
-        // A DSYNC pure overwrite completes in the reaper: with FUA at once,
-        // without it when the flush the reaper queued (never waited for)
-        // lands.
-        assert_eq!(by(3), CompletedBy::Reaper, "fua={fua}: DSYNC overwrite");
-        let d = dev.counters().snapshot().since(&before);
-        if fua {
-            assert_eq!((d.fua_writes, d.flushes), (1, 0), "{d:?}");
-        } else {
-            assert_eq!((d.fua_writes, d.flushes), (0, 1), "{d:?}");
+        for (queue, dev) in each_queue(|| MemDevice::with_caps(32 << 20, SECTOR as u32, true, fua))
+        {
+            println!("{queue} queue");
+            let vol = volume(&dev);
+            let plain = vol.open_file("/f", direct(false)).unwrap();
+            plain.pwrite(&vec![1u8; (8 * BLOCK) as usize], 0).unwrap();
+            plain.fsync().unwrap();
+            let dsync = vol.open_file("/f", direct(true)).unwrap();
+            let mut q = vol.io_queue(8).unwrap();
+            let one = || buf_of(&[9u8; BLOCK as usize]);
+            let before = dev.counters().snapshot();
+            q.submit_write(&plain, 0, one(), 1).unwrap(); // pure overwrite
+            q.submit_write(&plain, 16 * BLOCK, one(), 2).unwrap(); // allocates, extends
+            q.submit_write(&dsync, BLOCK, one(), 3).unwrap(); // pure overwrite, DSYNC
+            q.submit().unwrap();
+            let done = reap_all(&mut q);
+            let by = |t: u64| done[&t].completed_by;
+            assert_eq!(by(1), CompletedBy::Reaper);
+            assert_eq!(
+                by(2),
+                CompletedBy::Worker,
+                "conversion and size need the worker"
+            );
+            // A DSYNC pure overwrite completes in the reaper: with FUA at once,
+            // without it when the flush the reaper queued (never waited for)
+            // lands.
+            assert_eq!(by(3), CompletedBy::Reaper, "fua={fua}: DSYNC overwrite");
+            let d = dev.counters().snapshot().since(&before);
+            if fua {
+                assert_eq!((d.fua_writes, d.flushes), (1, 0), "{d:?}");
+            } else {
+                assert_eq!((d.fua_writes, d.flushes), (0, 1), "{d:?}");
+            }
+            for t in 1..=3 {
+                assert_eq!(*done[&t].result.as_ref().unwrap(), BLOCK as usize);
+            }
+            assert_eq!(plain.stat().unwrap().size, 17 * BLOCK);
         }
-        for t in 1..=3 {
-            assert_eq!(*done[&t].result.as_ref().unwrap(), BLOCK as usize);
-        }
-        assert_eq!(plain.stat().unwrap().size, 17 * BLOCK);
     }
 }
 
 #[test]
 fn device_errors_reach_the_submitter_with_token_and_cause() {
-    let dev = Arc::new(MemDevice::new(32 << 20, SECTOR as u32));
-    let vol = volume(&dev);
-    let f = vol.open_file("/f", direct(false)).unwrap();
-    f.pwrite(&vec![1u8; (8 * BLOCK) as usize], 0).unwrap();
-    f.fsync().unwrap();
-    let mut q = vol.io_queue(8).unwrap();
-    dev.inject(FaultRule::new(FaultOp::Write).count(1));
-    q.submit_write(&f, 2 * BLOCK, buf_of(&[7u8; BLOCK as usize]), 42)
-        .unwrap();
-    q.submit_write(&f, 3 * BLOCK, buf_of(&[7u8; BLOCK as usize]), 43)
-        .unwrap();
-    q.submit().unwrap();
-    let done = reap_all(&mut q);
-    let err = done[&42].result.as_ref().unwrap_err();
-    assert_eq!(err.errno(), libc::EIO, "{err}");
-    let text = err.to_string();
-    assert!(
-        text.contains("/f") && text.contains(&(2 * BLOCK).to_string()),
-        "{text}"
-    );
-    assert_eq!(*done[&43].result.as_ref().unwrap(), BLOCK as usize);
-    dev.clear_faults();
-    dev.inject(FaultRule::new(FaultOp::Read).count(1));
-    q.submit_read(&f, 0, AlignedBuf::new(BLOCK as usize, 4096).unwrap(), 7)
-        .unwrap();
-    q.submit().unwrap();
-    let done = reap_all(&mut q);
-    assert_eq!(done[&7].result.as_ref().unwrap_err().errno(), libc::EIO);
-    // Every in-flight count was released: an exclusive operation, which
-    // drains in-flight direct I/O, does not hang.
-    f.truncate(BLOCK).unwrap();
-    assert_eq!(f.stat().unwrap().size, BLOCK);
+    for (queue, dev) in each_queue(|| MemDevice::new(32 << 20, SECTOR as u32)) {
+        println!("{queue} queue");
+        let vol = volume(&dev);
+        let f = vol.open_file("/f", direct(false)).unwrap();
+        f.pwrite(&vec![1u8; (8 * BLOCK) as usize], 0).unwrap();
+        f.fsync().unwrap();
+        let mut q = vol.io_queue(8).unwrap();
+        dev.inject(FaultRule::new(FaultOp::Write).count(1));
+        q.submit_write(&f, 2 * BLOCK, buf_of(&[7u8; BLOCK as usize]), 42)
+            .unwrap();
+        q.submit_write(&f, 3 * BLOCK, buf_of(&[7u8; BLOCK as usize]), 43)
+            .unwrap();
+        q.submit().unwrap();
+        let done = reap_all(&mut q);
+        // The injected fault hits the write the device runs first: in
+        // submission order on the inline queue, either on the other.
+        let (failed, ok) = if done[&42].result.is_err() {
+            (42, 43)
+        } else {
+            (43, 42)
+        };
+        if queue == "inline" {
+            assert_eq!(failed, 42);
+        }
+        let err = done[&failed].result.as_ref().unwrap_err();
+        assert_eq!(err.errno(), libc::EIO, "{err}");
+        let text = err.to_string();
+        let failed_offset = (failed - 40) * BLOCK;
+        assert!(
+            text.contains("/f") && text.contains(&failed_offset.to_string()),
+            "{text}"
+        );
+        assert_eq!(*done[&ok].result.as_ref().unwrap(), BLOCK as usize);
+        dev.clear_faults();
+        dev.inject(FaultRule::new(FaultOp::Read).count(1));
+        q.submit_read(&f, 0, AlignedBuf::new(BLOCK as usize, 4096).unwrap(), 7)
+            .unwrap();
+        q.submit().unwrap();
+        let done = reap_all(&mut q);
+        assert_eq!(done[&7].result.as_ref().unwrap_err().errno(), libc::EIO);
+        // Every in-flight count was released: an exclusive operation, which
+        // drains in-flight direct I/O, does not hang.
+        f.truncate(BLOCK).unwrap();
+        assert_eq!(f.stat().unwrap().size, BLOCK);
+    }
 }
 
 #[test]
@@ -317,76 +354,95 @@ fn async_io_through_a_real_io_uring_ring_matches_the_sync_path() {
 
 #[test]
 fn dsync_writes_completed_before_a_queued_flush_share_it() {
-    let dev = Arc::new(MemDevice::with_caps(32 << 20, SECTOR as u32, true, false));
-    let vol = volume(&dev);
-    let plain = vol.open_file("/f", direct(false)).unwrap();
-    plain.pwrite(&vec![1u8; (64 * BLOCK) as usize], 0).unwrap();
-    plain.fsync().unwrap();
-    let f = vol.open_file("/f", direct(true)).unwrap();
-    let mut q = vol.io_queue(64).unwrap();
-    let before = dev.counters().snapshot();
-    for token in 0..64u64 {
-        q.submit_write(&f, token * BLOCK, buf_of(&[3u8; BLOCK as usize]), token)
-            .unwrap();
+    for (queue, dev) in each_queue(|| MemDevice::with_caps(32 << 20, SECTOR as u32, true, false)) {
+        println!("{queue} queue");
+        let vol = volume(&dev);
+        let plain = vol.open_file("/f", direct(false)).unwrap();
+        plain.pwrite(&vec![1u8; (64 * BLOCK) as usize], 0).unwrap();
+        plain.fsync().unwrap();
+        let f = vol.open_file("/f", direct(true)).unwrap();
+        let mut q = vol.io_queue(64).unwrap();
+        let before = dev.counters().snapshot();
+        for token in 0..64u64 {
+            q.submit_write(&f, token * BLOCK, buf_of(&[3u8; BLOCK as usize]), token)
+                .unwrap();
+        }
+        q.submit().unwrap();
+        let done = reap_all(&mut q);
+        assert_eq!(done.len(), 64);
+        assert!(done.values().all(|c| c.result.is_ok()));
+        let d = dev.counters().snapshot().since(&before);
+        assert_eq!(d.writes, 64, "{d:?}");
+        if queue == "inline" {
+            // The inline queue completes all 64 writes in the submit that
+            // carries them: the reaper then needs one flush for all of them,
+            // and at most one more for writes that completed after it was
+            // issued.
+            assert!(d.flushes <= 2, "64 DSYNC writes took {} flushes", d.flushes);
+        } else {
+            // Out of order, writes complete over several reaps; each flush
+            // still covers every write completed before it was issued.
+            assert!(d.flushes < 64, "64 DSYNC writes took {} flushes", d.flushes);
+        }
+        // And every acknowledged write survives a power cut.
+        let cut = Arc::new(dev.power_cut(&mut |_| blockdev::Survival::Lost));
+        let after = Volume::open(cut).unwrap();
+        let g = after.open_file("/f", OpenFlags::default()).unwrap();
+        let mut back = vec![0u8; (64 * BLOCK) as usize];
+        g.pread(&mut back, 0).unwrap();
+        assert!(back.iter().all(|&b| b == 3));
     }
-    q.submit().unwrap();
-    let done = reap_all(&mut q);
-    assert_eq!(done.len(), 64);
-    assert!(done.values().all(|c| c.result.is_ok()));
-    let d = dev.counters().snapshot().since(&before);
-    assert_eq!(d.writes, 64, "{d:?}");
-    // The memory device completes all 64 writes in the submit that carries
-    // them: the reaper then needs one flush for all of them, and at most one
-    // more for writes that completed after it was issued.
-    assert!(d.flushes <= 2, "64 DSYNC writes took {} flushes", d.flushes);
-    // And every acknowledged write survives a power cut.
-    let cut = Arc::new(dev.power_cut(&mut |_| blockdev::Survival::Lost));
-    let after = Volume::open(cut).unwrap();
-    let g = after.open_file("/f", OpenFlags::default()).unwrap();
-    let mut back = vec![0u8; (64 * BLOCK) as usize];
-    g.pread(&mut back, 0).unwrap();
-    assert!(back.iter().all(|&b| b == 3));
 }
 
 #[test]
 fn a_failed_shared_flush_fails_every_dsync_write_it_covered() {
-    let dev = Arc::new(MemDevice::with_caps(32 << 20, SECTOR as u32, true, false));
-    let vol = volume(&dev);
-    let plain = vol.open_file("/f", direct(false)).unwrap();
-    plain.pwrite(&vec![1u8; (8 * BLOCK) as usize], 0).unwrap();
-    plain.fsync().unwrap();
-    let f = vol.open_file("/f", direct(true)).unwrap();
-    let mut q = vol.io_queue(8).unwrap();
-    dev.inject(FaultRule::new(FaultOp::Flush).count(1));
-    for token in 0..4u64 {
-        q.submit_write(&f, token * BLOCK, buf_of(&[3u8; BLOCK as usize]), token)
-            .unwrap();
-    }
-    q.submit().unwrap();
-    let done = reap_all(&mut q);
-    assert_eq!(done.len(), 4);
-    // The inline queue completes all four writes at once; the reaper's first
-    // flush covers the first write reaped, and fails: so does that write. The
-    // others completed after that flush was issued and wait for the next one,
-    // which succeeds.
-    let failed: Vec<u64> = done
-        .iter()
-        .filter(|(_, c)| c.result.is_err())
-        .map(|(t, _)| *t)
-        .collect();
-    assert_eq!(failed, vec![0], "exactly the covered write fails");
-    let err = done[&0].result.as_ref().unwrap_err();
-    assert_eq!(err.errno(), libc::EIO, "{err}");
-    let cut = Arc::new(dev.power_cut(&mut |_| blockdev::Survival::Lost));
-    let after = Volume::open(cut).unwrap();
-    let g = after.open_file("/f", OpenFlags::default()).unwrap();
-    let mut back = vec![0u8; BLOCK as usize];
-    for token in 1..4u64 {
-        g.pread(&mut back, token * BLOCK).unwrap();
-        assert!(
-            back.iter().all(|&b| b == 3),
-            "acknowledged write {token} lost"
+    for (queue, dev) in each_queue(|| MemDevice::with_caps(32 << 20, SECTOR as u32, true, false)) {
+        println!("{queue} queue");
+        let vol = volume(&dev);
+        let plain = vol.open_file("/f", direct(false)).unwrap();
+        plain.pwrite(&vec![1u8; (8 * BLOCK) as usize], 0).unwrap();
+        plain.fsync().unwrap();
+        let f = vol.open_file("/f", direct(true)).unwrap();
+        let mut q = vol.io_queue(8).unwrap();
+        dev.inject(FaultRule::new(FaultOp::Flush).count(1));
+        for token in 0..4u64 {
+            q.submit_write(&f, token * BLOCK, buf_of(&[3u8; BLOCK as usize]), token)
+                .unwrap();
+        }
+        q.submit().unwrap();
+        let done = reap_all(&mut q);
+        assert_eq!(done.len(), 4);
+        // The reaper issues a flush as soon as the first write's data
+        // completes: that flush covers exactly that write, and fails: so does
+        // that write. The others completed after that flush was issued and
+        // wait for the next one, which succeeds. The inline queue completes
+        // the writes in submission order, so the failed one is the first.
+        let failed: Vec<u64> = done
+            .iter()
+            .filter(|(_, c)| c.result.is_err())
+            .map(|(t, _)| *t)
+            .collect();
+        assert_eq!(
+            failed.len(),
+            1,
+            "exactly the covered write fails: {failed:?}"
         );
+        if queue == "inline" {
+            assert_eq!(failed, vec![0], "exactly the covered write fails");
+        }
+        let err = done[&failed[0]].result.as_ref().unwrap_err();
+        assert_eq!(err.errno(), libc::EIO, "{err}");
+        let cut = Arc::new(dev.power_cut(&mut |_| blockdev::Survival::Lost));
+        let after = Volume::open(cut).unwrap();
+        let g = after.open_file("/f", OpenFlags::default()).unwrap();
+        let mut back = vec![0u8; BLOCK as usize];
+        for token in (0..4u64).filter(|t| *t != failed[0]) {
+            g.pread(&mut back, token * BLOCK).unwrap();
+            assert!(
+                back.iter().all(|&b| b == 3),
+                "acknowledged write {token} lost"
+            );
+        }
     }
 }
 
@@ -396,50 +452,52 @@ fn a_failed_shared_flush_fails_every_dsync_write_it_covered() {
 /// still complete inline.
 #[test]
 fn byte_granular_requests_complete_in_the_worker_with_the_right_bytes() {
-    let dev = Arc::new(MemDevice::new(32 << 20, SECTOR as u32));
-    let vol = volume(&dev);
-    let f = vol.open_file("/bytes", direct(false)).unwrap();
-    f.pwrite(&[0x11; 4 * BLOCK as usize], 0).unwrap();
-    let g = vol.open_file("/aligned", direct(false)).unwrap();
-    g.pwrite(&[0x22; BLOCK as usize], 0).unwrap();
-    let mut q = vol.io_queue(8).unwrap();
+    for (queue, dev) in each_queue(|| MemDevice::new(32 << 20, SECTOR as u32)) {
+        println!("{queue} queue");
+        let vol = volume(&dev);
+        let f = vol.open_file("/bytes", direct(false)).unwrap();
+        f.pwrite(&[0x11; 4 * BLOCK as usize], 0).unwrap();
+        let g = vol.open_file("/aligned", direct(false)).unwrap();
+        g.pwrite(&[0x22; BLOCK as usize], 0).unwrap();
+        let mut q = vol.io_queue(8).unwrap();
 
-    // Before any byte-granular write: aligned overwrites complete inline.
-    q.submit_write(&f, 0, buf_of(&[0x33; SECTOR as usize]), 1)
-        .unwrap();
-    q.submit().unwrap();
-    let done = reap_all(&mut q);
-    assert_eq!(done[&1].completed_by, CompletedBy::Reaper);
+        // Before any byte-granular write: aligned overwrites complete inline.
+        q.submit_write(&f, 0, buf_of(&[0x33; SECTOR as usize]), 1)
+            .unwrap();
+        q.submit().unwrap();
+        let done = reap_all(&mut q);
+        assert_eq!(done[&1].completed_by, CompletedBy::Reaper);
 
-    q.submit_write(&f, 1000, buf_of(&[0x44; 100]), 2).unwrap();
-    q.submit_read(&f, 990, AlignedBuf::new(120, 4096).unwrap(), 3)
-        .unwrap();
-    q.submit().unwrap();
-    let done = reap_all(&mut q);
-    assert_eq!(done[&2].result.as_ref().unwrap(), &100);
-    assert_eq!(done[&2].completed_by, CompletedBy::Worker);
-    // The worker runs its jobs in submission order: the read sees the write.
-    let read = &done[&3];
-    assert_eq!(read.result.as_ref().unwrap(), &120);
-    assert_eq!(read.completed_by, CompletedBy::Worker);
-    assert!(read.buf[..10].iter().all(|&b| b == 0x11));
-    assert!(read.buf[10..110].iter().all(|&b| b == 0x44));
-    assert!(read.buf[110..].iter().all(|&b| b == 0x11));
+        q.submit_write(&f, 1000, buf_of(&[0x44; 100]), 2).unwrap();
+        q.submit_read(&f, 990, AlignedBuf::new(120, 4096).unwrap(), 3)
+            .unwrap();
+        q.submit().unwrap();
+        let done = reap_all(&mut q);
+        assert_eq!(done[&2].result.as_ref().unwrap(), &100);
+        assert_eq!(done[&2].completed_by, CompletedBy::Worker);
+        // The worker runs its jobs in submission order: the read sees the write.
+        let read = &done[&3];
+        assert_eq!(read.result.as_ref().unwrap(), &120);
+        assert_eq!(read.completed_by, CompletedBy::Worker);
+        assert!(read.buf[..10].iter().all(|&b| b == 0x11));
+        assert!(read.buf[10..110].iter().all(|&b| b == 0x44));
+        assert!(read.buf[110..].iter().all(|&b| b == 0x11));
 
-    let mut back = vec![0u8; 120];
-    f.pread(&mut back, 990).unwrap();
-    assert!(back[10..110].iter().all(|&b| b == 0x44), "{back:?}");
+        let mut back = vec![0u8; 120];
+        f.pread(&mut back, 990).unwrap();
+        assert!(back[10..110].iter().all(|&b| b == 0x44), "{back:?}");
 
-    q.submit_write(&f, BLOCK, buf_of(&[0x55; SECTOR as usize]), 4)
-        .unwrap();
-    q.submit_write(&g, 0, buf_of(&[0x66; SECTOR as usize]), 5)
-        .unwrap();
-    q.submit().unwrap();
-    let done = reap_all(&mut q);
-    assert_eq!(done[&4].completed_by, CompletedBy::Reaper);
-    assert_eq!(done[&5].completed_by, CompletedBy::Reaper);
-    f.pread(&mut back[..8], BLOCK).unwrap();
-    assert_eq!(&back[..8], &[0x55; 8]);
+        q.submit_write(&f, BLOCK, buf_of(&[0x55; SECTOR as usize]), 4)
+            .unwrap();
+        q.submit_write(&g, 0, buf_of(&[0x66; SECTOR as usize]), 5)
+            .unwrap();
+        q.submit().unwrap();
+        let done = reap_all(&mut q);
+        assert_eq!(done[&4].completed_by, CompletedBy::Reaper);
+        assert_eq!(done[&5].completed_by, CompletedBy::Reaper);
+        f.pread(&mut back[..8], BLOCK).unwrap();
+        assert_eq!(&back[..8], &[0x55; 8]);
+    }
 }
 
 /// After a file's first byte-granular write, the next ones run under the
@@ -449,66 +507,68 @@ fn byte_granular_requests_complete_in_the_worker_with_the_right_bytes() {
 /// exclusive would wait forever.
 #[test]
 fn later_byte_granular_overwrites_do_not_drain_in_flight_io() {
-    let dev = Arc::new(MemDevice::new(32 << 20, SECTOR as u32));
-    let vol = volume(&dev);
-    let f = vol.open_file("/f", direct(false)).unwrap();
-    f.pwrite(&[0x11; 2 * BLOCK as usize], 0).unwrap();
-    f.pwrite(&[0x22; 10], 5).unwrap(); // the first: exclusive, enables ranges
-    let mut q = vol.io_queue(4).unwrap();
-    q.submit_read(&f, BLOCK, AlignedBuf::new(BLOCK as usize, 4096).unwrap(), 1)
-        .unwrap();
-    q.submit().unwrap();
-    let writer = {
-        let f = f.try_clone().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            f.pwrite(&[0x33; 700], 1000).unwrap();
-            tx.send(()).unwrap();
-        });
-        rx
-    };
-    // Rewriting bytes of the last, partial sector is an overwrite too: the
-    // rest of that sector past EOF is padding.
-    let tail = {
-        let g = vol.open_file("/tail", direct(false)).unwrap();
-        g.pwrite(&[0x44; 5000], 0).unwrap();
-        g.pwrite(&[0x45; 3], 1).unwrap(); // ranges on
-        let (tx, rx) = std::sync::mpsc::channel();
-        let mut q2 = vol.io_queue(2).unwrap();
-        q2.submit_read(&g, 0, AlignedBuf::new(SECTOR as usize, 4096).unwrap(), 9)
+    for (queue, dev) in each_queue(|| MemDevice::new(32 << 20, SECTOR as u32)) {
+        println!("{queue} queue");
+        let vol = volume(&dev);
+        let f = vol.open_file("/f", direct(false)).unwrap();
+        f.pwrite(&[0x11; 2 * BLOCK as usize], 0).unwrap();
+        f.pwrite(&[0x22; 10], 5).unwrap(); // the first: exclusive, enables ranges
+        let mut q = vol.io_queue(4).unwrap();
+        q.submit_read(&f, BLOCK, AlignedBuf::new(BLOCK as usize, 4096).unwrap(), 1)
             .unwrap();
-        q2.submit().unwrap();
-        let h = g.try_clone().unwrap();
-        std::thread::spawn(move || {
-            h.pwrite(&[0x46; 50], 4900).unwrap();
-            tx.send(()).unwrap();
-        });
-        let finished = rx.recv_timeout(std::time::Duration::from_secs(20));
-        drop(q2); // reaps the read
+        q.submit().unwrap();
+        let writer = {
+            let f = f.try_clone().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                f.pwrite(&[0x33; 700], 1000).unwrap();
+                tx.send(()).unwrap();
+            });
+            rx
+        };
+        // Rewriting bytes of the last, partial sector is an overwrite too: the
+        // rest of that sector past EOF is padding.
+        let tail = {
+            let g = vol.open_file("/tail", direct(false)).unwrap();
+            g.pwrite(&[0x44; 5000], 0).unwrap();
+            g.pwrite(&[0x45; 3], 1).unwrap(); // ranges on
+            let (tx, rx) = std::sync::mpsc::channel();
+            let mut q2 = vol.io_queue(2).unwrap();
+            q2.submit_read(&g, 0, AlignedBuf::new(SECTOR as usize, 4096).unwrap(), 9)
+                .unwrap();
+            q2.submit().unwrap();
+            let h = g.try_clone().unwrap();
+            std::thread::spawn(move || {
+                h.pwrite(&[0x46; 50], 4900).unwrap();
+                tx.send(()).unwrap();
+            });
+            let finished = rx.recv_timeout(std::time::Duration::from_secs(20));
+            drop(q2); // reaps the read
+            assert!(
+                finished.is_ok(),
+                "rewriting the last partial sector waited for the unreaped read"
+            );
+            g
+        };
+        assert_eq!(tail.stat().unwrap().size, 5000);
+        let mut end = vec![0u8; 200];
+        assert_eq!(tail.pread(&mut end, 4850).unwrap(), 150);
+        assert!(end[..50].iter().all(|&b| b == 0x44));
+        assert!(end[50..100].iter().all(|&b| b == 0x46));
+        assert!(end[100..150].iter().all(|&b| b == 0x44));
+        let finished = writer.recv_timeout(std::time::Duration::from_secs(20));
+        let done = reap_all(&mut q);
         assert!(
             finished.is_ok(),
-            "rewriting the last partial sector waited for the unreaped read"
+            "a byte-granular overwrite waited for the unreaped read"
         );
-        g
-    };
-    assert_eq!(tail.stat().unwrap().size, 5000);
-    let mut end = vec![0u8; 200];
-    assert_eq!(tail.pread(&mut end, 4850).unwrap(), 150);
-    assert!(end[..50].iter().all(|&b| b == 0x44));
-    assert!(end[50..100].iter().all(|&b| b == 0x46));
-    assert!(end[100..150].iter().all(|&b| b == 0x44));
-    let finished = writer.recv_timeout(std::time::Duration::from_secs(20));
-    let done = reap_all(&mut q);
-    assert!(
-        finished.is_ok(),
-        "a byte-granular overwrite waited for the unreaped read"
-    );
-    assert_eq!(done[&1].result.as_ref().unwrap(), &(BLOCK as usize));
-    let mut back = vec![0u8; 1800];
-    f.pread(&mut back, 0).unwrap();
-    assert_eq!(&back[5..15], &[0x22; 10]);
-    assert!(back[1000..1700].iter().all(|&b| b == 0x33));
-    assert!(back[1700..].iter().all(|&b| b == 0x11));
+        assert_eq!(done[&1].result.as_ref().unwrap(), &(BLOCK as usize));
+        let mut back = vec![0u8; 1800];
+        f.pread(&mut back, 0).unwrap();
+        assert_eq!(&back[5..15], &[0x22; 10]);
+        assert!(back[1000..1700].iter().all(|&b| b == 0x33));
+        assert!(back[1700..].iter().all(|&b| b == 0x11));
+    }
 }
 
 /// A synchronous 10-byte write read-modify-writes a sector; between its
@@ -519,43 +579,46 @@ fn later_byte_granular_overwrites_do_not_drain_in_flight_io() {
 /// holds the sector, the same write completes inline again.
 #[test]
 fn async_overwrite_never_lands_inside_a_read_modify_write() {
-    let dev = Arc::new(MemDevice::new(32 << 20, SECTOR as u32));
-    let vol = volume(&dev);
-    let f = vol.open_file("/mixed", direct(false)).unwrap();
-    f.pwrite(&[0xEE; 2 * BLOCK as usize], 0).unwrap();
-    f.pwrite(&[0xEE; 10], 3).unwrap(); // first byte-granular write: ranges on
-    let sector = BLOCK + SECTOR;
-    let extent = f.fiemap().unwrap()[0];
-    let sector_addr = extent.addr + (sector - extent.offset);
-    let mut q = vol.io_queue(4).unwrap();
-    for round in 0..20u8 {
-        // The byte writer's edge read of the sector.
-        let edge_read =
-            dev.pause_after(FaultRule::new(FaultOp::Read).range(sector_addr..sector_addr + SECTOR));
-        let byte_writer = {
-            let f = f.try_clone().unwrap();
-            std::thread::spawn(move || f.pwrite(&[0xF0 ^ round; 10], sector + 100).unwrap())
-        };
-        edge_read.wait_reached();
-        let whole = round + 1;
-        q.submit_write(&f, sector, buf_of(&[whole; SECTOR as usize]), 1)
+    for (queue, dev) in each_queue(|| MemDevice::new(32 << 20, SECTOR as u32)) {
+        println!("{queue} queue");
+        let vol = volume(&dev);
+        let f = vol.open_file("/mixed", direct(false)).unwrap();
+        f.pwrite(&[0xEE; 2 * BLOCK as usize], 0).unwrap();
+        f.pwrite(&[0xEE; 10], 3).unwrap(); // first byte-granular write: ranges on
+        let sector = BLOCK + SECTOR;
+        let extent = f.fiemap().unwrap()[0];
+        let sector_addr = extent.addr + (sector - extent.offset);
+        let mut q = vol.io_queue(4).unwrap();
+        for round in 0..20u8 {
+            // The byte writer's edge read of the sector.
+            let edge_read = dev.pause_after(
+                FaultRule::new(FaultOp::Read).range(sector_addr..sector_addr + SECTOR),
+            );
+            let byte_writer = {
+                let f = f.try_clone().unwrap();
+                std::thread::spawn(move || f.pwrite(&[0xF0 ^ round; 10], sector + 100).unwrap())
+            };
+            edge_read.wait_reached();
+            let whole = round + 1;
+            q.submit_write(&f, sector, buf_of(&[whole; SECTOR as usize]), 1)
+                .unwrap();
+            q.submit().unwrap();
+            edge_read.resume();
+            let c = reap_all(&mut q).remove(&1).unwrap();
+            c.result.unwrap();
+            assert_eq!(c.completed_by, CompletedBy::Worker, "round {round}");
+            byte_writer.join().unwrap();
+            let mut got = vec![0u8; SECTOR as usize];
+            f.pread(&mut got, sector).unwrap();
+            assert!(
+                got.iter().all(|&b| b == whole),
+                "round {round}: the async write was undone: {:x?}",
+                &got[..16]
+            );
+        }
+        q.submit_write(&f, sector, buf_of(&[0x77; SECTOR as usize]), 2)
             .unwrap();
-        q.submit().unwrap();
-        edge_read.resume();
-        let c = reap_all(&mut q).remove(&1).unwrap();
-        c.result.unwrap();
-        assert_eq!(c.completed_by, CompletedBy::Worker, "round {round}");
-        byte_writer.join().unwrap();
-        let mut got = vec![0u8; SECTOR as usize];
-        f.pread(&mut got, sector).unwrap();
-        assert!(
-            got.iter().all(|&b| b == whole),
-            "round {round}: the async write was undone: {:x?}",
-            &got[..16]
-        );
+        let c = reap_all(&mut q).remove(&2).unwrap();
+        assert_eq!(c.completed_by, CompletedBy::Reaper);
     }
-    q.submit_write(&f, sector, buf_of(&[0x77; SECTOR as usize]), 2)
-        .unwrap();
-    let c = reap_all(&mut q).remove(&2).unwrap();
-    assert_eq!(c.completed_by, CompletedBy::Reaper);
 }

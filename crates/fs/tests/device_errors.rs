@@ -626,7 +626,7 @@ fn random_fault_case(seed: u64, stats: &Stats) {
     } else {
         Geometry::random(&mut rng)
     };
-    let mem = geo.formatted_device(SIZE, fua);
+    let mem = geo.formatted_device(SIZE, fua, rng.gen());
     let l = layout(&*dynd(&mem));
     let cfg = WorkloadCfg {
         live_check: 0.0,

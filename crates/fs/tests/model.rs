@@ -117,7 +117,7 @@ impl Case {
         } else {
             Geometry::random(&mut rng)
         };
-        let mem = geo.formatted_device(DEV_SIZE, fua);
+        let mem = geo.formatted_device(DEV_SIZE, fua, rng.gen());
         let dev = dynd(&mem);
         let vol = Volume::open(dev.clone()).expect("open after format");
         let bs = u64::from(vol.statfs().block_size);

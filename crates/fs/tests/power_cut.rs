@@ -75,8 +75,8 @@ fn run_workload_on(seed: u64, mix: Mix, stats: &Stats, lying_device: bool) -> Re
     } else {
         Geometry::random(&mut rng)
     };
-    let mem = geo.formatted_device(size, fua);
-    let tap = TapDevice::new(mem.clone());
+    let mem = geo.formatted_device(size, fua, rng.gen());
+    let tap = TapDevice::new(mem.clone(), rng.gen());
     tap.lie_about_flush
         .store(lying_device, std::sync::atomic::Ordering::Relaxed);
 

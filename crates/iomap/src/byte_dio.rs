@@ -182,7 +182,7 @@ pub fn dio_write_bytes<O: IomapOps>(
         if stop > size {
             // Rewriting the file's last partial device block: the bytes
             // past EOF are padding (written back as zeros).
-            flags = flags | IomapOpFlags::PADDED_TAIL;
+            flags |= IomapOpFlags::PADDED_TAIL;
         }
     }
     // Edge reads must not block either when the caller may not.

@@ -4,7 +4,9 @@
 use std::sync::{Arc, Mutex};
 
 use blockdev::memory::{MemDevice, PendingWrite, Survival};
-use blockdev::{BlockDevice, DeviceCaps, DeviceCounters, DeviceError, WriteMode};
+use blockdev::{
+    BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceQueue, OutOfOrderQueue, WriteMode,
+};
 use iomapfs_fs::{fsck, FormatOptions, Volume};
 
 use super::history::MARKER;
@@ -127,6 +129,11 @@ pub type TapHook = Box<dyn FnMut(&MemDevice, Tapped) + Send>;
 /// and flush: one workload then yields a crash state at any request.
 pub struct TapDevice {
     pub inner: Arc<MemDevice>,
+    /// Itself, for the out-of-order queue it builds over its own requests.
+    me: std::sync::Weak<TapDevice>,
+    /// Seed of its queues' completion order (each queue gets its own).
+    queue_seed: u64,
+    queues_made: std::sync::atomic::AtomicU64,
     hook: Mutex<Option<TapHook>>,
     /// Test-the-test switch: flushes succeed without reaching the device,
     /// as on a drive that lies about its cache. The crash checks must notice.
@@ -134,9 +141,15 @@ pub struct TapDevice {
 }
 
 impl TapDevice {
-    pub fn new(inner: Arc<MemDevice>) -> Arc<TapDevice> {
-        Arc::new(TapDevice {
+    /// Asynchronous queues on it complete requests out of order, seeded by
+    /// `queue_seed`; every request (at the moment it completes) reaches the
+    /// hook.
+    pub fn new(inner: Arc<MemDevice>, queue_seed: u64) -> Arc<TapDevice> {
+        Arc::new_cyclic(|me| TapDevice {
             inner,
+            me: me.clone(),
+            queue_seed,
+            queues_made: Default::default(),
             hook: Mutex::new(None),
             lie_about_flush: Default::default(),
         })
@@ -179,6 +192,16 @@ impl BlockDevice for TapDevice {
     }
     fn counters(&self) -> &DeviceCounters {
         self.inner.counters()
+    }
+    fn native_queue(&self, depth: usize) -> Result<Option<Box<dyn DeviceQueue>>, DeviceError> {
+        let Some(me) = self.me.upgrade() else {
+            return Ok(None);
+        };
+        let n = self
+            .queues_made
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let seed = super::mix64(self.queue_seed.wrapping_add(n));
+        Ok(Some(Box::new(OutOfOrderQueue::new(me, depth, seed))))
     }
 }
 
@@ -310,9 +333,11 @@ impl Geometry {
         )
     }
 
-    /// A marker-filled device of `size` bytes with this geometry, formatted.
-    pub fn formatted_device(&self, size: u64, fua: bool) -> Arc<MemDevice> {
-        let d = MemDevice::with_caps(size, self.lbs, true, fua);
+    /// A marker-filled device of `size` bytes with this geometry, formatted,
+    /// whose asynchronous queues complete out of order (seeded by
+    /// `queue_seed`).
+    pub fn formatted_device(&self, size: u64, fua: bool, queue_seed: u64) -> Arc<MemDevice> {
+        let d = MemDevice::with_caps(size, self.lbs, true, fua).with_out_of_order_queue(queue_seed);
         d.fill(MARKER);
         let d = Arc::new(d);
         Volume::format(dynd(&d), &self.opts)

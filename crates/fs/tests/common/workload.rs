@@ -160,6 +160,7 @@ impl Workload {
             83..=84 => self.op_checkpoint(),
             85..=88 => self.op_close(),
             89 => self.op_remount(),
+            90..=94 => self.op_async(),
             _ => self.op_write(),
         }
         if self.failed.is_none() && self.rng.gen_bool(self.cfg.live_check) {
@@ -300,6 +301,163 @@ impl Workload {
             self.h.mark_dsync(id, off, off + len);
         }
         self.finish("pwrite", r);
+    }
+
+    /// A batch of asynchronous reads and writes on one handle through an
+    /// I/O queue, submitted together and all reaped before the op ends. On
+    /// a device whose queue completes out of order, the writes land in any
+    /// order: they cover disjoint device blocks, so the model stays exact,
+    /// and a cut in the middle leaves any subset of them (checked byte by
+    /// byte). Reads cover bytes inside the size the file had before the
+    /// batch, which no write of the batch touches, and must match the model.
+    pub fn op_async(&mut self) {
+        let Some(hi) = self.live_file_handle() else {
+            if self.failed.is_none() {
+                self.op_create();
+            }
+            return;
+        };
+        let (id, direct, dsync) = {
+            let h = &self.handles[hi];
+            (h.id, h.direct, h.dsync)
+        };
+        let lbs = self.lbs;
+        let size_before = self.h.data(id).len() as u64;
+        // Disjoint device-block ranges: [start, end) rounded out to lbs.
+        let mut taken: Vec<(u64, u64)> = Vec::new();
+        let mut reqs: Vec<(bool, u64, u64)> = Vec::new(); // (write, off, len)
+        for _ in 0..self.rng.gen_range(1..=6) {
+            let write = size_before < lbs || self.rng.gen_bool(0.75);
+            let (off, len) = if write {
+                if self.rng.gen_bool(0.8) {
+                    let off = self.rng.gen_range(0..self.cfg.max_file / lbs) * lbs;
+                    let len = self.rng.gen_range(1..=(self.cfg.max_write / lbs).min(8)) * lbs;
+                    (off, len.min(self.cfg.max_file - off).max(lbs))
+                } else {
+                    let off = self.rng.gen_range(0..self.cfg.max_file);
+                    let len = self.rng.gen_range(1..=4096u64);
+                    (off, len.min(self.cfg.max_file - off).max(1))
+                }
+            } else {
+                let off = self.rng.gen_range(0..size_before);
+                let len = self.rng.gen_range(1..=(size_before - off).min(16 * 1024));
+                (off, len)
+            };
+            let (lo, hi_) = (off / lbs * lbs, (off + len).div_ceil(lbs) * lbs);
+            if taken.iter().any(|&(a, b)| a < hi_ && lo < b) {
+                continue;
+            }
+            taken.push((lo, hi_));
+            reqs.push((write, off, len));
+        }
+        let mut desc = Vec::new();
+        let mut datas = Vec::new();
+        for &(write, off, len) in &reqs {
+            if write {
+                let wid = self.new_wid();
+                datas.push(Some(tagged(wid, off, len as usize)));
+                desc.push(format!("w[{off}, {}) w{wid}", off + len));
+            } else {
+                datas.push(None);
+                desc.push(format!("r[{off}, {})", off + len));
+            }
+        }
+        self.h.begin(format!(
+            "async(#{id} {}{}: {})",
+            if direct { "direct" } else { "buffered" },
+            if dsync { " dsync" } else { "" },
+            desc.join(" ")
+        ));
+        let expected: Vec<Vec<u8>> = reqs
+            .iter()
+            .map(|&(_, off, len)| {
+                let d = self.h.data(id);
+                let end = ((off + len) as usize).min(d.len());
+                d[(off as usize).min(end)..end].to_vec()
+            })
+            .collect();
+        let r = self.run_async_batch(hi, &reqs, &datas);
+        // The model: every write of the batch applied (they are disjoint).
+        for (&(write, off, len), data) in reqs.iter().zip(&datas) {
+            if !write {
+                continue;
+            }
+            let d = self.h.data_mut(id);
+            let end = (off + len) as usize;
+            if d.len() < end {
+                d.resize(end, 0);
+            }
+            d[off as usize..end].copy_from_slice(data.as_ref().unwrap());
+            if dsync {
+                self.h.mark_dsync(id, off, off + len);
+            }
+        }
+        match r {
+            Ok(reads) => {
+                for (i, got) in reads {
+                    let (_, off, _) = reqs[i];
+                    assert!(
+                        got == expected[i],
+                        "async read at {off} of #{id}: {} bytes differ from the model ({} vs {} bytes)",
+                        got.iter().zip(&expected[i]).filter(|(a, b)| a != b).count(),
+                        got.len(),
+                        expected[i].len()
+                    );
+                }
+                self.finish("async batch", Ok(()));
+            }
+            Err(e) => {
+                self.finish::<()>("async batch", Err(e));
+            }
+        }
+    }
+
+    /// Submits `reqs` on handle `hi` through a new queue and reaps them
+    /// all; returns each read's bytes (by request index) or the first error.
+    fn run_async_batch(
+        &mut self,
+        hi: usize,
+        reqs: &[(bool, u64, u64)],
+        datas: &[Option<Vec<u8>>],
+    ) -> R<Vec<(usize, Vec<u8>)>> {
+        let vol = self.vol.as_ref().expect("mounted").clone();
+        let file = &self.handles[hi].file;
+        let mut q = vol.io_queue(self.rng.gen_range(1..=8))?;
+        let mut first_error = None;
+        for (i, (&(write, off, len), data)) in reqs.iter().zip(datas).enumerate() {
+            let mut buf = blockdev::AlignedBuf::new(len as usize, 4096).expect("buffer");
+            let submitted = if write {
+                buf.copy_from_slice(data.as_ref().unwrap());
+                q.submit_write(file, off, buf, i as u64)
+            } else {
+                q.submit_read(file, off, buf, i as u64)
+            };
+            if let Err(refused) = submitted {
+                first_error.get_or_insert(refused.1);
+            }
+        }
+        let mut done = Vec::new();
+        while q.in_flight() > 0 {
+            if let Err(e) = q.reap(1, &mut done) {
+                first_error.get_or_insert(e);
+                break;
+            }
+        }
+        let mut reads = Vec::new();
+        for c in done {
+            let (write, _, len) = reqs[c.token as usize];
+            match c.result {
+                Ok(n) if write => assert_eq!(n as u64, len, "short async write"),
+                Ok(n) => reads.push((c.token as usize, c.buf[..n].to_vec())),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(reads),
+        }
     }
 
     fn live_file_handle(&mut self) -> Option<usize> {

@@ -208,7 +208,8 @@ impl<F: IomapFile> IoQueue<F> {
     }
 
     fn defer(&mut self, job: Job<F>) -> Result<(), Refused<FileError<F>>> {
-        self.worker.send(job).map_err(|(job, e)| {
+        self.worker.send(job).map_err(|failed| {
+            let (job, e) = *failed;
             let (Job::Read { buf, .. } | Job::Write { buf, .. }) = job;
             refused(buf, e.into())
         })
@@ -467,10 +468,8 @@ impl<F: IomapFile> IoQueue<F> {
         let buf_offset = slot.part_offsets.get(part).copied().unwrap_or(0);
         match (slot.user_buf.as_mut(), c.buf) {
             // Split read: copy the part into the caller's buffer.
-            (Some(user), Some(part_buf)) => {
-                if slot.kind == SlotKind::Read && c.result.is_ok() {
-                    user[buf_offset..buf_offset + part_buf.len()].copy_from_slice(&part_buf);
-                }
+            (Some(user), Some(part_buf)) if slot.kind == SlotKind::Read && c.result.is_ok() => {
+                user[buf_offset..buf_offset + part_buf.len()].copy_from_slice(&part_buf);
             }
             (None, Some(whole)) => slot.user_buf = Some(whole),
             _ => {}

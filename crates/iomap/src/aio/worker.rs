@@ -57,8 +57,8 @@ impl<F: IomapFile> Worker<F> {
     }
 
     /// Hands `job` to the worker, starting it if needed. On failure the job
-    /// comes back.
-    pub fn send(&mut self, job: Job<F>) -> Result<(), (Job<F>, IomapError)> {
+    /// comes back (boxed: the failure is rare, the job large).
+    pub fn send(&mut self, job: Job<F>) -> Result<(), Box<(Job<F>, IomapError)>> {
         if self.jobs.is_none() {
             let (tx, rx) = mpsc::channel::<Job<F>>();
             let done = self.done_tx.clone();
@@ -72,7 +72,7 @@ impl<F: IomapFile> Worker<F> {
                 }
                 Err(e) => {
                     let reason = format!("cannot start the thread: {e}");
-                    return Err((job, IomapError::Worker { reason }));
+                    return Err(Box::new((job, IomapError::Worker { reason })));
                 }
             }
         }
@@ -84,7 +84,7 @@ impl<F: IomapFile> Worker<F> {
             }
             Err(mpsc::SendError(job)) => {
                 let reason = "the thread has exited".to_string();
-                Err((job, IomapError::Worker { reason }))
+                Err(Box::new((job, IomapError::Worker { reason })))
             }
         }
     }
