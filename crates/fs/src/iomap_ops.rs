@@ -2,7 +2,7 @@
 //! unwritten space, and write completion (conversion and size, journaled).
 
 use iomap::align::align_down;
-use parking_lot::RwLockWriteGuard;
+use iomap::sharded_rwlock::ShardedWriteGuard;
 
 use iomap::{EndIo, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
 
@@ -21,7 +21,7 @@ impl VolumeInner {
     pub(crate) fn with_busy_retry<T>(
         &self,
         mut allocate: impl FnMut(&mut Meta) -> Result<T>,
-    ) -> Result<(RwLockWriteGuard<'_, Meta>, T)> {
+    ) -> Result<(ShardedWriteGuard<'_, Meta>, T)> {
         let mut meta = self.meta.write();
         match allocate(&mut meta) {
             Err(e) if matches!(e.root(), Error::NoSpace { .. }) && meta.alloc.busy_bytes() > 0 => {
@@ -134,7 +134,7 @@ impl IomapOps for VolumeInner {
             let (meta, allocated) =
                 self.with_busy_retry(|meta| allocate_holes(self, meta, ino, start, end))?;
             new = allocated;
-            RwLockWriteGuard::downgrade(meta)
+            meta.downgrade()
         } else {
             self.meta.read()
         };

@@ -17,8 +17,9 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use blockdev::BlockDevice;
+use iomap::sharded_rwlock::ShardedRwLock;
 use iomap::{FlushCoalescer, InodeIoLock};
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 
 use crate::alloc::Allocator;
 use crate::checkpoint::CHECKPOINT_HEADER_LEN;
@@ -96,7 +97,9 @@ pub struct VolumeInner {
     pub(crate) dev: Arc<dyn BlockDevice>,
     pub(crate) sb: Superblock,
     pub(crate) block_size: u32,
-    pub(crate) meta: RwLock<Meta>,
+    /// Sharded by CPU (the simple-read path takes it shared on every
+    /// read; see `iomap::sharded_rwlock`).
+    pub(crate) meta: ShardedRwLock<Meta>,
     pub(crate) commit: Mutex<CommitState>,
     shutdown: Mutex<Option<String>>,
     /// Set once `shutdown` holds a reason.
@@ -119,7 +122,7 @@ impl VolumeInner {
             dev,
             block_size: sb.layout.block_size,
             sb,
-            meta: RwLock::new(meta),
+            meta: ShardedRwLock::new(meta),
             commit: Mutex::new(commit),
             shutdown: Mutex::new(None),
             is_shut_down: AtomicBool::new(false),

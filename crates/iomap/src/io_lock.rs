@@ -48,9 +48,10 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::{Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::{Condvar, Mutex};
 
 use crate::range_lock::{RangeLock, RangeMode};
+use crate::sharded_rwlock::{ShardedReadGuard, ShardedRwLock, ShardedWriteGuard};
 
 /// Per-inode I/O lock (shared/exclusive) plus the count of direct I/Os in
 /// flight.
@@ -60,7 +61,8 @@ use crate::range_lock::{RangeLock, RangeMode};
 /// no mutex unless someone is actually draining.
 #[derive(Debug, Default)]
 pub struct InodeIoLock {
-    rw: RwLock<()>,
+    /// Sharded by CPU: shared holders on different CPUs share no line.
+    rw: ShardedRwLock<()>,
     /// Direct I/Os between `dio_begin` and the drop of their guard.
     inflight: AtomicU64,
     /// Threads inside `drain_dio`. Lets the last completion skip the mutex
@@ -80,7 +82,7 @@ pub struct InodeIoLock {
 #[must_use = "the lock is released as soon as the guard is dropped"]
 #[derive(Debug)]
 pub struct IoLockShared<'a> {
-    _guard: RwLockReadGuard<'a, ()>,
+    _guard: ShardedReadGuard<'a, ()>,
 }
 
 /// The I/O lock held exclusive. Released on drop.
@@ -88,7 +90,7 @@ pub struct IoLockShared<'a> {
 #[derive(Debug)]
 pub struct IoLockExclusive<'a> {
     lock: &'a InodeIoLock,
-    guard: RwLockWriteGuard<'a, ()>,
+    guard: ShardedWriteGuard<'a, ()>,
 }
 
 /// One direct I/O in flight on an inode, and the range it holds in the
@@ -253,7 +255,7 @@ impl<'a> IoLockExclusive<'a> {
     /// overwrites proceed concurrently).
     pub fn downgrade(self) -> IoLockShared<'a> {
         IoLockShared {
-            _guard: RwLockWriteGuard::downgrade(self.guard),
+            _guard: self.guard.downgrade(),
         }
     }
 }

@@ -10,6 +10,7 @@
 //! (any offset and length) · `ioend` (the in-flight I/O object and the one
 //! completion policy) · `flush_coalesce` (shared flushes) · `io_lock` and
 //! `range_lock` (the inode's I/O lock, in-flight count, range holds) ·
+//! `sharded_rwlock` (the I/O lock's reader-scalable core) ·
 //! `write_protocol` (shared → exclusive, for every writer) · `file_io` (the
 //! synchronous file entry points) · `aio` (the asynchronous queue) · `zero`.
 
@@ -26,6 +27,7 @@ pub mod iomap;
 pub mod iter;
 pub mod ops;
 pub mod range_lock;
+pub mod sharded_rwlock;
 pub mod write_protocol;
 pub mod zero;
 
