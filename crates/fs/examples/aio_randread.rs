@@ -16,21 +16,22 @@ use iomapfs_fs::{FormatOptions, OpenFlags, Volume};
 const IO: usize = 4096;
 const FILE_BYTES: u64 = 256 << 20;
 
-/// xorshift: cheap, and the same offsets for both targets.
-struct Offsets(u64);
+/// The same offsets for both targets, from the workspace's seeded PRNG.
+struct Offsets(blockdev::rng::SplitMix64);
 
 impl Offsets {
+    fn new() -> Offsets {
+        Offsets(blockdev::rng::SplitMix64::new(0x9e37_79b9_7f4a_7c15))
+    }
+
     fn next(&mut self, span: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 % (span / IO as u64)) * IO as u64
+        self.0.below(span / IO as u64) * IO as u64
     }
 }
 
 fn raw(dev: &Arc<dyn BlockDevice>, base: u64, depth: usize, secs: f64) -> f64 {
     let mut q = blockdev::new_queue(dev, depth).unwrap();
-    let mut offsets = Offsets(0x9e37_79b9_7f4a_7c15);
+    let mut offsets = Offsets::new();
     let mut done = Vec::with_capacity(depth);
     let mut free: Vec<AlignedBuf> = (0..depth)
         .map(|_| AlignedBuf::new(IO, 4096).unwrap())
@@ -59,7 +60,7 @@ fn raw(dev: &Arc<dyn BlockDevice>, base: u64, depth: usize, secs: f64) -> f64 {
 
 fn fs(vol: &Volume, file: &iomapfs_fs::File, depth: usize, secs: f64) -> f64 {
     let mut q = vol.io_queue(depth).unwrap();
-    let mut offsets = Offsets(0x9e37_79b9_7f4a_7c15);
+    let mut offsets = Offsets::new();
     let mut done = Vec::with_capacity(depth);
     let mut free: Vec<AlignedBuf> = (0..depth)
         .map(|_| AlignedBuf::new(IO, 4096).unwrap())
