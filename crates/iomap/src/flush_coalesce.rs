@@ -49,9 +49,7 @@ struct State {
     /// Every ticket up to this one is durable.
     durable_upto: u64,
     /// Tickets `failed_from..=failed_upto` that are not durable were covered
-    /// by a failed flush, which returned `failed_errno`. One range is
-    /// enough: tickets between two failures' ranges were durable when the
-    /// second failed (see `fail`).
+    /// by a failed flush, which returned `failed_errno` (see `fail`).
     failed_from: u64,
     failed_upto: u64,
     failed_errno: i32,
@@ -83,21 +81,15 @@ impl State {
     }
 
     /// A flush covering tickets up to `upto` failed: the ones not durable
-    /// now fail with it.
+    /// now fail with it. The failed range starts just past the durable
+    /// ones: every ticket in it was covered by this flush or by an earlier
+    /// failed one (whose range reached at least as low), and the tickets
+    /// below it are durable, which `status` checks first.
     fn fail(&mut self, upto: u64, errno: i32) {
         if upto <= self.durable_upto {
             return;
         }
-        let from = self.durable_upto + 1;
-        // An older failed range whose tickets are not all durable stays
-        // failed; the tickets between it and `from` are durable, which
-        // `status` checks first, so merging the two ranges is exact.
-        let older_still_open = self.failed_upto > self.durable_upto;
-        self.failed_from = if older_still_open {
-            self.failed_from.min(from)
-        } else {
-            from
-        };
+        self.failed_from = self.durable_upto + 1;
         self.failed_upto = self.failed_upto.max(upto);
         self.failed_errno = errno;
     }
