@@ -2,15 +2,16 @@
 //!
 //! Reads and writes are the iomap engine's ([`iomap::file_io`]): this
 //! module is the file system's face for them — checks, error context — and
-//! the [`IomapFile`] the engine drives. Direct and (until the folio cache
-//! exists) non-direct handles take the same path, at any byte offset,
-//! length and buffer address.
+//! the [`IomapFile`] the engine drives. Direct handles go to the device at
+//! any byte offset, length and buffer address; other handles go through the
+//! volume's folio cache. Truncate, punch and fallocate write back and drop
+//! the file's cached folios first.
 
 use std::sync::Arc;
 
 use blockdev::BlockDevice;
 use iomap::align::align_down;
-use iomap::{file_io, FlushCoalescer, InodeIoLock, IomapFile, IomapOps, WriteSync};
+use iomap::{file_io, FlushCoalescer, InodeIoLock, IomapFile, IomapOps, Mapping, WriteSync};
 
 use crate::iomap_ops::allocate_holes;
 use crate::limits::MAX_FILE_SIZE;
@@ -80,6 +81,9 @@ pub struct File {
     flags: OpenFlags,
     /// Shared, not copied, by clones: asynchronous requests clone the handle.
     path: Arc<str>,
+    /// Which writeback errors of the file this handle's `fsync` has
+    /// reported (each handle sees each error once).
+    errors_seen: iomap::ErrorCursor,
 }
 
 impl Drop for File {
@@ -95,11 +99,13 @@ impl File {
         flags: OpenFlags,
         path: &str,
     ) -> File {
+        let errors_seen = inode.mapping.error_cursor();
         File {
             vol,
             inode,
             flags,
             path: Arc::from(path),
+            errors_seen,
         }
     }
 
@@ -113,6 +119,7 @@ impl File {
             inode: self.inode.clone(),
             flags: self.flags,
             path: Arc::clone(&self.path),
+            errors_seen: self.inode.mapping.error_cursor(),
         })
     }
 
@@ -180,15 +187,25 @@ impl File {
             .map_err(|e| self.at(offset, e))
     }
 
-    /// Makes this file's data and metadata durable. (Commits the whole
-    /// journal: one commit covers every file.)
+    /// Makes this file's data and metadata durable: writes back its cached
+    /// data and commits the journal (one commit covers every file). Reports
+    /// a writeback error of this file this handle has not seen yet, once,
+    /// whether this writeback or an earlier one met it.
     pub fn fsync(&self) -> Result<()> {
-        self.vol.commit().map_err(|e| self.at(0, e))
+        self.vol.check_live().map_err(|e| self.at(0, e))?;
+        file_io::fsync(self).map_err(|e| self.at(0, e))
     }
 
-    /// Makes this file's data and the metadata needed to read it durable.
+    /// Makes this file's data and the metadata needed to read it durable
+    /// (as [`File::fsync`]: metadata commits are per volume).
     pub fn fdatasync(&self) -> Result<()> {
-        self.vol.commit().map_err(|e| self.at(0, e))
+        self.fsync()
+    }
+
+    /// Writes back and drops this file's cached folios before an operation
+    /// that changes what its blocks hold (truncate, punch, fallocate).
+    fn flush_cache(&self, offset: u64) -> Result<()> {
+        iomap::buffered_io::flush_and_invalidate(self, 0, u64::MAX).map_err(|e| self.at(offset, e))
     }
 
     /// Allocates unwritten space for `[offset, offset+len)`; raises the size
@@ -199,6 +216,7 @@ impl File {
         if len == 0 {
             return Err(self.at(offset, Error::invalid("fallocate", "length 0")));
         }
+        self.flush_cache(offset)?;
         let _exclusive = self.inode.io_lock.lock_exclusive();
         self.inode.io_lock.drain_dio();
         let block = self.block();
@@ -270,6 +288,7 @@ impl File {
         if len == 0 {
             return Ok(());
         }
+        self.flush_cache(offset)?;
         let _exclusive = self.inode.io_lock.lock_exclusive();
         self.inode.io_lock.drain_dio();
         let block = self.block();
@@ -301,6 +320,7 @@ impl File {
     /// hole.
     pub fn truncate(&self, size: u64) -> Result<()> {
         self.check_writable(size, 0).map_err(|e| self.at(size, e))?;
+        self.flush_cache(size)?;
         let _exclusive = self.inode.io_lock.lock_exclusive();
         self.inode.io_lock.drain_dio();
         let block = self.block();
@@ -409,6 +429,14 @@ impl IomapFile for File {
 
     fn is_direct(&self) -> bool {
         self.flags.direct
+    }
+
+    fn mapping(&self) -> &Mapping {
+        &self.inode.mapping
+    }
+
+    fn error_cursor(&self) -> &iomap::ErrorCursor {
+        &self.errors_seen
     }
 
     fn write_sync(&self) -> WriteSync {

@@ -1,20 +1,29 @@
 //! Open inodes and their handle counts. The first handle on an inode makes
-//! its [`OpenInode`] (the I/O lock the engine takes); the last to close
-//! removes it and frees the inode if it was unlinked while open. The count
-//! is atomic, so cloning a handle per asynchronous request takes no lock;
-//! opening and the last close both run under the metadata lock.
+//! its [`OpenInode`] (the I/O lock the engine takes, and its page cache);
+//! the last to close removes it and frees the inode if it was unlinked while
+//! open. The count is atomic, so cloning a handle per asynchronous request
+//! takes no lock; opening and the last close both run under the metadata
+//! lock.
+//!
+//! An inode whose cache still holds dirty data when its last handle closes
+//! stays in the table with no handle (its data must reach the device, and a
+//! reopen must see it): background writeback, `sync` or unmount write it
+//! back and close it then ([`VolumeInner::write_back_all`]). An unlinked
+//! inode's dirty data is dropped instead: nothing can read it any more.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+use iomap::FolioCache;
 
 use crate::mount_state::{Meta, OpenEntry, OpenInode, VolumeInner};
 use crate::types::{Ino, Record};
 
 impl Meta {
     /// A new handle on inode `ino`; the first opens the inode.
-    pub(crate) fn open_handle(&mut self, ino: Ino) -> Arc<OpenInode> {
+    pub(crate) fn open_handle(&mut self, ino: Ino, cache: &FolioCache) -> Arc<OpenInode> {
         let entry = self.open.entry(ino).or_insert_with(|| OpenEntry {
-            inode: Arc::new(OpenInode::new(ino)),
+            inode: Arc::new(OpenInode::new(ino, cache)),
         });
         // Under the metadata lock: a concurrent last close re-checks the
         // count under the same lock before it closes the inode.
@@ -52,8 +61,12 @@ impl VolumeInner {
         if !still_ours || inode.handles.load(Ordering::Acquire) != 0 {
             return;
         }
+        let unlinked = meta.state.inode(inode.ino).is_none_or(|i| i.nlink == 0);
+        if !unlinked && self.check_live().is_ok() && inode.mapping.is_dirty() {
+            // Kept, with no handle, until its data is written back.
+            return;
+        }
         meta.open.remove(&inode.ino);
-        let unlinked = meta.state.inode(inode.ino).is_some_and(|i| i.nlink == 0);
         if unlinked && self.check_live().is_ok() {
             // Failure only leaves an orphan that the next mount frees.
             let _ = meta.log(Record::FreeInode { ino: inode.ino });

@@ -53,7 +53,8 @@ pub(crate) fn allocate_holes(
         return Ok(false);
     }
     let needed: u64 = holes.iter().map(|&(_, len)| len).sum();
-    let available = meta.alloc.free_bytes();
+    // Space a buffered write reserved in this range is this allocation's.
+    let available = meta.unreserved_bytes() + meta.delalloc_within(ino, start, end);
     if needed > available {
         return Err(Error::NoSpace {
             what: format!("inode {ino} file range {start}..{end}"),
@@ -65,6 +66,7 @@ pub(crate) fn allocate_holes(
         &vol.sb,
         image_bytes_for_extents(holes.len() as u64 * EXTENTS_PER_HOLE_ESTIMATE),
     )?;
+    meta.release_delalloc(ino, start, end);
     let block = u64::from(vol.block_size);
     for (hole_start, hole_len) in holes {
         let hole_end = hole_start + hole_len;
@@ -115,6 +117,53 @@ fn is_written_before(inode: &crate::state::InodeState, pos: u64, len: u64, limit
     true
 }
 
+/// The answer for a hole in the extent map at `pos` (ending by `end`): a
+/// delayed allocation where a buffered write reserved it, else a hole.
+/// Both read as zeros.
+fn hole_or_delalloc(meta: &Meta, ino: Ino, pos: u64, end: u64) -> Iomap {
+    let (kind, end) = match meta.delalloc_end(ino, pos) {
+        Some(d) => (IomapKind::Delalloc, end.min(d)),
+        None => (IomapKind::Hole, end),
+    };
+    Iomap {
+        offset: pos,
+        length: end - pos,
+        kind,
+        addr: 0,
+        flags: IomapFlags::EMPTY,
+    }
+}
+
+impl VolumeInner {
+    /// A buffered write's mapping: space for every hole of the range is
+    /// reserved first (delayed allocation, all or nothing), then the mapping
+    /// at `pos` is answered as it is — written, unwritten or delalloc. The
+    /// data reaches the device at writeback, which allocates.
+    fn begin_buffered_write(&self, inode: &OpenInode, pos: u64, len: u64) -> Result<Iomap> {
+        let block = u64::from(self.block_size);
+        let ino = inode.ino;
+        let start = align_down(pos, block);
+        let end = (pos + len).next_multiple_of(block);
+        let (meta, ()) = self.with_busy_retry(|meta| meta.reserve_delalloc(ino, start, end))?;
+        let state = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
+        Ok(match state.extents.lookup(pos) {
+            Lookup::Extent(e) => Iomap {
+                offset: pos,
+                length: e.file_end().min(pos + len) - pos,
+                kind: match e.state {
+                    ExtentState::Written => IomapKind::Mapped,
+                    ExtentState::Unwritten => IomapKind::Unwritten,
+                },
+                addr: e.addr + (pos - e.file_off),
+                flags: IomapFlags::EMPTY,
+            },
+            Lookup::Hole { end: hole_end } => {
+                hole_or_delalloc(&meta, ino, pos, hole_end.unwrap_or(u64::MAX).min(pos + len))
+            }
+        })
+    }
+}
+
 impl IomapOps for VolumeInner {
     type Inode = OpenInode;
     type Error = Error;
@@ -125,6 +174,9 @@ impl IomapOps for VolumeInner {
         let writing = flags.contains(IomapOpFlags::WRITE);
         let overwrite_only =
             flags.contains(IomapOpFlags::OVERWRITE_ONLY) || flags.contains(IomapOpFlags::NOWAIT);
+        if writing && !flags.contains(IomapOpFlags::DIRECT) && !overwrite_only {
+            return self.begin_buffered_write(inode, pos, len);
+        }
         // Only allocation changes metadata: every other answer is a lookup
         // under the shared side of the metadata lock.
         let mut new = false;
@@ -181,14 +233,7 @@ impl IomapOps for VolumeInner {
                     }
                     .into());
                 }
-                let end = end.unwrap_or(u64::MAX).min(pos + len);
-                Iomap {
-                    offset: pos,
-                    length: end - pos,
-                    kind: IomapKind::Hole,
-                    addr: 0,
-                    flags: IomapFlags::EMPTY,
-                }
+                hole_or_delalloc(&meta, ino, pos, end.unwrap_or(u64::MAX).min(pos + len))
             }
         };
         if writing {
@@ -222,10 +267,27 @@ impl IomapOps for VolumeInner {
 
     fn size(&self, inode: &OpenInode) -> Result<u64> {
         let meta = self.meta.read();
+        meta.size_in_core(inode.ino)
+            .ok_or(Error::Stale { ino: inode.ino })
+    }
+
+    fn disk_size(&self, inode: &OpenInode) -> Result<u64> {
+        let meta = self.meta.read();
         meta.state
             .inode(inode.ino)
             .map(|i| i.size)
             .ok_or(Error::Stale { ino: inode.ino })
+    }
+
+    fn extend_size_in_core(&self, inode: &OpenInode, size: u64) -> Result<()> {
+        let mut meta = self.meta.write();
+        let current = meta
+            .size_in_core(inode.ino)
+            .ok_or(Error::Stale { ino: inode.ino })?;
+        if size > current {
+            meta.size_in_core.insert(inode.ino, size);
+        }
+        Ok(())
     }
 
     fn block_size(&self) -> u32 {

@@ -71,7 +71,10 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
 
 /// Mounts the volume on `device`: reads the newest valid checkpoint,
 /// replays the journal after it and frees orphans.
-pub(crate) fn mount(device: Arc<dyn BlockDevice>) -> Result<Arc<VolumeInner>> {
+pub(crate) fn mount(
+    device: Arc<dyn BlockDevice>,
+    cache: iomap::FolioCache,
+) -> Result<Arc<VolumeInner>> {
     let loaded = load(&*device, Strictness::Mount)?;
     let Loaded {
         sb,
@@ -92,7 +95,14 @@ pub(crate) fn mount(device: Arc<dyn BlockDevice>) -> Result<Arc<VolumeInner>> {
         slot,
         generation,
     };
-    let inner = Arc::new(VolumeInner::new(device, sb, meta, commit, commit_threshold));
+    let inner = Arc::new(VolumeInner::new(
+        device,
+        sb,
+        meta,
+        commit,
+        commit_threshold,
+        cache,
+    ));
     // Inodes unlinked while open when the volume went down: nothing can
     // reach them any more.
     {

@@ -18,7 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use blockdev::BlockDevice;
 use iomap::sharded_rwlock::ShardedRwLock;
-use iomap::{FlushCoalescer, InodeIoLock};
+use iomap::{FlushCoalescer, FolioCache, InodeIoLock, Mapping};
 use parking_lot::Mutex;
 
 use crate::alloc::Allocator;
@@ -36,10 +36,13 @@ const _: () = assert!(RECORD_BYTES_ESTIMATE >= RECORD_MIN_ENCODED_LEN as u64);
 // The headroom covers at least the slot's header.
 const _: () = assert!(CHECKPOINT_HEADROOM >= CHECKPOINT_HEADER_LEN as u64);
 
-/// An inode some handle has open: what the I/O engine locks.
+/// An inode some handle has open: what the I/O engine locks, and its page
+/// cache. (Also an inode nobody has open any more whose cache still holds
+/// dirty data: it stays until writeback, see [`crate::handles`].)
 pub struct OpenInode {
     pub(crate) ino: Ino,
     pub(crate) io_lock: InodeIoLock,
+    pub(crate) mapping: Mapping,
     /// Open handles (`File`s, including those asynchronous requests hold
     /// while in flight). Atomic so that cloning a handle per request takes
     /// no lock; reaching zero takes the metadata lock to close the inode.
@@ -48,10 +51,11 @@ pub struct OpenInode {
 
 impl OpenInode {
     /// An open inode with no handles yet.
-    pub(crate) fn new(ino: Ino) -> OpenInode {
+    pub(crate) fn new(ino: Ino, cache: &FolioCache) -> OpenInode {
         OpenInode {
             ino,
             io_lock: InodeIoLock::new(),
+            mapping: cache.new_mapping(),
             handles: AtomicUsize::new(0),
         }
     }
@@ -81,6 +85,13 @@ pub(crate) struct Meta {
     /// Per inode, the newest record that changed it: an inode is dirty while
     /// that record is not durable, and a write to it is then not metadata-free.
     last_change: HashMap<Ino, u64>,
+    /// Delayed allocations of buffered writes, per inode (see
+    /// [`crate::delalloc`]), and the bytes they reserve.
+    pub(crate) delalloc: HashMap<Ino, std::collections::BTreeMap<u64, u64>>,
+    pub(crate) delalloc_reserved: u64,
+    /// In-core sizes above the on-disk size (`InodeState::size`): buffered
+    /// writes past EOF not written back yet. Never journaled.
+    pub(crate) size_in_core: HashMap<Ino, u64>,
 }
 
 /// The journal writer and the newest checkpoint: what the `commit` lock
@@ -107,6 +118,11 @@ pub struct VolumeInner {
     pub(crate) commit_threshold: u64,
     /// Shares flushes among concurrent DSYNC overwrites.
     pub(crate) flush_coalescer: Arc<FlushCoalescer>,
+    /// The page cache of every file of this volume.
+    pub(crate) cache: FolioCache,
+    /// Writeback errors of files closed since: the next `Volume::sync`
+    /// reports them (syncfs-like), so none is dropped silently.
+    pub(crate) lost_writeback: Mutex<Vec<String>>,
 }
 
 impl VolumeInner {
@@ -117,6 +133,7 @@ impl VolumeInner {
         meta: Meta,
         commit: CommitState,
         commit_threshold: u64,
+        cache: FolioCache,
     ) -> VolumeInner {
         VolumeInner {
             dev,
@@ -128,6 +145,8 @@ impl VolumeInner {
             is_shut_down: AtomicBool::new(false),
             commit_threshold,
             flush_coalescer: Arc::new(FlushCoalescer::new()),
+            cache,
+            lost_writeback: Mutex::new(Vec::new()),
         }
     }
 
@@ -174,6 +193,44 @@ impl Meta {
             open: HashMap::new(),
             committed_seq: next_seq - 1,
             last_change: HashMap::new(),
+            delalloc: HashMap::new(),
+            delalloc_reserved: 0,
+            size_in_core: HashMap::new(),
+        }
+    }
+
+    /// The size reads see: the on-disk size, or above it what buffered
+    /// writes not yet written back reached.
+    pub(crate) fn size_in_core(&self, ino: Ino) -> Option<u64> {
+        let disk = self.state.inode(ino)?.size;
+        Some(self.size_in_core.get(&ino).map_or(disk, |&s| s.max(disk)))
+    }
+
+    /// Keeps the in-memory-only state (delayed allocations, in-core sizes)
+    /// in step with a record just applied.
+    fn follow_record(&mut self, record: &Record) {
+        let block = u64::from(self.state.block_size);
+        match *record {
+            Record::SetSize { ino, size, .. } => {
+                self.size_in_core.remove(&ino);
+                self.release_delalloc(ino, size.next_multiple_of(block), u64::MAX);
+            }
+            Record::Punch {
+                ino, file_off, len, ..
+            } => {
+                self.release_delalloc(ino, file_off, file_off + len);
+            }
+            Record::FreeInode { ino } => {
+                self.size_in_core.remove(&ino);
+                self.release_delalloc(ino, 0, u64::MAX);
+            }
+            Record::CompleteWrite { ino, .. } => {
+                let disk = self.state.inode(ino).map_or(0, |i| i.size);
+                if self.size_in_core.get(&ino).is_some_and(|&s| s <= disk) {
+                    self.size_in_core.remove(&ino);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -194,6 +251,7 @@ impl Meta {
         if let Some(ino) = record_inode(&record) {
             self.last_change.insert(ino, seq);
         }
+        self.follow_record(&record);
         self.pending.push(record);
         self.pending_bytes += RECORD_BYTES_ESTIMATE;
         Ok(seq)

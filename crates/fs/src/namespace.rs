@@ -233,9 +233,12 @@ impl VolumeInner {
         Stat {
             ino,
             kind: inode.kind,
-            size: inode.size,
+            size: meta.size_in_core(ino).unwrap_or(inode.size),
             nlink: inode.nlink,
-            allocated_bytes: inode.extents.allocated_bytes(),
+            // Delayed allocations count: the space is taken (as st_blocks
+            // counts delalloc blocks in Linux).
+            allocated_bytes: inode.extents.allocated_bytes()
+                + meta.delalloc_within(ino, 0, u64::MAX),
             block_size: self.block_size,
             mtime_ns: inode.mtime_ns,
             extents: inode.extents.len() as u64,

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use blockdev::BlockDevice;
 
 use crate::file::{File, OpenFlags, Stat};
+use crate::flusher::{Flusher, Pass};
 use crate::mount;
 use crate::mount_state::VolumeInner;
 use crate::superblock::Superblock;
@@ -31,10 +32,21 @@ pub struct StatFs {
     pub inodes: u64,
 }
 
+/// How to mount a volume.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MountOptions {
+    /// The page cache of non-direct handles: its size and dirty limits.
+    pub cache: iomap::CacheConfig,
+}
+
 /// A mounted iomapfs volume. Cheap to clone; all clones share one mount.
+/// When the last clone is dropped, background writeback stops; file handles
+/// still open keep working (`fsync` writes their data back); drop them too,
+/// or call [`Volume::unmount`], to release the mount.
 #[derive(Clone)]
 pub struct Volume {
     pub(crate) inner: Arc<VolumeInner>,
+    _flusher: Arc<Flusher>,
 }
 
 impl Volume {
@@ -47,9 +59,24 @@ impl Volume {
     /// replays the journal after it. Cost is proportional to the metadata and
     /// the journal, never to the device.
     pub fn open(device: Arc<dyn BlockDevice>) -> Result<Volume> {
+        Volume::open_with(device, &MountOptions::default())
+    }
+
+    /// [`Volume::open`] with options (the cache size, for one).
+    pub fn open_with(device: Arc<dyn BlockDevice>, opts: &MountOptions) -> Result<Volume> {
+        let cache = iomap::FolioCache::new(opts.cache.clone())
+            .map_err(|reason| Error::invalid("cache configuration", reason))?;
+        let inner = mount::mount(device, cache)?;
+        let flusher = Arc::new(Flusher::start(&inner)?);
         Ok(Volume {
-            inner: mount::mount(device)?,
+            inner,
+            _flusher: flusher,
         })
+    }
+
+    /// The volume's page cache (its size, use and dirty bytes).
+    pub fn cache(&self) -> &iomap::FolioCache {
+        &self.inner.cache
     }
 
     pub fn device(&self) -> &Arc<dyn BlockDevice> {
@@ -69,7 +96,7 @@ impl Volume {
         let inode = {
             let mut meta = self.inner.meta.write();
             let ino = self.inner.lookup_or_create(&mut meta, path, flags)?;
-            meta.open_handle(ino)
+            meta.open_handle(ino, &self.inner.cache)
         };
         self.inner.commit_if_due()?;
         let file = File::new(self.inner.clone(), inode, flags, path);
@@ -115,23 +142,48 @@ impl Volume {
         StatFs {
             block_size: self.inner.block_size,
             data_bytes: self.inner.sb.layout.data.len,
-            free_bytes: meta.alloc.free_bytes() + meta.alloc.busy_bytes(),
+            free_bytes: meta.unreserved_bytes() + meta.alloc.busy_bytes(),
             inodes: meta.state.inodes.len() as u64,
         }
     }
 
-    /// Makes every completed change durable (journal commit).
+    /// Makes every change durable: writes back every file's cached data
+    /// and commits the journal. Reports the first writeback error met here
+    /// or, since the last `sync`, by background writeback of files closed
+    /// since.
     pub fn sync(&self) -> Result<()> {
-        self.inner.commit()
+        self.inner.check_live()?;
+        let mut errors = self.inner.write_back_all(Pass::All);
+        let lost = std::mem::take(&mut *self.inner.lost_writeback.lock());
+        let committed = self.inner.commit();
+        if !errors.is_empty() {
+            return Err(errors.swap_remove(0));
+        }
+        if let Some(first) = lost.into_iter().next() {
+            return Err(Error::Iomap(iomap::IomapError::Writeback {
+                errno: libc::EIO,
+                what: first,
+            }));
+        }
+        committed
     }
 
-    /// Writes a checkpoint and trims the journal.
+    /// Writes back every file's cached data, writes a checkpoint and trims
+    /// the journal: afterwards everything is durable.
     pub fn checkpoint(&self) -> Result<()> {
-        self.inner.checkpoint()
+        self.inner.check_live()?;
+        let written = self.inner.write_back_all(Pass::All);
+        let checkpointed = self.inner.checkpoint();
+        if let Some(e) = written.into_iter().next() {
+            return Err(e);
+        }
+        checkpointed
     }
 
-    /// Checkpoints and releases the volume. Dropping a volume without
-    /// unmounting leaves it to journal recovery at the next open.
+    /// Writes back every file's cached data, checkpoints and releases the
+    /// volume. Dropping a volume without unmounting loses cached data not
+    /// written back and leaves the rest to journal recovery at the next
+    /// open.
     pub fn unmount(self) -> Result<()> {
         self.checkpoint()
     }

@@ -206,8 +206,10 @@ fn each_class_of_write_completes_in_its_context() {
             let one = || buf_of(&[9u8; BLOCK as usize]);
             let before = dev.counters().snapshot();
             q.submit_write(&plain, 0, one(), 1).unwrap(); // pure overwrite
-            q.submit_write(&plain, 16 * BLOCK, one(), 2).unwrap(); // allocates, extends
             q.submit_write(&dsync, BLOCK, one(), 3).unwrap(); // pure overwrite, DSYNC
+                                                              // Last: its worker may dirty the inode (allocation) before a
+                                                              // later submit, which would make that one need a commit.
+            q.submit_write(&plain, 16 * BLOCK, one(), 2).unwrap(); // allocates, extends
             q.submit().unwrap();
             let done = reap_all(&mut q);
             let by = |t: u64| done[&t].completed_by;

@@ -43,6 +43,10 @@ pub enum IomapError {
     /// or has exited.
     #[error("asynchronous I/O completion worker: {reason}")]
     Worker { reason: String },
+    /// Writing cached data back to the device failed; reported by the
+    /// `fsync` that follows.
+    #[error("writeback failed: {what}")]
+    Writeback { errno: i32, what: String },
     /// A request named a file of another volume than its queue's.
     #[error("file belongs to another volume than this I/O queue")]
     ForeignFile,
@@ -74,6 +78,7 @@ impl IomapError {
             | IomapError::Queue { source, .. } => source.errno(),
             IomapError::BadMapping { .. } => libc::EUCLEAN,
             IomapError::Worker { .. } => libc::EIO,
+            IomapError::Writeback { errno, .. } => *errno,
         }
     }
 }

@@ -2,18 +2,23 @@
 //! `pwrite` are, and what the asynchronous queue's completion worker runs
 //! for requests it cannot complete inline.
 //!
-//! A read takes the inode's I/O lock shared and either the simple-read fast
-//! path (direct handles) or the generic path at any byte offset. A write
-//! runs the one [write protocol](crate::write_protocol) and then reaches the
-//! durability its handle promises through the one completion policy
-//! ([`Durability`]).
+//! Handles that are not O_DIRECT go through the folio cache
+//! ([`crate::buffered_io`]). A direct read takes the inode's I/O lock shared
+//! and either the simple-read fast path or the generic path at any byte
+//! offset. A direct write runs the one [write
+//! protocol](crate::write_protocol) and then reaches the durability its
+//! handle promises through the one completion policy ([`Durability`]).
+//! Direct I/O on a file with cached folios writes them back and drops them
+//! first, so direct and buffered handles of one file agree.
 
 use std::cell::Cell;
 
 use crate::byte_dio::{dio_read_bytes, dio_write_bytes, write_range};
 use crate::dio::dio_read_simple;
 use crate::ioend::{DioWriteOutcome, Durability, WriteSync};
-use crate::{write_protocol, zero_eof_gap, FileError, IomapFile, IomapOpFlags};
+use crate::{
+    buffered_io, write_protocol, writeback, zero_eof_gap, FileError, IomapFile, IomapOpFlags,
+};
 
 thread_local! {
     /// Reads this thread sent down the simple-read fast path.
@@ -30,7 +35,11 @@ pub fn simple_reads_on_this_thread() -> u64 {
 /// Reads up to `buf.len()` bytes at `pos`; returns the bytes read (short at
 /// EOF).
 pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, FileError<F>> {
+    if !file.is_direct() {
+        return buffered_io::read(file, pos, buf);
+    }
     file.check_io(pos, buf.len() as u64, false)?;
+    buffered_io::flush_and_invalidate(file, 0, u64::MAX)?;
     let (ops, dev, inode) = (file.ops(), &**file.device(), file.inode());
     let _shared = file.as_ref().lock_shared();
     if file.is_direct() {
@@ -55,6 +64,15 @@ pub fn write<F: IomapFile>(
     pos: u64,
     buf: &[u8],
 ) -> Result<DioWriteOutcome, FileError<F>> {
+    if !file.is_direct() {
+        let written = buffered_io::write(file, pos, buf)?;
+        return Ok(DioWriteOutcome {
+            written: written as u64,
+            pure_overwrite: false,
+            fua: false,
+            ..DioWriteOutcome::NOTHING
+        });
+    }
     let len = buf.len() as u64;
     file.check_io(pos, len, true)?;
     if buf.is_empty() {
@@ -63,6 +81,7 @@ pub fn write<F: IomapFile>(
             ..DioWriteOutcome::NOTHING
         });
     }
+    buffered_io::flush_and_invalidate(file, 0, u64::MAX)?;
     let (ops, dev, inode) = (file.ops(), &**file.device(), file.inode());
     let sync = file.write_sync();
     let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT;
@@ -93,4 +112,11 @@ pub fn write<F: IomapFile>(
     )?;
     Durability::after_write(sync, &outcome).wait(ops, dev, file.flushes())?;
     Ok(outcome)
+}
+
+/// `fsync`/`fdatasync`: writes back the file's cached data and waits, reports
+/// a writeback error this handle has not seen yet (once), and commits the
+/// metadata (one journal commit covers every file).
+pub fn fsync<F: IomapFile>(file: &F) -> Result<(), FileError<F>> {
+    writeback::sync_file(file)
 }

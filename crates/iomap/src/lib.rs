@@ -8,7 +8,9 @@
 //! Module map: `iomap`/`ops` (the contract) · `iter` (walking mappings) ·
 //! `dio` (direct I/O: planning and synchronous submission) · `byte_dio`
 //! (any offset and length) · `ioend` (the in-flight I/O object and the one
-//! completion policy) · `flush_coalesce` (shared flushes) · `io_lock` and
+//! completion policy) · `flush_coalesce` (shared flushes) · `folio`/`folio_cache` (the page cache:
+//! folios with per-block state, budget, eviction, per-file mappings) ·
+//! `buffered_io` (reads and writes through it) · `writeback` · `io_lock` and
 //! `range_lock` (the inode's I/O lock, in-flight count, range holds) ·
 //! `sharded_rwlock` (the I/O lock's reader-scalable core) ·
 //! `write_protocol` (shared → exclusive, for every writer) · `file_io` (the
@@ -16,11 +18,14 @@
 
 pub mod aio;
 pub mod align;
+pub mod buffered_io;
 pub mod byte_dio;
 pub mod dio;
 pub mod error;
 pub mod file_io;
 pub mod flush_coalesce;
+pub mod folio;
+pub mod folio_cache;
 pub mod io_lock;
 pub mod ioend;
 pub mod iomap;
@@ -29,6 +34,7 @@ pub mod ops;
 pub mod range_lock;
 pub mod sharded_rwlock;
 pub mod write_protocol;
+pub mod writeback;
 pub mod zero;
 
 #[cfg(test)]
@@ -38,6 +44,7 @@ pub use byte_dio::{dio_read_bytes, dio_write_bytes};
 pub use dio::{dio_read, dio_read_simple, dio_write, dio_write_padded};
 pub use error::{EngineError, IomapError};
 pub use flush_coalesce::{FlushCoalescer, FlushTicket};
+pub use folio_cache::{CacheConfig, ErrorCursor, FolioCache, Mapping};
 pub use io_lock::{InflightIo, InodeIoLock, IoLockExclusive, IoLockShared};
 pub use ioend::{
     CompletedBy, DioEndFlags, DioWriteOutcome, Durability, EndIo, IoEnd, WriteEnd, WriteSync,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use blockdev::BlockDevice;
 
 use crate::ioend::{EndIo, WriteSync};
-use crate::{EngineError, FlushCoalescer, InodeIoLock, Iomap};
+use crate::{EngineError, ErrorCursor, FlushCoalescer, InodeIoLock, Iomap, Mapping};
 
 bitflags::bitflags! {
     /// What the caller of [`IomapOps::begin`] intends. No flag set is a read.
@@ -83,9 +83,22 @@ pub trait IomapOps: Send + Sync {
         None
     }
 
-    /// In-memory file size, used to detect EOF crossings. An inode that no
-    /// longer exists is an error, not an empty file.
+    /// In-core file size: what reads see, including buffered writes not yet
+    /// written back. An inode that no longer exists is an error, not an
+    /// empty file.
     fn size(&self, inode: &Self::Inode) -> Result<u64, Self::Error>;
+
+    /// On-disk size: what a direct write extends and what writeback
+    /// completion raises (it lags [`Self::size`] while buffered writes past
+    /// it are not written back).
+    fn disk_size(&self, inode: &Self::Inode) -> Result<u64, Self::Error> {
+        self.size(inode)
+    }
+
+    /// A buffered write raised the in-core size to `size` (never lowers
+    /// it). Nothing reaches the journal: the on-disk size follows at
+    /// writeback completion.
+    fn extend_size_in_core(&self, inode: &Self::Inode, size: u64) -> Result<(), Self::Error>;
 
     /// File-system block size in bytes (allocation and zeroing unit).
     fn block_size(&self) -> u32;
@@ -121,9 +134,16 @@ pub trait IomapFile: AsRef<InodeIoLock> + Send + Sync + Sized + 'static {
     /// The volume's flush coalescer (one per device).
     fn flushes(&self) -> &Arc<FlushCoalescer>;
 
-    /// O_DIRECT: reads of one written block may take the simple-read fast
-    /// path.
+    /// O_DIRECT: no cache between the caller and the device; reads of one
+    /// written block may take the simple-read fast path. Other handles go
+    /// through the folio cache.
     fn is_direct(&self) -> bool;
+
+    /// The file's page cache (one per inode).
+    fn mapping(&self) -> &Mapping;
+
+    /// Where this handle stands in its file's writeback errors.
+    fn error_cursor(&self) -> &ErrorCursor;
 
     /// What each write of this handle promises.
     fn write_sync(&self) -> WriteSync;

@@ -329,6 +329,12 @@ impl IomapOps for FakeFs {
         Ok(())
     }
 
+    fn extend_size_in_core(&self, _: &(), size: u64) -> Result<(), IomapError> {
+        let mut st = self.state.lock();
+        st.size = st.size.max(size);
+        Ok(())
+    }
+
     fn commit(&self) -> Result<(), IomapError> {
         self.commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -404,6 +410,10 @@ impl IomapOps for ScriptedFs {
 
     fn end_io(&self, _: &(), end: &EndIo) -> Result<(), IomapError> {
         self.end_ios.lock().push(logged(end));
+        Ok(())
+    }
+
+    fn extend_size_in_core(&self, _: &(), _: u64) -> Result<(), IomapError> {
         Ok(())
     }
 

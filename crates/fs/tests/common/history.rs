@@ -115,6 +115,11 @@ pub struct History {
     ns_dirty: bool,
     pending_floor: Vec<(Id, Floor)>,
     pending_durable: bool,
+    /// Boundaries at which one file's data and metadata were made durable
+    /// (its `fsync`), in order; `fsync` of one file does not write back
+    /// another's cached data, so it does not move the global `durable`.
+    file_syncs: HashMap<Id, Vec<usize>>,
+    pending_file_sync: Option<Id>,
     next_id: Id,
     pub op_names: Vec<String>,
     /// Highest write id used, for attributing bytes in messages.
@@ -154,6 +159,9 @@ impl History {
                 .or_default()
                 .push((b, Arc::new(data)));
         }
+        if let Some(id) = self.pending_file_sync.take() {
+            self.file_syncs.entry(id).or_default().push(b);
+        }
         for (id, mut f) in self.pending_floor.drain(..) {
             f.at = b;
             self.floors.entry(id).or_default().push(f);
@@ -169,12 +177,33 @@ impl History {
     /// Drops what the operation in progress recorded as durable (it failed).
     pub fn end_failed(&mut self) {
         self.pending_durable = false;
+        self.pending_file_sync = None;
         self.pending_floor.clear();
         self.end();
     }
 
+    /// The operation in progress makes everything durable (sync,
+    /// checkpoint): it counts once the operation ends successfully.
     pub fn mark_durable(&mut self) {
         self.pending_durable = true;
+    }
+
+    /// The operation in progress makes file `id` durable (its `fsync`).
+    pub fn mark_file_durable(&mut self, id: Id) {
+        self.pending_file_sync = Some(id);
+    }
+
+    /// The lowest boundary file `id` may recover to under window `w`: the
+    /// global durable boundary, or this file's last `fsync` that had
+    /// returned by the cut.
+    fn file_lo(&self, id: Id, w: Window) -> usize {
+        let synced = self
+            .file_syncs
+            .get(&id)
+            .and_then(|b| b.iter().rev().find(|&&b| b <= w.completed))
+            .copied()
+            .unwrap_or(0);
+        w.lo.max(synced)
     }
 
     /// A DSYNC write of `[from, to)` to `id` is in progress; it counts once
@@ -328,6 +357,10 @@ impl History {
     }
 
     fn check_file(&self, id: Id, fd: &super::volstate::FileData, w: Window) -> Result<(), String> {
+        let w = Window {
+            lo: self.file_lo(id, w),
+            ..w
+        };
         let vs = self.versions_in(id, w.lo, w.hi);
         if vs.is_empty() {
             return Err("no version of this file in the window".into());

@@ -191,10 +191,14 @@ impl<F: IomapFile> IoQueue<F> {
     }
 
     /// Whether the queue itself can send a request of `len` bytes at `pos`
-    /// to the device: whole device blocks, not too many parts.
-    fn fits_device(&self, pos: u64, len: usize) -> bool {
+    /// on `file` to the device: a direct handle on a file with nothing
+    /// cached, whole device blocks, not too many parts. Anything else goes
+    /// through the cache or a flush of it: the worker's business.
+    fn fits_device(&self, file: &F, pos: u64, len: usize) -> bool {
         len > 0
             && len as u64 <= MAX_INLINE_REQUEST_BYTES
+            && file.is_direct()
+            && file.mapping().is_empty()
             && crate::byte_dio::is_block_aligned(&*self.dev, pos, len as u64)
     }
 
@@ -228,7 +232,7 @@ impl<F: IomapFile> IoQueue<F> {
             Ok(held) => held,
             Err(e) => return Err(refused(buf, e)),
         };
-        let shared = if self.fits_device(pos, buf.len()) {
+        let shared = if self.fits_device(file, pos, buf.len()) {
             file.as_ref().try_lock_shared()
         } else {
             None
@@ -278,7 +282,7 @@ impl<F: IomapFile> IoQueue<F> {
         let len = buf.len();
         let sync = file.write_sync();
         // O_SYNC commits inode metadata: never a reaper's work.
-        if sync == WriteSync::Sync || !self.fits_device(pos, len) {
+        if sync == WriteSync::Sync || !self.fits_device(file, pos, len) {
             return self.defer(Job::Write {
                 file: held,
                 pos,

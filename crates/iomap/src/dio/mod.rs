@@ -234,7 +234,7 @@ pub fn dio_write_padded<O: IomapOps>(
     // Sampled once, before any mapping: the size this write may extend. A
     // file system that raised its in-memory size in `begin` would otherwise
     // hide the size change from completion.
-    let size = ops.size(inode)?;
+    let size = ops.disk_size(inode)?;
     let mut iter = IomapIter::new(ops, inode, pos, len, op_flags, lbs)?;
     let req_end = pos + len;
     // Only data may not cross EOF; declared padding may (`PADDED_TAIL`).

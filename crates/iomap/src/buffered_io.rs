@@ -1,0 +1,303 @@
+//! Buffered I/O: reads and writes through the folio cache.
+//!
+//! A read copies from folios, filling the blocks that are not uptodate from
+//! the device first (a fresh folio is filled whole: that is the readahead).
+//! A write reserves space for its whole range first (the file system places
+//! it later, at writeback: delayed allocation), so ENOSPC comes from the
+//! write that causes it and never from writeback; then it makes only its
+//! partial edge blocks uptodate — reading them, or zeroing them where the
+//! file holds no data (hole, unwritten, delalloc, past EOF) — copies, and
+//! marks the blocks dirty. The in-core size rises at once; the on-disk size
+//! rises only when writeback completes (invariant 4).
+//!
+//! Both hold the inode's I/O lock shared, so truncate, punch and other
+//! exclusive operations exclude them; readers and writers of different
+//! folios of one file run concurrently, each folio under its own lock.
+
+use crate::dio::dio_read;
+use crate::folio::{Folio, FolioState, MAX_FOLIO_BYTES};
+use crate::folio_cache::Mapping;
+use crate::writeback::write_back;
+use crate::{FileError, IomapError, IomapFile, IomapIter, IomapOpFlags, IomapOps};
+
+/// Smallest readahead: the first folio a sequential reader gets.
+pub const READAHEAD_START_BYTES: usize = 16 << 10;
+
+/// How many times a throttled writer waits for background writeback to
+/// bring dirty bytes under the limit before it goes on (each wait ends
+/// when dirty bytes drop, or after [`THROTTLE_WAIT`]).
+const THROTTLE_WAITS: u32 = 50;
+const THROTTLE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
+
+fn block_bytes<O: IomapOps>(ops: &O) -> usize {
+    (ops.block_size() as usize).max(512)
+}
+
+/// Reads up to `buf.len()` bytes at `pos` through the cache; returns the
+/// bytes read (short at EOF).
+pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, FileError<F>> {
+    file.check_io(pos, buf.len() as u64, false)?;
+    let (ops, inode, mapping) = (file.ops(), file.inode(), file.mapping());
+    let _shared = file.as_ref().lock_shared();
+    let size = ops.size(inode)?;
+    if buf.is_empty() || pos >= size {
+        return Ok(0);
+    }
+    let end = pos.saturating_add(buf.len() as u64).min(size);
+    let window = readahead_window(mapping, pos, end);
+    let bs = block_bytes(ops);
+    let mut cur = pos;
+    while cur < end {
+        // Folios past EOF would read nothing: no larger than EOF needs.
+        let want = ((end - cur) as usize)
+            .max(window)
+            .min((size - cur).next_power_of_two().min(MAX_FOLIO_BYTES as u64) as usize);
+        let folio = mapping.find_or_create(cur, want, bs)?;
+        let from = (cur - folio.pos()) as usize;
+        let to = (end.min(folio.end()) - folio.pos()) as usize;
+        {
+            let mut state = folio.lock();
+            let blocks = if state.uptodate.any() {
+                folio.blocks_of(from, to)
+            } else {
+                // A fresh folio is read whole: the readahead.
+                folio.blocks_of(0, folio.len())
+            };
+            fill(file, &folio, &mut state, blocks, size)?;
+            let at = (cur - pos) as usize;
+            buf[at..at + (to - from)].copy_from_slice(&state.data[from..to]);
+        }
+        folio.touch();
+        cur = folio.pos() + to as u64;
+    }
+    Ok((end - pos) as usize)
+}
+
+/// The folio size a read at `pos` asks for: growing while the reads are
+/// sequential, up to the largest folio; nothing extra for a random read.
+fn readahead_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
+    let mut seq = mapping.shared.sequential.lock();
+    let window = if pos == seq.next_pos && pos > 0 {
+        (seq.window * 2).clamp(READAHEAD_START_BYTES, MAX_FOLIO_BYTES)
+    } else {
+        0
+    };
+    seq.next_pos = end;
+    seq.window = window;
+    window
+}
+
+/// Makes `blocks` of a locked folio uptodate: device data where the file
+/// has written data, zeros elsewhere (holes, unwritten and delalloc space
+/// read as zeros through the mapping; bytes at or past `eof` are zeroed
+/// here).
+fn fill<F: IomapFile>(
+    file: &F,
+    folio: &Folio,
+    state: &mut FolioState,
+    blocks: std::ops::Range<usize>,
+    eof: u64,
+) -> Result<(), FileError<F>> {
+    let bb = folio.block_bytes();
+    let mut i = blocks.start;
+    while i < blocks.end {
+        if state.uptodate.get(i) {
+            i += 1;
+            continue;
+        }
+        let run_start = i;
+        while i < blocks.end && !state.uptodate.get(i) {
+            i += 1;
+        }
+        let (from, to) = (run_start * bb, i * bb);
+        let file_from = folio.pos() + from as u64;
+        let data = &mut state.data[from..to];
+        if file_from < eof {
+            dio_read(
+                file.ops(),
+                &**file.device(),
+                file.inode(),
+                file_from,
+                data,
+                IomapOpFlags::READ,
+            )?;
+            let inside = (eof - file_from).min(data.len() as u64) as usize;
+            data[inside..].fill(0);
+        } else {
+            data.fill(0);
+        }
+        folio.set_uptodate(state, run_start..i);
+    }
+    Ok(())
+}
+
+/// What a buffered write copies into the cache.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Bytes(&'a [u8]),
+    /// Zeros: the gap between the old EOF and an extending write, inside
+    /// the old EOF's block.
+    Zeros,
+}
+
+/// Writes `buf` at `pos` into the cache (see the module docs). With
+/// O_DSYNC/O_SYNC the range is written back and made durable before it
+/// returns; otherwise writeback comes later, and a writer past the dirty
+/// limit first writes back its file.
+pub fn write<F: IomapFile>(file: &F, pos: u64, buf: &[u8]) -> Result<usize, FileError<F>> {
+    let len = buf.len() as u64;
+    file.check_io(pos, len, true)?;
+    if buf.is_empty() {
+        return Ok(0);
+    }
+    let end = pos + len;
+    let (ops, inode) = (file.ops(), file.inode());
+    let lock = file.as_ref();
+    let shared = lock.lock_shared();
+    let size = ops.size(inode)?;
+    if end <= size {
+        reserve(file, pos, len)?;
+        copy_into_cache(file, pos, len, Source::Bytes(buf), size)?;
+        drop(shared);
+    } else {
+        // An extending write zeroes the gap past the old EOF and moves the
+        // size: alone, or a concurrent extending write's bytes in that gap
+        // could be zeroed, or the size could go backwards. (No drain: a
+        // buffered write sends nothing to the device.)
+        drop(shared);
+        let _exclusive = lock.lock_exclusive();
+        let size = ops.size(inode)?;
+        let bs = block_bytes(ops) as u64;
+        // Bytes between EOF and the write must read as zeros, also on the
+        // device: the old EOF block's tail may hold bytes of a write whose
+        // size change a crash lost. It is rewritten as zeros.
+        let gap_end = pos.min(size.next_multiple_of(bs));
+        let from = pos.min(size);
+        reserve(file, from, end - from)?;
+        if gap_end > size {
+            copy_into_cache(file, size, gap_end - size, Source::Zeros, size)?;
+        }
+        copy_into_cache(file, pos, len, Source::Bytes(buf), size)?;
+        if end > size {
+            ops.extend_size_in_core(inode, end)?;
+        }
+    }
+    let sync = file.write_sync();
+    if sync != crate::WriteSync::None {
+        let outcome = write_back(file, pos, end)?;
+        crate::Durability::after_write(sync, &outcome).wait(
+            ops,
+            &**file.device(),
+            file.flushes(),
+        )?;
+    } else {
+        throttle(file)?;
+    }
+    Ok(buf.len())
+}
+
+/// Reserves space for `[pos, pos + len)`: asks the file system for every
+/// mapping of the range as a buffered write (it answers holes with
+/// delayed allocations, or ENOSPC before anything changed).
+fn reserve<F: IomapFile>(file: &F, pos: u64, len: u64) -> Result<(), FileError<F>> {
+    let lbs = crate::dio::logical_block_size(&**file.device());
+    let (ops, inode) = (file.ops(), file.inode());
+    let mut iter = IomapIter::new(ops, inode, pos, len, IomapOpFlags::WRITE, lbs)?;
+    while let Some(span) = iter.begin()? {
+        iter.end(&span, span.len)?;
+    }
+    Ok(())
+}
+
+/// Copies `len` bytes of `src` to the cache at `pos`, making partial edge
+/// blocks uptodate first, and marks them dirty. `eof` is the in-core size
+/// before the write.
+fn copy_into_cache<F: IomapFile>(
+    file: &F,
+    pos: u64,
+    len: u64,
+    src: Source<'_>,
+    eof: u64,
+) -> Result<(), FileError<F>> {
+    let mapping = file.mapping();
+    let bs = block_bytes(file.ops());
+    let end = pos + len;
+    let mut cur = pos;
+    while cur < end {
+        let want = ((end - cur) as usize).min(MAX_FOLIO_BYTES);
+        let folio = mapping.find_or_create(cur, want, bs)?;
+        let from = (cur - folio.pos()) as usize;
+        let to = (end.min(folio.end()) - folio.pos()) as usize;
+        {
+            let mut state = folio.lock();
+            let blocks = folio.blocks_of(from, to);
+            // Only the blocks the write covers partly need their old bytes.
+            if !from.is_multiple_of(bs) {
+                let first = blocks.start;
+                fill(file, &folio, &mut state, first..first + 1, eof)?;
+            }
+            if !to.is_multiple_of(bs) {
+                let last = blocks.end - 1;
+                fill(file, &folio, &mut state, last..last + 1, eof)?;
+            }
+            match src {
+                Source::Bytes(bytes) => {
+                    let at = (cur - pos) as usize;
+                    state.data[from..to].copy_from_slice(&bytes[at..at + (to - from)]);
+                }
+                Source::Zeros => state.data[from..to].fill(0),
+            }
+            folio.set_dirty(&mut state, blocks);
+        }
+        folio.touch();
+        cur = folio.pos() + to as u64;
+    }
+    Ok(())
+}
+
+/// Holds a writer back while dirty bytes are past the limit: it writes its
+/// own file back, then waits (boundedly) for background writeback of the
+/// others.
+fn throttle<F: IomapFile>(file: &F) -> Result<(), FileError<F>> {
+    let cache = file.mapping().cache();
+    if !cache.over_dirty_limit() {
+        return Ok(());
+    }
+    write_back(file, 0, u64::MAX)?;
+    for _ in 0..THROTTLE_WAITS {
+        if !cache.over_dirty_limit() {
+            break;
+        }
+        cache.notify_dirty_change();
+        cache.wait_dirty_change(THROTTLE_WAIT);
+    }
+    Ok(())
+}
+
+/// Writes back and drops the cached folios of `[from, to)`: before direct
+/// I/O over the range (so it sees and is seen by buffered data), and before
+/// truncate, punch and fallocate change what the range holds. The caller
+/// must not hold the inode's I/O lock.
+pub fn flush_and_invalidate<F: IomapFile>(
+    file: &F,
+    from: u64,
+    to: u64,
+) -> Result<(), FileError<F>> {
+    if file.mapping().is_empty() {
+        return Ok(());
+    }
+    let written = write_back(file, from, to);
+    // Dropped even when writeback failed: the error is recorded for fsync,
+    // and folios that stay would not match the device either way.
+    file.mapping().invalidate(from, to);
+    written.map(|_| ())
+}
+
+/// The writeback error recorded on `file`'s mapping since its handle last
+/// looked, as an error (for `fsync`).
+pub fn take_writeback_error<F: IomapFile>(file: &F) -> Result<(), FileError<F>> {
+    match file.mapping().take_error(file.error_cursor()) {
+        None => Ok(()),
+        Some((errno, what)) => Err(IomapError::Writeback { errno, what }.into()),
+    }
+}

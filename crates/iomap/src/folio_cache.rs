@@ -1,0 +1,635 @@
+//! The folio cache: one memory budget per volume, one [`Mapping`] (the
+//! cached folios of a file) per open inode.
+//!
+//! # Budget
+//!
+//! Every folio's memory is counted from creation to drop. Before a folio is
+//! created, [`FolioCache`] evicts clean folios with CLOCK (second chance: a
+//! folio used since the hand last passed is spared once) until the new one
+//! fits. Dirty folios and folios under writeback are never evicted; writers
+//! are throttled when dirty bytes reach [`CacheConfig::dirty_limit_bytes`],
+//! which is below the budget, so clean folios to evict always exist and the
+//! process stays within the budget plus one writeback batch.
+//!
+//! # Writeback errors
+//!
+//! A failed writeback is recorded in the file's mapping as an error sequence
+//! (as Linux's `errseq_t`): every handle remembers the sequence it has seen,
+//! and each handle's next `fsync` reports an error recorded since — once.
+//!
+//! # Fault model
+//!
+//! - A folio's lock is held only while copying to or from it, or while the
+//!   device fills it; never while waiting for another folio's lock.
+//! - Lock order: a mapping's folio tree, then a folio; the CLOCK ring alone.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use blockdev::AlignedBuf;
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::folio::{Folio, FOLIO_ALIGN, MAX_FOLIO_BYTES, MIN_FOLIO_BYTES};
+use crate::IomapError;
+
+/// Default cache budget: an eighth of physical memory, within these bounds.
+pub const DEFAULT_CACHE_MIN_BYTES: u64 = 64 << 20;
+pub const DEFAULT_CACHE_MAX_BYTES: u64 = 2 << 30;
+/// Kernel-like defaults (`vm.dirty_background_ratio`, `vm.dirty_ratio`,
+/// `vm.dirty_expire_centisecs`, `vm.dirty_writeback_centisecs`), as shares
+/// of the cache instead of memory.
+pub const DEFAULT_DIRTY_BACKGROUND_PERCENT: u64 = 10;
+pub const DEFAULT_DIRTY_LIMIT_PERCENT: u64 = 20;
+pub const DEFAULT_DIRTY_EXPIRE: Duration = Duration::from_secs(30);
+pub const DEFAULT_WRITEBACK_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The cache's limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Most bytes of folio memory.
+    pub size_bytes: u64,
+    /// Dirty bytes past which background writeback starts.
+    pub dirty_background_bytes: u64,
+    /// Dirty bytes past which writers write back before they return.
+    pub dirty_limit_bytes: u64,
+    /// Dirty data older than this is written back in the background.
+    pub dirty_expire: Duration,
+    /// How often background writeback looks for expired data.
+    pub writeback_interval: Duration,
+}
+
+impl CacheConfig {
+    /// A cache of `size_bytes` with the default dirty limits.
+    pub fn with_size(size_bytes: u64) -> CacheConfig {
+        let size_bytes = size_bytes.max(MAX_FOLIO_BYTES as u64 * 4);
+        CacheConfig {
+            size_bytes,
+            dirty_background_bytes: size_bytes / 100 * DEFAULT_DIRTY_BACKGROUND_PERCENT,
+            dirty_limit_bytes: size_bytes / 100 * DEFAULT_DIRTY_LIMIT_PERCENT,
+            dirty_expire: DEFAULT_DIRTY_EXPIRE,
+            writeback_interval: DEFAULT_WRITEBACK_INTERVAL,
+        }
+    }
+
+    /// Checks the limits hold together.
+    pub fn validate(&self) -> Result<(), String> {
+        let min = MAX_FOLIO_BYTES as u64 * 4;
+        if self.size_bytes < min {
+            return Err(format!(
+                "cache size {} is below the minimum of {min} bytes (four of the largest folios)",
+                self.size_bytes
+            ));
+        }
+        if self.dirty_limit_bytes == 0 || self.dirty_limit_bytes >= self.size_bytes {
+            return Err(format!(
+                "dirty limit {} must be above 0 and below the cache size {}",
+                self.dirty_limit_bytes, self.size_bytes
+            ));
+        }
+        if self.dirty_background_bytes > self.dirty_limit_bytes {
+            return Err(format!(
+                "background writeback threshold {} is above the dirty limit {}",
+                self.dirty_background_bytes, self.dirty_limit_bytes
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        // SAFETY: `sysconf` reads a system value and touches no memory of
+        // ours; a negative answer (unknown) is handled below.
+        let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+        // SAFETY: as above.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let memory = u64::try_from(pages)
+            .ok()
+            .zip(u64::try_from(page).ok())
+            .map(|(n, p)| n.saturating_mul(p))
+            .unwrap_or(DEFAULT_CACHE_MIN_BYTES * 8);
+        CacheConfig::with_size((memory / 8).clamp(DEFAULT_CACHE_MIN_BYTES, DEFAULT_CACHE_MAX_BYTES))
+    }
+}
+
+/// The accounting every folio reaches (its memory and dirty bytes).
+pub(crate) struct CacheShared {
+    config: CacheConfig,
+    used: AtomicU64,
+    dirty: AtomicU64,
+    /// Folios in CLOCK order; the hand is the front.
+    clock: Mutex<VecDeque<Weak<Folio>>>,
+    /// Woken when dirty bytes drop (throttled writers) or rise past the
+    /// background threshold (the flusher).
+    dirty_changed: Condvar,
+    dirty_lock: Mutex<()>,
+}
+
+impl CacheShared {
+    pub(crate) fn add_dirty(&self, bytes: u64) {
+        let now = self.dirty.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if now > self.config.dirty_background_bytes
+            && now - bytes <= self.config.dirty_background_bytes
+        {
+            let _g = self.dirty_lock.lock();
+            self.dirty_changed.notify_all();
+        }
+    }
+
+    pub(crate) fn sub_dirty(&self, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let before = self.dirty.fetch_sub(bytes, Ordering::Relaxed);
+        debug_assert!(before >= bytes, "dirty bytes underflow");
+        if before > self.config.dirty_limit_bytes {
+            let _g = self.dirty_lock.lock();
+            self.dirty_changed.notify_all();
+        }
+    }
+
+    pub(crate) fn release(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
+/// A volume's folio cache: the budget and the eviction policy. Cheap to
+/// clone.
+#[derive(Clone)]
+pub struct FolioCache {
+    shared: Arc<CacheShared>,
+}
+
+impl std::fmt::Debug for FolioCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FolioCache")
+            .field("config", &self.shared.config)
+            .field("used", &self.used_bytes())
+            .field("dirty", &self.dirty_bytes())
+            .finish()
+    }
+}
+
+impl FolioCache {
+    pub fn new(config: CacheConfig) -> Result<FolioCache, String> {
+        config.validate()?;
+        Ok(FolioCache {
+            shared: Arc::new(CacheShared {
+                config,
+                used: AtomicU64::new(0),
+                dirty: AtomicU64::new(0),
+                clock: Mutex::new(VecDeque::new()),
+                dirty_changed: Condvar::new(),
+                dirty_lock: Mutex::new(()),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &CacheConfig {
+        &self.shared.config
+    }
+
+    /// Bytes of folio memory held now.
+    pub fn used_bytes(&self) -> u64 {
+        self.shared.used.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of dirty blocks now.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.shared.dirty.load(Ordering::Relaxed)
+    }
+
+    /// Dirty bytes are past the background threshold.
+    pub fn over_background(&self) -> bool {
+        self.dirty_bytes() > self.shared.config.dirty_background_bytes
+    }
+
+    /// Dirty bytes are past the limit at which writers must wait.
+    pub fn over_dirty_limit(&self) -> bool {
+        self.dirty_bytes() > self.shared.config.dirty_limit_bytes
+    }
+
+    /// Waits until dirty bytes may have changed across a threshold, or
+    /// `timeout` passed (the background flusher's sleep, and a throttled
+    /// writer's wait for it).
+    pub fn wait_dirty_change(&self, timeout: Duration) {
+        let mut g = self.shared.dirty_lock.lock();
+        let _ = self.shared.dirty_changed.wait_for(&mut g, timeout);
+    }
+
+    /// [`Self::wait_dirty_change`], unless `stop` is set: checked under the
+    /// lock that [`Self::notify_dirty_change`] takes, so a stop set before
+    /// the notify is never slept through.
+    pub fn wait_dirty_change_unless(&self, timeout: Duration, stop: &AtomicBool) {
+        let mut g = self.shared.dirty_lock.lock();
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let _ = self.shared.dirty_changed.wait_for(&mut g, timeout);
+    }
+
+    /// Wakes whoever waits in [`Self::wait_dirty_change`].
+    pub fn notify_dirty_change(&self) {
+        let _g = self.shared.dirty_lock.lock();
+        self.shared.dirty_changed.notify_all();
+    }
+
+    /// A new mapping (one file's folios) on this cache.
+    pub fn new_mapping(&self) -> Mapping {
+        Mapping {
+            shared: Arc::new(MappingShared {
+                folios: RwLock::new(BTreeMap::new()),
+                count: Default::default(),
+                cache: self.clone(),
+                writeback: Mutex::new(()),
+                errors: Mutex::new(ErrorSeq::default()),
+                sequential: Mutex::new(Sequential::default()),
+            }),
+        }
+    }
+
+    /// Evicts clean folios until `bytes` more fit in the budget. Returns
+    /// false when it could not (every folio is dirty, under writeback or in
+    /// use); the caller then writes back or goes over by one folio.
+    fn make_room(&self, bytes: u64) -> bool {
+        let budget = self.shared.config.size_bytes;
+        let mut clock = self.shared.clock.lock();
+        // Each folio is looked at at most twice (once to clear its bit).
+        let mut steps = clock.len() * 2 + 1;
+        while self.used_bytes() + bytes > budget {
+            if steps == 0 {
+                return false;
+            }
+            steps -= 1;
+            let Some(weak) = clock.pop_front() else {
+                return false;
+            };
+            let Some(folio) = weak.upgrade() else {
+                continue; // dropped already (its file closed or shrank)
+            };
+            if folio.take_reference() || !try_evict(&folio) {
+                clock.push_back(weak);
+            }
+        }
+        true
+    }
+
+    /// Counts a new folio of `len` bytes and enters it in the CLOCK ring.
+    fn admit(&self, folio: &Arc<Folio>) {
+        self.shared.clock.lock().push_back(Arc::downgrade(folio));
+    }
+}
+
+/// Removes `folio` from its mapping if it is clean, idle and unused: its
+/// memory goes when the last reference does.
+fn try_evict(folio: &Arc<Folio>) -> bool {
+    let Some(mapping) = folio.mapping.upgrade() else {
+        return true; // its mapping is gone: it will be dropped with it
+    };
+    // Never wait here: a thread holding the tree may be waiting for room.
+    let Some(mut folios) = mapping.folios.try_write() else {
+        return false;
+    };
+    {
+        let Some(state) = folio.try_lock() else {
+            return false;
+        };
+        if state.dirty.any() || state.writeback > 0 {
+            return false;
+        }
+    }
+    // The tree's reference, ours and the ring's upgrade: nobody else uses it.
+    if Arc::strong_count(folio) > 2 {
+        return false;
+    }
+    match folios.get(&folio.pos()) {
+        Some(f) if Arc::ptr_eq(f, folio) => {
+            folios.remove(&folio.pos());
+            mapping.count.fetch_sub(1, Ordering::AcqRel);
+            true
+        }
+        _ => true,
+    }
+}
+
+/// Writeback errors of one file (see the module docs).
+#[derive(Debug, Default)]
+struct ErrorSeq {
+    /// Bumped by every recorded error.
+    seq: u64,
+    last: Option<(i32, String)>,
+}
+
+/// Sequential-access detection for readahead: the next offset a
+/// sequential reader would ask for, and how large its folios have grown.
+#[derive(Debug, Default)]
+pub(crate) struct Sequential {
+    pub next_pos: u64,
+    pub window: usize,
+}
+
+/// One file's cached folios and writeback state.
+pub(crate) struct MappingShared {
+    /// Folios by file offset; they never overlap.
+    pub folios: RwLock<BTreeMap<u64, Arc<Folio>>>,
+    /// `folios.len()`, readable without the tree's lock: every direct I/O
+    /// asks whether anything is cached.
+    pub count: std::sync::atomic::AtomicUsize,
+    pub cache: FolioCache,
+    /// Held by whoever writes this file back: one writeback at a time.
+    pub writeback: Mutex<()>,
+    errors: Mutex<ErrorSeq>,
+    pub sequential: Mutex<Sequential>,
+}
+
+/// A file's page cache (its folios, writeback lock and errors). The file
+/// system keeps one per open inode.
+pub struct Mapping {
+    pub(crate) shared: Arc<MappingShared>,
+}
+
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapping")
+            .field("folios", &self.shared.folios.read().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Where a handle stands in its file's writeback error sequence.
+#[derive(Debug, Default)]
+pub struct ErrorCursor(AtomicU64);
+
+impl Mapping {
+    /// The cache this mapping's folios count against.
+    pub fn cache(&self) -> &FolioCache {
+        &self.shared.cache
+    }
+
+    /// Whether any folio is cached (direct I/O then flushes and invalidates
+    /// first).
+    pub fn is_empty(&self) -> bool {
+        self.shared.count.load(Ordering::Acquire) == 0
+    }
+
+    /// Whether any block is dirty.
+    pub fn is_dirty(&self) -> bool {
+        self.shared
+            .folios
+            .read()
+            .values()
+            .any(|f| f.lock().dirty.any())
+    }
+
+    /// When the oldest dirty block of the file became dirty.
+    pub fn dirty_since(&self) -> Option<std::time::Instant> {
+        self.shared
+            .folios
+            .read()
+            .values()
+            .filter_map(|f| f.lock().dirty_since)
+            .min()
+    }
+
+    /// Cached folios (for tests and diagnostics): (offset, length).
+    pub fn folio_spans(&self) -> Vec<(u64, usize)> {
+        self.shared
+            .folios
+            .read()
+            .values()
+            .map(|f| (f.pos(), f.len()))
+            .collect()
+    }
+
+    /// The folio holding file byte `pos`, if cached.
+    pub(crate) fn find(&self, pos: u64) -> Option<Arc<Folio>> {
+        let folios = self.shared.folios.read();
+        let (_, f) = folios.range(..=pos).next_back()?;
+        (pos < f.end()).then(|| f.clone())
+    }
+
+    /// The folio holding `pos`, creating an empty one (nothing uptodate) of
+    /// at most `want` bytes when none is cached: the largest power of two
+    /// that is naturally aligned, at least `min_len` (a block, or a page),
+    /// and does not overlap a cached neighbour.
+    pub(crate) fn find_or_create(
+        &self,
+        pos: u64,
+        want: usize,
+        block_bytes: usize,
+    ) -> Result<Arc<Folio>, IomapError> {
+        if let Some(f) = self.find(pos) {
+            f.touch();
+            return Ok(f);
+        }
+        let min_len = block_bytes.max(MIN_FOLIO_BYTES);
+        let want = want.clamp(min_len, MAX_FOLIO_BYTES).next_power_of_two();
+        // Room first, before any tree lock: eviction takes trees itself.
+        self.shared.cache.make_room(want as u64);
+        let mut folios = self.shared.folios.write();
+        if let Some((_, f)) = folios.range(..=pos).next_back() {
+            if pos < f.end() {
+                return Ok(f.clone());
+            }
+        }
+        let prev_end = folios
+            .range(..=pos)
+            .next_back()
+            .map(|(_, f)| f.end())
+            .unwrap_or(0);
+        let next_start = folios
+            .range(pos + 1..)
+            .next()
+            .map(|(&p, _)| p)
+            .unwrap_or(u64::MAX);
+        let mut len = want;
+        loop {
+            let start = pos - pos % len as u64;
+            if (start >= prev_end && start + len as u64 <= next_start) || len == min_len {
+                break;
+            }
+            len /= 2;
+        }
+        let start = pos - pos % len as u64;
+        let data = AlignedBuf::new(len, FOLIO_ALIGN)
+            .map_err(|source| IomapError::Bounce { pos: start, source })?;
+        let cache = &self.shared.cache;
+        cache.shared.used.fetch_add(len as u64, Ordering::Relaxed);
+        let folio = Arc::new(Folio::new(
+            start,
+            len,
+            block_bytes,
+            data,
+            Arc::downgrade(&self.shared),
+            cache.shared.clone(),
+        ));
+        folios.insert(start, folio.clone());
+        self.shared.count.fetch_add(1, Ordering::AcqRel);
+        drop(folios);
+        cache.admit(&folio);
+        Ok(folio)
+    }
+
+    /// Folios overlapping `[from, to)`, in file order.
+    pub(crate) fn folios_in(&self, from: u64, to: u64) -> Vec<Arc<Folio>> {
+        let folios = self.shared.folios.read();
+        let first = folios
+            .range(..=from)
+            .next_back()
+            .filter(|(_, f)| f.end() > from)
+            .map(|(&p, _)| p)
+            .unwrap_or(from);
+        folios.range(first..to).map(|(_, f)| f.clone()).collect()
+    }
+
+    /// Drops the folios overlapping `[from, to)` after their writebacks in
+    /// flight complete. Dirty data in them is discarded: write back first
+    /// when it must be kept.
+    pub(crate) fn invalidate(&self, from: u64, to: u64) {
+        for folio in self.folios_in(from, to) {
+            {
+                let mut state = folio.lock();
+                folio.wait_writeback(&mut state);
+                let all = folio.blocks_of(0, folio.len());
+                folio.clear_dirty(&mut state, all);
+            }
+            let mut folios = self.shared.folios.write();
+            if folios
+                .get(&folio.pos())
+                .is_some_and(|f| Arc::ptr_eq(f, &folio))
+            {
+                folios.remove(&folio.pos());
+                self.shared.count.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+    }
+
+    /// Records a writeback error for every handle's next `fsync`.
+    pub(crate) fn record_error(&self, errno: i32, what: String) {
+        let mut errors = self.shared.errors.lock();
+        errors.seq += 1;
+        errors.last = Some((errno, what));
+    }
+
+    /// A cursor at the current end of the error sequence: a new handle sees
+    /// only errors recorded after it was opened.
+    pub fn error_cursor(&self) -> ErrorCursor {
+        ErrorCursor(AtomicU64::new(self.shared.errors.lock().seq))
+    }
+
+    /// The writeback error recorded since `cursor` last looked, once.
+    pub fn take_error(&self, cursor: &ErrorCursor) -> Option<(i32, String)> {
+        let errors = self.shared.errors.lock();
+        let seen = cursor.0.swap(errors.seq, Ordering::AcqRel);
+        if seen == errors.seq {
+            return None;
+        }
+        errors.last.clone()
+    }
+
+    pub(crate) fn writeback_lock(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.shared.writeback.lock()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(size: u64) -> FolioCache {
+        let mut config = CacheConfig::with_size(size);
+        config.size_bytes = size;
+        FolioCache::new(config).unwrap()
+    }
+
+    #[test]
+    fn folios_are_aligned_powers_of_two_that_never_overlap() {
+        let c = cache(64 << 20);
+        let m = c.new_mapping();
+        let a = m.find_or_create(8192, 4096, 4096).unwrap();
+        assert_eq!((a.pos(), a.len()), (8192, 4096));
+        // A 64 KiB folio wanted at 0 would cover [0, 64 KiB) and overlap the
+        // one at 8 KiB: it shrinks to 8 KiB.
+        let b = m.find_or_create(0, 65536, 4096).unwrap();
+        assert_eq!((b.pos(), b.len()), (0, 8192));
+        // Above: aligned down to its own size.
+        let d = m.find_or_create(3 << 20, 2 << 20, 4096).unwrap();
+        assert_eq!((d.pos(), d.len()), (2 << 20, 2 << 20));
+        assert!(Arc::ptr_eq(
+            &m.find_or_create(3 << 20, 4096, 4096).unwrap(),
+            &d
+        ));
+        assert_eq!(c.used_bytes(), 4096 + 8192 + (2 << 20));
+        drop((a, b, d));
+        drop(m);
+        assert_eq!(c.used_bytes(), 0, "memory is returned with the folios");
+    }
+
+    #[test]
+    fn clean_folios_are_evicted_to_stay_in_the_budget_dirty_ones_never() {
+        let budget = 16 << 20;
+        let c = cache(budget);
+        let m = c.new_mapping();
+        // Eight dirty 1 MiB folios: half the budget, kept.
+        for i in 0..8u64 {
+            let f = m.find_or_create(i << 20, 1 << 20, 4096).unwrap();
+            let mut st = f.lock();
+            let all = f.blocks_of(0, f.len());
+            f.set_dirty(&mut st, all);
+        }
+        // Then a long scan of clean folios: the budget holds throughout.
+        for i in 8..200u64 {
+            let f = m.find_or_create(i << 20, 1 << 20, 4096).unwrap();
+            drop(f);
+            assert!(c.used_bytes() <= budget, "over budget at folio {i}");
+        }
+        for i in 0..8u64 {
+            assert!(m.find(i << 20).is_some(), "dirty folio {i} was evicted");
+        }
+        assert_eq!(c.dirty_bytes(), 8 << 20);
+    }
+
+    #[test]
+    fn a_used_folio_gets_a_second_chance() {
+        let c = cache(8 << 20);
+        let m = c.new_mapping();
+        let hot = m.find_or_create(0, 1 << 20, 4096).unwrap().pos();
+        for i in 1..64u64 {
+            drop(m.find_or_create(i << 20, 1 << 20, 4096).unwrap());
+            // The hot folio is read between every new one.
+            m.find(hot).unwrap().touch();
+        }
+        assert!(m.find(hot).is_some(), "a folio in constant use was evicted");
+    }
+
+    #[test]
+    fn each_handle_sees_a_writeback_error_once() {
+        let c = cache(16 << 20);
+        let m = c.new_mapping();
+        let old = m.error_cursor();
+        m.record_error(libc::EIO, "writeback at 4096".into());
+        let new = m.error_cursor();
+        assert_eq!(m.take_error(&old).unwrap().0, libc::EIO);
+        assert!(m.take_error(&old).is_none(), "reported twice");
+        assert!(m.take_error(&new).is_none(), "opened after the error");
+        m.record_error(libc::ENOSPC, "writeback at 0".into());
+        assert_eq!(m.take_error(&new).unwrap().0, libc::ENOSPC);
+        assert_eq!(m.take_error(&old).unwrap().0, libc::ENOSPC);
+    }
+
+    #[test]
+    fn limits_must_hold_together() {
+        assert!(CacheConfig::default().validate().is_ok());
+        let mut c = CacheConfig::with_size(64 << 20);
+        c.dirty_limit_bytes = c.size_bytes;
+        assert!(c.validate().is_err());
+        let mut c = CacheConfig::with_size(64 << 20);
+        c.dirty_background_bytes = c.dirty_limit_bytes + 1;
+        assert!(c.validate().is_err());
+        let mut c = CacheConfig::with_size(64 << 20);
+        c.size_bytes = 4096;
+        assert!(c.validate().is_err());
+    }
+}
