@@ -312,6 +312,10 @@ impl File {
             })?;
             Ok(())
         })();
+        if result.is_ok() {
+            // Also when only edge zeroing was done (the early return above).
+            self.inode.mapping.punch(offset, end);
+        }
         result.map_err(|e| self.at(offset, e))?;
         self.vol.commit_if_due()
     }
@@ -340,6 +344,8 @@ impl File {
                 size,
                 mtime_ns: now_ns(),
             })?;
+            drop(meta);
+            self.inode.mapping.punch(size, u64::MAX);
             Ok(())
         })();
         result.map_err(|e| self.at(size, e))?;

@@ -506,6 +506,32 @@ impl Mapping {
         }
     }
 
+    /// Makes the cached bytes of `[from, to)` read as zeros, as truncate
+    /// and hole punching make the file's: folios wholly inside are dropped
+    /// (dirty data in them with them), the covered bytes of folios at the
+    /// edges are zeroed in place. The caller holds the inode's I/O lock
+    /// exclusive (no writeback runs), and has written back what it keeps:
+    /// this only catches what a racing write cached since.
+    pub fn punch(&self, from: u64, to: u64) {
+        for folio in self.folios_in(from, to) {
+            if folio.pos() >= from && folio.end() <= to {
+                let mut folios = self.shared.folios.write();
+                if folios
+                    .get(&folio.pos())
+                    .is_some_and(|f| Arc::ptr_eq(f, &folio))
+                {
+                    folios.remove(&folio.pos());
+                    self.shared.count.fetch_sub(1, Ordering::AcqRel);
+                }
+                continue;
+            }
+            let mut state = folio.lock();
+            let a = (from.max(folio.pos()) - folio.pos()) as usize;
+            let b = (to.min(folio.end()) - folio.pos()) as usize;
+            state.data[a..b].fill(0);
+        }
+    }
+
     /// Records a writeback error for every handle's next `fsync`.
     pub(crate) fn record_error(&self, errno: i32, what: String) {
         let mut errors = self.shared.errors.lock();
