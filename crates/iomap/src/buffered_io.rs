@@ -57,6 +57,9 @@ pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, F
         let to = (end.min(folio.end()) - folio.pos()) as usize;
         {
             let mut state = folio.lock();
+            if state.evicted {
+                continue; // gone from the tree since it was found
+            }
             let blocks = if state.uptodate.any() {
                 folio.blocks_of(from, to)
             } else {
@@ -230,6 +233,9 @@ fn copy_into_cache<F: IomapFile>(
         let to = (end.min(folio.end()) - folio.pos()) as usize;
         {
             let mut state = folio.lock();
+            if state.evicted {
+                continue; // gone from the tree since it was found
+            }
             let blocks = folio.blocks_of(from, to);
             // Only the blocks the write covers partly need their old bytes.
             if !from.is_multiple_of(bs) {

@@ -79,6 +79,9 @@ pub struct FolioState {
     pub dirty_since: Option<Instant>,
     /// Writebacks of this folio's blocks still in flight.
     pub writeback: u32,
+    /// Removed from its mapping (evicted, invalidated, punched): a thread
+    /// that found it before must look the offset up again.
+    pub evicted: bool,
 }
 
 /// A cached piece of a file. See the module docs.
@@ -128,6 +131,7 @@ impl Folio {
                 dirty: Blocks::new(blocks),
                 dirty_since: None,
                 writeback: 0,
+                evicted: false,
             }),
             written_back: Condvar::new(),
             // Unreferenced until used again: a folio read once (a scan) goes

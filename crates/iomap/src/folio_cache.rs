@@ -21,7 +21,9 @@
 //!
 //! - A folio's lock is held only while copying to or from it, or while the
 //!   device fills it; never while waiting for another folio's lock.
-//! - Lock order: a mapping's folio tree, then a folio; the CLOCK ring alone.
+//! - Lock order: the CLOCK ring, then a mapping's folio tree, then a folio.
+//!   Eviction waits for a tree (it holds the ring), but only tries a folio's
+//!   lock: a folio's lock may be held across device I/O.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -288,21 +290,20 @@ fn try_evict(folio: &Arc<Folio>) -> bool {
     let Some(mapping) = folio.mapping.upgrade() else {
         return true; // its mapping is gone: it will be dropped with it
     };
-    // Never wait here: a thread holding the tree may be waiting for room.
-    let Some(mut folios) = mapping.folios.try_write() else {
-        return false;
-    };
+    // Waiting for the tree is safe: nobody holding a tree waits for the
+    // CLOCK ring (lock order: ring, tree, folio), and a tree is held only
+    // briefly (a scan for dirty folios, an insert).
+    let mut folios = mapping.folios.write();
     {
-        let Some(state) = folio.try_lock() else {
+        let Some(mut state) = folio.try_lock() else {
             return false;
         };
         if state.dirty.any() || state.writeback > 0 {
             return false;
         }
-    }
-    // The tree's reference, ours and the ring's upgrade: nobody else uses it.
-    if Arc::strong_count(folio) > 2 {
-        return false;
+        // A thread that found it before and locks it after sees this and
+        // looks again: its write must land in the folio the tree holds.
+        state.evicted = true;
     }
     match folios.get(&folio.pos()) {
         Some(f) if Arc::ptr_eq(f, folio) => {
@@ -472,6 +473,22 @@ impl Mapping {
         Ok(folio)
     }
 
+    /// The first folio that ends past `pos` and starts before `to`: a walk
+    /// over the range that holds one folio at a time (a snapshot of all
+    /// would keep evicted folios' memory alive while it lasts).
+    pub(crate) fn next_folio(&self, pos: u64, to: u64) -> Option<Arc<Folio>> {
+        if pos >= to {
+            return None;
+        }
+        let folios = self.shared.folios.read();
+        if let Some((_, f)) = folios.range(..=pos).next_back() {
+            if f.end() > pos {
+                return Some(f.clone());
+            }
+        }
+        folios.range(pos..to).next().map(|(_, f)| f.clone())
+    }
+
     /// Folios overlapping `[from, to)`, in file order.
     pub(crate) fn folios_in(&self, from: u64, to: u64) -> Vec<Arc<Folio>> {
         let folios = self.shared.folios.read();
@@ -484,16 +501,19 @@ impl Mapping {
         folios.range(first..to).map(|(_, f)| f.clone()).collect()
     }
 
-    /// Drops the folios overlapping `[from, to)` after their writebacks in
-    /// flight complete. Dirty data in them is discarded: write back first
-    /// when it must be kept.
+    /// Drops the clean folios overlapping `[from, to)`, after their
+    /// writebacks in flight complete. A folio dirtied again since the
+    /// caller wrote it back stays: a racing buffered write is never lost
+    /// (as Linux's invalidation gives up on dirty pages).
     pub(crate) fn invalidate(&self, from: u64, to: u64) {
         for folio in self.folios_in(from, to) {
             {
                 let mut state = folio.lock();
                 folio.wait_writeback(&mut state);
-                let all = folio.blocks_of(0, folio.len());
-                folio.clear_dirty(&mut state, all);
+                if state.dirty.any() {
+                    continue;
+                }
+                state.evicted = true;
             }
             let mut folios = self.shared.folios.write();
             if folios
@@ -516,6 +536,7 @@ impl Mapping {
         for folio in self.folios_in(from, to) {
             if folio.pos() >= from && folio.end() <= to {
                 let mut folios = self.shared.folios.write();
+                folio.lock().evicted = true;
                 if folios
                     .get(&folio.pos())
                     .is_some_and(|f| Arc::ptr_eq(f, &folio))

@@ -60,7 +60,12 @@ pub fn write_back<F: IomapFile>(
     let eof = ops.size(file.inode())?;
     let mut bounce: Option<AlignedBuf> = None;
     let mut first_error = None;
-    let mut folios = mapping.folios_in(from, to).into_iter();
+    let mut next_pos = from;
+    let mut folios = std::iter::from_fn(|| {
+        let folio = mapping.next_folio(next_pos, to)?;
+        next_pos = folio.end();
+        Some(folio)
+    });
     let mut pending: Option<(Arc<Folio>, usize)> = None; // folio, next block
     loop {
         let buf = match &mut bounce {

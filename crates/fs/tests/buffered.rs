@@ -1,0 +1,490 @@
+//! Buffered I/O through the folio cache: what it reads from the device, when
+//! space is reserved and sizes move, how writeback errors reach `fsync`,
+//! coherency with direct handles, the memory budget, and concurrency.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use blockdev::{BlockDevice, FaultOp, FaultRule, MemDevice, RequestCounts, Survival};
+use iomap::{CacheConfig, IomapFile};
+use iomapfs_fs::{FormatOptions, MountOptions, OpenFlags, Volume};
+
+const MIB: u64 = 1 << 20;
+const BLOCK: u64 = 4096;
+
+fn volume_on(dev: &Arc<MemDevice>) -> Volume {
+    dev.fill(b"STALE!!!");
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    Volume::open(dev.clone()).unwrap()
+}
+
+fn buffered() -> OpenFlags {
+    OpenFlags {
+        create: true,
+        ..OpenFlags::default()
+    }
+}
+
+fn direct() -> OpenFlags {
+    OpenFlags {
+        create: true,
+        direct: true,
+        ..OpenFlags::default()
+    }
+}
+
+fn counts(dev: &MemDevice) -> RequestCounts {
+    dev.counters().snapshot()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1)
+        .collect()
+}
+
+fn read_all(f: &iomapfs_fs::File) -> Vec<u8> {
+    let size = f.stat().unwrap().size as usize;
+    let mut out = vec![0u8; size];
+    assert_eq!(f.pread(&mut out, 0).unwrap(), size);
+    out
+}
+
+/// A file of 16 written blocks, durable, opened again buffered.
+fn written(vol: &Volume) -> (iomapfs_fs::File, Vec<u8>) {
+    let data = pattern(16 * BLOCK as usize, 1);
+    let d = vol.open_file("/f", direct()).unwrap();
+    d.pwrite(&data, 0).unwrap();
+    d.fsync().unwrap();
+    (vol.open_file("/f", buffered()).unwrap(), data)
+}
+
+#[test]
+fn a_partial_write_reads_only_the_edge_blocks_not_cached() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let (f, mut model) = written(&vol);
+    let before = counts(&dev);
+    // 100 bytes inside block 1: that block is read, nothing else.
+    f.pwrite(&[7; 100], BLOCK + 50).unwrap();
+    let d = counts(&dev).since(&before);
+    assert_eq!((d.reads, d.bytes_read, d.writes), (1, BLOCK, 0), "{d:?}");
+    model[(BLOCK + 50) as usize..][..100].fill(7);
+    // Again in the same block: it is uptodate now.
+    let before = counts(&dev);
+    f.pwrite(&[8; 10], BLOCK + 1000).unwrap();
+    model[(BLOCK + 1000) as usize..][..10].fill(8);
+    assert_eq!(counts(&dev).since(&before).reads, 0);
+    // Spanning blocks 3..=5 with partial edges: the two edges only.
+    let before = counts(&dev);
+    f.pwrite(&pattern(2 * BLOCK as usize, 9), 3 * BLOCK + 100)
+        .unwrap();
+    model[(3 * BLOCK + 100) as usize..][..2 * BLOCK as usize]
+        .copy_from_slice(&pattern(2 * BLOCK as usize, 9));
+    let d = counts(&dev).since(&before);
+    assert_eq!((d.reads, d.bytes_read), (2, 2 * BLOCK), "{d:?}");
+    // Whole blocks need nothing read.
+    let before = counts(&dev);
+    f.pwrite(&[1; BLOCK as usize], 10 * BLOCK).unwrap();
+    model[(10 * BLOCK) as usize..][..BLOCK as usize].fill(1);
+    assert_eq!(counts(&dev).since(&before).reads, 0);
+    assert_eq!(read_all(&f), model);
+    f.fsync().unwrap();
+    drop(f);
+    let g = vol.open_file("/f", direct()).unwrap();
+    assert_eq!(read_all(&g), model, "after writeback, from the device");
+}
+
+#[test]
+fn edges_in_holes_unwritten_space_and_past_eof_are_zeroed_not_read() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let f = vol.open_file("/f", buffered()).unwrap();
+    // Unwritten space inside EOF (its device bytes hold the stale marker).
+    f.fallocate(0, 8 * BLOCK, false).unwrap();
+    f.truncate(16 * BLOCK).unwrap(); // blocks 8..16: a hole
+    let before = counts(&dev);
+    f.pwrite(&[5; 100], 2 * BLOCK + 7).unwrap(); // unwritten
+    f.pwrite(&[6; 100], 12 * BLOCK + 7).unwrap(); // hole
+    f.pwrite(&[9; 100], 40 * BLOCK + 7).unwrap(); // past EOF
+    assert_eq!(counts(&dev).since(&before).reads, 0, "zeroed, not read");
+    let all = read_all(&f);
+    assert_eq!(all.len() as u64, 40 * BLOCK + 107);
+    let mut want = vec![0u8; all.len()];
+    want[(2 * BLOCK + 7) as usize..][..100].fill(5);
+    want[(12 * BLOCK + 7) as usize..][..100].fill(6);
+    want[(40 * BLOCK + 7) as usize..][..100].fill(9);
+    assert!(all == want, "only the written bytes are non-zero");
+    f.fsync().unwrap();
+    drop(f);
+    let g = vol.open_file("/f", direct()).unwrap();
+    assert!(read_all(&g) == want, "the device agrees after writeback");
+}
+
+#[test]
+fn large_writes_and_sequential_reads_make_large_folios() {
+    let dev = Arc::new(MemDevice::new(64 * MIB, 512));
+    let vol = volume_on(&dev);
+    let f = vol.open_file("/f", buffered()).unwrap();
+    let data = pattern(4 * MIB as usize, 3);
+    f.pwrite(&data, 0).unwrap();
+    let spans = f.mapping().folio_spans();
+    assert!(
+        spans.iter().all(|&(_, len)| len == 2 << 20),
+        "a 4 MiB write makes 2 MiB folios: {spans:?}"
+    );
+    f.fsync().unwrap();
+    drop(f);
+    // A cold file read 4 KiB at a time, in order: the folios grow.
+    vol.checkpoint().unwrap();
+    let g = vol.open_file("/f", buffered()).unwrap();
+    assert!(g.mapping().is_empty(), "closed and clean: nothing cached");
+    let before = counts(&dev);
+    let mut buf = vec![0u8; BLOCK as usize];
+    for i in 0..(4 * MIB / BLOCK) {
+        g.pread(&mut buf, i * BLOCK).unwrap();
+        assert_eq!(&buf[..], &data[(i * BLOCK) as usize..][..BLOCK as usize]);
+    }
+    let largest = g.mapping().folio_spans().iter().map(|s| s.1).max().unwrap();
+    assert!(
+        largest >= 1 << 20,
+        "sequential reads grew folios only to {largest}"
+    );
+    let d = counts(&dev).since(&before);
+    assert!(
+        d.reads < 4 * MIB / BLOCK / 16,
+        "1024 sequential 4 KiB reads took {} device reads",
+        d.reads
+    );
+}
+
+#[test]
+fn the_on_disk_size_rises_at_writeback_completion_not_at_the_write() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let f = vol.open_file("/f", buffered()).unwrap();
+    f.pwrite(&pattern(64 * 1024, 4), 0).unwrap();
+    vol.sync().unwrap(); // the file exists, with nothing written back yet
+    let synced = read_all(&f);
+    f.pwrite(&pattern(64 * 1024, 5), 64 * 1024).unwrap();
+    assert_eq!(f.stat().unwrap().size, 128 * 1024, "in-core size at once");
+    // Commit the journal alone (a direct file's fsync commits the volume):
+    // the append is not written back, so its size must not be durable.
+    let other = vol.open_file("/other", direct()).unwrap();
+    other.fsync().unwrap();
+    let cut = Arc::new(dev.power_cut(&mut |_| Survival::Kept));
+    let after = Volume::open(cut).unwrap();
+    let g = after.open_file("/f", OpenFlags::default()).unwrap();
+    assert_eq!(
+        read_all(&g),
+        synced,
+        "the unwritten-back append is invisible"
+    );
+    drop((g, after));
+    // After fsync both are durable.
+    f.fsync().unwrap();
+    let cut = Arc::new(dev.power_cut(&mut |_| Survival::Lost));
+    let after = Volume::open(cut).unwrap();
+    let g = after.open_file("/f", OpenFlags::default()).unwrap();
+    let mut want = pattern(64 * 1024, 4);
+    want.extend(pattern(64 * 1024, 5));
+    assert_eq!(read_all(&g), want);
+}
+
+/// A cut in the middle of a long writeback: whatever the on-disk size is,
+/// every byte inside it is data the file had — never zeros of unconverted
+/// space, never the device's stale marker.
+#[test]
+fn a_cut_during_writeback_never_exposes_zeros_or_stale_bytes() {
+    // Twelve data writes of 1 MiB (and the journal's after them).
+    for pause_at in [1u64, 5, 10] {
+        let dev = Arc::new(MemDevice::new(64 * MIB, 512));
+        let vol = volume_on(&dev);
+        let f = vol.open_file("/f", buffered()).unwrap();
+        let data = pattern(12 * MIB as usize, 6);
+        // Three runs of 4 MiB, each one write back and one completion.
+        f.pwrite(&data, 0).unwrap();
+        let paused = dev.pause_after(FaultRule::new(FaultOp::Write).skip(pause_at).count(1));
+        let syncer = {
+            let f = f.try_clone().unwrap();
+            std::thread::spawn(move || f.fsync())
+        };
+        paused.wait_reached();
+        // Every completed write survives, in order: the most the cut keeps.
+        let cut = Arc::new(dev.power_cut(&mut |_| Survival::Kept));
+        paused.resume();
+        syncer.join().unwrap().unwrap();
+        let after = Volume::open(cut).unwrap();
+        if let Ok(g) = after.open_file("/f", OpenFlags::default()) {
+            let got = read_all(&g);
+            assert!(
+                got[..] == data[..got.len()],
+                "pause at write {pause_at}: the {} bytes inside the size differ from the data",
+                got.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn enospc_comes_from_the_write_that_causes_it_never_from_writeback() {
+    let dev = Arc::new(MemDevice::new(8 * MIB, 512));
+    let vol = volume_on(&dev);
+    let f = vol.open_file("/f", buffered()).unwrap();
+    let chunk = pattern(256 * 1024, 7);
+    let mut written = 0u64;
+    let err = loop {
+        match f.pwrite(&chunk, written) {
+            Ok(_) => written += chunk.len() as u64,
+            Err(e) => break e,
+        }
+        assert!(written < 16 * MIB, "no ENOSPC on an 8 MiB device");
+    };
+    assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+    assert_eq!(
+        f.stat().unwrap().size,
+        written,
+        "the failed write changed nothing"
+    );
+    // Writeback places every reserved byte without running out.
+    f.fsync().unwrap();
+    drop(f);
+    vol.unmount().unwrap();
+    let vol = Volume::open(dev.clone()).unwrap();
+    let g = vol.open_file("/f", OpenFlags::default()).unwrap();
+    let got = read_all(&g);
+    assert_eq!(got.len() as u64, written);
+    assert!(got.chunks(chunk.len()).all(|c| c == &chunk[..]));
+}
+
+#[test]
+fn a_writeback_error_reaches_each_handles_fsync_once() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let (h1, _) = written(&vol);
+    let h2 = vol.open_file("/f", buffered()).unwrap();
+    h1.pwrite(&[1; 100], 5 * BLOCK).unwrap();
+    let data_area = {
+        let sb = vol.superblock();
+        sb.layout.data.start..sb.layout.data.start + sb.layout.data.len
+    };
+    dev.inject(FaultRule::new(FaultOp::Write).range(data_area));
+    let err = h1.fsync().unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(err.to_string().contains(&(5 * BLOCK).to_string()), "{err}");
+    dev.clear_faults();
+    h1.fsync().expect("reported once to this handle");
+    let err = h2.fsync().expect_err("the other handle sees it too");
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    h2.fsync().unwrap();
+    let h3 = vol.open_file("/f", buffered()).unwrap();
+    h3.fsync().expect("opened after the error");
+}
+
+#[test]
+fn direct_and_buffered_handles_always_agree() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let (b, mut model) = written(&vol);
+    let d = vol.open_file("/f", direct()).unwrap();
+    let mut rng = 0x1234_5678_u64;
+    let mut next = |n: u64| {
+        rng = blockdev::rng::mix64(rng);
+        rng % n
+    };
+    for round in 0..400u64 {
+        let off = next(20 * BLOCK);
+        let len = 1 + next(3 * BLOCK);
+        let data = pattern(len as usize, round as u8);
+        let (w, r) = if next(2) == 0 { (&b, &d) } else { (&d, &b) };
+        w.pwrite(&data, off).unwrap();
+        let end = (off + len) as usize;
+        if model.len() < end {
+            model.resize(end, 0);
+        }
+        model[off as usize..end].copy_from_slice(&data);
+        let mut back = vec![0u8; len as usize];
+        r.pread(&mut back, off).unwrap();
+        assert!(
+            back == data,
+            "round {round}: a write at {off}+{len} was not seen by the other handle"
+        );
+        if next(10) == 0 {
+            assert!(read_all(r) == model, "round {round}: whole file");
+        }
+    }
+}
+
+#[test]
+fn memory_stays_within_the_cache_budget() {
+    let dev = Arc::new(MemDevice::new(256 * MIB, 4096));
+    dev.fill(b"STALE!!!");
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let cache = CacheConfig::with_size(16 * MIB);
+    let budget = cache.size_bytes;
+    let vol = Volume::open_with(dev.clone(), &MountOptions { cache }).unwrap();
+    let f = vol.open_file("/big", buffered()).unwrap();
+    let chunk = pattern(MIB as usize, 8);
+    let mut peak = 0;
+    // Eight times the cache, written and then read back.
+    for i in 0..128u64 {
+        f.pwrite(&chunk, i * MIB).unwrap();
+        peak = peak.max(vol.cache().used_bytes());
+    }
+    let mut back = vec![0u8; MIB as usize];
+    for i in 0..128u64 {
+        f.pread(&mut back, i * MIB).unwrap();
+        assert!(back == chunk, "MiB {i}");
+        peak = peak.max(vol.cache().used_bytes());
+    }
+    assert!(
+        peak <= budget,
+        "cache memory peaked at {peak} bytes over its {budget}-byte budget"
+    );
+    assert!(vol.cache().dirty_bytes() <= vol.cache().config().dirty_limit_bytes);
+}
+
+/// Readers of folios while writeback copies them, writers racing eviction
+/// in a cache far smaller than the data, and direct writers on other
+/// blocks of the same file: every byte ends as its one writer left it.
+#[test]
+fn readers_writers_writeback_eviction_and_direct_io_race_safely() {
+    const THREADS: u64 = 4;
+    const SLICE: u64 = 2 * MIB; // per thread
+    let dev = Arc::new(MemDevice::new(128 * MIB, 512));
+    dev.fill(b"STALE!!!");
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let cache = CacheConfig::with_size(8 * MIB);
+    let vol = Volume::open_with(dev.clone(), &MountOptions { cache }).unwrap();
+    let setup = vol.open_file("/f", buffered()).unwrap();
+    setup.truncate(THREADS * SLICE).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let syncer = {
+        let f = vol.open_file("/f", buffered()).unwrap();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                f.fsync().unwrap();
+            }
+        })
+    };
+    let workers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let direct_writer = t == THREADS - 1;
+            let f = vol
+                .open_file("/f", if direct_writer { direct() } else { buffered() })
+                .unwrap();
+            std::thread::spawn(move || {
+                let base = t * SLICE;
+                let mut model = vec![0u8; SLICE as usize];
+                let mut rng = t + 1;
+                for round in 0..300u64 {
+                    rng = blockdev::rng::mix64(rng);
+                    let off = rng % (SLICE - 64 * 1024);
+                    let len = 1 + (rng >> 20) % (48 * 1024);
+                    let data = pattern(len as usize, (round + t) as u8);
+                    f.pwrite(&data, base + off).unwrap();
+                    model[off as usize..(off + len) as usize].copy_from_slice(&data);
+                    let mut back = vec![0u8; len as usize];
+                    f.pread(&mut back, base + off).unwrap();
+                    assert!(back == data, "thread {t} round {round}: read-your-writes");
+                }
+                let mut all = vec![0u8; SLICE as usize];
+                f.pread(&mut all, base).unwrap();
+                assert!(all == model, "thread {t}: its slice");
+                model
+            })
+        })
+        .collect();
+    let models: Vec<Vec<u8>> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    stop.store(true, Ordering::Relaxed);
+    syncer.join().unwrap();
+    drop(setup);
+    vol.unmount().unwrap();
+    let vol = Volume::open(dev.clone()).unwrap();
+    let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+    let got = read_all(&f);
+    for (t, model) in models.iter().enumerate() {
+        let base = t * SLICE as usize;
+        assert!(
+            got[base..base + SLICE as usize] == model[..],
+            "thread {t}'s slice after remount"
+        );
+    }
+}
+
+#[test]
+fn truncate_and_punch_drop_what_the_cache_holds() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let f = vol.open_file("/f", buffered()).unwrap();
+    f.pwrite(&pattern(64 * 1024, 2), 0).unwrap();
+    f.truncate(10_000).unwrap();
+    f.truncate(64 * 1024).unwrap();
+    let all = read_all(&f);
+    assert_eq!(&all[..10_000], &pattern(64 * 1024, 2)[..10_000]);
+    assert!(
+        all[10_000..].iter().all(|&b| b == 0),
+        "bytes past a truncate came back"
+    );
+    f.pwrite(&[3; 20_000], 20_000).unwrap();
+    f.punch_hole(25_000, 10_000).unwrap();
+    let all = read_all(&f);
+    assert!(
+        all[25_000..35_000].iter().all(|&b| b == 0),
+        "punched bytes came back"
+    );
+    assert!(all[20_000..25_000].iter().all(|&b| b == 3));
+    assert!(all[35_000..40_000].iter().all(|&b| b == 3));
+    f.fsync().unwrap();
+    drop(f);
+    let g = vol.open_file("/f", direct()).unwrap();
+    assert_eq!(read_all(&g), all, "the device agrees");
+}
+
+#[test]
+fn a_dsync_buffered_overwrite_takes_the_durable_write_path() {
+    let dev = Arc::new(MemDevice::with_caps(32 * MIB, 512, true, true));
+    let vol = volume_on(&dev);
+    let (_, _) = written(&vol);
+    let f = vol
+        .open_file(
+            "/f",
+            OpenFlags {
+                dsync: true,
+                ..OpenFlags::default()
+            },
+        )
+        .unwrap();
+    let before = counts(&dev);
+    f.pwrite(&[4; BLOCK as usize], 2 * BLOCK).unwrap();
+    let d = counts(&dev).since(&before);
+    assert_eq!((d.writes, d.fua_writes, d.flushes), (1, 1, 0), "{d:?}");
+    // And it is durable.
+    let cut = Arc::new(dev.power_cut(&mut |_| Survival::Lost));
+    let after = Volume::open(cut).unwrap();
+    let g = after.open_file("/f", OpenFlags::default()).unwrap();
+    let mut back = vec![0u8; BLOCK as usize];
+    g.pread(&mut back, 2 * BLOCK).unwrap();
+    assert!(back.iter().all(|&b| b == 4));
+}
+
+#[test]
+fn data_of_a_closed_file_is_kept_until_written_back() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let f = vol.open_file("/f", buffered()).unwrap();
+    let data = pattern(100_000, 9);
+    f.pwrite(&data, 0).unwrap();
+    drop(f);
+    // Reopened before any writeback: the cached data is there.
+    let g = vol.open_file("/f", OpenFlags::default()).unwrap();
+    assert!(read_all(&g) == data);
+    drop(g);
+    // And `sync` writes it back although no handle is open.
+    vol.sync().unwrap();
+    let cut = Arc::new(dev.power_cut(&mut |_| Survival::Lost));
+    let after = Volume::open(cut).unwrap();
+    let h = after.open_file("/f", OpenFlags::default()).unwrap();
+    assert!(read_all(&h) == data);
+}
