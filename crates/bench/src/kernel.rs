@@ -1,8 +1,9 @@
 //! Kernel XFS and ext4 on the same device, measured by fio with the job
 //! equivalent to the workload.
 //!
-//! Equivalence: the same I/O sizes and offset alignment, the same data span
-//! (file size), O_DIRECT, O_DSYNC where the workload has it, the file fully
+//! Direct workloads ([`fio_args`]): the same I/O sizes and offset
+//! alignment, the same data span (file size), O_DIRECT, O_DSYNC where the
+//! workload has it, the file fully
 //! written before measuring (fio lays out read files; `overwrite=1` makes it
 //! lay out write files too, so writes are overwrites of written blocks), and
 //! the same queue-depth model as the engine: with the sync backend,
@@ -11,6 +12,9 @@
 //! one job. Latency is fio's total latency (`lat_ns`, with
 //! `lat_percentiles=1`): submission to completion, like the engine's per-I/O
 //! time (for psync it equals clat).
+//!
+//! Buffered workloads ([`buffered_fio_args`]): one psync job through the
+//! page cache, arranged variant by variant as the iomapfs side is.
 
 use std::fs;
 use std::os::unix::process::CommandExt;
@@ -26,7 +30,7 @@ use crate::engine::Driver;
 use crate::engine::Timing;
 use crate::interrupt::stop_requested;
 use crate::testbed::{is_root, run_command, BedDevice, BedKind, TEMP_PREFIX};
-use crate::workload::{IoPattern, Op, Order};
+use crate::workload::{BufferedSpec, BufferedVariant, IoPattern, Op, Order};
 use crate::BenchError;
 
 /// How long fio may take beyond warm-up and runtime (file layout, mkfs'd
@@ -240,6 +244,90 @@ pub fn fio_args(
     args
 }
 
+/// Loops of fio jobs that run pass after pass until their runtime ends
+/// (more than any runtime allows).
+const FIO_LOOPS: u64 = 1_000_000;
+
+/// The fio arguments equivalent to a buffered workload's `variant` over a
+/// `span`-byte file: one psync job (`numjobs=1`) of sequential `bs`-byte
+/// I/O through the page cache (`direct=0`), arranged as the iomapfs side
+/// is (see [`BufferedVariant`]):
+/// - warm: `pre_read=1` (the file read into the cache before the job),
+///   `invalidate=0`, time based;
+/// - cold: `invalidate=1`, which drops the file's cached pages
+///   (`POSIX_FADV_DONTNEED`) each time fio opens it, once per loop; the job
+///   loops over the file until its runtime ends;
+/// - overwrite: `overwrite=1` (the file written before the job), time
+///   based, wrapping at the end of the file; with fsync, `fsync=N` with N
+///   the writes of one pass, and `end_fsync=1` for the pass the runtime
+///   cuts (fio counts both in its runtime, so in IOPS and bandwidth);
+/// - alloc: `fallocate=none` and `unlink_each_loop=1`, so each loop
+///   appends to a new, empty file; with fsync, `end_fsync=1`, which ends
+///   every loop.
+///
+/// Caches are never dropped machine-wide (`drop_caches`): other work on a
+/// shared machine would pay for it, and only this file's pages matter.
+pub fn buffered_fio_args(
+    name: &str,
+    spec: &BufferedSpec,
+    variant: BufferedVariant,
+    file: &Path,
+    span: u64,
+    timing: Timing,
+    output: &Path,
+) -> Vec<String> {
+    let rw = match spec.op {
+        Op::Read => "read",
+        Op::Write => "write",
+    };
+    let mut args = vec![
+        format!("--name={name}-{}", variant.name()),
+        format!("--filename={}", file.display()),
+        format!("--size={span}"),
+        "--direct=0".into(),
+        format!("--rw={rw}"),
+        format!("--bs={}", spec.io_size),
+        "--ioengine=psync".into(),
+        "--numjobs=1".into(),
+    ];
+    let time_based = "--time_based".to_string();
+    let loops = format!("--loops={FIO_LOOPS}");
+    match variant {
+        BufferedVariant::Warm => {
+            args.extend(["--pre_read=1".into(), "--invalidate=0".into(), time_based])
+        }
+        BufferedVariant::Cold => args.extend(["--invalidate=1".into(), loops]),
+        BufferedVariant::Overwrite { fsync } => {
+            args.extend(["--overwrite=1".into(), "--invalidate=0".into(), time_based]);
+            if fsync {
+                args.push(format!("--fsync={}", spec.ios_per_pass(span)));
+                args.push("--end_fsync=1".into());
+            }
+        }
+        BufferedVariant::Alloc { fsync } => {
+            args.extend([
+                "--fallocate=none".into(),
+                "--unlink_each_loop=1".into(),
+                "--invalidate=0".into(),
+                loops,
+            ]);
+            if fsync {
+                args.push("--end_fsync=1".into());
+            }
+        }
+    }
+    args.extend([
+        "--thread".into(),
+        "--group_reporting".into(),
+        "--lat_percentiles=1".into(),
+        format!("--ramp_time={}ms", millis(timing.warmup)),
+        format!("--runtime={}ms", millis(timing.runtime)),
+        "--output-format=json".into(),
+        format!("--output={}", output.display()),
+    ]);
+    args
+}
+
 /// What fio's JSON says about one job group.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FioFigures {
@@ -320,17 +408,17 @@ pub fn parse_fio_json(text: &str, op: Op) -> Result<FioFigures, String> {
     })
 }
 
-/// Makes `fs` on the device, mounts it, runs the equivalent fio job and
+/// Makes `fs` on the device, mounts it, runs the fio job `args` gives for
+/// a file on it and an output path (see [`fio_args`] and
+/// [`buffered_fio_args`]), reads the `op` side of its report, and
 /// unmounts. Errors other than [`BenchError::Interrupted`] mean "could not
 /// be measured" and are reported as skips by the caller.
 pub fn run(
     fs: KernelFs,
     dev: &BedDevice,
-    name: &str,
-    pattern: &IoPattern,
-    span: u64,
     timing: Timing,
-    driver: Driver,
+    op: Op,
+    args: impl FnOnce(&Path, &Path) -> Vec<String>,
 ) -> Result<KernelRun, BenchError> {
     let failed =
         |what: &str, detail: String| BenchError::failed(format!("{} {what}", fs.name()), detail);
@@ -368,7 +456,7 @@ pub fn run(
     let stderr_path = out_dir.path().join("fio.stderr");
     let file = mounted.dir.path().join("bench.dat");
     let fio = find_program("fio").ok_or_else(|| failed("fio", "fio not found".into()))?;
-    let args = fio_args(name, pattern, &file, span, timing, &output, driver);
+    let args = args(&file, &output);
     let command = command_line("fio", &args);
 
     let stderr =
@@ -418,7 +506,7 @@ pub fn run(
         return Err(failed("fio", format!("{status}: {}", err.trim())));
     }
     let text = fs::read_to_string(&output).map_err(|e| BenchError::io("read fio output", e))?;
-    let figures = parse_fio_json(&text, pattern.op).map_err(|e| failed("fio", e))?;
+    let figures = parse_fio_json(&text, op).map_err(|e| failed("fio", e))?;
     mounted.release().map_err(|e| failed("umount", e))?;
     Ok(KernelRun {
         iops: figures.iops,
@@ -444,7 +532,7 @@ mod tests {
         };
         let p = match select(&["aio-overwrite-4k..16k-qd64".into()]).unwrap()[0].kind {
             Kind::Direct(p) => p,
-            Kind::Buffered => unreachable!(),
+            Kind::Buffered(_) => unreachable!(),
         };
         let args = fio_args(
             "w",
@@ -474,7 +562,7 @@ mod tests {
         }
         let p = match select(&["dsync-overwrite-4k".into()]).unwrap()[0].kind {
             Kind::Direct(p) => p,
-            Kind::Buffered => unreachable!(),
+            Kind::Buffered(_) => unreachable!(),
         };
         let args = fio_args(
             "d",

@@ -123,11 +123,11 @@ fn probe(path: &Path, backend: Backend) -> Result<(DeviceCaps, BackendChoice), B
 }
 
 impl Testbed {
-    /// Sets up the bed for `patterns`: the explicit device, or the default
-    /// one described in the module docs.
+    /// Sets up the bed for workloads with `needs`: the explicit device, or
+    /// the default one described in the module docs.
     pub fn prepare(
         opts: &BenchOptions,
-        patterns: &[IoPattern],
+        needs: &[DeviceNeed],
         progress: &dyn Progress,
     ) -> Result<Testbed, BenchError> {
         let mut bed = Testbed {
@@ -167,9 +167,9 @@ impl Testbed {
             return Ok(bed);
         }
 
-        let want_any = patterns.iter().any(|p| p.needs == DeviceNeed::Any);
-        let want_loop = patterns.iter().any(|p| p.needs != DeviceNeed::Any);
-        if is_root() && !patterns.is_empty() {
+        let want_any = needs.contains(&DeviceNeed::Any);
+        let want_loop = needs.iter().any(|n| *n != DeviceNeed::Any);
+        if is_root() && !needs.is_empty() {
             bed._lock = Some(DeviceLock::acquire(progress)?);
             bed.notes.extend(recover_stale());
             if want_any {
@@ -210,7 +210,7 @@ impl Testbed {
             }
         }
         if bed.devices.is_empty() {
-            if !patterns.is_empty() && !is_root() {
+            if !needs.is_empty() && !is_root() {
                 bed.notes.push(
                     "not root: measuring on an image file in a temporary directory \
                      (raw = the file itself)"
@@ -268,14 +268,19 @@ impl Testbed {
         Ok((path, file))
     }
 
-    /// The device a workload runs on, or why it cannot run here.
-    pub fn device_for(&self, pattern: &IoPattern) -> Result<&BedDevice, String> {
-        let index = match pattern.needs {
+    /// The device for workloads with `need`.
+    pub fn device(&self, need: DeviceNeed) -> &BedDevice {
+        let index = match need {
             DeviceNeed::Any => self.any,
             DeviceNeed::SmallSectors => self.small_sectors,
             DeviceNeed::VolatileCache => self.volatile,
         };
-        let dev = &self.devices[index];
+        &self.devices[index]
+    }
+
+    /// The device a direct workload runs on, or why it cannot run here.
+    pub fn device_for(&self, pattern: &IoPattern) -> Result<&BedDevice, String> {
+        let dev = self.device(pattern.needs);
         let lbs = u64::from(dev.caps.logical_block_size);
         if !pattern.min_size.is_multiple_of(lbs) || !pattern.align.is_multiple_of(lbs) {
             return Err(format!(

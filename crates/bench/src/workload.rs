@@ -72,9 +72,137 @@ impl IoPattern {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Direct(IoPattern),
-    /// Buffered I/O through iomapfs' page cache: not built yet, so these are
-    /// listed (their names are stable) and reported as skipped.
-    Buffered,
+    /// Buffered I/O (non-direct handles, the kernel's page cache): each of
+    /// its [`BufferedSpec::variants`] is measured on every target.
+    Buffered(BufferedSpec),
+}
+
+impl Kind {
+    /// What the workload needs from the device: buffered workloads run on
+    /// the bed's default device (zram when there is one), where the raw
+    /// device's sequential writes are measured too.
+    pub fn needs(&self) -> DeviceNeed {
+        match self {
+            Kind::Direct(p) => p.needs,
+            Kind::Buffered(_) => DeviceNeed::Any,
+        }
+    }
+}
+
+/// Size of the file buffered workloads read and write, and of each pass
+/// of a buffered workload (less on a small device). Small enough that the
+/// file, a fresh copy of it and the kernel's page cache of both fit
+/// comfortably in the RAM bed (512 MiB zram), and that the iomapfs cache
+/// holds it whole with its default size for warm reads to be warm (the
+/// device req/IO column shows whether it did: 0 reads per I/O).
+pub const BUFFERED_SPAN: u64 = 64 * MIB;
+
+/// A buffered workload: one thread of synchronous, sequential I/O of one
+/// size through the cache, in passes over one file (fio `ioengine=psync`,
+/// `numjobs=1`, `rw=read` or `rw=write`, `direct=0`, as in the
+/// ext4-iomap thread's table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferedSpec {
+    pub op: Op,
+    pub io_size: u64,
+    /// The file's size: a pass reads or writes it from offset 0 to here.
+    pub span: u64,
+}
+
+impl BufferedSpec {
+    /// The variants measured, in run order.
+    pub fn variants(&self) -> &'static [BufferedVariant] {
+        match self.op {
+            Op::Read => &BufferedVariant::ALL[..2],
+            Op::Write => &BufferedVariant::ALL[2..],
+        }
+    }
+
+    /// I/Os in one pass over a `span`-byte file (at least one).
+    pub fn ios_per_pass(&self, span: u64) -> u64 {
+        (span / self.io_size).max(1)
+    }
+}
+
+/// How a buffered workload's window is arranged. Every variant is passes
+/// of sequential I/O over the file from offset 0; they differ in what
+/// happens between passes (untimed) and at the end of each (timed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferedVariant {
+    /// Reads from the cache: the file is read once before the window, then
+    /// read again and again (no work between passes).
+    Warm,
+    /// Reads from the device: before every pass, untimed, the cache is
+    /// emptied (iomapfs: the volume is unmounted and mounted again; kernel:
+    /// fio `invalidate=1`, `POSIX_FADV_DONTNEED` of the file at each open,
+    /// one per loop). Sequential, so read-ahead is part of the figure.
+    Cold,
+    /// Writes over an existing, fully written file, pass after pass.
+    /// `fsync`: each pass, and a pass cut by the end of the window, ends
+    /// with an fsync inside the window, so every byte written in the window
+    /// is also written back (and made durable) in it.
+    Overwrite { fsync: bool },
+    /// Writes appending to a fresh, empty file: before every pass, untimed,
+    /// the previous file is unlinked and a new one created (fio
+    /// `unlink_each_loop=1`, `fallocate=none`). `fsync` as for `Overwrite`.
+    Alloc { fsync: bool },
+}
+
+impl BufferedVariant {
+    /// Every variant: the read ones, then the write ones.
+    pub const ALL: [BufferedVariant; 6] = [
+        BufferedVariant::Warm,
+        BufferedVariant::Cold,
+        BufferedVariant::Overwrite { fsync: false },
+        BufferedVariant::Overwrite { fsync: true },
+        BufferedVariant::Alloc { fsync: false },
+        BufferedVariant::Alloc { fsync: true },
+    ];
+
+    /// Stable name, in results and the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            BufferedVariant::Warm => "warm",
+            BufferedVariant::Cold => "cold",
+            BufferedVariant::Overwrite { fsync: false } => "overwrite",
+            BufferedVariant::Overwrite { fsync: true } => "overwrite+fsync",
+            BufferedVariant::Alloc { fsync: false } => "alloc",
+            BufferedVariant::Alloc { fsync: true } => "alloc+fsync",
+        }
+    }
+
+    /// Every pass ends with an fsync inside the window: the window includes
+    /// writing back all it wrote.
+    pub fn includes_writeback(self) -> bool {
+        matches!(
+            self,
+            BufferedVariant::Overwrite { fsync: true } | BufferedVariant::Alloc { fsync: true }
+        )
+    }
+
+    /// One line for `--help`.
+    pub fn summary(self) -> &'static str {
+        match self {
+            BufferedVariant::Warm => "from the cache: the file read once before the window",
+            BufferedVariant::Cold => {
+                "from the device: the cache emptied before every pass (iomapfs remounted, \
+                 fio invalidate=1)"
+            }
+            BufferedVariant::Overwrite { fsync: false } => {
+                "over the written file, no sync: what the writer waits for"
+            }
+            BufferedVariant::Overwrite { fsync: true } => {
+                "over the written file, fsync ending every pass, timed: writeback included"
+            }
+            BufferedVariant::Alloc { fsync: false } => {
+                "appending to a fresh file (new every pass), no sync"
+            }
+            BufferedVariant::Alloc { fsync: true } => {
+                "appending to a fresh file, fsync ending every pass, timed: writeback and \
+                 allocation commit included"
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,38 +300,59 @@ pub const WORKLOADS: &[Workload] = &[
     },
     Workload {
         name: "buffered-read-4k",
-        summary: "4 KiB buffered reads (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "4 KiB buffered sequential reads, 1 thread: warm, cold",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Read,
+            io_size: 4 * KIB,
+            span: BUFFERED_SPAN,
+        }),
     },
     Workload {
         name: "buffered-read-64k",
-        summary: "64 KiB buffered reads (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "64 KiB buffered sequential reads, 1 thread: warm, cold",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Read,
+            io_size: 64 * KIB,
+            span: BUFFERED_SPAN,
+        }),
     },
     Workload {
         name: "buffered-read-1m",
-        summary: "1 MiB buffered reads (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "1 MiB buffered sequential reads, 1 thread: warm, cold",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Read,
+            io_size: MIB,
+            span: BUFFERED_SPAN,
+        }),
     },
     Workload {
         name: "buffered-write-4k",
-        summary: "4 KiB buffered writes (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "4 KiB buffered sequential writes, 1 thread: overwrite and alloc, with and without fsync",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Write,
+            io_size: 4 * KIB,
+            span: BUFFERED_SPAN,
+        }),
     },
     Workload {
         name: "buffered-write-64k",
-        summary: "64 KiB buffered writes (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "64 KiB buffered sequential writes, 1 thread: overwrite and alloc, with and without fsync",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Write,
+            io_size: 64 * KIB,
+            span: BUFFERED_SPAN,
+        }),
     },
     Workload {
         name: "buffered-write-1m",
-        summary: "1 MiB buffered writes (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "1 MiB buffered sequential writes, 1 thread: overwrite and alloc, with and without fsync",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Write,
+            io_size: MIB,
+            span: BUFFERED_SPAN,
+        }),
     },
 ];
-
-/// Why buffered workloads are not measured yet.
-pub const BUFFERED_NOT_BUILT: &str = "buffered I/O is not built yet (DESIGN.md fast path 5)";
 
 /// The workloads named in `names` (all of them when empty), in run order,
 /// each once.
