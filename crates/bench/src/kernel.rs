@@ -522,7 +522,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::{select, Kind};
+    use crate::workload::{select, BufferedVariant, Kind};
 
     #[test]
     fn fio_job_mirrors_the_workload() {
@@ -579,6 +579,112 @@ mod tests {
         assert!(args.iter().any(|a| a == "--rw=write"));
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("--bs=4096"), "--bs=4096");
+    }
+
+    #[test]
+    fn buffered_fio_jobs_are_arranged_as_their_variant() {
+        let timing = Timing {
+            warmup: Duration::from_millis(300),
+            runtime: Duration::from_secs(3),
+        };
+        let spec = |name: &str| match select(&[name.into()]).unwrap()[0].kind {
+            Kind::Buffered(s) => s,
+            Kind::Direct(_) => unreachable!(),
+        };
+        let args = |name: &str, variant| {
+            buffered_fio_args(
+                name,
+                &spec(name),
+                variant,
+                Path::new("/m/bench.dat"),
+                1 << 26,
+                timing,
+                Path::new("/o.json"),
+            )
+        };
+        let has = |args: &[String], want: &str| args.iter().any(|a| a == want);
+        let common = [
+            "--direct=0",
+            "--ioengine=psync",
+            "--numjobs=1",
+            "--size=67108864",
+            "--runtime=3000ms",
+            "--ramp_time=300ms",
+        ];
+        for (name, variant, bs, want, not) in [
+            (
+                "buffered-read-4k",
+                BufferedVariant::Warm,
+                "--bs=4096",
+                &[
+                    "--rw=read",
+                    "--pre_read=1",
+                    "--invalidate=0",
+                    "--time_based",
+                ][..],
+                &["--invalidate=1", "--fsync=16384"][..],
+            ),
+            (
+                "buffered-read-1m",
+                BufferedVariant::Cold,
+                "--bs=1048576",
+                &["--rw=read", "--invalidate=1", "--loops=1000000"][..],
+                &["--time_based", "--pre_read=1", "--invalidate=0"][..],
+            ),
+            (
+                "buffered-write-64k",
+                BufferedVariant::Overwrite { fsync: false },
+                "--bs=65536",
+                &["--rw=write", "--overwrite=1", "--time_based"][..],
+                &["--fsync=1024", "--end_fsync=1", "--unlink_each_loop=1"][..],
+            ),
+            (
+                "buffered-write-64k",
+                BufferedVariant::Overwrite { fsync: true },
+                "--bs=65536",
+                // One fsync per pass: 64 MiB / 64 KiB writes.
+                &[
+                    "--rw=write",
+                    "--overwrite=1",
+                    "--time_based",
+                    "--fsync=1024",
+                    "--end_fsync=1",
+                ][..],
+                &["--unlink_each_loop=1"][..],
+            ),
+            (
+                "buffered-write-4k",
+                BufferedVariant::Alloc { fsync: false },
+                "--bs=4096",
+                &[
+                    "--rw=write",
+                    "--fallocate=none",
+                    "--unlink_each_loop=1",
+                    "--loops=1000000",
+                ][..],
+                &["--overwrite=1", "--time_based", "--end_fsync=1"][..],
+            ),
+            (
+                "buffered-write-1m",
+                BufferedVariant::Alloc { fsync: true },
+                "--bs=1048576",
+                &["--fallocate=none", "--unlink_each_loop=1", "--end_fsync=1"][..],
+                &["--overwrite=1", "--time_based"][..],
+            ),
+        ] {
+            let a = args(name, variant);
+            for want in common.iter().chain(want).chain([&bs]) {
+                assert!(
+                    has(&a, want),
+                    "{name} {}: {want} missing from {a:?}",
+                    variant.name()
+                );
+            }
+            for not in not {
+                assert!(!has(&a, not), "{name} {}: {not} in {a:?}", variant.name());
+            }
+            assert!(has(&a, &format!("--name={name}-{}", variant.name())));
+        }
     }
 
     #[test]

@@ -456,6 +456,43 @@ mod tests {
     }
 
     #[test]
+    fn buffered_workloads_cover_every_size_and_variant_once() {
+        let mut seen = Vec::new();
+        for w in WORKLOADS {
+            let Kind::Buffered(spec) = w.kind else {
+                continue;
+            };
+            assert_eq!(w.kind.needs(), DeviceNeed::Any);
+            let op = match spec.op {
+                Op::Read => "read",
+                Op::Write => "write",
+            };
+            let size = match spec.io_size {
+                4096 => "4k",
+                65536 => "64k",
+                1048576 => "1m",
+                other => panic!("{}: size {other}", w.name),
+            };
+            assert_eq!(w.name, format!("buffered-{op}-{size}"));
+            assert_eq!(spec.span, BUFFERED_SPAN);
+            assert_eq!(spec.ios_per_pass(spec.span) * spec.io_size, spec.span);
+            for v in spec.variants() {
+                assert_eq!(v.includes_writeback(), v.name().ends_with("+fsync"));
+                // Reads have the read variants, writes the write ones.
+                let is_read = matches!(v, BufferedVariant::Warm | BufferedVariant::Cold);
+                assert_eq!(is_read, spec.op == Op::Read, "{} {}", w.name, v.name());
+                seen.push(format!("{} {}", w.name, v.name()));
+            }
+        }
+        // 3 sizes × (2 read + 4 write variants), no name twice.
+        assert_eq!(seen.len(), 18);
+        let mut names: Vec<&str> = BufferedVariant::ALL.iter().map(|v| v.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), BufferedVariant::ALL.len());
+    }
+
+    #[test]
     fn streams_stay_inside_the_span_and_aligned() {
         for w in WORKLOADS {
             let Kind::Direct(p) = w.kind else { continue };

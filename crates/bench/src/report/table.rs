@@ -74,13 +74,23 @@ fn buffered_device(r: &BenchResult) -> String {
         }
     };
     format!(
-        "r {:.2} w {:.2} fl {:.2} · bytes r {} w {}",
-        per.reads,
-        per.writes,
-        per.flushes,
+        "r {} w {} fl {} · bytes r {} w {}",
+        fraction(per.reads),
+        fraction(per.writes),
+        fraction(per.flushes),
         share(req.bytes_read),
         share(req.bytes_written)
     )
+}
+
+/// Requests per I/O, with the digits a rare request needs (one flush per
+/// pass of a thousand writes is 0.0010, not 0.00).
+fn fraction(x: f64) -> String {
+    if x > 0.0 && x < 0.01 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.2}")
+    }
 }
 
 /// Rows of buffered workloads carry a variant; direct ones do not.
@@ -205,7 +215,7 @@ fn buffered_table(out: &mut String, rows: &[&BenchResult]) {
     );
     let _ = writeln!(
         out,
-        "{:<20} {:<15} {:<8} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>9}  device req/IO · bytes per byte",
+        "{:<20} {:<16} {:<8} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>9}  device req/IO · bytes per byte",
         "workload",
         "variant",
         "target",
@@ -232,7 +242,7 @@ fn buffered_table(out: &mut String, rows: &[&BenchResult]) {
         last_workload = &r.workload;
         last_variant = variant;
         let line = format!(
-            "{:<20} {:<15} {:<8} {:>9} {:>9.1} {:>9} {:>9} {:>6} {:>8} {:>8} {:>9}  {}",
+            "{:<20} {:<16} {:<8} {:>9} {:>9.1} {:>9} {:>9} {:>6} {:>8} {:>8} {:>9}  {}",
             name,
             shown_variant,
             r.target,
@@ -274,7 +284,7 @@ fn writeback(out: &mut String, rows: &[&BenchResult]) {
             });
         let _ = writeln!(
             out,
-            "  {:<20} {:<15} {:<8} {:>9.1} MiB/s = {} × raw seq-write{raw}",
+            "  {:<20} {:<16} {:<8} {:>9.1} MiB/s = {} × raw seq-write{raw}",
             r.workload,
             r.variant.as_deref().unwrap_or(""),
             r.target,
@@ -396,5 +406,106 @@ mod tests {
             why.contains("fio JSON has no number jobs[0].usr_cpu [randread-4k-qd1 · ext4]"),
             "{table}"
         );
+    }
+
+    fn buffered(variant: &str, target: &str, iops: f64) -> BenchResult {
+        BenchResult {
+            workload: "buffered-write-64k".into(),
+            variant: Some(variant.into()),
+            bw_bytes: iops * 65536.0,
+            ..result(target, iops, None)
+        }
+    }
+
+    #[test]
+    fn buffered_rows_have_their_own_table_with_their_baselines_named() {
+        let direct = result("raw", 400_000.0, Some(1.0));
+        let mut memcpy = buffered("ceiling", "memcpy", 200_000.0);
+        memcpy.ratio_to_memcpy = Some(1.0);
+        let mut raw = buffered("seq-write", "raw", 2_000.0);
+        raw.ratio_to_raw_seq_write = Some(1.0);
+        let mut fs = buffered("overwrite+fsync", "iomapfs", 1_800.0);
+        fs.ratio_to_xfs = Some(2.0);
+        fs.cpu_ratio_to_xfs = Some(0.25);
+        fs.ratio_to_memcpy = Some(0.009);
+        fs.ratio_to_raw_seq_write = Some(0.9);
+        fs.cpu_per_io = cpu(12.0, CPU_SCOPE_PROCESS);
+        fs.ops = Some(1000);
+        fs.requests_per_op = Some(RequestsPerOp {
+            writes: 0.5,
+            flushes: 0.25,
+            ..RequestsPerOp::default()
+        });
+        fs.device_requests = Some(super::super::DeviceRequests {
+            writes: 500,
+            flushes: 250,
+            bytes_written: 1000 * 65536,
+            ..Default::default()
+        });
+        let mut xfs = buffered("overwrite+fsync", "xfs", 900.0);
+        xfs.ratio_to_xfs = Some(1.0);
+        xfs.ratio_to_raw_seq_write = Some(0.45);
+        let ext4 = buffered("overwrite+fsync", "ext4", 800.0);
+        let table = render_table(&report(vec![direct, memcpy, raw, fs, xfs, ext4]));
+        let lines: Vec<&str> = table.lines().collect();
+        let headers: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| l.starts_with("workload"))
+            .collect();
+        assert_eq!(headers.len(), 2, "{table}");
+        let (direct_header, header) = (headers[0], headers[1]);
+        assert!(direct_header.contains("×raw") && !direct_header.contains("×xfs"));
+        assert!(
+            header.contains("variant") && !header.contains("×raw"),
+            "{header}"
+        );
+        let section = table
+            .split(header)
+            .nth(1)
+            .and_then(|rest| rest.split("\n\n").next())
+            .expect(&table);
+        let row = |t: &str| {
+            section
+                .lines()
+                .find(|l| l.contains(&format!(" {t} ")))
+                .unwrap_or_else(|| panic!("no {t} row in {table}"))
+        };
+        let cells = |t: &str| {
+            (
+                cell(header, row(t), "  ×xfs"),
+                cell(header, row(t), "×memcpy"),
+                cell(header, row(t), "cpu ×xfs"),
+                cell(header, row(t), "cpu µs/IO"),
+            )
+        };
+        assert_eq!(
+            cells("iomapfs"),
+            ("2.00", "0.01", "0.25", "12.00"),
+            "{table}"
+        );
+        assert_eq!(cells("memcpy"), ("-", "1.00", "-", "-"), "{table}");
+        assert_eq!(cells("ext4"), ("-", "-", "-", "-"), "{table}");
+        // The variant is named once for its three targets.
+        assert!(row("iomapfs").contains("overwrite+fsync"), "{table}");
+        assert!(!row("xfs").contains("overwrite+fsync"), "{table}");
+        // Device traffic: requests per I/O and bytes per byte written.
+        assert!(
+            row("iomapfs").ends_with("r 0.00 w 0.50 fl 0.25 · bytes r 0.00 w 1.00"),
+            "{table}"
+        );
+        // The writeback figures: rows with writeback against raw's.
+        let wb = table.split("writeback throughput").nth(1).expect(&table);
+        let wb_line = |t: &str| {
+            wb.lines()
+                .find(|l| l.contains(&format!(" {t} ")))
+                .unwrap_or_else(|| panic!("no {t} in {wb}"))
+        };
+        assert!(
+            wb_line("iomapfs").contains("112.5 MiB/s = 0.90 × raw seq-write of 125.0 MiB/s"),
+            "{wb}"
+        );
+        assert!(wb_line("xfs").contains("0.45 × raw"), "{wb}");
+        assert!(!wb.contains(" ext4 ") && !wb.contains(" raw  "), "{wb}");
     }
 }
