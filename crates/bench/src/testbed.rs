@@ -2,9 +2,11 @@
 //!
 //! Default bed (no `--device`):
 //! - root with zram: `/dev/zram0` reset and sized to [`ZRAM_BYTES`] (4 KiB
-//!   sectors, no write cache) for the 4 KiB workloads, and a loop device
-//!   over a file on tmpfs with 512-byte sectors and direct I/O (a volatile
-//!   write cache, so flushes exist) for the sub-block and DSYNC workloads;
+//!   sectors, no write cache) for the 4 KiB direct workloads, and a loop
+//!   device over a file on tmpfs with 512-byte sectors and direct I/O (a
+//!   volatile write cache, so flushes exist; no compression, so its speed
+//!   does not depend on the data) for the sub-block, DSYNC and buffered
+//!   workloads;
 //! - root without usable zram: the loop device for everything;
 //! - not root (or neither works): an image file in a temporary directory.
 //!
@@ -99,6 +101,7 @@ pub struct Testbed {
     any: usize,
     small_sectors: usize,
     volatile: usize,
+    data_independent: usize,
     /// Things worth telling the user about how the bed was chosen.
     pub notes: Vec<String>,
     wipe: Option<WipeGuard>,
@@ -135,6 +138,7 @@ impl Testbed {
             any: 0,
             small_sectors: 0,
             volatile: 0,
+            data_independent: 0,
             notes: Vec::new(),
             wipe: None,
             zram: None,
@@ -240,6 +244,7 @@ impl Testbed {
         bed.any = find(BedKind::Zram).unwrap_or(first);
         bed.small_sectors = find(BedKind::LoopOnTmpfs).unwrap_or(first);
         bed.volatile = bed.small_sectors;
+        bed.data_independent = bed.small_sectors;
         Ok(bed)
     }
 
@@ -274,6 +279,7 @@ impl Testbed {
             DeviceNeed::Any => self.any,
             DeviceNeed::SmallSectors => self.small_sectors,
             DeviceNeed::VolatileCache => self.volatile,
+            DeviceNeed::DataIndependent => self.data_independent,
         };
         &self.devices[index]
     }

@@ -26,9 +26,10 @@ memory-bandwidth ceiling); windows that include writeback (+fsync) are also
 compared with the raw device's sequential 1 MiB direct writes.
 
 With no --device: as root with zram and loop devices available, a RAM-backed
-bed is set up (zram for 4 KiB and buffered workloads; a loop device over a
-tmpfs file with 512-byte sectors and a volatile write cache for sub-block and
-DSYNC workloads) and always torn down afterwards, also on Ctrl-C or error.
+bed is set up (zram for 4 KiB direct workloads; a loop device over a tmpfs
+file with 512-byte sectors and a volatile write cache for sub-block, DSYNC
+and buffered workloads, whose speed, unlike zram's, does not depend on the
+data written) and always torn down afterwards, also on Ctrl-C or error.
 Without root: an image file in a temporary directory, iomapfs vs the raw
 file, and kernel comparisons are skipped (the report says why).
 

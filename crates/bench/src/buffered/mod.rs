@@ -12,6 +12,8 @@
 //! - `xfs`, `ext4`: fio `ioengine=psync`, `direct=0`, `numjobs=1` on the
 //!   same device, arranged the same way ([`crate::kernel::buffered_fio_args`]);
 //!
+//! on the bed's loop device (see [`DeviceNeed::DataIndependent`]: fio writes
+//! its own data, and zram's speed depends on the data),
 //! against two baselines measured in the same workload:
 //! - `memcpy` ("ceiling"): the same bytes copied between two buffers of
 //!   the I/O size ([`memcpy`]), the memory-bandwidth ceiling of a cache;
@@ -55,8 +57,9 @@ const RAW_SEQ_WRITE_SIZE: u64 = MIB;
 
 /// Said once in the report of a run with buffered workloads.
 pub const NOTE: &str = "buffered workloads: one thread of sequential synchronous reads or \
-     writes in passes over a 64 MiB file (less on a small device), on the bed's default \
-     device. iomapfs uses a non-direct handle with the default mount options, so its \
+     writes in passes over a 64 MiB file (less on a small device), on the bed's loop device \
+     (zram's compression makes its speed depend on the data, and fio writes other data than \
+     the bench). iomapfs uses a non-direct handle with the default mount options, so its \
      default cache size: warm rows assume the cache holds the file (their device reads per \
      I/O say whether it did). warm: the file read once before the window. cold: the cache \
      emptied before every pass, untimed (iomapfs: unmount and mount; xfs/ext4: fio \
@@ -92,7 +95,7 @@ pub fn run_workload(
     progress: &dyn Progress,
     report: &mut BenchReport,
 ) -> Result<(), BenchError> {
-    let dev = bed.device(DeviceNeed::Any);
+    let dev = bed.device(DeviceNeed::DataIndependent);
     let span = span_on(spec, dev.caps.size_bytes);
     let say =
         |target: &str, what: &str| progress.set_message(&format!("{} · {target}: {what}", w.name));
@@ -249,7 +252,7 @@ fn raw_seq_write(span: u64) -> IoPattern {
         queue_depth: 1,
         dsync: false,
         span,
-        needs: DeviceNeed::Any,
+        needs: DeviceNeed::DataIndependent,
     }
 }
 
