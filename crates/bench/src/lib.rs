@@ -198,11 +198,13 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
         skipped: Vec::new(),
         notes: bed.notes.clone(),
     };
-    report.notes.push(
-        "raw is measured for half the runtime just before iomapfs and half just after, \
-         and ×raw is against both halves: drift of this machine over the pair cancels"
-            .into(),
-    );
+    if selected.iter().any(|w| matches!(w.kind, Kind::Direct(_))) {
+        report.notes.push(
+            "raw is measured for half the runtime just before iomapfs and half just after, \
+             and ×raw is against both halves: drift of this machine over the pair cancels"
+                .into(),
+        );
+    }
     report.notes.push(report::CPU_NOTE.into());
     if selected.iter().any(|w| matches!(w.kind, Kind::Buffered(_))) {
         report.notes.push(buffered::NOTE.into());

@@ -85,6 +85,108 @@ fn span_on(spec: &BufferedSpec, device_bytes: u64) -> u64 {
     span / spec.io_size.max(1) * spec.io_size.max(1)
 }
 
+/// What every row of one buffered workload shares.
+struct Run<'a> {
+    w: &'a Workload,
+    spec: &'a BufferedSpec,
+    dev: &'a BedDevice,
+    span: u64,
+    timing: Timing,
+}
+
+impl Run<'_> {
+    fn memcpy_row(&self) -> Result<Row, BenchError> {
+        let window = measure_memcpy(self.spec, self.span, self.timing)?;
+        let command = format!(
+            "memcpy of {} bytes between two page-aligned buffers of that size, one thread, \
+             in the same window (clock reads, latency records) as iomapfs",
+            self.spec.io_size
+        );
+        let mut result = self.result(Role::Ceiling, "memcpy", &window.measurement, command);
+        result.backend = "memory".into();
+        result.device = "memory".into();
+        Ok(Row {
+            role: Role::Ceiling,
+            result,
+        })
+    }
+
+    /// Half the runtime of the raw device's sequential writes.
+    fn raw_seq_write_half(&self) -> Result<Measurement, BenchError> {
+        let pattern = raw_seq_write(self.span);
+        let half = Timing {
+            warmup: self.timing.warmup,
+            runtime: self.timing.runtime / 2,
+        };
+        let (device, _) = open_device(&self.dev.path, self.dev.backend.backend)?;
+        let raw = RawTarget::prepare(device, &pattern, self.span)?;
+        engine::measure(&raw, &pattern, self.span, 0, half, driver_for(self.dev))
+    }
+
+    fn raw_row(&self, m: &Measurement) -> Row {
+        let command = format!(
+            "{}; half the runtime before the variants, half after",
+            engine_command(&raw_seq_write(self.span), self.span, "raw", self.dev)
+        );
+        Row {
+            role: Role::RawSeqWrite,
+            result: self.result(Role::RawSeqWrite, "raw", m, command),
+        }
+    }
+
+    fn iomapfs_row(&self, variant: BufferedVariant) -> Result<Row, BenchError> {
+        let window = measure_iomapfs(self.dev, self.spec, variant, self.span, self.timing)?;
+        let role = Role::Measured(variant);
+        let command = iomapfs_command(self.spec, variant, self.span, self.dev);
+        let mut result = self.result(role, "iomapfs", &window.measurement, command);
+        result.passes = Some(window.passes);
+        Ok(Row { role, result })
+    }
+
+    fn kernel_row(&self, fs: KernelFs, variant: BufferedVariant) -> Result<Row, BenchError> {
+        let (w, spec, span, timing) = (self.w, self.spec, self.span, self.timing);
+        let k = kernel::run(fs, self.dev, timing, spec.op, |file, output| {
+            kernel::buffered_fio_args(w.name, spec, variant, file, span, timing, output)
+        })?;
+        let (cpu_per_io, _, cpu_note) =
+            cpu_figures(k.cpu, None, CPU_SCOPE_FIO, &Baseline::default());
+        let role = Role::Measured(variant);
+        Ok(Row {
+            role,
+            result: BenchResult {
+                workload: w.name.into(),
+                variant: Some(role.name().into()),
+                target: fs.name().into(),
+                device: self.dev.path.display().to_string(),
+                iops: k.iops,
+                bw_bytes: k.bw_bytes,
+                lat_mean_ns: k.lat_mean_ns,
+                lat_p99_ns: k.lat_p99_ns,
+                cpu_per_io,
+                cpu_note,
+                backend: "kernel".into(),
+                command: k.command,
+                setup: Some(k.setup),
+                ..BenchResult::default()
+            },
+        })
+    }
+
+    /// A row from a window measured in this process (memcpy, raw, iomapfs).
+    fn result(&self, role: Role, target: &str, m: &Measurement, command: String) -> BenchResult {
+        let mut result = engine_result(
+            self.w.name,
+            target,
+            self.dev,
+            m,
+            &Baseline::default(),
+            command,
+        );
+        result.variant = Some(role.name().into());
+        result
+    }
+}
+
 /// Runs one buffered workload on every target and appends its rows.
 pub fn run_workload(
     w: &Workload,
@@ -96,132 +198,82 @@ pub fn run_workload(
     report: &mut BenchReport,
 ) -> Result<(), BenchError> {
     let dev = bed.device(DeviceNeed::DataIndependent);
-    let span = span_on(spec, dev.caps.size_bytes);
+    let run = Run {
+        w,
+        spec,
+        dev,
+        span: span_on(spec, dev.caps.size_bytes),
+        timing,
+    };
     let say =
         |target: &str, what: &str| progress.set_message(&format!("{} · {target}: {what}", w.name));
     let mut rows: Vec<Row> = Vec::new();
 
     say("memcpy", "measuring");
-    let measured = measure_memcpy(spec, span, timing);
-    if let Some(m) = recorded(measured, report, w.name, None, "memcpy")? {
-        let command = format!(
-            "memcpy of {} bytes between two page-aligned buffers of that size, one thread, \
-             in the same window (clock reads, latency records) as iomapfs",
-            spec.io_size
-        );
-        let mut result = row_result(
-            w.name,
-            Role::Ceiling,
-            "memcpy",
-            dev,
-            &m.measurement,
-            command,
-        );
-        result.backend = "memory".into();
-        result.device = "memory".into();
-        rows.push(Row {
-            role: Role::Ceiling,
-            result,
-        });
-    }
+    rows.extend(recorded(run.memcpy_row(), report, w.name, None, "memcpy")?);
     progress.inc(1);
 
     // The raw device's sequential writes: half the runtime before the
     // variants and half after, merged, so that drift of a shared machine
     // over the workload does not pass for a writeback ratio.
-    let raw_pattern = raw_seq_write(span);
-    let half = Timing {
-        warmup: timing.warmup,
-        runtime: timing.runtime / 2,
-    };
-    let measure_raw = |when: &str| {
-        say("raw", &format!("sequential 1 MiB direct writes ({when})"));
-        open_device(&dev.path, dev.backend.backend)
-            .and_then(|(d, _)| RawTarget::prepare(d, &raw_pattern, span))
-            .and_then(|raw| engine::measure(&raw, &raw_pattern, span, 0, half, driver_for(dev)))
-    };
-    let raw_before = (spec.op == Op::Write).then(|| measure_raw("before the variants"));
+    let raw_before = (spec.op == Op::Write).then(|| {
+        say(
+            "raw",
+            "sequential 1 MiB direct writes (before the variants)",
+        );
+        run.raw_seq_write_half()
+    });
 
     let kernel_off = kernel::unavailable(opts.no_kernel);
-    let mut kernel_skipped = Vec::new();
+    let mut kernels = Vec::new();
     for fs in KernelFs::ALL {
-        if let Some(reason) = kernel_off
+        match kernel_off
             .clone()
             .or_else(|| kernel::unavailable_on(fs, dev))
         {
-            skip(report, w.name, None, fs.name(), reason);
-            kernel_skipped.push(fs);
+            Some(reason) => skip(report, w.name, None, fs.name(), reason),
+            None => kernels.push(fs),
         }
     }
     // Variant by variant, every target in turn, so the rows compared with
     // each other are measured minutes apart at most.
     for &variant in spec.variants() {
-        let role = Role::Measured(variant);
         say(
             "iomapfs",
-            &format!("{}: preparing and measuring", variant.name()),
+            &format!("{}: preparing, measuring", variant.name()),
         );
-        let measured = measure_iomapfs(dev, spec, variant, span, timing);
-        if let Some(win) = recorded(measured, report, w.name, Some(variant), "iomapfs")? {
-            let command = iomapfs_command(spec, variant, span, dev);
-            let mut result = row_result(w.name, role, "iomapfs", dev, &win.measurement, command);
-            result.passes = Some(win.passes);
+        let row = recorded(
+            run.iomapfs_row(variant),
+            report,
+            w.name,
+            Some(variant),
+            "iomapfs",
+        )?;
+        if let Some(row) = row {
             if variant == BufferedVariant::Warm {
-                warn_if_warm_read_the_device(&result, report);
+                warn_if_warm_read_the_device(&row.result, report);
             }
-            rows.push(Row { role, result });
+            rows.push(row);
         }
         progress.inc(1);
         for fs in KernelFs::ALL {
-            if kernel_skipped.contains(&fs) {
-                progress.inc(1);
-                continue;
-            }
-            say(fs.name(), &format!("{}: mkfs, mount, fio", variant.name()));
-            let ran = kernel::run(fs, dev, timing, spec.op, |file, output| {
-                kernel::buffered_fio_args(w.name, spec, variant, file, span, timing, output)
-            });
-            if let Some(k) = recorded(ran, report, w.name, Some(variant), fs.name())? {
-                let (cpu_per_io, _, cpu_note) =
-                    cpu_figures(k.cpu, None, CPU_SCOPE_FIO, &Baseline::default());
-                rows.push(Row {
-                    role,
-                    result: BenchResult {
-                        workload: w.name.into(),
-                        variant: Some(role.name().into()),
-                        target: fs.name().into(),
-                        device: dev.path.display().to_string(),
-                        iops: k.iops,
-                        bw_bytes: k.bw_bytes,
-                        lat_mean_ns: k.lat_mean_ns,
-                        lat_p99_ns: k.lat_p99_ns,
-                        cpu_per_io,
-                        cpu_note,
-                        backend: "kernel".into(),
-                        command: k.command,
-                        setup: Some(k.setup),
-                        ..BenchResult::default()
-                    },
-                });
+            if kernels.contains(&fs) {
+                say(fs.name(), &format!("{}: mkfs, mount, fio", variant.name()));
+                let row = run.kernel_row(fs, variant);
+                rows.extend(recorded(row, report, w.name, Some(variant), fs.name())?);
             }
             progress.inc(1);
         }
     }
 
     if let Some(before) = raw_before {
+        say("raw", "sequential 1 MiB direct writes (after the variants)");
         let measured = before.and_then(|mut m| {
-            m.merge(&measure_raw("after the variants")?);
+            m.merge(&run.raw_seq_write_half()?);
             Ok(m)
         });
         if let Some(m) = recorded(measured, report, w.name, None, "raw")? {
-            let command = format!(
-                "{}; half the runtime before the variants, half after",
-                engine_command(&raw_pattern, span, "raw", dev)
-            );
-            rows.push(Row {
-                role: Role::RawSeqWrite,
-                result: row_result(w.name, Role::RawSeqWrite, "raw", dev, &m, command),
-            });
+            rows.push(run.raw_row(&m));
         }
         progress.inc(1);
     }
@@ -348,20 +400,6 @@ fn iomapfs_command(
         spec.io_size,
         dev.path.display()
     )
-}
-
-/// A row from a window measured in this process (memcpy, raw, iomapfs).
-fn row_result(
-    workload: &str,
-    role: Role,
-    target: &str,
-    dev: &BedDevice,
-    m: &Measurement,
-    command: String,
-) -> BenchResult {
-    let mut result = engine_result(workload, target, dev, m, &Baseline::default(), command);
-    result.variant = Some(role.name().into());
-    result
 }
 
 /// Warm reads that went to the device were not warm: says so, with the
