@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
-    /// A `--workload` name that is not one of [`crate::WORKLOAD_NAMES`].
+    /// A `--workload` name that is not one of [`crate::workloads`].
     #[error("unknown workload {name:?}; known workloads: {}", known.join(", "))]
     UnknownWorkload { name: String, known: Vec<String> },
 

@@ -1,8 +1,9 @@
 //! Kernel XFS and ext4 on the same device, measured by fio with the job
 //! equivalent to the workload.
 //!
-//! Equivalence: the same I/O sizes and offset alignment, the same data span
-//! (file size), O_DIRECT, O_DSYNC where the workload has it, the file fully
+//! Direct workloads ([`fio_args`]): the same I/O sizes and offset
+//! alignment, the same data span (file size), O_DIRECT, O_DSYNC where the
+//! workload has it, the file fully
 //! written before measuring (fio lays out read files; `overwrite=1` makes it
 //! lay out write files too, so writes are overwrites of written blocks), and
 //! the same queue-depth model as the engine: with the sync backend,
@@ -11,6 +12,9 @@
 //! one job. Latency is fio's total latency (`lat_ns`, with
 //! `lat_percentiles=1`): submission to completion, like the engine's per-I/O
 //! time (for psync it equals clat).
+//!
+//! Buffered workloads ([`buffered_fio_args`]): one psync job through the
+//! page cache, arranged variant by variant as the iomapfs side is.
 
 use std::fs;
 use std::os::unix::process::CommandExt;
@@ -26,7 +30,7 @@ use crate::engine::Driver;
 use crate::engine::Timing;
 use crate::interrupt::stop_requested;
 use crate::testbed::{is_root, run_command, BedDevice, BedKind, TEMP_PREFIX};
-use crate::workload::{IoPattern, Op, Order};
+use crate::workload::{BufferedSpec, BufferedVariant, IoPattern, Op, Order};
 use crate::BenchError;
 
 /// How long fio may take beyond warm-up and runtime (file layout, mkfs'd
@@ -240,6 +244,103 @@ pub fn fio_args(
     args
 }
 
+/// Loops of fio jobs that run pass after pass until their runtime ends
+/// (more than any runtime allows).
+const FIO_LOOPS: u64 = 1_000_000;
+
+/// The fio arguments equivalent to a buffered workload's `variant` over a
+/// `span`-byte file: one psync job (`numjobs=1`) of sequential `bs`-byte
+/// I/O through the page cache (`direct=0`), arranged as the iomapfs side
+/// is (see [`BufferedVariant`]):
+/// - warm: `pre_read=1` (the file read into the cache before the job),
+///   `invalidate=0`, time based;
+/// - cold: `invalidate=1`, which drops the file's cached pages
+///   (`POSIX_FADV_DONTNEED`) each time fio opens it, once per loop; the job
+///   loops over the file until its runtime ends;
+/// - overwrite: `overwrite=1` (the file written before the job), time
+///   based, wrapping at the end of the file; with fsync, `fsync=N` with N
+///   the writes of one pass, and `end_fsync=1` for the pass the runtime
+///   cuts (fio counts both in its runtime, so in IOPS and bandwidth);
+/// - alloc: `fallocate=none` and `unlink_each_loop=1`, so each loop
+///   appends to a new, empty file; with fsync, `end_fsync=1`, which ends
+///   every loop.
+///
+/// Time-based jobs (warm, overwrite) warm up with `ramp_time`; loop jobs
+/// (cold, alloc) have none: fio 3.33 with `ramp_time` and `loops` often
+/// records no I/O at all (seen with `end_fsync` or `fsync`), and their
+/// first pass differs from the others in nothing a warm-up would remove.
+///
+/// Caches are never dropped machine-wide (`drop_caches`): other work on a
+/// shared machine would pay for it, and only this file's pages matter.
+pub fn buffered_fio_args(
+    name: &str,
+    spec: &BufferedSpec,
+    variant: BufferedVariant,
+    file: &Path,
+    span: u64,
+    timing: Timing,
+    output: &Path,
+) -> Vec<String> {
+    let rw = match spec.op {
+        Op::Read => "read",
+        Op::Write => "write",
+    };
+    let mut args = vec![
+        format!("--name={name}-{}", variant.name()),
+        format!("--filename={}", file.display()),
+        format!("--size={span}"),
+        "--direct=0".into(),
+        format!("--rw={rw}"),
+        format!("--bs={}", spec.io_size),
+        "--ioengine=psync".into(),
+        "--numjobs=1".into(),
+    ];
+    let time_based = "--time_based".to_string();
+    let loops = format!("--loops={FIO_LOOPS}");
+    let ramp = matches!(
+        variant,
+        BufferedVariant::Warm | BufferedVariant::Overwrite { .. }
+    );
+    match variant {
+        BufferedVariant::Warm => {
+            args.extend(["--pre_read=1".into(), "--invalidate=0".into(), time_based])
+        }
+        BufferedVariant::Cold => args.extend(["--invalidate=1".into(), loops]),
+        BufferedVariant::Overwrite { fsync } => {
+            args.extend(["--overwrite=1".into(), "--invalidate=0".into(), time_based]);
+            if fsync {
+                args.push(format!("--fsync={}", spec.ios_per_pass(span)));
+                args.push("--end_fsync=1".into());
+            }
+        }
+        BufferedVariant::Alloc { fsync } => {
+            args.extend([
+                "--fallocate=none".into(),
+                "--unlink_each_loop=1".into(),
+                "--invalidate=0".into(),
+                loops,
+            ]);
+            if fsync {
+                args.push("--end_fsync=1".into());
+            }
+        }
+    }
+    args.extend([
+        "--thread".into(),
+        "--group_reporting".into(),
+        "--lat_percentiles=1".into(),
+    ]);
+    if ramp {
+        args.push(format!("--ramp_time={}ms", millis(timing.warmup)));
+    }
+    args.extend([
+        format!("--runtime={}ms", millis(timing.runtime)),
+        "--output-format=json".into(),
+        format!("--output={}", output.display()),
+    ]);
+    args
+}
+
 /// What fio's JSON says about one job group.
 #[derive(Clone, Debug, PartialEq)]
 pub struct FioFigures {
@@ -315,22 +416,29 @@ pub fn parse_fio_json(text: &str, op: Op) -> Result<FioFigures, String> {
         iops: num(&["iops"])?,
         bw_bytes: num(&["bw_bytes"])?,
         lat_mean_ns: lat(&["mean"])?,
-        lat_p99_ns: lat(&["percentile", "99.000000"])?,
+        // fio leaves percentiles out when it recorded nothing: say that.
+        lat_p99_ns: lat(&["percentile", "99.000000"]).map_err(|e| {
+            if job.get("total_ios").and_then(Value::as_u64) == Some(0) {
+                format!("fio recorded no {side} I/O (jobs[0].{side}.total_ios is 0)")
+            } else {
+                e
+            }
+        })?,
         cpu,
     })
 }
 
-/// Makes `fs` on the device, mounts it, runs the equivalent fio job and
+/// Makes `fs` on the device, mounts it, runs the fio job `args` gives for
+/// a file on it and an output path (see [`fio_args`] and
+/// [`buffered_fio_args`]), reads the `op` side of its report, and
 /// unmounts. Errors other than [`BenchError::Interrupted`] mean "could not
 /// be measured" and are reported as skips by the caller.
 pub fn run(
     fs: KernelFs,
     dev: &BedDevice,
-    name: &str,
-    pattern: &IoPattern,
-    span: u64,
     timing: Timing,
-    driver: Driver,
+    op: Op,
+    args: impl FnOnce(&Path, &Path) -> Vec<String>,
 ) -> Result<KernelRun, BenchError> {
     let failed =
         |what: &str, detail: String| BenchError::failed(format!("{} {what}", fs.name()), detail);
@@ -368,7 +476,7 @@ pub fn run(
     let stderr_path = out_dir.path().join("fio.stderr");
     let file = mounted.dir.path().join("bench.dat");
     let fio = find_program("fio").ok_or_else(|| failed("fio", "fio not found".into()))?;
-    let args = fio_args(name, pattern, &file, span, timing, &output, driver);
+    let args = args(&file, &output);
     let command = command_line("fio", &args);
 
     let stderr =
@@ -418,7 +526,7 @@ pub fn run(
         return Err(failed("fio", format!("{status}: {}", err.trim())));
     }
     let text = fs::read_to_string(&output).map_err(|e| BenchError::io("read fio output", e))?;
-    let figures = parse_fio_json(&text, pattern.op).map_err(|e| failed("fio", e))?;
+    let figures = parse_fio_json(&text, op).map_err(|e| failed("fio", e))?;
     mounted.release().map_err(|e| failed("umount", e))?;
     Ok(KernelRun {
         iops: figures.iops,
@@ -434,7 +542,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workload::{select, Kind};
+    use crate::workload::{select, BufferedVariant, Kind};
 
     #[test]
     fn fio_job_mirrors_the_workload() {
@@ -444,7 +552,7 @@ mod tests {
         };
         let p = match select(&["aio-overwrite-4k..16k-qd64".into()]).unwrap()[0].kind {
             Kind::Direct(p) => p,
-            Kind::Buffered => unreachable!(),
+            Kind::Buffered(_) => unreachable!(),
         };
         let args = fio_args(
             "w",
@@ -474,7 +582,7 @@ mod tests {
         }
         let p = match select(&["dsync-overwrite-4k".into()]).unwrap()[0].kind {
             Kind::Direct(p) => p,
-            Kind::Buffered => unreachable!(),
+            Kind::Buffered(_) => unreachable!(),
         };
         let args = fio_args(
             "d",
@@ -491,6 +599,121 @@ mod tests {
         assert!(args.iter().any(|a| a == "--rw=write"));
         assert_eq!(shell_quote("a b"), "'a b'");
         assert_eq!(shell_quote("--bs=4096"), "--bs=4096");
+    }
+
+    #[test]
+    fn buffered_fio_jobs_are_arranged_as_their_variant() {
+        let timing = Timing {
+            warmup: Duration::from_millis(300),
+            runtime: Duration::from_secs(3),
+        };
+        let spec = |name: &str| match select(&[name.into()]).unwrap()[0].kind {
+            Kind::Buffered(s) => s,
+            Kind::Direct(_) => unreachable!(),
+        };
+        let args = |name: &str, variant| {
+            buffered_fio_args(
+                name,
+                &spec(name),
+                variant,
+                Path::new("/m/bench.dat"),
+                1 << 26,
+                timing,
+                Path::new("/o.json"),
+            )
+        };
+        let has = |args: &[String], want: &str| args.iter().any(|a| a == want);
+        let common = [
+            "--direct=0",
+            "--ioengine=psync",
+            "--numjobs=1",
+            "--size=67108864",
+            "--runtime=3000ms",
+        ];
+        // Only time-based jobs warm up with fio's ramp_time.
+        let ramp = "--ramp_time=300ms";
+        let warm: &[&str] = &[
+            "--rw=read",
+            "--pre_read=1",
+            "--invalidate=0",
+            "--time_based",
+            ramp,
+        ];
+        let cold: &[&str] = &["--rw=read", "--invalidate=1", "--loops=1000000"];
+        let overwrite: &[&str] = &["--rw=write", "--overwrite=1", "--time_based", ramp];
+        // One fsync per pass: 64 MiB / 64 KiB writes, and one at the end.
+        let overwrite_fsync: &[&str] = &[
+            "--rw=write",
+            "--overwrite=1",
+            "--time_based",
+            "--fsync=1024",
+            "--end_fsync=1",
+            ramp,
+        ];
+        let alloc: &[&str] = &[
+            "--rw=write",
+            "--fallocate=none",
+            "--unlink_each_loop=1",
+            "--loops=1000000",
+        ];
+        let alloc_fsync: &[&str] = &["--fallocate=none", "--unlink_each_loop=1", "--end_fsync=1"];
+        for (name, variant, bs, want, not) in [
+            (
+                "buffered-read-4k",
+                BufferedVariant::Warm,
+                "--bs=4096",
+                warm,
+                &["--invalidate=1", "--fsync=16384"][..],
+            ),
+            (
+                "buffered-read-1m",
+                BufferedVariant::Cold,
+                "--bs=1048576",
+                cold,
+                &["--time_based", "--pre_read=1", "--invalidate=0", ramp][..],
+            ),
+            (
+                "buffered-write-64k",
+                BufferedVariant::Overwrite { fsync: false },
+                "--bs=65536",
+                overwrite,
+                &["--fsync=1024", "--end_fsync=1", "--unlink_each_loop=1"][..],
+            ),
+            (
+                "buffered-write-64k",
+                BufferedVariant::Overwrite { fsync: true },
+                "--bs=65536",
+                overwrite_fsync,
+                &["--unlink_each_loop=1"][..],
+            ),
+            (
+                "buffered-write-4k",
+                BufferedVariant::Alloc { fsync: false },
+                "--bs=4096",
+                alloc,
+                &["--overwrite=1", "--time_based", "--end_fsync=1", ramp][..],
+            ),
+            (
+                "buffered-write-1m",
+                BufferedVariant::Alloc { fsync: true },
+                "--bs=1048576",
+                alloc_fsync,
+                &["--overwrite=1", "--time_based", ramp][..],
+            ),
+        ] {
+            let a = args(name, variant);
+            for want in common.iter().chain(want).chain([&bs]) {
+                assert!(
+                    has(&a, want),
+                    "{name} {}: {want} missing from {a:?}",
+                    variant.name()
+                );
+            }
+            for not in not {
+                assert!(!has(&a, not), "{name} {}: {not} in {a:?}", variant.name());
+            }
+            assert!(has(&a, &format!("--name={name}-{}", variant.name())));
+        }
     }
 
     #[test]
@@ -516,6 +739,12 @@ mod tests {
         );
         assert!(f.cpu.unwrap_err().contains("usr_cpu"));
         assert!(parse_fio_json("", Op::Read).is_err());
+        // A job that recorded nothing is an error that says so, not a
+        // missing percentile.
+        let text = r#"{"jobs":[{"write":{"iops":0,"bw_bytes":0,"total_ios":0,
+  "lat_ns":{"min":0,"max":0,"mean":0.0,"stddev":0.0,"N":0}}}]}"#;
+        let err = parse_fio_json(text, Op::Write).unwrap_err();
+        assert!(err.contains("no write I/O"), "{err}");
     }
 
     #[test]

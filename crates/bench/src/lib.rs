@@ -1,12 +1,16 @@
 //! The iomapfs benchmark engine (`iomapfs bench`).
 //!
-//! Runs the seed workloads on one device in one run, each against
+//! Runs the seed workloads on one device in one run. Direct workloads run
+//! against
 //! - `raw`: the device itself, same backend, same queue depth, same offsets;
 //! - `iomapfs`: one preallocated, fully written file on a fresh volume;
 //! - `xfs`, `ext4`: the kernel's file systems made on the same device,
 //!   measured by fio with the equivalent job (root, fio and mkfs needed);
 //!
-//! and reports absolute figures and ratios to raw (DESIGN.md, "Benchmarks").
+//! and report absolute figures and ratios to raw (DESIGN.md, "Benchmarks").
+//! Buffered workloads (see `buffered`) run iomapfs, xfs and ext4 through
+//! their caches, against a `memcpy` ceiling and, for writeback, the raw
+//! device's sequential writes, and report ratios to XFS and to those.
 //!
 //! Entry points: [`run`] with [`BenchOptions`] (the CLI flags, no clap
 //! here) and a [`Progress`] sink; [`render_table`] for people and
@@ -15,9 +19,12 @@
 //! Module map: `workload` (names and I/O patterns) · `testbed` (zram, loop,
 //! image file; teardown) · `safety` (refusing devices with data) · `target`
 //! (raw and iomapfs targets) · `engine` (threads, warm-up, measured window)
-//! · `cpu` (getrusage, CPU per I/O) · `histogram` (latency) · `kernel`
-//! (mkfs, mount, fio) · `report` (JSON shape, table) · `interrupt` (Ctrl-C).
+//! · `buffered` (buffered workloads: passes, iomapfs non-direct, memcpy,
+//! ratios) · `cpu` (getrusage, CPU per I/O) · `histogram` (latency) ·
+//! `kernel` (mkfs, mount, fio) · `report` (JSON shape, table) ·
+//! `interrupt` (Ctrl-C).
 
+mod buffered;
 mod cpu;
 mod engine;
 mod error;
@@ -50,7 +57,7 @@ use kernel::KernelFs;
 use report::DeviceInfo as ReportDevice;
 use target::{open_device, IomapfsTarget, RawTarget, IOMAPFS_BLOCK_SIZE, IOMAPFS_FILE};
 use testbed::{BedDevice, Testbed};
-use workload::{seed_of, IoPattern, Kind, Op, Order, Workload};
+use workload::{seed_of, DeviceNeed, IoPattern, Kind, Op, Order, Workload};
 
 /// What to run; mirrors `iomapfs bench`'s flags.
 #[derive(Clone, Debug)]
@@ -121,7 +128,19 @@ pub fn workloads() -> Vec<(&'static str, &'static str)> {
         .collect()
 }
 
-/// Target names, in the order each workload runs them.
+/// Every variant of the buffered workloads (`buffered-read-*`: the first
+/// two; `buffered-write-*`: the rest) with a one-line summary, for
+/// `--help`. Each is a row (`variant` in results) of each target.
+pub fn buffered_variants() -> Vec<(&'static str, &'static str)> {
+    workload::BufferedVariant::ALL
+        .iter()
+        .map(|v| (v.name(), v.summary()))
+        .collect()
+}
+
+/// Target names of direct workloads, in the order each runs them
+/// (buffered workloads: `memcpy`, `raw` for writes, then `iomapfs`, `xfs`
+/// and `ext4` in each variant).
 pub const TARGETS: [&str; 4] = ["raw", "iomapfs", "xfs", "ext4"];
 
 /// Smallest and largest warm-up.
@@ -161,16 +180,10 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
         runtime: opts.runtime,
     };
     let _signals = SignalGuard::install();
-    let patterns: Vec<IoPattern> = selected
-        .iter()
-        .filter_map(|w| match w.kind {
-            Kind::Direct(p) => Some(p),
-            Kind::Buffered => None,
-        })
-        .collect();
-    progress.set_length((selected.len() * TARGETS.len()) as u64);
+    let needs: Vec<DeviceNeed> = selected.iter().map(|w| w.kind.needs()).collect();
+    progress.set_length(selected.iter().map(|w| steps(w)).sum());
     progress.set_message("setting up devices");
-    let bed = Testbed::prepare(opts, &patterns, progress)?;
+    let bed = Testbed::prepare(opts, &needs, progress)?;
     let mut report = BenchReport {
         machine: machine(&bed),
         settings: Settings {
@@ -185,12 +198,17 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
         skipped: Vec::new(),
         notes: bed.notes.clone(),
     };
-    report.notes.push(
-        "raw is measured for half the runtime just before iomapfs and half just after, \
-         and ×raw is against both halves: drift of this machine over the pair cancels"
-            .into(),
-    );
+    if selected.iter().any(|w| matches!(w.kind, Kind::Direct(_))) {
+        report.notes.push(
+            "raw is measured for half the runtime just before iomapfs and half just after, \
+             and ×raw is against both halves: drift of this machine over the pair cancels"
+                .into(),
+        );
+    }
     report.notes.push(report::CPU_NOTE.into());
+    if selected.iter().any(|w| matches!(w.kind, Kind::Buffered(_))) {
+        report.notes.push(buffered::NOTE.into());
+    }
     let outcome = (|| {
         for w in &selected {
             run_workload(w, &bed, opts, timing, progress, &mut report)?;
@@ -254,8 +272,16 @@ fn machine(bed: &Testbed) -> Machine {
     }
 }
 
+/// Workload × target steps of `w`, for the progress bar.
+fn steps(w: &Workload) -> u64 {
+    match &w.kind {
+        Kind::Direct(_) => TARGETS.len() as u64,
+        Kind::Buffered(spec) => buffered::steps(spec),
+    }
+}
+
 /// The engine driver for a device's chosen backend.
-fn driver_for(dev: &BedDevice) -> Driver {
+pub(crate) fn driver_for(dev: &BedDevice) -> Driver {
     if dev.backend.backend == Backend::Uring {
         Driver::Queue
     } else {
@@ -266,13 +292,19 @@ fn driver_for(dev: &BedDevice) -> Driver {
 fn skip(report: &mut BenchReport, workload: &str, target: &str, reason: impl Into<String>) {
     report.skipped.push(Skipped {
         workload: workload.into(),
+        variant: None,
         target: target.into(),
         reason: reason.into(),
     });
 }
 
 /// Describes what the engine ran, for the result's `command`.
-fn engine_command(pattern: &IoPattern, span: u64, target: &str, dev: &BedDevice) -> String {
+pub(crate) fn engine_command(
+    pattern: &IoPattern,
+    span: u64,
+    target: &str,
+    dev: &BedDevice,
+) -> String {
     let depth = match driver_for(dev) {
         Driver::Threads => format!("threads={} (sync backend)", pattern.queue_depth),
         Driver::Queue => format!("iodepth={} (io_uring queue, 1 thread)", pattern.queue_depth),
@@ -310,13 +342,13 @@ fn engine_command(pattern: &IoPattern, span: u64, target: &str, dev: &BedDevice)
 /// The raw device's figures of a workload, which other targets are
 /// compared with.
 #[derive(Clone, Copy, Debug, Default)]
-struct Baseline {
+pub(crate) struct Baseline {
     iops: Option<f64>,
     cpu_us_per_io: Option<f64>,
 }
 
 /// CPU per I/O for the report, from per-I/O times (or why there are none).
-fn cpu_figures(
+pub(crate) fn cpu_figures(
     per_io: Result<CpuPerIoTime, String>,
     io_threads: Option<CpuPerIoTime>,
     scope: &str,
@@ -341,7 +373,7 @@ fn cpu_figures(
     }
 }
 
-fn engine_result(
+pub(crate) fn engine_result(
     workload: &str,
     target: &str,
     dev: &BedDevice,
@@ -355,6 +387,8 @@ fn engine_result(
         writes: r.writes,
         fua_writes: r.fua_writes,
         flushes: r.flushes,
+        bytes_read: r.bytes_read,
+        bytes_written: r.bytes_written,
     });
     let per_op = requests.filter(|_| m.ops > 0).map(|r| {
         let ops = m.ops as f64;
@@ -390,6 +424,7 @@ fn engine_result(
         backend: dev.backend.backend.as_str().into(),
         command,
         setup: None,
+        ..BenchResult::default()
     }
 }
 
@@ -426,12 +461,8 @@ fn run_workload(
     let steps = TARGETS.len() as u64;
     let pattern = match w.kind {
         Kind::Direct(p) => p,
-        Kind::Buffered => {
-            for t in TARGETS {
-                skip(report, w.name, t, workload::BUFFERED_NOT_BUILT);
-            }
-            progress.inc(steps);
-            return Ok(());
+        Kind::Buffered(spec) => {
+            return buffered::run_workload(w, &spec, bed, opts, timing, progress, report)
         }
     };
     let dev = match bed.device_for(&pattern) {
@@ -529,7 +560,9 @@ fn run_workload(
             continue;
         }
         say(target, "mkfs, mount, fio");
-        let ran = kernel::run(fs, dev, w.name, &pattern, span, timing, driver);
+        let ran = kernel::run(fs, dev, timing, pattern.op, |file, output| {
+            kernel::fio_args(w.name, &pattern, file, span, timing, output, driver)
+        });
         if let Some(k) = recorded(ran, report, w.name, target)? {
             let (cpu_per_io, cpu_ratio_to_raw, cpu_note) =
                 cpu_figures(k.cpu, None, CPU_SCOPE_FIO, &raw);
@@ -551,6 +584,7 @@ fn run_workload(
                 backend: "kernel".into(),
                 command: k.command,
                 setup: Some(k.setup),
+                ..BenchResult::default()
             });
         }
         progress.inc(1);

@@ -87,7 +87,7 @@ fn prefill(
 
 /// Buffer alignment for a device: what it requires, and at least a page so
 /// no backend ever bounces.
-fn alignment_of(dev: &dyn BlockDevice) -> usize {
+pub fn alignment_of(dev: &dyn BlockDevice) -> usize {
     (dev.caps().memory_alignment as usize).max(4096)
 }
 
@@ -269,6 +269,66 @@ impl Target for RawTarget {
     }
 }
 
+/// Formats `dev` with the benchmark's block size and mounts it with the
+/// default mount options (cache included).
+pub fn format_and_mount(dev: Arc<dyn BlockDevice>) -> Result<Volume, BenchError> {
+    let opts = FormatOptions {
+        block_size: IOMAPFS_BLOCK_SIZE.max(dev.caps().logical_block_size),
+        ..FormatOptions::default()
+    };
+    Volume::format(dev.clone(), &opts).map_err(|e| BenchError::fs("iomapfs format", e))?;
+    mount(dev)
+}
+
+/// Mounts the volume on `dev` (again, for a cold cache).
+pub fn mount(dev: Arc<dyn BlockDevice>) -> Result<Volume, BenchError> {
+    Volume::open(dev).map_err(|e| BenchError::fs("iomapfs mount", e))
+}
+
+/// Creates [`IOMAPFS_FILE`] of `span` bytes with `fallocate`, writes all of
+/// it with the prefill pattern through a direct handle, commits,
+/// checkpoints, and checks that the whole file is written data (Mapped), so
+/// reads and overwrites take the steady-state paths, not first-write
+/// conversion. The handle is closed again.
+pub fn write_bench_file(vol: &Volume, span: u64) -> Result<(), BenchError> {
+    let align = alignment_of(&**vol.device());
+    let setup = OpenFlags {
+        create: true,
+        truncate: true,
+        direct: true,
+        ..OpenFlags::default()
+    };
+    let file = vol
+        .open_file(IOMAPFS_FILE, setup)
+        .map_err(|e| BenchError::fs("iomapfs create", e))?;
+    file.fallocate(0, span, false)
+        .map_err(|e| BenchError::fs("iomapfs fallocate", e))?;
+    prefill(span, align, |buf, offset| {
+        file.pwrite(buf, offset)
+            .map(drop)
+            .map_err(|e| BenchError::fs("iomapfs prefill", e))
+    })?;
+    file.fdatasync()
+        .map_err(|e| BenchError::fs("iomapfs prefill: fdatasync", e))?;
+    vol.checkpoint()
+        .map_err(|e| BenchError::fs("iomapfs checkpoint", e))?;
+    let map = file
+        .fiemap()
+        .map_err(|e| BenchError::fs("iomapfs fiemap", e))?;
+    let data: u64 = map
+        .iter()
+        .filter(|e| e.kind == FiemapKind::Data)
+        .map(|e| e.length)
+        .sum();
+    if data < span {
+        return Err(BenchError::failed(
+            "iomapfs prefill",
+            format!("only {data} of {span} bytes of {IOMAPFS_FILE} are written data: {map:?}"),
+        ));
+    }
+    Ok(())
+}
+
 /// One preallocated, fully written file on a freshly formatted iomapfs
 /// volume, opened `O_DIRECT` (and `O_DSYNC` for DSYNC workloads).
 pub struct IomapfsTarget {
@@ -279,57 +339,17 @@ pub struct IomapfsTarget {
 }
 
 impl IomapfsTarget {
-    /// Formats `dev`, creates [`IOMAPFS_FILE`] of `span` bytes with
-    /// `fallocate`, writes all of it with the prefill pattern, commits, and
-    /// checks that the whole file is written data (Mapped), so reads and
-    /// overwrites take the steady-state paths, not first-write conversion.
+    /// Formats `dev`, writes [`IOMAPFS_FILE`] of `span` bytes (see
+    /// [`write_bench_file`]) and opens it `O_DIRECT` (and `O_DSYNC` for
+    /// DSYNC workloads).
     pub fn prepare(
         dev: Arc<dyn BlockDevice>,
         pattern: &IoPattern,
         span: u64,
     ) -> Result<IomapfsTarget, BenchError> {
         let align = alignment_of(&*dev);
-        let opts = FormatOptions {
-            block_size: IOMAPFS_BLOCK_SIZE.max(dev.caps().logical_block_size),
-            ..FormatOptions::default()
-        };
-        Volume::format(dev.clone(), &opts).map_err(|e| BenchError::fs("iomapfs format", e))?;
-        let vol = Volume::open(dev).map_err(|e| BenchError::fs("iomapfs mount", e))?;
-        let setup = OpenFlags {
-            create: true,
-            truncate: true,
-            direct: true,
-            ..OpenFlags::default()
-        };
-        let file = vol
-            .open_file(IOMAPFS_FILE, setup)
-            .map_err(|e| BenchError::fs("iomapfs create", e))?;
-        file.fallocate(0, span, false)
-            .map_err(|e| BenchError::fs("iomapfs fallocate", e))?;
-        prefill(span, align, |buf, offset| {
-            file.pwrite(buf, offset)
-                .map(drop)
-                .map_err(|e| BenchError::fs("iomapfs prefill", e))
-        })?;
-        file.fdatasync()
-            .map_err(|e| BenchError::fs("iomapfs prefill: fdatasync", e))?;
-        vol.checkpoint()
-            .map_err(|e| BenchError::fs("iomapfs checkpoint", e))?;
-        let map = file
-            .fiemap()
-            .map_err(|e| BenchError::fs("iomapfs fiemap", e))?;
-        let data: u64 = map
-            .iter()
-            .filter(|e| e.kind == FiemapKind::Data)
-            .map(|e| e.length)
-            .sum();
-        if data < span {
-            return Err(BenchError::failed(
-                "iomapfs prefill",
-                format!("only {data} of {span} bytes of {IOMAPFS_FILE} are written data: {map:?}"),
-            ));
-        }
-        drop(file);
+        let vol = format_and_mount(dev)?;
+        write_bench_file(&vol, span)?;
         let flags = OpenFlags {
             direct: true,
             dsync: pattern.dsync,

@@ -2,9 +2,11 @@
 //!
 //! Default bed (no `--device`):
 //! - root with zram: `/dev/zram0` reset and sized to [`ZRAM_BYTES`] (4 KiB
-//!   sectors, no write cache) for the 4 KiB workloads, and a loop device
-//!   over a file on tmpfs with 512-byte sectors and direct I/O (a volatile
-//!   write cache, so flushes exist) for the sub-block and DSYNC workloads;
+//!   sectors, no write cache) for the 4 KiB direct workloads, and a loop
+//!   device over a file on tmpfs with 512-byte sectors and direct I/O (a
+//!   volatile write cache, so flushes exist; no compression, so its speed
+//!   does not depend on the data) for the sub-block, DSYNC and buffered
+//!   workloads;
 //! - root without usable zram: the loop device for everything;
 //! - not root (or neither works): an image file in a temporary directory.
 //!
@@ -99,6 +101,7 @@ pub struct Testbed {
     any: usize,
     small_sectors: usize,
     volatile: usize,
+    data_independent: usize,
     /// Things worth telling the user about how the bed was chosen.
     pub notes: Vec<String>,
     wipe: Option<WipeGuard>,
@@ -123,11 +126,11 @@ fn probe(path: &Path, backend: Backend) -> Result<(DeviceCaps, BackendChoice), B
 }
 
 impl Testbed {
-    /// Sets up the bed for `patterns`: the explicit device, or the default
-    /// one described in the module docs.
+    /// Sets up the bed for workloads with `needs`: the explicit device, or
+    /// the default one described in the module docs.
     pub fn prepare(
         opts: &BenchOptions,
-        patterns: &[IoPattern],
+        needs: &[DeviceNeed],
         progress: &dyn Progress,
     ) -> Result<Testbed, BenchError> {
         let mut bed = Testbed {
@@ -135,6 +138,7 @@ impl Testbed {
             any: 0,
             small_sectors: 0,
             volatile: 0,
+            data_independent: 0,
             notes: Vec::new(),
             wipe: None,
             zram: None,
@@ -167,9 +171,9 @@ impl Testbed {
             return Ok(bed);
         }
 
-        let want_any = patterns.iter().any(|p| p.needs == DeviceNeed::Any);
-        let want_loop = patterns.iter().any(|p| p.needs != DeviceNeed::Any);
-        if is_root() && !patterns.is_empty() {
+        let want_any = needs.contains(&DeviceNeed::Any);
+        let want_loop = needs.iter().any(|n| *n != DeviceNeed::Any);
+        if is_root() && !needs.is_empty() {
             bed._lock = Some(DeviceLock::acquire(progress)?);
             bed.notes.extend(recover_stale());
             if want_any {
@@ -210,7 +214,7 @@ impl Testbed {
             }
         }
         if bed.devices.is_empty() {
-            if !patterns.is_empty() && !is_root() {
+            if !needs.is_empty() && !is_root() {
                 bed.notes.push(
                     "not root: measuring on an image file in a temporary directory \
                      (raw = the file itself)"
@@ -240,6 +244,7 @@ impl Testbed {
         bed.any = find(BedKind::Zram).unwrap_or(first);
         bed.small_sectors = find(BedKind::LoopOnTmpfs).unwrap_or(first);
         bed.volatile = bed.small_sectors;
+        bed.data_independent = bed.small_sectors;
         Ok(bed)
     }
 
@@ -268,14 +273,20 @@ impl Testbed {
         Ok((path, file))
     }
 
-    /// The device a workload runs on, or why it cannot run here.
-    pub fn device_for(&self, pattern: &IoPattern) -> Result<&BedDevice, String> {
-        let index = match pattern.needs {
+    /// The device for workloads with `need`.
+    pub fn device(&self, need: DeviceNeed) -> &BedDevice {
+        let index = match need {
             DeviceNeed::Any => self.any,
             DeviceNeed::SmallSectors => self.small_sectors,
             DeviceNeed::VolatileCache => self.volatile,
+            DeviceNeed::DataIndependent => self.data_independent,
         };
-        let dev = &self.devices[index];
+        &self.devices[index]
+    }
+
+    /// The device a direct workload runs on, or why it cannot run here.
+    pub fn device_for(&self, pattern: &IoPattern) -> Result<&BedDevice, String> {
+        let dev = self.device(pattern.needs);
         let lbs = u64::from(dev.caps.logical_block_size);
         if !pattern.min_size.is_multiple_of(lbs) || !pattern.align.is_multiple_of(lbs) {
             return Err(format!(

@@ -35,6 +35,12 @@ pub enum DeviceNeed {
     /// A volatile write cache, so that DSYNC has flushes to save: the
     /// default bed uses the loop device.
     VolatileCache,
+    /// Speed that does not depend on the bytes written, so targets writing
+    /// different data compare: the default bed uses the loop device (on
+    /// tmpfs). zram compresses every page, at a cost that varies several
+    /// times over with the data (measured: fio's default buffers took 5.7
+    /// µs a page to write back, random ones 1.8, a repeated pattern 0.4).
+    DataIndependent,
 }
 
 /// A direct-I/O workload: the same pattern runs on every target.
@@ -72,9 +78,137 @@ impl IoPattern {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
     Direct(IoPattern),
-    /// Buffered I/O through iomapfs' page cache: not built yet, so these are
-    /// listed (their names are stable) and reported as skipped.
-    Buffered,
+    /// Buffered I/O (non-direct handles, the kernel's page cache): each of
+    /// its [`BufferedSpec::variants`] is measured on every target.
+    Buffered(BufferedSpec),
+}
+
+impl Kind {
+    /// What the workload needs from the device. Buffered workloads compare
+    /// iomapfs writing the bench's data with fio writing its own, so they
+    /// need a device indifferent to the data.
+    pub fn needs(&self) -> DeviceNeed {
+        match self {
+            Kind::Direct(p) => p.needs,
+            Kind::Buffered(_) => DeviceNeed::DataIndependent,
+        }
+    }
+}
+
+/// Size of the file buffered workloads read and write, and of each pass
+/// of a buffered workload (less on a small device). Small enough that the
+/// file, a fresh copy of it and the kernel's page cache of both fit
+/// comfortably in the RAM bed (512 MiB zram), and that the iomapfs cache
+/// holds it whole with its default size for warm reads to be warm (the
+/// device req/IO column shows whether it did: 0 reads per I/O).
+pub const BUFFERED_SPAN: u64 = 64 * MIB;
+
+/// A buffered workload: one thread of synchronous, sequential I/O of one
+/// size through the cache, in passes over one file (fio `ioengine=psync`,
+/// `numjobs=1`, `rw=read` or `rw=write`, `direct=0`, as in the
+/// ext4-iomap thread's table).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferedSpec {
+    pub op: Op,
+    pub io_size: u64,
+    /// The file's size: a pass reads or writes it from offset 0 to here.
+    pub span: u64,
+}
+
+impl BufferedSpec {
+    /// The variants measured, in run order.
+    pub fn variants(&self) -> &'static [BufferedVariant] {
+        match self.op {
+            Op::Read => &BufferedVariant::ALL[..2],
+            Op::Write => &BufferedVariant::ALL[2..],
+        }
+    }
+
+    /// I/Os in one pass over a `span`-byte file (at least one).
+    pub fn ios_per_pass(&self, span: u64) -> u64 {
+        (span / self.io_size).max(1)
+    }
+}
+
+/// How a buffered workload's window is arranged. Every variant is passes
+/// of sequential I/O over the file from offset 0; they differ in what
+/// happens between passes (untimed) and at the end of each (timed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferedVariant {
+    /// Reads from the cache: the file is read once before the window, then
+    /// read again and again (no work between passes).
+    Warm,
+    /// Reads from the device: before every pass, untimed, the cache is
+    /// emptied (iomapfs: the volume is unmounted and mounted again; kernel:
+    /// fio `invalidate=1`, `POSIX_FADV_DONTNEED` of the file at each open,
+    /// one per loop). Sequential, so read-ahead is part of the figure.
+    Cold,
+    /// Writes over an existing, fully written file, pass after pass.
+    /// `fsync`: each pass, and a pass cut by the end of the window, ends
+    /// with an fsync inside the window, so every byte written in the window
+    /// is also written back (and made durable) in it.
+    Overwrite { fsync: bool },
+    /// Writes appending to a fresh, empty file: before every pass, untimed,
+    /// the previous file is unlinked and a new one created (fio
+    /// `unlink_each_loop=1`, `fallocate=none`). `fsync` as for `Overwrite`.
+    Alloc { fsync: bool },
+}
+
+impl BufferedVariant {
+    /// Every variant: the read ones, then the write ones.
+    pub const ALL: [BufferedVariant; 6] = [
+        BufferedVariant::Warm,
+        BufferedVariant::Cold,
+        BufferedVariant::Overwrite { fsync: false },
+        BufferedVariant::Overwrite { fsync: true },
+        BufferedVariant::Alloc { fsync: false },
+        BufferedVariant::Alloc { fsync: true },
+    ];
+
+    /// Stable name, in results and the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            BufferedVariant::Warm => "warm",
+            BufferedVariant::Cold => "cold",
+            BufferedVariant::Overwrite { fsync: false } => "overwrite",
+            BufferedVariant::Overwrite { fsync: true } => "overwrite+fsync",
+            BufferedVariant::Alloc { fsync: false } => "alloc",
+            BufferedVariant::Alloc { fsync: true } => "alloc+fsync",
+        }
+    }
+
+    /// Every pass ends with an fsync inside the window: the window includes
+    /// writing back all it wrote.
+    pub fn includes_writeback(self) -> bool {
+        matches!(
+            self,
+            BufferedVariant::Overwrite { fsync: true } | BufferedVariant::Alloc { fsync: true }
+        )
+    }
+
+    /// One line for `--help`.
+    pub fn summary(self) -> &'static str {
+        match self {
+            BufferedVariant::Warm => "from the cache: the file read once before the window",
+            BufferedVariant::Cold => {
+                "from the device: the cache emptied before every pass (iomapfs remounted, \
+                 fio invalidate=1)"
+            }
+            BufferedVariant::Overwrite { fsync: false } => {
+                "over the written file, no sync: what the writer waits for"
+            }
+            BufferedVariant::Overwrite { fsync: true } => {
+                "over the written file, fsync ending every pass, timed: writeback included"
+            }
+            BufferedVariant::Alloc { fsync: false } => {
+                "appending to a fresh file (new every pass), no sync"
+            }
+            BufferedVariant::Alloc { fsync: true } => {
+                "appending to a fresh file, fsync ending every pass, timed: writeback and \
+                 allocation commit included"
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,38 +306,59 @@ pub const WORKLOADS: &[Workload] = &[
     },
     Workload {
         name: "buffered-read-4k",
-        summary: "4 KiB buffered reads (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "4 KiB buffered sequential reads, 1 thread: warm, cold",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Read,
+            io_size: 4 * KIB,
+            span: BUFFERED_SPAN,
+        }),
     },
     Workload {
         name: "buffered-read-64k",
-        summary: "64 KiB buffered reads (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "64 KiB buffered sequential reads, 1 thread: warm, cold",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Read,
+            io_size: 64 * KIB,
+            span: BUFFERED_SPAN,
+        }),
     },
     Workload {
         name: "buffered-read-1m",
-        summary: "1 MiB buffered reads (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "1 MiB buffered sequential reads, 1 thread: warm, cold",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Read,
+            io_size: MIB,
+            span: BUFFERED_SPAN,
+        }),
     },
     Workload {
         name: "buffered-write-4k",
-        summary: "4 KiB buffered writes (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "4 KiB buffered sequential writes, 1 thread: overwrite and alloc, with and without fsync",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Write,
+            io_size: 4 * KIB,
+            span: BUFFERED_SPAN,
+        }),
     },
     Workload {
         name: "buffered-write-64k",
-        summary: "64 KiB buffered writes (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "64 KiB buffered sequential writes, 1 thread: overwrite and alloc, with and without fsync",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Write,
+            io_size: 64 * KIB,
+            span: BUFFERED_SPAN,
+        }),
     },
     Workload {
         name: "buffered-write-1m",
-        summary: "1 MiB buffered writes (needs buffered I/O)",
-        kind: Kind::Buffered,
+        summary: "1 MiB buffered sequential writes, 1 thread: overwrite and alloc, with and without fsync",
+        kind: Kind::Buffered(BufferedSpec {
+            op: Op::Write,
+            io_size: MIB,
+            span: BUFFERED_SPAN,
+        }),
     },
 ];
-
-/// Why buffered workloads are not measured yet.
-pub const BUFFERED_NOT_BUILT: &str = "buffered I/O is not built yet (DESIGN.md fast path 5)";
 
 /// The workloads named in `names` (all of them when empty), in run order,
 /// each once.
@@ -304,6 +459,43 @@ mod tests {
             err.contains("nope") && err.contains("randread-4k-qd32"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn buffered_workloads_cover_every_size_and_variant_once() {
+        let mut seen = Vec::new();
+        for w in WORKLOADS {
+            let Kind::Buffered(spec) = w.kind else {
+                continue;
+            };
+            assert_eq!(w.kind.needs(), DeviceNeed::DataIndependent);
+            let op = match spec.op {
+                Op::Read => "read",
+                Op::Write => "write",
+            };
+            let size = match spec.io_size {
+                4096 => "4k",
+                65536 => "64k",
+                1048576 => "1m",
+                other => panic!("{}: size {other}", w.name),
+            };
+            assert_eq!(w.name, format!("buffered-{op}-{size}"));
+            assert_eq!(spec.span, BUFFERED_SPAN);
+            assert_eq!(spec.ios_per_pass(spec.span) * spec.io_size, spec.span);
+            for v in spec.variants() {
+                assert_eq!(v.includes_writeback(), v.name().ends_with("+fsync"));
+                // Reads have the read variants, writes the write ones.
+                let is_read = matches!(v, BufferedVariant::Warm | BufferedVariant::Cold);
+                assert_eq!(is_read, spec.op == Op::Read, "{} {}", w.name, v.name());
+                seen.push(format!("{} {}", w.name, v.name()));
+            }
+        }
+        // 3 sizes × (2 read + 4 write variants), no name twice.
+        assert_eq!(seen.len(), 18);
+        let mut names: Vec<&str> = BufferedVariant::ALL.iter().map(|v| v.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), BufferedVariant::ALL.len());
     }
 
     #[test]

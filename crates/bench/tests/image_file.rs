@@ -16,6 +16,9 @@ const DIRECT_WORKLOADS: [&str; 5] = [
     "aio-overwrite-4k..16k-qd64",
 ];
 
+/// One read and one write workload: every buffered variant and baseline.
+const BUFFERED_WORKLOADS: [&str; 2] = ["buffered-read-4k", "buffered-write-64k"];
+
 fn image(dir: &Path, bytes: u64) -> std::path::PathBuf {
     let path = dir.join("bench.img");
     std::fs::File::create(&path)
@@ -36,7 +39,7 @@ fn image_file_run_reports_consistent_json() {
     let img = image(dir.path(), 128 << 20);
     let json_path = dir.path().join("report.json");
     let mut workloads: Vec<String> = DIRECT_WORKLOADS.iter().map(|s| s.to_string()).collect();
-    workloads.push("buffered-read-4k".into());
+    workloads.extend(BUFFERED_WORKLOADS.map(String::from));
     let opts = BenchOptions {
         device: Some(img.clone()),
         runtime: Duration::from_millis(200),
@@ -192,11 +195,8 @@ fn image_file_run_reports_consistent_json() {
         assert!((num(per_op, "writes") - count("writes") as f64 / ops as f64).abs() < 1e-9);
     }
 
-    // Buffered workloads are listed as not built, for every target.
-    for t in ["raw", "iomapfs", "xfs", "ext4"] {
-        let reason = skipped_reason("buffered-read-4k", t).unwrap();
-        assert!(reason.contains("not built"), "{reason}");
-    }
+    check_buffered(results, skipped);
+    assert!(table.contains("×memcpy") && table.contains("writeback throughput"));
     assert!(table.contains("randread-4k-qd1") && table.contains("iomapfs"));
     assert!(table.contains("cpu ×raw") && table.contains("cpu µs/IO"));
     assert!(!table.contains("no CPU figure"), "{table}");
@@ -211,6 +211,126 @@ fn image_file_run_reports_consistent_json() {
         ..opts
     };
     run(&again, &NoProgress).unwrap();
+}
+
+/// The buffered rows of an image-file run without kernel targets: the
+/// memcpy ceiling and raw sequential writes, iomapfs in every variant, each
+/// with its ratios to the baselines that ran, and device traffic showing
+/// each arrangement (cold reads read the device, +fsync windows write
+/// back and flush every pass).
+fn check_buffered(results: &[Value], skipped: &[Value]) {
+    let find = |w: &str, variant: &str, t: &str| {
+        results
+            .iter()
+            .find(|r| r["workload"] == w && r["variant"] == variant && r["target"] == t)
+            .unwrap_or_else(|| panic!("no {w} {variant} {t} in {results:?}; skipped {skipped:?}"))
+    };
+    let u = |v: &Value, key: &str| {
+        v[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key} is not a count in {v}"))
+    };
+    for (w, io_size, variants) in [
+        ("buffered-read-4k", 4096.0, &["warm", "cold"][..]),
+        (
+            "buffered-write-64k",
+            65536.0,
+            &["overwrite", "overwrite+fsync", "alloc", "alloc+fsync"][..],
+        ),
+    ] {
+        let memcpy = find(w, "ceiling", "memcpy");
+        assert_eq!(num(memcpy, "ratio_to_memcpy"), 1.0);
+        let memcpy_bw = num(memcpy, "bw_bytes");
+        let raw_bw = w.contains("write").then(|| {
+            let raw = find(w, "seq-write", "raw");
+            assert!((num(raw, "bw_bytes") / num(raw, "iops") - 1048576.0).abs() < 1e-3);
+            assert_eq!(num(raw, "ratio_to_raw_seq_write"), 1.0);
+            num(raw, "bw_bytes")
+        });
+        for r in std::iter::once(memcpy).chain(variants.iter().map(|v| find(w, v, "iomapfs"))) {
+            let what = format!("{w} {} {}", r["variant"], r["target"]);
+            for key in ["iops", "bw_bytes", "lat_mean_ns", "lat_p99_ns"] {
+                assert!(num(r, key) > 0.0, "{what}: {key} = {}", r[key]);
+            }
+            assert!(
+                (num(r, "bw_bytes") / num(r, "iops") - io_size).abs() < 1e-6 * io_size,
+                "{what}: {} bytes per I/O",
+                num(r, "bw_bytes") / num(r, "iops")
+            );
+            let cpu = &r["cpu_per_io"];
+            assert_eq!(cpu["scope"], "process", "{what}: {cpu}");
+            assert!(num(cpu, "total_us") > 0.0, "{what}: {cpu}");
+            // Buffered rows are compared with xfs and memcpy, never raw's
+            // direct figures; without kernel targets, there is no xfs.
+            assert!(r["ratio_to_raw"].is_null(), "{what}: {}", r["ratio_to_raw"]);
+            assert!(r.get("ratio_to_xfs").is_none(), "{what}");
+            let expect = num(r, "bw_bytes") / memcpy_bw;
+            assert!(
+                (num(r, "ratio_to_memcpy") - expect).abs() <= 1e-9 * expect,
+                "{what}: ×memcpy {} vs {expect}",
+                r["ratio_to_memcpy"]
+            );
+        }
+        for v in variants {
+            let r = find(w, v, "iomapfs");
+            let what = format!("{w} {v}");
+            let ops = u(r, "ops");
+            let passes = u(r, "passes");
+            assert!(
+                ops > 0 && passes > 0,
+                "{what}: {ops} ops in {passes} passes"
+            );
+            assert!(
+                r["command"].as_str().unwrap().contains("non-direct"),
+                "{what}"
+            );
+            let req = &r["device_requests"];
+            let bytes = ops * io_size as u64;
+            if *v == "cold" {
+                // The cache was empty at the start of every pass.
+                assert!(u(req, "bytes_read") >= bytes, "{what}: {req} for {bytes}");
+            }
+            if v.ends_with("+fsync") {
+                // Every pass, the last one too, ended in an fsync, which
+                // wrote back what the pass wrote and flushed the device.
+                assert!(
+                    u(req, "flushes") >= passes,
+                    "{what}: {req} for {passes} passes"
+                );
+                assert!(
+                    u(req, "bytes_written") >= bytes,
+                    "{what}: {req} for {bytes}"
+                );
+                let expect = num(r, "bw_bytes") / raw_bw.unwrap();
+                assert!(
+                    (num(r, "ratio_to_raw_seq_write") - expect).abs() <= 1e-9 * expect,
+                    "{what}: {} vs {expect}",
+                    r["ratio_to_raw_seq_write"]
+                );
+            } else {
+                assert!(r.get("ratio_to_raw_seq_write").is_none(), "{what}");
+            }
+        }
+        // Kernel targets: skipped once per workload, saying why.
+        for t in ["xfs", "ext4"] {
+            let s = skipped
+                .iter()
+                .find(|s| s["workload"] == w && s["target"] == t)
+                .unwrap_or_else(|| panic!("{w} {t} not reported skipped"));
+            assert!(s["reason"].as_str().unwrap().contains("no-kernel"), "{s}");
+            assert!(s.get("variant").is_none(), "{s}");
+        }
+    }
+    assert!(
+        !skipped.iter().any(|s| {
+            let buffered = BUFFERED_WORKLOADS.iter().any(|w| s["workload"] == *w);
+            buffered
+                && ["iomapfs", "memcpy", "raw"]
+                    .iter()
+                    .any(|t| s["target"] == *t)
+        }),
+        "{skipped:?}"
+    );
 }
 
 /// Both engine drivers: threads (sync backend) and one queue (io_uring),

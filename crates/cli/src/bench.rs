@@ -1,5 +1,6 @@
 //! `iomapfs bench`: the seed workloads on one device, raw device vs iomapfs
-//! vs kernel XFS and ext4, as absolute figures and ratios to the raw device.
+//! vs kernel XFS and ext4, as absolute figures and ratios to the raw device
+//! (buffered workloads: to XFS and a memcpy ceiling).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,28 +17,59 @@ raw device (same backend and queue depth), iomapfs, and the kernel's XFS and
 ext4 (through fio), as IOPS, bandwidth, mean and p99 latency, CPU time per
 I/O, and ratios to the raw device (of IOPS and of CPU per I/O).
 
+Buffered workloads (buffered-*) go through caches, where the raw device means
+nothing: each of their variants (warm/cold reads; overwrite/alloc writes,
+with and without fsync) is a row for iomapfs (a non-direct handle, default
+cache) and for XFS and ext4 (fio psync, direct=0), in their own table with
+ratios to XFS (×xfs, cpu ×xfs) and to a memcpy of the same size (×memcpy, the
+memory-bandwidth ceiling); windows that include writeback (+fsync) are also
+compared with the raw device's sequential 1 MiB direct writes.
+
 With no --device: as root with zram and loop devices available, a RAM-backed
-bed is set up (zram for 4 KiB workloads; a loop device over a tmpfs file
-with 512-byte sectors and a volatile write cache for sub-block and DSYNC
-workloads) and always torn down afterwards, also on Ctrl-C or error. Without
-root: an image file in a temporary directory, iomapfs vs the raw file, and
-kernel comparisons are skipped (the report says why).
+bed is set up (zram for 4 KiB direct workloads; a loop device over a tmpfs
+file with 512-byte sectors and a volatile write cache for sub-block, DSYNC
+and buffered workloads, whose speed, unlike zram's, does not depend on the
+data written) and always torn down afterwards, also on Ctrl-C or error.
+Without root: an image file in a temporary directory, iomapfs vs the raw
+file, and kernel comparisons are skipped (the report says why).
 
 An explicit --device is DESTROYED. It is refused if it holds a file system or
 partition table (unless --force) or is mounted or in use.";
 
-const AFTER_HELP: &str = "\
+const EXAMPLES: &str = "\
 Examples:
   iomapfs bench                                  # everything, default bed
   iomapfs bench --runtime 2 --workload randread-4k-qd1 --workload randread-4k-qd32
-  iomapfs bench --device /dev/nvme0n1p3 --json results.json --no-kernel
+  iomapfs bench --runtime 3 --workload buffered-write-64k
+  iomapfs bench --device /dev/nvme0n1p3 --json results.json --no-kernel";
 
-Workloads:
-  randread-4k-qd1, randread-4k-qd32, overwrite-2k-unaligned,
-  dsync-overwrite-4k, aio-overwrite-4k..16k-qd64";
+/// The examples, then every workload and buffered variant with its summary
+/// (from the bench engine, so the list never lags behind it).
+fn after_help() -> String {
+    let mut text = format!("{EXAMPLES}\n\nWorkloads (--workload NAME):\n");
+    let workloads = iomapfs_bench::workloads();
+    let width = workloads.iter().map(|w| w.0.len()).max().unwrap_or(0);
+    for (name, summary) in workloads {
+        text.push_str(&format!("  {name:<width$}  {summary}\n"));
+    }
+    text.push_str(
+        "\nVariants of buffered workloads (the `variant` column and JSON field), each one\n\
+         thread of sequential I/O in passes over a 64 MiB file:\n",
+    );
+    let variants = iomapfs_bench::buffered_variants();
+    let width = variants.iter().map(|v| v.0.len()).max().unwrap_or(0);
+    for (name, summary) in variants {
+        text.push_str(&format!("  {name:<width$}  {summary}\n"));
+    }
+    text.push_str(
+        "  and the baselines: ceiling (memcpy of the I/O size), seq-write (raw device, 1 MiB \
+         direct writes, writes only)",
+    );
+    text
+}
 
 #[derive(Args)]
-#[command(about = "Benchmark iomapfs against the raw device and kernel XFS/ext4", long_about = LONG_ABOUT, after_help = AFTER_HELP)]
+#[command(about = "Benchmark iomapfs against the raw device and kernel XFS/ext4", long_about = LONG_ABOUT, after_help = after_help())]
 pub struct BenchArgs {
     /// Device or image file to benchmark on (its contents are destroyed).
     /// Default: a RAM-backed bed set up and torn down by the run.

@@ -1,0 +1,511 @@
+//! The report as text for people: the machine and devices, then one table
+//! for direct workloads (ratios to the raw device) and one for buffered
+//! workloads (ratios to XFS and to the memcpy ceiling), the writeback
+//! figures, what was not measured and why, and the notes. Every ratio
+//! column is named for its baseline.
+
+use std::fmt::Write as _;
+
+use super::{BenchReport, BenchResult, RequestsPerOp};
+
+fn si(x: f64) -> String {
+    if x >= 1e6 {
+        format!("{:.2}M", x / 1e6)
+    } else if x >= 1e4 {
+        format!("{:.1}k", x / 1e3)
+    } else {
+        format!("{x:.0}")
+    }
+}
+
+fn micros(ns: f64) -> String {
+    let us = ns / 1e3;
+    if us >= 1000.0 {
+        format!("{us:.0}")
+    } else if us >= 100.0 {
+        format!("{us:.1}")
+    } else {
+        format!("{us:.2}")
+    }
+}
+
+fn mib(bytes_per_s: f64) -> f64 {
+    bytes_per_s / f64::from(1u32 << 20)
+}
+
+fn ratio(x: Option<f64>) -> String {
+    x.map_or("-".into(), |x| format!("{x:.2}"))
+}
+
+fn cpu_us(r: &BenchResult) -> String {
+    r.cpu_per_io
+        .as_ref()
+        .map_or("-".into(), |c| micros(c.total_us * 1e3))
+}
+
+fn per_op(r: &RequestsPerOp) -> String {
+    if r.writes == 0.0 && r.fua_writes == 0.0 && r.flushes == 0.0 {
+        format!("r {:.2}", r.reads)
+    } else {
+        format!(
+            "w {:.2} fua {:.2} fl {:.2}",
+            r.writes, r.fua_writes, r.flushes
+        )
+    }
+}
+
+/// Device traffic of a buffered row: requests per I/O, then device bytes
+/// per byte the workload read or wrote (warm reads should read 0; writes
+/// whose window includes writeback write at least 1).
+fn buffered_device(r: &BenchResult) -> String {
+    let (Some(per), Some(req), Some(ops)) = (r.requests_per_op, r.device_requests, r.ops) else {
+        return String::new();
+    };
+    let bytes = if r.iops > 0.0 {
+        ops as f64 * r.bw_bytes / r.iops
+    } else {
+        0.0
+    };
+    let share = |b: u64| {
+        if bytes > 0.0 {
+            format!("{:.2}", b as f64 / bytes)
+        } else {
+            "-".into()
+        }
+    };
+    format!(
+        "r {} w {} fl {} · bytes r {} w {}",
+        fraction(per.reads),
+        fraction(per.writes),
+        fraction(per.flushes),
+        share(req.bytes_read),
+        share(req.bytes_written)
+    )
+}
+
+/// Requests per I/O, with the digits a rare request needs (one flush per
+/// pass of a thousand writes is 0.0010, not 0.00).
+fn fraction(x: f64) -> String {
+    if x > 0.0 && x < 0.01 {
+        format!("{x:.4}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+/// Rows of buffered workloads carry a variant; direct ones do not.
+fn is_buffered(r: &BenchResult) -> bool {
+    r.variant.is_some()
+}
+
+/// The report as a table: one row per workload × target with IOPS, MiB/s,
+/// mean and p99 latency, ratios, CPU per I/O and device requests per I/O
+/// where known; then the writeback figures, what was skipped, why CPU
+/// figures are missing, and the notes.
+pub fn render_table(report: &BenchReport) -> String {
+    let mut out = String::new();
+    header(&mut out, report);
+    let direct: Vec<&BenchResult> = report.results.iter().filter(|r| !is_buffered(r)).collect();
+    let buffered: Vec<&BenchResult> = report.results.iter().filter(|r| is_buffered(r)).collect();
+    if !direct.is_empty() || buffered.is_empty() {
+        direct_table(&mut out, &direct);
+    }
+    if !buffered.is_empty() {
+        buffered_table(&mut out, &buffered);
+        writeback(&mut out, &buffered);
+    }
+    if direct
+        .iter()
+        .any(|r| r.lat_p99_ns < r.lat_mean_ns && r.ops.is_some())
+    {
+        let _ = writeln!(
+            out,
+            "\n(p99 below the mean: with more I/O threads than CPUs, a few I/Os wait a whole \
+             scheduler slice for a CPU; the mean then follows Little's law, queue depth / IOPS, \
+             while p99 shows the I/O itself)"
+        );
+    }
+    skipped(&mut out, report);
+    no_cpu(&mut out, report);
+    if !report.notes.is_empty() {
+        let _ = writeln!(out, "\nnotes:");
+        for n in &report.notes {
+            let _ = writeln!(out, "  {n}");
+        }
+    }
+    out
+}
+
+fn header(out: &mut String, report: &BenchReport) {
+    let m = &report.machine;
+    let _ = writeln!(
+        out,
+        "iomapfs bench: kernel {}, {} CPUs, {:.1} GiB RAM, backend {}",
+        m.kernel,
+        m.cpus,
+        m.memory_bytes as f64 / f64::from(1u32 << 30),
+        m.backend
+    );
+    let _ = writeln!(
+        out,
+        "{:.2} s measured per target after {:.2} s warm-up",
+        report.settings.runtime_s, report.settings.warmup_s
+    );
+    for d in &m.devices {
+        let _ = writeln!(
+            out,
+            "device {}: {}, {} MiB, {}-byte logical blocks, write cache {}, FUA {}{}; {}",
+            d.path,
+            d.kind,
+            d.size_bytes >> 20,
+            d.logical_block_size,
+            if d.volatile_write_cache {
+                "volatile"
+            } else {
+                "none"
+            },
+            if d.fua { "yes" } else { "no" },
+            if d.direct_io {
+                ""
+            } else {
+                ", NO direct I/O (page cache)"
+            },
+            d.backend,
+        );
+    }
+}
+
+fn direct_table(out: &mut String, rows: &[&BenchResult]) {
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<28} {:<8} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8} {:>9}  device req/IO",
+        "workload", "target", "IOPS", "MiB/s", "mean µs", "p99 µs", "×raw", "cpu ×raw", "cpu µs/IO"
+    );
+    let mut last = "";
+    for r in rows {
+        let name = if r.workload == last { "" } else { &r.workload };
+        last = &r.workload;
+        let reqs = r.requests_per_op.as_ref().map_or(String::new(), per_op);
+        let line = format!(
+            "{:<28} {:<8} {:>9} {:>9.1} {:>9} {:>9} {:>6} {:>8} {:>9}  {}",
+            name,
+            r.target,
+            si(r.iops),
+            mib(r.bw_bytes),
+            micros(r.lat_mean_ns),
+            micros(r.lat_p99_ns),
+            ratio(r.ratio_to_raw),
+            ratio(r.cpu_ratio_to_raw),
+            cpu_us(r),
+            reqs
+        );
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+fn buffered_table(out: &mut String, rows: &[&BenchResult]) {
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "buffered I/O (one thread, sequential, synchronous calls): ×xfs is IOPS over xfs's of \
+         the same variant, ×memcpy MiB/s over the memcpy ceiling's, cpu ×xfs CPU per I/O over \
+         xfs's; mean and p99 are of the reads or writes (an fsync ending a pass is in IOPS and \
+         MiB/s, not in them)"
+    );
+    let _ = writeln!(
+        out,
+        "{:<20} {:<16} {:<8} {:>9} {:>9} {:>9} {:>9} {:>6} {:>8} {:>8} {:>9}  device req/IO · bytes per byte",
+        "workload",
+        "variant",
+        "target",
+        "IOPS",
+        "MiB/s",
+        "mean µs",
+        "p99 µs",
+        "×xfs",
+        "×memcpy",
+        "cpu ×xfs",
+        "cpu µs/IO"
+    );
+    let mut last_workload = "";
+    let mut last_variant = "";
+    for r in rows {
+        let variant = r.variant.as_deref().unwrap_or("");
+        let same_workload = r.workload == last_workload;
+        let name = if same_workload { "" } else { &r.workload };
+        let shown_variant = if same_workload && variant == last_variant {
+            ""
+        } else {
+            variant
+        };
+        last_workload = &r.workload;
+        last_variant = variant;
+        let line = format!(
+            "{:<20} {:<16} {:<8} {:>9} {:>9.1} {:>9} {:>9} {:>6} {:>8} {:>8} {:>9}  {}",
+            name,
+            shown_variant,
+            r.target,
+            si(r.iops),
+            mib(r.bw_bytes),
+            micros(r.lat_mean_ns),
+            micros(r.lat_p99_ns),
+            ratio(r.ratio_to_xfs),
+            ratio(r.ratio_to_memcpy),
+            ratio(r.cpu_ratio_to_xfs),
+            cpu_us(r),
+            buffered_device(r)
+        );
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+/// The writeback figures: every row whose window includes writing back
+/// what it wrote, against the raw device's sequential writes.
+fn writeback(out: &mut String, rows: &[&BenchResult]) {
+    let with: Vec<&&BenchResult> = rows
+        .iter()
+        .filter(|r| r.ratio_to_raw_seq_write.is_some() && r.target != "raw")
+        .collect();
+    if with.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nwriteback throughput (+fsync variants: every byte written in the window is written \
+         back in it) against the raw device's sequential 1 MiB direct writes (seq-write):"
+    );
+    for r in with {
+        let raw = rows
+            .iter()
+            .find(|b| b.workload == r.workload && b.target == "raw")
+            .map_or(String::new(), |b| {
+                format!(" of {:.1} MiB/s", mib(b.bw_bytes))
+            });
+        let _ = writeln!(
+            out,
+            "  {:<20} {:<16} {:<8} {:>9.1} MiB/s = {} × raw seq-write{raw}",
+            r.workload,
+            r.variant.as_deref().unwrap_or(""),
+            r.target,
+            mib(r.bw_bytes),
+            ratio(r.ratio_to_raw_seq_write),
+        );
+    }
+}
+
+fn skipped(out: &mut String, report: &BenchReport) {
+    if report.skipped.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nnot measured:");
+    // Group targets sharing a workload, variant and reason onto one line.
+    let mut groups: Vec<(String, &str, Vec<&str>)> = Vec::new();
+    for s in &report.skipped {
+        let what = match &s.variant {
+            Some(v) => format!("{} {v}", s.workload),
+            None => s.workload.clone(),
+        };
+        match groups
+            .iter_mut()
+            .find(|(w, why, _)| *w == what && *why == s.reason)
+        {
+            Some(g) => g.2.push(&s.target),
+            None => groups.push((what, &s.reason, vec![&s.target])),
+        }
+    }
+    for (what, reason, targets) in groups {
+        let _ = writeln!(out, "  {what} [{}]: {reason}", targets.join(", "));
+    }
+}
+
+fn no_cpu(out: &mut String, report: &BenchReport) {
+    let missing: Vec<&BenchResult> = report
+        .results
+        .iter()
+        .filter(|r| r.cpu_per_io.is_none())
+        .collect();
+    if missing.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nno CPU figure:");
+    // Group by reason: one line per reason, its workload × targets.
+    let mut groups: Vec<(&str, Vec<String>)> = Vec::new();
+    for r in missing {
+        let reason = r.cpu_note.as_deref().unwrap_or("not measured");
+        let which = match &r.variant {
+            Some(v) => format!("{} {v} · {}", r.workload, r.target),
+            None => format!("{} · {}", r.workload, r.target),
+        };
+        match groups.iter_mut().find(|(why, _)| *why == reason) {
+            Some(g) => g.1.push(which),
+            None => groups.push((reason, vec![which])),
+        }
+    }
+    for (reason, which) in groups {
+        let _ = writeln!(out, "  {reason} [{}]", which.join(", "));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::{cpu, report, result};
+    use super::super::{CPU_SCOPE_FIO, CPU_SCOPE_PROCESS};
+    use super::*;
+
+    /// The cell of `column` (a header) in `line`: the text right-aligned
+    /// under the header, back to the previous space.
+    fn cell<'a>(header: &str, line: &'a str, column: &str) -> &'a str {
+        let end = header.find(column).unwrap() + column.len();
+        let chars: Vec<(usize, char)> = line.char_indices().collect();
+        let header_chars = header[..end].chars().count();
+        let stop = chars.get(header_chars).map_or(line.len(), |c| c.0);
+        line[..stop].rsplit(' ').next().unwrap()
+    }
+
+    #[test]
+    fn table_shows_cpu_per_io_and_its_ratio_under_their_headers() {
+        let mut raw = result("raw", 400_000.0, Some(1.0));
+        raw.cpu_per_io = cpu(4.0, CPU_SCOPE_PROCESS);
+        raw.cpu_ratio_to_raw = Some(1.0);
+        let mut fs = result("iomapfs", 300_000.0, Some(0.75));
+        fs.cpu_per_io = cpu(5.5, CPU_SCOPE_PROCESS);
+        fs.cpu_ratio_to_raw = Some(1.375);
+        let mut xfs = result("xfs", 250_000.0, Some(0.625));
+        xfs.cpu_per_io = cpu(123.456, CPU_SCOPE_FIO);
+        xfs.cpu_ratio_to_raw = Some(30.864);
+        let mut ext4 = result("ext4", 200_000.0, Some(0.5));
+        ext4.cpu_note = Some("fio JSON has no number jobs[0].usr_cpu".into());
+        let table = render_table(&report(vec![raw, fs, xfs, ext4]));
+        let lines: Vec<&str> = table.lines().collect();
+        let header = *lines.iter().find(|l| l.starts_with("workload")).unwrap();
+        // "cpu ×raw" comes right after "×raw", then "cpu µs/IO".
+        let at = |c: &str| header.find(c).unwrap();
+        assert!(at("×raw") < at("cpu ×raw") && at("cpu ×raw") < at("cpu µs/IO"));
+        assert!(header[at("×raw")..at("cpu ×raw")].trim() == "×raw");
+        let row = |t: &str| {
+            *lines
+                .iter()
+                .find(|l| l.contains(&format!(" {t} ")))
+                .unwrap()
+        };
+        let cells = |t: &str| {
+            (
+                cell(header, row(t), "  ×raw"),
+                cell(header, row(t), "cpu ×raw"),
+                cell(header, row(t), "cpu µs/IO"),
+            )
+        };
+        assert_eq!(cells("raw"), ("1.00", "1.00", "4.00"), "{table}");
+        assert_eq!(cells("iomapfs"), ("0.75", "1.38", "5.50"), "{table}");
+        assert_eq!(cells("xfs"), ("0.62", "30.86", "123.5"), "{table}");
+        assert_eq!(cells("ext4"), ("0.50", "-", "-"), "{table}");
+        // Why ext4 has none is said once, with where.
+        let why = table.split("no CPU figure:").nth(1).expect(&table);
+        assert!(
+            why.contains("fio JSON has no number jobs[0].usr_cpu [randread-4k-qd1 · ext4]"),
+            "{table}"
+        );
+    }
+
+    fn buffered(variant: &str, target: &str, iops: f64) -> BenchResult {
+        BenchResult {
+            workload: "buffered-write-64k".into(),
+            variant: Some(variant.into()),
+            bw_bytes: iops * 65536.0,
+            ..result(target, iops, None)
+        }
+    }
+
+    #[test]
+    fn buffered_rows_have_their_own_table_with_their_baselines_named() {
+        let direct = result("raw", 400_000.0, Some(1.0));
+        let mut memcpy = buffered("ceiling", "memcpy", 200_000.0);
+        memcpy.ratio_to_memcpy = Some(1.0);
+        let mut raw = buffered("seq-write", "raw", 2_000.0);
+        raw.ratio_to_raw_seq_write = Some(1.0);
+        let mut fs = buffered("overwrite+fsync", "iomapfs", 1_800.0);
+        fs.ratio_to_xfs = Some(2.0);
+        fs.cpu_ratio_to_xfs = Some(0.25);
+        fs.ratio_to_memcpy = Some(0.009);
+        fs.ratio_to_raw_seq_write = Some(0.9);
+        fs.cpu_per_io = cpu(12.0, CPU_SCOPE_PROCESS);
+        fs.ops = Some(1000);
+        fs.requests_per_op = Some(RequestsPerOp {
+            writes: 0.5,
+            flushes: 0.25,
+            ..RequestsPerOp::default()
+        });
+        fs.device_requests = Some(super::super::DeviceRequests {
+            writes: 500,
+            flushes: 250,
+            bytes_written: 1000 * 65536,
+            ..Default::default()
+        });
+        let mut xfs = buffered("overwrite+fsync", "xfs", 900.0);
+        xfs.ratio_to_xfs = Some(1.0);
+        xfs.ratio_to_raw_seq_write = Some(0.45);
+        let ext4 = buffered("overwrite+fsync", "ext4", 800.0);
+        let table = render_table(&report(vec![direct, memcpy, raw, fs, xfs, ext4]));
+        let lines: Vec<&str> = table.lines().collect();
+        let headers: Vec<&str> = lines
+            .iter()
+            .copied()
+            .filter(|l| l.starts_with("workload"))
+            .collect();
+        assert_eq!(headers.len(), 2, "{table}");
+        let (direct_header, header) = (headers[0], headers[1]);
+        assert!(direct_header.contains("×raw") && !direct_header.contains("×xfs"));
+        assert!(
+            header.contains("variant") && !header.contains("×raw"),
+            "{header}"
+        );
+        let section = table
+            .split(header)
+            .nth(1)
+            .and_then(|rest| rest.split("\n\n").next())
+            .expect(&table);
+        let row = |t: &str| {
+            section
+                .lines()
+                .find(|l| l.contains(&format!(" {t} ")))
+                .unwrap_or_else(|| panic!("no {t} row in {table}"))
+        };
+        let cells = |t: &str| {
+            (
+                cell(header, row(t), "  ×xfs"),
+                cell(header, row(t), "×memcpy"),
+                cell(header, row(t), "cpu ×xfs"),
+                cell(header, row(t), "cpu µs/IO"),
+            )
+        };
+        assert_eq!(
+            cells("iomapfs"),
+            ("2.00", "0.01", "0.25", "12.00"),
+            "{table}"
+        );
+        assert_eq!(cells("memcpy"), ("-", "1.00", "-", "-"), "{table}");
+        assert_eq!(cells("ext4"), ("-", "-", "-", "-"), "{table}");
+        // The variant is named once for its three targets.
+        assert!(row("iomapfs").contains("overwrite+fsync"), "{table}");
+        assert!(!row("xfs").contains("overwrite+fsync"), "{table}");
+        // Device traffic: requests per I/O and bytes per byte written.
+        assert!(
+            row("iomapfs").ends_with("r 0.00 w 0.50 fl 0.25 · bytes r 0.00 w 1.00"),
+            "{table}"
+        );
+        // The writeback figures: rows with writeback against raw's.
+        let wb = table.split("writeback throughput").nth(1).expect(&table);
+        let wb_line = |t: &str| {
+            wb.lines()
+                .find(|l| l.contains(&format!(" {t} ")))
+                .unwrap_or_else(|| panic!("no {t} in {wb}"))
+        };
+        assert!(
+            wb_line("iomapfs").contains("112.5 MiB/s = 0.90 × raw seq-write of 125.0 MiB/s"),
+            "{wb}"
+        );
+        assert!(wb_line("xfs").contains("0.45 × raw"), "{wb}");
+        assert!(!wb.contains(" ext4 ") && !wb.contains(" raw  "), "{wb}");
+    }
+}
