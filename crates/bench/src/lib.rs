@@ -82,6 +82,8 @@ pub struct BenchOptions {
     /// threads), `Uring` (one thread, N requests in flight), or `Auto`
     /// (probed per device: io_uring only where the device takes NOWAIT).
     pub backend: Backend,
+    /// How iomapfs targets mount their volume (the cache size).
+    pub mount: iomapfs_fs::MountOptions,
 }
 
 impl Default for BenchOptions {
@@ -94,6 +96,7 @@ impl Default for BenchOptions {
             no_kernel: false,
             force: false,
             backend: Backend::Auto,
+            mount: iomapfs_fs::MountOptions::default(),
         }
     }
 }
@@ -163,6 +166,7 @@ fn span_for(pattern: &IoPattern, device_bytes: u64) -> u64 {
 /// returns, whatever happens; SIGINT/SIGTERM/SIGHUP during the run stop it
 /// with [`BenchError::Interrupted`] after teardown.
 pub fn run(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport, BenchError> {
+    target::set_mount_options(opts.mount.clone());
     let result = run_inner(opts, progress);
     progress.finish();
     result

@@ -16,7 +16,7 @@ use blockdev::{
     RequestCounts, WriteMode,
 };
 use iomapfs_fs::aio::{Completion, IoQueue};
-use iomapfs_fs::{FiemapKind, File, FormatOptions, OpenFlags, Volume};
+use iomapfs_fs::{FiemapKind, File, FormatOptions, MountOptions, OpenFlags, Volume};
 
 use crate::interrupt::stop_requested;
 use crate::workload::{IoPattern, Op, Rng};
@@ -280,9 +280,20 @@ pub fn format_and_mount(dev: Arc<dyn BlockDevice>) -> Result<Volume, BenchError>
     mount(dev)
 }
 
-/// Mounts the volume on `dev` (again, for a cold cache).
+/// The mount options of every iomapfs target in this run (the cache size
+/// from `--cache-size`), set once by [`crate::run`].
+static MOUNT_OPTIONS: std::sync::OnceLock<MountOptions> = std::sync::OnceLock::new();
+
+/// Records the run's mount options for every later [`mount`].
+pub fn set_mount_options(opts: MountOptions) {
+    let _ = MOUNT_OPTIONS.set(opts);
+}
+
+/// Mounts the volume on `dev` (again, for a cold cache) with the run's
+/// mount options.
 pub fn mount(dev: Arc<dyn BlockDevice>) -> Result<Volume, BenchError> {
-    Volume::open(dev).map_err(|e| BenchError::fs("iomapfs mount", e))
+    let opts = MOUNT_OPTIONS.get().cloned().unwrap_or_default();
+    Volume::open_with(dev, &opts).map_err(|e| BenchError::fs("iomapfs mount", e))
 }
 
 /// Creates [`IOMAPFS_FILE`] of `span` bytes with `fallocate`, writes all of

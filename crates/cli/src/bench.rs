@@ -136,6 +136,8 @@ pub fn run(args: &BenchArgs, backend: blockdev::Backend) -> Result<(), Failure> 
         no_kernel: args.no_kernel,
         force: args.force,
         backend,
+        mount: crate::target::mount_options()
+            .map_err(|f| Failure::new(f.code, format!("bench: {}", f.message)))?,
     };
     let bar = ProgressBar::new(0);
     bar.set_style(

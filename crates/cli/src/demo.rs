@@ -233,7 +233,8 @@ fn demo(image: &Path) -> Result<(), Failure> {
     let dev = open_device(image, false).map_err(|f| fail("opening the image", f.message))?;
     println!("iomapfs demo on {}", describe_device(dev.as_ref()));
     Volume::format(dev.clone(), &FormatOptions::default()).map_err(|e| fail("format", e))?;
-    let vol = Volume::open(dev.clone()).map_err(|e| fail("mount", e))?;
+    let opts = crate::target::mount_options()?;
+    let vol = Volume::open_with(dev.clone(), &opts).map_err(|e| fail("mount", e))?;
     let sfs = vol.statfs();
     println!(
         "formatted: block size {} bytes, data area {}, free {}",
@@ -413,7 +414,8 @@ fn demo(image: &Path) -> Result<(), Failure> {
 
     // 5. Mount again from the image and verify every byte.
     let dev = open_device(image, false).map_err(|f| fail("reopening the image", f.message))?;
-    let vol = Volume::open(dev.clone()).map_err(|e| fail("remount", e))?;
+    let opts = crate::target::mount_options()?;
+    let vol = Volume::open_with(dev.clone(), &opts).map_err(|e| fail("remount", e))?;
     let verify_total: u64 = files.iter().map(|f| f.data.len() as u64).sum();
     let bar = progress(verify_total, "verify");
     let t = Instant::now();

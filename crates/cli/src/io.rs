@@ -81,12 +81,15 @@ pub struct IoArgs {
     pub commands: Vec<String>,
 }
 
+fn prefix_io(f: Failure) -> Failure {
+    Failure::new(f.code, format!("io: {}", f.message))
+}
+
 pub fn run(args: &IoArgs) -> Result<u8, Failure> {
     let shown = args.target.display();
     let dev = open_device(&args.target, false)
         .map_err(|f| Failure::new(1, format!("io: {}", f.message)))?;
-    let vol =
-        Volume::open(dev).map_err(|e| Failure::new(1, format!("io: cannot mount {shown}: {e}")))?;
+    let vol = crate::target::mount(dev, &shown.to_string()).map_err(prefix_io)?;
     let mut session = Session::new(vol);
 
     if args.commands.is_empty() {

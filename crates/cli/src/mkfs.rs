@@ -224,7 +224,8 @@ fn format(path: &Path, args: &MkfsArgs, block_size: u32) -> Result<u8, Failure> 
     };
     Volume::format(dev.clone(), &opts)
         .map_err(|e| Failure::new(1, format!("mkfs: cannot format {shown}: {e}")))?;
-    let vol = Volume::open(dev.clone()).map_err(|e| {
+    let opts = crate::target::mount_options().map_err(|f| prefix(f, "mkfs"))?;
+    let vol = Volume::open_with(dev.clone(), &opts).map_err(|e| {
         Failure::new(
             1,
             format!("mkfs: formatted {shown}, but cannot mount it: {e}"),

@@ -16,6 +16,43 @@ static BACKEND: OnceLock<Backend> = OnceLock::new();
 /// Why the last device was opened with the backend it got, for reports.
 static LAST_CHOICE: Mutex<Option<String>> = Mutex::new(None);
 
+/// The `--cache-size` choice (bytes), set once at start.
+static CACHE_SIZE: OnceLock<Option<u64>> = OnceLock::new();
+
+/// Records `--cache-size` for every later [`mount_options`].
+pub fn set_cache_size(bytes: Option<u64>) {
+    let _ = CACHE_SIZE.set(bytes);
+}
+
+/// How commands mount a volume: the cache size from the command line, or
+/// the default (an eighth of memory, 64 MiB to 2 GiB).
+pub fn mount_options() -> Result<iomapfs_fs::MountOptions, Failure> {
+    let cache = match CACHE_SIZE.get().copied().flatten() {
+        None => iomap::CacheConfig::default(),
+        Some(bytes) => {
+            let config = iomap::CacheConfig::with_size(bytes);
+            if config.size_bytes != bytes {
+                return Err(Failure::new(
+                    2,
+                    format!(
+                        "--cache-size {bytes}: the cache must hold at least {} bytes (four of the largest folios)",
+                        config.size_bytes
+                    ),
+                ));
+            }
+            config
+        }
+    };
+    Ok(iomapfs_fs::MountOptions { cache })
+}
+
+/// Mounts the volume on `dev` with the command line's mount options.
+pub fn mount(dev: Arc<dyn BlockDevice>, shown: &str) -> Result<iomapfs_fs::Volume, Failure> {
+    let opts = mount_options()?;
+    iomapfs_fs::Volume::open_with(dev, &opts)
+        .map_err(|e| Failure::new(1, format!("cannot mount {shown}: {e}")))
+}
+
 /// Records the `--backend` choice for every later [`open_device`].
 pub fn set_backend(backend: Backend) {
     let _ = BACKEND.set(backend);

@@ -736,3 +736,34 @@ fn demo_verifies_and_cleans_up() {
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("already exists"), "{}", r.stderr);
 }
+
+/// `--cache-size` on any command that mounts: a buffered write and read
+/// through a small cache work, and a cache too small to hold four of the
+/// largest folios is refused with the reason.
+#[test]
+fn cache_size_is_honoured_and_checked() {
+    let dir = scratch();
+    let image = dir.path().join("big.img");
+    let image_arg = image.display().to_string();
+    assert_ok(&iomapfs(["mkfs", &image_arg, "--size", "64m"]), "mkfs");
+    let r = iomapfs([
+        "--cache-size",
+        "16m",
+        "io",
+        &image_arg,
+        "-c",
+        "open -c /f",
+        "-c",
+        "pwrite -S 0x5a 0 40m",
+        "-c",
+        "fsync",
+        "-c",
+        "pread -v 40959k 16",
+    ]);
+    assert_ok(&r, "io with a 16 MiB cache");
+    assert!(r.stdout.contains("5a 5a"), "{}", r.stdout);
+    let r = iomapfs(["--cache-size", "1m", "io", &image_arg, "-c", "statfs"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("cache"), "{}", r.stderr);
+    assert!(r.stderr.contains("8388608"), "{}", r.stderr);
+}
