@@ -32,9 +32,18 @@ impl Meta {
     }
 
     /// Some handle holds inode `ino` open: unlinking it leaves the freeing
-    /// to the last close.
-    pub(crate) fn is_open(&self, ino: Ino) -> bool {
-        self.open.contains_key(&ino)
+    /// to the last close. An inode kept only for its dirty cache (no
+    /// handle) is closed here instead, its cached data dropped: nothing can
+    /// reach it once its last name is gone.
+    pub(crate) fn is_open(&mut self, ino: Ino) -> bool {
+        let Some(entry) = self.open.get(&ino) else {
+            return false;
+        };
+        if entry.inode.handles.load(Ordering::Acquire) != 0 {
+            return true;
+        }
+        self.open.remove(&ino);
+        false
     }
 }
 

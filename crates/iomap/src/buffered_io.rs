@@ -80,14 +80,30 @@ pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, F
 /// sequential, up to the largest folio; nothing extra for a random read.
 fn readahead_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
     let mut seq = mapping.shared.sequential.lock();
-    let window = if pos == seq.next_pos && pos > 0 {
-        (seq.window * 2).clamp(READAHEAD_START_BYTES, MAX_FOLIO_BYTES)
+    let (next, window) = grow(seq.next_pos, seq.window, pos, end);
+    seq.next_pos = next;
+    seq.window = window;
+    window
+}
+
+/// The folio size a write at `pos` asks for, growing the same way.
+fn write_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
+    let mut seq = mapping.shared.sequential.lock();
+    let (next, window) = grow(seq.next_write_pos, seq.write_window, pos, end);
+    seq.next_write_pos = next;
+    seq.write_window = window;
+    window
+}
+
+/// The next expected offset and window after an access of `[pos, end)`,
+/// given the previous ones: doubling while sequential, reset otherwise.
+fn grow(next_pos: u64, window: usize, pos: u64, end: u64) -> (u64, usize) {
+    let window = if pos == next_pos && pos > 0 {
+        (window * 2).clamp(READAHEAD_START_BYTES, MAX_FOLIO_BYTES)
     } else {
         0
     };
-    seq.next_pos = end;
-    seq.window = window;
-    window
+    (end, window)
 }
 
 /// Makes `blocks` of a locked folio uptodate: device data where the file
@@ -225,9 +241,13 @@ fn copy_into_cache<F: IomapFile>(
     let mapping = file.mapping();
     let bs = block_bytes(file.ops());
     let end = pos + len;
+    let window = match src {
+        Source::Bytes(_) => write_window(mapping, pos, end),
+        Source::Zeros => 0,
+    };
     let mut cur = pos;
     while cur < end {
-        let want = ((end - cur) as usize).min(MAX_FOLIO_BYTES);
+        let want = ((end - cur) as usize).max(window).min(MAX_FOLIO_BYTES);
         let folio = mapping.find_or_create(cur, want, bs)?;
         let from = (cur - folio.pos()) as usize;
         let to = (end.min(folio.end()) - folio.pos()) as usize;

@@ -7,17 +7,17 @@
 //! device's. A dirty block is always uptodate. A partial write makes only its
 //! edge blocks uptodate first (reading or zeroing them), never the folio.
 //!
-//! Writeback copies dirty blocks out under the folio's lock and clears their
-//! dirty bits; until that I/O completes the folio counts a writeback in
-//! flight and may be neither evicted nor invalidated, or a reader could miss
-//! it and read the device's older bytes.
+//! Writeback writes dirty blocks straight from the folio with its lock held,
+//! so until that I/O completes the folio can be neither evicted nor
+//! invalidated (a reader that missed it would read the device's older
+//! bytes).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use blockdev::AlignedBuf;
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::folio_cache::{CacheShared, MappingShared};
 
@@ -77,8 +77,6 @@ pub struct FolioState {
     pub dirty: Blocks,
     /// When the oldest dirty block became dirty (for writeback by age).
     pub dirty_since: Option<Instant>,
-    /// Writebacks of this folio's blocks still in flight.
-    pub writeback: u32,
     /// Removed from its mapping (evicted, invalidated, punched): a thread
     /// that found it before must look the offset up again.
     pub evicted: bool,
@@ -90,8 +88,6 @@ pub struct Folio {
     len: usize,
     block_bytes: usize,
     state: Mutex<FolioState>,
-    /// Woken when a writeback of this folio completes.
-    written_back: Condvar,
     /// CLOCK's reference bit: used since the hand last passed.
     referenced: AtomicBool,
     pub(crate) mapping: Weak<MappingShared>,
@@ -130,10 +126,8 @@ impl Folio {
                 uptodate: Blocks::new(blocks),
                 dirty: Blocks::new(blocks),
                 dirty_since: None,
-                writeback: 0,
                 evicted: false,
             }),
-            written_back: Condvar::new(),
             // Unreferenced until used again: a folio read once (a scan) goes
             // before one read twice.
             referenced: AtomicBool::new(false),
@@ -214,23 +208,6 @@ impl Folio {
             state.dirty_since = None;
         }
     }
-
-    /// Waits, with the folio locked, until no writeback of it is in flight.
-    pub fn wait_writeback(&self, state: &mut MutexGuard<'_, FolioState>) {
-        while state.writeback > 0 {
-            self.written_back.wait(state);
-        }
-    }
-
-    /// A writeback of this folio's blocks completed.
-    pub fn end_writeback(&self) {
-        let mut state = self.state.lock();
-        debug_assert!(state.writeback > 0, "writeback ended twice");
-        state.writeback = state.writeback.saturating_sub(1);
-        if state.writeback == 0 {
-            self.written_back.notify_all();
-        }
-    }
 }
 
 impl Drop for Folio {
@@ -242,6 +219,10 @@ impl Drop for Folio {
         // A dropped dirty folio is data discarded on purpose (its file was
         // deleted or truncated): its bytes leave the dirty count with it.
         self.cache.sub_dirty((dirty * self.block_bytes) as u64);
-        self.cache.release(self.len as u64);
+        let data = std::mem::replace(
+            &mut state.data,
+            AlignedBuf::new(0, 1).expect("a zero-length buffer needs no memory"),
+        );
+        self.cache.recycle(data);
     }
 }

@@ -6,10 +6,10 @@
 //! Every folio's memory is counted from creation to drop. Before a folio is
 //! created, [`FolioCache`] evicts clean folios with CLOCK (second chance: a
 //! folio used since the hand last passed is spared once) until the new one
-//! fits. Dirty folios and folios under writeback are never evicted; writers
+//! fits. Dirty folios and folios being written back are never evicted; writers
 //! are throttled when dirty bytes reach [`CacheConfig::dirty_limit_bytes`],
 //! which is below the budget, so clean folios to evict always exist and the
-//! process stays within the budget plus one writeback batch.
+//! process stays within the budget.
 //!
 //! # Writeback errors
 //!
@@ -123,6 +123,10 @@ pub(crate) struct CacheShared {
     dirty: AtomicU64,
     /// Folios in CLOCK order; the hand is the front.
     clock: Mutex<VecDeque<Weak<Folio>>>,
+    /// Memory of dropped folios, by size (index: log2 of the size over the
+    /// smallest), kept for new folios: fresh memory costs a page fault per
+    /// page on first touch. Counted in `used`.
+    pool: Mutex<Vec<Vec<AlignedBuf>>>,
     /// Woken when dirty bytes drop (throttled writers) or rise past the
     /// background threshold (the flusher).
     dirty_changed: Condvar,
@@ -152,9 +156,65 @@ impl CacheShared {
         }
     }
 
-    pub(crate) fn release(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::Relaxed);
+    /// A dropped folio's memory, kept for the next folio of its size.
+    pub(crate) fn recycle(&self, buf: AlignedBuf) {
+        if buf.is_empty() {
+            return;
+        }
+        let order = order_of(buf.len());
+        let mut pool = self.pool.lock();
+        if pool.len() <= order {
+            pool.resize_with(order + 1, Vec::new);
+        }
+        pool[order].push(buf);
     }
+
+    /// Pooled memory of exactly `len` bytes.
+    fn take_pooled(&self, len: usize) -> Option<AlignedBuf> {
+        self.pool.lock().get_mut(order_of(len))?.pop()
+    }
+
+    /// Frees one pooled buffer (the largest); false if the pool is empty.
+    fn free_pooled(&self) -> bool {
+        let freed = {
+            let mut pool = self.pool.lock();
+            pool.iter_mut().rev().find_map(|sizes| sizes.pop())
+        };
+        match freed {
+            Some(buf) => {
+                self.used.fetch_sub(buf.len() as u64, Ordering::Relaxed);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn order_of(len: usize) -> usize {
+    (len.max(MIN_FOLIO_BYTES) / MIN_FOLIO_BYTES).trailing_zeros() as usize
+}
+
+/// Fresh memory for a folio of `len` bytes. The largest folios get 2 MiB
+/// alignment and a transparent huge page: one page fault instead of 512
+/// the first time they are touched.
+fn new_buffer(len: usize, pos: u64) -> Result<AlignedBuf, IomapError> {
+    let align = if len == MAX_FOLIO_BYTES {
+        MAX_FOLIO_BYTES
+    } else {
+        FOLIO_ALIGN
+    };
+    let mut buf =
+        AlignedBuf::new(len, align).map_err(|source| IomapError::Bounce { pos, source })?;
+    if len == MAX_FOLIO_BYTES {
+        // SAFETY: the range is exactly the buffer this function owns, which
+        // is 2 MiB-aligned; MADV_HUGEPAGE only advises the kernel on how to
+        // back it and changes no content (it fails harmlessly where THP is
+        // off, and the result is ignored).
+        unsafe {
+            libc::madvise(buf.as_mut_ptr().cast(), len, libc::MADV_HUGEPAGE);
+        }
+    }
+    Ok(buf)
 }
 
 /// A volume's folio cache: the budget and the eviction policy. Cheap to
@@ -183,6 +243,7 @@ impl FolioCache {
                 used: AtomicU64::new(0),
                 dirty: AtomicU64::new(0),
                 clock: Mutex::new(VecDeque::new()),
+                pool: Mutex::new(Vec::new()),
                 dirty_changed: Condvar::new(),
                 dirty_lock: Mutex::new(()),
             }),
@@ -252,19 +313,33 @@ impl FolioCache {
         }
     }
 
-    /// Evicts clean folios until `bytes` more fit in the budget. Returns
-    /// false when it could not (every folio is dirty, under writeback or in
-    /// use); the caller then writes back or goes over by one folio.
-    fn make_room(&self, bytes: u64) -> bool {
+    /// Memory for a new folio of `len` bytes within the budget: a pooled
+    /// buffer of that size, or fresh memory once pooled buffers of other
+    /// sizes and clean folios (CLOCK) have made room. When nothing can be
+    /// evicted (every folio dirty or in use) it goes over by this folio.
+    fn acquire(&self, len: usize, pos: u64) -> Result<AlignedBuf, IomapError> {
         let budget = self.shared.config.size_bytes;
+        loop {
+            if let Some(buf) = self.shared.take_pooled(len) {
+                return Ok(buf);
+            }
+            if self.used_bytes() + len as u64 <= budget
+                || !(self.shared.free_pooled() || self.evict_one())
+            {
+                self.shared.used.fetch_add(len as u64, Ordering::Relaxed);
+                return new_buffer(len, pos).inspect_err(|_| {
+                    self.shared.used.fetch_sub(len as u64, Ordering::Relaxed);
+                });
+            }
+        }
+    }
+
+    /// Evicts one clean folio (its memory goes to the pool); false when a
+    /// full turn of the hand found none.
+    fn evict_one(&self) -> bool {
         let mut clock = self.shared.clock.lock();
         // Each folio is looked at at most twice (once to clear its bit).
-        let mut steps = clock.len() * 2 + 1;
-        while self.used_bytes() + bytes > budget {
-            if steps == 0 {
-                return false;
-            }
-            steps -= 1;
+        for _ in 0..clock.len() * 2 {
             let Some(weak) = clock.pop_front() else {
                 return false;
             };
@@ -273,9 +348,11 @@ impl FolioCache {
             };
             if folio.take_reference() || !try_evict(&folio) {
                 clock.push_back(weak);
+            } else {
+                return true;
             }
         }
-        true
+        false
     }
 
     /// Counts a new folio of `len` bytes and enters it in the CLOCK ring.
@@ -298,7 +375,7 @@ fn try_evict(folio: &Arc<Folio>) -> bool {
         let Some(mut state) = folio.try_lock() else {
             return false;
         };
-        if state.dirty.any() || state.writeback > 0 {
+        if state.dirty.any() {
             return false;
         }
         // A thread that found it before and locks it after sees this and
@@ -329,6 +406,10 @@ struct ErrorSeq {
 pub(crate) struct Sequential {
     pub next_pos: u64,
     pub window: usize,
+    /// The same for writes: sequential writers get large folios, which
+    /// writeback writes in large runs.
+    pub next_write_pos: u64,
+    pub write_window: usize,
 }
 
 /// One file's cached folios and writeback state.
@@ -427,9 +508,7 @@ impl Mapping {
         }
         let min_len = block_bytes.max(MIN_FOLIO_BYTES);
         let want = want.clamp(min_len, MAX_FOLIO_BYTES).next_power_of_two();
-        // Room first, before any tree lock: eviction takes trees itself.
-        self.shared.cache.make_room(want as u64);
-        let mut folios = self.shared.folios.write();
+        let folios = self.shared.folios.write();
         if let Some((_, f)) = folios.range(..=pos).next_back() {
             if pos < f.end() {
                 return Ok(f.clone());
@@ -454,10 +533,23 @@ impl Mapping {
             len /= 2;
         }
         let start = pos - pos % len as u64;
-        let data = AlignedBuf::new(len, FOLIO_ALIGN)
-            .map_err(|source| IomapError::Bounce { pos: start, source })?;
+        drop(folios);
+        // Memory before the tree is taken again: eviction takes trees.
         let cache = &self.shared.cache;
-        cache.shared.used.fetch_add(len as u64, Ordering::Relaxed);
+        let data = cache.acquire(len, start)?;
+        let mut folios = self.shared.folios.write();
+        // Another thread may have cached a folio in the range meanwhile.
+        if let Some((_, f)) = folios.range(..start + len as u64).next_back() {
+            if f.end() > start {
+                let found = (pos >= f.pos() && pos < f.end()).then(|| f.clone());
+                drop(folios);
+                cache.shared.recycle(data);
+                return match found {
+                    Some(f) => Ok(f),
+                    None => self.find_or_create(pos, want, block_bytes),
+                };
+            }
+        }
         let folio = Arc::new(Folio::new(
             start,
             len,
@@ -501,15 +593,14 @@ impl Mapping {
         folios.range(first..to).map(|(_, f)| f.clone()).collect()
     }
 
-    /// Drops the clean folios overlapping `[from, to)`, after their
-    /// writebacks in flight complete. A folio dirtied again since the
-    /// caller wrote it back stays: a racing buffered write is never lost
-    /// (as Linux's invalidation gives up on dirty pages).
+    /// Drops the clean folios overlapping `[from, to)` (waiting for a
+    /// writeback holding one). A folio dirtied again since the caller wrote
+    /// it back stays: a racing buffered write is never lost (as Linux's
+    /// invalidation gives up on dirty pages).
     pub(crate) fn invalidate(&self, from: u64, to: u64) {
         for folio in self.folios_in(from, to) {
             {
                 let mut state = folio.lock();
-                folio.wait_writeback(&mut state);
                 if state.dirty.any() {
                     continue;
                 }
@@ -608,10 +699,17 @@ mod tests {
             &m.find_or_create(3 << 20, 4096, 4096).unwrap(),
             &d
         ));
-        assert_eq!(c.used_bytes(), 4096 + 8192 + (2 << 20));
+        let used = 4096 + 8192 + (2 << 20);
+        assert_eq!(c.used_bytes(), used);
         drop((a, b, d));
         drop(m);
-        assert_eq!(c.used_bytes(), 0, "memory is returned with the folios");
+        // Their memory is pooled, still counted, and serves new folios of
+        // the same sizes without growing.
+        assert_eq!(c.used_bytes(), used);
+        let m = c.new_mapping();
+        let again = m.find_or_create(0, 2 << 20, 4096).unwrap();
+        assert_eq!(again.len(), 2 << 20);
+        assert_eq!(c.used_bytes(), used, "a pooled buffer was not reused");
     }
 
     #[test]

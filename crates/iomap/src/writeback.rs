@@ -1,18 +1,17 @@
 //! Writeback: dirty blocks of the folio cache to the device.
 //!
-//! Contiguous dirty blocks — across folios — are gathered into runs of up
-//! to [`WRITEBACK_BATCH_BYTES`], copied under each folio's lock (which
-//! clears their dirty bits and counts a writeback in flight, so the folio is
-//! neither evicted nor invalidated before its bytes are on the device), and
-//! written as one direct write each: the file system places delayed
-//! allocations as unwritten extents then, the data goes to the device, and
-//! completion ([`crate::ioend`]) converts the extents and raises the on-disk
-//! size to the run's end, clamped to the in-core EOF. So a power cut never
-//! exposes zeros or stale bytes through the size, and no data is ordered
-//! before metadata.
-//!
-//! The copy costs a memcpy per written byte and at most one batch of memory;
-//! it lets writers redirty a folio while its old bytes are being written.
+//! Each run of contiguous dirty blocks in a folio is written straight from
+//! the folio's memory, with the folio locked for the I/O (readers and
+//! writers of that folio wait; other folios go on). Large folios make large
+//! runs: sequential writers get folios of up to 2 MiB, so a run is up to
+//! that, cut into device requests of at most
+//! [`DIO_MAX_REQUEST_BYTES`](crate::dio::DIO_MAX_REQUEST_BYTES). A run is
+//! one direct write: the file system places delayed allocations as
+//! unwritten extents then, the data goes to the device, and completion
+//! ([`crate::ioend`]) converts the extents and raises the on-disk size to
+//! the run's end, clamped to the in-core EOF. So a power cut never exposes
+//! zeros or stale bytes through the size, and no data is ordered before
+//! metadata.
 //!
 //! # Fault model
 //!
@@ -20,26 +19,10 @@
 //! (see [`crate::folio_cache`]); its blocks stay clean in the cache, as in
 //! Linux, and the caller gets the first error after every run was tried.
 
-use std::sync::Arc;
-
-use blockdev::AlignedBuf;
-
 use crate::dio::dio_write_padded;
-use crate::folio::{Folio, FOLIO_ALIGN};
+use crate::folio::{Folio, FolioState};
 use crate::ioend::DioWriteOutcome;
 use crate::{FileError, IomapFile, IomapOpFlags, IomapOps, WriteSync};
-
-/// Largest run written back as one direct write: also the most memory a
-/// writeback adds to the cache's budget.
-pub const WRITEBACK_BATCH_BYTES: usize = 4 << 20;
-
-/// Dirty bytes gathered for one write: file range and the folios whose
-/// writeback it counts.
-struct Run {
-    pos: u64,
-    len: usize,
-    folios: Vec<Arc<Folio>>,
-}
 
 /// Writes back the dirty blocks of `file` in `[from, to)` and waits for
 /// them. Returns what the writes did (for the durability of O_DSYNC
@@ -56,45 +39,34 @@ pub fn write_back<F: IomapFile>(
     }
     let _one_at_a_time = mapping.writeback_lock();
     let _shared = file.as_ref().lock_shared();
-    let ops = file.ops();
-    let eof = ops.size(file.inode())?;
-    let mut bounce: Option<AlignedBuf> = None;
+    let eof = file.ops().size(file.inode())?;
     let mut first_error = None;
-    let mut next_pos = from;
-    let mut folios = std::iter::from_fn(|| {
-        let folio = mapping.next_folio(next_pos, to)?;
-        next_pos = folio.end();
-        Some(folio)
-    });
-    let mut pending: Option<(Arc<Folio>, usize)> = None; // folio, next block
-    loop {
-        let buf = match &mut bounce {
-            Some(b) => b,
-            None => bounce.insert(
-                AlignedBuf::new(WRITEBACK_BATCH_BYTES, FOLIO_ALIGN)
-                    .map_err(|source| crate::IomapError::Bounce { pos: from, source })?,
-            ),
-        };
-        let Some(run) = gather(&mut folios, &mut pending, from, to, buf) else {
-            break;
-        };
-        let data_end = (run.pos + run.len as u64).min(eof.max(run.pos));
-        let result = write_run(file, &run, &buf[..run.len], data_end);
-        for folio in &run.folios {
-            folio.end_writeback();
+    let mut pos = from;
+    // One folio at a time: a snapshot of all would keep evicted folios'
+    // memory alive while the writeback lasts.
+    while let Some(folio) = mapping.next_folio(pos, to) {
+        pos = folio.end();
+        let mut state = folio.lock();
+        if state.evicted || !state.dirty.any() {
+            continue;
         }
-        match result {
-            Ok(outcome) => total.merge(&outcome),
-            Err(e) => {
-                mapping.record_error(
-                    libc::EIO,
-                    format!(
-                        "writeback of file bytes {}..{}: {e}",
-                        run.pos,
-                        run.pos + run.len as u64
-                    ),
-                );
-                first_error.get_or_insert(e);
+        for (a, b) in dirty_runs(&folio, &state, from, to) {
+            let run_pos = folio.pos() + a as u64;
+            let data_end = (folio.pos() + b as u64).min(eof.max(run_pos));
+            let result = write_run(file, run_pos, &state.data[a..b], data_end);
+            folio.clear_dirty(&mut state, a / folio.block_bytes()..b / folio.block_bytes());
+            match result {
+                Ok(outcome) => total.merge(&outcome),
+                Err(e) => {
+                    mapping.record_error(
+                        crate::EngineError::as_iomap(&e).map_or(libc::EIO, |i| i.errno()),
+                        format!(
+                            "writeback of file bytes {run_pos}..{}: {e}",
+                            folio.pos() + b as u64
+                        ),
+                    );
+                    first_error.get_or_insert(e);
+                }
             }
         }
     }
@@ -104,11 +76,35 @@ pub fn write_back<F: IomapFile>(
     }
 }
 
+/// The runs of contiguous dirty blocks of a locked folio inside `[from,
+/// to)`, as byte ranges of the folio.
+fn dirty_runs(folio: &Folio, state: &FolioState, from: u64, to: u64) -> Vec<(usize, usize)> {
+    let bb = folio.block_bytes();
+    let mut runs = Vec::new();
+    let mut start = None;
+    for i in 0..folio.len() / bb {
+        let block_pos = folio.pos() + (i * bb) as u64;
+        let wanted = block_pos < to && block_pos + bb as u64 > from && state.dirty.get(i);
+        match (wanted, start) {
+            (true, None) => start = Some(i),
+            (false, Some(s)) => {
+                runs.push((s * bb, i * bb));
+                start = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(s) = start {
+        runs.push((s * bb, folio.len()));
+    }
+    runs
+}
+
 /// Writes one run as a direct write (allocating what is delayed), with
 /// completion clamped to `data_end`.
 fn write_run<F: IomapFile>(
     file: &F,
-    run: &Run,
+    pos: u64,
     data: &[u8],
     data_end: u64,
 ) -> Result<DioWriteOutcome, FileError<F>> {
@@ -120,73 +116,11 @@ fn write_run<F: IomapFile>(
         file.ops(),
         &**file.device(),
         file.inode(),
-        run.pos,
+        pos,
         data,
         data_end,
         flags,
     )
-}
-
-/// The next run of contiguous dirty blocks in `[from, to)`, copied into
-/// `buf`, its blocks cleaned and their folios marked under writeback.
-/// `pending` is where the previous run stopped (a folio and its next
-/// block).
-fn gather(
-    folios: &mut impl Iterator<Item = Arc<Folio>>,
-    pending: &mut Option<(Arc<Folio>, usize)>,
-    from: u64,
-    to: u64,
-    buf: &mut [u8],
-) -> Option<Run> {
-    let mut run: Option<Run> = None;
-    loop {
-        let (folio, mut i) = match pending.take() {
-            Some(p) => p,
-            None => match folios.next() {
-                Some(f) => (f, 0),
-                None => return run,
-            },
-        };
-        let bb = folio.block_bytes();
-        let blocks = folio.len() / bb;
-        let mut state = folio.lock();
-        let mut counted = false;
-        while i < blocks {
-            let block_pos = folio.pos() + (i * bb) as u64;
-            let wanted = block_pos < to && block_pos + bb as u64 > from && state.dirty.get(i);
-            if !wanted {
-                if run.is_some() {
-                    // A clean block ends the run.
-                    *pending = Some((folio.clone(), i + 1));
-                    return run;
-                }
-                i += 1;
-                continue;
-            }
-            if let Some(r) = &run {
-                if r.pos + r.len as u64 != block_pos || r.len + bb > buf.len() {
-                    // Not contiguous, or the batch is full: the next run
-                    // starts with this block.
-                    *pending = Some((folio.clone(), i));
-                    return run;
-                }
-            }
-            let r = run.get_or_insert_with(|| Run {
-                pos: block_pos,
-                len: 0,
-                folios: Vec::new(),
-            });
-            buf[r.len..r.len + bb].copy_from_slice(&state.data[i * bb..(i + 1) * bb]);
-            r.len += bb;
-            if !counted {
-                state.writeback += 1;
-                r.folios.push(folio.clone());
-                counted = true;
-            }
-            folio.clear_dirty(&mut state, i..i + 1);
-            i += 1;
-        }
-    }
 }
 
 /// Writes back and waits for every dirty block of `file`, then reports a
