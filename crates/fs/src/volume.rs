@@ -168,6 +168,26 @@ impl Volume {
         committed
     }
 
+    /// Writes back every file's cached data and drops every clean cached
+    /// folio (as `echo 3 > /proc/sys/vm/drop_caches` does for the kernel's
+    /// page cache): later reads go to the device. The memory stays with
+    /// the cache, for new folios. Returns the first writeback error.
+    pub fn drop_caches(&self) -> Result<()> {
+        self.inner.check_live()?;
+        let written = self.inner.write_back_all(Pass::All);
+        let inodes: Vec<_> = {
+            let meta = self.inner.meta.read();
+            meta.open.values().map(|e| e.inode.clone()).collect()
+        };
+        for inode in inodes {
+            inode.mapping.drop_clean();
+        }
+        match written.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Writes back every file's cached data, writes a checkpoint and trims
     /// the journal: afterwards everything is durable.
     pub fn checkpoint(&self) -> Result<()> {

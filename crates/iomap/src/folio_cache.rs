@@ -617,6 +617,12 @@ impl Mapping {
         }
     }
 
+    /// Drops every clean folio (dirty ones stay): a cold cache for the
+    /// file, with the memory pooled for new folios.
+    pub fn drop_clean(&self) {
+        self.invalidate(0, u64::MAX);
+    }
+
     /// Makes the cached bytes of `[from, to)` read as zeros, as truncate
     /// and hole punching make the file's: folios wholly inside are dropped
     /// (dirty data in them with them), the covered bytes of folios at the

@@ -13,7 +13,7 @@ use blockdev::{BlockDevice, RequestCounts};
 use iomapfs_fs::{File, OpenFlags, Volume};
 
 use super::passes::PassTarget;
-use crate::target::{format_and_mount, mount, write_bench_file, IOMAPFS_FILE};
+use crate::target::{format_and_mount, write_bench_file, IOMAPFS_FILE};
 use crate::workload::{BufferedSpec, BufferedVariant, Op};
 use crate::BenchError;
 
@@ -43,7 +43,8 @@ pub struct BufferedFs {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(not(test), allow(dead_code))]
 struct Arranged {
-    /// Times the volume was mounted (cold: once more before every pass).
+    /// Times the cache was made cold: the mount, then (cold) a cache drop
+    /// before every pass.
     mounts: u64,
     /// Files created for alloc passes.
     files_created: u64,
@@ -135,18 +136,16 @@ impl BufferedFs {
         }
     }
 
-    /// Cold: unmounts and mounts the volume again, so that nothing of the
-    /// file is cached when the pass starts.
+    /// Cold: drops the volume's cached folios (`Volume::drop_caches`, as
+    /// the kernel rows drop the file's pages), so that nothing of the file
+    /// is cached when the pass starts. The cache keeps the memory, as the
+    /// kernel keeps freed pages: a pass measures reading the device, not
+    /// the process's first touch of fresh memory.
     fn remount(&mut self) -> Result<(), BenchError> {
-        drop(self.file.take());
-        if let Some(vol) = self.vol.take() {
-            vol.unmount()
-                .map_err(|e| BenchError::fs("iomapfs unmount (cold pass)", e))?;
-        }
-        let vol = mount(self.dev.clone())?;
+        self.vol()?
+            .drop_caches()
+            .map_err(|e| BenchError::fs("iomapfs drop_caches (cold pass)", e))?;
         self.done.mounts += 1;
-        self.file = Some(open(&vol, buffered_flags(self.spec.op))?);
-        self.vol = Some(vol);
         Ok(())
     }
 

@@ -62,7 +62,7 @@ pub const NOTE: &str = "buffered workloads: one thread of sequential synchronous
      the bench). iomapfs uses a non-direct handle with the default mount options, so its \
      default cache size: warm rows assume the cache holds the file (their device reads per \
      I/O say whether it did). warm: the file read once before the window. cold: the cache \
-     emptied before every pass, untimed (iomapfs: unmount and mount; xfs/ext4: fio \
+     emptied before every pass, untimed (iomapfs: Volume::drop_caches, its memory kept for new folios; xfs/ext4: fio \
      invalidate=1, POSIX_FADV_DONTNEED of the file at each loop's open, never drop_caches). \
      overwrite: passes over the written file. alloc: each pass appends to a new file, the \
      previous one unlinked, untimed. +fsync: every pass, and the one the window cuts, ends \
