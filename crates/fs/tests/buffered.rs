@@ -196,13 +196,13 @@ fn the_on_disk_size_rises_at_writeback_completion_not_at_the_write() {
 /// space, never the device's stale marker.
 #[test]
 fn a_cut_during_writeback_never_exposes_zeros_or_stale_bytes() {
-    // Twelve data writes of 1 MiB (and the journal's after them).
-    for pause_at in [1u64, 5, 10] {
+    // Six data writes of one 2 MiB folio each (and the journal's after
+    // them).
+    for pause_at in [1u64, 3, 5] {
         let dev = Arc::new(MemDevice::new(64 * MIB, 512));
         let vol = volume_on(&dev);
         let f = vol.open_file("/f", buffered()).unwrap();
         let data = pattern(12 * MIB as usize, 6);
-        // Three runs of 4 MiB, each one write back and one completion.
         f.pwrite(&data, 0).unwrap();
         let paused = dev.pause_after(FaultRule::new(FaultOp::Write).skip(pause_at).count(1));
         let syncer = {

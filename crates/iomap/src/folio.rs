@@ -17,7 +17,8 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 use blockdev::AlignedBuf;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::lock_api::ArcMutexGuard;
+use parking_lot::{Mutex, MutexGuard, RawMutex};
 
 use crate::folio_cache::{CacheShared, MappingShared};
 
@@ -87,7 +88,7 @@ pub struct Folio {
     pos: u64,
     len: usize,
     block_bytes: usize,
-    state: Mutex<FolioState>,
+    state: Arc<Mutex<FolioState>>,
     /// CLOCK's reference bit: used since the hand last passed.
     referenced: AtomicBool,
     pub(crate) mapping: Weak<MappingShared>,
@@ -121,13 +122,13 @@ impl Folio {
             pos,
             len,
             block_bytes,
-            state: Mutex::new(FolioState {
+            state: Arc::new(Mutex::new(FolioState {
                 data,
                 uptodate: Blocks::new(blocks),
                 dirty: Blocks::new(blocks),
                 dirty_since: None,
                 evicted: false,
-            }),
+            })),
             // Unreferenced until used again: a folio read once (a scan) goes
             // before one read twice.
             referenced: AtomicBool::new(false),
@@ -154,6 +155,14 @@ impl Folio {
 
     pub fn block_bytes(&self) -> usize {
         self.block_bytes
+    }
+
+    /// The folio locked by a guard that owns a reference to it: held across
+    /// a queued writeback, which completes after the caller's scope.
+    pub fn lock_owned(self: &Arc<Self>) -> ArcMutexGuard<RawMutex, FolioState> {
+        // The state is a field of the folio; an owned guard needs the mutex
+        // behind an `Arc` of its own, which `state` is.
+        self.state.lock_arc()
     }
 
     pub fn lock(&self) -> MutexGuard<'_, FolioState> {
@@ -212,7 +221,7 @@ impl Folio {
 
 impl Drop for Folio {
     fn drop(&mut self) {
-        let state = self.state.get_mut();
+        let mut state = self.state.lock();
         let dirty = (0..self.len / self.block_bytes)
             .filter(|&i| state.dirty.get(i))
             .count();
