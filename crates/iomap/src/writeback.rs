@@ -106,7 +106,7 @@ pub fn write_back<F: IomapFile>(
 }
 
 /// Device requests of writeback in flight at once, at most (a folio each).
-pub const WRITEBACK_QUEUE_DEPTH: usize = 16;
+pub const WRITEBACK_QUEUE_DEPTH: usize = 64;
 
 /// A whole folio's write in flight: the folio stays locked, its memory in
 /// the request until the completion hands it back.
