@@ -11,7 +11,6 @@
 //! 3. `meta` — the in-memory metadata; held briefly, never across data I/O
 //!    (a checkpoint holds it across its own write so the image is consistent).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -28,7 +27,7 @@ use crate::journal::JournalWriter;
 use crate::limits::{CHECKPOINT_HEADROOM, RECORD_BYTES_ESTIMATE};
 use crate::state::{MetaState, IMAGE_BYTES_PER_EXTENT};
 use crate::superblock::Superblock;
-use crate::types::{Ino, Record};
+use crate::types::{Ino, InoMap, Record};
 use crate::{Error, Result};
 
 // The commit threshold counts every record at least as big as the smallest.
@@ -79,19 +78,19 @@ pub(crate) struct Meta {
     /// Sequence number the next record gets.
     pub(crate) next_seq: u64,
     pub(crate) pending_bytes: u64,
-    pub(crate) open: HashMap<Ino, OpenEntry>,
+    pub(crate) open: InoMap<OpenEntry>,
     /// Newest record that is durable.
     committed_seq: u64,
     /// Per inode, the newest record that changed it: an inode is dirty while
     /// that record is not durable, and a write to it is then not metadata-free.
-    last_change: HashMap<Ino, u64>,
+    last_change: InoMap<u64>,
     /// Delayed allocations of buffered writes, per inode (see
     /// [`crate::delalloc`]), and the bytes they reserve.
-    pub(crate) delalloc: HashMap<Ino, std::collections::BTreeMap<u64, u64>>,
+    pub(crate) delalloc: InoMap<std::collections::BTreeMap<u64, u64>>,
     pub(crate) delalloc_reserved: u64,
     /// In-core sizes above the on-disk size (`InodeState::size`): buffered
     /// writes past EOF not written back yet. Never journaled.
-    pub(crate) size_in_core: HashMap<Ino, u64>,
+    pub(crate) size_in_core: InoMap<u64>,
 }
 
 /// The journal writer and the newest checkpoint: what the `commit` lock
@@ -190,12 +189,12 @@ impl Meta {
             pending: Vec::new(),
             next_seq,
             pending_bytes: 0,
-            open: HashMap::new(),
+            open: InoMap::default(),
             committed_seq: next_seq - 1,
-            last_change: HashMap::new(),
-            delalloc: HashMap::new(),
+            last_change: InoMap::default(),
+            delalloc: InoMap::default(),
             delalloc_reserved: 0,
-            size_in_core: HashMap::new(),
+            size_in_core: InoMap::default(),
         }
     }
 

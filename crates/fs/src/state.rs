@@ -6,12 +6,14 @@
 //! [`MetaState::apply`]. One implementation means replay cannot drift from
 //! what the live path did.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use crate::codec;
 use crate::extent_map::ExtentMap;
 use crate::limits::{MAX_FILE_SIZE, MAX_INO};
-use crate::types::{DirEntryImage, Extent, FileKind, Ino, InodeImage, MetaImage, Record, ROOT_INO};
+use crate::types::{
+    DirEntryImage, Extent, FileKind, Ino, InoMap, InodeImage, MetaImage, Record, ROOT_INO,
+};
 
 /// Encoded bytes a checkpoint spends per inode, extent and directory entry
 /// (plus the name's bytes), as the codec writes them: used to refuse changes
@@ -40,7 +42,7 @@ pub struct InodeState {
 pub struct MetaState {
     pub block_size: u32,
     pub next_ino: Ino,
-    pub inodes: HashMap<Ino, InodeState>,
+    pub inodes: InoMap<InodeState>,
     /// Encoded size of the checkpoint image's inodes, kept incrementally.
     image_bytes: u64,
 }
@@ -52,7 +54,7 @@ pub type ApplyError = String;
 impl MetaState {
     /// An empty file system: just the root directory.
     pub fn new_empty(block_size: u32, now_ns: u64) -> MetaState {
-        let mut inodes = HashMap::new();
+        let mut inodes = InoMap::default();
         inodes.insert(
             ROOT_INO,
             InodeState {
@@ -78,7 +80,7 @@ impl MetaState {
 
     /// Loads a checkpoint image, validating what the image alone can tell.
     pub fn from_image(image: &MetaImage, block_size: u32) -> Result<MetaState, ApplyError> {
-        let mut inodes = HashMap::with_capacity(image.inodes.len());
+        let mut inodes = InoMap::with_capacity_and_hasher(image.inodes.len(), Default::default());
         for img in &image.inodes {
             if img.ino == 0 || img.ino >= image.next_ino {
                 return Err(format!(

@@ -134,3 +134,31 @@ pub enum Record {
         mtime_ns: u64,
     },
 }
+
+/// Hashes inode numbers for the in-memory maps keyed by them: they are
+/// looked up on every I/O (sizes, mappings), and a multiply-shift of a
+/// number the file system hands out is enough spread — no SipHash, whose
+/// flooding resistance protects nothing here (users do not choose inode
+/// numbers).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InoHasher(u64);
+
+impl std::hash::Hasher for InoHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 ^= self.0 >> 29;
+    }
+}
+
+/// A map keyed by inode number.
+pub type InoMap<V> = std::collections::HashMap<Ino, V, std::hash::BuildHasherDefault<InoHasher>>;

@@ -14,6 +14,8 @@
 //! exclusive operations exclude them; readers and writers of different
 //! folios of one file run concurrently, each folio under its own lock.
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
 use crate::dio::dio_read;
 use crate::folio::{Folio, FolioState, MAX_FOLIO_BYTES};
 use crate::folio_cache::Mapping;
@@ -79,20 +81,28 @@ pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, F
 /// The folio size a read at `pos` asks for: growing while the reads are
 /// sequential, up to the largest folio; nothing extra for a random read.
 fn readahead_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
-    let mut seq = mapping.shared.sequential.lock();
-    let (next, window) = grow(seq.next_pos, seq.window, pos, end);
-    seq.next_pos = next;
-    seq.window = window;
-    window
+    let seq = &mapping.shared.sequential;
+    advance(&seq.next_pos, &seq.window, pos, end)
 }
 
 /// The folio size a write at `pos` asks for, growing the same way.
 fn write_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
-    let mut seq = mapping.shared.sequential.lock();
-    let (next, window) = grow(seq.next_write_pos, seq.write_window, pos, end);
-    seq.next_write_pos = next;
-    seq.write_window = window;
-    window
+    let seq = &mapping.shared.sequential;
+    advance(&seq.next_write_pos, &seq.write_window, pos, end)
+}
+
+/// Records an access of `[pos, end)` in a sequence detector; returns its
+/// window.
+fn advance(next_pos: &AtomicU64, window: &AtomicUsize, pos: u64, end: u64) -> usize {
+    let (next, grown) = grow(
+        next_pos.load(Ordering::Relaxed),
+        window.load(Ordering::Relaxed),
+        pos,
+        end,
+    );
+    next_pos.store(next, Ordering::Relaxed);
+    window.store(grown, Ordering::Relaxed);
+    grown
 }
 
 /// The next expected offset and window after an access of `[pos, end)`,

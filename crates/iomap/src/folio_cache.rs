@@ -308,7 +308,7 @@ impl FolioCache {
                 cache: self.clone(),
                 writeback: Mutex::new(()),
                 errors: Mutex::new(ErrorSeq::default()),
-                sequential: Mutex::new(Sequential::default()),
+                sequential: Sequential::default(),
             }),
         }
     }
@@ -401,15 +401,15 @@ struct ErrorSeq {
 }
 
 /// Sequential-access detection for readahead: the next offset a
-/// sequential reader would ask for, and how large its folios have grown.
+/// sequential reader would ask for, and how large its folios have grown;
+/// the same for writers. Atomics, not a lock: every cached read updates
+/// them, and a race between two readers only perturbs a heuristic.
 #[derive(Debug, Default)]
 pub(crate) struct Sequential {
-    pub next_pos: u64,
-    pub window: usize,
-    /// The same for writes: sequential writers get large folios, which
-    /// writeback writes in large runs.
-    pub next_write_pos: u64,
-    pub write_window: usize,
+    pub next_pos: AtomicU64,
+    pub window: std::sync::atomic::AtomicUsize,
+    pub next_write_pos: AtomicU64,
+    pub write_window: std::sync::atomic::AtomicUsize,
 }
 
 /// One file's cached folios and writeback state.
@@ -423,7 +423,7 @@ pub(crate) struct MappingShared {
     /// Held by whoever writes this file back: one writeback at a time.
     pub writeback: Mutex<()>,
     errors: Mutex<ErrorSeq>,
-    pub sequential: Mutex<Sequential>,
+    pub sequential: Sequential,
 }
 
 /// A file's page cache (its folios, writeback lock and errors). The file
