@@ -488,3 +488,60 @@ fn data_of_a_closed_file_is_kept_until_written_back() {
     let h = after.open_file("/f", OpenFlags::default()).unwrap();
     assert!(read_all(&h) == data);
 }
+
+/// A sequential reader's next window is read in the background: after a
+/// few sequential 64 KiB reads of a cold file and the readahead queue
+/// drained, the next window is cached although nothing read it, and the
+/// reads that follow go to no device at all for a while. A random reader
+/// gets no readahead.
+#[test]
+fn sequential_reads_are_read_ahead_in_the_background() {
+    let dev = Arc::new(MemDevice::new(64 * MIB, 512));
+    let vol = volume_on(&dev);
+    let data = pattern(8 * MIB as usize, 11);
+    {
+        let d = vol.open_file("/f", direct()).unwrap();
+        d.pwrite(&data, 0).unwrap();
+        d.fsync().unwrap();
+    }
+    let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut pos = 0u64;
+    for _ in 0..8 {
+        f.pread(&mut buf, pos).unwrap();
+        assert!(buf[..] == data[pos as usize..][..buf.len()]);
+        pos += buf.len() as u64;
+    }
+    vol.cache().wait_readahead();
+    let cached_past = f
+        .mapping()
+        .folio_spans()
+        .iter()
+        .map(|&(p, l)| p + l as u64)
+        .max()
+        .unwrap();
+    assert!(
+        cached_past >= pos + 128 * 1024,
+        "cached only to {cached_past} after reading to {pos}"
+    );
+    let before = counts(&dev);
+    f.pread(&mut buf, pos).unwrap();
+    assert!(buf[..] == data[pos as usize..][..buf.len()]);
+    assert_eq!(
+        counts(&dev).since(&before).reads,
+        0,
+        "the read ahead window was read again"
+    );
+    // Random reads: no readahead.
+    let g = vol.open_file("/f", OpenFlags::default()).unwrap();
+    vol.drop_caches().unwrap();
+    for &at in &[5 * MIB, MIB, 3 * MIB, 7 * MIB] {
+        g.pread(&mut buf[..4096], at).unwrap();
+    }
+    vol.cache().wait_readahead();
+    let cached: u64 = g.mapping().folio_spans().iter().map(|s| s.1 as u64).sum();
+    assert!(
+        cached <= 4 * 16 * 1024,
+        "random reads cached {cached} bytes"
+    );
+}

@@ -31,7 +31,7 @@ pub const READAHEAD_START_BYTES: usize = 16 << 10;
 const THROTTLE_WAITS: u32 = 50;
 const THROTTLE_WAIT: std::time::Duration = std::time::Duration::from_millis(20);
 
-fn block_bytes<O: IomapOps>(ops: &O) -> usize {
+pub(crate) fn block_bytes<O: IomapOps>(ops: &O) -> usize {
     (ops.block_size() as usize).max(512)
 }
 
@@ -47,6 +47,7 @@ pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, F
     }
     let end = pos.saturating_add(buf.len() as u64).min(size);
     let window = readahead_window(mapping, pos, end);
+    crate::readahead::schedule(file, end, window, size);
     let bs = block_bytes(ops);
     let mut cur = pos;
     while cur < end {
@@ -82,7 +83,13 @@ pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, F
 /// sequential, up to the largest folio; nothing extra for a random read.
 fn readahead_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
     let seq = &mapping.shared.sequential;
-    advance(&seq.next_pos, &seq.window, pos, end)
+    let window = advance(&seq.next_pos, &seq.window, pos, end);
+    if window == 0 {
+        // A new run starts: what was read ahead for the old one says
+        // nothing about it.
+        mapping.shared.readahead_end.store(0, Ordering::Relaxed);
+    }
+    window
 }
 
 /// The folio size a write at `pos` asks for, growing the same way.
@@ -120,7 +127,7 @@ fn grow(next_pos: u64, window: usize, pos: u64, end: u64) -> (u64, usize) {
 /// has written data, zeros elsewhere (holes, unwritten and delalloc space
 /// read as zeros through the mapping; bytes at or past `eof` are zeroed
 /// here).
-fn fill<F: IomapFile>(
+pub(crate) fn fill<F: IomapFile>(
     file: &F,
     folio: &Folio,
     state: &mut FolioState,

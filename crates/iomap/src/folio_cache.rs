@@ -131,6 +131,7 @@ pub(crate) struct CacheShared {
     /// background threshold (the flusher).
     dirty_changed: Condvar,
     dirty_lock: Mutex<()>,
+    readahead: crate::readahead::Readahead,
 }
 
 impl CacheShared {
@@ -246,12 +247,23 @@ impl FolioCache {
                 pool: Mutex::new(Vec::new()),
                 dirty_changed: Condvar::new(),
                 dirty_lock: Mutex::new(()),
+                readahead: Default::default(),
             }),
         })
     }
 
     pub fn config(&self) -> &CacheConfig {
         &self.shared.config
+    }
+
+    pub(crate) fn readahead(&self) -> &crate::readahead::Readahead {
+        &self.shared.readahead
+    }
+
+    /// Waits until every readahead queued so far is done (for tests and
+    /// benches: readahead otherwise runs on its own).
+    pub fn wait_readahead(&self) {
+        self.shared.readahead.wait_idle();
     }
 
     /// Bytes of folio memory held now.
@@ -309,6 +321,7 @@ impl FolioCache {
                 writeback: Mutex::new(()),
                 errors: Mutex::new(ErrorSeq::default()),
                 sequential: Sequential::default(),
+                readahead_end: AtomicU64::new(0),
             }),
         }
     }
@@ -424,6 +437,8 @@ pub(crate) struct MappingShared {
     pub writeback: Mutex<()>,
     errors: Mutex<ErrorSeq>,
     pub sequential: Sequential,
+    /// How far asynchronous readahead has been asked to read.
+    pub readahead_end: AtomicU64,
 }
 
 /// A file's page cache (its folios, writeback lock and errors). The file

@@ -10,7 +10,8 @@
 //! (any offset and length) · `ioend` (the in-flight I/O object and the one
 //! completion policy) · `flush_coalesce` (shared flushes) · `folio`/`folio_cache` (the page cache:
 //! folios with per-block state, budget, eviction, per-file mappings) ·
-//! `buffered_io` (reads and writes through it) · `writeback` · `io_lock` and
+//! `buffered_io` (reads and writes through it) · `readahead` (the next window
+//! read in the background) · `writeback` · `io_lock` and
 //! `range_lock` (the inode's I/O lock, in-flight count, range holds) ·
 //! `sharded_rwlock` (the I/O lock's reader-scalable core) ·
 //! `write_protocol` (shared → exclusive, for every writer) · `file_io` (the
@@ -32,6 +33,7 @@ pub mod iomap;
 pub mod iter;
 pub mod ops;
 pub mod range_lock;
+pub mod readahead;
 pub mod sharded_rwlock;
 pub mod write_protocol;
 pub mod writeback;

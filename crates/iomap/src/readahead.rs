@@ -1,0 +1,149 @@
+//! Asynchronous readahead: while a sequential reader copies one window out
+//! of the cache, a background thread reads the next one in, so the device
+//! and the copy overlap (as the kernel's async readahead does).
+//!
+//! The window is the reader's folio size ([`crate::buffered_io`] doubles it
+//! while the reads stay sequential, up to 2 MiB); once it reaches
+//! [`ASYNC_READAHEAD_MIN_BYTES`], each read makes sure the window after it
+//! is cached or being read. The thread belongs to the volume's cache, starts
+//! on first use, and takes jobs in order; a job holds a handle on its file
+//! (so the file stays open) and the inode's I/O lock shared while it reads
+//! (so truncate and punch wait for it). A reader that reaches a folio being
+//! filled waits on that folio's lock.
+//!
+//! # Fault model
+//!
+//! Readahead is a hint. A job that fails (device error, no memory) leaves
+//! its blocks not uptodate and reports nothing: the reader then reads them
+//! itself and gets the error.
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Sender};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::buffered_io::{block_bytes, fill};
+use crate::{IomapFile, IomapOps};
+
+/// Smallest window read ahead asynchronously: below it, a reader's own
+/// folio reads are readahead enough.
+pub const ASYNC_READAHEAD_MIN_BYTES: usize = 64 << 10;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// The cache's readahead thread, started on first use.
+#[derive(Default)]
+pub(crate) struct Readahead {
+    jobs: Mutex<Option<Sender<Job>>>,
+    /// Jobs queued and not finished, and its wake-up for [`Self::wait_idle`].
+    pending: std::sync::Arc<(Mutex<usize>, Condvar)>,
+}
+
+impl Readahead {
+    /// Queues `job` for the readahead thread (starting it if needed). A
+    /// thread that cannot start leaves readahead off: it is only a hint.
+    fn submit(&self, job: Job) {
+        let mut jobs = self.jobs.lock();
+        if jobs.is_none() {
+            let (tx, rx) = mpsc::channel::<Job>();
+            let pending = self.pending.clone();
+            let spawned = std::thread::Builder::new()
+                .name("iomap-readahead".to_string())
+                .spawn(move || {
+                    for job in rx {
+                        job();
+                        let (count, idle) = &*pending;
+                        let mut count = count.lock();
+                        *count -= 1;
+                        if *count == 0 {
+                            idle.notify_all();
+                        }
+                    }
+                });
+            if spawned.is_err() {
+                return;
+            }
+            // Detached: the channel's closing (the cache dropped) ends it.
+            *jobs = Some(tx);
+        }
+        if let Some(tx) = jobs.as_ref() {
+            *self.pending.0.lock() += 1;
+            if tx.send(job).is_err() {
+                *self.pending.0.lock() -= 1;
+            }
+        }
+    }
+
+    /// Waits until every queued readahead is done (tests and benches that
+    /// must not measure a read still in flight).
+    pub(crate) fn wait_idle(&self) {
+        let (count, idle) = &*self.pending;
+        let mut count = count.lock();
+        while *count > 0 {
+            idle.wait(&mut count);
+        }
+    }
+}
+
+/// After a sequential read of `[.., end)` with folio window `window`:
+/// makes sure `[end, end + window)` is cached or being read ahead, inside
+/// EOF `eof`.
+pub(crate) fn schedule<F: IomapFile>(file: &F, end: u64, window: usize, eof: u64) {
+    if window < ASYNC_READAHEAD_MIN_BYTES || end >= eof {
+        return;
+    }
+    let mapping = file.mapping();
+    let ahead = &mapping.shared.readahead_end;
+    let mut from = ahead.load(Ordering::Relaxed).max(end);
+    // Half a window ahead is enough: then read the next whole window (the
+    // kernel's readahead mark), not a sliver per read.
+    if from >= end + window as u64 / 2 {
+        return;
+    }
+    // Cached already (a warm file): move the mark past it, nothing to read.
+    while let Some(folio) = mapping.find(from) {
+        from = folio.end();
+        if from >= end + window as u64 {
+            ahead.fetch_max(from, Ordering::Relaxed);
+            return;
+        }
+    }
+    let target = (from + window as u64).min(eof);
+    if from >= target || ahead.fetch_max(target, Ordering::AcqRel) >= target {
+        return;
+    }
+    let Ok(held) = file.hold() else {
+        return;
+    };
+    mapping
+        .cache()
+        .readahead()
+        .submit(Box::new(move || read_ahead(&held, from, target, window)));
+}
+
+/// Reads `[from, to)` into the cache in folios of `window` bytes.
+fn read_ahead<F: IomapFile>(file: &F, from: u64, to: u64, window: usize) {
+    let _shared = file.as_ref().lock_shared();
+    let Ok(eof) = file.ops().size(file.inode()) else {
+        return;
+    };
+    let (mapping, bs) = (file.mapping(), block_bytes(file.ops()));
+    let mut cur = from;
+    while cur < to.min(eof) {
+        let Ok(folio) = mapping.find_or_create(cur, window, bs) else {
+            return;
+        };
+        {
+            let mut state = folio.lock();
+            if !state.evicted {
+                let all = folio.blocks_of(0, folio.len());
+                if !state.uptodate.all(all.clone())
+                    && fill(file, &folio, &mut state, all, eof).is_err()
+                {
+                    return;
+                }
+            }
+        }
+        cur = folio.end();
+    }
+}
