@@ -48,34 +48,24 @@ pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, F
     let end = pos.saturating_add(buf.len() as u64).min(size);
     let window = readahead_window(mapping, pos, end);
     crate::readahead::schedule(file, end, window, size);
-    let bs = block_bytes(ops);
-    let mut cur = pos;
-    while cur < end {
-        // Folios past EOF would read nothing: no larger than EOF needs.
-        let want = ((end - cur) as usize)
+    // Folios past EOF would read nothing: no larger than EOF needs.
+    let want = |cur: u64| {
+        ((end - cur) as usize)
             .max(window)
-            .min((size - cur).next_power_of_two().min(MAX_FOLIO_BYTES as u64) as usize);
-        let folio = mapping.find_or_create(cur, want, bs)?;
-        let from = (cur - folio.pos()) as usize;
-        let to = (end.min(folio.end()) - folio.pos()) as usize;
-        {
-            let mut state = folio.lock();
-            if state.evicted {
-                continue; // gone from the tree since it was found
-            }
-            let blocks = if state.uptodate.any() {
-                folio.blocks_of(from, to)
-            } else {
-                // A fresh folio is read whole: the readahead.
-                folio.blocks_of(0, folio.len())
-            };
-            fill(file, &folio, &mut state, blocks, size)?;
-            let at = (cur - pos) as usize;
-            buf[at..at + (to - from)].copy_from_slice(&state.data[from..to]);
-        }
-        folio.touch();
-        cur = folio.pos() + to as u64;
-    }
+            .min((size - cur).next_power_of_two().min(MAX_FOLIO_BYTES as u64) as usize)
+    };
+    each_folio(file, pos, end, want, |folio, state, from, to| {
+        let blocks = if state.uptodate.any() {
+            folio.blocks_of(from, to)
+        } else {
+            // A fresh folio is read whole: the readahead.
+            folio.blocks_of(0, folio.len())
+        };
+        fill(file, folio, state, blocks, size)?;
+        let at = (folio.pos() + from as u64 - pos) as usize;
+        buf[at..at + (to - from)].copy_from_slice(&state.data[from..to]);
+        Ok(())
+    })?;
     Ok((end - pos) as usize)
 }
 
@@ -262,10 +252,45 @@ fn copy_into_cache<F: IomapFile>(
         Source::Bytes(_) => write_window(mapping, pos, end),
         Source::Zeros => 0,
     };
+    let want = |cur: u64| ((end - cur) as usize).max(window).min(MAX_FOLIO_BYTES);
+    each_folio(file, pos, end, want, |folio, state, from, to| {
+        let blocks = folio.blocks_of(from, to);
+        // Only the blocks the write covers partly need their old bytes.
+        if !from.is_multiple_of(bs) {
+            let first = blocks.start;
+            fill(file, folio, state, first..first + 1, eof)?;
+        }
+        if !to.is_multiple_of(bs) {
+            let last = blocks.end - 1;
+            fill(file, folio, state, last..last + 1, eof)?;
+        }
+        match src {
+            Source::Bytes(bytes) => {
+                let at = (folio.pos() + from as u64 - pos) as usize;
+                state.data[from..to].copy_from_slice(&bytes[at..at + (to - from)]);
+            }
+            Source::Zeros => state.data[from..to].fill(0),
+        }
+        folio.set_dirty(state, blocks);
+        Ok(())
+    })
+}
+
+/// Runs `each` on every folio of file bytes `[pos, end)` in order, locked,
+/// with the part of it inside the range (`from..to`, offsets in the
+/// folio). A missing folio is created of `want(offset)` bytes at most; one
+/// evicted between its lookup and its lock is looked up again.
+fn each_folio<F: IomapFile>(
+    file: &F,
+    pos: u64,
+    end: u64,
+    want: impl Fn(u64) -> usize,
+    mut each: impl FnMut(&Folio, &mut FolioState, usize, usize) -> Result<(), FileError<F>>,
+) -> Result<(), FileError<F>> {
+    let (mapping, bs) = (file.mapping(), block_bytes(file.ops()));
     let mut cur = pos;
     while cur < end {
-        let want = ((end - cur) as usize).max(window).min(MAX_FOLIO_BYTES);
-        let folio = mapping.find_or_create(cur, want, bs)?;
+        let folio = mapping.find_or_create(cur, want(cur), bs)?;
         let from = (cur - folio.pos()) as usize;
         let to = (end.min(folio.end()) - folio.pos()) as usize;
         {
@@ -273,24 +298,7 @@ fn copy_into_cache<F: IomapFile>(
             if state.evicted {
                 continue; // gone from the tree since it was found
             }
-            let blocks = folio.blocks_of(from, to);
-            // Only the blocks the write covers partly need their old bytes.
-            if !from.is_multiple_of(bs) {
-                let first = blocks.start;
-                fill(file, &folio, &mut state, first..first + 1, eof)?;
-            }
-            if !to.is_multiple_of(bs) {
-                let last = blocks.end - 1;
-                fill(file, &folio, &mut state, last..last + 1, eof)?;
-            }
-            match src {
-                Source::Bytes(bytes) => {
-                    let at = (cur - pos) as usize;
-                    state.data[from..to].copy_from_slice(&bytes[at..at + (to - from)]);
-                }
-                Source::Zeros => state.data[from..to].fill(0),
-            }
-            folio.set_dirty(&mut state, blocks);
+            each(&folio, &mut state, from, to)?;
         }
         folio.touch();
         cur = folio.pos() + to as u64;
