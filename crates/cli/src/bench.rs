@@ -21,8 +21,8 @@ Buffered workloads (buffered-*) go through caches, where the raw device means
 nothing: each of their variants (warm/cold reads; overwrite/alloc writes,
 with and without fsync) is a row for iomapfs (a non-direct handle, default
 cache) and for XFS and ext4 (fio psync, direct=0), in their own table with
-ratios to XFS (×xfs, cpu ×xfs) and to a memcpy of the same size (×memcpy, the
-memory-bandwidth ceiling); windows that include writeback (+fsync) are also
+ratios to XFS (×xfs, cpu ×xfs) and to a memcpy of the same bytes from a
+file-sized buffer (×memcpy, the memory-bandwidth ceiling); windows that include writeback (+fsync) are also
 compared with the raw device's sequential 1 MiB direct writes.
 
 With no --device: as root with zram and loop devices available, a RAM-backed
@@ -62,7 +62,7 @@ fn after_help() -> String {
         text.push_str(&format!("  {name:<width$}  {summary}\n"));
     }
     text.push_str(
-        "  and the baselines: ceiling (memcpy of the I/O size), seq-write (raw device, 1 MiB \
+        "  and the baselines: ceiling (memcpy from a file-sized buffer), seq-write (raw device, 1 MiB \
          direct writes, writes only)",
     );
     text

@@ -48,6 +48,10 @@ pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, F
     let end = pos.saturating_add(buf.len() as u64).min(size);
     let window = readahead_window(mapping, pos, end);
     crate::readahead::schedule(file, end, window, size);
+    let len = (end - pos) as usize;
+    if mapping.copy_cached(pos, &mut buf[..len]) {
+        return Ok(len);
+    }
     // Folios past EOF would read nothing: no larger than EOF needs.
     let want = |cur: u64| {
         ((end - cur) as usize)
