@@ -87,6 +87,21 @@ struct Cli {
     /// wait at 20%.
     #[arg(long, global = true, value_name = "SIZE", value_parser = parse_cache_size)]
     cache_size: Option<u64>,
+    /// Dirty bytes of the page cache past which background writeback
+    /// starts (k, m, g suffixes). Default: 10% of the cache.
+    #[arg(long, global = true, value_name = "SIZE", value_parser = parse_cache_size)]
+    dirty_background: Option<u64>,
+    /// Dirty bytes past which writers write back before they return.
+    /// Default: 20% of the cache.
+    #[arg(long, global = true, value_name = "SIZE", value_parser = parse_cache_size)]
+    dirty_limit: Option<u64>,
+    /// A sequential buffered writer's bytes are written back behind it in
+    /// chunks of this size while it goes on writing, so an fsync at the end
+    /// finds little left: for logs and bulk loads that end with fsync (4m
+    /// is a good chunk; a multiple of 2 MiB). Default: 0 (off: it costs
+    /// device work that writers who never sync do not need).
+    #[arg(long, global = true, value_name = "SIZE", value_parser = parse_cache_size)]
+    write_behind: Option<u64>,
     #[command(subcommand)]
     command: Command,
 }
@@ -143,7 +158,12 @@ fn main() -> ExitCode {
     install_panic_hook();
     let cli = Cli::parse();
     target::set_backend(cli.backend);
-    target::set_cache_size(cli.cache_size);
+    target::set_cache_options(target::CacheOptions {
+        size: cli.cache_size,
+        dirty_background: cli.dirty_background,
+        dirty_limit: cli.dirty_limit,
+        write_behind: cli.write_behind,
+    });
     let result = match cli.command {
         Command::Mkfs(args) => mkfs::run(&args),
         Command::Fsck(args) => fsck::run(&args),

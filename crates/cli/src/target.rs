@@ -16,18 +16,32 @@ static BACKEND: OnceLock<Backend> = OnceLock::new();
 /// Why the last device was opened with the backend it got, for reports.
 static LAST_CHOICE: Mutex<Option<String>> = Mutex::new(None);
 
-/// The `--cache-size` choice (bytes), set once at start.
-static CACHE_SIZE: OnceLock<Option<u64>> = OnceLock::new();
-
-/// Records `--cache-size` for every later [`mount_options`].
-pub fn set_cache_size(bytes: Option<u64>) {
-    let _ = CACHE_SIZE.set(bytes);
+/// The page cache options of the command line (bytes), set once at start.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheOptions {
+    /// `--cache-size`
+    pub size: Option<u64>,
+    /// `--dirty-background`
+    pub dirty_background: Option<u64>,
+    /// `--dirty-limit`
+    pub dirty_limit: Option<u64>,
+    /// `--write-behind`
+    pub write_behind: Option<u64>,
 }
 
-/// How commands mount a volume: the cache size from the command line, or
-/// the default (an eighth of memory, 64 MiB to 2 GiB).
+static CACHE_OPTIONS: OnceLock<CacheOptions> = OnceLock::new();
+
+/// Records the cache options for every later [`mount_options`].
+pub fn set_cache_options(options: CacheOptions) {
+    let _ = CACHE_OPTIONS.set(options);
+}
+
+/// How commands mount a volume: the cache from the command line's options,
+/// defaults for the rest (an eighth of memory, 64 MiB to 2 GiB; dirty
+/// limits at 10% and 20% of it; 4 MiB write-behind).
 pub fn mount_options() -> Result<iomapfs_fs::MountOptions, Failure> {
-    let cache = match CACHE_SIZE.get().copied().flatten() {
+    let options = CACHE_OPTIONS.get().copied().unwrap_or_default();
+    let mut cache = match options.size {
         None => iomap::CacheConfig::default(),
         Some(bytes) => {
             let config = iomap::CacheConfig::with_size(bytes);
@@ -43,6 +57,18 @@ pub fn mount_options() -> Result<iomapfs_fs::MountOptions, Failure> {
             config
         }
     };
+    if let Some(bytes) = options.dirty_background {
+        cache.dirty_background_bytes = bytes;
+    }
+    if let Some(bytes) = options.dirty_limit {
+        cache.dirty_limit_bytes = bytes;
+    }
+    if let Some(bytes) = options.write_behind {
+        cache.write_behind_bytes = bytes;
+    }
+    cache
+        .validate()
+        .map_err(|why| Failure::new(2, format!("page cache options: {why}")))?;
     Ok(iomapfs_fs::MountOptions { cache })
 }
 

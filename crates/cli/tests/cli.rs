@@ -766,4 +766,47 @@ fn cache_size_is_honoured_and_checked() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("cache"), "{}", r.stderr);
     assert!(r.stderr.contains("8388608"), "{}", r.stderr);
+    // The dirty limits and write-behind: accepted when they hold together,
+    // refused with the reason when not.
+    let r = iomapfs([
+        "--cache-size",
+        "64m",
+        "--dirty-background",
+        "4m",
+        "--dirty-limit",
+        "8m",
+        "--write-behind",
+        "0",
+        "io",
+        &image_arg,
+        "-c",
+        "open /f",
+        "-c",
+        "pwrite -S 0x33 0 20m",
+        "-c",
+        "fsync",
+        "-c",
+        "pread -v 20479k 16",
+    ]);
+    assert_ok(&r, "io with dirty limits and write-behind off");
+    assert!(r.stdout.contains("33 33"), "{}", r.stdout);
+    let r = iomapfs(["--write-behind", "3m", "io", &image_arg, "-c", "statfs"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(
+        r.stderr.contains("write-behind chunk 3145728"),
+        "{}",
+        r.stderr
+    );
+    let r = iomapfs([
+        "--cache-size",
+        "64m",
+        "--dirty-limit",
+        "64m",
+        "io",
+        &image_arg,
+        "-c",
+        "statfs",
+    ]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+    assert!(r.stderr.contains("dirty limit"), "{}", r.stderr);
 }

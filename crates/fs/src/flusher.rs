@@ -36,6 +36,11 @@ impl VolumeInner {
     /// last close (see [`crate::handles`]), and closes the latter once
     /// clean. Returns the errors met, each naming its file.
     pub(crate) fn write_back_all(self: &Arc<Self>, pass: Pass) -> Vec<Error> {
+        if pass == Pass::All {
+            // Queued write-behind runs first, so none of it comes after
+            // (a checkpoint or unmount must be the last word).
+            self.cache.wait_write_behind();
+        }
         let candidates: Vec<Arc<OpenInode>> = {
             let meta = self.meta.read();
             meta.open.values().map(|e| e.inode.clone()).collect()

@@ -13,6 +13,13 @@
 //! Both hold the inode's I/O lock shared, so truncate, punch and other
 //! exclusive operations exclude them; readers and writers of different
 //! folios of one file run concurrently, each folio under its own lock.
+//! Writes that extend the file also take the mapping's extend mutex (one
+//! at a time) and raise the in-core size folio by folio, before unlocking
+//! each, so writeback, which reads the size under the folio's lock, never
+//! cleans bytes the size does not cover yet.
+//!
+//! A sequential writer's bytes are written back behind it, a chunk at a
+//! time, by the cache's write-behind thread ([`write_behind`]).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -181,35 +188,34 @@ pub fn write<F: IomapFile>(file: &F, pos: u64, buf: &[u8]) -> Result<usize, File
         return Ok(0);
     }
     let end = pos + len;
-    let (ops, inode) = (file.ops(), file.inode());
-    let lock = file.as_ref();
-    let shared = lock.lock_shared();
-    let size = ops.size(inode)?;
-    if end <= size {
-        reserve(file, pos, len)?;
-        copy_into_cache(file, pos, len, Source::Bytes(buf), size)?;
-        drop(shared);
-    } else {
-        // An extending write zeroes the gap past the old EOF and moves the
-        // size: alone, or a concurrent extending write's bytes in that gap
-        // could be zeroed, or the size could go backwards. (No drain: a
-        // buffered write sends nothing to the device.)
-        drop(shared);
-        let _exclusive = lock.lock_exclusive();
+    let (ops, inode, mapping) = (file.ops(), file.inode(), file.mapping());
+    let window = write_window(mapping, pos, end);
+    {
+        let _shared = file.as_ref().lock_shared();
         let size = ops.size(inode)?;
-        let bs = block_bytes(ops) as u64;
-        // Bytes between EOF and the write must read as zeros, also on the
-        // device: the old EOF block's tail may hold bytes of a write whose
-        // size change a crash lost. It is rewritten as zeros.
-        let gap_end = pos.min(size.next_multiple_of(bs));
-        let from = pos.min(size);
-        reserve(file, from, end - from)?;
-        if gap_end > size {
-            copy_into_cache(file, size, gap_end - size, Source::Zeros, size)?;
-        }
-        copy_into_cache(file, pos, len, Source::Bytes(buf), size)?;
-        if end > size {
-            ops.extend_size_in_core(inode, end)?;
+        if end <= size {
+            reserve(file, pos, len)?;
+            copy_into_cache(file, pos, len, Source::Bytes(buf), size, window, false)?;
+        } else {
+            // One extending write at a time: it zeroes the gap past the old
+            // EOF, which a concurrent extending write could have written,
+            // and the size must only grow. Readers, writers inside EOF and
+            // writeback go on: the size rises folio by folio under each
+            // folio's lock, after its bytes are in, as the kernel raises
+            // i_size before it unlocks the folio.
+            let _extending = mapping.shared.extend.lock();
+            let size = ops.size(inode)?;
+            let bs = block_bytes(ops) as u64;
+            // Bytes between EOF and the write must read as zeros, also on
+            // the device: the old EOF block's tail may hold bytes of a write
+            // whose size change a crash lost. It is rewritten as zeros.
+            let gap_end = pos.min(size.next_multiple_of(bs));
+            let from = pos.min(size);
+            reserve(file, from, end - from)?;
+            if gap_end > size {
+                copy_into_cache(file, size, gap_end - size, Source::Zeros, size, 0, false)?;
+            }
+            copy_into_cache(file, pos, len, Source::Bytes(buf), size, window, true)?;
         }
     }
     let sync = file.write_sync();
@@ -221,9 +227,51 @@ pub fn write<F: IomapFile>(file: &F, pos: u64, buf: &[u8]) -> Result<usize, File
             file.flushes(),
         )?;
     } else {
+        write_behind(file, pos, end, window);
         throttle(file)?;
     }
     Ok(buf.len())
+}
+
+/// After a sequential write of `[pos, end)` with folio window `window`:
+/// once the writer is a whole chunk past the last one handed to
+/// write-behind, the background thread writes back what lies behind it, so
+/// the device writes while the writer copies and an `fsync` at the end
+/// finds little left (the kernel leaves this to the dirty thresholds; a
+/// log or a bulk load then pays copy plus writeback, one after the other).
+fn write_behind<F: IomapFile>(file: &F, pos: u64, end: u64, window: usize) {
+    let mapping = file.mapping();
+    let chunk = mapping.cache().config().write_behind_bytes;
+    if chunk == 0 || window < MAX_FOLIO_BYTES {
+        return;
+    }
+    let mark = &mapping.shared.write_behind_end;
+    let behind = end - end % chunk;
+    let mut from = mark.load(Ordering::Relaxed);
+    if pos < from {
+        // A new pass over the file (or a writer further back): behind it
+        // starts again.
+        from = pos - pos % chunk;
+        mark.store(from, Ordering::Relaxed);
+    }
+    if behind < from + chunk
+        || mark
+            .compare_exchange(from, behind, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+    {
+        return;
+    }
+    let Ok(held) = file.hold() else {
+        return;
+    };
+    let shared = mapping.shared.clone();
+    mapping.cache().write_behind().submit(Box::new(move || {
+        // Up to where the writer is now: jobs that queued up behind a slow
+        // device become one pass with more writes in flight.
+        let to = shared.write_behind_end.load(Ordering::Relaxed).max(behind);
+        // Errors are recorded in the mapping for `fsync` to report.
+        let _ = write_back(&held, from, to);
+    }));
 }
 
 /// Reserves space for `[pos, pos + len)`: asks the file system for every
@@ -241,21 +289,22 @@ fn reserve<F: IomapFile>(file: &F, pos: u64, len: u64) -> Result<(), FileError<F
 
 /// Copies `len` bytes of `src` to the cache at `pos`, making partial edge
 /// blocks uptodate first, and marks them dirty. `eof` is the in-core size
-/// before the write.
+/// before the write; folios are made of up to `window` bytes. With
+/// `extend`, the in-core size rises to the end of what each folio got,
+/// while the folio is still locked (so whoever locks it next sees the size
+/// that covers its bytes).
 fn copy_into_cache<F: IomapFile>(
     file: &F,
     pos: u64,
     len: u64,
     src: Source<'_>,
     eof: u64,
+    window: usize,
+    extend: bool,
 ) -> Result<(), FileError<F>> {
-    let mapping = file.mapping();
-    let bs = block_bytes(file.ops());
+    let (ops, inode) = (file.ops(), file.inode());
+    let bs = block_bytes(ops);
     let end = pos + len;
-    let window = match src {
-        Source::Bytes(_) => write_window(mapping, pos, end),
-        Source::Zeros => 0,
-    };
     let want = |cur: u64| ((end - cur) as usize).max(window).min(MAX_FOLIO_BYTES);
     each_folio(file, pos, end, want, |folio, state, from, to| {
         let blocks = folio.blocks_of(from, to);
@@ -276,6 +325,9 @@ fn copy_into_cache<F: IomapFile>(
             Source::Zeros => state.data[from..to].fill(0),
         }
         folio.set_dirty(state, blocks);
+        if extend {
+            ops.extend_size_in_core(inode, folio.pos() + to as u64)?;
+        }
         Ok(())
     })
 }

@@ -33,6 +33,7 @@ use std::time::Duration;
 use blockdev::AlignedBuf;
 use parking_lot::{Condvar, Mutex, RwLock};
 
+use crate::background::Worker;
 use crate::folio::{Folio, FOLIO_ALIGN, MAX_FOLIO_BYTES, MIN_FOLIO_BYTES};
 use crate::IomapError;
 
@@ -46,6 +47,15 @@ pub const DEFAULT_DIRTY_BACKGROUND_PERCENT: u64 = 10;
 pub const DEFAULT_DIRTY_LIMIT_PERCENT: u64 = 20;
 pub const DEFAULT_DIRTY_EXPIRE: Duration = Duration::from_secs(30);
 pub const DEFAULT_WRITEBACK_INTERVAL: Duration = Duration::from_secs(5);
+/// Write-behind is off by default: it does device work that a writer who
+/// never syncs (or deletes the file) would not need, and where the device
+/// costs CPU (a loop device, a RAM disk, 2 cores) that work slows the
+/// writer. Streaming writers that end with `fsync` (logs, bulk loads) turn
+/// it on with [`WRITE_BEHIND_CHUNK_BYTES`].
+pub const DEFAULT_WRITE_BEHIND_BYTES: u64 = 0;
+/// The write-behind chunk to use: two of the largest folios, so each chunk
+/// keeps two device writes in flight while the writer fills the next.
+pub const WRITE_BEHIND_CHUNK_BYTES: u64 = 2 * MAX_FOLIO_BYTES as u64;
 
 /// Largest read served by [`Mapping::copy_cached`]: a copy this size
 /// (microseconds at memory bandwidth) is as long as a folio insert of the
@@ -65,6 +75,9 @@ pub struct CacheConfig {
     pub dirty_expire: Duration,
     /// How often background writeback looks for expired data.
     pub writeback_interval: Duration,
+    /// A sequential writer's bytes are written back behind it in chunks
+    /// of this size, while it goes on writing (0: off).
+    pub write_behind_bytes: u64,
 }
 
 impl CacheConfig {
@@ -77,6 +90,7 @@ impl CacheConfig {
             dirty_limit_bytes: size_bytes / 100 * DEFAULT_DIRTY_LIMIT_PERCENT,
             dirty_expire: DEFAULT_DIRTY_EXPIRE,
             writeback_interval: DEFAULT_WRITEBACK_INTERVAL,
+            write_behind_bytes: DEFAULT_WRITE_BEHIND_BYTES,
         }
     }
 
@@ -99,6 +113,16 @@ impl CacheConfig {
             return Err(format!(
                 "background writeback threshold {} is above the dirty limit {}",
                 self.dirty_background_bytes, self.dirty_limit_bytes
+            ));
+        }
+        if !self
+            .write_behind_bytes
+            .is_multiple_of(MAX_FOLIO_BYTES as u64)
+        {
+            return Err(format!(
+                "write-behind chunk {} is not a multiple of the largest folio ({MAX_FOLIO_BYTES} \
+                 bytes; 0 turns write-behind off)",
+                self.write_behind_bytes
             ));
         }
         Ok(())
@@ -136,7 +160,8 @@ pub(crate) struct CacheShared {
     /// background threshold (the flusher).
     dirty_changed: Condvar,
     dirty_lock: Mutex<()>,
-    readahead: crate::readahead::Readahead,
+    readahead: Worker,
+    write_behind: Worker,
 }
 
 impl CacheShared {
@@ -252,7 +277,8 @@ impl FolioCache {
                 pool: Mutex::new(Vec::new()),
                 dirty_changed: Condvar::new(),
                 dirty_lock: Mutex::new(()),
-                readahead: Default::default(),
+                readahead: Worker::new("iomap-readahead"),
+                write_behind: Worker::new("iomap-writebehind"),
             }),
         })
     }
@@ -261,8 +287,19 @@ impl FolioCache {
         &self.shared.config
     }
 
-    pub(crate) fn readahead(&self) -> &crate::readahead::Readahead {
+    pub(crate) fn readahead(&self) -> &Worker {
         &self.shared.readahead
+    }
+
+    pub(crate) fn write_behind(&self) -> &Worker {
+        &self.shared.write_behind
+    }
+
+    /// Waits until every write-behind queued so far is done: before a
+    /// checkpoint or unmount writes back everything, so none of it runs
+    /// after.
+    pub fn wait_write_behind(&self) {
+        self.shared.write_behind.wait_idle();
     }
 
     /// Waits until every readahead queued so far is done (for tests and
@@ -324,6 +361,8 @@ impl FolioCache {
                 count: Default::default(),
                 cache: self.clone(),
                 writeback: Mutex::new(()),
+                extend: Mutex::new(()),
+                write_behind_end: AtomicU64::new(0),
                 errors: Mutex::new(ErrorSeq::default()),
                 sequential: Sequential::default(),
                 readahead_end: AtomicU64::new(0),
@@ -440,6 +479,13 @@ pub(crate) struct MappingShared {
     pub cache: FolioCache,
     /// Held by whoever writes this file back: one writeback at a time.
     pub writeback: Mutex<()>,
+    /// Held by a buffered write that extends the file (under the inode's
+    /// shared lock): one at a time, so none zeroes another's bytes as its
+    /// EOF gap, and the size only grows.
+    pub extend: Mutex<()>,
+    /// How far write-behind has been asked to write back a sequential
+    /// writer's bytes ([`crate::buffered_io`]).
+    pub write_behind_end: AtomicU64,
     errors: Mutex<ErrorSeq>,
     pub sequential: Sequential,
     /// How far asynchronous readahead has been asked to read.

@@ -10,8 +10,9 @@
 //! (any offset and length) · `ioend` (the in-flight I/O object and the one
 //! completion policy) · `flush_coalesce` (shared flushes) · `folio`/`folio_cache` (the page cache:
 //! folios with per-block state, budget, eviction, per-file mappings) ·
-//! `buffered_io` (reads and writes through it) · `readahead` (the next window
-//! read in the background) · `writeback` · `io_lock` and
+//! `buffered_io` (reads and writes through it, write-behind) · `readahead`
+//! (the next window read in the background) · `background` (their job
+//! threads) · `writeback` · `io_lock` and
 //! `range_lock` (the inode's I/O lock, in-flight count, range holds) ·
 //! `sharded_rwlock` (the I/O lock's reader-scalable core) ·
 //! `write_protocol` (shared → exclusive, for every writer) · `file_io` (the
@@ -19,6 +20,7 @@
 
 pub mod aio;
 pub mod align;
+mod background;
 pub mod buffered_io;
 pub mod byte_dio;
 pub mod dio;

@@ -18,9 +18,6 @@
 //! itself and gets the error.
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Sender};
-
-use parking_lot::{Condvar, Mutex};
 
 use crate::buffered_io::{block_bytes, fill};
 use crate::{IomapFile, IomapOps};
@@ -28,62 +25,6 @@ use crate::{IomapFile, IomapOps};
 /// Smallest window read ahead asynchronously: below it, a reader's own
 /// folio reads are readahead enough.
 pub const ASYNC_READAHEAD_MIN_BYTES: usize = 64 << 10;
-
-type Job = Box<dyn FnOnce() + Send>;
-
-/// The cache's readahead thread, started on first use.
-#[derive(Default)]
-pub(crate) struct Readahead {
-    jobs: Mutex<Option<Sender<Job>>>,
-    /// Jobs queued and not finished, and its wake-up for [`Self::wait_idle`].
-    pending: std::sync::Arc<(Mutex<usize>, Condvar)>,
-}
-
-impl Readahead {
-    /// Queues `job` for the readahead thread (starting it if needed). A
-    /// thread that cannot start leaves readahead off: it is only a hint.
-    fn submit(&self, job: Job) {
-        let mut jobs = self.jobs.lock();
-        if jobs.is_none() {
-            let (tx, rx) = mpsc::channel::<Job>();
-            let pending = self.pending.clone();
-            let spawned = std::thread::Builder::new()
-                .name("iomap-readahead".to_string())
-                .spawn(move || {
-                    for job in rx {
-                        job();
-                        let (count, idle) = &*pending;
-                        let mut count = count.lock();
-                        *count -= 1;
-                        if *count == 0 {
-                            idle.notify_all();
-                        }
-                    }
-                });
-            if spawned.is_err() {
-                return;
-            }
-            // Detached: the channel's closing (the cache dropped) ends it.
-            *jobs = Some(tx);
-        }
-        if let Some(tx) = jobs.as_ref() {
-            *self.pending.0.lock() += 1;
-            if tx.send(job).is_err() {
-                *self.pending.0.lock() -= 1;
-            }
-        }
-    }
-
-    /// Waits until every queued readahead is done (tests and benches that
-    /// must not measure a read still in flight).
-    pub(crate) fn wait_idle(&self) {
-        let (count, idle) = &*self.pending;
-        let mut count = count.lock();
-        while *count > 0 {
-            idle.wait(&mut count);
-        }
-    }
-}
 
 /// After a sequential read of `[.., end)` with folio window `window`:
 /// makes sure `[end, end + window)` is cached or being read ahead, inside
@@ -115,10 +56,14 @@ pub(crate) fn schedule<F: IomapFile>(file: &F, end: u64, window: usize, eof: u64
     let Ok(held) = file.hold() else {
         return;
     };
-    mapping
+    let queued = mapping
         .cache()
         .readahead()
         .submit(Box::new(move || read_ahead(&held, from, target, window)));
+    if !queued {
+        // No thread: the reader's own reads fill the window.
+        ahead.fetch_min(from, Ordering::Relaxed);
+    }
 }
 
 /// Reads `[from, to)` into the cache in folios of `window` bytes.
