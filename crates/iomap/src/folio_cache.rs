@@ -21,9 +21,13 @@
 //!
 //! - A folio's lock is held only while copying to or from it, or while the
 //!   device fills it; never while waiting for another folio's lock.
-//! - Lock order: the CLOCK ring, then a mapping's folio tree, then a folio.
-//!   Eviction waits for a tree (it holds the ring), but only tries a folio's
-//!   lock: a folio's lock may be held across device I/O.
+//! - Lock order: the CLOCK ring, then a mapping's folio tree. Folio locks
+//!   come before a tree: writeback holds folios locked (across device I/O)
+//!   while it looks up the next one in the tree. So nobody waits for a
+//!   folio's lock while holding a tree (a queued tree writer would block
+//!   writeback's lookup for good); under a tree a folio's lock is only
+//!   tried (eviction), or taken where the inode's exclusive I/O lock keeps
+//!   writeback out (punch).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -34,7 +38,7 @@ use blockdev::AlignedBuf;
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::background::Worker;
-use crate::folio::{Folio, FOLIO_ALIGN, MAX_FOLIO_BYTES, MIN_FOLIO_BYTES};
+use crate::folio::{Folio, FolioState, FOLIO_ALIGN, MAX_FOLIO_BYTES, MIN_FOLIO_BYTES};
 use crate::IomapError;
 
 /// Default cache budget: an eighth of physical memory, within these bounds.
@@ -524,21 +528,39 @@ impl Mapping {
 
     /// Whether any block is dirty.
     pub fn is_dirty(&self) -> bool {
-        self.shared
-            .folios
-            .read()
-            .values()
-            .any(|f| f.lock().dirty.any())
+        let mut dirty = false;
+        self.each_folio_state(|state| {
+            dirty = state.dirty.any();
+            !dirty
+        });
+        dirty
     }
 
     /// When the oldest dirty block of the file became dirty.
     pub fn dirty_since(&self) -> Option<std::time::Instant> {
-        self.shared
-            .folios
-            .read()
-            .values()
-            .filter_map(|f| f.lock().dirty_since)
-            .min()
+        let mut oldest = None;
+        self.each_folio_state(|state| {
+            if let Some(t) = state.dirty_since {
+                oldest = Some(oldest.map_or(t, |o: std::time::Instant| o.min(t)));
+            }
+            true
+        });
+        oldest
+    }
+
+    /// Calls `look` with each cached folio's state, locked, until it
+    /// returns false. The tree is never held while a folio lock is waited
+    /// for: writeback holds folios locked while it looks up the next one in
+    /// the tree (lock order: folio, then tree), and a tree writer queued
+    /// between the two would block that lookup for good.
+    fn each_folio_state(&self, mut look: impl FnMut(&FolioState) -> bool) {
+        let mut pos = 0;
+        while let Some(folio) = self.next_folio(pos, u64::MAX) {
+            pos = folio.end();
+            if !look(&folio.lock()) {
+                return;
+            }
+        }
     }
 
     /// Cached folios (for tests and diagnostics): (offset, length).
@@ -868,6 +890,39 @@ mod tests {
             assert!(m.find(i << 20).is_some(), "dirty folio {i} was evicted");
         }
         assert_eq!(c.dirty_bytes(), 8 << 20);
+    }
+
+    #[test]
+    fn dirty_state_covers_every_folio_and_the_oldest_dirty_time() {
+        let c = cache(16 << 20);
+        let m = c.new_mapping();
+        let folios: Vec<_> = (0..3u64)
+            .map(|i| m.find_or_create(i << 20, 1 << 20, 4096).unwrap())
+            .collect();
+        assert!(!m.is_dirty() && m.dirty_since().is_none());
+        let dirty = |f: &Arc<Folio>| {
+            let mut st = f.lock();
+            f.set_dirty(&mut st, 0..1);
+            st.dirty_since.unwrap()
+        };
+        // The middle folio first, then the first: the oldest is the middle
+        // one's, and a clean folio after them changes nothing.
+        let older = dirty(&folios[1]);
+        let newer = dirty(&folios[0]);
+        assert!(older <= newer);
+        assert!(m.is_dirty());
+        assert_eq!(m.dirty_since(), Some(older));
+        let mut st = folios[1].lock();
+        folios[1].clear_dirty(&mut st, 0..1);
+        drop(st);
+        assert_eq!(m.dirty_since(), Some(newer));
+        let mut st = folios[0].lock();
+        folios[0].clear_dirty(&mut st, 0..1);
+        drop(st);
+        // Only the last folio dirty: found past the clean ones.
+        let last = dirty(&folios[2]);
+        assert!(m.is_dirty());
+        assert_eq!(m.dirty_since(), Some(last));
     }
 
     #[test]
