@@ -684,7 +684,7 @@ fn volume_wide_writeback_and_writers_never_deadlock() {
         std::thread::spawn(move || {
             let mut round = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                if round % 2 == 0 {
+                if round.is_multiple_of(2) {
                     vol.sync().unwrap();
                 } else {
                     vol.drop_caches().unwrap();
