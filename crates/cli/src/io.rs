@@ -666,6 +666,11 @@ fn kind_name(k: FileKind) -> &'static str {
     match k {
         FileKind::Regular => "regular file",
         FileKind::Directory => "directory",
+        FileKind::Symlink => "symbolic link",
+        FileKind::Fifo => "fifo",
+        FileKind::Socket => "socket",
+        FileKind::CharDevice => "character device",
+        FileKind::BlockDevice => "block device",
     }
 }
 
@@ -956,12 +961,17 @@ fn print_stat(st: &iomapfs_fs::Stat) {
     println!("stat.size = {}", st.size);
     println!("stat.blocks = {}", st.allocated_bytes.div_ceil(SECTOR));
     println!("stat.nlink = {}", st.nlink);
+    println!("stat.mode = {:#o}", st.st_mode());
+    println!("stat.uid = {}", st.uid);
+    println!("stat.gid = {}", st.gid);
     println!("stat.blksize = {}", st.block_size);
-    println!(
-        "stat.mtime = {}.{:09}",
-        st.mtime_ns / 1_000_000_000,
-        st.mtime_ns % 1_000_000_000
-    );
+    for (name, t) in [
+        ("atime", st.atime),
+        ("mtime", st.mtime),
+        ("ctime", st.ctime),
+    ] {
+        println!("stat.{name} = {}.{:09}", t.sec, t.nsec);
+    }
     println!("fsxattr.nextents = {}", st.extents);
 }
 
@@ -1058,6 +1068,8 @@ fn cmd_ls(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
         let (k, slash) = match kind {
             FileKind::Directory => ("dir", "/"),
             FileKind::Regular => ("file", ""),
+            FileKind::Symlink => ("link", "@"),
+            _ => ("node", ""),
         };
         println!("{ino:>8}  {k:<4} {size:>12}  {name}{slash}");
     };
@@ -1090,7 +1102,7 @@ fn cmd_rm(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
         .map_err(|e| ns_error(spec.name, &path, &e))?;
     let result = match st.kind {
         FileKind::Directory => s.vol.rmdir(&path),
-        FileKind::Regular => s.vol.unlink(&path),
+        _ => s.vol.unlink(&path),
     };
     result.map_err(|e| ns_error(spec.name, &path, &e))
 }

@@ -39,6 +39,36 @@ pub enum Error {
     },
     #[error("volume is not iomapfs or not supported: {reason}")]
     NotIomapfs { reason: String },
+    #[error("iomapfs on-disk format version {found} is not supported (this build reads version {supported}): {hint}")]
+    UnsupportedVersion {
+        found: u32,
+        supported: u32,
+        hint: String,
+    },
+    #[error("{path}: too many links (max {max})")]
+    TooManyLinks { path: String, max: u32 },
+    #[error("{path}: operation not permitted: {reason}")]
+    NotPermitted { path: String, reason: String },
+    #[error("{path}: extended attribute {name:?} not found")]
+    NoXattr { path: String, name: String },
+    #[error("{path}: extended attribute {name:?}: {reason}")]
+    XattrNotSupported {
+        path: String,
+        name: String,
+        reason: String,
+    },
+    #[error("{path}: extended attribute name of {len} bytes is longer than {max}")]
+    XattrNameTooLong {
+        path: String,
+        len: usize,
+        max: usize,
+    },
+    #[error("{what}: {size} bytes exceed the limit of {max}")]
+    TooBig { what: String, size: u64, max: u64 },
+    #[error(
+        "{path}: is a symbolic link (paths given to the API are not followed through symlinks)"
+    )]
+    IsSymlink { path: String },
     #[error("{what}: {source}")]
     Device {
         what: String,
@@ -113,6 +143,14 @@ impl Error {
             Error::WouldBlock { .. } => libc::EAGAIN,
             Error::Stale { .. } => libc::ESTALE,
             Error::Corrupt { .. } | Error::NotIomapfs { .. } => libc::EUCLEAN,
+            Error::UnsupportedVersion { .. } => libc::EPROTONOSUPPORT,
+            Error::TooManyLinks { .. } => libc::EMLINK,
+            Error::NotPermitted { .. } => libc::EPERM,
+            Error::NoXattr { .. } => libc::ENODATA,
+            Error::XattrNotSupported { .. } => libc::EOPNOTSUPP,
+            Error::TooBig { .. } => libc::E2BIG,
+            Error::XattrNameTooLong { .. } => libc::ERANGE,
+            Error::IsSymlink { .. } => libc::ELOOP,
             Error::Device { source, .. } => source.errno(),
             Error::Iomap(e) => e.errno(),
             Error::Shutdown { .. } => libc::EIO,

@@ -16,7 +16,7 @@ use iomap::{file_io, FlushCoalescer, InodeIoLock, IomapFile, IomapOps, Mapping, 
 use crate::iomap_ops::allocate_holes;
 use crate::limits::MAX_FILE_SIZE;
 use crate::mount_state::{now_ns, OpenInode, VolumeInner};
-use crate::types::{ExtentState, FileKind, Ino, Record};
+use crate::types::{ExtentState, FileKind, Ino, Record, Timestamp};
 use crate::{Error, Result};
 
 /// How to open a file.
@@ -46,13 +46,33 @@ pub struct OpenFlags {
 pub struct Stat {
     pub ino: Ino,
     pub kind: FileKind,
+    /// Bytes of data; a symlink's is its target's length.
     pub size: u64,
+    /// Names of the inode; for a directory, as POSIX counts: 2 (its name
+    /// and its `.`) plus one per subdirectory (their `..`), 0 once removed.
     pub nlink: u32,
     /// Bytes of device space allocated (written or unwritten).
     pub allocated_bytes: u64,
     pub block_size: u32,
-    pub mtime_ns: u64,
     pub extents: u64,
+    /// Permission bits (`st_mode & 0o7777`); the kind is `kind`.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Device number of a device node.
+    pub rdev: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    /// Creation time.
+    pub btime: Timestamp,
+}
+
+impl Stat {
+    /// `st_mode`: kind and permission bits.
+    pub fn st_mode(&self) -> u32 {
+        self.kind.mode_bits() | self.mode
+    }
 }
 
 /// What a range of a file is, for `fiemap`.

@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use blockdev::BlockDevice;
 
-use crate::limits::MAX_FILE_SIZE;
+use crate::codec;
+use crate::limits::{MAX_FILE_SIZE, MAX_LINKS, MAX_XATTR_BYTES_PER_INODE, MAX_XATTR_VALUE_LEN};
 use crate::mount::{load, Strictness};
-use crate::state::MetaState;
+use crate::state::{InodeState, MetaState};
 use crate::types::{ExtentState, FileKind, Ino, ROOT_INO};
 use crate::Result;
 
@@ -27,6 +28,15 @@ pub struct FsckReport {
     pub inodes: u64,
     pub directories: u64,
     pub extents: u64,
+    pub files: u64,
+    pub symlinks: u64,
+    /// FIFOs, sockets and device nodes.
+    pub special_files: u64,
+    /// Inodes with more than one name.
+    pub hard_linked: u64,
+    /// Extended attributes, and the bytes of their names and values.
+    pub xattrs: u64,
+    pub xattr_bytes: u64,
     /// Bytes of the data area used by extents.
     pub used_bytes: u64,
     pub data_bytes: u64,
@@ -62,6 +72,56 @@ pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
     Ok(report)
 }
 
+/// Attributes, symlink target and extended attributes of one inode: what
+/// the image decoder checks, checked again on the state after replay (a
+/// journal record may have changed them).
+fn check_attributes(ino: Ino, inode: &InodeState, report: &mut FsckReport) {
+    if let Err(reason) = codec::check_attrs(&inode.attrs) {
+        report
+            .problems
+            .push(format!("inode {ino}: attributes: {reason}"));
+    }
+    let is_device = matches!(inode.kind, FileKind::CharDevice | FileKind::BlockDevice);
+    if !is_device && inode.attrs.rdev != 0 {
+        report.problems.push(format!(
+            "{:?} {ino}: device number {:#x} on an inode that is no device",
+            inode.kind, inode.attrs.rdev
+        ));
+    }
+    if inode.kind == FileKind::Symlink {
+        if let Err(reason) = codec::check_symlink_target(&inode.target) {
+            report.problems.push(format!("symlink {ino}: {reason}"));
+        }
+    } else if !inode.target.is_empty() {
+        report.problems.push(format!(
+            "{:?} {ino}: has a symlink target but is no symlink",
+            inode.kind
+        ));
+    }
+    let mut bytes = 0usize;
+    for (name, value) in &inode.xattrs {
+        report.xattrs += 1;
+        bytes += name.len() + value.len();
+        if let Err(reason) = codec::check_xattr_name(name) {
+            report
+                .problems
+                .push(format!("inode {ino}: xattr {name:?}: {reason}"));
+        }
+        if value.len() > MAX_XATTR_VALUE_LEN {
+            report.problems.push(format!(
+                "inode {ino}: xattr {name:?} value of {} bytes exceeds {MAX_XATTR_VALUE_LEN}",
+                value.len()
+            ));
+        }
+    }
+    report.xattr_bytes += bytes as u64;
+    if bytes > MAX_XATTR_BYTES_PER_INODE {
+        report.problems.push(format!(
+            "inode {ino}: xattrs take {bytes} bytes, more than {MAX_XATTR_BYTES_PER_INODE}"
+        ));
+    }
+}
+
 fn check_state(state: &MetaState, report: &mut FsckReport) {
     let block = u64::from(state.block_size);
     let mut names: HashMap<Ino, u32> = HashMap::new();
@@ -95,6 +155,7 @@ fn check_state(state: &MetaState, report: &mut FsckReport) {
                 }
             }
             FileKind::Regular => {
+                report.files += 1;
                 if !inode.entries.is_empty() {
                     report
                         .problems
@@ -125,7 +186,25 @@ fn check_state(state: &MetaState, report: &mut FsckReport) {
                     }
                 }
             }
+            other => {
+                match other {
+                    FileKind::Symlink => report.symlinks += 1,
+                    _ => report.special_files += 1,
+                }
+                if !inode.extents.is_empty() || inode.size != 0 {
+                    report.problems.push(format!(
+                        "{other:?} {ino}: has data extents or a size ({})",
+                        inode.size
+                    ));
+                }
+                if !inode.entries.is_empty() {
+                    report
+                        .problems
+                        .push(format!("{other:?} {ino}: has directory entries"));
+                }
+            }
         }
+        check_attributes(*ino, inode, report);
     }
     for &ino in &inos {
         let inode = &state.inodes[ino];
@@ -138,10 +217,19 @@ fn check_state(state: &MetaState, report: &mut FsckReport) {
             }
             continue;
         }
+        if linked > 1 && inode.kind == FileKind::Directory {
+            report.problems.push(format!(
+                "directory {ino}: named by {linked} directory entries"
+            ));
+        }
+        if inode.nlink > MAX_LINKS {
+            report.problems.push(format!(
+                "inode {ino}: link count {} exceeds {MAX_LINKS}",
+                inode.nlink
+            ));
+        }
         if linked > 1 {
-            report
-                .problems
-                .push(format!("inode {ino}: named by {linked} directory entries"));
+            report.hard_linked += 1;
         }
         if inode.nlink != linked {
             if inode.nlink == 0 && linked == 0 {

@@ -554,7 +554,8 @@ mod tests {
                 parent: 1,
                 name: format!("file-{i}"),
                 kind: FileKind::Regular,
-                mtime_ns: i,
+                attrs: crate::types::InodeAttrs::default(),
+                target: vec![],
             },
             _ => Record::Punch {
                 ino: i,
@@ -569,6 +570,7 @@ mod tests {
         Record::Unlink {
             parent: i,
             name: "n".repeat(name_len),
+            time: crate::types::Timestamp::default(),
         }
     }
 

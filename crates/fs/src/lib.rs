@@ -4,6 +4,7 @@
 
 pub mod aio;
 pub mod alloc;
+mod attributes;
 pub mod checkpoint;
 pub mod codec;
 mod delalloc;
@@ -25,8 +26,12 @@ pub mod superblock;
 mod transaction;
 pub mod types;
 pub mod volume;
+mod xattr;
 
+pub use attributes::{SetAttr, TimeSet};
 pub use error::{Error, Result};
 pub use file::{FiemapExtent, FiemapKind, File, OpenFlags, Stat};
-pub use types::{FileKind, Ino, ROOT_INO};
+pub use namespace::{NewNode, RenameFlags};
+pub use types::{FileKind, Ino, Timestamp, ROOT_INO};
 pub use volume::{DirEntry, FormatOptions, MountOptions, StatFs, Volume};
+pub use xattr::XattrSet;

@@ -14,6 +14,25 @@ pub const MAX_FILE_SIZE: u64 = 1 << 60;
 /// Longest directory entry name, in bytes.
 pub const MAX_NAME_LEN: usize = 255;
 
+/// Most directory entries that may name one inode (hard links), as ext4.
+pub const MAX_LINKS: u32 = 65_000;
+
+/// Longest symlink target, in bytes: `PATH_MAX` less its NUL.
+pub const MAX_SYMLINK_LEN: usize = 4095;
+
+/// Longest extended attribute name (with its `user.` prefix), in bytes, and
+/// largest value: Linux's `XATTR_NAME_MAX` and `XATTR_SIZE_MAX`.
+pub const MAX_XATTR_NAME_LEN: usize = 255;
+pub const MAX_XATTR_VALUE_LEN: usize = 65_536;
+/// Most bytes of names and values one inode's extended attributes may hold
+/// together: every attribute lives in the checkpoint image, so this keeps
+/// one inode from taking a large share of it.
+pub const MAX_XATTR_BYTES_PER_INODE: usize = 1 << 20;
+/// The one extended attribute namespace stored: the others have kernel
+/// meaning (`trusted.`, `security.`, `system.` ACLs) that a FUSE file
+/// system would have to enforce.
+pub const XATTR_USER_PREFIX: &str = "user.";
+
 /// Inode numbers stay below this, so `ino + 1` never overflows.
 pub const MAX_INO: Ino = 1 << 62;
 
@@ -55,6 +74,8 @@ const _: () = assert!(MIN_BLOCK_SIZE <= MAX_BLOCK_SIZE);
 const _: () = assert!(MAX_INO < Ino::MAX);
 const _: () = assert!(ROOT_INO > 0 && ROOT_INO < MAX_INO);
 const _: () = assert!(MAX_NAME_LEN > 0);
+const _: () = assert!(MAX_XATTR_VALUE_LEN <= MAX_XATTR_BYTES_PER_INODE);
+const _: () = assert!(MAX_LINKS > 1);
 // The threshold is a proper fraction of the journal: work that reaches it
 // still leaves room for the batch that commits it.
 const _: () = assert!(COMMIT_THRESHOLD_DIVISOR >= 2);

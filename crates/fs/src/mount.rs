@@ -10,7 +10,7 @@ use crate::alloc::Allocator;
 use crate::checkpoint::{self, Checkpoint};
 use crate::journal::{self, JournalWriter};
 use crate::limits::COMMIT_THRESHOLD_DIVISOR;
-use crate::mount_state::{now_ns, CommitState, Meta, VolumeInner};
+use crate::mount_state::{now, CommitState, Meta, VolumeInner};
 use crate::state::MetaState;
 use crate::superblock::{self, Layout, Superblock};
 use crate::types::{Ino, Record};
@@ -27,6 +27,10 @@ pub struct FormatOptions {
     /// Size of each of the two checkpoint slots in bytes; `None` picks from
     /// the device size.
     pub checkpoint_slot_bytes: Option<u64>,
+    /// Owner of the root directory (mode 0755). Default: the effective user
+    /// and group of the formatting process, so that a user who formats an
+    /// image file and mounts it can write to it.
+    pub root_owner: Option<(u32, u32)>,
 }
 
 impl Default for FormatOptions {
@@ -35,6 +39,7 @@ impl Default for FormatOptions {
             block_size: 4096,
             journal_bytes: None,
             checkpoint_slot_bytes: None,
+            root_owner: None,
         }
     }
 }
@@ -50,7 +55,10 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
         opts.checkpoint_slot_bytes,
     )?;
     let sb = Superblock::new(layout);
-    let state = MetaState::new_empty(sb.layout.block_size, now_ns());
+    // SAFETY: geteuid and getegid cannot fail and touch no memory.
+    let process = unsafe { (libc::geteuid(), libc::getegid()) };
+    let (uid, gid) = opts.root_owner.unwrap_or(process);
+    let state = MetaState::new_empty(sb.layout.block_size, now(), uid, gid);
     let ckpt = Checkpoint {
         generation: 1,
         journal_start: 0,

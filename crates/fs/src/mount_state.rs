@@ -27,7 +27,7 @@ use crate::journal::JournalWriter;
 use crate::limits::{CHECKPOINT_HEADROOM, RECORD_BYTES_ESTIMATE};
 use crate::state::{MetaState, IMAGE_BYTES_PER_EXTENT};
 use crate::superblock::Superblock;
-use crate::types::{Ino, InoMap, Record};
+use crate::types::{Ino, InoMap, Record, Timestamp};
 use crate::{Error, Result};
 
 // The commit threshold counts every record at least as big as the smallest.
@@ -173,6 +173,11 @@ impl VolumeInner {
     }
 }
 
+/// The current time, for the records that carry one.
+pub(crate) fn now() -> Timestamp {
+    Timestamp::from_ns(now_ns())
+}
+
 pub(crate) fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -292,7 +297,11 @@ fn record_inode(record: &Record) -> Option<Ino> {
         | Record::CompleteWrite { ino, .. }
         | Record::SetSize { ino, .. }
         | Record::Punch { ino, .. }
-        | Record::Create { ino, .. } => Some(*ino),
+        | Record::Create { ino, .. }
+        | Record::Link { ino, .. }
+        | Record::SetAttr { ino, .. }
+        | Record::SetXattr { ino, .. }
+        | Record::RemoveXattr { ino, .. } => Some(*ino),
         _ => None,
     }
 }

@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 
 use crate::codec;
 use crate::extent_map::ExtentMap;
-use crate::limits::{MAX_FILE_SIZE, MAX_INO};
+use crate::limits::{MAX_FILE_SIZE, MAX_INO, MAX_LINKS, MAX_XATTR_BYTES_PER_INODE};
 use crate::types::{
-    DirEntryImage, Extent, FileKind, Ino, InoMap, InodeImage, MetaImage, Record, ROOT_INO,
+    DirEntryImage, Extent, FileKind, Ino, InoMap, InodeAttrs, InodeImage, MetaImage, Record,
+    Timestamp, XattrImage, MODE_PERMISSION_BITS, ROOT_INO,
 };
 
 /// Encoded bytes a checkpoint spends per inode, extent and directory entry
@@ -22,19 +23,55 @@ pub const IMAGE_BYTES_PER_INODE: u64 = codec::INODE_FIXED_ENCODED_LEN as u64;
 pub const IMAGE_BYTES_PER_EXTENT: u64 = codec::EXTENT_ENCODED_LEN as u64;
 /// An entry's encoding without its name bytes (the minimum counts one).
 pub const IMAGE_BYTES_PER_ENTRY: u64 = codec::ENTRY_MIN_ENCODED_LEN as u64 - 1;
+/// An extended attribute's encoding without its name and value bytes.
+pub const IMAGE_BYTES_PER_XATTR: u64 = codec::XATTR_OVERHEAD_ENCODED_LEN as u64;
 
 #[derive(Clone, Debug)]
 pub struct InodeState {
     pub ino: Ino,
     pub kind: FileKind,
+    /// Directory entries naming this inode (directories: 0 or 1).
     pub nlink: u32,
     pub size: u64,
-    pub mtime_ns: u64,
+    pub attrs: InodeAttrs,
     pub extents: ExtentMap,
     pub entries: BTreeMap<String, Ino>,
-    /// Directory containing this inode's entry (the root is its own parent;
-    /// 0 once unlinked).
+    pub xattrs: BTreeMap<String, Vec<u8>>,
+    /// A symlink's target; empty for other kinds.
+    pub target: Vec<u8>,
+    /// For a directory, the directory holding its one entry (the root is
+    /// its own parent; 0 once unlinked). 0 for every other kind: they may
+    /// have many names, and nothing needs to walk up from them.
     pub parent: Ino,
+    /// For a directory, how many of its entries are directories (its link
+    /// count as POSIX reports it is 2 + this). Not stored: rebuilt at load.
+    pub subdirs: u32,
+}
+
+impl InodeState {
+    /// Bytes of names and values in this inode's extended attributes.
+    pub fn xattr_bytes(&self) -> usize {
+        self.xattrs.iter().map(|(n, v)| n.len() + v.len()).sum()
+    }
+
+    /// What this inode itself adds to the checkpoint image: its fixed part,
+    /// extents, xattrs and target (its entries are counted with them too;
+    /// the entries naming it are counted with their directories).
+    fn image_bytes(&self) -> u64 {
+        IMAGE_BYTES_PER_INODE
+            + self.extents.len() as u64 * IMAGE_BYTES_PER_EXTENT
+            + self
+                .entries
+                .keys()
+                .map(|n| IMAGE_BYTES_PER_ENTRY + n.len() as u64)
+                .sum::<u64>()
+            + self
+                .xattrs
+                .iter()
+                .map(|(n, v)| IMAGE_BYTES_PER_XATTR + (n.len() + v.len()) as u64)
+                .sum::<u64>()
+            + self.target.len() as u64
+    }
 }
 
 /// All inodes, directories and extent maps of a volume.
@@ -51,9 +88,12 @@ pub struct MetaState {
 /// (records are checksummed, so a bug wrote it); on the live path, a bug.
 pub type ApplyError = String;
 
+/// The mode of a new root directory: `rwxr-xr-x`, owned by root.
+pub const ROOT_MODE: u32 = 0o755;
+
 impl MetaState {
-    /// An empty file system: just the root directory.
-    pub fn new_empty(block_size: u32, now_ns: u64) -> MetaState {
+    /// An empty file system: just the root directory, owned by `uid`/`gid`.
+    pub fn new_empty(block_size: u32, now: Timestamp, uid: u32, gid: u32) -> MetaState {
         let mut inodes = InoMap::default();
         inodes.insert(
             ROOT_INO,
@@ -62,10 +102,13 @@ impl MetaState {
                 kind: FileKind::Directory,
                 nlink: 1,
                 size: 0,
-                mtime_ns: now_ns,
+                attrs: InodeAttrs::new(ROOT_MODE, uid, gid, now),
                 extents: ExtentMap::new(block_size),
                 entries: BTreeMap::new(),
+                xattrs: BTreeMap::new(),
+                target: Vec::new(),
                 parent: ROOT_INO,
+                subdirs: 0,
             },
         );
         let mut state = MetaState {
@@ -99,15 +142,24 @@ impl MetaState {
                     ));
                 }
             }
+            let mut xattrs = BTreeMap::new();
+            for x in &img.xattrs {
+                if xattrs.insert(x.name.clone(), x.value.clone()).is_some() {
+                    return Err(format!("inode {}: duplicate xattr {:?}", img.ino, x.name));
+                }
+            }
             let state = InodeState {
                 ino: img.ino,
                 kind: img.kind,
                 nlink: img.nlink,
                 size: img.size,
-                mtime_ns: img.mtime_ns,
+                attrs: img.attrs,
                 extents,
                 entries,
+                xattrs,
+                target: img.target.clone(),
                 parent: 0,
+                subdirs: 0,
             };
             if inodes.insert(img.ino, state).is_some() {
                 return Err(format!("inode {} appears twice", img.ino));
@@ -131,48 +183,77 @@ impl MetaState {
         Ok(state)
     }
 
-    /// Sets every inode's parent from the directory entries; fails when an
-    /// entry names a missing inode or an inode has two names.
+    /// Sets every directory's parent from the directory entries; fails when
+    /// an entry names a missing inode or a directory has two names.
     fn rebuild_parents(&mut self) -> Result<(), ApplyError> {
         let mut parents: Vec<(Ino, Ino)> = Vec::new();
         for dir in self.inodes.values() {
             for (name, &child) in &dir.entries {
-                if !self.inodes.contains_key(&child) {
-                    return Err(format!(
-                        "directory {} entry {name:?} names missing inode {child}",
-                        dir.ino
-                    ));
+                match self.inodes.get(&child) {
+                    None => {
+                        return Err(format!(
+                            "directory {} entry {name:?} names missing inode {child}",
+                            dir.ino
+                        ))
+                    }
+                    Some(c) if c.kind == FileKind::Directory => parents.push((child, dir.ino)),
+                    Some(_) => {}
                 }
-                parents.push((child, dir.ino));
             }
         }
         for inode in self.inodes.values_mut() {
             inode.parent = if inode.ino == ROOT_INO { ROOT_INO } else { 0 };
         }
+        for inode in self.inodes.values_mut() {
+            inode.subdirs = 0;
+        }
         for (child, parent) in parents {
             let inode = self.inodes.get_mut(&child).expect("checked above");
             if inode.parent != 0 || child == ROOT_INO {
-                return Err(format!("inode {child} has more than one name"));
+                return Err(format!("directory {child} has more than one name"));
             }
             inode.parent = parent;
+            let dir = self.inodes.get_mut(&parent).expect("an entry's directory");
+            dir.subdirs += 1;
         }
         Ok(())
     }
 
+    /// Directory entries naming each inode.
+    pub fn name_counts(&self) -> InoMap<u32> {
+        let mut names: InoMap<u32> = InoMap::default();
+        for dir in self.inodes.values() {
+            for child in dir.entries.values() {
+                *names.entry(*child).or_default() += 1;
+            }
+        }
+        names
+    }
+
     /// What a checkpoint image must satisfy beyond its encoding: link
     /// counts match the directory entries (an unlinked-but-open orphan has
-    /// none), sizes are in range, and only directories have entries.
+    /// none), sizes are in range, and each kind holds only what it may.
     pub fn check_links_and_kinds(&self) -> Result<(), ApplyError> {
+        let names = self.name_counts();
         for inode in self.inodes.values() {
-            let names = u32::from(inode.parent != 0 && inode.ino != ROOT_INO);
+            let named = names.get(&inode.ino).copied().unwrap_or(0);
             let consistent = if inode.ino == ROOT_INO {
-                inode.nlink == 1
+                inode.nlink == 1 && named == 0
             } else {
-                inode.nlink == names
+                inode.nlink == named
             };
             if !consistent {
                 return Err(format!(
-                    "inode {}: link count {} but {names} directory entries",
+                    "inode {}: link count {} but {named} directory entries",
+                    inode.ino, inode.nlink
+                ));
+            }
+            if inode.kind == FileKind::Directory && named > 1 {
+                return Err(format!("directory {} has {named} names", inode.ino));
+            }
+            if inode.nlink > MAX_LINKS {
+                return Err(format!(
+                    "inode {}: link count {} exceeds {MAX_LINKS}",
                     inode.ino, inode.nlink
                 ));
             }
@@ -182,15 +263,7 @@ impl MetaState {
                     inode.ino, inode.size
                 ));
             }
-            match inode.kind {
-                FileKind::Directory if !inode.extents.is_empty() => {
-                    return Err(format!("directory {} has data extents", inode.ino))
-                }
-                FileKind::Regular if !inode.entries.is_empty() => {
-                    return Err(format!("file {} has directory entries", inode.ino))
-                }
-                _ => {}
-            }
+            check_shape(inode)?;
         }
         Ok(())
     }
@@ -207,7 +280,7 @@ impl MetaState {
                     kind: i.kind,
                     nlink: i.nlink,
                     size: i.size,
-                    mtime_ns: i.mtime_ns,
+                    attrs: i.attrs,
                     extents: i.extents.iter().copied().collect(),
                     entries: i
                         .entries
@@ -217,6 +290,15 @@ impl MetaState {
                             ino,
                         })
                         .collect(),
+                    xattrs: i
+                        .xattrs
+                        .iter()
+                        .map(|(name, value)| XattrImage {
+                            name: name.clone(),
+                            value: value.clone(),
+                        })
+                        .collect(),
+                    target: i.target.clone(),
                 }
             })
             .collect();
@@ -227,17 +309,7 @@ impl MetaState {
     }
 
     fn compute_image_bytes(&self) -> u64 {
-        self.inodes
-            .values()
-            .map(|i| {
-                IMAGE_BYTES_PER_INODE
-                    + i.extents.len() as u64 * IMAGE_BYTES_PER_EXTENT
-                    + i.entries
-                        .keys()
-                        .map(|n| IMAGE_BYTES_PER_ENTRY + n.len() as u64)
-                        .sum::<u64>()
-            })
-            .sum()
+        self.inodes.values().map(InodeState::image_bytes).sum()
     }
 
     /// Upper bound of the encoded checkpoint image in bytes.
@@ -263,15 +335,85 @@ impl MetaState {
                 parent,
                 name,
                 kind,
-                mtime_ns,
-            } => self.apply_create(*ino, *parent, name, *kind, *mtime_ns),
-            Record::Unlink { parent, name } => self.apply_unlink(*parent, name).map(|_| ()),
+                attrs,
+                target,
+            } => self.apply_create(*ino, *parent, name, *kind, attrs, target),
+            Record::Unlink { parent, name, time } => {
+                self.apply_unlink(*parent, name, *time).map(|_| ())
+            }
             Record::Rename {
                 src_parent,
                 src_name,
                 dst_parent,
                 dst_name,
-            } => self.apply_rename(*src_parent, src_name, *dst_parent, dst_name),
+                exchange: false,
+                time,
+            } => self.apply_rename(*src_parent, src_name, *dst_parent, dst_name, *time),
+            Record::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                exchange: true,
+                time,
+            } => self.apply_exchange(*src_parent, src_name, *dst_parent, dst_name, *time),
+            Record::Link {
+                ino,
+                parent,
+                name,
+                time,
+            } => self.apply_link(*ino, *parent, name, *time),
+            Record::SetAttr {
+                ino,
+                mode,
+                uid,
+                gid,
+                atime,
+                mtime,
+                ctime,
+            } => {
+                let inode = self.inode_mut(*ino)?;
+                inode.attrs.mode = *mode;
+                inode.attrs.uid = *uid;
+                inode.attrs.gid = *gid;
+                inode.attrs.atime = *atime;
+                inode.attrs.mtime = *mtime;
+                inode.attrs.ctime = *ctime;
+                Ok(())
+            }
+            Record::SetXattr {
+                ino,
+                name,
+                value,
+                ctime,
+            } => {
+                let inode = self.inode_mut(*ino)?;
+                let old = inode.xattrs.get(name).map(|v| name.len() + v.len());
+                let total = inode.xattr_bytes() - old.unwrap_or(0) + name.len() + value.len();
+                if total > MAX_XATTR_BYTES_PER_INODE {
+                    return Err(format!(
+                        "inode {ino}: xattrs would take {total} bytes, more than {MAX_XATTR_BYTES_PER_INODE}"
+                    ));
+                }
+                inode.xattrs.insert(name.clone(), value.clone());
+                inode.attrs.ctime = *ctime;
+                let added = match old {
+                    Some(old) => (name.len() + value.len()) as u64 - old as u64,
+                    None => IMAGE_BYTES_PER_XATTR + (name.len() + value.len()) as u64,
+                };
+                // `added` may wrap (a shorter value): the sum wraps back.
+                self.image_bytes = self.image_bytes.wrapping_add(added);
+                Ok(())
+            }
+            Record::RemoveXattr { ino, name, ctime } => {
+                let inode = self.inode_mut(*ino)?;
+                let Some(value) = inode.xattrs.remove(name) else {
+                    return Err(format!("inode {ino}: no xattr {name:?} to remove"));
+                };
+                inode.attrs.ctime = *ctime;
+                self.image_bytes -= IMAGE_BYTES_PER_XATTR + (name.len() + value.len()) as u64;
+                Ok(())
+            }
             Record::FreeInode { ino } => self.apply_free_inode(*ino, freed),
             Record::MapUnwritten {
                 ino,
@@ -307,7 +449,7 @@ impl MetaState {
                     inode.extents.convert_written(*file_off, *len);
                 }
                 inode.size = inode.size.max(*min_size);
-                inode.mtime_ns = *mtime_ns;
+                inode.set_data_changed(*mtime_ns);
                 let after = inode.extents.len();
                 self.adjust_extents(before, after);
                 Ok(())
@@ -327,7 +469,7 @@ impl MetaState {
                     freed.extend(inode.extents.truncate_blocks_from(keep_to));
                 }
                 inode.size = *size;
-                inode.mtime_ns = *mtime_ns;
+                inode.set_data_changed(*mtime_ns);
                 let after = inode.extents.len();
                 self.adjust_extents(before, after);
                 Ok(())
@@ -341,7 +483,7 @@ impl MetaState {
                 let inode = self.regular_mut(*ino)?;
                 let before = inode.extents.len();
                 freed.extend(inode.extents.remove_range(*file_off, *len));
-                inode.mtime_ns = *mtime_ns;
+                inode.set_data_changed(*mtime_ns);
                 let after = inode.extents.len();
                 self.adjust_extents(before, after);
                 Ok(())
@@ -350,8 +492,9 @@ impl MetaState {
     }
 
     /// Rejects a record no live operation would write: ranges not on block
-    /// boundaries, sizes or inode numbers past their limits. Replay meets
-    /// such records only in a corrupt (or hostile) journal.
+    /// boundaries, sizes or inode numbers past their limits, attributes the
+    /// format does not allow. Replay meets such records only in a corrupt
+    /// (or hostile) journal.
     fn check_record(&self, record: &Record) -> Result<(), ApplyError> {
         let block = u64::from(self.block_size);
         let range = |what: &str, off: u64, len: u64, allow_empty: bool| {
@@ -373,9 +516,33 @@ impl MetaState {
             }
             Ok(())
         };
+        let times = |what: &str, ts: &[Timestamp]| {
+            if ts.iter().any(|t| !t.is_valid()) {
+                return Err(format!("{what}: timestamp nanoseconds out of range"));
+            }
+            Ok(())
+        };
         match record {
             Record::Create { ino, .. } if *ino == 0 || *ino >= MAX_INO => {
                 Err(format!("create: inode number {ino} out of range"))
+            }
+            Record::Create {
+                kind,
+                attrs,
+                target,
+                ..
+            } => {
+                codec::check_attrs(attrs).map_err(|r| format!("create: {r}"))?;
+                if *kind == FileKind::Symlink {
+                    codec::check_symlink_target(target).map_err(|r| format!("create: {r}"))?;
+                } else if !target.is_empty() {
+                    return Err(format!("create: a {kind:?} with a symlink target"));
+                }
+                if !matches!(kind, FileKind::CharDevice | FileKind::BlockDevice) && attrs.rdev != 0
+                {
+                    return Err(format!("create: a {kind:?} with a device number"));
+                }
+                Ok(())
             }
             Record::MapUnwritten {
                 file_off,
@@ -402,13 +569,38 @@ impl MetaState {
             }
             Record::SetSize { size: s, .. } => size("set size", *s),
             Record::Punch { file_off, len, .. } => range("punch", *file_off, *len, false),
-            _ => Ok(()),
+            Record::SetAttr {
+                mode,
+                atime,
+                mtime,
+                ctime,
+                ..
+            } => {
+                if mode & !MODE_PERMISSION_BITS != 0 {
+                    return Err(format!("set attributes: mode {mode:#o} beyond 0o7777"));
+                }
+                times("set attributes", &[*atime, *mtime, *ctime])
+            }
+            Record::SetXattr { name, ctime, .. } | Record::RemoveXattr { name, ctime, .. } => {
+                codec::check_xattr_name(name).map_err(|r| format!("xattr {name:?}: {r}"))?;
+                times("xattr", &[*ctime])
+            }
+            Record::Unlink { time, .. }
+            | Record::Rename { time, .. }
+            | Record::Link { time, .. } => times("name change", &[*time]),
+            Record::FreeInode { .. } => Ok(()),
         }
     }
 
     fn adjust_extents(&mut self, before: usize, after: usize) {
         self.image_bytes = (self.image_bytes + after as u64 * IMAGE_BYTES_PER_EXTENT)
             .saturating_sub(before as u64 * IMAGE_BYTES_PER_EXTENT);
+    }
+
+    fn inode_mut(&mut self, ino: Ino) -> Result<&mut InodeState, ApplyError> {
+        self.inodes
+            .get_mut(&ino)
+            .ok_or_else(|| format!("inode {ino} does not exist"))
     }
 
     fn regular_mut(&mut self, ino: Ino) -> Result<&mut InodeState, ApplyError> {
@@ -427,16 +619,25 @@ impl MetaState {
         }
     }
 
+    /// A directory's entries changed at `time`.
+    fn touch_dir(&mut self, dir: Ino, time: Timestamp) {
+        if let Some(d) = self.inodes.get_mut(&dir) {
+            d.attrs.mtime = time;
+            d.attrs.ctime = time;
+        }
+    }
+
     fn apply_create(
         &mut self,
         ino: Ino,
         parent: Ino,
         name: &str,
         kind: FileKind,
-        mtime_ns: u64,
+        attrs: &InodeAttrs,
+        target: &[u8],
     ) -> Result<(), ApplyError> {
         codec::check_name(name).map_err(|why| format!("{why}: {name:?}"))?;
-        if ino < self.next_ino && self.inodes.contains_key(&ino) {
+        if self.inodes.contains_key(&ino) {
             return Err(format!("create: inode {ino} already exists"));
         }
         if ino == 0 {
@@ -447,29 +648,42 @@ impl MetaState {
                 "create: {name:?} already exists in directory {parent}"
             ));
         }
-        self.inodes.insert(
+        let inode = InodeState {
             ino,
-            InodeState {
-                ino,
-                kind,
-                nlink: 1,
-                size: 0,
-                mtime_ns,
-                extents: ExtentMap::new(self.block_size),
-                entries: BTreeMap::new(),
-                parent,
+            kind,
+            nlink: 1,
+            size: 0,
+            attrs: *attrs,
+            extents: ExtentMap::new(self.block_size),
+            entries: BTreeMap::new(),
+            xattrs: BTreeMap::new(),
+            target: target.to_vec(),
+            parent: if kind == FileKind::Directory {
+                parent
+            } else {
+                0
             },
-        );
+            subdirs: 0,
+        };
+        self.image_bytes += inode.image_bytes() + IMAGE_BYTES_PER_ENTRY + name.len() as u64;
+        self.inodes.insert(ino, inode);
         let dir = self.inodes.get_mut(&parent).expect("checked above");
         dir.entries.insert(name.to_string(), ino);
-        dir.mtime_ns = mtime_ns;
+        if kind == FileKind::Directory {
+            dir.subdirs += 1;
+        }
+        self.touch_dir(parent, attrs.ctime);
         self.next_ino = self.next_ino.max(ino + 1);
-        self.image_bytes += IMAGE_BYTES_PER_INODE + IMAGE_BYTES_PER_ENTRY + name.len() as u64;
         Ok(())
     }
 
-    /// Removes `parent/name`; returns the inode it named, now at nlink 0.
-    fn apply_unlink(&mut self, parent: Ino, name: &str) -> Result<Ino, ApplyError> {
+    /// Removes `parent/name`; returns the inode it named, one link fewer.
+    fn apply_unlink(
+        &mut self,
+        parent: Ino,
+        name: &str,
+        time: Timestamp,
+    ) -> Result<Ino, ApplyError> {
         let child = *self
             .dir(parent)?
             .entries
@@ -482,18 +696,68 @@ impl MetaState {
         if inode.kind == FileKind::Directory && !inode.entries.is_empty() {
             return Err(format!("unlink: directory {child} not empty"));
         }
+        if inode.nlink == 0 {
+            return Err(format!("unlink: inode {child} has link count 0 but a name"));
+        }
         self.inodes
             .get_mut(&parent)
             .expect("checked above")
             .entries
             .remove(name);
+        self.touch_dir(parent, time);
+        let is_dir = self.inodes[&child].kind == FileKind::Directory;
+        if is_dir {
+            self.move_subdir(parent, 0);
+        }
         let inode = self.inodes.get_mut(&child).expect("checked above");
-        inode.nlink = 0;
-        inode.parent = 0;
+        if is_dir {
+            inode.nlink = 0;
+            inode.parent = 0;
+        } else {
+            inode.nlink -= 1;
+        }
+        inode.attrs.ctime = time;
         self.image_bytes = self
             .image_bytes
             .saturating_sub(IMAGE_BYTES_PER_ENTRY + name.len() as u64);
         Ok(child)
+    }
+
+    fn apply_link(
+        &mut self,
+        ino: Ino,
+        parent: Ino,
+        name: &str,
+        time: Timestamp,
+    ) -> Result<(), ApplyError> {
+        codec::check_name(name).map_err(|why| format!("{why}: {name:?}"))?;
+        match self.inodes.get(&ino) {
+            Some(i) if i.kind == FileKind::Directory => {
+                return Err(format!("link: inode {ino} is a directory"))
+            }
+            Some(i) if i.nlink == 0 => return Err(format!("link: inode {ino} is unlinked")),
+            Some(i) if i.nlink >= MAX_LINKS => {
+                return Err(format!("link: inode {ino} has {MAX_LINKS} links"))
+            }
+            Some(_) => {}
+            None => return Err(format!("link: inode {ino} does not exist")),
+        }
+        if self.dir(parent)?.entries.contains_key(name) {
+            return Err(format!(
+                "link: {name:?} already exists in directory {parent}"
+            ));
+        }
+        self.inodes
+            .get_mut(&parent)
+            .expect("checked above")
+            .entries
+            .insert(name.to_string(), ino);
+        self.touch_dir(parent, time);
+        let inode = self.inodes.get_mut(&ino).expect("checked above");
+        inode.nlink += 1;
+        inode.attrs.ctime = time;
+        self.image_bytes += IMAGE_BYTES_PER_ENTRY + name.len() as u64;
+        Ok(())
     }
 
     fn apply_rename(
@@ -502,6 +766,7 @@ impl MetaState {
         src_name: &str,
         dst_parent: Ino,
         dst_name: &str,
+        time: Timestamp,
     ) -> Result<(), ApplyError> {
         codec::check_name(dst_name).map_err(|why| format!("{why}: {dst_name:?}"))?;
         let src = *self
@@ -511,6 +776,8 @@ impl MetaState {
             .ok_or_else(|| format!("rename: no {src_name:?} in directory {src_parent}"))?;
         let replaced = self.dir(dst_parent)?.entries.get(dst_name).copied();
         if replaced == Some(src) {
+            // Two names of one inode (or the same name): POSIX says nothing
+            // happens.
             return Ok(());
         }
         let src_kind = self.inodes.get(&src).ok_or("rename: dangling entry")?.kind;
@@ -519,12 +786,12 @@ impl MetaState {
         }
         if let Some(old) = replaced {
             let old_inode = self.inodes.get(&old).ok_or("rename: dangling target")?;
-            match (src_kind, old_inode.kind) {
-                (FileKind::Directory, FileKind::Directory) if old_inode.entries.is_empty() => {}
-                (FileKind::Regular, FileKind::Regular) => {}
-                _ => return Err(format!("rename: cannot replace inode {old} with {src}")),
+            let src_dir = src_kind == FileKind::Directory;
+            let old_dir = old_inode.kind == FileKind::Directory;
+            if src_dir != old_dir || (old_dir && !old_inode.entries.is_empty()) {
+                return Err(format!("rename: cannot replace inode {old} with {src}"));
             }
-            self.apply_unlink(dst_parent, dst_name)?;
+            self.apply_unlink(dst_parent, dst_name, time)?;
         }
         self.inodes
             .get_mut(&src_parent)
@@ -536,10 +803,91 @@ impl MetaState {
             .expect("checked above")
             .entries
             .insert(dst_name.to_string(), src);
-        self.inodes.get_mut(&src).expect("checked above").parent = dst_parent;
+        self.touch_dir(src_parent, time);
+        self.touch_dir(dst_parent, time);
+        if src_kind == FileKind::Directory {
+            self.move_subdir(src_parent, dst_parent);
+        }
+        let inode = self.inodes.get_mut(&src).expect("checked above");
+        if src_kind == FileKind::Directory {
+            inode.parent = dst_parent;
+        }
+        inode.attrs.ctime = time;
         self.image_bytes =
             (self.image_bytes + dst_name.len() as u64).saturating_sub(src_name.len() as u64);
         Ok(())
+    }
+
+    /// Swaps what `src_parent/src_name` and `dst_parent/dst_name` name
+    /// (`RENAME_EXCHANGE`).
+    fn apply_exchange(
+        &mut self,
+        src_parent: Ino,
+        src_name: &str,
+        dst_parent: Ino,
+        dst_name: &str,
+        time: Timestamp,
+    ) -> Result<(), ApplyError> {
+        let src = *self
+            .dir(src_parent)?
+            .entries
+            .get(src_name)
+            .ok_or_else(|| format!("exchange: no {src_name:?} in directory {src_parent}"))?;
+        let dst = *self
+            .dir(dst_parent)?
+            .entries
+            .get(dst_name)
+            .ok_or_else(|| format!("exchange: no {dst_name:?} in directory {dst_parent}"))?;
+        if src == dst {
+            return Ok(());
+        }
+        let kind = |s: &Self, ino: Ino| s.inodes.get(&ino).map(|i| i.kind);
+        let (src_kind, dst_kind) = match (kind(self, src), kind(self, dst)) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return Err("exchange: dangling entry".to_string()),
+        };
+        if (src_kind == FileKind::Directory && self.is_ancestor(src, dst_parent))
+            || (dst_kind == FileKind::Directory && self.is_ancestor(dst, src_parent))
+        {
+            return Err("exchange: a directory into its own subtree".to_string());
+        }
+        self.inodes
+            .get_mut(&src_parent)
+            .expect("checked above")
+            .entries
+            .insert(src_name.to_string(), dst);
+        self.inodes
+            .get_mut(&dst_parent)
+            .expect("checked above")
+            .entries
+            .insert(dst_name.to_string(), src);
+        self.touch_dir(src_parent, time);
+        self.touch_dir(dst_parent, time);
+        for (ino, kind, from, to) in [
+            (src, src_kind, src_parent, dst_parent),
+            (dst, dst_kind, dst_parent, src_parent),
+        ] {
+            if kind == FileKind::Directory {
+                self.move_subdir(from, to);
+            }
+            let parent = to;
+            let inode = self.inodes.get_mut(&ino).expect("checked above");
+            if kind == FileKind::Directory {
+                inode.parent = parent;
+            }
+            inode.attrs.ctime = time;
+        }
+        Ok(())
+    }
+
+    /// A child directory left directory `from` for `to` (0: for none).
+    fn move_subdir(&mut self, from: Ino, to: Ino) {
+        if let Some(d) = self.inodes.get_mut(&from) {
+            d.subdirs = d.subdirs.saturating_sub(1);
+        }
+        if let Some(d) = self.inodes.get_mut(&to) {
+            d.subdirs += 1;
+        }
     }
 
     /// Whether `ancestor` is `ino` or one of its parents.
@@ -572,9 +920,45 @@ impl MetaState {
         }
         let inode = self.inodes.remove(&ino).expect("checked above");
         freed.extend(inode.extents.iter().map(|e| (e.addr, e.len)));
-        self.image_bytes = self.image_bytes.saturating_sub(
-            IMAGE_BYTES_PER_INODE + inode.extents.len() as u64 * IMAGE_BYTES_PER_EXTENT,
-        );
+        self.image_bytes = self.image_bytes.saturating_sub(inode.image_bytes());
         Ok(())
     }
+}
+
+impl InodeState {
+    /// A data change at `ns` (write completion, size change, punch): mtime
+    /// and ctime both move.
+    fn set_data_changed(&mut self, ns: u64) {
+        let t = Timestamp::from_ns(ns);
+        self.attrs.mtime = t;
+        self.attrs.ctime = t;
+    }
+}
+
+/// What each kind may hold (as the codec checks it on the way in): extents
+/// only in regular files, entries only in directories, a target exactly in
+/// symlinks, a device number only in device nodes.
+fn check_shape(inode: &InodeState) -> Result<(), ApplyError> {
+    let ino = inode.ino;
+    let kind = inode.kind;
+    if kind != FileKind::Regular && (!inode.extents.is_empty() || inode.size != 0) {
+        return Err(format!("{kind:?} {ino} has data extents or a size"));
+    }
+    if kind != FileKind::Directory && !inode.entries.is_empty() {
+        return Err(format!("{kind:?} {ino} has directory entries"));
+    }
+    if (kind == FileKind::Symlink) == inode.target.is_empty() {
+        return Err(format!(
+            "{kind:?} {ino}: symlink target present iff a symlink"
+        ));
+    }
+    if !matches!(kind, FileKind::CharDevice | FileKind::BlockDevice) && inode.attrs.rdev != 0 {
+        return Err(format!("{kind:?} {ino} has a device number"));
+    }
+    if inode.xattr_bytes() > MAX_XATTR_BYTES_PER_INODE {
+        return Err(format!(
+            "inode {ino}: xattrs exceed {MAX_XATTR_BYTES_PER_INODE} bytes"
+        ));
+    }
+    Ok(())
 }

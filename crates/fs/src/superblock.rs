@@ -16,12 +16,17 @@ use crate::limits::{MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 
 /// First 8 bytes of every iomapfs device.
 pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"IOMAPFS1";
-/// The one on-disk format version this code reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+/// The one on-disk format version this code reads and writes. Version 2
+/// added inode attributes (mode, owner, four timestamps, device numbers),
+/// symlinks, special files, hard links and extended attributes to the
+/// checkpoint image and the journal records.
+pub const FORMAT_VERSION: u32 = 2;
 
-/// Feature bits this code understands. Version 1 defines none: an unknown
+/// Feature bits this code understands. Version 2 defines none: an unknown
 /// incompat bit refuses the mount, an unknown ro_compat bit refuses writes,
-/// an unknown compat bit is ignored.
+/// an unknown compat bit is ignored. Later changes that keep the version
+/// (incremental metadata, longer inode attributes, new record kinds) each
+/// take a bit: see "Compatibility" in `docs/FORMAT.md`.
 pub const FEATURES_COMPAT_SUPPORTED: u64 = 0;
 pub const FEATURES_INCOMPAT_SUPPORTED: u64 = 0;
 pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = 0;
@@ -404,10 +409,10 @@ impl Superblock {
         }
         let version = dec.u32()?;
         if version != FORMAT_VERSION {
-            return Err(Error::NotIomapfs {
-                reason: format!(
-                    "on-disk format version {version} is not supported (this build reads version {FORMAT_VERSION})"
-                ),
+            return Err(Error::UnsupportedVersion {
+                found: version,
+                supported: FORMAT_VERSION,
+                hint: version_hint(version),
             });
         }
         let stored_crc = u32::from_le_bytes(
@@ -475,6 +480,19 @@ impl Superblock {
             });
         }
         Ok(())
+    }
+}
+
+/// What a user with a volume of another format version can do.
+fn version_hint(found: u32) -> String {
+    if found < FORMAT_VERSION {
+        format!(
+            "version {found} keeps no file modes, owners, symlinks, hard links or extended \
+             attributes; this build never reads it (its records would be misread): copy the \
+             files off with the build that wrote it, then `iomapfs mkfs` and copy them back"
+        )
+    } else {
+        "the volume was written by a newer iomapfs; use that build".to_string()
     }
 }
 
@@ -697,7 +715,7 @@ mod tests {
         let bytes = sb.encode();
         assert_eq!(bytes.len(), 4096);
         assert_eq!(&bytes[OFF_MAGIC..OFF_VERSION], b"IOMAPFS1");
-        assert_eq!(bytes[OFF_VERSION], 1);
+        assert_eq!(bytes[OFF_VERSION], 2);
         assert_eq!(&bytes[OFF_UUID..OFF_UUID + 16], &sb.uuid);
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
     }
@@ -710,10 +728,23 @@ mod tests {
             Superblock::decode(&vec![0u8; 4096]),
             Err(Error::NotIomapfs { .. })
         ));
-        let mut b = good.clone();
-        b[OFF_VERSION] = 2;
-        let err = Superblock::decode(&b).unwrap_err();
-        assert!(matches!(err, Error::NotIomapfs { .. }) && err.to_string().contains("version 2"));
+        // Another version is refused before anything else is read, with what
+        // to do: a version 1 volume is never misread as version 2.
+        for (version, hint) in [(1u8, "iomapfs mkfs"), (3, "newer iomapfs")] {
+            let mut b = good.clone();
+            b[OFF_VERSION] = version;
+            let err = Superblock::decode(&b).unwrap_err();
+            assert!(
+                matches!(err, Error::UnsupportedVersion { found, supported: 2, .. } if found == u32::from(version)),
+                "{err}"
+            );
+            let msg = err.to_string();
+            assert!(
+                msg.contains(&format!("version {version}")) && msg.contains(hint),
+                "{msg}"
+            );
+            assert_eq!(err.errno(), libc::EPROTONOSUPPORT);
+        }
         // Every single-byte change past the magic and version is caught.
         for i in OFF_BLOCK_SIZE..SUPERBLOCK_ENCODED_LEN {
             let mut b = good.clone();

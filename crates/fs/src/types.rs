@@ -8,10 +8,138 @@ pub type Ino = u64;
 
 pub const ROOT_INO: Ino = 1;
 
+/// What an inode is. Only regular files have data extents, only
+/// directories have entries, only symlinks have a target; the special files
+/// (FIFOs, sockets, device nodes) have neither: they are names with
+/// attributes, whose behaviour the kernel provides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FileKind {
     Regular,
     Directory,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+impl FileKind {
+    /// The `S_IFMT` bits of `st_mode` for this kind.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileKind::Regular => libc::S_IFREG,
+            FileKind::Directory => libc::S_IFDIR,
+            FileKind::Symlink => libc::S_IFLNK,
+            FileKind::Fifo => libc::S_IFIFO,
+            FileKind::Socket => libc::S_IFSOCK,
+            FileKind::CharDevice => libc::S_IFCHR,
+            FileKind::BlockDevice => libc::S_IFBLK,
+        }
+    }
+
+    /// The kind whose `S_IFMT` bits `mode` carries, if any.
+    pub fn from_mode(mode: u32) -> Option<FileKind> {
+        [
+            FileKind::Regular,
+            FileKind::Directory,
+            FileKind::Symlink,
+            FileKind::Fifo,
+            FileKind::Socket,
+            FileKind::CharDevice,
+            FileKind::BlockDevice,
+        ]
+        .into_iter()
+        .find(|k| k.mode_bits() == mode & libc::S_IFMT)
+    }
+
+    /// Whether a directory entry may name an inode of this kind more than
+    /// once (hard links): everything but directories.
+    pub fn may_have_hard_links(self) -> bool {
+        self != FileKind::Directory
+    }
+}
+
+/// A point in time: seconds since the Unix epoch (negative before it) and
+/// nanoseconds within the second (`< 1_000_000_000`). Wide enough for any
+/// `struct timespec` a user can set with `utimensat`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Timestamp {
+    pub sec: i64,
+    pub nsec: u32,
+}
+
+impl Timestamp {
+    pub const NSEC_PER_SEC: u32 = 1_000_000_000;
+
+    /// From nanoseconds since the epoch (what the data records carry).
+    pub fn from_ns(ns: u64) -> Timestamp {
+        Timestamp {
+            sec: (ns / u64::from(Self::NSEC_PER_SEC)) as i64,
+            nsec: (ns % u64::from(Self::NSEC_PER_SEC)) as u32,
+        }
+    }
+
+    /// Nanoseconds since the epoch, clamped to `[0, u64::MAX]`.
+    pub fn as_ns(self) -> u64 {
+        if self.sec < 0 {
+            return 0;
+        }
+        (self.sec as u64)
+            .saturating_mul(u64::from(Self::NSEC_PER_SEC))
+            .saturating_add(u64::from(self.nsec))
+    }
+
+    pub fn is_valid(self) -> bool {
+        self.nsec < Self::NSEC_PER_SEC
+    }
+}
+
+/// Permission bits `st_mode` may carry besides the kind: rwx for user,
+/// group and other, set-user-id, set-group-id and sticky.
+pub const MODE_PERMISSION_BITS: u32 = 0o7777;
+
+/// An inode's attributes (what `stat` shows besides size, link count and
+/// allocation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct InodeAttrs {
+    /// Permission bits only ([`MODE_PERMISSION_BITS`]); the kind is kept
+    /// apart.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Inode flags. None are defined in format version 2 and the decoder
+    /// refuses any set: room for later per-inode choices (such as where an
+    /// extent map lives) without a new inode layout.
+    pub flags: u32,
+    /// Device number of a character or block device node; 0 otherwise.
+    pub rdev: u64,
+    /// Last access. Reads do not update it (as `noatime`): only a create
+    /// and an explicit set do.
+    pub atime: Timestamp,
+    /// Last data change (write, truncate, punch, fallocate past EOF), or
+    /// for directories last entry change.
+    pub mtime: Timestamp,
+    /// Last change of anything: data, attributes, links, xattrs.
+    pub ctime: Timestamp,
+    /// Creation time; never changes.
+    pub btime: Timestamp,
+}
+
+impl InodeAttrs {
+    /// Attributes of an inode created at `now` with `mode`, `uid`, `gid`.
+    pub fn new(mode: u32, uid: u32, gid: u32, now: Timestamp) -> InodeAttrs {
+        InodeAttrs {
+            mode: mode & MODE_PERMISSION_BITS,
+            uid,
+            gid,
+            flags: 0,
+            rdev: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            btime: now,
+        }
+    }
 }
 
 /// Whether an extent's space holds file data yet.
@@ -49,22 +177,33 @@ pub struct DirEntryImage {
     pub ino: Ino,
 }
 
+/// One extended attribute: a `user.` name and its value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct XattrImage {
+    pub name: String,
+    pub value: Vec<u8>,
+}
+
 /// One inode as stored in a checkpoint.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InodeImage {
     pub ino: Ino,
     pub kind: FileKind,
-    /// Number of directory entries naming this inode (0 or 1: no hard links
-    /// yet; 0 means unlinked but possibly still open: freed at mount).
+    /// Number of directory entries naming this inode (directories: 0 or 1;
+    /// others any number up to [`crate::limits::MAX_LINKS`]); 0 means
+    /// unlinked but possibly still open: freed at mount.
     pub nlink: u32,
-    /// On-disk size in bytes.
+    /// On-disk size in bytes (regular files; 0 for every other kind).
     pub size: u64,
-    /// Last data or size modification, nanoseconds since the Unix epoch.
-    pub mtime_ns: u64,
-    /// Sorted by `file_off`, non-overlapping. Empty for directories.
+    pub attrs: InodeAttrs,
+    /// Sorted by `file_off`, non-overlapping. Empty unless regular.
     pub extents: Vec<Extent>,
-    /// Sorted by name. Empty for regular files.
+    /// Sorted by name. Empty unless a directory.
     pub entries: Vec<DirEntryImage>,
+    /// Sorted by name, names unique. Any kind.
+    pub xattrs: Vec<XattrImage>,
+    /// A symlink's target (never empty); empty for every other kind.
+    pub target: Vec<u8>,
 }
 
 /// The whole metadata of a volume, as a checkpoint stores it. Free space is
@@ -84,24 +223,68 @@ pub struct MetaImage {
 /// state when it makes the change, so both paths share one implementation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
-    /// A new inode `ino` of `kind`, linked as `parent/name`.
+    /// A new inode `ino` of `kind` with `attrs`, linked as `parent/name`
+    /// (the parent's mtime and ctime become `attrs.ctime`); `target` is a
+    /// symlink's target, empty for other kinds.
     Create {
         ino: Ino,
         parent: Ino,
         name: String,
         kind: FileKind,
-        mtime_ns: u64,
+        attrs: InodeAttrs,
+        target: Vec<u8>,
     },
-    /// Remove entry `parent/name`; the inode it named gets nlink 0 (its space
-    /// is released by [`Record::FreeInode`] once no handle holds it).
-    Unlink { parent: Ino, name: String },
+    /// Remove entry `parent/name`; the inode it named loses one link (at 0
+    /// its space is released by [`Record::FreeInode`] once no handle holds
+    /// it). The parent's mtime and ctime and the inode's ctime become `time`.
+    Unlink {
+        parent: Ino,
+        name: String,
+        time: Timestamp,
+    },
     /// Move `src_parent/src_name` to `dst_parent/dst_name`, replacing (and
-    /// unlinking) any inode named there.
+    /// unlinking) any inode named there; with `exchange`, swap the two
+    /// names instead (both must exist). Both parents' mtime and ctime and
+    /// the moved inodes' ctime become `time`.
     Rename {
         src_parent: Ino,
         src_name: String,
         dst_parent: Ino,
         dst_name: String,
+        exchange: bool,
+        time: Timestamp,
+    },
+    /// A new name `parent/name` for the existing non-directory `ino` (a
+    /// hard link): its link count grows by one.
+    Link {
+        ino: Ino,
+        parent: Ino,
+        name: String,
+        time: Timestamp,
+    },
+    /// Set mode, owner and times (chmod, chown, utimens): the live path
+    /// computes every new value, replay only stores them.
+    SetAttr {
+        ino: Ino,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        atime: Timestamp,
+        mtime: Timestamp,
+        ctime: Timestamp,
+    },
+    /// Create or replace extended attribute `name` of `ino`.
+    SetXattr {
+        ino: Ino,
+        name: String,
+        value: Vec<u8>,
+        ctime: Timestamp,
+    },
+    /// Remove extended attribute `name` of `ino`.
+    RemoveXattr {
+        ino: Ino,
+        name: String,
+        ctime: Timestamp,
     },
     /// Delete an inode with nlink 0 and release all its space.
     FreeInode { ino: Ino },
@@ -115,7 +298,8 @@ pub enum Record {
     },
     /// Completion of a write: unwritten space in `[file_off, file_off+len)`
     /// (block-aligned) becomes written, and the size becomes at least
-    /// `min_size`.
+    /// `min_size`. Here and in `SetSize` and `Punch`, `mtime_ns`
+    /// (nanoseconds since the epoch) sets both mtime and ctime.
     CompleteWrite {
         ino: Ino,
         file_off: u64,

@@ -9,12 +9,15 @@ use std::sync::Arc;
 
 use blockdev::BlockDevice;
 
+use crate::attributes::SetAttr;
 use crate::file::{File, OpenFlags, Stat};
 use crate::flusher::{Flusher, Pass};
 use crate::mount;
 use crate::mount_state::VolumeInner;
+use crate::namespace::{check_openable, NewNode, RenameFlags};
 use crate::superblock::Superblock;
-use crate::types::FileKind;
+use crate::types::Ino;
+use crate::xattr::XattrSet;
 use crate::{Error, Result};
 
 pub use crate::mount::FormatOptions;
@@ -114,17 +117,141 @@ impl Volume {
         self.inner.readdir(path)
     }
 
+    /// Removes the name `path` (anything but a directory). The inode goes
+    /// with its last name, or with its last open handle after that.
     pub fn unlink(&self, path: &str) -> Result<()> {
-        self.inner.remove(path, FileKind::Regular)
+        self.inner.remove(path, false)
     }
 
     pub fn rmdir(&self, path: &str) -> Result<()> {
-        self.inner.remove(path, FileKind::Directory)
+        self.inner.remove(path, true)
     }
 
     /// Atomically renames `from` to `to`, replacing `to` if it exists.
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
         self.inner.rename(from, to)
+    }
+
+    /// Creates a symlink at `path` whose target is `target`.
+    pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
+        self.inner.symlink(target.as_bytes(), path)
+    }
+
+    /// Creates the hard link `new` to what `existing` names (not a
+    /// directory).
+    pub fn link(&self, existing: &str, new: &str) -> Result<()> {
+        self.inner.link_paths(existing, new)
+    }
+
+    /// The target of the symlink at `path`.
+    pub fn readlink(&self, path: &str) -> Result<Vec<u8>> {
+        let ino = self.inner.ino_of(path)?;
+        self.inner.readlink(ino)
+    }
+
+    /// The inode `path` names (a final symlink is not followed; one met
+    /// before is `ELOOP`: the path API never follows symlinks).
+    pub fn ino_of(&self, path: &str) -> Result<Ino> {
+        self.inner.ino_of(path)
+    }
+
+    // --- The same by inode: what a FUSE mount asks ----------------------
+
+    /// The entry `name` of directory `parent`.
+    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Stat> {
+        self.inner.lookup(parent, name)
+    }
+
+    pub fn stat_ino(&self, ino: Ino) -> Result<Stat> {
+        self.inner.stat_ino(ino)
+    }
+
+    /// Creates `parent/name` as `node`; `target` is a symlink's target
+    /// (ignored for other kinds).
+    pub fn make_node(&self, parent: Ino, name: &str, node: NewNode, target: &[u8]) -> Result<Stat> {
+        self.inner.make_node(parent, name, node, target)
+    }
+
+    /// A new name `parent/name` for inode `ino` (a hard link).
+    pub fn link_ino(&self, ino: Ino, parent: Ino, name: &str) -> Result<Stat> {
+        self.inner.link(ino, parent, name)
+    }
+
+    /// Removes `parent/name`: an empty directory when `dir`, anything else
+    /// when not.
+    pub fn remove_at(&self, parent: Ino, name: &str, dir: bool) -> Result<()> {
+        self.inner.remove_at(parent, name, dir)
+    }
+
+    /// Renames `parent/name` to `new_parent/new_name`, atomically; `flags`
+    /// ask for `RENAME_NOREPLACE` or `RENAME_EXCHANGE`.
+    pub fn rename_at(
+        &self,
+        parent: Ino,
+        name: &str,
+        new_parent: Ino,
+        new_name: &str,
+        flags: RenameFlags,
+    ) -> Result<()> {
+        self.inner
+            .rename_at(parent, name, new_parent, new_name, flags)
+    }
+
+    pub fn readlink_ino(&self, ino: Ino) -> Result<Vec<u8>> {
+        self.inner.readlink(ino)
+    }
+
+    /// Entries of directory `ino`, sorted by name (without `.` and `..`).
+    pub fn readdir_ino(&self, ino: Ino) -> Result<Vec<DirEntry>> {
+        self.inner.readdir_ino(ino)
+    }
+
+    /// Opens regular file `ino` (`flags.create` and `exclusive` do not
+    /// apply). An inode with no names left but still open elsewhere can be
+    /// opened too, as `/proc/self/fd` allows.
+    pub fn open_ino(&self, ino: Ino, flags: OpenFlags) -> Result<File> {
+        self.inner.check_live()?;
+        let path = format!("inode {ino}");
+        if flags.read_only && flags.truncate {
+            return Err(Error::invalid(path, "truncate on a read-only open"));
+        }
+        let inode = {
+            let mut meta = self.inner.meta.write();
+            let state = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
+            check_openable(state, &path)?;
+            meta.open_handle(ino, &self.inner.cache)
+        };
+        let file = File::new(self.inner.clone(), inode, flags, &path);
+        if flags.truncate {
+            file.truncate(0)?;
+        }
+        Ok(file)
+    }
+
+    /// Changes mode, owner or times of `ino` (ctime becomes now); size
+    /// changes go through [`File::truncate`].
+    pub fn set_attr(&self, ino: Ino, change: &SetAttr) -> Result<Stat> {
+        self.inner.set_attr(ino, change)
+    }
+
+    /// The value of extended attribute `name` (`user.*`) of `ino`.
+    pub fn get_xattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>> {
+        self.inner.get_xattr(ino, name)
+    }
+
+    /// Names of `ino`'s extended attributes, sorted.
+    pub fn list_xattr(&self, ino: Ino) -> Result<Vec<String>> {
+        self.inner.list_xattr(ino)
+    }
+
+    /// Sets extended attribute `name` (`user.*` only; at most 255 bytes of
+    /// name, 64 KiB of value, 1 MiB per inode) of a file or directory.
+    pub fn set_xattr(&self, ino: Ino, name: &str, value: &[u8], how: XattrSet) -> Result<()> {
+        self.inner.set_xattr(ino, name, value, how)
+    }
+
+    pub fn remove_xattr(&self, ino: Ino, name: &str) -> Result<()> {
+        self.inner.remove_xattr(ino, name)
     }
 
     /// DSYNC writers waiting for a device flush to cover their write

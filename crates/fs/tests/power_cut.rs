@@ -387,6 +387,7 @@ fn crash_model_rejects_bad_states() {
             .into_iter()
             .map(|(p, d)| (p.to_string(), fd(d)))
             .collect(),
+        ..VolState::default()
     };
     // Legal: old or new data, torn per sector, /b created or not.
     let mut torn = v1.clone();

@@ -251,7 +251,8 @@ fn replay_and_fsck_survive_huge_values() {
             parent: 1,
             name: "big".into(),
             kind: iomapfs_fs::FileKind::Regular,
-            mtime_ns: 1,
+            attrs: iomapfs_fs::types::InodeAttrs::default(),
+            target: vec![],
         },
     ] {
         let mem = clean_volume_with_a();

@@ -2,20 +2,34 @@
 //! directory entries, sorted, checked on the way in and out.
 
 use super::primitive::{
-    check_name, kind_code, state_code, Decoder, Encoder, STRING_LEN_BYTES, U32_BYTES, U64_BYTES,
-    U8_BYTES,
+    check_attrs, check_name, check_symlink_target, check_xattr_name, kind_code, state_code,
+    Decoder, Encoder, ATTRS_ENCODED_LEN, BYTES_LEN_BYTES, STRING_LEN_BYTES, U16_BYTES, U32_BYTES,
+    U64_BYTES, U8_BYTES,
 };
 use crate::error::{Error, Result};
-use crate::types::{DirEntryImage, Extent, FileKind, Ino, InodeImage, MetaImage};
+use crate::limits::{MAX_XATTR_BYTES_PER_INODE, XATTR_USER_PREFIX};
+use crate::types::{DirEntryImage, Extent, FileKind, Ino, InodeImage, MetaImage, XattrImage};
 
 /// Encoded size of one extent: file_off, len, addr, state.
 pub const EXTENT_ENCODED_LEN: usize = 3 * U64_BYTES + U8_BYTES;
-/// Encoded size of an inode without its extents and entries: ino, kind,
-/// nlink, size, mtime_ns, extent count, entry count.
-pub const INODE_FIXED_ENCODED_LEN: usize =
-    U64_BYTES + U8_BYTES + U32_BYTES + 2 * U64_BYTES + 2 * U32_BYTES;
+/// Encoded size of an inode without its extents, entries, xattrs and
+/// target bytes: ino, kind, nlink, size, attrs length and attrs, extent,
+/// entry and xattr counts, target length.
+pub const INODE_FIXED_ENCODED_LEN: usize = U64_BYTES
+    + U8_BYTES
+    + U32_BYTES
+    + U64_BYTES
+    + U16_BYTES
+    + ATTRS_ENCODED_LEN
+    + 3 * U32_BYTES
+    + BYTES_LEN_BYTES;
 /// Smallest encoded directory entry: ino and a one-byte name.
 pub const ENTRY_MIN_ENCODED_LEN: usize = U64_BYTES + STRING_LEN_BYTES + 1;
+/// An extended attribute's encoding without its name and value bytes.
+pub const XATTR_OVERHEAD_ENCODED_LEN: usize = STRING_LEN_BYTES + BYTES_LEN_BYTES;
+/// Smallest encoded extended attribute: a one-byte name after `user.`, an
+/// empty value.
+pub const XATTR_MIN_ENCODED_LEN: usize = XATTR_OVERHEAD_ENCODED_LEN + XATTR_USER_PREFIX.len() + 1;
 /// Encoded size of the image header: next_ino, inode count.
 pub const IMAGE_HEADER_ENCODED_LEN: usize = 2 * U64_BYTES;
 
@@ -35,9 +49,11 @@ pub fn encode_image(image: &MetaImage) -> Result<Vec<u8>> {
         enc.u8(kind_code(inode.kind));
         enc.u32(inode.nlink);
         enc.u64(inode.size);
-        enc.u64(inode.mtime_ns);
+        enc.u16(ATTRS_ENCODED_LEN as u16);
+        enc.attrs(&inode.attrs)?;
         enc.count_u32(inode.extents.len(), "extents")?;
         enc.count_u32(inode.entries.len(), "directory entries")?;
+        enc.count_u32(inode.xattrs.len(), "extended attributes")?;
         for e in &inode.extents {
             enc.u64(e.file_off);
             enc.u64(e.len);
@@ -48,6 +64,11 @@ pub fn encode_image(image: &MetaImage) -> Result<Vec<u8>> {
             enc.u64(d.ino);
             enc.name(&d.name)?;
         }
+        for x in &inode.xattrs {
+            enc.xattr_name(&x.name)?;
+            enc.xattr_value(&x.value)?;
+        }
+        enc.byte_string(&inode.target)?;
     }
     debug_assert_eq!(enc.len(), len);
     Ok(enc.into_bytes())
@@ -57,13 +78,22 @@ pub fn encode_image(image: &MetaImage) -> Result<Vec<u8>> {
 pub fn image_encoded_len(image: &MetaImage) -> u64 {
     let mut len = IMAGE_HEADER_ENCODED_LEN as u64;
     for inode in &image.inodes {
-        len += INODE_FIXED_ENCODED_LEN as u64;
-        len += (inode.extents.len() * EXTENT_ENCODED_LEN) as u64;
-        for d in &inode.entries {
-            len += (U64_BYTES + STRING_LEN_BYTES + d.name.len()) as u64;
-        }
+        len += inode_encoded_len(inode);
     }
     len
+}
+
+/// Bytes one inode takes in the image.
+pub fn inode_encoded_len(inode: &InodeImage) -> u64 {
+    let mut len = INODE_FIXED_ENCODED_LEN as u64;
+    len += (inode.extents.len() * EXTENT_ENCODED_LEN) as u64;
+    for d in &inode.entries {
+        len += (U64_BYTES + STRING_LEN_BYTES + d.name.len()) as u64;
+    }
+    for x in &inode.xattrs {
+        len += (XATTR_OVERHEAD_ENCODED_LEN + x.name.len() + x.value.len()) as u64;
+    }
+    len + inode.target.len() as u64
 }
 
 /// Decodes a whole image from `bytes` (which must hold exactly one image);
@@ -111,28 +141,44 @@ fn decode_inode(dec: &mut Decoder<'_>) -> Result<InodeImage> {
     let kind = dec.kind()?;
     let nlink = dec.u32()?;
     let size = dec.u64()?;
-    let mtime_ns = dec.u64()?;
+    let attrs_at = dec.position();
+    let attrs_len = usize::from(dec.u16()?);
+    if attrs_len < ATTRS_ENCODED_LEN {
+        return Err(dec.error_at(
+            attrs_at,
+            format!("inode {ino}: attributes of {attrs_len} bytes, fewer than {ATTRS_ENCODED_LEN}"),
+        ));
+    }
+    let attrs = dec.attrs()?;
+    // Attributes a later format appends (under a feature bit that keeps
+    // this build from writing the volume back) are skipped.
+    dec.bytes(attrs_len - ATTRS_ENCODED_LEN)?;
     let counts_at = dec.position();
     let extent_count = dec.u32()?;
     let entry_count = dec.u32()?;
-    // Both lists must fit in what remains; check before allocating.
+    let xattr_count = dec.u32()?;
+    // Every list must fit in what remains; check before allocating.
     let needed = u64::from(extent_count) * EXTENT_ENCODED_LEN as u64
-        + u64::from(entry_count) * ENTRY_MIN_ENCODED_LEN as u64;
+        + u64::from(entry_count) * ENTRY_MIN_ENCODED_LEN as u64
+        + u64::from(xattr_count) * XATTR_MIN_ENCODED_LEN as u64;
     if needed > dec.remaining() as u64 {
         return Err(dec.error_at(
             counts_at,
             format!(
-                "inode {ino}: {extent_count} extents and {entry_count} entries cannot fit in the {} bytes that remain",
+                "inode {ino}: {extent_count} extents, {entry_count} entries and {xattr_count} xattrs cannot fit in the {} bytes that remain",
                 dec.remaining()
             ),
         ));
     }
-    if kind == FileKind::Directory && extent_count != 0 {
-        return Err(dec.error_at(counts_at, format!("directory {ino} has extents")));
-    }
-    if kind == FileKind::Regular && entry_count != 0 {
-        return Err(dec.error_at(counts_at, format!("regular file {ino} has entries")));
-    }
+    check_kind_shape(
+        kind,
+        ino,
+        extent_count > 0,
+        entry_count > 0,
+        size,
+        attrs.rdev,
+    )
+    .map_err(|reason| dec.error_at(counts_at, reason))?;
     let mut extents: Vec<Extent> = Vec::with_capacity(extent_count as usize);
     for _ in 0..extent_count {
         let at = dec.position();
@@ -170,15 +216,67 @@ fn decode_inode(dec: &mut Decoder<'_>) -> Result<InodeImage> {
             ino: entry_ino,
         });
     }
+    let mut xattrs: Vec<XattrImage> = Vec::with_capacity(xattr_count as usize);
+    let mut xattr_bytes = 0usize;
+    for _ in 0..xattr_count {
+        let at = dec.position();
+        let name = dec.xattr_name()?;
+        let value = dec.xattr_value()?;
+        if xattrs.last().is_some_and(|p: &XattrImage| name <= p.name) {
+            return Err(dec.error_at(at, format!("inode {ino}: xattr {name:?} not sorted")));
+        }
+        xattr_bytes += name.len() + value.len();
+        if xattr_bytes > MAX_XATTR_BYTES_PER_INODE {
+            return Err(dec.error_at(
+                at,
+                format!("inode {ino}: xattrs exceed {MAX_XATTR_BYTES_PER_INODE} bytes"),
+            ));
+        }
+        xattrs.push(XattrImage { name, value });
+    }
+    let target = if kind == FileKind::Symlink {
+        dec.symlink_target()?
+    } else {
+        // Length 0 or an error: only symlinks have a target.
+        dec.byte_string(0, "target of a non-symlink")?
+    };
     Ok(InodeImage {
         ino,
         kind,
         nlink,
         size,
-        mtime_ns,
+        attrs,
         extents,
         entries,
+        xattrs,
+        target,
     })
+}
+
+/// What each kind may hold: extents and a size only in regular files
+/// (a symlink's size is its target's length, not stored), entries only in
+/// directories, a device number only in device nodes.
+fn check_kind_shape(
+    kind: FileKind,
+    ino: Ino,
+    has_extents: bool,
+    has_entries: bool,
+    size: u64,
+    rdev: u64,
+) -> std::result::Result<(), String> {
+    if kind != FileKind::Regular && has_extents {
+        return Err(format!("{kind:?} {ino} has extents"));
+    }
+    if kind != FileKind::Directory && has_entries {
+        return Err(format!("{kind:?} {ino} has entries"));
+    }
+    if kind != FileKind::Regular && size != 0 {
+        return Err(format!("{kind:?} {ino} has size {size}"));
+    }
+    if !matches!(kind, FileKind::CharDevice | FileKind::BlockDevice) && rdev != 0 {
+        return Err(format!("{kind:?} {ino} has a device number"));
+    }
+    Ok(())
 }
 
 /// An extent must be non-empty, must not overflow, and must start at or
@@ -223,14 +321,34 @@ fn check_image(image: &MetaImage) -> std::result::Result<(), String> {
             ));
         }
         prev_ino = Some(ino);
-        match inode.kind {
-            FileKind::Directory if !inode.extents.is_empty() => {
-                return Err(format!("directory {ino} has extents"))
+        check_kind_shape(
+            inode.kind,
+            ino,
+            !inode.extents.is_empty(),
+            !inode.entries.is_empty(),
+            inode.size,
+            inode.attrs.rdev,
+        )?;
+        check_attrs(&inode.attrs).map_err(|r| format!("inode {ino}: {r}"))?;
+        if inode.kind == FileKind::Symlink {
+            check_symlink_target(&inode.target).map_err(|r| format!("inode {ino}: {r}"))?;
+        } else if !inode.target.is_empty() {
+            return Err(format!("inode {ino}: a {:?} with a target", inode.kind));
+        }
+        let mut xattr_bytes = 0;
+        let mut prev_xattr: Option<&str> = None;
+        for x in &inode.xattrs {
+            check_xattr_name(&x.name).map_err(|r| format!("inode {ino}: {r}"))?;
+            if prev_xattr.is_some_and(|p| x.name.as_str() <= p) {
+                return Err(format!("inode {ino}: xattr {:?} is not sorted", x.name));
             }
-            FileKind::Regular if !inode.entries.is_empty() => {
-                return Err(format!("regular file {ino} has entries"))
-            }
-            _ => {}
+            prev_xattr = Some(&x.name);
+            xattr_bytes += x.name.len() + x.value.len();
+        }
+        if xattr_bytes > MAX_XATTR_BYTES_PER_INODE {
+            return Err(format!(
+                "inode {ino}: xattrs exceed {MAX_XATTR_BYTES_PER_INODE} bytes"
+            ));
         }
         let mut prev: Option<&Extent> = None;
         for e in &inode.extents {
@@ -256,7 +374,7 @@ fn check_image(image: &MetaImage) -> std::result::Result<(), String> {
 pub(crate) mod tests {
     use super::*;
     use crate::codec::primitive::KIND_REGULAR;
-    use crate::types::ExtentState;
+    use crate::types::{ExtentState, InodeAttrs, Timestamp};
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
 
@@ -305,18 +423,63 @@ pub(crate) mod tests {
                     off += len;
                 }
             }
+            // Some non-directories are symlinks or special files instead.
+            let kind = if dir {
+                FileKind::Directory
+            } else {
+                match rng.gen_range(0..8) {
+                    0 => FileKind::Symlink,
+                    1 => FileKind::Fifo,
+                    2 => FileKind::BlockDevice,
+                    _ => FileKind::Regular,
+                }
+            };
+            if kind != FileKind::Regular {
+                extents.clear();
+            }
+            let mut attrs = InodeAttrs::new(
+                rng.gen_range(0..0o10000),
+                rng.gen(),
+                rng.gen(),
+                Timestamp {
+                    sec: rng.gen(),
+                    nsec: rng.gen_range(0..1_000_000_000),
+                },
+            );
+            attrs.atime.sec = rng.gen();
+            if kind == FileKind::BlockDevice {
+                attrs.rdev = rng.gen();
+            }
+            let mut names: Vec<String> = (0..rng.gen_range(0..3))
+                .map(|_| format!("user.{}", random_name(rng)))
+                .collect();
+            names.sort();
+            names.dedup();
+            let xattrs = names
+                .into_iter()
+                .map(|name| XattrImage {
+                    name,
+                    value: (0..rng.gen_range(0..40)).map(|_| rng.gen()).collect(),
+                })
+                .collect();
             out.push(InodeImage {
                 ino,
-                kind: if dir {
-                    FileKind::Directory
+                kind,
+                nlink: rng.gen_range(0..3),
+                size: if kind == FileKind::Regular {
+                    rng.gen()
                 } else {
-                    FileKind::Regular
+                    0
                 },
-                nlink: rng.gen_range(0..2),
-                size: rng.gen(),
-                mtime_ns: rng.gen(),
+                attrs,
                 extents,
                 entries,
+                xattrs,
+                target: if kind == FileKind::Symlink {
+                    random_name(rng).into_bytes()
+                } else {
+                    Vec::new()
+                },
             });
         }
         MetaImage {
@@ -370,18 +533,190 @@ pub(crate) mod tests {
         let err = decode_image(enc.as_bytes()).unwrap_err();
         assert!(err.to_string().contains("cannot fit"), "{err}");
 
+        for counts in [[u32::MAX, 0, 0], [0, u32::MAX, 0], [0, 0, u32::MAX]] {
+            let mut enc = Encoder::new();
+            enc.u64(10);
+            enc.u64(1);
+            inode_head(&mut enc, 2, KIND_REGULAR);
+            for c in counts {
+                enc.u32(c);
+            }
+            enc.u32(0);
+            let err = decode_image(enc.as_bytes()).unwrap_err();
+            assert!(err.to_string().contains("cannot fit"), "{counts:?}: {err}");
+        }
+    }
+
+    /// An inode's fields up to its counts, as format version 2 lays them out.
+    fn inode_head(enc: &mut Encoder, ino: u64, kind: u8) {
+        enc.u64(ino);
+        enc.u8(kind);
+        enc.u32(1);
+        enc.u64(0);
+        enc.u16(ATTRS_ENCODED_LEN as u16);
+        enc.attrs(&InodeAttrs::default()).unwrap();
+    }
+
+    /// A whole inode with nothing in its lists.
+    fn bare_inode(enc: &mut Encoder, ino: u64, kind: u8) {
+        inode_head(enc, ino, kind);
+        enc.u32(0);
+        enc.u32(0);
+        enc.u32(0);
+        enc.u32(0);
+    }
+
+    /// What the decoder refuses in the parts format version 2 added, each
+    /// written by hand (the encoder would refuse to write them).
+    #[test]
+    fn version_2_fields_are_checked_by_the_decoder() {
+        use crate::codec::primitive::KIND_REGULAR as REG;
+        const SYMLINK: u8 = 3;
+        const FIFO: u8 = 4;
+        let decode = |build: &dyn Fn(&mut Encoder)| {
+            let mut enc = Encoder::new();
+            enc.u64(10);
+            enc.u64(1);
+            build(&mut enc);
+            decode_image(enc.as_bytes())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        // The baseline decodes.
+        decode(&|e| bare_inode(e, 2, REG)).unwrap();
+        decode(&|e| {
+            inode_head(e, 2, SYMLINK);
+            e.u32(0);
+            e.u32(0);
+            e.u32(0);
+            e.u32(1);
+            e.bytes(b"t");
+        })
+        .unwrap();
+        type Case = (&'static str, Box<dyn Fn(&mut Encoder)>);
+        let cases: Vec<Case> = vec![
+            (
+                "fewer than",
+                Box::new(|e| {
+                    e.u64(2);
+                    e.u8(REG);
+                    e.u32(1);
+                    e.u64(0);
+                    e.u16(ATTRS_ENCODED_LEN as u16 - 1);
+                    e.bytes(&[0; INODE_FIXED_ENCODED_LEN]);
+                }),
+            ),
+            (
+                "beyond 0o7777",
+                Box::new(|e| {
+                    e.u64(2);
+                    e.u8(REG);
+                    e.u32(1);
+                    e.u64(0);
+                    e.u16(ATTRS_ENCODED_LEN as u16);
+                    e.u32(0o100644);
+                    e.bytes(&[0; INODE_FIXED_ENCODED_LEN]);
+                }),
+            ),
+            (
+                "symlink target",
+                Box::new(|e| {
+                    inode_head(e, 2, SYMLINK);
+                    for _ in 0..4 {
+                        e.u32(0);
+                    }
+                }),
+            ),
+            (
+                "target of a non-symlink",
+                Box::new(|e| {
+                    inode_head(e, 2, FIFO);
+                    for _ in 0..3 {
+                        e.u32(0);
+                    }
+                    e.u32(1);
+                    e.bytes(b"t");
+                }),
+            ),
+            (
+                "has size",
+                Box::new(|e| {
+                    e.u64(2);
+                    e.u8(FIFO);
+                    e.u32(1);
+                    e.u64(5);
+                    e.u16(ATTRS_ENCODED_LEN as u16);
+                    e.attrs(&InodeAttrs::default()).unwrap();
+                    for _ in 0..4 {
+                        e.u32(0);
+                    }
+                }),
+            ),
+            (
+                "bad xattr name",
+                Box::new(|e| {
+                    inode_head(e, 2, REG);
+                    e.u32(0);
+                    e.u32(0);
+                    e.u32(1);
+                    e.string("trusted.x").unwrap();
+                    e.u32(0);
+                    e.u32(0);
+                }),
+            ),
+            (
+                "not sorted",
+                Box::new(|e| {
+                    inode_head(e, 2, REG);
+                    e.u32(0);
+                    e.u32(0);
+                    e.u32(2);
+                    for n in ["user.b", "user.a"] {
+                        e.string(n).unwrap();
+                        e.u32(0);
+                    }
+                    e.u32(0);
+                }),
+            ),
+            (
+                "exceeds 65536",
+                Box::new(|e| {
+                    inode_head(e, 2, REG);
+                    e.u32(0);
+                    e.u32(0);
+                    e.u32(1);
+                    e.string("user.a").unwrap();
+                    e.u32(65_537);
+                    e.bytes(&[0; 65_537]);
+                    e.u32(0);
+                }),
+            ),
+        ];
+        for (want, build) in cases {
+            let err = decode(&*build).unwrap_err();
+            assert!(err.contains(want), "want {want:?}: {err}");
+        }
+        // Longer attributes (a later format's, under a feature bit) are
+        // skipped, not misread.
         let mut enc = Encoder::new();
         enc.u64(10);
         enc.u64(1);
         enc.u64(2);
-        enc.u8(KIND_REGULAR);
+        enc.u8(REG);
         enc.u32(1);
         enc.u64(0);
-        enc.u64(0);
-        enc.u32(u32::MAX);
-        enc.u32(u32::MAX);
-        let err = decode_image(enc.as_bytes()).unwrap_err();
-        assert!(err.to_string().contains("cannot fit"), "{err}");
+        enc.u16(ATTRS_ENCODED_LEN as u16 + 3);
+        let attrs = InodeAttrs {
+            uid: 42,
+            ..InodeAttrs::default()
+        };
+        enc.attrs(&attrs).unwrap();
+        enc.bytes(&[9, 9, 9]);
+        for _ in 0..4 {
+            enc.u32(0);
+        }
+        let image = decode_image(enc.as_bytes()).unwrap();
+        assert_eq!(image.inodes[0].attrs.uid, 42);
     }
 
     #[test]
@@ -391,9 +726,11 @@ pub(crate) mod tests {
             kind: FileKind::Regular,
             nlink: 1,
             size: 0,
-            mtime_ns: 0,
+            attrs: InodeAttrs::default(),
             extents,
             entries: vec![],
+            xattrs: vec![],
+            target: vec![],
         };
         let ext = |file_off, len| Extent {
             file_off,
@@ -435,13 +772,7 @@ pub(crate) mod tests {
         enc.u64(10);
         enc.u64(2);
         for ino in [3u64, 2] {
-            enc.u64(ino);
-            enc.u8(KIND_REGULAR);
-            enc.u32(1);
-            enc.u64(0);
-            enc.u64(0);
-            enc.u32(0);
-            enc.u32(0);
+            bare_inode(&mut enc, ino, KIND_REGULAR);
         }
         let err = decode_image(enc.as_bytes()).unwrap_err();
         assert!(err.to_string().contains("not sorted"), "{err}");
@@ -465,9 +796,11 @@ pub(crate) mod tests {
             kind,
             nlink: 1,
             size: 0,
-            mtime_ns: 0,
+            attrs: InodeAttrs::default(),
             extents,
             entries,
+            xattrs: vec![],
+            target: vec![],
         };
         let extent = Extent {
             file_off: 0,
@@ -487,5 +820,14 @@ pub(crate) mod tests {
         assert_eq!(file_extent - file, EXTENT_ENCODED_LEN);
         let dir_entry = encoded(vec![inode(1, FileKind::Directory, vec![], vec![entry])]);
         assert_eq!(dir_entry - file, ENTRY_MIN_ENCODED_LEN);
+        let mut with_xattr = inode(2, FileKind::Regular, vec![], vec![]);
+        with_xattr.xattrs.push(XattrImage {
+            name: "user.a".into(),
+            value: vec![],
+        });
+        assert_eq!(encoded(vec![with_xattr]) - file, XATTR_MIN_ENCODED_LEN);
+        let mut link = inode(2, FileKind::Symlink, vec![], vec![]);
+        link.target = b"abc".to_vec();
+        assert_eq!(encoded(vec![link]) - file, 3);
     }
 }

@@ -24,10 +24,14 @@ mod primitive;
 mod record;
 
 pub use image::{
-    decode_image, decode_image_at, encode_image, image_encoded_len, ENTRY_MIN_ENCODED_LEN,
-    EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN, INODE_FIXED_ENCODED_LEN,
+    decode_image, decode_image_at, encode_image, image_encoded_len, inode_encoded_len,
+    ENTRY_MIN_ENCODED_LEN, EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN, INODE_FIXED_ENCODED_LEN,
+    XATTR_MIN_ENCODED_LEN, XATTR_OVERHEAD_ENCODED_LEN,
 };
-pub use primitive::{check_name, Decoder, Encoder, Measure, Sink};
+pub use primitive::{
+    check_attrs, check_name, check_symlink_target, check_xattr_name, Decoder, Encoder, Measure,
+    Sink, ATTRS_ENCODED_LEN,
+};
 pub use record::{decode_record, encode_record, record_encoded_len, RECORD_MIN_ENCODED_LEN};
 
 #[cfg(test)]

@@ -2,8 +2,10 @@
 //! directory entry names, counts, and the codes of the format's enums.
 
 use crate::error::{Error, Result};
-use crate::limits::MAX_NAME_LEN;
-use crate::types::{ExtentState, FileKind};
+use crate::limits::{
+    MAX_NAME_LEN, MAX_SYMLINK_LEN, MAX_XATTR_NAME_LEN, MAX_XATTR_VALUE_LEN, XATTR_USER_PREFIX,
+};
+use crate::types::{ExtentState, FileKind, InodeAttrs, Timestamp, MODE_PERMISSION_BITS};
 
 /// Bytes of the length prefix of a string.
 pub(super) const STRING_LEN_BYTES: usize = 2;
@@ -16,12 +18,26 @@ const _: () = assert!(MAX_NAME_LEN <= MAX_STRING_LEN);
 const _: () = assert!(MAX_NAME_LEN == 255);
 
 pub(super) const U8_BYTES: usize = 1;
+pub(super) const U16_BYTES: usize = 2;
 pub(super) const U32_BYTES: usize = 4;
 pub(super) const U64_BYTES: usize = 8;
+/// A timestamp: seconds (i64) and nanoseconds (u32).
+pub(super) const TIMESTAMP_BYTES: usize = U64_BYTES + U32_BYTES;
+/// Bytes of the length prefix of a byte string (xattr values, symlink
+/// targets): u32, since a value may be 65536 bytes.
+pub(super) const BYTES_LEN_BYTES: usize = U32_BYTES;
+/// Encoded inode attributes as format version 2 defines them: mode, uid,
+/// gid, flags (u32 each), rdev (u64), atime, mtime, ctime, btime.
+pub const ATTRS_ENCODED_LEN: usize = 4 * U32_BYTES + U64_BYTES + 4 * TIMESTAMP_BYTES;
 
 // Enum codes. 0 is never used.
 pub(super) const KIND_REGULAR: u8 = 1;
 const KIND_DIRECTORY: u8 = 2;
+const KIND_SYMLINK: u8 = 3;
+const KIND_FIFO: u8 = 4;
+const KIND_SOCKET: u8 = 5;
+const KIND_CHAR_DEVICE: u8 = 6;
+const KIND_BLOCK_DEVICE: u8 = 7;
 const STATE_WRITTEN: u8 = 1;
 const STATE_UNWRITTEN: u8 = 2;
 
@@ -39,6 +55,60 @@ pub fn check_name(name: &str) -> std::result::Result<(), &'static str> {
     }
     if name == "." || name == ".." {
         return Err("name is '.' or '..'");
+    }
+    Ok(())
+}
+
+/// Checks an extended attribute name: in the `user.` namespace, with a
+/// non-empty rest, at most [`MAX_XATTR_NAME_LEN`] bytes, no NUL.
+pub fn check_xattr_name(name: &str) -> std::result::Result<(), &'static str> {
+    if !name.starts_with(XATTR_USER_PREFIX) {
+        return Err("only user.* extended attributes are supported");
+    }
+    if name.len() == XATTR_USER_PREFIX.len() {
+        return Err("empty name after user.");
+    }
+    if name.len() > MAX_XATTR_NAME_LEN {
+        return Err("extended attribute name longer than 255 bytes");
+    }
+    if name.bytes().any(|b| b == 0) {
+        return Err("extended attribute name contains NUL");
+    }
+    Ok(())
+}
+
+/// Checks a symlink target: 1..=[`MAX_SYMLINK_LEN`] bytes, no NUL.
+pub fn check_symlink_target(target: &[u8]) -> std::result::Result<(), &'static str> {
+    if target.is_empty() {
+        return Err("empty symlink target");
+    }
+    if target.len() > MAX_SYMLINK_LEN {
+        return Err("symlink target longer than 4095 bytes");
+    }
+    if target.contains(&0) {
+        return Err("symlink target contains NUL");
+    }
+    Ok(())
+}
+
+/// Checks attributes as stored: permission bits only, no inode flags
+/// (format version 2 defines none), valid nanoseconds.
+pub fn check_attrs(attrs: &InodeAttrs) -> std::result::Result<(), String> {
+    if attrs.mode & !MODE_PERMISSION_BITS != 0 {
+        return Err(format!("mode {:#o} has bits beyond 0o7777", attrs.mode));
+    }
+    if attrs.flags != 0 {
+        return Err(format!("unknown inode flags {:#x}", attrs.flags));
+    }
+    for (what, t) in [
+        ("atime", attrs.atime),
+        ("mtime", attrs.mtime),
+        ("ctime", attrs.ctime),
+        ("btime", attrs.btime),
+    ] {
+        if !t.is_valid() {
+            return Err(format!("{what} nanoseconds {} out of range", t.nsec));
+        }
     }
     Ok(())
 }
@@ -166,6 +236,64 @@ impl<S: Sink> Encoder<S> {
         self.string(name)
     }
 
+    /// A byte string with a u32 length prefix.
+    pub fn byte_string(&mut self, v: &[u8]) -> Result<()> {
+        let len = u32::try_from(v.len()).map_err(|_| {
+            Error::invalid(
+                "encoding a byte string",
+                format!("{} bytes is longer than {}", v.len(), u32::MAX),
+            )
+        })?;
+        self.u32(len);
+        self.bytes(v);
+        Ok(())
+    }
+
+    pub fn timestamp(&mut self, t: Timestamp) {
+        self.u64(t.sec as u64);
+        self.u32(t.nsec);
+    }
+
+    /// Inode attributes ([`ATTRS_ENCODED_LEN`] bytes), checked with
+    /// [`check_attrs`].
+    pub fn attrs(&mut self, a: &InodeAttrs) -> Result<()> {
+        check_attrs(a).map_err(|reason| Error::invalid("encoding inode attributes", reason))?;
+        self.u32(a.mode);
+        self.u32(a.uid);
+        self.u32(a.gid);
+        self.u32(a.flags);
+        self.u64(a.rdev);
+        for t in [a.atime, a.mtime, a.ctime, a.btime] {
+            self.timestamp(t);
+        }
+        Ok(())
+    }
+
+    /// An extended attribute name (see [`check_xattr_name`]).
+    pub fn xattr_name(&mut self, name: &str) -> Result<()> {
+        check_xattr_name(name)
+            .map_err(|reason| Error::invalid(format!("xattr {name:?}"), reason))?;
+        self.string(name)
+    }
+
+    /// An extended attribute value: at most [`MAX_XATTR_VALUE_LEN`] bytes.
+    pub fn xattr_value(&mut self, value: &[u8]) -> Result<()> {
+        if value.len() > MAX_XATTR_VALUE_LEN {
+            return Err(Error::invalid(
+                "encoding an extended attribute value",
+                format!("{} bytes exceed {MAX_XATTR_VALUE_LEN}", value.len()),
+            ));
+        }
+        self.byte_string(value)
+    }
+
+    /// A symlink target (see [`check_symlink_target`]).
+    pub fn symlink_target(&mut self, target: &[u8]) -> Result<()> {
+        check_symlink_target(target)
+            .map_err(|reason| Error::invalid("encoding a symlink target", reason))?;
+        self.byte_string(target)
+    }
+
     /// A count that the decoder reads as u32.
     pub(super) fn count_u32(&mut self, n: usize, what: &str) -> Result<()> {
         let n = u32::try_from(n).map_err(|_| {
@@ -288,6 +416,65 @@ impl<'a> Decoder<'a> {
         Ok(name)
     }
 
+    /// A byte string with a u32 length prefix, at most `max` bytes.
+    pub fn byte_string(&mut self, max: usize, what: &str) -> Result<Vec<u8>> {
+        let at = self.pos;
+        let len = self.u32()? as usize;
+        if len > max {
+            return Err(self.error_at(at, format!("{what} of {len} bytes exceeds {max}")));
+        }
+        Ok(self.bytes(len)?.to_vec())
+    }
+
+    pub fn timestamp(&mut self) -> Result<Timestamp> {
+        let at = self.pos;
+        let sec = self.u64()? as i64;
+        let nsec = self.u32()?;
+        let t = Timestamp { sec, nsec };
+        if !t.is_valid() {
+            return Err(self.error_at(at, format!("timestamp nanoseconds {nsec} out of range")));
+        }
+        Ok(t)
+    }
+
+    /// Inode attributes, checked with [`check_attrs`].
+    pub fn attrs(&mut self) -> Result<InodeAttrs> {
+        let at = self.pos;
+        let a = InodeAttrs {
+            mode: self.u32()?,
+            uid: self.u32()?,
+            gid: self.u32()?,
+            flags: self.u32()?,
+            rdev: self.u64()?,
+            atime: self.timestamp()?,
+            mtime: self.timestamp()?,
+            ctime: self.timestamp()?,
+            btime: self.timestamp()?,
+        };
+        check_attrs(&a).map_err(|reason| self.error_at(at, reason))?;
+        Ok(a)
+    }
+
+    pub fn xattr_name(&mut self) -> Result<String> {
+        let at = self.pos;
+        let name = self.string()?;
+        check_xattr_name(&name)
+            .map_err(|reason| self.error_at(at, format!("bad xattr name: {reason}")))?;
+        Ok(name)
+    }
+
+    pub fn xattr_value(&mut self) -> Result<Vec<u8>> {
+        self.byte_string(MAX_XATTR_VALUE_LEN, "extended attribute value")
+    }
+
+    pub fn symlink_target(&mut self) -> Result<Vec<u8>> {
+        let at = self.pos;
+        let target = self.byte_string(MAX_SYMLINK_LEN, "symlink target")?;
+        check_symlink_target(&target)
+            .map_err(|reason| self.error_at(at, format!("bad symlink target: {reason}")))?;
+        Ok(target)
+    }
+
     /// A u32 count of items each at least `min_item_len` bytes long; fails
     /// unless that many items can fit in the remaining bytes, so the caller
     /// may allocate for `count` items.
@@ -333,6 +520,11 @@ impl<'a> Decoder<'a> {
         match self.u8()? {
             KIND_REGULAR => Ok(FileKind::Regular),
             KIND_DIRECTORY => Ok(FileKind::Directory),
+            KIND_SYMLINK => Ok(FileKind::Symlink),
+            KIND_FIFO => Ok(FileKind::Fifo),
+            KIND_SOCKET => Ok(FileKind::Socket),
+            KIND_CHAR_DEVICE => Ok(FileKind::CharDevice),
+            KIND_BLOCK_DEVICE => Ok(FileKind::BlockDevice),
             other => Err(self.error_at(at, format!("unknown file kind {other}"))),
         }
     }
@@ -351,6 +543,11 @@ pub(super) fn kind_code(kind: FileKind) -> u8 {
     match kind {
         FileKind::Regular => KIND_REGULAR,
         FileKind::Directory => KIND_DIRECTORY,
+        FileKind::Symlink => KIND_SYMLINK,
+        FileKind::Fifo => KIND_FIFO,
+        FileKind::Socket => KIND_SOCKET,
+        FileKind::CharDevice => KIND_CHAR_DEVICE,
+        FileKind::BlockDevice => KIND_BLOCK_DEVICE,
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::primitive::{kind_code, Decoder, Encoder, Sink, U64_BYTES, U8_BYTES};
 use crate::error::Result;
-use crate::types::Record;
+use crate::types::{FileKind, Record, MODE_PERMISSION_BITS};
 
 // Record tags. 0 is never used, so zeroed bytes never decode as a record.
 const TAG_CREATE: u8 = 1;
@@ -13,6 +13,13 @@ const TAG_MAP_UNWRITTEN: u8 = 5;
 const TAG_COMPLETE_WRITE: u8 = 6;
 const TAG_SET_SIZE: u8 = 7;
 const TAG_PUNCH: u8 = 8;
+const TAG_LINK: u8 = 9;
+const TAG_SET_ATTR: u8 = 10;
+const TAG_SET_XATTR: u8 = 11;
+const TAG_REMOVE_XATTR: u8 = 12;
+
+// Rename flags.
+const RENAME_EXCHANGE: u8 = 1;
 
 /// Smallest encoded record (a tag and one u64: `FreeInode`).
 pub const RECORD_MIN_ENCODED_LEN: usize = U8_BYTES + U64_BYTES;
@@ -26,31 +33,101 @@ pub fn encode_record<S: Sink>(record: &Record, enc: &mut Encoder<S>) -> Result<(
             parent,
             name,
             kind,
-            mtime_ns,
+            attrs,
+            target,
         } => {
             enc.u8(TAG_CREATE);
             enc.u64(*ino);
             enc.u64(*parent);
             enc.name(name)?;
             enc.u8(kind_code(*kind));
-            enc.u64(*mtime_ns);
+            enc.attrs(attrs)?;
+            if *kind == FileKind::Symlink {
+                enc.symlink_target(target)?;
+            } else if target.is_empty() {
+                enc.byte_string(target)?;
+            } else {
+                return Err(crate::Error::invalid(
+                    "encoding a create record",
+                    "only symlinks have a target",
+                ));
+            }
         }
-        Record::Unlink { parent, name } => {
+        Record::Unlink { parent, name, time } => {
             enc.u8(TAG_UNLINK);
             enc.u64(*parent);
             enc.name(name)?;
+            enc.timestamp(*time);
         }
         Record::Rename {
             src_parent,
             src_name,
             dst_parent,
             dst_name,
+            exchange,
+            time,
         } => {
             enc.u8(TAG_RENAME);
             enc.u64(*src_parent);
             enc.name(src_name)?;
             enc.u64(*dst_parent);
             enc.name(dst_name)?;
+            enc.u8(if *exchange { RENAME_EXCHANGE } else { 0 });
+            enc.timestamp(*time);
+        }
+        Record::Link {
+            ino,
+            parent,
+            name,
+            time,
+        } => {
+            enc.u8(TAG_LINK);
+            enc.u64(*ino);
+            enc.u64(*parent);
+            enc.name(name)?;
+            enc.timestamp(*time);
+        }
+        Record::SetAttr {
+            ino,
+            mode,
+            uid,
+            gid,
+            atime,
+            mtime,
+            ctime,
+        } => {
+            if mode & !MODE_PERMISSION_BITS != 0 {
+                return Err(crate::Error::invalid(
+                    "encoding a set-attributes record",
+                    format!("mode {mode:#o} has bits beyond 0o7777"),
+                ));
+            }
+            enc.u8(TAG_SET_ATTR);
+            enc.u64(*ino);
+            enc.u32(*mode);
+            enc.u32(*uid);
+            enc.u32(*gid);
+            enc.timestamp(*atime);
+            enc.timestamp(*mtime);
+            enc.timestamp(*ctime);
+        }
+        Record::SetXattr {
+            ino,
+            name,
+            value,
+            ctime,
+        } => {
+            enc.u8(TAG_SET_XATTR);
+            enc.u64(*ino);
+            enc.xattr_name(name)?;
+            enc.xattr_value(value)?;
+            enc.timestamp(*ctime);
+        }
+        Record::RemoveXattr { ino, name, ctime } => {
+            enc.u8(TAG_REMOVE_XATTR);
+            enc.u64(*ino);
+            enc.xattr_name(name)?;
+            enc.timestamp(*ctime);
         }
         Record::FreeInode { ino } => {
             enc.u8(TAG_FREE_INODE);
@@ -124,22 +201,86 @@ pub fn decode_record(dec: &mut Decoder<'_>) -> Result<Record> {
     let at = dec.position();
     let tag = dec.u8()?;
     let record = match tag {
-        TAG_CREATE => Record::Create {
-            ino: dec.u64()?,
-            parent: dec.u64()?,
-            name: dec.name()?,
-            kind: dec.kind()?,
-            mtime_ns: dec.u64()?,
-        },
+        TAG_CREATE => {
+            let ino = dec.u64()?;
+            let parent = dec.u64()?;
+            let name = dec.name()?;
+            let kind = dec.kind()?;
+            let attrs = dec.attrs()?;
+            let target = if kind == FileKind::Symlink {
+                dec.symlink_target()?
+            } else {
+                dec.byte_string(0, "target of a non-symlink")?
+            };
+            Record::Create {
+                ino,
+                parent,
+                name,
+                kind,
+                attrs,
+                target,
+            }
+        }
         TAG_UNLINK => Record::Unlink {
             parent: dec.u64()?,
             name: dec.name()?,
+            time: dec.timestamp()?,
         },
-        TAG_RENAME => Record::Rename {
-            src_parent: dec.u64()?,
-            src_name: dec.name()?,
-            dst_parent: dec.u64()?,
-            dst_name: dec.name()?,
+        TAG_RENAME => {
+            let src_parent = dec.u64()?;
+            let src_name = dec.name()?;
+            let dst_parent = dec.u64()?;
+            let dst_name = dec.name()?;
+            let flags_at = dec.position();
+            let exchange = match dec.u8()? {
+                0 => false,
+                RENAME_EXCHANGE => true,
+                other => {
+                    return Err(dec.error_at(flags_at, format!("unknown rename flags {other}")))
+                }
+            };
+            Record::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                exchange,
+                time: dec.timestamp()?,
+            }
+        }
+        TAG_LINK => Record::Link {
+            ino: dec.u64()?,
+            parent: dec.u64()?,
+            name: dec.name()?,
+            time: dec.timestamp()?,
+        },
+        TAG_SET_ATTR => {
+            let ino = dec.u64()?;
+            let mode_at = dec.position();
+            let mode = dec.u32()?;
+            if mode & !MODE_PERMISSION_BITS != 0 {
+                return Err(dec.error_at(mode_at, format!("mode {mode:#o} has bits beyond 0o7777")));
+            }
+            Record::SetAttr {
+                ino,
+                mode,
+                uid: dec.u32()?,
+                gid: dec.u32()?,
+                atime: dec.timestamp()?,
+                mtime: dec.timestamp()?,
+                ctime: dec.timestamp()?,
+            }
+        }
+        TAG_SET_XATTR => Record::SetXattr {
+            ino: dec.u64()?,
+            name: dec.xattr_name()?,
+            value: dec.xattr_value()?,
+            ctime: dec.timestamp()?,
+        },
+        TAG_REMOVE_XATTR => Record::RemoveXattr {
+            ino: dec.u64()?,
+            name: dec.xattr_name()?,
+            ctime: dec.timestamp()?,
         },
         TAG_FREE_INODE => Record::FreeInode { ino: dec.u64()? },
         TAG_MAP_UNWRITTEN => Record::MapUnwritten {
@@ -176,7 +317,7 @@ mod tests {
     use super::*;
     use crate::error::Error;
     use crate::limits::MAX_NAME_LEN;
-    use crate::types::FileKind;
+    use crate::types::{InodeAttrs, Timestamp};
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
 
@@ -187,24 +328,91 @@ mod tests {
                 parent: 1,
                 name: "hello.txt".into(),
                 kind: FileKind::Regular,
-                mtime_ns: 123,
+                attrs: InodeAttrs::new(0o644, 1000, 100, Timestamp::from_ns(123)),
+                target: vec![],
             },
             Record::Create {
                 ino: 8,
                 parent: 7,
                 name: "d".repeat(MAX_NAME_LEN),
                 kind: FileKind::Directory,
-                mtime_ns: u64::MAX,
+                attrs: InodeAttrs::new(
+                    0o7777,
+                    u32::MAX,
+                    0,
+                    Timestamp {
+                        sec: -5,
+                        nsec: 999_999_999,
+                    },
+                ),
+                target: vec![],
+            },
+            Record::Create {
+                ino: 9,
+                parent: 1,
+                name: "link".into(),
+                kind: FileKind::Symlink,
+                attrs: InodeAttrs::new(0o777, 0, 0, Timestamp::from_ns(1)),
+                target: b"../some/where".to_vec(),
             },
             Record::Unlink {
                 parent: 1,
                 name: "ünïcødé".into(),
+                time: Timestamp::from_ns(77),
             },
             Record::Rename {
                 src_parent: 1,
                 src_name: "a".into(),
                 dst_parent: 2,
                 dst_name: "b".into(),
+                exchange: false,
+                time: Timestamp::from_ns(78),
+            },
+            Record::Rename {
+                src_parent: 1,
+                src_name: "a".into(),
+                dst_parent: 2,
+                dst_name: "b".into(),
+                exchange: true,
+                time: Timestamp {
+                    sec: i64::MIN,
+                    nsec: 0,
+                },
+            },
+            Record::Link {
+                ino: 9,
+                parent: 3,
+                name: "again".into(),
+                time: Timestamp::from_ns(79),
+            },
+            Record::SetAttr {
+                ino: 9,
+                mode: 0o4755,
+                uid: 5,
+                gid: 6,
+                atime: Timestamp {
+                    sec: i64::MAX,
+                    nsec: 1,
+                },
+                mtime: Timestamp::from_ns(2),
+                ctime: Timestamp::from_ns(3),
+            },
+            Record::SetXattr {
+                ino: 9,
+                name: "user.mime".into(),
+                value: vec![0, 1, 2, 255],
+                ctime: Timestamp::from_ns(4),
+            },
+            Record::SetXattr {
+                ino: 9,
+                name: "user.empty".into(),
+                value: vec![],
+                ctime: Timestamp::from_ns(4),
+            },
+            Record::RemoveXattr {
+                ino: 9,
+                name: "user.mime".into(),
+                ctime: Timestamp::from_ns(5),
             },
             Record::FreeInode { ino: 9 },
             Record::MapUnwritten {
@@ -246,9 +454,13 @@ mod tests {
             Record::CompleteWrite { .. } => 5,
             Record::SetSize { .. } => 6,
             Record::Punch { .. } => 7,
+            Record::Link { .. } => 8,
+            Record::SetAttr { .. } => 9,
+            Record::SetXattr { .. } => 10,
+            Record::RemoveXattr { .. } => 11,
         }
     }
-    const RECORD_KINDS: usize = 8;
+    const RECORD_KINDS: usize = 12;
 
     #[test]
     fn the_sample_records_cover_every_kind() {
@@ -299,6 +511,7 @@ mod tests {
             let r = Record::Unlink {
                 parent: 1,
                 name: bad.to_string(),
+                time: Timestamp::default(),
             };
             let mut enc = Encoder::new();
             assert!(encode_record(&r, &mut enc).is_err(), "{bad:?}");
@@ -326,7 +539,7 @@ mod tests {
 
     #[test]
     fn bad_tags_and_enums_are_rejected() {
-        for tag in [0u8, 9, 255] {
+        for tag in [0u8, 13, 255] {
             let bytes = [tag; 64];
             let err = decode_record(&mut Decoder::new(&bytes, 5, "test")).unwrap_err();
             assert!(err.to_string().contains("unknown record tag"), "{err}");
@@ -339,26 +552,34 @@ mod tests {
                 parent: 1,
                 name: "x".into(),
                 kind: FileKind::Regular,
-                mtime_ns: 0,
+                attrs: InodeAttrs::default(),
+                target: vec![],
             },
             &mut enc,
         )
         .unwrap();
         let mut bytes = enc.into_bytes();
         let kind_at = 1 + 8 + 8 + 2 + 1;
-        bytes[kind_at] = 3;
+        bytes[kind_at] = 3; // a symlink without a target
         let err = decode_record(&mut Decoder::new(&bytes, 0, "test")).unwrap_err();
-        assert!(err.to_string().contains("unknown file kind 3"), "{err}");
+        assert!(err.to_string().contains("symlink target"), "{err}");
+        bytes[kind_at] = 8;
+        let err = decode_record(&mut Decoder::new(&bytes, 0, "test")).unwrap_err();
+        assert!(err.to_string().contains("unknown file kind 8"), "{err}");
     }
 
     /// A record's size as the table in `docs/FORMAT.md` gives it.
     fn documented_len(record: &Record) -> usize {
         match record {
-            Record::Create { name, .. } => 28 + name.len(),
-            Record::Unlink { name, .. } => 11 + name.len(),
+            Record::Create { name, target, .. } => 96 + name.len() + target.len(),
+            Record::Unlink { name, .. } => 23 + name.len(),
             Record::Rename {
                 src_name, dst_name, ..
-            } => 21 + src_name.len() + dst_name.len(),
+            } => 34 + src_name.len() + dst_name.len(),
+            Record::Link { name, .. } => 31 + name.len(),
+            Record::SetAttr { .. } => 57,
+            Record::SetXattr { name, value, .. } => 27 + name.len() + value.len(),
+            Record::RemoveXattr { name, .. } => 23 + name.len(),
             Record::FreeInode { .. } => 9,
             Record::MapUnwritten { .. } => 33,
             Record::CompleteWrite { .. } => 41,

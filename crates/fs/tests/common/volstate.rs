@@ -13,6 +13,10 @@ pub struct VolState {
     /// Every regular file: path -> contents (exactly `size` bytes, unless the
     /// file is larger than the read cap, then a prefix).
     pub files: BTreeMap<String, FileData>,
+    /// Every symlink: path -> target.
+    pub symlinks: BTreeMap<String, String>,
+    /// FIFOs, sockets and device nodes: path -> kind.
+    pub specials: BTreeMap<String, FileKind>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -73,6 +77,16 @@ pub fn read_volume(vol: &Volume, cap: u64) -> Result<VolState, String> {
                 FileKind::Regular => {
                     let fd = read_file(vol, &path, cap)?;
                     st.files.insert(path, fd);
+                }
+                FileKind::Symlink => {
+                    let target = vol
+                        .readlink(&path)
+                        .map_err(|e| format!("readlink({path}): {e}"))?;
+                    st.symlinks
+                        .insert(path, String::from_utf8_lossy(&target).into_owned());
+                }
+                other => {
+                    st.specials.insert(path, other);
                 }
             }
         }
