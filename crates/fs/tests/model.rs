@@ -37,12 +37,43 @@ const NAME_POOL: &[&str] = &["a", "b", "c"];
 
 type Id = u32;
 
+const SYMLINK_POOL: &[&str] = &["/l0", "/l1"];
+const XATTR_POOL: &[&str] = &["user.a", "user.b", "user.c"];
+
 #[derive(Clone, Debug, Default)]
 struct Model {
     dirs: BTreeSet<String>,
+    /// Path -> file; two paths of one id are hard links.
     files: BTreeMap<String, Id>,
     data: HashMap<Id, Vec<u8>>,
+    /// Files whose attributes changed from the defaults.
+    attrs: HashMap<Id, Attrs>,
+    /// Path -> target; only at [`SYMLINK_POOL`] names, which no other op
+    /// uses, so that the path ops' expectations stay as they are.
+    symlinks: BTreeMap<String, String>,
     next: Id,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Attrs {
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    xattrs: BTreeMap<String, Vec<u8>>,
+}
+
+impl Default for Attrs {
+    /// What `open(create)` gives: 0644, the process's user and group.
+    fn default() -> Self {
+        // SAFETY: geteuid and getegid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        Attrs {
+            mode: 0o644,
+            uid,
+            gid,
+            xattrs: BTreeMap::new(),
+        }
+    }
 }
 
 impl Model {
@@ -52,8 +83,19 @@ impl Model {
     fn exists(&self, p: &str) -> bool {
         self.is_dir(p) || self.files.contains_key(p)
     }
+    fn names_of(&self, id: Id) -> u32 {
+        self.files.values().filter(|&&v| v == id).count() as u32
+    }
+    fn attrs(&self, id: Id) -> Attrs {
+        self.attrs.get(&id).cloned().unwrap_or_default()
+    }
     fn children(&self, dir: &str) -> BTreeMap<String, FileKind> {
         let mut out = BTreeMap::new();
+        for l in self.symlinks.keys() {
+            if parent_of(l) == dir {
+                out.insert(l.rsplit('/').next().unwrap().to_string(), FileKind::Symlink);
+            }
+        }
         for d in &self.dirs {
             if parent_of(d) == dir {
                 out.insert(
@@ -106,6 +148,15 @@ fn gen_data(rng: &mut SmallRng, len: usize) -> Vec<u8> {
         }
     }
     v
+}
+
+/// The name the model uses for an xattr error.
+fn errno_name(e: &Error) -> &'static str {
+    match e.root() {
+        Error::Exists { .. } => "Exists",
+        Error::NoXattr { .. } => "NoXattr",
+        _ => "other",
+    }
 }
 
 impl Case {
@@ -236,6 +287,7 @@ impl Case {
             Error::InvalidArgument { .. } => "InvalidArgument",
             Error::NoSpace { .. } => "NoSpace",
             Error::Stale { .. } => "Stale",
+            Error::NotPermitted { .. } => "NotPermitted",
             Error::Iomap(iomap::IomapError::Unaligned { .. }) => "InvalidArgument",
             _ => "other",
         };
@@ -317,7 +369,11 @@ impl Case {
         });
     }
 
+    /// `id` lost a name: its handles become orphans with the last one.
     fn orphan(&mut self, id: Id) {
+        if self.m.names_of(id) > 0 {
+            return;
+        }
         for h in &mut self.handles {
             if h.id == id {
                 h.orphan = true;
@@ -770,9 +826,19 @@ impl Case {
         if st.kind != FileKind::Regular {
             self.fail(format!("{what}: kind {:?}", st.kind));
         }
-        let want_nlink = if orphan { 0 } else { 1 };
+        let want_nlink = if orphan { 0 } else { self.m.names_of(id) };
         if st.nlink != want_nlink {
             self.fail(format!("{what}: nlink {} want {want_nlink}", st.nlink));
+        }
+        let a = self.m.attrs(id);
+        if (st.mode, st.uid, st.gid) != (a.mode, a.uid, a.gid) {
+            self.fail(format!(
+                "{what}: mode {:#o} owner {}:{}, want {:#o} {}:{}",
+                st.mode, st.uid, st.gid, a.mode, a.uid, a.gid
+            ));
+        }
+        if st.st_mode() != libc::S_IFREG | a.mode {
+            self.fail(format!("{what}: st_mode {:#o}", st.st_mode()));
         }
         if st.allocated_bytes / self.bs * self.bs != st.allocated_bytes {
             self.fail(format!(
@@ -967,7 +1033,12 @@ impl Case {
         if from == to {
             return;
         }
-        if let Some(id) = self.m.files.remove(from) {
+        if let Some(&id) = self.m.files.get(from) {
+            // Two names of one inode: POSIX rename does nothing.
+            if self.m.files.get(to) == Some(&id) {
+                return;
+            }
+            self.m.files.remove(from);
             if let Some(old) = self.m.files.insert(to.to_string(), id) {
                 self.orphan(old);
             }
@@ -999,6 +1070,306 @@ impl Case {
         for (p, id) in files {
             self.m.files.remove(&p);
             self.m.files.insert(format!("{to}/{}", &p[pre.len()..]), id);
+        }
+    }
+
+    /// A hard link from a random path (mostly a file) to a random path.
+    fn op_link(&mut self) {
+        let from = if self.rng.gen_bool(0.8) && !self.m.files.is_empty() {
+            let files: Vec<String> = self.m.files.keys().cloned().collect();
+            self.pick(&files)
+        } else {
+            self.rand_any_path()
+        };
+        let to = self.rand_file_path();
+        let what = format!("link({from}, {to})");
+        self.note(what.clone());
+        let free = self.free_bytes();
+        let r = self.vol().link(&from, &to);
+        self.note_result(&r);
+        let from_error = if from == "/" {
+            Some("InvalidArgument")
+        } else {
+            self.parent_error(&from)
+        };
+        let expect: Result<(), &[&str]> = if let Some(pe) = from_error {
+            Err(if pe == "NotDir" {
+                &["NotDir"]
+            } else {
+                &["NotFound", "InvalidArgument"]
+            })
+        } else if !self.m.exists(&from) {
+            Err(&["NotFound"])
+        } else if let Some(pe) = self.parent_error(&to) {
+            Err(if pe == "NotDir" {
+                &["NotDir"]
+            } else {
+                &["NotFound"]
+            })
+        } else if self.m.is_dir(&from) && self.m.exists(&to) {
+            Err(&["NotPermitted", "Exists"])
+        } else if self.m.is_dir(&from) {
+            Err(&["NotPermitted"])
+        } else if self.m.exists(&to) {
+            Err(&["Exists"])
+        } else {
+            Ok(())
+        };
+        match (r, expect) {
+            (Ok(()), Ok(())) => {
+                let id = self.m.files[&from];
+                self.m.files.insert(to, id);
+            }
+            (Ok(()), Err(w)) => self.fail(format!("{what}: succeeded, want one of {w:?}")),
+            (Err(e), Ok(())) => {
+                if matches!(e.root(), Error::NoSpace { .. }) {
+                    self.check_nospace(&what, &e, 0, free);
+                } else {
+                    self.fail(format!("{what}: {e}"))
+                }
+            }
+            (Err(e), Err(w)) => self.check_err(&what, &e, w),
+        }
+    }
+
+    /// Creates, reads back or removes a symlink at a [`SYMLINK_POOL`] name.
+    fn op_symlink(&mut self) {
+        let path = self.pick(SYMLINK_POOL).to_string();
+        if let Some(target) = self.m.symlinks.get(&path).cloned() {
+            if self.rng.gen_bool(0.5) {
+                let what = format!("readlink({path})");
+                self.note(what.clone());
+                match self.vol().readlink(&path) {
+                    Ok(t) if t == target.as_bytes() => {}
+                    Ok(t) => self.fail(format!("{what}: {t:?} want {target:?}")),
+                    Err(e) => self.fail(format!("{what}: {e}")),
+                }
+                // Opening it as a file is refused (the API follows no symlinks).
+                match self.vol().open_file(&path, common::volstate::ro()) {
+                    Ok(_) => self.fail(format!("{what}: opened a symlink as a file")),
+                    Err(e) if matches!(e.root(), Error::IsSymlink { .. }) => {}
+                    Err(e) => self.fail(format!("{what}: open gave {e}, want ELOOP")),
+                }
+            } else {
+                let what = format!("unlink({path}) of a symlink");
+                self.note(what.clone());
+                match self.vol().unlink(&path) {
+                    Ok(()) => {
+                        self.m.symlinks.remove(&path);
+                    }
+                    Err(e) => self.fail(format!("{what}: {e}")),
+                }
+            }
+            return;
+        }
+        let len = match self.rng.gen_range(0..4) {
+            0 => 1,
+            1 => 4095,
+            _ => self.rng.gen_range(1..300),
+        };
+        let target: String = (0..len)
+            .map(|i| {
+                if i % 7 == 3 {
+                    '/'
+                } else {
+                    (b'a' + (i % 26) as u8) as char
+                }
+            })
+            .collect();
+        let what = format!("symlink({} bytes, {path})", target.len());
+        self.note(what.clone());
+        let free = self.free_bytes();
+        match self.vol().symlink(&target, &path) {
+            Ok(()) => {
+                self.m.symlinks.insert(path, target);
+            }
+            Err(e) if matches!(e.root(), Error::NoSpace { .. }) => {
+                self.check_nospace(&what, &e, 0, free)
+            }
+            Err(e) => self.fail(format!("{what}: {e}")),
+        }
+    }
+
+    /// chmod, chown or utimens of a file by inode; then stat agrees.
+    fn op_setattr(&mut self) {
+        if self.m.files.is_empty() {
+            return;
+        }
+        let files: Vec<String> = self.m.files.keys().cloned().collect();
+        let path = self.pick(&files);
+        let id = self.m.files[&path];
+        let ino = match self.vol().ino_of(&path) {
+            Ok(i) => i,
+            Err(e) => self.fail(format!("ino_of({path}): {e}")),
+        };
+        let mut change = iomapfs_fs::SetAttr::default();
+        match self.rng.gen_range(0..4) {
+            0 => change.mode = Some(self.rng.gen_range(0..=0o7777)),
+            1 => {
+                change.uid = Some(self.rng.gen_range(0..70_000));
+                change.gid = Some(self.rng.gen_range(0..70_000));
+            }
+            2 => {
+                let t = iomapfs_fs::Timestamp {
+                    sec: self.rng.gen_range(-1_000_000_000i64..4_000_000_000),
+                    nsec: self.rng.gen_range(0..1_000_000_000),
+                };
+                change.mtime = Some(iomapfs_fs::TimeSet::At(t));
+                change.atime = Some(iomapfs_fs::TimeSet::Now);
+            }
+            // Refused: bits beyond 0o7777; nothing changes.
+            _ => change.mode = Some(0o10000 | self.rng.gen_range(0..0o7777)),
+        }
+        let what = format!("setattr({path} #{id}, {change:?})");
+        self.note(what.clone());
+        let before = self.vol().stat(&path).ok();
+        let r = self.vol().set_attr(ino, &change);
+        self.note_result(&r);
+        let bad_mode = change.mode.is_some_and(|m| m > 0o7777);
+        match r {
+            Ok(st) if !bad_mode => {
+                let a = self.m.attrs.entry(id).or_default();
+                a.mode = change.mode.unwrap_or(a.mode);
+                a.uid = change.uid.unwrap_or(a.uid);
+                a.gid = change.gid.unwrap_or(a.gid);
+                if let Some(iomapfs_fs::TimeSet::At(t)) = change.mtime {
+                    if st.mtime != t {
+                        self.fail(format!("{what}: mtime {:?} want {t:?}", st.mtime));
+                    }
+                }
+                let before = before.unwrap();
+                if st.ctime < before.ctime {
+                    self.fail(format!(
+                        "{what}: ctime went back {:?} -> {:?}",
+                        before.ctime, st.ctime
+                    ));
+                }
+                self.check_stat(&what, &st, id, false);
+            }
+            Ok(_) => self.fail(format!("{what}: accepted mode bits beyond 0o7777")),
+            Err(e) if bad_mode => self.check_err(&what, &e, &["InvalidArgument"]),
+            Err(e) => self.fail(format!("{what}: {e}")),
+        }
+    }
+
+    /// set (any, create, replace), get, list or remove a `user.` xattr, or
+    /// a refused name.
+    fn op_xattr(&mut self) {
+        for _ in 0..self.rng.gen_range(1..=6) {
+            self.op_xattr_once();
+        }
+    }
+
+    fn op_xattr_once(&mut self) {
+        if self.m.files.is_empty() {
+            return;
+        }
+        let files: Vec<String> = self.m.files.keys().cloned().collect();
+        let path = self.pick(&files);
+        let id = self.m.files[&path];
+        let ino = match self.vol().ino_of(&path) {
+            Ok(i) => i,
+            Err(e) => self.fail(format!("ino_of({path}): {e}")),
+        };
+        let existing: Vec<String> = self.m.attrs(id).xattrs.keys().cloned().collect();
+        let name = if !existing.is_empty() && self.rng.gen_bool(0.5) {
+            self.pick(&existing)
+        } else {
+            self.pick(XATTR_POOL).to_string()
+        };
+        let have = self.m.attrs(id).xattrs.get(&name).cloned();
+        let free = self.free_bytes();
+        match self.rng.gen_range(0..6) {
+            0 | 1 => {
+                let how = self.pick(&[
+                    iomapfs_fs::XattrSet::Any,
+                    iomapfs_fs::XattrSet::Create,
+                    iomapfs_fs::XattrSet::Replace,
+                ]);
+                let len = self.rng.gen_range(0..2000);
+                let value = gen_data(&mut self.rng, len);
+                let what = format!("setxattr({path} #{id}, {name}, {len} bytes, {how:?})");
+                self.note(what.clone());
+                let r = self.vol().set_xattr(ino, &name, &value, how);
+                self.note_result(&r);
+                let want: Result<(), &str> = match (how, &have) {
+                    (iomapfs_fs::XattrSet::Create, Some(_)) => Err("Exists"),
+                    (iomapfs_fs::XattrSet::Replace, None) => Err("NoXattr"),
+                    _ => Ok(()),
+                };
+                match (r, want) {
+                    (Ok(()), Ok(())) => {
+                        self.m
+                            .attrs
+                            .entry(id)
+                            .or_default()
+                            .xattrs
+                            .insert(name, value);
+                    }
+                    (Err(e), Ok(())) if matches!(e.root(), Error::NoSpace { .. }) => {
+                        self.check_nospace(&what, &e, 0, free)
+                    }
+                    (Err(e), Err(w)) if errno_name(&e) == w => {}
+                    (r, w) => self.fail(format!("{what}: {r:?}, want {w:?}")),
+                }
+            }
+            2 => {
+                let what = format!("getxattr({path} #{id}, {name})");
+                self.note(what.clone());
+                match (self.vol().get_xattr(ino, &name), have) {
+                    (Ok(v), Some(w)) if v == w => {}
+                    (Err(e), None) if errno_name(&e) == "NoXattr" => {}
+                    (r, w) => self.fail(format!("{what}: {r:?}, want {w:?}")),
+                }
+            }
+            3 => {
+                let what = format!("listxattr({path} #{id})");
+                self.note(what.clone());
+                let want: Vec<String> = self.m.attrs(id).xattrs.keys().cloned().collect();
+                match self.vol().list_xattr(ino) {
+                    Ok(v) if v == want => {}
+                    r => self.fail(format!("{what}: {r:?}, want {want:?}")),
+                }
+            }
+            4 => {
+                let what = format!("removexattr({path} #{id}, {name})");
+                self.note(what.clone());
+                match (self.vol().remove_xattr(ino, &name), have) {
+                    (Ok(()), Some(_)) => {
+                        self.m.attrs.entry(id).or_default().xattrs.remove(&name);
+                    }
+                    (Err(e), None) if errno_name(&e) == "NoXattr" => {}
+                    (r, w) => self.fail(format!("{what}: {r:?}, had {:?}", w.map(|v| v.len()))),
+                }
+            }
+            _ => {
+                // Other namespaces are not stored; a bare prefix is invalid.
+                let bad = self.pick(&[
+                    "trusted.x",
+                    "security.x",
+                    "system.posix_acl_access",
+                    "user.",
+                    "x",
+                ]);
+                let what = format!("setxattr({path} #{id}, {bad}) refused");
+                self.note(what.clone());
+                match self
+                    .vol()
+                    .set_xattr(ino, bad, b"v", iomapfs_fs::XattrSet::Any)
+                {
+                    Ok(()) => self.fail(format!("{what}: accepted")),
+                    Err(e) => {
+                        let want = if bad.starts_with("user.") {
+                            libc::EINVAL
+                        } else {
+                            libc::EOPNOTSUPP
+                        };
+                        if e.errno() != want {
+                            self.fail(format!("{what}: errno {} want {want}: {e}", e.errno()));
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -1185,6 +1556,30 @@ impl Case {
         if got != want {
             self.fail(format!("{ctx}: files {got:?} want {want:?}"));
         }
+        if st.symlinks != self.m.symlinks {
+            self.fail(format!(
+                "{ctx}: symlinks {:?} want {:?}",
+                st.symlinks, self.m.symlinks
+            ));
+        }
+        let mut ino_of: HashMap<Id, u64> = HashMap::new();
+        for (p, &id) in &self.m.files {
+            let a = self.m.attrs(id);
+            let g = &st.attrs[p];
+            if (g.mode, g.uid, g.gid, &g.xattrs) != (a.mode, a.uid, a.gid, &a.xattrs)
+                || g.nlink != self.m.names_of(id)
+            {
+                self.fail(format!("{ctx}: {p} (#{id}): attributes {g:?} want {a:?}"));
+            }
+            if *ino_of.entry(id).or_insert(g.ino) != g.ino {
+                self.fail(format!(
+                    "{ctx}: {p} (#{id}): a hard link became another inode"
+                ));
+            }
+        }
+        if ino_of.values().collect::<BTreeSet<_>>().len() != ino_of.len() {
+            self.fail(format!("{ctx}: two model files share an inode: {ino_of:?}"));
+        }
         for (p, &id) in &self.m.files {
             let w = &self.m.data[&id];
             let g = &st.files[p].data;
@@ -1259,7 +1654,11 @@ impl Case {
     /// statfs agrees. Only with no handles open (orphans hold space).
     fn verify_accounting(&self, ctx: &str, report: &iomapfs_fs::fsck::FsckReport) {
         let mut alloc = 0;
-        for p in self.m.files.keys() {
+        let mut seen = BTreeSet::new();
+        for (p, id) in &self.m.files {
+            if !seen.insert(id) {
+                continue; // another name of a file counted already
+            }
             match self.vol().stat(p) {
                 Ok(s) => alloc += s.allocated_bytes,
                 Err(e) => self.fail(format!("{ctx}: stat {p}: {e}")),
@@ -1333,7 +1732,13 @@ impl Case {
                 67..=70 => self.op_unlink(),
                 71..=73 => self.op_mkdir(),
                 74..=75 => self.op_rmdir(),
-                76..=80 => self.op_rename(),
+                76..=77 => self.op_rename(),
+                78 => self.op_link(),
+                79..=80 => match self.rng.gen_range(0..3) {
+                    0 => self.op_symlink(),
+                    1 => self.op_setattr(),
+                    _ => self.op_xattr(),
+                },
                 81..=83 => self.op_readdir(),
                 84..=88 => self.op_sync(),
                 89..=93 => self.op_close(),

@@ -255,6 +255,7 @@ fn verify_cut(
         assert_eq!(n, data.len(), "{ctx}: short write after recovery");
         let mut want = st.clone();
         want.files.remove(path);
+        want.attrs.remove(path);
         let names: Vec<String> = want.files.keys().cloned().collect();
         if !names.is_empty() && !common::skip("eof-tail") {
             let p = &names[rng.gen_range(0..names.len())];
@@ -267,6 +268,14 @@ fn verify_cut(
                 .unwrap_or_else(|e| panic!("{ctx}: truncate up {p} after recovery: {e}"));
             fd.size += grow;
             fd.data.resize(fd.size as usize, 0);
+            let grown = fd.clone();
+            // Its other names (hard links) see the same bytes.
+            let ino = want.attrs[p].ino;
+            for (q, a) in &want.attrs {
+                if a.ino == ino {
+                    want.files.insert(q.clone(), grown.clone());
+                }
+            }
         }
         f.fsync()
             .unwrap_or_else(|e| panic!("{ctx}: fsync after recovery: {e}"));
@@ -282,6 +291,7 @@ fn verify_cut(
         let mut st2 = read_volume(&vol, u64::MAX)
             .unwrap_or_else(|e| panic!("{ctx}: reading after remount: {e}"));
         let got_new = st2.files.remove(path).map(|f| f.data);
+        st2.attrs.remove(path);
         if st2 != want {
             let mut msg = String::new();
             for (p, w) in &want.files {
@@ -301,7 +311,7 @@ fn verify_cut(
                     None => msg += &format!("\n  {p}: missing"),
                 }
             }
-            panic!("{ctx}: after recovery, a write, an extension, unmount and mount, the volume differs:{msg}\n  dirs {:?} want {:?}", st2.dirs, want.dirs);
+            panic!("{ctx}: after recovery, a write, an extension, unmount and mount, the volume differs:{msg}\n  dirs {:?} want {:?}\n  symlinks {:?} want {:?}\n  attrs {:?} want {:?}", st2.dirs, want.dirs, st2.symlinks, want.symlinks, st2.attrs, want.attrs);
         }
         assert_eq!(
             got_new.as_deref(),
@@ -351,7 +361,7 @@ fn power_cut_policies_nothing_everything_torn_prefix() {
 #[test]
 fn crash_model_rejects_bad_states() {
     use common::history::{History, MARKER};
-    use common::volstate::{FileData, VolState};
+    use common::volstate::{FileAttrs, FileData, VolState};
 
     let fd = |d: Vec<u8>| FileData {
         size: d.len() as u64,
@@ -383,6 +393,19 @@ fn crash_model_rejects_bad_states() {
     v2[..4096].copy_from_slice(&tagged(2, 0, 4096));
     let state = |files: Vec<(&str, Vec<u8>)>| VolState {
         dirs: Default::default(),
+        attrs: files
+            .iter()
+            .enumerate()
+            .map(|(i, (p, _))| {
+                let a = FileAttrs {
+                    ino: 10 + i as u64,
+                    nlink: 1,
+                    mode: 0o644,
+                    ..FileAttrs::default()
+                };
+                (p.to_string(), a)
+            })
+            .collect(),
         files: files
             .into_iter()
             .map(|(p, d)| (p.to_string(), fd(d)))
@@ -465,6 +488,50 @@ fn crash_model_rejects_bad_states() {
     );
     h.check(&state(vec![("/b", vec![])]), w)
         .expect("the synced state was rejected");
+
+    // Format version 2's metadata: a synced chmod, xattr and hard link
+    // must all be there, and the two names must be one inode.
+    let mut h = History::new();
+    h.begin("create /a");
+    let a = h.new_file("/a");
+    h.end();
+    h.begin("chmod, setxattr, link /a /b");
+    let attrs = h.ns_mut().attrs.entry(a).or_default();
+    attrs.mode = 0o600;
+    attrs.xattrs.insert("user.k".into(), b"v".to_vec());
+    h.ns_mut().files.insert("/b".into(), a);
+    h.end();
+    h.begin("sync");
+    h.mark_durable();
+    h.end(); // 3
+    let w = Window {
+        lo: 3,
+        completed: 3,
+        hi: 3,
+    };
+    let linked = |mode: u32, xattr: bool, inos: (u64, u64), nlink: u32| {
+        let mut st = state(vec![("/a", vec![]), ("/b", vec![])]);
+        for (p, ino) in [("/a", inos.0), ("/b", inos.1)] {
+            let at = st.attrs.get_mut(p).unwrap();
+            at.mode = mode;
+            at.ino = ino;
+            at.nlink = nlink;
+            if xattr {
+                at.xattrs.insert("user.k".into(), b"v".to_vec());
+            }
+        }
+        st
+    };
+    h.check(&linked(0o600, true, (5, 5), 2), w)
+        .expect("the synced attributes were rejected");
+    for (what, st) in [
+        ("chmod lost", linked(0o644, true, (5, 5), 2)),
+        ("xattr lost", linked(0o600, false, (5, 5), 2)),
+        ("hard link became a copy", linked(0o600, true, (5, 6), 1)),
+        ("link count wrong", linked(0o600, true, (5, 5), 1)),
+    ] {
+        assert!(h.check(&st, w).is_err(), "crash model accepted: {what}");
+    }
 }
 
 /// The harness must notice a device that acknowledges flushes without making

@@ -38,21 +38,115 @@ pub const MARKER: &[u8; 8] = b"STALE!!!";
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Namespace {
     pub dirs: BTreeSet<String>,
+    /// Path -> file; two paths with one id are hard links.
     pub files: BTreeMap<String, Id>,
+    /// Path -> target.
+    pub symlinks: BTreeMap<String, String>,
+    /// Attributes of files that changed them (the others have the defaults).
+    pub attrs: BTreeMap<Id, ModelAttrs>,
+}
+
+/// What the model keeps of a file's attributes: journaled with the names,
+/// so they recover to the same prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelAttrs {
+    pub mode: u32,
+    /// `None`: the creating process's user and group.
+    pub owner: Option<(u32, u32)>,
+    pub xattrs: BTreeMap<String, Vec<u8>>,
+}
+
+impl Default for ModelAttrs {
+    fn default() -> Self {
+        ModelAttrs {
+            mode: 0o644,
+            owner: None,
+            xattrs: BTreeMap::new(),
+        }
+    }
 }
 
 impl Namespace {
     pub fn same_names(&self, st: &VolState) -> bool {
         self.dirs == st.dirs
+            && self.symlinks == st.symlinks
             && self.files.len() == st.files.len()
             && self.files.keys().zip(st.files.keys()).all(|(a, b)| a == b)
+            && self.same_attrs(st).is_ok()
     }
+
+    /// Attributes, link counts and hard-link identity of every file agree
+    /// with `st` (whose names are those of `self`).
+    pub fn same_attrs(&self, st: &VolState) -> Result<(), String> {
+        let mut ino_of: BTreeMap<Id, u64> = BTreeMap::new();
+        let mut id_of: BTreeMap<u64, Id> = BTreeMap::new();
+        for (path, &id) in &self.files {
+            let Some(got) = st.attrs.get(path) else {
+                return Err(format!("{path}: no attributes read"));
+            };
+            let want = self.attrs.get(&id).cloned().unwrap_or_default();
+            if got.mode != want.mode || got.xattrs != want.xattrs {
+                return Err(format!(
+                    "{path} (#{id}): mode {:#o} xattrs {:?}, want mode {:#o} xattrs {:?}",
+                    got.mode,
+                    got.xattrs.keys().collect::<Vec<_>>(),
+                    want.mode,
+                    want.xattrs.keys().collect::<Vec<_>>()
+                ));
+            }
+            if let Some((uid, gid)) = want.owner {
+                if (got.uid, got.gid) != (uid, gid) {
+                    return Err(format!(
+                        "{path} (#{id}): owner {}:{} want {uid}:{gid}",
+                        got.uid, got.gid
+                    ));
+                }
+            }
+            let names = self.files.values().filter(|&&v| v == id).count() as u32;
+            if got.nlink != names {
+                return Err(format!("{path} (#{id}): nlink {} want {names}", got.nlink));
+            }
+            if *ino_of.entry(id).or_insert(got.ino) != got.ino
+                || *id_of.entry(got.ino).or_insert(id) != id
+            {
+                return Err(format!(
+                    "{path} (#{id}): inode {} breaks the hard links of the model",
+                    got.ino
+                ));
+            }
+        }
+        Ok(())
+    }
+
     pub fn contains_id(&self, id: Id) -> bool {
         self.files.values().any(|&v| v == id)
     }
     pub fn describe(&self) -> String {
         let files: Vec<String> = self.files.iter().map(|(k, v)| format!("{k}#{v}")).collect();
-        format!("dirs {:?} files [{}]", self.dirs, files.join(", "))
+        let attrs: Vec<String> = self
+            .attrs
+            .iter()
+            .map(|(id, a)| {
+                let x: Vec<String> = a
+                    .xattrs
+                    .iter()
+                    .map(|(n, v)| format!("{n}={}B", v.len()))
+                    .collect();
+                format!("#{id}: {:o} {:?} [{}]", a.mode, a.owner, x.join(" "))
+            })
+            .collect();
+        let links: Vec<String> = self
+            .symlinks
+            .iter()
+            .map(|(p, t)| format!("{p}->{:.12}", t))
+            .collect();
+        format!(
+            "dirs {:?} files [{}] symlinks [{}] attrs [{}]",
+            self.dirs,
+            files.join(", "),
+            links.join(", "),
+            attrs.join(", ")
+        )
     }
 }
 
@@ -304,13 +398,15 @@ impl History {
             let lo_ns = self.ns_in(w.lo, w.lo);
             let hi_ns = self.ns_in(w.hi, w.hi);
             return Err(format!(
-                "NAMESPACE: recovered {{dirs {:?} files {:?}}} matches no boundary in [{}, {}]\n  at lo: {}\n  at hi: {}\n  ops in window: {:?}",
+                "NAMESPACE: recovered {{dirs {:?} files {:?} symlinks {:?}}} matches no boundary in [{}, {}]\n  at lo: {}\n  at hi: {}\n  attributes against hi: {:?}\n  ops in window: {:?}",
                 st.dirs,
                 st.files.keys().collect::<Vec<_>>(),
+                st.symlinks,
                 w.lo,
                 w.hi,
                 lo_ns.first().map(|v| v.1.describe()).unwrap_or_default(),
                 hi_ns.first().map(|v| v.1.describe()).unwrap_or_default(),
+                hi_ns.first().map(|v| v.1.same_attrs(st)),
                 self.ops_in(w),
             ));
         }

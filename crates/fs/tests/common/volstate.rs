@@ -17,6 +17,44 @@ pub struct VolState {
     pub symlinks: BTreeMap<String, String>,
     /// FIFOs, sockets and device nodes: path -> kind.
     pub specials: BTreeMap<String, FileKind>,
+    /// Every regular file's inode and attributes: path -> what `stat` and
+    /// the xattr calls say (two names of one inode share `ino`).
+    pub attrs: BTreeMap<String, FileAttrs>,
+}
+
+/// What format version 2 keeps of a file besides its bytes (the times
+/// move with every write, so they are not compared).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FileAttrs {
+    pub ino: u64,
+    pub nlink: u32,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub xattrs: BTreeMap<String, Vec<u8>>,
+}
+
+/// The attributes of the regular file at `path`.
+pub fn read_attrs(vol: &Volume, path: &str) -> Result<FileAttrs, String> {
+    let st = vol.stat(path).map_err(|e| format!("stat({path}): {e}"))?;
+    let mut xattrs = BTreeMap::new();
+    let names = vol
+        .list_xattr(st.ino)
+        .map_err(|e| format!("listxattr({path}): {e}"))?;
+    for name in names {
+        let value = vol
+            .get_xattr(st.ino, &name)
+            .map_err(|e| format!("getxattr({path}, {name}): {e}"))?;
+        xattrs.insert(name, value);
+    }
+    Ok(FileAttrs {
+        ino: st.ino,
+        nlink: st.nlink,
+        mode: st.mode,
+        uid: st.uid,
+        gid: st.gid,
+        xattrs,
+    })
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -76,6 +114,7 @@ pub fn read_volume(vol: &Volume, cap: u64) -> Result<VolState, String> {
                 }
                 FileKind::Regular => {
                     let fd = read_file(vol, &path, cap)?;
+                    st.attrs.insert(path.clone(), read_attrs(vol, &path)?);
                     st.files.insert(path, fd);
                 }
                 FileKind::Symlink => {

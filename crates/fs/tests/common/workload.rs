@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use blockdev::BlockDevice;
-use iomapfs_fs::{Error, File, OpenFlags, Volume};
+use iomapfs_fs::{Error, File, OpenFlags, SetAttr, Volume, XattrSet};
 
 use super::history::{tagged, History, Id, Namespace, Window};
 use super::volstate::{parent_of, read_volume, VolState};
@@ -14,6 +14,9 @@ use super::{Rng, SmallRng};
 pub const ROOT_NAMES: &[&str] = &["a", "b", "c", "f"];
 pub const DIRS: &[&str] = &["/d", "/e"];
 pub const DIR_NAMES: &[&str] = &["x", "y"];
+/// Where symlinks live: names no other op uses.
+pub const SYMLINK_PATHS: &[&str] = &["/s0", "/s1"];
+const XATTR_NAMES: &[&str] = &["user.a", "user.b"];
 
 pub struct WHandle {
     pub id: Id,
@@ -126,7 +129,11 @@ impl Workload {
         }
     }
 
+    /// Handles of `id` become orphans once its last name is gone.
     fn mark_orphans(&mut self, id: Id) {
+        if self.h.ns.contains_id(id) {
+            return;
+        }
         for h in &mut self.handles {
             if h.id == id {
                 h.orphan = true;
@@ -161,7 +168,7 @@ impl Workload {
             85..=88 => self.op_close(),
             89 => self.op_remount(),
             90..=94 => self.op_async(),
-            _ => self.op_write(),
+            _ => self.op_meta(),
         }
         if self.failed.is_none() && self.rng.gen_bool(self.cfg.live_check) {
             self.live_check_one();
@@ -557,10 +564,13 @@ impl Workload {
         self.h.begin(format!("rename({from}, {to})"));
         let r = self.vol().rename(&from, &to);
         let ns = self.h.ns_mut();
-        let id = ns.files.remove(&from).unwrap();
-        let replaced = ns.files.insert(to.clone(), id);
-        if let Some(old) = replaced {
-            self.mark_orphans(old);
+        let id = ns.files[&from];
+        // Two names of one inode: POSIX rename does nothing.
+        if ns.files.get(&to) != Some(&id) {
+            ns.files.remove(&from);
+            if let Some(old) = ns.files.insert(to.clone(), id) {
+                self.mark_orphans(old);
+            }
         }
         self.finish("rename", r);
     }
@@ -575,6 +585,122 @@ impl Workload {
         let id = self.h.ns_mut().files.remove(&path).unwrap();
         self.mark_orphans(id);
         self.finish("unlink", r);
+    }
+
+    /// A change of what format version 2 added: a hard link, a symlink
+    /// created or removed, chmod, chown, or a `user.` xattr set or removed.
+    pub fn op_meta(&mut self) {
+        let files = self.existing_files();
+        let choice = self.rng.gen_range(0..6);
+        if files.is_empty() || choice == 0 {
+            let path = self.pick(SYMLINK_PATHS).unwrap().to_string();
+            if self.h.ns.symlinks.contains_key(&path) {
+                self.h.begin(format!("unlink symlink({path})"));
+                let r = self.vol().unlink(&path);
+                self.h.ns_mut().symlinks.remove(&path);
+                self.finish("unlink symlink", r);
+            } else {
+                let target = format!(
+                    "t{}/{}",
+                    self.rng.gen_range(0..1000),
+                    "x".repeat(self.rng.gen_range(0..200))
+                );
+                self.h.begin(format!("symlink({target:.20}, {path})"));
+                let r = self.vol().symlink(&target, &path);
+                self.h.ns_mut().symlinks.insert(path, target);
+                self.finish("symlink", r);
+            }
+            return;
+        }
+        let path = self.pick(&files).unwrap();
+        let id = self.h.ns.files[&path];
+        let ino = match self.vol().ino_of(&path) {
+            Ok(ino) => ino,
+            Err(e) => panic!("ino_of({path}) of a file the model has: {e}"),
+        };
+        match choice {
+            1 => {
+                let targets: Vec<String> = self
+                    .file_paths()
+                    .into_iter()
+                    .filter(|p| {
+                        let parent = parent_of(p);
+                        !self.h.ns.files.contains_key(p)
+                            && (parent == "/" || self.h.ns.dirs.contains(parent))
+                    })
+                    .collect();
+                let Some(to) = self.pick(&targets) else {
+                    return;
+                };
+                self.h.begin(format!("link({path}, {to})"));
+                let r = self.vol().link(&path, &to);
+                self.h.ns_mut().files.insert(to, id);
+                self.finish("link", r);
+            }
+            2 | 3 => {
+                let chown = choice == 3;
+                let mode = self.rng.gen_range(0..=0o7777u32);
+                let owner = (self.rng.gen_range(0..5u32), self.rng.gen_range(0..5u32));
+                let change = if chown {
+                    SetAttr {
+                        uid: Some(owner.0),
+                        gid: Some(owner.1),
+                        ..SetAttr::default()
+                    }
+                } else {
+                    SetAttr {
+                        mode: Some(mode),
+                        ..SetAttr::default()
+                    }
+                };
+                self.h.begin(format!("setattr({path} #{id}, {change:?})"));
+                let r = self.vol().set_attr(ino, &change);
+                let a = self.h.ns_mut().attrs.entry(id).or_default();
+                if chown {
+                    a.owner = Some(owner);
+                } else {
+                    a.mode = mode;
+                }
+                self.finish("setattr", r);
+            }
+            _ => {
+                let name = self.pick(XATTR_NAMES).unwrap().to_string();
+                let has = self
+                    .h
+                    .ns
+                    .attrs
+                    .get(&id)
+                    .is_some_and(|a| a.xattrs.contains_key(&name));
+                if has && self.rng.gen_bool(0.4) {
+                    self.h.begin(format!("removexattr({path} #{id}, {name})"));
+                    let r = self.vol().remove_xattr(ino, &name);
+                    self.h
+                        .ns_mut()
+                        .attrs
+                        .entry(id)
+                        .or_default()
+                        .xattrs
+                        .remove(&name);
+                    self.finish("removexattr", r);
+                } else {
+                    let wid = self.new_wid();
+                    let value = tagged(wid, 0, self.rng.gen_range(0..300));
+                    self.h.begin(format!(
+                        "setxattr({path} #{id}, {name}, {} bytes)",
+                        value.len()
+                    ));
+                    let r = self.vol().set_xattr(ino, &name, &value, XattrSet::Any);
+                    self.h
+                        .ns_mut()
+                        .attrs
+                        .entry(id)
+                        .or_default()
+                        .xattrs
+                        .insert(name, value);
+                    self.finish("setxattr", r);
+                }
+            }
+        }
     }
 
     pub fn op_dir(&mut self) {
