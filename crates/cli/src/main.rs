@@ -9,6 +9,7 @@ mod demo;
 mod fsck;
 mod io;
 mod mkfs;
+mod mount;
 mod shell;
 mod size;
 mod target;
@@ -66,7 +67,8 @@ Quick start (no setup needed):
 Examples (by hand):
   iomapfs mkfs disk.img --size 64m
   iomapfs io disk.img -c 'open -c /log' -c 'pwrite 0 1m' -c 'fsync' -c 'fiemap'
-  iomapfs fsck disk.img";
+  iomapfs fsck disk.img
+  iomapfs mount disk.img /mnt/x   (then any program can use /mnt/x)";
 
 const AFTER_HELP: &str = "\
 Exit status: 0 success; 1 an operation failed or fsck found problems;
@@ -113,6 +115,7 @@ enum Command {
     Io(io::IoArgs),
     Demo(demo::DemoArgs),
     Bench(bench::BenchArgs),
+    Mount(mount::MountArgs),
 }
 
 /// Keeps panics (bugs, never user errors) from printing a bare backtrace:
@@ -170,6 +173,7 @@ fn main() -> ExitCode {
         Command::Io(args) => io::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args, cli.backend).map(|()| 0),
+        Command::Mount(args) => mount::run(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

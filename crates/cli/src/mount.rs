@@ -1,0 +1,206 @@
+//! `iomapfs mount`: serve a volume as a POSIX file system through FUSE.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use clap::Args;
+use iomapfs_mount::MountConfig;
+
+use crate::target::{mount, open_device};
+use crate::{Failure, Target};
+
+const LONG_ABOUT: &str = "\
+Mount the iomapfs volume on TARGET at MOUNTPOINT through FUSE, so that every
+program can use its files: cp, rsync, fio, databases, object stores.
+
+By default the command returns once the mount is live and a daemon serves it
+in the background; with --foreground it serves in this process. Unmount with
+`umount MOUNTPOINT` (root), `fusermount3 -u MOUNTPOINT`, or SIGINT/SIGTERM to
+the serving process: the volume is then written back and checkpointed. If the
+daemon is killed outright, `umount -l MOUNTPOINT` clears the dead mount and
+the next mount recovers from the journal, as after a power cut.
+
+O_DIRECT opens reach iomapfs direct I/O (any offset and length); other opens
+use iomapfs's own page cache. The kernel page cache is bypassed for both
+(FOPEN_DIRECT_IO), so the two never disagree. The kernel checks permissions
+(default_permissions). TARGET is refused while mounted or in use.";
+
+const AFTER_HELP: &str = "\
+Options (-o, comma-separated):
+  allow_other          let other users reach the files (a non-root user needs
+                       user_allow_other in /etc/fuse.conf)
+  threads=N            request threads, each with its own /dev/fuse (default 4)
+  fsname=NAME          the source shown in /proc/mounts (default: TARGET)
+  default_permissions  always on; accepted for compatibility
+  rw                   always on; accepted for compatibility
+
+Exit status: 0 mounted (daemon) or unmounted cleanly (--foreground);
+1 the mount or the clean unmount failed; 2 bad usage.
+
+Example:
+  iomapfs mkfs disk.img --size 1g && mkdir -p /mnt/x
+  iomapfs mount disk.img /mnt/x && cp -r /etc /mnt/x/ && umount /mnt/x";
+
+/// Mount a volume as a POSIX file system (FUSE).
+#[derive(Args, Debug)]
+#[command(long_about = LONG_ABOUT, after_help = AFTER_HELP)]
+pub struct MountArgs {
+    #[arg(help = crate::TARGET_HELP)]
+    pub target: Target,
+    /// Directory to mount at.
+    pub mountpoint: PathBuf,
+    /// Mount options (see below).
+    #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
+    pub options: Vec<String>,
+    /// Serve in this process until unmounted, instead of as a daemon.
+    #[arg(short = 'f', long)]
+    pub foreground: bool,
+    /// The daemon's own invocation: report readiness on stdout, then detach.
+    #[arg(long, hide = true)]
+    pub daemon_child: bool,
+}
+
+/// What the daemon prints on stdout once the mount is live.
+const READY: &str = "ready";
+
+fn parse_options(args: &MountArgs) -> Result<MountConfig, Failure> {
+    let mut cfg = MountConfig {
+        fs_name: args.target.display().to_string(),
+        ..MountConfig::default()
+    };
+    for opt in args.options.iter().filter(|o| !o.is_empty()) {
+        match opt.split_once('=') {
+            None if opt == "allow_other" => cfg.allow_other = true,
+            None if opt == "default_permissions" || opt == "rw" => {}
+            Some(("threads", n)) => {
+                cfg.threads = n
+                    .parse()
+                    .ok()
+                    .filter(|&n| (1..=64).contains(&n))
+                    .ok_or_else(|| {
+                        Failure::new(2, format!("mount: -o threads={n}: want 1 to 64"))
+                    })?
+            }
+            Some(("fsname", name)) if !name.is_empty() => cfg.fs_name = name.to_string(),
+            _ => {
+                return Err(Failure::new(
+                    2,
+                    format!("mount: unknown or unsupported option -o {opt} (see --help)"),
+                ))
+            }
+        }
+    }
+    Ok(cfg)
+}
+
+pub fn run(args: &MountArgs) -> Result<u8, Failure> {
+    let cfg = parse_options(args)?;
+    if !args.foreground && !args.daemon_child {
+        return spawn_daemon(args);
+    }
+    if args.daemon_child {
+        // A session of its own: the terminal's signals and hang-up no
+        // longer reach the daemon.
+        // SAFETY: setsid has no memory-safety preconditions.
+        unsafe { libc::setsid() };
+    }
+    iomapfs_mount::block_stop_signals().map_err(|e| Failure::new(1, format!("mount: {e}")))?;
+    let shown = args.target.display().to_string();
+    let _lock = lock_target(&args.target)?;
+    let dev = open_device(&args.target, false)?;
+    let vol = mount(dev, &shown)?;
+    let daemon = args.daemon_child;
+    let mountpoint = args.mountpoint.display().to_string();
+    iomapfs_mount::serve(vol, &args.mountpoint, &cfg, move || {
+        if daemon {
+            println!("{READY}");
+            let _ = std::io::stdout().flush();
+            detach_stdio();
+        } else {
+            println!(
+                "mounted {shown} at {mountpoint}; unmount with `umount {mountpoint}` or Ctrl-C"
+            );
+            let _ = std::io::stdout().flush();
+        }
+    })
+    .map_err(|e| Failure::new(1, format!("mount: {e}")))?;
+    Ok(0)
+}
+
+/// Holds TARGET exclusively for the life of the mount: a second mount, or
+/// a mount of a TARGET another iomapfs process holds, is refused. (Block
+/// devices are also opened O_EXCL, which refuses a kernel-mounted one.)
+fn lock_target(target: &std::path::Path) -> Result<std::fs::File, Failure> {
+    let file = std::fs::File::open(target)
+        .map_err(|e| Failure::new(1, format!("mount: {}: {e}", target.display())))?;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let err = std::io::Error::last_os_error();
+        let why = if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            "in use: another iomapfs process holds it (already mounted?)".to_string()
+        } else {
+            err.to_string()
+        };
+        return Err(Failure::new(
+            1,
+            format!("mount: {}: {why}", target.display()),
+        ));
+    }
+    Ok(file)
+}
+
+/// Points stdin, stdout and stderr at /dev/null: the daemon outlives the
+/// terminal and the pipes of the command that started it.
+fn detach_stdio() {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
+        for fd in 0..=2 {
+            // SAFETY: dup2 onto the standard descriptors, from one we own.
+            unsafe { libc::dup2(null.as_raw_fd(), fd) };
+        }
+    }
+}
+
+/// Starts this command again as the daemon and waits until it reports the
+/// mount live (exit 0) or fails (its error, its exit status).
+fn spawn_daemon(args: &MountArgs) -> Result<u8, Failure> {
+    let exe = std::env::current_exe()
+        .map_err(|e| Failure::new(1, format!("mount: finding this program: {e}")))?;
+    // Global options (--backend, --cache-size) and this command's, again.
+    let mut argv: Vec<String> = std::env::args().skip(1).collect();
+    argv.push("--daemon-child".into());
+    let mut child = Command::new(exe)
+        .args(&argv)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| Failure::new(1, format!("mount: starting the daemon: {e}")))?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("piped");
+    let _ = BufReader::new(stdout).read_line(&mut line);
+    if line.trim() == READY {
+        println!(
+            "mounted {} at {} (daemon pid {})",
+            args.target.display(),
+            args.mountpoint.display(),
+            child.id()
+        );
+        return Ok(0);
+    }
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    let status = child
+        .wait()
+        .map_err(|e| Failure::new(1, format!("mount: waiting for the daemon: {e}")))?;
+    // The daemon printed its own `iomapfs: ...` error line.
+    eprint!("{err}");
+    Ok(status.code().map_or(1, |c| c.clamp(1, 255) as u8))
+}

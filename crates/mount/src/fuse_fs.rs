@@ -1,0 +1,816 @@
+//! The FUSE request handlers: each kernel request becomes one call of the
+//! iomapfs [`Volume`] API by inode, and its error becomes the errno the
+//! library already names (`Error::errno`).
+//!
+//! Caching: every open is answered with `FOPEN_DIRECT_IO`, so the kernel
+//! page cache is never used for file data. An `O_DIRECT` open reaches an
+//! iomapfs direct handle (device I/O at any offset and length); any other
+//! open reaches an iomapfs buffered handle (iomapfs's folio cache). The two
+//! kinds of handle are kept coherent by iomapfs itself, as they are for the
+//! library: direct I/O on a file with cached folios writes them back and
+//! drops them first. A second cache in the kernel would need invalidation
+//! on every direct write and would hold the same bytes twice.
+//!
+//! Attributes and names are cached by the kernel for [`ATTR_TTL`]: this
+//! daemon is the only writer of the volume, and every change made through
+//! the mount passes through the kernel, which updates or drops what it
+//! cached.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags as FuseOpenFlags, RenameFlags as FuseRename,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use iomapfs_fs::{
+    DirEntry, Error, FiemapKind, File, FileKind, Ino, NewNode, OpenFlags, RenameFlags, SetAttr,
+    Stat, TimeSet, Timestamp, Volume, XattrSet,
+};
+use parking_lot::RwLock;
+
+/// How long the kernel may trust attributes and names it was given.
+pub const ATTR_TTL: Duration = Duration::from_secs(1);
+
+/// Largest read or write the kernel sends in one request.
+pub const MAX_IO_BYTES: u32 = 1 << 20;
+
+/// A directory as `opendir` saw it: `readdir` pages through this snapshot,
+/// so entries added or removed meanwhile never shift the offsets.
+struct DirSnapshot {
+    ino: Ino,
+    entries: Vec<DirEntry>,
+}
+
+/// The file system a mount serves.
+pub struct IomapFuse {
+    vol: Volume,
+    files: RwLock<HashMap<u64, Arc<File>>>,
+    dirs: RwLock<HashMap<u64, Arc<DirSnapshot>>>,
+    next_handle: AtomicU64,
+}
+
+impl IomapFuse {
+    pub fn new(vol: Volume) -> IomapFuse {
+        IomapFuse {
+            vol,
+            files: RwLock::new(HashMap::new()),
+            dirs: RwLock::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+        }
+    }
+
+    fn file(&self, fh: FileHandle) -> Result<Arc<File>, Errno> {
+        self.files.read().get(&fh.0).cloned().ok_or(Errno::EBADF)
+    }
+
+    fn add_file(&self, file: File) -> FileHandle {
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.files.write().insert(fh, Arc::new(file));
+        FileHandle(fh)
+    }
+
+    fn entry(&self, st: &Stat, reply: ReplyEntry) {
+        reply.entry(&ATTR_TTL, &file_attr(st), Generation(0));
+    }
+
+    /// A handle to change the size of `ino` with: the caller's if it gave
+    /// one, else a new one.
+    fn handle_for_size(&self, ino: Ino, fh: Option<FileHandle>) -> Result<Arc<File>, Errno> {
+        if let Some(file) = fh.and_then(|fh| self.files.read().get(&fh.0).cloned()) {
+            return Ok(file);
+        }
+        self.vol
+            .open_ino(ino, OpenFlags::default())
+            .map(Arc::new)
+            .map_err(errno)
+    }
+}
+
+/// The errno for an iomapfs error (the library names it already).
+fn errno(e: Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+/// A name from the kernel: iomapfs keeps UTF-8 names only.
+fn name_str(name: &OsStr) -> Result<&str, Errno> {
+    name.to_str().ok_or(Errno::EINVAL)
+}
+
+fn system_time(t: Timestamp) -> SystemTime {
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::new(t.sec as u64, t.nsec)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + Duration::from_nanos(t.nsec.into())
+    }
+}
+
+fn timestamp(t: SystemTime) -> Timestamp {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timestamp {
+            sec: d.as_secs() as i64,
+            nsec: d.subsec_nanos(),
+        },
+        Err(before) => {
+            let d = before.duration();
+            // -1.25 s is sec -2, nsec 750_000_000.
+            let (sec, nsec) = if d.subsec_nanos() == 0 {
+                (-(d.as_secs() as i64), 0)
+            } else {
+                (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+            };
+            Timestamp { sec, nsec }
+        }
+    }
+}
+
+fn time_set(t: TimeOrNow) -> TimeSet {
+    match t {
+        TimeOrNow::Now => TimeSet::Now,
+        TimeOrNow::SpecificTime(t) => TimeSet::At(timestamp(t)),
+    }
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::Regular => FileType::RegularFile,
+        FileKind::Directory => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+    }
+}
+
+/// What `stat` says, as the kernel wants it.
+pub fn file_attr(st: &Stat) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(st.ino),
+        size: st.size,
+        blocks: st.allocated_bytes.div_ceil(512),
+        atime: system_time(st.atime),
+        mtime: system_time(st.mtime),
+        ctime: system_time(st.ctime),
+        crtime: system_time(st.btime),
+        kind: file_type(st.kind),
+        perm: st.mode as u16,
+        nlink: st.nlink,
+        uid: st.uid,
+        gid: st.gid,
+        rdev: st.rdev as u32,
+        blksize: st.block_size,
+        flags: 0,
+    }
+}
+
+/// What an `open` or `create` asks of iomapfs.
+fn open_flags(flags: i32) -> OpenFlags {
+    OpenFlags {
+        direct: flags & libc::O_DIRECT != 0,
+        // O_SYNC includes the O_DSYNC bit.
+        sync: flags & libc::O_SYNC == libc::O_SYNC,
+        dsync: flags & libc::O_DSYNC != 0,
+        read_only: FuseOpenFlags(flags).acc_mode() == OpenAccMode::O_RDONLY,
+        ..OpenFlags::default()
+    }
+}
+
+/// Every open bypasses the kernel page cache (see the module header), and
+/// writes to one file may run in parallel: iomapfs locks ranges itself.
+fn fopen_flags() -> FopenFlags {
+    FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+}
+
+/// The kind and permission bits of a `mknod`/`create` mode, umask applied.
+fn new_node(req: &Request, mode: u32, umask: u32, kind: FileKind) -> NewNode {
+    NewNode {
+        kind,
+        mode: mode & !umask & 0o7777,
+        uid: req.uid(),
+        gid: req.gid(),
+        rdev: 0,
+    }
+}
+
+macro_rules! tri {
+    ($reply:expr, $e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(err) => return $reply.error(err),
+        }
+    };
+}
+
+impl Filesystem for IomapFuse {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_IO_BYTES);
+        // Shared mmap of files opened with FOPEN_DIRECT_IO, and directory
+        // operations in parallel (iomapfs serialises them itself).
+        let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let name = tri!(reply, name_str(name));
+        let st = tri!(reply, self.vol.lookup(parent.0, name).map_err(errno));
+        self.entry(&st, reply);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let st = match fh.and_then(|fh| self.files.read().get(&fh.0).cloned()) {
+            Some(file) => file.stat(),
+            None => self.vol.stat_ino(ino.0),
+        };
+        let st = tri!(reply, st.map_err(errno));
+        reply.attr(&ATTR_TTL, &file_attr(&st));
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        if let Some(size) = size {
+            let file = tri!(reply, self.handle_for_size(ino.0, fh));
+            tri!(reply, file.truncate(size).map_err(errno));
+        }
+        let change = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            atime: atime.map(time_set),
+            mtime: mtime.map(time_set),
+        };
+        let st = if change == SetAttr::default() {
+            self.vol.stat_ino(ino.0)
+        } else {
+            self.vol.set_attr(ino.0, &change)
+        };
+        let st = tri!(reply, st.map_err(errno));
+        reply.attr(&ATTR_TTL, &file_attr(&st));
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let target = tri!(reply, self.vol.readlink_ino(ino.0).map_err(errno));
+        reply.data(&target);
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = tri!(reply, name_str(name));
+        let kind = tri!(reply, FileKind::from_mode(mode).ok_or(Errno::EINVAL));
+        if kind == FileKind::Directory || kind == FileKind::Symlink {
+            return reply.error(Errno::EINVAL);
+        }
+        let mut node = new_node(req, mode, umask, kind);
+        if matches!(kind, FileKind::CharDevice | FileKind::BlockDevice) {
+            node.rdev = rdev.into();
+        }
+        let st = tri!(
+            reply,
+            self.vol.make_node(parent.0, name, node, &[]).map_err(errno)
+        );
+        self.entry(&st, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let name = tri!(reply, name_str(name));
+        let node = new_node(req, mode, umask, FileKind::Directory);
+        let st = tri!(
+            reply,
+            self.vol.make_node(parent.0, name, node, &[]).map_err(errno)
+        );
+        self.entry(&st, reply);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = tri!(reply, name_str(name));
+        tri!(
+            reply,
+            self.vol.remove_at(parent.0, name, false).map_err(errno)
+        );
+        reply.ok();
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = tri!(reply, name_str(name));
+        tri!(
+            reply,
+            self.vol.remove_at(parent.0, name, true).map_err(errno)
+        );
+        reply.ok();
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        use std::os::unix::ffi::OsStrExt;
+        let name = tri!(reply, name_str(link_name));
+        let node = new_node(req, 0o777, 0, FileKind::Symlink);
+        let target = target.as_os_str().as_bytes();
+        let st = tri!(
+            reply,
+            self.vol
+                .make_node(parent.0, name, node, target)
+                .map_err(errno)
+        );
+        self.entry(&st, reply);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: FuseRename,
+        reply: ReplyEmpty,
+    ) {
+        let name = tri!(reply, name_str(name));
+        let newname = tri!(reply, name_str(newname));
+        if flags.contains(FuseRename::RENAME_WHITEOUT) {
+            return reply.error(Errno::EINVAL);
+        }
+        let flags = RenameFlags {
+            no_replace: flags.contains(FuseRename::RENAME_NOREPLACE),
+            exchange: flags.contains(FuseRename::RENAME_EXCHANGE),
+        };
+        tri!(
+            reply,
+            self.vol
+                .rename_at(parent.0, name, newparent.0, newname, flags)
+                .map_err(errno)
+        );
+        reply.ok();
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let name = tri!(reply, name_str(newname));
+        let st = tri!(
+            reply,
+            self.vol.link_ino(ino.0, newparent.0, name).map_err(errno)
+        );
+        self.entry(&st, reply);
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: FuseOpenFlags, reply: ReplyOpen) {
+        let file = tri!(
+            reply,
+            self.vol.open_ino(ino.0, open_flags(flags.0)).map_err(errno)
+        );
+        reply.opened(self.add_file(file), fopen_flags());
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: FuseOpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let file = tri!(reply, self.file(fh));
+        let mut buf = vec![0u8; size as usize];
+        let n = tri!(reply, file.pread(&mut buf, offset).map_err(errno));
+        reply.data(&buf[..n]);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: FuseOpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let file = tri!(reply, self.file(fh));
+        let n = tri!(reply, file.pwrite(data, offset).map_err(errno));
+        reply.written(n as u32);
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // close() promises nothing about durability; fsync does.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: FuseOpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.files.write().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let file = tri!(reply, self.file(fh));
+        let r = if datasync {
+            file.fdatasync()
+        } else {
+            file.fsync()
+        };
+        tri!(reply, r.map_err(errno));
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: FuseOpenFlags, reply: ReplyOpen) {
+        let entries = tri!(reply, self.vol.readdir_ino(ino.0).map_err(errno));
+        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
+        self.dirs.write().insert(
+            fh,
+            Arc::new(DirSnapshot {
+                ino: ino.0,
+                entries,
+            }),
+        );
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let dir = tri!(
+            reply,
+            self.dirs.read().get(&fh.0).cloned().ok_or(Errno::EBADF)
+        );
+        // Offsets: 1 is ".", 2 is "..", 3 + i is entry i; each names the
+        // position after its entry, as the kernel asks for the next.
+        let dots = [
+            (dir.ino, ".", FileType::Directory),
+            (dir.ino, "..", FileType::Directory),
+        ];
+        let all = dots.into_iter().chain(
+            dir.entries
+                .iter()
+                .map(|e| (e.ino, e.name.as_str(), file_type(e.kind))),
+        );
+        for (i, (ino, name, kind)) in all.enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(ino), i as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let dir = tri!(
+            reply,
+            self.dirs.read().get(&fh.0).cloned().ok_or(Errno::EBADF)
+        );
+        let me = tri!(reply, self.vol.stat_ino(dir.ino).map_err(errno));
+        for pos in offset as usize..dir.entries.len() + 2 {
+            let (name, st) = match pos {
+                0 => (".", me.clone()),
+                1 => ("..", me.clone()),
+                n => {
+                    let e = &dir.entries[n - 2];
+                    // Removed since opendir: skip it, as if listed later.
+                    match self.vol.stat_ino(e.ino) {
+                        Ok(st) => (e.name.as_str(), st),
+                        Err(_) => continue,
+                    }
+                }
+            };
+            if reply.add(
+                INodeNo(st.ino),
+                pos as u64 + 1,
+                name,
+                &ATTR_TTL,
+                &file_attr(&st),
+                Generation(0),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: FuseOpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs.write().remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        // Names are journaled: a commit makes them durable (with the rest).
+        tri!(reply, self.vol.sync().map_err(errno));
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let s = self.vol.statfs();
+        let bs = u64::from(s.block_size);
+        let blocks = s.data_bytes / bs;
+        let free = s.free_bytes / bs;
+        // Inodes are not preallocated: as many more as the metadata room
+        // allows, which free blocks bound well enough.
+        reply.statfs(
+            blocks,
+            free,
+            free,
+            s.inodes + free,
+            free,
+            s.block_size,
+            iomapfs_fs::limits::MAX_NAME_LEN as u32,
+            s.block_size,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let name = tri!(reply, name_str(name));
+        let how = match flags {
+            0 => XattrSet::Any,
+            libc::XATTR_CREATE => XattrSet::Create,
+            libc::XATTR_REPLACE => XattrSet::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        tri!(
+            reply,
+            self.vol.set_xattr(ino.0, name, value, how).map_err(errno)
+        );
+        reply.ok();
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let name = tri!(reply, name_str(name));
+        let value = tri!(reply, self.vol.get_xattr(ino.0, name).map_err(errno));
+        xattr_reply(&value, size, reply);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let names = tri!(reply, self.vol.list_xattr(ino.0).map_err(errno));
+        let mut list = Vec::new();
+        for n in names {
+            list.extend_from_slice(n.as_bytes());
+            list.push(0);
+        }
+        xattr_reply(&list, size, reply);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let name = tri!(reply, name_str(name));
+        tri!(reply, self.vol.remove_xattr(ino.0, name).map_err(errno));
+        reply.ok();
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        // `default_permissions`: the kernel checks modes itself.
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let name = tri!(reply, name_str(name));
+        let node = new_node(req, mode, umask, FileKind::Regular);
+        let st = tri!(
+            reply,
+            self.vol.make_node(parent.0, name, node, &[]).map_err(errno)
+        );
+        let file = tri!(
+            reply,
+            self.vol.open_ino(st.ino, open_flags(flags)).map_err(errno)
+        );
+        let fh = self.add_file(file);
+        reply.created(&ATTR_TTL, &file_attr(&st), Generation(0), fh, fopen_flags());
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let file = tri!(reply, self.file(fh));
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let r = match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => file.fallocate(offset, length, keep_size),
+            // PUNCH_HOLE requires KEEP_SIZE (the kernel checks).
+            libc::FALLOC_FL_PUNCH_HOLE => file.punch_hole(offset, length),
+            // ZERO_RANGE: free what is there, then allocate unwritten space
+            // (reads zero). Two journaled steps; a crash between them
+            // leaves a hole, which reads zero too.
+            libc::FALLOC_FL_ZERO_RANGE => file
+                .punch_hole(offset, length)
+                .and_then(|()| file.fallocate(offset, length, keep_size)),
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        tri!(reply, r.map_err(errno));
+        reply.ok();
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        let file = tri!(reply, self.file(fh));
+        let data = match whence {
+            libc::SEEK_DATA => true,
+            libc::SEEK_HOLE => false,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        let to = tri!(reply, seek_data_or_hole(&file, offset, data));
+        reply.offset(to);
+    }
+}
+
+/// The answer to SEEK_DATA (`data`) or SEEK_HOLE from `offset`. Written
+/// and unwritten space both count as data (POSIX lets a file system report
+/// less of its holes); cached data not written back yet is written back
+/// first, so that it is not mistaken for a hole.
+fn seek_data_or_hole(file: &File, offset: i64, data: bool) -> Result<i64, Errno> {
+    file.fdatasync().map_err(errno)?;
+    let size = file.stat().map_err(errno)?.size;
+    let offset = u64::try_from(offset).map_err(|_| Errno::ENXIO)?;
+    if offset >= size {
+        return Err(Errno::ENXIO);
+    }
+    let map = file.fiemap().map_err(errno)?;
+    let is_data = |pos: u64| {
+        map.iter()
+            .find(|x| x.offset <= pos && pos < x.offset + x.length)
+            .is_some_and(|x| x.kind != FiemapKind::Hole)
+    };
+    if is_data(offset) == data {
+        return Ok(offset as i64);
+    }
+    // The next range boundary where the kind changes, below EOF.
+    for x in map.iter().filter(|x| x.offset > offset && x.offset < size) {
+        if (x.kind != FiemapKind::Hole) == data {
+            return Ok(x.offset as i64);
+        }
+    }
+    if data {
+        Err(Errno::ENXIO)
+    } else {
+        Ok(size as i64) // the virtual hole at EOF
+    }
+}
+
+/// Replies to getxattr/listxattr: the size when asked for it (`size` 0),
+/// ERANGE when the caller's buffer is too small, else the bytes.
+fn xattr_reply(bytes: &[u8], size: u32, reply: ReplyXattr) {
+    if size == 0 {
+        reply.size(bytes.len() as u32);
+    } else if (size as usize) < bytes.len() {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_round_trip_through_system_time() {
+        for (sec, nsec) in [
+            (0, 0),
+            (1, 5),
+            (-1, 0),
+            (-2, 750_000_000),
+            (1 << 40, 999_999_999),
+        ] {
+            let t = Timestamp { sec, nsec };
+            assert_eq!(timestamp(system_time(t)), t, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn open_flags_map_direct_sync_and_access_mode() {
+        let f = open_flags(libc::O_RDONLY | libc::O_DIRECT);
+        assert!(f.direct && f.read_only && !f.dsync && !f.sync);
+        let f = open_flags(libc::O_RDWR | libc::O_DSYNC);
+        assert!(!f.direct && !f.read_only && f.dsync && !f.sync);
+        let f = open_flags(libc::O_WRONLY | libc::O_SYNC);
+        assert!(f.sync && f.dsync && !f.read_only);
+    }
+}

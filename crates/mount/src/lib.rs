@@ -1,0 +1,198 @@
+//! iomapfs as a POSIX file system through FUSE.
+//!
+//! [`serve`] mounts a [`Volume`] at a directory and answers the kernel's
+//! requests ([`fuse_fs::IomapFuse`]) until the mount goes away: `umount`,
+//! `fusermount3 -u`, or a stop signal (SIGINT, SIGTERM, SIGHUP), which
+//! unmounts it. Then the volume is unmounted cleanly (written back and
+//! checkpointed). A daemon killed outright leaves its journal to the next
+//! mount, which recovers from it as after a power cut.
+//!
+//! Permissions are checked by the kernel (`default_permissions`); other
+//! users reach the mount only with `allow_other`. The pure-Rust mount path
+//! of `fuser` is used: `mount(2)` as root, the setuid `fusermount3` (Debian
+//! package `fuse3`) for a user who mounts an image file they own.
+
+pub mod fuse_fs;
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fuser::{Config, MountOption, Session, SessionACL};
+use iomapfs_fs::Volume;
+
+pub use fuse_fs::IomapFuse;
+
+/// Why a mount failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("mount point {path}: {source}")]
+    MountPoint { path: PathBuf, source: io::Error },
+    #[error("cannot mount at {path}: {source}")]
+    Mount { path: PathBuf, source: io::Error },
+    #[error("serving {path}: {source}")]
+    Session { path: PathBuf, source: io::Error },
+    #[error("clean unmount of the volume after {path} was unmounted: {source}")]
+    Unmount {
+        path: PathBuf,
+        source: iomapfs_fs::Error,
+    },
+    #[error("signal handling: {0}")]
+    Signals(io::Error),
+}
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    /// Let users other than the one who mounted reach the files
+    /// (`allow_other`; for a non-root user, needs `user_allow_other` in
+    /// /etc/fuse.conf).
+    pub allow_other: bool,
+    /// Threads reading requests, each on its own `/dev/fuse` descriptor.
+    pub threads: usize,
+    /// The source `mount` and /proc/mounts show.
+    pub fs_name: String,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            allow_other: false,
+            threads: 4,
+            fs_name: "iomapfs".into(),
+        }
+    }
+}
+
+/// The signals that unmount a mount cleanly.
+const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
+
+fn stop_signal_set() -> libc::sigset_t {
+    // SAFETY: sigemptyset/sigaddset initialise and fill a sigset_t we own;
+    // they only fail for invalid signal numbers, which these are not.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in STOP_SIGNALS {
+            libc::sigaddset(&mut set, s);
+        }
+        set
+    }
+}
+
+/// Blocks the stop signals in the calling thread and every thread it
+/// starts afterwards, so that only [`serve`]'s signal thread receives them
+/// (by `sigwait`). Call it first, before the volume starts its threads.
+pub fn block_stop_signals() -> Result<(), MountError> {
+    let set = stop_signal_set();
+    // SAFETY: `set` is initialised; a null old-set pointer is allowed.
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(MountError::Signals(io::Error::from_raw_os_error(rc)));
+    }
+    Ok(())
+}
+
+/// Unmounts `mountpoint` lazily (it goes from the namespace now; the
+/// session ends when the last open file closes): `umount2` as root,
+/// `fusermount3 -u -z` (or `fusermount`) otherwise.
+pub fn unmount(mountpoint: &Path) -> io::Result<()> {
+    let c = CString::new(mountpoint.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `c` is a valid NUL-terminated path for the call's duration.
+    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EPERM) {
+        return Err(err);
+    }
+    for helper in ["fusermount3", "fusermount"] {
+        if let Ok(status) = Command::new(helper)
+            .arg("-u")
+            .arg("-z")
+            .arg(mountpoint)
+            .status()
+        {
+            return if status.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!("{helper} -u failed: {status}")))
+            };
+        }
+    }
+    Err(err)
+}
+
+/// Mounts `vol` at `mountpoint` and serves it until it is unmounted; then
+/// unmounts the volume cleanly. `ready` runs once the mount is live.
+/// Call [`block_stop_signals`] first (before opening the volume).
+pub fn serve(
+    vol: Volume,
+    mountpoint: &Path,
+    cfg: &MountConfig,
+    ready: impl FnOnce(),
+) -> Result<(), MountError> {
+    let path = mountpoint
+        .canonicalize()
+        .map_err(|source| MountError::MountPoint {
+            path: mountpoint.to_path_buf(),
+            source,
+        })?;
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(cfg.fs_name.clone()),
+        MountOption::Subtype("iomapfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::RW,
+        MountOption::NoAtime,
+    ];
+    config.acl = if cfg.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(cfg.threads.max(1));
+    config.clone_fd = true;
+    let session = Session::new(IomapFuse::new(vol.clone()), &path, &config).map_err(|source| {
+        MountError::Mount {
+            path: path.clone(),
+            source,
+        }
+    })?;
+    spawn_signal_thread(path.clone())?;
+    ready();
+    let served = session.run();
+    // Every handle the kernel held is closed with the session: the clean
+    // unmount writes back and checkpoints everything.
+    let unmounted = vol.unmount().map_err(|source| MountError::Unmount {
+        path: path.clone(),
+        source,
+    });
+    served.map_err(|source| MountError::Session { path, source })?;
+    unmounted
+}
+
+/// Waits for a stop signal and unmounts `mountpoint` on it.
+fn spawn_signal_thread(mountpoint: PathBuf) -> Result<(), MountError> {
+    std::thread::Builder::new()
+        .name("iomapfs-signals".into())
+        .spawn(move || loop {
+            let set = stop_signal_set();
+            let mut sig: libc::c_int = 0;
+            // SAFETY: `set` is initialised and `sig` is a valid out pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                return;
+            }
+            if let Err(e) = unmount(&mountpoint) {
+                eprintln!(
+                    "iomapfs: signal {sig}: unmounting {}: {e}",
+                    mountpoint.display()
+                );
+            }
+        })
+        .map(drop)
+        .map_err(MountError::Signals)
+}
