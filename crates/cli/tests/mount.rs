@@ -1,0 +1,695 @@
+//! `iomapfs mount` end to end, through the kernel: POSIX calls on the
+//! mountpoint, O_DIRECT and buffered opens, fio with verification, kill -9
+//! of the daemon and recovery, signals, concurrent clients. Needs root and
+//! /dev/fuse; skipped with a printed reason otherwise, and failed instead
+//! when `IOMAPFS_REQUIRE_PRIVILEGED=1` (CI). Every test unmounts and stops
+//! its daemon also when it fails (the `Mounted` guard).
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_iomapfs");
+
+fn require_privileged() -> bool {
+    std::env::var("IOMAPFS_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1")
+}
+
+/// Why this machine cannot mount, if it cannot.
+fn unavailable() -> Option<String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("no /dev/fuse (modprobe fuse)".into());
+    }
+    None
+}
+
+/// Skips (printing why) or, under IOMAPFS_REQUIRE_PRIVILEGED=1, fails.
+macro_rules! need_fuse {
+    () => {
+        if let Some(reason) = unavailable() {
+            if require_privileged() {
+                panic!("IOMAPFS_REQUIRE_PRIVILEGED=1 but: {reason}");
+            }
+            eprintln!("skipped: {reason}");
+            return;
+        }
+    };
+}
+
+fn iomapfs(args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running iomapfs {args:?}: {e}"))
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = iomapfs(args);
+    assert!(
+        out.status.success(),
+        "iomapfs {args:?}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn is_mounted(mnt: &Path) -> bool {
+    let mnt = mnt.canonicalize().unwrap_or_else(|_| mnt.to_path_buf());
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap()))
+}
+
+/// Whether process `pid` still runs (a zombie does not: nobody may reap
+/// the daemon's parent's orphan in a container).
+fn alive(pid: u32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Waits (bounded) until `cond` holds; `what` names it in the panic.
+fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(
+            t0.elapsed() < timeout,
+            "timed out after {timeout:?}: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A volume in an image file and its mountpoint; unmounts and stops the
+/// daemon on drop, whatever happened.
+struct Mounted {
+    _dir: tempfile::TempDir,
+    img: PathBuf,
+    mnt: PathBuf,
+    pid: Option<u32>,
+    foreground: Option<Child>,
+}
+
+impl Mounted {
+    fn new(size: &str) -> Mounted {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("disk.img");
+        let mnt = dir.path().join("mnt");
+        fs::create_dir(&mnt).unwrap();
+        ok(&["mkfs", img.to_str().unwrap(), "--size", size]);
+        Mounted {
+            _dir: dir,
+            img,
+            mnt,
+            pid: None,
+            foreground: None,
+        }
+    }
+
+    fn img(&self) -> &str {
+        self.img.to_str().unwrap()
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.mnt.join(name)
+    }
+
+    /// Mounts as a daemon; returns its pid.
+    fn mount(&mut self, opts: &[&str]) -> u32 {
+        let mut args = vec!["mount", self.img(), self.mnt.to_str().unwrap()];
+        args.extend_from_slice(opts);
+        let out = ok(&args);
+        let pid: u32 = out
+            .rsplit("daemon pid ")
+            .next()
+            .and_then(|s| s.trim().trim_end_matches(')').parse().ok())
+            .unwrap_or_else(|| panic!("no daemon pid in {out:?}"));
+        assert!(is_mounted(&self.mnt), "not in mountinfo after: {out}");
+        self.pid = Some(pid);
+        pid
+    }
+
+    /// Unmounts with `umount` and waits for the daemon to finish its clean
+    /// unmount.
+    fn unmount(&mut self) {
+        let st = Command::new("umount").arg(&self.mnt).status().unwrap();
+        assert!(st.success(), "umount {}: {st}", self.mnt.display());
+        if let Some(pid) = self.pid.take() {
+            wait_until(
+                "the daemon exits after umount",
+                Duration::from_secs(30),
+                || !alive(pid),
+            );
+        }
+    }
+
+    /// fsck's report; asserts it is clean.
+    fn fsck_clean(&self) -> String {
+        let out = ok(&["fsck", self.img()]);
+        assert!(out.contains("clean: no problems found"), "{out}");
+        out
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        }
+        if let Some(mut c) = self.foreground.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(pid) = self.pid.take() {
+            if alive(pid) {
+                // SAFETY: kill on a pid this test started (the daemon).
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).unwrap()
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap()
+}
+
+fn renameat2(from: &Path, to: &Path, flags: u32) -> i32 {
+    let (a, b) = (cstr(from), cstr(to));
+    // SAFETY: valid NUL-terminated paths; AT_FDCWD directories.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
+    };
+    if rc == 0 {
+        0
+    } else {
+        errno()
+    }
+}
+
+fn fallocate(f: &File, mode: i32, off: i64, len: i64) -> i32 {
+    // SAFETY: a descriptor we own.
+    if unsafe { libc::fallocate(f.as_raw_fd(), mode, off, len) } == 0 {
+        0
+    } else {
+        errno()
+    }
+}
+
+fn lseek(f: &File, off: i64, whence: i32) -> Result<i64, i32> {
+    // SAFETY: a descriptor we own.
+    let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r)
+    }
+}
+
+#[test]
+fn posix_calls_on_the_mountpoint_match_the_volume_after_remount() {
+    need_fuse!();
+    let mut m = Mounted::new("128m");
+    m.mount(&[]);
+    // Files: create, write, read, truncate, append.
+    fs::write(m.path("a"), b"hello world").unwrap();
+    assert_eq!(fs::read(m.path("a")).unwrap(), b"hello world");
+    let f = OpenOptions::new().write(true).open(m.path("a")).unwrap();
+    f.set_len(5).unwrap();
+    drop(f);
+    let mut f = OpenOptions::new().append(true).open(m.path("a")).unwrap();
+    f.write_all(b"!!").unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    assert_eq!(fs::read(m.path("a")).unwrap(), b"hello!!");
+    // Directories.
+    fs::create_dir(m.path("d")).unwrap();
+    fs::create_dir(m.path("d/e")).unwrap();
+    assert_eq!(fs::metadata(m.path("d")).unwrap().nlink(), 3);
+    assert_eq!(
+        fs::remove_dir(m.path("d")).unwrap_err().raw_os_error(),
+        Some(libc::ENOTEMPTY)
+    );
+    fs::remove_dir(m.path("d/e")).unwrap();
+    // Hard links and symlinks.
+    fs::hard_link(m.path("a"), m.path("d/a2")).unwrap();
+    assert_eq!(fs::metadata(m.path("a")).unwrap().nlink(), 2);
+    assert_eq!(
+        fs::metadata(m.path("a")).unwrap().ino(),
+        fs::metadata(m.path("d/a2")).unwrap().ino()
+    );
+    std::os::unix::fs::symlink("d/a2", m.path("s")).unwrap();
+    assert_eq!(fs::read_link(m.path("s")).unwrap(), Path::new("d/a2"));
+    assert_eq!(fs::read(m.path("s")).unwrap(), b"hello!!"); // followed by the kernel
+                                                            // Rename: replace, NOREPLACE, EXCHANGE.
+    fs::write(m.path("b"), b"bee").unwrap();
+    assert_eq!(
+        renameat2(&m.path("b"), &m.path("a"), libc::RENAME_NOREPLACE),
+        libc::EEXIST
+    );
+    assert_eq!(
+        renameat2(&m.path("b"), &m.path("a"), libc::RENAME_EXCHANGE),
+        0
+    );
+    assert_eq!(fs::read(m.path("a")).unwrap(), b"bee");
+    assert_eq!(fs::read(m.path("b")).unwrap(), b"hello!!");
+    fs::rename(m.path("b"), m.path("c")).unwrap();
+    assert!(!m.path("b").exists());
+    // Attributes.
+    fs::set_permissions(m.path("c"), fs::Permissions::from_mode(0o640)).unwrap();
+    std::os::unix::fs::chown(m.path("c"), Some(1234), Some(5678)).unwrap();
+    let when = std::time::UNIX_EPOCH + Duration::new(1_000_000_000, 123_456_789);
+    File::options()
+        .write(true)
+        .open(m.path("c"))
+        .unwrap()
+        .set_modified(when)
+        .unwrap();
+    let md = fs::metadata(m.path("c")).unwrap();
+    assert_eq!(md.mode() & 0o7777, 0o640);
+    assert_eq!((md.uid(), md.gid()), (1234, 5678));
+    assert_eq!((md.mtime(), md.mtime_nsec()), (1_000_000_000, 123_456_789));
+    // Extended attributes.
+    let (p, n) = (cstr(&m.path("c")), CString::new("user.color").unwrap());
+    // SAFETY: valid paths, names and buffers for the calls' duration.
+    unsafe {
+        assert_eq!(
+            libc::setxattr(p.as_ptr(), n.as_ptr(), b"blue".as_ptr().cast(), 4, 0),
+            0
+        );
+        let mut buf = [0u8; 16];
+        let len = libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), 16);
+        assert_eq!(&buf[..len as usize], b"blue");
+        assert_eq!(
+            libc::setxattr(
+                p.as_ptr(),
+                n.as_ptr(),
+                b"x".as_ptr().cast(),
+                1,
+                libc::XATTR_CREATE
+            ),
+            -1
+        );
+        assert_eq!(errno(), libc::EEXIST);
+        let t = CString::new("trusted.x").unwrap();
+        assert_eq!(
+            libc::setxattr(p.as_ptr(), t.as_ptr(), b"x".as_ptr().cast(), 1, 0),
+            -1
+        );
+        assert_eq!(errno(), libc::EOPNOTSUPP);
+    }
+    // fallocate modes and SEEK_DATA/SEEK_HOLE.
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("sparse"))
+        .unwrap();
+    assert_eq!(fallocate(&f, 0, 0, 1 << 20), 0);
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    assert_eq!(
+        fallocate(&f, libc::FALLOC_FL_KEEP_SIZE, 1 << 20, 1 << 20),
+        0
+    );
+    assert_eq!(f.metadata().unwrap().len(), 1 << 20);
+    f.write_all_at_helper(&[7u8; 8192], 0);
+    assert_eq!(
+        fallocate(
+            &f,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            4096,
+            4096
+        ),
+        0
+    );
+    assert_eq!(fallocate(&f, libc::FALLOC_FL_ZERO_RANGE, 0, 1024), 0);
+    let mut back = vec![0u8; 8192];
+    std::os::unix::fs::FileExt::read_exact_at(&f, &mut back, 0).unwrap();
+    assert!(back[..1024].iter().all(|&b| b == 0) && back[1024..4096].iter().all(|&b| b == 7));
+    assert!(back[4096..].iter().all(|&b| b == 0));
+    assert_eq!(lseek(&f, 0, libc::SEEK_DATA), Ok(0));
+    assert_eq!(lseek(&f, 8192, libc::SEEK_HOLE), Ok(1 << 20));
+    assert_eq!(lseek(&f, 1 << 20, libc::SEEK_DATA), Err(libc::ENXIO));
+    let g = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.path("holes"))
+        .unwrap();
+    g.write_all_at_helper(&[1u8; 4096], 1 << 20);
+    assert_eq!(lseek(&g, 0, libc::SEEK_HOLE), Ok(0));
+    assert_eq!(lseek(&g, 0, libc::SEEK_DATA), Ok(1 << 20));
+    drop((f, g));
+    // statfs and unlink.
+    let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid path and an out struct we own.
+    assert_eq!(unsafe { libc::statvfs(cstr(&m.mnt).as_ptr(), &mut sv) }, 0);
+    assert_eq!(sv.f_bsize, 4096);
+    assert!(sv.f_bfree > 0 && sv.f_bfree < sv.f_blocks);
+    fs::remove_file(m.path("d/a2")).unwrap();
+    let names: Vec<String> = fs::read_dir(&m.mnt)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    let mut names = names;
+    names.sort();
+    assert_eq!(names, ["a", "c", "d", "holes", "s", "sparse"]);
+    // Everything survives a clean unmount and remount; fsck agrees.
+    m.unmount();
+    let report = m.fsck_clean();
+    assert!(report.contains("journal records replayed  0"), "{report}");
+    m.mount(&[]);
+    assert_eq!(fs::read(m.path("a")).unwrap(), b"bee");
+    assert_eq!(fs::read(m.path("c")).unwrap(), b"hello!!");
+    let md = fs::metadata(m.path("c")).unwrap();
+    assert_eq!((md.mode() & 0o7777, md.uid(), md.nlink()), (0o640, 1234, 1));
+    assert_eq!(fs::read_link(m.path("s")).unwrap(), Path::new("d/a2"));
+    m.unmount();
+}
+
+trait WriteAt {
+    fn write_all_at_helper(&self, data: &[u8], off: u64);
+}
+
+impl WriteAt for File {
+    fn write_all_at_helper(&self, data: &[u8], off: u64) {
+        std::os::unix::fs::FileExt::write_all_at(self, data, off).unwrap();
+    }
+}
+
+/// A 4 KiB-aligned buffer for O_DIRECT (the kernel checks user buffers of
+/// direct opens before they reach FUSE only on real files; aligned anyway).
+fn aligned(len: usize, fill: u8) -> Vec<u8> {
+    let mut v = vec![fill; len + 4096];
+    let off = v.as_ptr().align_offset(4096);
+    v.drain(..off);
+    v.truncate(len);
+    v
+}
+
+#[test]
+fn direct_and_buffered_opens_see_each_others_writes() {
+    need_fuse!();
+    let mut m = Mounted::new("64m");
+    m.mount(&[]);
+    let direct = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.path("f"))
+        .unwrap();
+    let buffered = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.path("f"))
+        .unwrap();
+    for round in 0..20u8 {
+        let off = u64::from(round) * 8192;
+        // Buffered write, direct read (iomapfs writes the cache back first).
+        buffered.write_all_at_helper(&[round + 1; 4096], off);
+        let mut buf = aligned(4096, 0);
+        std::os::unix::fs::FileExt::read_exact_at(&direct, &mut buf, off).unwrap();
+        assert!(
+            buf.iter().all(|&b| b == round + 1),
+            "round {round}: direct read"
+        );
+        // Direct write, buffered read (the cached copy was dropped).
+        direct.write_all_at_helper(&aligned(4096, round + 100), off);
+        let mut buf = vec![0u8; 4096];
+        std::os::unix::fs::FileExt::read_exact_at(&buffered, &mut buf, off).unwrap();
+        assert!(
+            buf.iter().all(|&b| b == round + 100),
+            "round {round}: buffered read"
+        );
+    }
+    // Unaligned direct I/O works (iomapfs does read-modify-write).
+    direct.write_all_at_helper(b"xyz", 4095);
+    let mut buf = [0u8; 5];
+    std::os::unix::fs::FileExt::read_exact_at(&buffered, &mut buf, 4094).unwrap();
+    // Byte 4094 is round 0's direct write; 4098 was never written.
+    assert_eq!(&buf, &[100, b'x', b'y', b'z', 0]);
+    drop((direct, buffered));
+    m.unmount();
+    m.fsck_clean();
+}
+
+#[test]
+fn a_mounted_target_is_refused_and_signals_unmount_cleanly() {
+    need_fuse!();
+    let mut m = Mounted::new("64m");
+    let pid = m.mount(&[]);
+    let second = iomapfs(&["mount", m.img(), m.mnt.to_str().unwrap()]);
+    assert_eq!(second.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&second.stderr).contains("in use"));
+    fs::write(m.path("x"), b"kept").unwrap();
+    // SIGTERM: unmounted, written back, checkpointed.
+    // SAFETY: kill on the daemon this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    wait_until(
+        "the daemon exits on SIGTERM",
+        Duration::from_secs(30),
+        || !alive(pid),
+    );
+    m.pid = None;
+    assert!(!is_mounted(&m.mnt));
+    let report = m.fsck_clean();
+    assert!(report.contains("journal records replayed  0"), "{report}");
+    // SIGINT to a foreground mount.
+    let mut child = Command::new(BIN)
+        .args(["mount", "--foreground", m.img(), m.mnt.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = [0u8; 7];
+    child.stdout.take().unwrap().read_exact(&mut line).unwrap();
+    assert_eq!(&line, b"mounted");
+    assert_eq!(fs::read(m.path("x")).unwrap(), b"kept");
+    fs::write(m.path("y"), b"also").unwrap();
+    // SAFETY: kill on the child this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert!(status.success(), "foreground mount after SIGINT: {status}");
+    assert!(!is_mounted(&m.mnt));
+    let report = m.fsck_clean();
+    assert!(report.contains("journal records replayed  0"), "{report}");
+}
+
+#[test]
+fn kill_9_during_writes_keeps_every_fsynced_byte() {
+    need_fuse!();
+    let mut m = Mounted::new("256m");
+    let pid = m.mount(&[]);
+    // Writers append 4 KiB records (direct and buffered) and fsync every
+    // few; each remembers how many records were fsynced.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..4u8)
+        .map(|w| {
+            let path = m.path(&format!("w{w}"));
+            let stop = stop.clone();
+            std::thread::spawn(move || -> u64 {
+                let mut opts = OpenOptions::new();
+                opts.write(true).create(true).truncate(true);
+                if w % 2 == 0 {
+                    opts.custom_flags(libc::O_DIRECT);
+                }
+                let Ok(f) = opts.open(&path) else { return 0 };
+                let mut synced = 0u64;
+                for i in 0u64.. {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let rec = aligned(4096, (i % 251) as u8 + w);
+                    if std::os::unix::fs::FileExt::write_all_at(&f, &rec, i * 4096).is_err() {
+                        break;
+                    }
+                    if i % 4 == 3 {
+                        if f.sync_data().is_err() {
+                            break;
+                        }
+                        synced = i + 1;
+                    }
+                }
+                synced
+            })
+        })
+        .collect();
+    // Kill once every writer has fsynced something.
+    wait_until("writers fsync", Duration::from_secs(60), || {
+        (0..4).all(|w| fs::metadata(m.path(&format!("w{w}"))).is_ok_and(|md| md.len() >= 64 * 1024))
+    });
+    // SAFETY: kill on the daemon this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    wait_until("the daemon dies", Duration::from_secs(10), || !alive(pid));
+    m.pid = None;
+    stop.store(true, Ordering::Relaxed);
+    let synced: Vec<u64> = writers.into_iter().map(|t| t.join().unwrap()).collect();
+    // The dead mount must be cleared before the next.
+    let st = Command::new("umount")
+        .arg("-l")
+        .arg(&m.mnt)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let report = m.fsck_clean();
+    assert!(
+        !report.contains("journal records replayed  0"),
+        "nothing to recover? {report}"
+    );
+    m.mount(&[]);
+    for (w, &n) in synced.iter().enumerate() {
+        assert!(n > 0, "writer {w} never fsynced");
+        let data = fs::read(m.path(&format!("w{w}"))).unwrap();
+        assert!(
+            data.len() as u64 >= n * 4096,
+            "w{w}: {} bytes, {n} records fsynced",
+            data.len()
+        );
+        for i in 0..n {
+            let want = (i % 251) as u8 + w as u8;
+            let rec = &data[(i * 4096) as usize..((i + 1) * 4096) as usize];
+            assert!(
+                rec.iter().all(|&b| b == want),
+                "w{w} record {i} lost or damaged"
+            );
+        }
+    }
+    m.unmount();
+    m.fsck_clean();
+}
+
+#[test]
+fn concurrent_clients_on_one_file_and_on_many() {
+    need_fuse!();
+    let mut m = Mounted::new("256m");
+    m.mount(&["-o", "threads=4"]);
+    let shared = m.path("shared");
+    File::create(&shared).unwrap();
+    let threads: Vec<_> = (0..6u8)
+        .map(|t| {
+            let shared = shared.clone();
+            let own = m.path(&format!("own{t}"));
+            std::thread::spawn(move || {
+                let mut opts = OpenOptions::new();
+                opts.read(true).write(true);
+                if t % 2 == 0 {
+                    opts.custom_flags(libc::O_DIRECT);
+                }
+                let f = opts.open(&shared).unwrap();
+                let mut o = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .open(&own)
+                    .unwrap();
+                for i in 0..64u64 {
+                    // Interleaved 4 KiB slots of one file, and a file each.
+                    let slot = (i * 6 + u64::from(t)) * 4096;
+                    f.write_all_at_helper(&aligned(4096, t + 1), slot);
+                    o.write_all(&[t ^ (i as u8); 1000]).unwrap();
+                }
+                o.sync_all().unwrap();
+                o.seek(SeekFrom::Start(0)).unwrap();
+                let mut back = Vec::new();
+                o.read_to_end(&mut back).unwrap();
+                for (i, chunk) in back.chunks(1000).enumerate() {
+                    assert!(
+                        chunk.iter().all(|&b| b == t ^ (i as u8)),
+                        "own{t} chunk {i}"
+                    );
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let data = fs::read(&shared).unwrap();
+    assert_eq!(data.len(), 64 * 6 * 4096);
+    for (slot, chunk) in data.chunks(4096).enumerate() {
+        let want = (slot % 6) as u8 + 1;
+        assert!(chunk.iter().all(|&b| b == want), "shared slot {slot}");
+    }
+    m.unmount();
+    m.fsck_clean();
+}
+
+/// fio writes with crc32c verification headers and reads them back, direct
+/// and buffered, four jobs each.
+#[test]
+fn fio_verifies_crc32c_through_the_mount_direct_and_buffered() {
+    need_fuse!();
+    if Command::new("fio").arg("--version").output().is_err() {
+        if require_privileged() {
+            panic!("IOMAPFS_REQUIRE_PRIVILEGED=1 but fio is not installed");
+        }
+        eprintln!("skipped: fio not installed");
+        return;
+    }
+    let mut m = Mounted::new("512m");
+    m.mount(&["-o", "threads=4"]);
+    for (direct, rw) in [(1, "randwrite"), (0, "randwrite"), (1, "write"), (0, "rw")] {
+        let out = Command::new("fio")
+            .args([
+                "--name=mnt",
+                &format!("--directory={}", m.mnt.display()),
+                "--size=16m",
+                "--bs=4k",
+                "--bsrange=4k-64k",
+                &format!("--rw={rw}"),
+                &format!("--direct={direct}"),
+                "--ioengine=psync",
+                "--numjobs=4",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_fatal=1",
+                "--verify_state_save=0",
+                "--group_reporting",
+            ])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success()
+                && text.contains("err= 0")
+                && !text.contains("bad magic")
+                && !text.contains("crc32c: verify failed"),
+            "fio direct={direct} rw={rw}: {}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    m.unmount();
+    m.fsck_clean();
+}
