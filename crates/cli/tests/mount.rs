@@ -693,3 +693,85 @@ fn fio_verifies_crc32c_through_the_mount_direct_and_buffered() {
     m.unmount();
     m.fsck_clean();
 }
+
+/// The POSIX conformance suite pjdfstest (its Rust port, crates.io
+/// `pjdfstest` 0.2.2, which .ci/run installs) against the mount: every test
+/// that can apply passes. Those that cannot are skipped by the suite itself
+/// and counted: remounting read-only (EROFS tests; the mount has no `ro`),
+/// a second file system (EXDEV), and LINK_MAX (FUSE has no pathconf).
+#[test]
+fn pjdfstest_passes_through_the_mount() {
+    need_fuse!();
+    let program = std::env::var_os("IOMAPFS_PJDFSTEST")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("PATH").and_then(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|d| d.join("pjdfstest"))
+                    .find(|p| p.exists())
+            })
+        });
+    let Some(program) = program else {
+        if require_privileged() {
+            panic!("IOMAPFS_REQUIRE_PRIVILEGED=1 but pjdfstest is not installed (cargo install pjdfstest)");
+        }
+        eprintln!("skipped: pjdfstest not installed (cargo install pjdfstest)");
+        return;
+    };
+    let mut m = Mounted::new("4g");
+    // The suite switches to other users: they must reach the mount.
+    m.mount(&["-o", "allow_other"]);
+    let config = m._dir.path().join("pjdfstest.toml");
+    fs::write(
+        &config,
+        r#"
+[features]
+posix_fallocate = {}
+rename_ctime = {}
+utimensat = {}
+utime_now = {}
+
+[settings]
+naptime = 0.001
+allow_remount = false
+
+[dummy_auth]
+entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
+"#,
+    )
+    .unwrap();
+    let out = Command::new(&program)
+        .arg("-c")
+        .arg(&config)
+        .arg("-p")
+        .arg(&m.mnt)
+        .current_dir(&m.mnt)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let count = |end: &str| text.lines().filter(|l| l.trim_end().ends_with(end)).count();
+    let (passed, failed, skipped) = (count(" ok"), count("FAILED"), count("skipped"));
+    eprintln!("pjdfstest: {passed} passed, {failed} failed, {skipped} skipped");
+    let reasons: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.starts_with('\t'))
+        .map(str::trim)
+        .collect();
+    assert!(
+        out.status.success() && failed == 0 && passed > 300,
+        "pjdfstest: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every skip has one of the reasons the doc comment lists.
+    for r in &reasons {
+        assert!(
+            r.contains("allow_remount")
+                || r.contains("secondary file-system")
+                || r.contains("LINK_MAX"),
+            "pjdfstest skipped for an unexpected reason: {r}"
+        );
+    }
+    m.unmount();
+    m.fsck_clean();
+}
