@@ -1190,17 +1190,24 @@ impl Case {
         }
     }
 
-    /// chmod, chown or utimens of a file by inode; then stat agrees.
-    fn op_setattr(&mut self) {
+    /// A random file of the model: its path, id and inode number.
+    fn some_file(&mut self) -> Option<(String, Id, u64)> {
         if self.m.files.is_empty() {
-            return;
+            return None;
         }
         let files: Vec<String> = self.m.files.keys().cloned().collect();
         let path = self.pick(&files);
         let id = self.m.files[&path];
-        let ino = match self.vol().ino_of(&path) {
-            Ok(i) => i,
+        match self.vol().ino_of(&path) {
+            Ok(ino) => Some((path, id, ino)),
             Err(e) => self.fail(format!("ino_of({path}): {e}")),
+        }
+    }
+
+    /// chmod, chown or utimens of a file by inode; then stat agrees.
+    fn op_setattr(&mut self) {
+        let Some((path, id, ino)) = self.some_file() else {
+            return;
         };
         let mut change = iomapfs_fs::SetAttr::default();
         match self.rng.gen_range(0..4) {
@@ -1261,15 +1268,8 @@ impl Case {
     }
 
     fn op_xattr_once(&mut self) {
-        if self.m.files.is_empty() {
+        let Some((path, id, ino)) = self.some_file() else {
             return;
-        }
-        let files: Vec<String> = self.m.files.keys().cloned().collect();
-        let path = self.pick(&files);
-        let id = self.m.files[&path];
-        let ino = match self.vol().ino_of(&path) {
-            Ok(i) => i,
-            Err(e) => self.fail(format!("ino_of({path}): {e}")),
         };
         let existing: Vec<String> = self.m.attrs(id).xattrs.keys().cloned().collect();
         let name = if !existing.is_empty() && self.rng.gen_bool(0.5) {
