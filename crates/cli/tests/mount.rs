@@ -703,6 +703,7 @@ fn fio_verifies_crc32c_through_the_mount_direct_and_buffered() {
 fn pjdfstest_passes_through_the_mount() {
     need_fuse!();
     let program = std::env::var_os("IOMAPFS_PJDFSTEST")
+        .filter(|p| !p.is_empty())
         .map(PathBuf::from)
         .or_else(|| {
             std::env::var_os("PATH").and_then(|paths| {
@@ -747,7 +748,7 @@ entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
         .arg(&m.mnt)
         .current_dir(&m.mnt)
         .output()
-        .unwrap();
+        .unwrap_or_else(|e| panic!("cannot run pjdfstest at {}: {e}", program.display()));
     let text = String::from_utf8_lossy(&out.stdout);
     let count = |end: &str| text.lines().filter(|l| l.trim_end().ends_with(end)).count();
     let (passed, failed, skipped) = (count(" ok"), count("FAILED"), count("skipped"));
