@@ -602,9 +602,10 @@ fn a_sequential_writer_is_written_back_behind_it() {
     }
 }
 
-/// Extending buffered writes run under the inode's shared lock, one at a
-/// time: each zeroes the gap between the old EOF and its offset, which must
-/// never clobber bytes another extending write just put there.
+/// Extending buffered writes run alone (the inode's lock, exclusively):
+/// each zeroes the gap between the old EOF and its offset, which must never
+/// clobber bytes another extending write just put there, and moves the
+/// size that concurrent readers, writers and writeback rely on.
 #[test]
 fn concurrent_extending_writes_never_zero_each_others_bytes() {
     let dev = Arc::new(MemDevice::new(64 * MIB, 512));
@@ -721,4 +722,31 @@ fn volume_wide_writeback_and_writers_never_deadlock() {
     }
     syncer.join().unwrap();
     vol.unmount().unwrap();
+}
+
+/// A buffered write far past EOF reserves space for what it writes and
+/// for the old EOF block it zeroes, not for the hole between: a 1-byte
+/// write at 1 GiB on a 32 MiB volume succeeds and leaves free space as it
+/// was, less a block or two.
+#[test]
+fn a_write_far_past_eof_reserves_only_what_it_writes() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let f = vol.open_file("/f", buffered()).unwrap();
+    f.pwrite(&[7u8; 100], 0).unwrap();
+    let free = vol.statfs().free_bytes;
+    f.pwrite(&[9u8], 1 << 30).unwrap();
+    let after = vol.statfs().free_bytes;
+    assert!(
+        free - after <= 2 * BLOCK,
+        "the write reserved {} bytes",
+        free - after
+    );
+    f.fsync().unwrap();
+    let mut tail = [0u8; 2];
+    assert_eq!(f.pread(&mut tail, (1 << 30) - 1).unwrap(), 2);
+    assert_eq!(tail, [0, 9]);
+    let mut head = vec![0u8; 200];
+    assert_eq!(f.pread(&mut head, 0).unwrap(), 200);
+    assert!(head[..100].iter().all(|&b| b == 7) && head[100..].iter().all(|&b| b == 0));
 }

@@ -13,10 +13,7 @@
 //! Both hold the inode's I/O lock shared, so truncate, punch and other
 //! exclusive operations exclude them; readers and writers of different
 //! folios of one file run concurrently, each folio under its own lock.
-//! Writes that extend the file also take the mapping's extend mutex (one
-//! at a time) and raise the in-core size folio by folio, before unlocking
-//! each, so writeback, which reads the size under the folio's lock, never
-//! cleans bytes the size does not cover yet.
+//! Writes that extend the file take the lock exclusively (see [`write`]).
 //!
 //! A sequential writer's bytes are written back behind it, a chunk at a
 //! time, by the cache's write-behind thread ([`write_behind`]).
@@ -190,33 +187,39 @@ pub fn write<F: IomapFile>(file: &F, pos: u64, buf: &[u8]) -> Result<usize, File
     let end = pos + len;
     let (ops, inode, mapping) = (file.ops(), file.inode(), file.mapping());
     let window = write_window(mapping, pos, end);
-    {
-        let _shared = file.as_ref().lock_shared();
+    let lock = file.as_ref();
+    let shared = lock.lock_shared();
+    let size = ops.size(inode)?;
+    if end <= size {
+        reserve(file, pos, len)?;
+        copy_into_cache(file, pos, len, Source::Bytes(buf), size, window)?;
+        drop(shared);
+    } else {
+        // An extending write runs alone: it zeroes the gap past the old EOF
+        // and moves the size, and every holder of the shared lock relies on
+        // a size that does not change under it — `fill` zeroes what lies
+        // past it, and a writeback pass must not raise the on-disk size
+        // over an EOF block that becomes dirty behind it. (No drain: a
+        // buffered write sends nothing to the device.)
+        drop(shared);
+        let _exclusive = lock.lock_exclusive();
         let size = ops.size(inode)?;
-        if end <= size {
-            reserve(file, pos, len)?;
-            copy_into_cache(file, pos, len, Source::Bytes(buf), size, window, false)?;
-        } else {
-            // One extending write at a time: it zeroes the gap past the old
-            // EOF, which a concurrent extending write could have written,
-            // and the size must only grow. Readers, writers inside EOF and
-            // writeback go on: the size rises folio by folio under each
-            // folio's lock, after its bytes are in, as the kernel raises
-            // i_size before it unlocks the folio.
-            let _extending = mapping.shared.extend.lock();
-            let size = ops.size(inode)?;
-            let bs = block_bytes(ops) as u64;
-            // Bytes between EOF and the write must read as zeros, also on
-            // the device: the old EOF block's tail may hold bytes of a write
-            // whose size change a crash lost. It is rewritten as zeros.
-            let gap_end = pos.min(size.next_multiple_of(bs));
-            let from = pos.min(size);
-            reserve(file, from, end - from)?;
-            if gap_end > size {
-                copy_into_cache(file, size, gap_end - size, Source::Zeros, size, 0, false)?;
-            }
-            copy_into_cache(file, pos, len, Source::Bytes(buf), size, window, true)?;
+        let bs = block_bytes(ops) as u64;
+        // Bytes between EOF and the write must read as zeros, also on the
+        // device: the old EOF block's tail may hold bytes of a write whose
+        // size change a crash lost. It is rewritten as zeros — where the
+        // block has space (written, unwritten or delayed), so rewriting it
+        // needs no reservation; a hole has no bytes to hide. Past that block
+        // the gap is a hole: nothing to reserve or write. Only the write's
+        // own range is reserved, in one call: a write that fails with ENOSPC
+        // changes nothing.
+        let gap_end = pos.min(size.next_multiple_of(bs));
+        reserve(file, pos, len)?;
+        if gap_end > size && !is_hole(file, size, gap_end - size)? {
+            copy_into_cache(file, size, gap_end - size, Source::Zeros, size, 0)?;
         }
+        copy_into_cache(file, pos, len, Source::Bytes(buf), size, window)?;
+        ops.extend_size_in_core(inode, end)?;
     }
     let sync = file.write_sync();
     if sync != crate::WriteSync::None {
@@ -233,7 +236,9 @@ pub fn write<F: IomapFile>(file: &F, pos: u64, buf: &[u8]) -> Result<usize, File
     Ok(buf.len())
 }
 
-/// After a sequential write of `[pos, end)` with folio window `window`:
+/// After a sequential write of `[pos, end)` with folio window `window`
+/// (an appending writer's next extending write waits for a pass in
+/// progress, which holds the inode's lock shared):
 /// once the writer is a whole chunk past the last one handed to
 /// write-behind, the background thread writes back what lies behind it, so
 /// the device writes while the writer copies and an `fsync` at the end
@@ -287,12 +292,22 @@ fn reserve<F: IomapFile>(file: &F, pos: u64, len: u64) -> Result<(), FileError<F
     Ok(())
 }
 
+/// Whether the file has no space at all in `[pos, pos + len)`.
+fn is_hole<F: IomapFile>(file: &F, pos: u64, len: u64) -> Result<bool, FileError<F>> {
+    let lbs = crate::dio::logical_block_size(&**file.device());
+    let (ops, inode) = (file.ops(), file.inode());
+    let mut iter = IomapIter::new(ops, inode, pos, len, IomapOpFlags::READ, lbs)?;
+    let mut hole = true;
+    while let Some(span) = iter.begin()? {
+        hole &= span.iomap.kind == crate::IomapKind::Hole;
+        iter.end(&span, span.len)?;
+    }
+    Ok(hole)
+}
+
 /// Copies `len` bytes of `src` to the cache at `pos`, making partial edge
 /// blocks uptodate first, and marks them dirty. `eof` is the in-core size
-/// before the write; folios are made of up to `window` bytes. With
-/// `extend`, the in-core size rises to the end of what each folio got,
-/// while the folio is still locked (so whoever locks it next sees the size
-/// that covers its bytes).
+/// before the write; folios are made of up to `window` bytes.
 fn copy_into_cache<F: IomapFile>(
     file: &F,
     pos: u64,
@@ -300,10 +315,8 @@ fn copy_into_cache<F: IomapFile>(
     src: Source<'_>,
     eof: u64,
     window: usize,
-    extend: bool,
 ) -> Result<(), FileError<F>> {
-    let (ops, inode) = (file.ops(), file.inode());
-    let bs = block_bytes(ops);
+    let bs = block_bytes(file.ops());
     let end = pos + len;
     let want = |cur: u64| ((end - cur) as usize).max(window).min(MAX_FOLIO_BYTES);
     each_folio(file, pos, end, want, |folio, state, from, to| {
@@ -325,9 +338,6 @@ fn copy_into_cache<F: IomapFile>(
             Source::Zeros => state.data[from..to].fill(0),
         }
         folio.set_dirty(state, blocks);
-        if extend {
-            ops.extend_size_in_core(inode, folio.pos() + to as u64)?;
-        }
         Ok(())
     })
 }

@@ -365,7 +365,6 @@ impl FolioCache {
                 count: Default::default(),
                 cache: self.clone(),
                 writeback: Mutex::new(()),
-                extend: Mutex::new(()),
                 write_behind_end: AtomicU64::new(0),
                 errors: Mutex::new(ErrorSeq::default()),
                 sequential: Sequential::default(),
@@ -483,10 +482,6 @@ pub(crate) struct MappingShared {
     pub cache: FolioCache,
     /// Held by whoever writes this file back: one writeback at a time.
     pub writeback: Mutex<()>,
-    /// Held by a buffered write that extends the file (under the inode's
-    /// shared lock): one at a time, so none zeroes another's bytes as its
-    /// EOF gap, and the size only grows.
-    pub extend: Mutex<()>,
     /// How far write-behind has been asked to write back a sequential
     /// writer's bytes ([`crate::buffered_io`]).
     pub write_behind_end: AtomicU64,

@@ -52,9 +52,12 @@ pub fn write_back<F: IomapFile>(
     }
     let _one_at_a_time = mapping.writeback_lock();
     let _shared = file.as_ref().lock_shared();
+    // Stable while the shared lock is held: extending writes take it
+    // exclusively.
+    let eof = file.ops().size(file.inode())?;
     let mut wb = Writeback {
         file,
-        eof: 0,
+        eof,
         queue: None,
         in_flight: VecDeque::new(),
         total: DioWriteOutcome::NOTHING,
@@ -69,16 +72,6 @@ pub fn write_back<F: IomapFile>(
         if state.evicted || !state.dirty.any() {
             continue;
         }
-        // Read under the folio's lock: an extending write raises the size
-        // before it unlocks, so this covers every byte the folio holds.
-        let eof = match file.ops().size(file.inode()) {
-            Ok(eof) => eof,
-            Err(e) => {
-                wb.failed(folio.pos(), folio.end(), e);
-                continue;
-            }
-        };
-        wb.eof = eof;
         let whole = folio.pos() >= from
             && folio.end() <= to
             && state.dirty.all(folio.blocks_of(0, folio.len()));
@@ -135,7 +128,7 @@ struct QueuedFolio {
 /// what it did.
 struct Writeback<'f, F: IomapFile> {
     file: &'f F,
-    /// The in-core size, read under the lock of the folio being written.
+    /// The in-core size.
     eof: u64,
     queue: Option<Box<dyn DeviceQueue>>,
     in_flight: VecDeque<QueuedFolio>,
