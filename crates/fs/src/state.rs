@@ -397,12 +397,12 @@ impl MetaState {
                 }
                 inode.xattrs.insert(name.clone(), value.clone());
                 inode.attrs.ctime = *ctime;
-                let added = match old {
-                    Some(old) => (name.len() + value.len()) as u64 - old as u64,
-                    None => IMAGE_BYTES_PER_XATTR + (name.len() + value.len()) as u64,
-                };
-                // `added` may wrap (a shorter value): the sum wraps back.
-                self.image_bytes = self.image_bytes.wrapping_add(added);
+                // Old bytes out before new bytes in: a shorter value must not
+                // underflow (it did, with overflow checks on).
+                self.image_bytes = match old {
+                    Some(old) => self.image_bytes - old as u64,
+                    None => self.image_bytes + IMAGE_BYTES_PER_XATTR,
+                } + (name.len() + value.len()) as u64;
                 Ok(())
             }
             Record::RemoveXattr { ino, name, ctime } => {
