@@ -31,6 +31,7 @@ mod error;
 pub mod histogram;
 mod interrupt;
 mod kernel;
+mod metadata_scale;
 mod report;
 mod safety;
 mod target;
@@ -43,6 +44,7 @@ use std::time::Duration;
 pub use blockdev::Backend;
 pub use error::BenchError;
 pub use interrupt::request_stop;
+pub use metadata_scale::MetadataScaleResult;
 pub use report::{
     render_table, BenchReport, BenchResult, CpuPerIo, DeviceInfo, DeviceRequests, Machine,
     RequestsPerOp, Settings, Skipped, CPU_SCOPE_FIO, CPU_SCOPE_PROCESS,
@@ -56,7 +58,7 @@ use interrupt::SignalGuard;
 use kernel::KernelFs;
 use report::DeviceInfo as ReportDevice;
 use target::{open_device, IomapfsTarget, RawTarget, IOMAPFS_BLOCK_SIZE, IOMAPFS_FILE};
-use testbed::{BedDevice, Testbed};
+use testbed::{BedDevice, BedKind, Testbed};
 use workload::{seed_of, DeviceNeed, IoPattern, Kind, Op, Order, Workload};
 
 /// What to run; mirrors `iomapfs bench`'s flags.
@@ -128,6 +130,7 @@ pub fn workloads() -> Vec<(&'static str, &'static str)> {
     workload::WORKLOADS
         .iter()
         .map(|w| (w.name, w.summary))
+        .chain(metadata_scale::workloads())
         .collect()
 }
 
@@ -178,14 +181,26 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
             "the runtime must be more than zero".into(),
         ));
     }
-    let selected = workload::select(&opts.workloads)?;
+    // The metadata workloads make their own image files and run after
+    // the others; they are only run when named.
+    let (metadata, device_workloads): (Vec<String>, Vec<String>) = opts
+        .workloads
+        .iter()
+        .cloned()
+        .partition(|n| metadata_scale::is_metadata_workload(n));
+    if device_workloads.is_empty() && !metadata.is_empty() {
+        return run_metadata_only(opts, &metadata, progress);
+    }
+    let selected = workload::select(&device_workloads)?;
     let timing = Timing {
         warmup: warmup_for(opts.runtime),
         runtime: opts.runtime,
     };
     let _signals = SignalGuard::install();
     let needs: Vec<DeviceNeed> = selected.iter().map(|w| w.kind.needs()).collect();
-    progress.set_length(selected.iter().map(|w| steps(w)).sum());
+    progress.set_length(
+        selected.iter().map(|w| steps(w)).sum::<u64>() + metadata_scale::steps(&metadata),
+    );
     progress.set_message("setting up devices");
     let bed = Testbed::prepare(opts, &needs, progress)?;
     let mut report = BenchReport {
@@ -201,6 +216,7 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
         results: Vec::new(),
         skipped: Vec::new(),
         notes: bed.notes.clone(),
+        metadata_scale: Vec::new(),
     };
     if selected.iter().any(|w| matches!(w.kind, Kind::Direct(_))) {
         report.notes.push(
@@ -217,6 +233,15 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
         for w in &selected {
             run_workload(w, &bed, opts, timing, progress, &mut report)?;
         }
+        if !metadata.is_empty() {
+            report.metadata_scale = metadata_scale::run(
+                &metadata,
+                &metadata_scale::image_dir(),
+                opts.backend,
+                opts.runtime,
+                progress,
+            )?;
+        }
         Ok(())
     })();
     progress.set_message("tearing down");
@@ -225,13 +250,58 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
         .notes
         .extend(problems.into_iter().map(|p| format!("teardown: {p}")));
     outcome?;
+    write_json(opts, &report)?;
+    Ok(report)
+}
+
+/// Runs only metadata workloads: they need no bed (no zram, loop device or
+/// its lock), just image files in RAM.
+fn run_metadata_only(
+    opts: &BenchOptions,
+    names: &[String],
+    progress: &dyn Progress,
+) -> Result<BenchReport, BenchError> {
+    let _signals = SignalGuard::install();
+    progress.set_length(metadata_scale::steps(names));
+    let dir = metadata_scale::image_dir();
+    let results = metadata_scale::run(names, &dir, opts.backend, opts.runtime, progress)?;
+    let report = BenchReport {
+        machine: Machine {
+            kernel: report::kernel_release(),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_bytes: report::memory_bytes(),
+            device: format!("sparse image files in {}", dir.display()),
+            device_kind: BedKind::ImageFile.label().into(),
+            logical_block_size: 0,
+            backend: results
+                .first()
+                .map_or_else(String::new, |r| r.backend.clone()),
+            devices: Vec::new(),
+        },
+        settings: Settings {
+            runtime_s: opts.runtime.as_secs_f64(),
+            warmup_s: 0.0,
+            queue_model: "metadata-scale: one reader thread, one synchronous 4 KiB direct \
+                          read at a time"
+                .into(),
+        },
+        results: Vec::new(),
+        skipped: Vec::new(),
+        notes: Vec::new(),
+        metadata_scale: results,
+    };
+    write_json(opts, &report)?;
+    Ok(report)
+}
+
+fn write_json(opts: &BenchOptions, report: &BenchReport) -> Result<(), BenchError> {
     if let Some(path) = &opts.json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| BenchError::io("encode JSON report", std::io::Error::other(e)))?;
         std::fs::write(path, text + "\n")
             .map_err(|e| BenchError::io(format!("write {}", path.display()), e))?;
     }
-    Ok(report)
+    Ok(())
 }
 
 fn machine(bed: &Testbed) -> Machine {

@@ -55,5 +55,6 @@ pub fn report(results: Vec<BenchResult>) -> BenchReport {
         results,
         skipped: Vec::new(),
         notes: Vec::new(),
+        metadata_scale: Vec::new(),
     }
 }

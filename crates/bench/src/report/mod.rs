@@ -18,6 +18,9 @@ pub struct BenchReport {
     pub skipped: Vec<Skipped>,
     /// How the bed was chosen, teardown problems, and other remarks.
     pub notes: Vec<String>,
+    /// The `metadata-scale` workloads, one entry per extent count.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metadata_scale: Vec<crate::MetadataScaleResult>,
 }
 
 /// Where the run happened.

@@ -107,8 +107,11 @@ pub fn render_table(report: &BenchReport) -> String {
     header(&mut out, report);
     let direct: Vec<&BenchResult> = report.results.iter().filter(|r| !is_buffered(r)).collect();
     let buffered: Vec<&BenchResult> = report.results.iter().filter(|r| is_buffered(r)).collect();
-    if !direct.is_empty() || buffered.is_empty() {
+    if !direct.is_empty() || (buffered.is_empty() && report.metadata_scale.is_empty()) {
         direct_table(&mut out, &direct);
+    }
+    if !report.metadata_scale.is_empty() {
+        metadata_table(&mut out, &report.metadata_scale);
     }
     if !buffered.is_empty() {
         buffered_table(&mut out, &buffered);
@@ -134,6 +137,59 @@ pub fn render_table(report: &BenchReport) -> String {
         }
     }
     out
+}
+
+/// The `metadata-scale` rows: one per extent count.
+fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
+    let ms = |ns: u64| format!("{:.2} ms", ns as f64 / 1e6);
+    let us = |ns: u64| format!("{:.0} µs", ns as f64 / 1e3);
+    let _ = writeln!(
+        out,
+        "\n{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "metadata workload",
+        "extents",
+        "build",
+        "ckpt med",
+        "ckpt max",
+        "mount",
+        "max RSS",
+        "p99 quiet",
+        "p99.9 q",
+        "max quiet",
+        "p99 ckpt",
+        "p99.9 c",
+        "max ckpt",
+        "max/p99q"
+    );
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>5} MiB {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1}×",
+            r.workload,
+            r.extents,
+            r.build,
+            ms(r.checkpoint_median_ns),
+            ms(r.checkpoint_max_ns),
+            ms(r.mount_ns),
+            r.max_rss_bytes >> 20,
+            us(r.quiet_read_p99_ns),
+            us(r.quiet_read_p999_ns),
+            us(r.quiet_read_max_ns),
+            us(r.checkpointing_read_p99_ns),
+            us(r.checkpointing_read_p999_ns),
+            us(r.checkpointing_read_max_ns),
+            r.worst_over_quiet_p99,
+        );
+    }
+    let _ = writeln!(
+        out,
+        "(reads: one thread of 4 KiB direct reads of random extents, quiet = nothing else \
+         running, ckpt = while checkpoints run back to back ({} during the window of the last \
+         row); max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
+         the quiet max shows what preemption alone costs); max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
+        rows.last().map_or(0, |r| r.checkpoints_during_reads),
+        rows.last().map_or(0.0, |r| r.build_ns as f64 / 1e9),
+    );
 }
 
 fn header(out: &mut String, report: &BenchReport) {

@@ -1,0 +1,439 @@
+//! The `metadata-scale` workloads: how checkpoints and mount behave as the
+//! metadata of one file grows (issue 13).
+//!
+//! For each extent count N, a fresh volume on a sparse image file in RAM
+//! (tmpfs, so device time stays small next to the metadata's) gets one file
+//! with N extents: every other 4 KiB block is written, so no two extents
+//! are contiguous in the file and none merge. Then, measured:
+//! - checkpoint time: [`CHECKPOINTS_TIMED`] checkpoints back to back;
+//! - 4 KiB direct reads of random written blocks from one thread, for the
+//!   runtime, once with nothing else running ("quiet") and once while the
+//!   main thread runs checkpoints back to back ("checkpointing"): p99 and
+//!   worst latency of each. A checkpoint that holds the metadata lock
+//!   across its encoding and write shows as a worst read as long as the
+//!   checkpoint;
+//! - mount time after a clean unmount;
+//! - the process's max RSS (`ru_maxrss`) after the size is done. It is a
+//!   high-water mark of the whole run, so sizes run smallest first.
+//!
+//! `metadata-scale-10m` builds its ten million extents with `fallocate`
+//! (unwritten extents, one per other block) instead of writes: 40 GiB of
+//! written data would not fit a RAM-backed image on most machines. Its
+//! reads land on unwritten blocks, which read as zeros without device I/O.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use blockdev::{AlignedBuf, BlockDevice};
+use iomapfs_fs::{FiemapKind, OpenFlags, Volume};
+use serde::{Deserialize, Serialize};
+
+use crate::histogram::Histogram;
+use crate::interrupt::stop_requested;
+use crate::target::{alignment_of, format_and_mount, mount, open_device};
+use crate::workload::Rng;
+use crate::{Backend, BenchError, Progress};
+
+/// Size of every block written and read.
+const BLOCK: u64 = 4096;
+/// Checkpoints whose time is reported (the median and the longest).
+const CHECKPOINTS_TIMED: usize = 5;
+/// Checkpoints a checkpointing window runs at least, however short the
+/// runtime.
+const MIN_CHECKPOINTS_DURING_READS: usize = 3;
+/// The file the extents are built in.
+const FILE: &str = "/extents.dat";
+
+/// How the extents of a size are made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Build {
+    /// 4 KiB direct writes to every other block.
+    Write,
+    /// `fallocate` of every other block (unwritten extents, no data I/O).
+    Fallocate,
+}
+
+/// One `metadata-scale` workload: the extent counts it measures, in order.
+struct Spec {
+    name: &'static str,
+    summary: &'static str,
+    sizes: &'static [(u64, Build)],
+}
+
+const SPECS: &[Spec] = &[
+    Spec {
+        name: "metadata-scale",
+        summary: "one file with 100k then 1M extents (every other 4 KiB block written): \
+                  checkpoint and mount time, max RSS, p99/worst 4 KiB read with and without \
+                  checkpoints running (not in the default set)",
+        sizes: &[(100_000, Build::Write), (1_000_000, Build::Write)],
+    },
+    Spec {
+        name: "metadata-scale-10m",
+        summary: "metadata-scale at 10M extents, built with fallocate (unwritten extents; \
+                  not in the default set)",
+        sizes: &[(10_000_000, Build::Fallocate)],
+    },
+];
+
+/// Names and summaries, for `--help`.
+pub fn workloads() -> impl Iterator<Item = (&'static str, &'static str)> {
+    SPECS.iter().map(|s| (s.name, s.summary))
+}
+
+/// Whether `name` is one of these workloads.
+pub fn is_metadata_workload(name: &str) -> bool {
+    SPECS.iter().any(|s| s.name == name)
+}
+
+/// What one extent count measured. Times in nanoseconds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct MetadataScaleResult {
+    pub workload: String,
+    pub extents: u64,
+    /// "write" or "fallocate".
+    pub build: String,
+    pub build_ns: u64,
+    pub checkpoint_median_ns: u64,
+    pub checkpoint_max_ns: u64,
+    pub mount_ns: u64,
+    /// `ru_maxrss` of the process after this size, in bytes.
+    pub max_rss_bytes: u64,
+    pub quiet_reads: u64,
+    pub quiet_read_p99_ns: u64,
+    pub quiet_read_p999_ns: u64,
+    pub quiet_read_max_ns: u64,
+    pub checkpointing_reads: u64,
+    pub checkpointing_read_p99_ns: u64,
+    pub checkpointing_read_p999_ns: u64,
+    pub checkpointing_read_max_ns: u64,
+    /// Checkpoints completed during the checkpointing window.
+    pub checkpoints_during_reads: u64,
+    /// `checkpointing_read_max_ns / quiet_read_p99_ns` (issue 13's goal: ≤ 2).
+    pub worst_over_quiet_p99: f64,
+    pub device: String,
+    pub backend: String,
+}
+
+/// Runs the named metadata workloads, smallest first, on image files in
+/// `dir` (removed again). `runtime` is each read window's length.
+pub fn run(
+    names: &[String],
+    dir: &Path,
+    backend: Backend,
+    runtime: Duration,
+    progress: &dyn Progress,
+) -> Result<Vec<MetadataScaleResult>, BenchError> {
+    let mut results = Vec::new();
+    for spec in SPECS.iter().filter(|s| names.iter().any(|n| n == s.name)) {
+        for &(extents, build) in spec.sizes {
+            let path = dir.join(format!("{}-{extents}.img", spec.name));
+            let say = |what: &str| {
+                progress.set_message(&format!("{} · {extents} extents: {what}", spec.name))
+            };
+            let result = run_size(&path, extents, build, backend, runtime, &say);
+            let removed = std::fs::remove_file(&path);
+            let mut r = result?;
+            removed.map_err(|e| BenchError::io(format!("remove {}", path.display()), e))?;
+            r.workload = spec.name.into();
+            results.push(r);
+            progress.inc(1);
+        }
+    }
+    Ok(results)
+}
+
+/// Steps (sizes) the named workloads take, for the progress bar.
+pub fn steps(names: &[String]) -> u64 {
+    SPECS
+        .iter()
+        .filter(|s| names.iter().any(|n| n == s.name))
+        .map(|s| s.sizes.len() as u64)
+        .sum()
+}
+
+/// A device twice the span the file covers plus room for the metadata
+/// regions: sparse, so only what is written takes memory.
+fn device_bytes(extents: u64) -> u64 {
+    const GIB: u64 = 1 << 30;
+    (extents * 2 * BLOCK * 2 + 2 * GIB).next_multiple_of(GIB)
+}
+
+fn run_size(
+    path: &Path,
+    extents: u64,
+    build: Build,
+    backend: Backend,
+    runtime: Duration,
+    say: &dyn Fn(&str),
+) -> Result<MetadataScaleResult, BenchError> {
+    let image = std::fs::File::create(path)
+        .map_err(|e| BenchError::io(format!("create {}", path.display()), e))?;
+    image
+        .set_len(device_bytes(extents))
+        .map_err(|e| BenchError::io(format!("size {}", path.display()), e))?;
+    drop(image);
+    let (dev, choice) = open_device(path, backend)?;
+    let vol = format_and_mount(dev.clone())?;
+
+    say("building the extents");
+    let started = Instant::now();
+    build_extents(&vol, &dev, extents, build)?;
+    let build_ns = started.elapsed().as_nanos() as u64;
+
+    say("timing checkpoints");
+    let mut times = Vec::with_capacity(CHECKPOINTS_TIMED);
+    for _ in 0..CHECKPOINTS_TIMED {
+        times.push(timed_checkpoint(&vol)?);
+    }
+    times.sort_unstable();
+
+    say("reads, quiet");
+    let (quiet, _) = reads_while(&vol, &dev, extents, runtime, false)?;
+    say("reads, checkpoints running");
+    let (busy, checkpoints) = reads_while(&vol, &dev, extents, runtime, true)?;
+
+    say("unmount and mount");
+    vol.unmount()
+        .map_err(|e| BenchError::fs("iomapfs unmount", e))?;
+    let started = Instant::now();
+    let vol = mount(dev.clone())?;
+    let mount_ns = started.elapsed().as_nanos() as u64;
+    check_extents(&vol, extents)?;
+    vol.unmount()
+        .map_err(|e| BenchError::fs("iomapfs unmount", e))?;
+
+    let quiet_p99 = quiet.quantile(0.99);
+    let busy_max = busy.max().unwrap_or(0);
+    Ok(MetadataScaleResult {
+        workload: String::new(),
+        extents,
+        build: match build {
+            Build::Write => "write",
+            Build::Fallocate => "fallocate",
+        }
+        .into(),
+        build_ns,
+        checkpoint_median_ns: times[times.len() / 2],
+        checkpoint_max_ns: *times.last().expect("timed at least one"),
+        mount_ns,
+        max_rss_bytes: max_rss_bytes(),
+        quiet_reads: quiet.count(),
+        quiet_read_p99_ns: quiet_p99,
+        quiet_read_p999_ns: quiet.quantile(0.999),
+        quiet_read_max_ns: quiet.max().unwrap_or(0),
+        checkpointing_reads: busy.count(),
+        checkpointing_read_p99_ns: busy.quantile(0.99),
+        checkpointing_read_p999_ns: busy.quantile(0.999),
+        checkpointing_read_max_ns: busy_max,
+        checkpoints_during_reads: checkpoints,
+        worst_over_quiet_p99: busy_max as f64 / quiet_p99.max(1) as f64,
+        device: format!(
+            "{} (sparse image file, {} bytes)",
+            path.display(),
+            dev.caps().size_bytes
+        ),
+        backend: choice.backend.as_str().into(),
+    })
+}
+
+fn direct_flags() -> OpenFlags {
+    OpenFlags {
+        direct: true,
+        ..OpenFlags::default()
+    }
+}
+
+/// Makes `extents` one-block extents at every other block of [`FILE`],
+/// then commits and checkpoints.
+fn build_extents(
+    vol: &Volume,
+    dev: &Arc<dyn BlockDevice>,
+    extents: u64,
+    build: Build,
+) -> Result<(), BenchError> {
+    let file = vol
+        .open_file(
+            FILE,
+            OpenFlags {
+                create: true,
+                ..direct_flags()
+            },
+        )
+        .map_err(|e| BenchError::fs("iomapfs create", e))?;
+    let mut buf = AlignedBuf::new(BLOCK as usize, alignment_of(&**dev))
+        .map_err(|e| BenchError::setup("write buffer", e.to_string()))?;
+    let mut rng = Rng::new(extents);
+    for i in 0..extents {
+        if i % 4096 == 0 && stop_requested() {
+            return Err(BenchError::Interrupted);
+        }
+        let offset = i * 2 * BLOCK;
+        match build {
+            Build::Write => {
+                rng.fill(&mut buf[..8]);
+                file.pwrite(&buf, offset)
+                    .map(drop)
+                    .map_err(|e| BenchError::fs("iomapfs build write", e))?;
+            }
+            Build::Fallocate => file
+                .fallocate(offset, BLOCK, false)
+                .map_err(|e| BenchError::fs("iomapfs build fallocate", e))?,
+        }
+    }
+    file.fsync()
+        .map_err(|e| BenchError::fs("iomapfs build fsync", e))?;
+    vol.checkpoint()
+        .map_err(|e| BenchError::fs("iomapfs checkpoint", e))?;
+    check_extents(vol, extents)
+}
+
+/// Fails unless [`FILE`] has exactly `extents` extents (none merged).
+fn check_extents(vol: &Volume, extents: u64) -> Result<(), BenchError> {
+    let file = vol
+        .open_file(FILE, direct_flags())
+        .map_err(|e| BenchError::fs("iomapfs open", e))?;
+    let map = file
+        .fiemap()
+        .map_err(|e| BenchError::fs("iomapfs fiemap", e))?;
+    let mapped = map.iter().filter(|e| e.kind != FiemapKind::Hole).count() as u64;
+    if mapped != extents {
+        return Err(BenchError::failed(
+            "metadata-scale",
+            format!("{FILE} has {mapped} extents, not {extents}"),
+        ));
+    }
+    Ok(())
+}
+
+fn timed_checkpoint(vol: &Volume) -> Result<u64, BenchError> {
+    let started = Instant::now();
+    vol.checkpoint()
+        .map_err(|e| BenchError::fs("iomapfs checkpoint", e))?;
+    Ok(started.elapsed().as_nanos() as u64)
+}
+
+/// 4 KiB direct reads of random extents from one thread for `runtime`;
+/// with `checkpointing`, this thread runs checkpoints back to back
+/// meanwhile (at least [`MIN_CHECKPOINTS_DURING_READS`], the window
+/// stretching to cover them). Returns the read latencies and the
+/// checkpoints run.
+fn reads_while(
+    vol: &Volume,
+    dev: &Arc<dyn BlockDevice>,
+    extents: u64,
+    runtime: Duration,
+    checkpointing: bool,
+) -> Result<(Histogram, u64), BenchError> {
+    let done = AtomicBool::new(false);
+    let align = alignment_of(&**dev);
+    std::thread::scope(|s| {
+        let reader = s.spawn(|| -> Result<Histogram, BenchError> {
+            let file = vol
+                .open_file(FILE, direct_flags())
+                .map_err(|e| BenchError::fs("iomapfs open", e))?;
+            let mut buf = AlignedBuf::new(BLOCK as usize, align)
+                .map_err(|e| BenchError::setup("read buffer", e.to_string()))?;
+            let mut rng = Rng::new(0x5ca1e ^ extents);
+            let mut hist = Histogram::new();
+            while !done.load(Ordering::Acquire) {
+                let offset = rng.below(extents) * 2 * BLOCK;
+                let started = Instant::now();
+                let n = file
+                    .pread(&mut buf, offset)
+                    .map_err(|e| BenchError::fs("iomapfs read", e))?;
+                hist.record(started.elapsed().as_nanos() as u64);
+                if n != BLOCK as usize {
+                    return Err(BenchError::failed(
+                        "iomapfs read",
+                        format!("short read: {n} bytes at {offset}"),
+                    ));
+                }
+            }
+            Ok(hist)
+        });
+        let started = Instant::now();
+        let mut checkpoints = 0u64;
+        let mut outcome = Ok(());
+        while started.elapsed() < runtime
+            || (checkpointing && checkpoints < MIN_CHECKPOINTS_DURING_READS as u64)
+        {
+            if stop_requested() {
+                outcome = Err(BenchError::Interrupted);
+                break;
+            }
+            if reader.is_finished() {
+                break;
+            }
+            if checkpointing {
+                if let Err(e) = vol.checkpoint() {
+                    outcome = Err(BenchError::fs("iomapfs checkpoint", e));
+                    break;
+                }
+                checkpoints += 1;
+            } else {
+                std::thread::park_timeout(Duration::from_millis(10));
+            }
+        }
+        done.store(true, Ordering::Release);
+        let hist = reader
+            .join()
+            .map_err(|_| BenchError::failed("metadata-scale", "the reader thread panicked"))??;
+        outcome.map(|()| (hist, checkpoints))
+    })
+}
+
+/// The process's peak resident set so far.
+fn max_rss_bytes() -> u64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage writes a `rusage` into the pointer we pass, which
+    // points to one of that type; RUSAGE_SELF is a valid `who`.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    if rc != 0 {
+        return 0;
+    }
+    // SAFETY: getrusage returned 0, so it filled the struct (and it was
+    // zeroed before in any case).
+    let usage = unsafe { usage.assume_init() };
+    // Linux reports kilobytes.
+    (usage.ru_maxrss as u64).saturating_mul(1024)
+}
+
+/// A directory in RAM for the images: `/dev/shm` when it is tmpfs, else
+/// the temporary directory.
+pub fn image_dir() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_size_fits_its_device_with_room_for_metadata() {
+        for spec in SPECS {
+            for &(extents, _) in spec.sizes {
+                let span = extents * 2 * BLOCK;
+                assert!(device_bytes(extents) >= 2 * span + (1 << 30), "{extents}");
+            }
+        }
+    }
+
+    #[test]
+    fn names_are_known_and_steps_count_sizes() {
+        assert!(is_metadata_workload("metadata-scale"));
+        assert!(!is_metadata_workload("randread-4k-qd1"));
+        assert_eq!(steps(&["metadata-scale".into()]), 2);
+        assert_eq!(
+            steps(&["metadata-scale".into(), "metadata-scale-10m".into()]),
+            3
+        );
+    }
+}
