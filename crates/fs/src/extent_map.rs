@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use crate::types::{Extent, ExtentState};
 
@@ -42,8 +43,10 @@ pub enum Lookup {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtentMap {
     block_size: u64,
-    /// Keyed by `Extent::file_off`.
-    map: BTreeMap<u64, Extent>,
+    /// Keyed by `Extent::file_off`. Shared copy-on-write: cloning the map
+    /// (a checkpoint's snapshot) is O(1); the first change after a clone
+    /// copies this file's extents once (see `tree_mut`).
+    map: Arc<BTreeMap<u64, Extent>>,
     /// Kept as a running sum because `stat` and space accounting ask for it
     /// often and a file may have many extents.
     allocated: u64,
@@ -59,7 +62,7 @@ impl ExtentMap {
         assert!(block_size > 0, "extent map: block size must not be 0");
         ExtentMap {
             block_size: u64::from(block_size),
-            map: BTreeMap::new(),
+            map: Arc::new(BTreeMap::new()),
             allocated: 0,
         }
     }
@@ -89,7 +92,7 @@ impl ExtentMap {
             }
             prev_end = e.file_end();
             m.allocated += e.len;
-            m.map.insert(e.file_off, e);
+            m.tree_mut().insert(e.file_off, e);
         }
         Ok(m)
     }
@@ -169,7 +172,7 @@ impl ExtentMap {
                 describe(e)
             ));
         }
-        self.map.insert(ext.file_off, ext);
+        self.tree_mut().insert(ext.file_off, ext);
         self.allocated += ext.len;
         let mut at = ext.file_off;
         if let Some((&prev, _)) = self.map.range(..ext.file_off).next_back() {
@@ -216,7 +219,7 @@ impl ExtentMap {
             }
         }
         let mut converted = 0;
-        for e in self.map.range_mut(off..end).map(|(_, e)| e) {
+        for e in self.tree_mut().range_mut(off..end).map(|(_, e)| e) {
             if e.state == ExtentState::Unwritten {
                 e.state = ExtentState::Written;
                 converted += e.len;
@@ -248,7 +251,7 @@ impl ExtentMap {
         self.split_at(end);
         let keys: Vec<u64> = self.map.range(off..end).map(|(&k, _)| k).collect();
         for k in keys {
-            if let Some(e) = self.map.remove(&k) {
+            if let Some(e) = self.tree_mut().remove(&k) {
                 self.allocated -= e.len;
                 freed.push((e.addr, e.len));
             }
@@ -290,6 +293,11 @@ impl ExtentMap {
             ));
         }
         Ok(())
+    }
+
+    /// The tree, to change: copied first if a snapshot still shares it.
+    fn tree_mut(&mut self) -> &mut BTreeMap<u64, Extent> {
+        Arc::make_mut(&mut self.map)
     }
 
     fn aligned(&self, x: u64) -> bool {
@@ -341,7 +349,7 @@ impl ExtentMap {
 
     /// Makes `pos` an extent boundary, if an extent straddles it.
     fn split_at(&mut self, pos: u64) {
-        let Some((&k, e)) = self.map.range_mut(..pos).next_back() else {
+        let Some((&k, &e)) = self.map.range(..pos).next_back() else {
             return;
         };
         if e.file_end() <= pos {
@@ -354,8 +362,11 @@ impl ExtentMap {
             addr: e.addr + head,
             state: e.state,
         };
-        e.len = head;
-        self.map.insert(pos, tail);
+        let tree = self.tree_mut();
+        if let Some(e) = tree.get_mut(&k) {
+            e.len = head;
+        }
+        tree.insert(pos, tail);
     }
 
     /// Merges the extent at `key` with the next one if they continue each
@@ -375,8 +386,9 @@ impl ExtentMap {
         if cur.file_end() != nk || cur.addr_end() != next.addr || cur.state != next.state {
             return false;
         }
-        self.map.remove(&nk);
-        if let Some(e) = self.map.get_mut(&key) {
+        let tree = self.tree_mut();
+        tree.remove(&nk);
+        if let Some(e) = tree.get_mut(&key) {
             e.len += next.len;
         }
         true

@@ -99,7 +99,7 @@ fn check_attributes(ino: Ino, inode: &InodeState, report: &mut FsckReport) {
         ));
     }
     let mut bytes = 0usize;
-    for (name, value) in &inode.xattrs {
+    for (name, value) in inode.xattrs.iter() {
         report.xattrs += 1;
         bytes += name.len() + value.len();
         if let Err(reason) = codec::check_xattr_name(name) {
@@ -144,7 +144,7 @@ fn check_state(state: &MetaState, report: &mut FsckReport) {
                         .problems
                         .push(format!("directory {ino}: has data extents"));
                 }
-                for (name, child) in &inode.entries {
+                for (name, child) in inode.entries.iter() {
                     if state.inodes.contains_key(child) {
                         *names.entry(*child).or_default() += 1;
                     } else {

@@ -8,8 +8,9 @@
 //! Locking (always taken in this order, never the reverse):
 //! 1. an inode's I/O lock ([`iomap::InodeIoLock`]), held across data I/O;
 //! 2. `commit` — the journal writer; held across journal and checkpoint I/O;
-//! 3. `meta` — the in-memory metadata; held briefly, never across data I/O
-//!    (a checkpoint holds it across its own write so the image is consistent).
+//! 3. `meta` — the in-memory metadata; held briefly, never across I/O (a
+//!    checkpoint holds it only to clone the copy-on-write state, then
+//!    encodes and writes the clone without it).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

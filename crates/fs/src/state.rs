@@ -7,13 +7,14 @@
 //! what the live path did.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::codec;
 use crate::extent_map::ExtentMap;
 use crate::limits::{MAX_FILE_SIZE, MAX_INO, MAX_LINKS, MAX_XATTR_BYTES_PER_INODE};
 use crate::types::{
-    DirEntryImage, Extent, FileKind, Ino, InoMap, InodeAttrs, InodeImage, MetaImage, Record,
-    Timestamp, XattrImage, MODE_PERMISSION_BITS, ROOT_INO,
+    DirEntryImage, Extent, FileKind, Ino, InoMap, InodeAttrs, InodeImage, InodeTable, MetaImage,
+    Record, Timestamp, XattrImage, MODE_PERMISSION_BITS, ROOT_INO,
 };
 
 /// Encoded bytes a checkpoint spends per inode, extent and directory entry
@@ -35,8 +36,10 @@ pub struct InodeState {
     pub size: u64,
     pub attrs: InodeAttrs,
     pub extents: ExtentMap,
-    pub entries: BTreeMap<String, Ino>,
-    pub xattrs: BTreeMap<String, Vec<u8>>,
+    /// Shared copy-on-write (like the extent map), so that a snapshot of a
+    /// large directory costs nothing until the directory changes.
+    pub entries: Arc<BTreeMap<String, Ino>>,
+    pub xattrs: Arc<BTreeMap<String, Vec<u8>>>,
     /// A symlink's target; empty for other kinds.
     pub target: Vec<u8>,
     /// For a directory, the directory holding its one entry (the root is
@@ -79,7 +82,7 @@ impl InodeState {
 pub struct MetaState {
     pub block_size: u32,
     pub next_ino: Ino,
-    pub inodes: InoMap<InodeState>,
+    pub inodes: InodeTable<InodeState>,
     /// Encoded size of the checkpoint image's inodes, kept incrementally.
     image_bytes: u64,
 }
@@ -94,7 +97,7 @@ pub const ROOT_MODE: u32 = 0o755;
 impl MetaState {
     /// An empty file system: just the root directory, owned by `uid`/`gid`.
     pub fn new_empty(block_size: u32, now: Timestamp, uid: u32, gid: u32) -> MetaState {
-        let mut inodes = InoMap::default();
+        let mut inodes = InodeTable::default();
         inodes.insert(
             ROOT_INO,
             InodeState {
@@ -104,8 +107,8 @@ impl MetaState {
                 size: 0,
                 attrs: InodeAttrs::new(ROOT_MODE, uid, gid, now),
                 extents: ExtentMap::new(block_size),
-                entries: BTreeMap::new(),
-                xattrs: BTreeMap::new(),
+                entries: Arc::default(),
+                xattrs: Arc::default(),
                 target: Vec::new(),
                 parent: ROOT_INO,
                 subdirs: 0,
@@ -123,7 +126,7 @@ impl MetaState {
 
     /// Loads a checkpoint image, validating what the image alone can tell.
     pub fn from_image(image: &MetaImage, block_size: u32) -> Result<MetaState, ApplyError> {
-        let mut inodes = InoMap::with_capacity_and_hasher(image.inodes.len(), Default::default());
+        let mut inodes = InodeTable::default();
         for img in &image.inodes {
             if img.ino == 0 || img.ino >= image.next_ino {
                 return Err(format!(
@@ -155,8 +158,8 @@ impl MetaState {
                 size: img.size,
                 attrs: img.attrs,
                 extents,
-                entries,
-                xattrs,
+                entries: Arc::new(entries),
+                xattrs: Arc::new(xattrs),
                 target: img.target.clone(),
                 parent: 0,
                 subdirs: 0,
@@ -188,7 +191,7 @@ impl MetaState {
     fn rebuild_parents(&mut self) -> Result<(), ApplyError> {
         let mut parents: Vec<(Ino, Ino)> = Vec::new();
         for dir in self.inodes.values() {
-            for (name, &child) in &dir.entries {
+            for (name, &child) in dir.entries.iter() {
                 match self.inodes.get(&child) {
                     None => {
                         return Err(format!(
@@ -201,10 +204,10 @@ impl MetaState {
                 }
             }
         }
-        for inode in self.inodes.values_mut() {
+        for (_, inode) in self.inodes.iter_mut() {
             inode.parent = if inode.ino == ROOT_INO { ROOT_INO } else { 0 };
         }
-        for inode in self.inodes.values_mut() {
+        for (_, inode) in self.inodes.iter_mut() {
             inode.subdirs = 0;
         }
         for (child, parent) in parents {
@@ -395,7 +398,7 @@ impl MetaState {
                         "inode {ino}: xattrs would take {total} bytes, more than {MAX_XATTR_BYTES_PER_INODE}"
                     ));
                 }
-                inode.xattrs.insert(name.clone(), value.clone());
+                Arc::make_mut(&mut inode.xattrs).insert(name.clone(), value.clone());
                 inode.attrs.ctime = *ctime;
                 // Old bytes out before new bytes in: a shorter value must not
                 // underflow (it did, with overflow checks on).
@@ -407,7 +410,7 @@ impl MetaState {
             }
             Record::RemoveXattr { ino, name, ctime } => {
                 let inode = self.inode_mut(*ino)?;
-                let Some(value) = inode.xattrs.remove(name) else {
+                let Some(value) = Arc::make_mut(&mut inode.xattrs).remove(name) else {
                     return Err(format!("inode {ino}: no xattr {name:?} to remove"));
                 };
                 inode.attrs.ctime = *ctime;
@@ -655,8 +658,8 @@ impl MetaState {
             size: 0,
             attrs: *attrs,
             extents: ExtentMap::new(self.block_size),
-            entries: BTreeMap::new(),
-            xattrs: BTreeMap::new(),
+            entries: Arc::default(),
+            xattrs: Arc::default(),
             target: target.to_vec(),
             parent: if kind == FileKind::Directory {
                 parent
@@ -668,7 +671,7 @@ impl MetaState {
         self.image_bytes += inode.image_bytes() + IMAGE_BYTES_PER_ENTRY + name.len() as u64;
         self.inodes.insert(ino, inode);
         let dir = self.inodes.get_mut(&parent).expect("checked above");
-        dir.entries.insert(name.to_string(), ino);
+        Arc::make_mut(&mut dir.entries).insert(name.to_string(), ino);
         if kind == FileKind::Directory {
             dir.subdirs += 1;
         }
@@ -702,7 +705,7 @@ impl MetaState {
         self.inodes
             .get_mut(&parent)
             .expect("checked above")
-            .entries
+            .entries_mut()
             .remove(name);
         self.touch_dir(parent, time);
         let is_dir = self.inodes[&child].kind == FileKind::Directory;
@@ -750,7 +753,7 @@ impl MetaState {
         self.inodes
             .get_mut(&parent)
             .expect("checked above")
-            .entries
+            .entries_mut()
             .insert(name.to_string(), ino);
         self.touch_dir(parent, time);
         let inode = self.inodes.get_mut(&ino).expect("checked above");
@@ -796,12 +799,12 @@ impl MetaState {
         self.inodes
             .get_mut(&src_parent)
             .expect("checked above")
-            .entries
+            .entries_mut()
             .remove(src_name);
         self.inodes
             .get_mut(&dst_parent)
             .expect("checked above")
-            .entries
+            .entries_mut()
             .insert(dst_name.to_string(), src);
         self.touch_dir(src_parent, time);
         self.touch_dir(dst_parent, time);
@@ -854,12 +857,12 @@ impl MetaState {
         self.inodes
             .get_mut(&src_parent)
             .expect("checked above")
-            .entries
+            .entries_mut()
             .insert(src_name.to_string(), dst);
         self.inodes
             .get_mut(&dst_parent)
             .expect("checked above")
-            .entries
+            .entries_mut()
             .insert(dst_name.to_string(), src);
         self.touch_dir(src_parent, time);
         self.touch_dir(dst_parent, time);
@@ -926,6 +929,12 @@ impl MetaState {
 }
 
 impl InodeState {
+    /// The directory entries, to change: copied first if a snapshot still
+    /// shares them.
+    fn entries_mut(&mut self) -> &mut BTreeMap<String, Ino> {
+        Arc::make_mut(&mut self.entries)
+    }
+
     /// A data change at `ns` (write completion, size change, punch): mtime
     /// and ctime both move.
     fn set_data_changed(&mut self, ns: u64) {

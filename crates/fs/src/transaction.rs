@@ -9,7 +9,7 @@
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::journal::JournalWriter;
-use crate::mount_state::{CommitState, Meta, VolumeInner};
+use crate::mount_state::{CommitState, VolumeInner};
 use crate::{Error, Result};
 
 impl VolumeInner {
@@ -75,25 +75,49 @@ impl VolumeInner {
 
     fn checkpoint_locked(&self, commit: &mut CommitState) -> Result<()> {
         self.check_live()?;
-        let mut meta = self.meta.write();
-        let result = self.write_checkpoint(commit, &mut meta);
+        let result = self.write_checkpoint(commit);
         if let Err(err) = &result {
             self.shut_down(err);
         }
         result
     }
 
-    fn write_checkpoint(&self, commit: &mut CommitState, meta: &mut Meta) -> Result<()> {
+    /// Takes a snapshot of the metadata under the metadata lock, then
+    /// flushes, encodes and writes it with the lock released, so reads,
+    /// overwrites and allocating writes go on meanwhile.
+    ///
+    /// The snapshot is a clone of [`crate::state::MetaState`], O(1) because
+    /// the inode table and each inode's maps are copy-on-write: the lock is
+    /// held for a time that does not grow with the metadata. Changes made
+    /// while the checkpoint is written stay pending with sequence numbers
+    /// from the snapshot's `next_seq` on, which is exactly where the new
+    /// checkpoint's journal starts, so the next commit journals them after
+    /// it; space they free stays busy until then (`mark_committed` below
+    /// releases only what the snapshot covers). The commit lock, held by the
+    /// caller, keeps the journal still meanwhile.
+    fn write_checkpoint(&self, commit: &mut CommitState) -> Result<()> {
+        let (snapshot, journal_seq) = {
+            let mut meta = self.meta.write();
+            // The snapshot holds every record applied so far.
+            meta.pending.clear();
+            meta.pending_bytes = 0;
+            (meta.state.clone(), meta.next_seq)
+        };
+        // After the snapshot, so it covers the data of every write whose
+        // completion the snapshot records.
         self.dev
             .flush()
             .map_err(|e| Error::device("checkpoint: flush", e))?;
         let ckpt = Checkpoint {
             generation: commit.generation + 1,
             journal_start: commit.journal.head(),
-            journal_seq: meta.next_seq,
+            journal_seq,
             journal_chain: commit.journal.chain(),
-            image: meta.state.to_image(),
+            image: snapshot.to_image(),
         };
+        // Dropped before the write: while it lives, each change copies what
+        // it touches.
+        drop(snapshot);
         let slot = 1 - commit.slot;
         checkpoint::write_checkpoint(&*self.dev, &self.sb, slot, &ckpt)?;
         commit.slot = slot;
@@ -104,10 +128,7 @@ impl VolumeInner {
             ckpt.journal_seq,
             ckpt.journal_chain,
         );
-        meta.pending.clear();
-        meta.pending_bytes = 0;
-        let last_seq = meta.next_seq - 1;
-        meta.mark_committed(last_seq);
+        self.meta.write().mark_committed(journal_seq - 1);
         Ok(())
     }
 }

@@ -346,3 +346,15 @@ impl std::hash::Hasher for InoHasher {
 
 /// A map keyed by inode number.
 pub type InoMap<V> = std::collections::HashMap<Ino, V, std::hash::BuildHasherDefault<InoHasher>>;
+
+/// The inode table: a persistent (copy-on-write) hash map keyed by inode
+/// number. Cloning it is O(1), which is what lets a checkpoint take its
+/// snapshot under the metadata lock in a time that does not grow with the
+/// metadata; a change after the clone copies only the path to the inode it
+/// changes. Lookups allocate nothing.
+pub type InodeTable<V> = imbl::GenericHashMap<
+    Ino,
+    V,
+    std::hash::BuildHasherDefault<InoHasher>,
+    imbl::shared_ptr::DefaultSharedPtr,
+>;
