@@ -127,6 +127,59 @@ fn extension_after_crash_zeroes_stale_tail_of_eof_block() {
     );
 }
 
+/// power_cut.rs seed 1755934452553282436 (policies suite): a buffered DSYNC
+/// write past EOF zeroes, in the cache, the old EOF block's tail (where a
+/// write whose size change a crash lost left its bytes), but wrote back only
+/// its own range — whose completion raised the on-disk size over that
+/// still-dirty tail. A power cut after the DSYNC write returned then showed
+/// the lost write's bytes inside the file (invariants 1 and 4).
+#[test]
+fn dsync_buffered_extension_writes_back_the_zeroed_eof_gap() {
+    use common::dev::{cut, dynd, format, marked_device, CutPolicy};
+    let mem = marked_device(8 * MIB, false);
+    format(dynd(&mem));
+    let vol = Volume::open(dynd(&mem)).unwrap();
+    let f = create(&vol, "/f", true);
+    f.pwrite(&[0xAAu8; 1024], 0).unwrap();
+    f.fsync().unwrap();
+    // Past EOF inside the written block 0: the bytes land in place; the
+    // size change stays an uncommitted journal record.
+    f.pwrite(&[0xBBu8; 3072], 1024).unwrap();
+    let crashed = Arc::new(cut(&mem, CutPolicy::KeepEverything));
+    drop((f, vol));
+
+    let vol = Volume::open(dynd(&crashed)).unwrap();
+    let dsync = OpenFlags {
+        dsync: true,
+        ..OpenFlags::default()
+    };
+    let f = vol.open_file("/f", dsync).unwrap();
+    assert_eq!(
+        f.stat().unwrap().size,
+        1024,
+        "the crash kept the size change"
+    );
+    f.pwrite(&[0xCCu8; 10], 8192).unwrap();
+    // Only what was flushed survives: the DSYNC write made size 8202 durable.
+    let after_cut = Arc::new(cut(&crashed, CutPolicy::KeepNothing));
+    drop((f, vol));
+
+    let vol = Volume::open(dynd(&after_cut)).unwrap();
+    let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+    assert_eq!(f.stat().unwrap().size, 8202, "DSYNC write lost");
+    let mut got = vec![0u8; 8202];
+    assert_eq!(f.pread(&mut got, 0).unwrap(), 8202);
+    let mut want = vec![0u8; 8202];
+    want[..1024].fill(0xAA);
+    want[8192..].fill(0xCC);
+    if let Some(i) = got.iter().zip(&want).position(|(g, w)| g != w) {
+        panic!(
+            "after the cut, byte {i} is {:#04x}, want {:#04x} (0xbb: the lost write's stale bytes in the EOF gap)",
+            got[i], want[i]
+        );
+    }
+}
+
 // ---- hostile metadata with valid checksums (hostile.rs, semantic cases) ----
 
 use iomapfs_fs::checkpoint::{other_slot, read_newest_checkpoint, write_checkpoint, Checkpoint};

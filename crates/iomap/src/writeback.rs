@@ -38,9 +38,10 @@ use crate::{
     WriteSync,
 };
 
-/// Writes back the dirty blocks of `file` in `[from, to)` and waits for
-/// them. Returns what the writes did (for the durability of O_DSYNC
-/// writes). Takes the inode's I/O lock shared: the caller must not hold it.
+/// Writes back the dirty blocks of `file` in `[from, to)` (from the
+/// on-disk EOF instead, when `from` is past it) and waits for them.
+/// Returns what the writes did (for the durability of O_DSYNC writes).
+/// Takes the inode's I/O lock shared: the caller must not hold it.
 pub fn write_back<F: IomapFile>(
     file: &F,
     from: u64,
@@ -55,6 +56,11 @@ pub fn write_back<F: IomapFile>(
     // Stable while the shared lock is held: extending writes take it
     // exclusively.
     let eof = file.ops().size(file.inode())?;
+    // Completion raises the on-disk size to each folio's end, over every
+    // byte below it: a range past the on-disk EOF is written back from
+    // there, or dirty blocks before it (the zeroed tail of an old EOF
+    // block, say) would end up under the size unwritten (invariant 4).
+    let from = from.min(file.ops().disk_size(file.inode())?);
     let mut wb = Writeback {
         file,
         eof,
