@@ -372,3 +372,60 @@ fn replacing_an_xattr_with_a_shorter_value() {
     let again = Volume::open(dev).unwrap();
     assert_eq!(again.get_xattr(ino, "user.a").unwrap(), b"x");
 }
+
+/// Known bug, not fixed (reported): a failed writeback of the zeroed EOF
+/// gap leaves the block clean in the cache (as Linux does) while a later
+/// block's completion raises the on-disk size over it, so the stale bytes
+/// of a write a crash lost become file data — with no power cut, only one
+/// failed device write (invariants 1 and 6). Run with `--ignored`.
+#[test]
+#[ignore = "known bug: a failed EOF-gap writeback exposes stale bytes"]
+fn failed_writeback_of_the_eof_gap_never_exposes_stale_bytes() {
+    use blockdev::{FaultOp, FaultRule};
+    use common::dev::{cut, dynd, format, marked_device, CutPolicy};
+    let mem = marked_device(8 * MIB, false);
+    format(dynd(&mem));
+    let vol = Volume::open(dynd(&mem)).unwrap();
+    let f = create(&vol, "/f", true);
+    f.pwrite(&[0xAAu8; 1024], 0).unwrap();
+    f.fsync().unwrap();
+    // As in `dsync_buffered_extension_writes_back_the_zeroed_eof_gap`.
+    f.pwrite(&[0xBBu8; 3072], 1024).unwrap();
+    let crashed = Arc::new(cut(&mem, CutPolicy::KeepEverything));
+    drop((f, vol));
+
+    let vol = Volume::open(dynd(&crashed)).unwrap();
+    let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+    assert_eq!(
+        f.stat().unwrap().size,
+        1024,
+        "the crash kept the size change"
+    );
+    let block0 = f.fiemap().unwrap()[0].addr;
+    f.pwrite(&[0xCCu8; 10], 8192).unwrap();
+    crashed.inject(
+        FaultRule::new(FaultOp::Write)
+            .range(block0..block0 + 4096)
+            .count(1),
+    );
+    assert!(f.fsync().is_err(), "the failed writeback was not reported");
+    crashed.clear_faults();
+    drop(f);
+    vol.unmount().unwrap();
+
+    let vol = Volume::open(dynd(&crashed)).unwrap();
+    let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+    let size = f.stat().unwrap().size as usize;
+    let mut got = vec![0u8; size];
+    assert_eq!(f.pread(&mut got, 0).unwrap(), size);
+    if let Some(i) = got
+        .get(1024..size.min(8192))
+        .and_then(|gap| gap.iter().position(|&b| b != 0))
+    {
+        panic!(
+            "size {size}: byte {} is {:#04x} (0xbb: a lost write's stale bytes)",
+            i + 1024,
+            got[i + 1024]
+        );
+    }
+}
