@@ -8,7 +8,7 @@ use iomap::{EndIo, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, Iomap
 
 use crate::extent_map::Lookup;
 use crate::limits::EXTENTS_PER_HOLE_ESTIMATE;
-use crate::mount_state::{image_bytes_for_extents, now_ns, Meta, OpenInode, VolumeInner};
+use crate::mount_state::{image_bytes_for_extents, Meta, OpenInode, VolumeInner};
 use crate::types::{ExtentState, Ino, Record};
 use crate::{Error, Result};
 
@@ -314,12 +314,15 @@ impl IomapOps for VolumeInner {
             (align_down(pos, block), 0)
         };
         let mut meta = self.meta.write();
+        // The record carries the write's own time, if not logged yet;
+        // completing never sets a time of its own (see `write_times`).
+        let write_time = inode.take_write_time();
         meta.log(Record::CompleteWrite {
             ino: inode.ino,
             file_off,
             len: conv_len,
             min_size,
-            mtime_ns: now_ns(),
+            mtime_ns: write_time.map_or(0, |t| t.as_ns()),
         })?;
         Ok(())
     }

@@ -26,6 +26,7 @@ pub mod superblock;
 mod transaction;
 pub mod types;
 pub mod volume;
+mod write_times;
 mod xattr;
 
 pub use attributes::{SetAttr, TimeSet};

@@ -32,6 +32,10 @@ impl VolumeInner {
         self.check_live()?;
         let (records, last_seq) = {
             let mut meta = self.meta.write();
+            if !meta.pending.is_empty() {
+                // A batch is written anyway: pending write times ride along.
+                meta.log_write_times()?;
+            }
             meta.pending_bytes = 0;
             (std::mem::take(&mut meta.pending), meta.next_seq - 1)
         };
@@ -84,6 +88,7 @@ impl VolumeInner {
     }
 
     fn write_checkpoint(&self, commit: &mut CommitState, meta: &mut Meta) -> Result<()> {
+        meta.log_write_times()?;
         self.dev
             .flush()
             .map_err(|e| Error::device("checkpoint: flush", e))?;
