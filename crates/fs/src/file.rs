@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use blockdev::BlockDevice;
 use iomap::align::align_down;
-use iomap::{file_io, FlushCoalescer, InodeIoLock, IomapFile, IomapOps, Mapping, WriteSync};
+use iomap::{
+    file_io, FlushCoalescer, InodeIoLock, IomapFile, IomapKind, IomapOpFlags, IomapOps, Mapping,
+    WriteSync,
+};
 
 use crate::iomap_ops::allocate_holes;
 use crate::limits::MAX_FILE_SIZE;
@@ -80,6 +83,15 @@ impl Stat {
 pub enum FiemapKind {
     Data,
     Unwritten,
+    Hole,
+}
+
+/// What `lseek` looks for from an offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeekFor {
+    /// `SEEK_DATA`
+    Data,
+    /// `SEEK_HOLE`
     Hole,
 }
 
@@ -406,6 +418,30 @@ impl File {
             });
         }
         Ok(self.vol.stat_locked(&meta, self.inode.ino))
+    }
+
+    /// `lseek(SEEK_DATA)` or `lseek(SEEK_HOLE)` from `offset`: the first
+    /// offset at or after it that is data, or a hole (EOF counts as one).
+    /// `None` (ENXIO) when `offset` is at or past EOF, or no data follows
+    /// it. Data is written or unwritten space and buffered data not placed
+    /// yet (a delayed allocation): answered from the mapping alone, so
+    /// nothing is written back or flushed, and a writeback error stays for
+    /// `fsync` to report.
+    pub fn seek(&self, offset: u64, to: SeekFor) -> Result<Option<u64>> {
+        self.vol.check_live()?;
+        let size = self.size()?;
+        let mut pos = offset;
+        while pos < size {
+            let map = self
+                .vol
+                .begin(&self.inode, pos, size - pos, IomapOpFlags::empty())
+                .map_err(|e| self.at(pos, e))?;
+            if (map.kind != IomapKind::Hole) == (to == SeekFor::Data) {
+                return Ok(Some(pos));
+            }
+            pos = map.end();
+        }
+        Ok((to == SeekFor::Hole && offset < size).then_some(size))
     }
 
     /// The file's map from 0 to EOF (and unwritten space beyond it):

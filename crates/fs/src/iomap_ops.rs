@@ -118,12 +118,17 @@ fn is_written_before(inode: &crate::state::InodeState, pos: u64, len: u64, limit
 }
 
 /// The answer for a hole in the extent map at `pos` (ending by `end`): a
-/// delayed allocation where a buffered write reserved it, else a hole.
-/// Both read as zeros.
+/// delayed allocation where a buffered write reserved it, else a hole up
+/// to the next reservation. Both read as zeros; only a hole has no data
+/// (`lseek(SEEK_HOLE)` goes by it).
 fn hole_or_delalloc(meta: &Meta, ino: Ino, pos: u64, end: u64) -> Iomap {
     let (kind, end) = match meta.delalloc_end(ino, pos) {
         Some(d) => (IomapKind::Delalloc, end.min(d)),
-        None => (IomapKind::Hole, end),
+        None => (
+            IomapKind::Hole,
+            meta.delalloc_start_after(ino, pos)
+                .map_or(end, |d| end.min(d)),
+        ),
     };
     Iomap {
         offset: pos,
