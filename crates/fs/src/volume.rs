@@ -296,6 +296,13 @@ impl Volume {
         committed
     }
 
+    /// Makes every name and attribute change durable (`fsync` of a
+    /// directory): one journal commit. Writes back no file's cached data,
+    /// and leaves the writeback errors of closed files for [`Volume::sync`].
+    pub fn sync_metadata(&self) -> Result<()> {
+        self.inner.commit()
+    }
+
     /// Writes back every file's cached data and drops every clean cached
     /// folio (as `echo 3 > /proc/sys/vm/drop_caches` does for the kernel's
     /// page cache): later reads go to the device. The memory stays with

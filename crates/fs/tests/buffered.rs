@@ -514,6 +514,25 @@ fn a_dsync_buffered_overwrite_takes_the_durable_write_path() {
 }
 
 #[test]
+fn sync_metadata_commits_names_and_writes_back_nothing() {
+    // A directory's fsync: its names become durable; files' cached data
+    // waits for their own fsync (or sync).
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    vol.mkdir("/d").unwrap();
+    let f = vol.open_file("/d/x", buffered()).unwrap();
+    f.pwrite(&pattern(3 * BLOCK as usize, 7), 0).unwrap();
+    vol.sync_metadata().unwrap();
+    assert!(vol.cache().dirty_bytes() > 0, "nothing written back");
+    let after = Volume::open(Arc::new(dev.power_cut(&mut |_| Survival::Lost))).unwrap();
+    assert_eq!(
+        after.stat("/d/x").unwrap().size,
+        0,
+        "the name, not the data"
+    );
+}
+
+#[test]
 fn data_of_a_closed_file_is_kept_until_written_back() {
     let dev = Arc::new(MemDevice::new(32 * MIB, 512));
     let vol = volume_on(&dev);

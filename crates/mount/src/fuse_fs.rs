@@ -594,8 +594,10 @@ impl Filesystem for IomapFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Names are journaled: a commit makes them durable (with the rest).
-        tri!(reply, self.vol.sync().map_err(errno));
+        // A directory is names and attributes, all journaled: a commit makes
+        // them durable. No writeback of files (a sync would write back the
+        // whole volume, and take the errors a later syncfs must report).
+        tri!(reply, self.vol.sync_metadata().map_err(errno));
         reply.ok();
     }
 
