@@ -69,6 +69,9 @@ impl IoQueue {
         buf: AlignedBuf,
         token: u64,
     ) -> std::result::Result<(), Refused> {
+        if let Err(e) = file.modified(offset, buf.len() as u64) {
+            return Err(Box::new((buf, file.at(offset, e))));
+        }
         self.engine.submit_write(file, offset, buf, token)
     }
 

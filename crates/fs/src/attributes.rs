@@ -50,7 +50,9 @@ impl VolumeInner {
         }
         let stat = {
             let mut meta = self.meta.write();
-            let attrs = meta.state.inode(ino).ok_or(Error::Stale { ino })?.attrs;
+            // A write's pending time is folded in first: an explicit
+            // mtime then replaces it, and a chmod keeps it.
+            let attrs = meta.take_attrs_in_core(ino).ok_or(Error::Stale { ino })?;
             let now = now();
             let time = |set: Option<TimeSet>, old: Timestamp| match set {
                 None => old,

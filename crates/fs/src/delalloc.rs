@@ -36,6 +36,13 @@ impl Meta {
         (pos < end).then_some(end)
     }
 
+    /// Where the first delalloc range starting after `pos` starts.
+    pub(crate) fn delalloc_start_after(&self, ino: Ino, pos: u64) -> Option<u64> {
+        let ranges = self.delalloc.get(&ino)?;
+        let (&start, _) = ranges.range(pos + 1..).next()?;
+        Some(start)
+    }
+
     /// Reserved bytes of `ino` inside `[start, end)`.
     pub(crate) fn delalloc_within(&self, ino: Ino, start: u64, end: u64) -> u64 {
         let Some(ranges) = self.delalloc.get(&ino) else {

@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use blockdev::BlockDevice;
 use iomap::align::align_down;
-use iomap::{file_io, FlushCoalescer, InodeIoLock, IomapFile, IomapOps, Mapping, WriteSync};
+use iomap::{
+    file_io, FlushCoalescer, InodeIoLock, IomapFile, IomapKind, IomapOpFlags, IomapOps, Mapping,
+    WriteSync,
+};
 
 use crate::iomap_ops::allocate_holes;
 use crate::limits::MAX_FILE_SIZE;
@@ -80,6 +83,15 @@ impl Stat {
 pub enum FiemapKind {
     Data,
     Unwritten,
+    Hole,
+}
+
+/// What `lseek` looks for from an offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeekFor {
+    /// `SEEK_DATA`
+    Data,
+    /// `SEEK_HOLE`
     Hole,
 }
 
@@ -202,24 +214,49 @@ impl File {
     /// first waits for the file's asynchronous requests in flight to be
     /// reaped: never call it from the thread that owns such requests.
     pub fn pwrite(&self, buf: &[u8], offset: u64) -> Result<usize> {
+        self.modified(offset, buf.len() as u64)
+            .map_err(|e| self.at(offset, e))?;
         file_io::write(self, offset, buf)
             .map(|_| buf.len())
             .map_err(|e| self.at(offset, e))
     }
 
+    /// A write of `len` bytes at `offset` is about to change the file (as
+    /// Linux's `file_modified` in a file system's write checks): its mtime
+    /// and ctime become now, in core (see [`crate::write_times`]). An
+    /// O_SYNC handle logs them at once, so that the write's own commit
+    /// makes them durable. A write of nothing changes nothing.
+    pub(crate) fn modified(&self, offset: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.check_writable(offset, len)?;
+        self.inode.stamp_write();
+        if self.flags.sync {
+            self.vol.log_write_time(&self.inode)?;
+        }
+        Ok(())
+    }
+
     /// Makes this file's data and metadata durable: writes back its cached
-    /// data and commits the journal (one commit covers every file). Reports
-    /// a writeback error of this file this handle has not seen yet, once,
-    /// whether this writeback or an earlier one met it.
+    /// data and commits the journal (one commit covers every file), its
+    /// times included. Reports a writeback error of this file this handle
+    /// has not seen yet, once, whether this writeback or an earlier one met
+    /// it.
     pub fn fsync(&self) -> Result<()> {
         self.vol.check_live().map_err(|e| self.at(0, e))?;
+        self.vol
+            .log_write_time(&self.inode)
+            .map_err(|e| self.at(0, e))?;
         file_io::fsync(self).map_err(|e| self.at(0, e))
     }
 
-    /// Makes this file's data and the metadata needed to read it durable
-    /// (as [`File::fsync`]: metadata commits are per volume).
+    /// Makes this file's data and the metadata needed to read it durable,
+    /// as [`File::fsync`] but without waiting for the times of writes (an
+    /// overwrite's `fdatasync` stays one device flush).
     pub fn fdatasync(&self) -> Result<()> {
-        self.fsync()
+        self.vol.check_live().map_err(|e| self.at(0, e))?;
+        file_io::fsync(self).map_err(|e| self.at(0, e))
     }
 
     /// Writes back and drops this file's cached folios before an operation
@@ -381,6 +418,30 @@ impl File {
             });
         }
         Ok(self.vol.stat_locked(&meta, self.inode.ino))
+    }
+
+    /// `lseek(SEEK_DATA)` or `lseek(SEEK_HOLE)` from `offset`: the first
+    /// offset at or after it that is data, or a hole (EOF counts as one).
+    /// `None` (ENXIO) when `offset` is at or past EOF, or no data follows
+    /// it. Data is written or unwritten space and buffered data not placed
+    /// yet (a delayed allocation): answered from the mapping alone, so
+    /// nothing is written back or flushed, and a writeback error stays for
+    /// `fsync` to report.
+    pub fn seek(&self, offset: u64, to: SeekFor) -> Result<Option<u64>> {
+        self.vol.check_live()?;
+        let size = self.size()?;
+        let mut pos = offset;
+        while pos < size {
+            let map = self
+                .vol
+                .begin(&self.inode, pos, size - pos, IomapOpFlags::empty())
+                .map_err(|e| self.at(pos, e))?;
+            if (map.kind != IomapKind::Hole) == (to == SeekFor::Data) {
+                return Ok(Some(pos));
+            }
+            pos = map.end();
+        }
+        Ok((to == SeekFor::Hole && offset < size).then_some(size))
     }
 
     /// The file's map from 0 to EOF (and unwritten space beyond it):

@@ -75,6 +75,11 @@ impl VolumeInner {
             // Kept, with no handle, until its data is written back.
             return;
         }
+        if !unlinked && self.check_live().is_ok() {
+            // `stat` finds a pending write time through the open inode,
+            // which goes now. Failure only loses the time (and shuts down).
+            let _ = meta.log_write_time(inode);
+        }
         meta.open.remove(&inode.ino);
         if unlinked && self.check_live().is_ok() {
             // Failure only leaves an orphan that the next mount frees.

@@ -8,7 +8,7 @@ use iomap::{EndIo, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, Iomap
 
 use crate::extent_map::Lookup;
 use crate::limits::EXTENTS_PER_HOLE_ESTIMATE;
-use crate::mount_state::{image_bytes_for_extents, now_ns, Meta, OpenInode, VolumeInner};
+use crate::mount_state::{image_bytes_for_extents, Meta, OpenInode, VolumeInner};
 use crate::types::{ExtentState, Ino, Record};
 use crate::{Error, Result};
 
@@ -118,12 +118,17 @@ fn is_written_before(inode: &crate::state::InodeState, pos: u64, len: u64, limit
 }
 
 /// The answer for a hole in the extent map at `pos` (ending by `end`): a
-/// delayed allocation where a buffered write reserved it, else a hole.
-/// Both read as zeros.
+/// delayed allocation where a buffered write reserved it, else a hole up
+/// to the next reservation. Both read as zeros; only a hole has no data
+/// (`lseek(SEEK_HOLE)` goes by it).
 fn hole_or_delalloc(meta: &Meta, ino: Ino, pos: u64, end: u64) -> Iomap {
     let (kind, end) = match meta.delalloc_end(ino, pos) {
         Some(d) => (IomapKind::Delalloc, end.min(d)),
-        None => (IomapKind::Hole, end),
+        None => (
+            IomapKind::Hole,
+            meta.delalloc_start_after(ino, pos)
+                .map_or(end, |d| end.min(d)),
+        ),
     };
     Iomap {
         offset: pos,
@@ -314,12 +319,15 @@ impl IomapOps for VolumeInner {
             (align_down(pos, block), 0)
         };
         let mut meta = self.meta.write();
+        // The record carries the write's own time, if not logged yet;
+        // completing never sets a time of its own (see `write_times`).
+        let write_time = inode.take_write_time();
         meta.log(Record::CompleteWrite {
             ino: inode.ino,
             file_off,
             len: conv_len,
             min_size,
-            mtime_ns: now_ns(),
+            mtime_ns: write_time.map_or(0, |t| t.as_ns()),
         })?;
         Ok(())
     }

@@ -26,11 +26,12 @@ pub mod superblock;
 mod transaction;
 pub mod types;
 pub mod volume;
+mod write_times;
 mod xattr;
 
 pub use attributes::{SetAttr, TimeSet};
 pub use error::{Error, Result};
-pub use file::{FiemapExtent, FiemapKind, File, OpenFlags, Stat};
+pub use file::{FiemapExtent, FiemapKind, File, OpenFlags, SeekFor, Stat};
 pub use namespace::{NewNode, RenameFlags};
 pub use types::{FileKind, Ino, Timestamp, ROOT_INO};
 pub use volume::{DirEntry, FormatOptions, MountOptions, StatFs, Volume};

@@ -12,7 +12,7 @@
 //!    checkpoint holds it only to clone the copy-on-write state, then
 //!    encodes and writes the clone without it).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -47,6 +47,11 @@ pub struct OpenInode {
     /// while in flight). Atomic so that cloning a handle per request takes
     /// no lock; reaching zero takes the metadata lock to close the inode.
     pub(crate) handles: AtomicUsize,
+    /// When the newest write not yet in the inode's logged attributes
+    /// happened (ns since the epoch; 0: none): its mtime and ctime, kept
+    /// here so that a write takes no metadata lock for them. See
+    /// [`crate::write_times`].
+    pub(crate) write_time_ns: AtomicU64,
 }
 
 impl OpenInode {
@@ -57,6 +62,7 @@ impl OpenInode {
             io_lock: InodeIoLock::new(),
             mapping: cache.new_mapping(),
             handles: AtomicUsize::new(0),
+            write_time_ns: AtomicU64::new(0),
         }
     }
 }
@@ -211,19 +217,21 @@ impl Meta {
         Some(self.size_in_core.get(&ino).map_or(disk, |&s| s.max(disk)))
     }
 
-    /// Keeps the in-memory-only state (delayed allocations, in-core sizes)
-    /// in step with a record just applied.
+    /// Keeps the in-memory-only state (delayed allocations, in-core sizes,
+    /// pending write times) in step with a record just applied.
     fn follow_record(&mut self, record: &Record) {
         let block = u64::from(self.state.block_size);
         match *record {
             Record::SetSize { ino, size, .. } => {
                 self.size_in_core.remove(&ino);
                 self.release_delalloc(ino, size.next_multiple_of(block), u64::MAX);
+                self.drop_write_time(ino);
             }
             Record::Punch {
                 ino, file_off, len, ..
             } => {
                 self.release_delalloc(ino, file_off, file_off + len);
+                self.drop_write_time(ino);
             }
             Record::FreeInode { ino } => {
                 self.size_in_core.remove(&ino);

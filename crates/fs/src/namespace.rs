@@ -519,7 +519,7 @@ impl VolumeInner {
             FileKind::Symlink => (inode.target.len() as u64, inode.nlink),
             _ => (meta.size_in_core(ino).unwrap_or(inode.size), inode.nlink),
         };
-        let a = &inode.attrs;
+        let a = meta.attrs_in_core(ino).unwrap_or(inode.attrs);
         Stat {
             ino,
             kind: inode.kind,

@@ -452,7 +452,9 @@ impl MetaState {
                     inode.extents.convert_written(*file_off, *len);
                 }
                 inode.size = inode.size.max(*min_size);
-                inode.set_data_changed(*mtime_ns);
+                if *mtime_ns != 0 {
+                    inode.set_data_changed(*mtime_ns);
+                }
                 let after = inode.extents.len();
                 self.adjust_extents(before, after);
                 Ok(())
@@ -935,12 +937,9 @@ impl InodeState {
         Arc::make_mut(&mut self.entries)
     }
 
-    /// A data change at `ns` (write completion, size change, punch): mtime
-    /// and ctime both move.
+    /// A data change at `ns` (a write, size change, punch).
     fn set_data_changed(&mut self, ns: u64) {
-        let t = Timestamp::from_ns(ns);
-        self.attrs.mtime = t;
-        self.attrs.ctime = t;
+        self.attrs.data_changed_at(Timestamp::from_ns(ns));
     }
 }
 

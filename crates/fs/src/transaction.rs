@@ -32,6 +32,10 @@ impl VolumeInner {
         self.check_live()?;
         let (records, last_seq) = {
             let mut meta = self.meta.write();
+            if !meta.pending.is_empty() {
+                // A batch is written anyway: pending write times ride along.
+                meta.log_write_times()?;
+            }
             meta.pending_bytes = 0;
             (std::mem::take(&mut meta.pending), meta.next_seq - 1)
         };
@@ -98,6 +102,8 @@ impl VolumeInner {
     fn write_checkpoint(&self, commit: &mut CommitState) -> Result<()> {
         let (snapshot, journal_seq) = {
             let mut meta = self.meta.write();
+            // Write times still in core go into the snapshot too.
+            meta.log_write_times()?;
             // The snapshot holds every record applied so far.
             meta.pending.clear();
             meta.pending_bytes = 0;

@@ -140,6 +140,15 @@ impl InodeAttrs {
             btime: now,
         }
     }
+
+    /// The data changed at `t` (a write, truncate, punch): mtime becomes
+    /// `t`, and ctime too unless a later change already moved it further
+    /// (a write's time can be logged after an xattr change that followed
+    /// it; see `write_times`).
+    pub fn data_changed_at(&mut self, t: Timestamp) {
+        self.mtime = t;
+        self.ctime = self.ctime.max(t);
+    }
 }
 
 /// Whether an extent's space holds file data yet.
@@ -299,7 +308,11 @@ pub enum Record {
     /// Completion of a write: unwritten space in `[file_off, file_off+len)`
     /// (block-aligned) becomes written, and the size becomes at least
     /// `min_size`. Here and in `SetSize` and `Punch`, `mtime_ns`
-    /// (nanoseconds since the epoch) sets both mtime and ctime.
+    /// (nanoseconds since the epoch) is when the data changed
+    /// ([`InodeAttrs::data_changed_at`]); in `CompleteWrite` that is the
+    /// time of the write, not of its completion, and 0 leaves the times
+    /// alone (the write's time was logged already, or replaced by an
+    /// explicit one).
     CompleteWrite {
         ino: Ino,
         file_off: u64,

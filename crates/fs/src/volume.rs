@@ -275,14 +275,15 @@ impl Volume {
     }
 
     /// Makes every change durable: writes back every file's cached data
-    /// and commits the journal. Reports the first writeback error met here
-    /// or, since the last `sync`, by background writeback of files closed
-    /// since.
+    /// and commits the journal, every file's times included. Reports the
+    /// first writeback error met here or, since the last `sync`, by
+    /// background writeback of files closed since.
     pub fn sync(&self) -> Result<()> {
         self.inner.check_live()?;
         let mut errors = self.inner.write_back_all(Pass::All);
         let lost = std::mem::take(&mut *self.inner.lost_writeback.lock());
-        let committed = self.inner.commit();
+        let logged = self.inner.meta.write().log_write_times();
+        let committed = logged.and_then(|()| self.inner.commit());
         if !errors.is_empty() {
             return Err(errors.swap_remove(0));
         }
@@ -293,6 +294,13 @@ impl Volume {
             }));
         }
         committed
+    }
+
+    /// Makes every name and attribute change durable (`fsync` of a
+    /// directory): one journal commit. Writes back no file's cached data,
+    /// and leaves the writeback errors of closed files for [`Volume::sync`].
+    pub fn sync_metadata(&self) -> Result<()> {
+        self.inner.commit()
     }
 
     /// Writes back every file's cached data and drops every clean cached

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use blockdev::{BlockDevice, FaultOp, FaultRule, MemDevice, RequestCounts, Survival};
 use iomap::{CacheConfig, IomapFile};
-use iomapfs_fs::{FormatOptions, MountOptions, OpenFlags, Volume};
+use iomapfs_fs::{FormatOptions, MountOptions, OpenFlags, SeekFor, Volume};
 
 const MIB: u64 = 1 << 20;
 const BLOCK: u64 = 4096;
@@ -282,6 +282,50 @@ fn a_writeback_error_reaches_each_handles_fsync_once() {
 }
 
 #[test]
+fn seek_data_and_hole_see_cached_writes_without_writing_back() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let d = vol.open_file("/f", direct()).unwrap();
+    d.pwrite(&pattern(2 * BLOCK as usize, 1), 0).unwrap();
+    // Cached, not placed yet: two delayed allocations with holes around.
+    let f = vol.open_file("/f", buffered()).unwrap();
+    f.pwrite(&[2; 10], 128 * BLOCK + 5).unwrap();
+    f.pwrite(&[3; 100], 256 * BLOCK).unwrap();
+    let size = 256 * BLOCK + 100;
+    let before = counts(&dev);
+    let (data, hole) = (SeekFor::Data, SeekFor::Hole);
+    for (offset, to, want) in [
+        (0, data, Some(0)),
+        (0, hole, Some(2 * BLOCK)),
+        (2 * BLOCK, data, Some(128 * BLOCK)),
+        (128 * BLOCK + 7, hole, Some(129 * BLOCK)),
+        (129 * BLOCK, data, Some(256 * BLOCK)),
+        (256 * BLOCK, hole, Some(size)),
+        (size - 1, data, Some(size - 1)),
+        (size, data, None),
+        (size, hole, None),
+    ] {
+        assert_eq!(f.seek(offset, to).unwrap(), want, "{to:?} from {offset}");
+    }
+    let delta = counts(&dev).since(&before);
+    assert_eq!(
+        (delta.reads, delta.writes, delta.flushes),
+        (0, 0, 0),
+        "{delta:?}"
+    );
+    // A writeback error stays for fsync to report.
+    let data_area = {
+        let sb = vol.superblock();
+        sb.layout.data.start..sb.layout.data.start + sb.layout.data.len
+    };
+    dev.inject(FaultRule::new(FaultOp::Write).range(data_area));
+    assert!(vol.sync().is_err());
+    dev.clear_faults();
+    assert_eq!(f.seek(0, data).unwrap(), Some(0));
+    assert_eq!(f.fsync().unwrap_err().errno(), libc::EIO);
+}
+
+#[test]
 fn direct_and_buffered_handles_always_agree() {
     let dev = Arc::new(MemDevice::new(32 * MIB, 512));
     let vol = volume_on(&dev);
@@ -467,6 +511,25 @@ fn a_dsync_buffered_overwrite_takes_the_durable_write_path() {
     let mut back = vec![0u8; BLOCK as usize];
     g.pread(&mut back, 2 * BLOCK).unwrap();
     assert!(back.iter().all(|&b| b == 4));
+}
+
+#[test]
+fn sync_metadata_commits_names_and_writes_back_nothing() {
+    // A directory's fsync: its names become durable; files' cached data
+    // waits for their own fsync (or sync).
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    vol.mkdir("/d").unwrap();
+    let f = vol.open_file("/d/x", buffered()).unwrap();
+    f.pwrite(&pattern(3 * BLOCK as usize, 7), 0).unwrap();
+    vol.sync_metadata().unwrap();
+    assert!(vol.cache().dirty_bytes() > 0, "nothing written back");
+    let after = Volume::open(Arc::new(dev.power_cut(&mut |_| Survival::Lost))).unwrap();
+    assert_eq!(
+        after.stat("/d/x").unwrap().size,
+        0,
+        "the name, not the data"
+    );
 }
 
 #[test]

@@ -30,8 +30,8 @@ use fuser::{
     ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use iomapfs_fs::{
-    DirEntry, Error, FiemapKind, File, FileKind, Ino, NewNode, OpenFlags, RenameFlags, SetAttr,
-    Stat, TimeSet, Timestamp, Volume, XattrSet,
+    DirEntry, Error, File, FileKind, Ino, NewNode, OpenFlags, RenameFlags, SeekFor, SetAttr, Stat,
+    TimeSet, Timestamp, Volume, XattrSet,
 };
 use parking_lot::RwLock;
 
@@ -594,8 +594,10 @@ impl Filesystem for IomapFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        // Names are journaled: a commit makes them durable (with the rest).
-        tri!(reply, self.vol.sync().map_err(errno));
+        // A directory is names and attributes, all journaled: a commit makes
+        // them durable. No writeback of files (a sync would write back the
+        // whole volume, and take the errors a later syncfs must report).
+        tri!(reply, self.vol.sync_metadata().map_err(errno));
         reply.ok();
     }
 
@@ -731,46 +733,19 @@ impl Filesystem for IomapFuse {
         reply: ReplyLseek,
     ) {
         let file = tri!(reply, self.file(fh));
-        let data = match whence {
-            libc::SEEK_DATA => true,
-            libc::SEEK_HOLE => false,
+        let to = match whence {
+            libc::SEEK_DATA => SeekFor::Data,
+            libc::SEEK_HOLE => SeekFor::Hole,
             _ => return reply.error(Errno::EINVAL),
         };
-        let to = tri!(reply, seek_data_or_hole(&file, offset, data));
-        reply.offset(to);
-    }
-}
-
-/// The answer to SEEK_DATA (`data`) or SEEK_HOLE from `offset`. Written
-/// and unwritten space both count as data (POSIX lets a file system report
-/// less of its holes); cached data not written back yet is written back
-/// first, so that it is not mistaken for a hole.
-fn seek_data_or_hole(file: &File, offset: i64, data: bool) -> Result<i64, Errno> {
-    file.fdatasync().map_err(errno)?;
-    let size = file.stat().map_err(errno)?.size;
-    let offset = u64::try_from(offset).map_err(|_| Errno::ENXIO)?;
-    if offset >= size {
-        return Err(Errno::ENXIO);
-    }
-    let map = file.fiemap().map_err(errno)?;
-    let is_data = |pos: u64| {
-        map.iter()
-            .find(|x| x.offset <= pos && pos < x.offset + x.length)
-            .is_some_and(|x| x.kind != FiemapKind::Hole)
-    };
-    if is_data(offset) == data {
-        return Ok(offset as i64);
-    }
-    // The next range boundary where the kind changes, below EOF.
-    for x in map.iter().filter(|x| x.offset > offset && x.offset < size) {
-        if (x.kind != FiemapKind::Hole) == data {
-            return Ok(x.offset as i64);
+        // No sync: cached data not written back yet is data already (it
+        // holds a delayed allocation), and an fdatasync here would take
+        // the handle's writeback error from its next fsync.
+        let offset = tri!(reply, u64::try_from(offset).map_err(|_| Errno::ENXIO));
+        match tri!(reply, file.seek(offset, to).map_err(errno)) {
+            Some(found) => reply.offset(found as i64),
+            None => reply.error(Errno::ENXIO),
         }
-    }
-    if data {
-        Err(Errno::ENXIO)
-    } else {
-        Ok(size as i64) // the virtual hole at EOF
     }
 }
 
