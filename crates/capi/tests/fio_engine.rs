@@ -44,7 +44,9 @@ fn engine() -> Option<PathBuf> {
 }
 
 struct Bed {
-    _dir: tempfile::TempDir,
+    /// Holds the image, and is fio's working directory: fio saves verify
+    /// state files (`local-*-verify.state`) there, not in the source tree.
+    dir: tempfile::TempDir,
     image: PathBuf,
     engine: PathBuf,
 }
@@ -59,17 +61,14 @@ impl Bed {
             .unwrap()
             .set_len(256 << 20)
             .unwrap();
-        Some(Bed {
-            _dir: dir,
-            image,
-            engine,
-        })
+        Some(Bed { dir, image, engine })
     }
 
     /// Runs fio with the engine on the volume and `args`; returns (exit
     /// success, stdout + stderr).
     fn fio(&self, args: &[&str]) -> (bool, String) {
         let out = Command::new("fio")
+            .current_dir(self.dir.path())
             .arg(format!("--ioengine=external:{}", self.engine.display()))
             .arg(format!("--iomapfs_volume={}", self.image.display()))
             .arg("--iomapfs_backend=sync")
