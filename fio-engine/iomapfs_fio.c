@@ -27,7 +27,8 @@
  * - fsync=/fdatasync= (and end_fsync, fsync_on_close): iomapfs_fsync /
  *   iomapfs_fdatasync, after the job's requests in flight are reaped;
  *   sync=dsync / sync=1: files opened O_DSYNC / O_SYNC; trim: punch hole;
- *   invalidate=1 on a buffered job drops the volume's clean cache at open.
+ *   invalidate=1 on a buffered job drops the file's clean cached data at
+ *   open (fadvise DONTNEED on a kernel file system).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -403,9 +404,10 @@ static int fio_iomapfs_open_file(struct thread_data *td, struct fio_file *f)
 	}
 	f->engine_data = file;
 	if (td->o.invalidate_cache && !td->o.odirect) {
-		err = iomapfs_drop_caches(d->m->vol);
+		/* As fio does on a kernel file system: fadvise(DONTNEED) of the file. */
+		err = iomapfs_file_drop_cache(file);
 		if (err) {
-			say_error(td, -err, "iomapfs_drop_caches (invalidate)");
+			say_error(td, -err, "iomapfs_file_drop_cache (invalidate)");
 			return 1;
 		}
 	}

@@ -179,6 +179,18 @@ typedef struct iomapfs_statfs {
   uint64_t inodes;
 } iomapfs_statfs;
 
+// What `iomapfs_volume_cache_info` reports: the page cache that
+// non-direct files read and write through.
+typedef struct iomapfs_cache_info {
+  // The cache's size (`iomapfs_volume_options.cache_bytes`, or the
+  // default).
+  uint64_t size_bytes;
+  // Bytes of file data cached now.
+  uint64_t used_bytes;
+  // Of those, bytes not yet written back.
+  uint64_t dirty_bytes;
+} iomapfs_cache_info;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -268,6 +280,22 @@ int iomapfs_truncate(struct iomapfs_file *file, uint64_t size);
 // `file` is an open file; `out` points to writable room for an
 // `iomapfs_stat`.
 int iomapfs_file_stat(struct iomapfs_file *file, struct iomapfs_stat *out);
+
+// Drops the file's clean cached data, as `posix_fadvise(POSIX_FADV_DONTNEED)`
+// does on Linux (fio's `invalidate=1`): later reads of it go to the
+// device. Dirty data stays cached until written back. Nothing to do for
+// a direct file with nothing cached.
+//
+// # Safety
+// `file` is an open file.
+int iomapfs_file_drop_cache(struct iomapfs_file *file);
+
+// Bytes of the file's data in the page cache now (clean or dirty), or
+// `-errno`.
+//
+// # Safety
+// `file` is an open file.
+int64_t iomapfs_file_cached_bytes(struct iomapfs_file *file);
 
 // Makes a queue of `depth` (1 to `IOMAPFS_MAX_QUEUE_DEPTH`) requests in
 // flight on `vol`; stores it in `*out` and returns 0, or `-errno`.
@@ -446,6 +474,13 @@ int iomapfs_path_stat(struct iomapfs_volume *vol, const char *path, struct iomap
 // `vol` is an open volume; `out` points to writable room for an
 // `iomapfs_statfs`.
 int iomapfs_volume_statfs(struct iomapfs_volume *vol, struct iomapfs_statfs *out);
+
+// The page cache's size and use into `*out`.
+//
+// # Safety
+// `vol` is an open volume; `out` points to writable room for an
+// `iomapfs_cache_info`.
+int iomapfs_volume_cache_info(struct iomapfs_volume *vol, struct iomapfs_cache_info *out);
 
 // Writes back every file's cached data and commits: everything done
 // before is durable when it returns 0.

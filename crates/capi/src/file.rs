@@ -4,6 +4,7 @@
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::Arc;
 
+use iomap::IomapFile;
 use iomapfs_fs::{File, OpenFlags};
 
 use crate::error::{guard_i64, guard_int, Failure, Outcome};
@@ -314,5 +315,37 @@ pub unsafe extern "C" fn iomapfs_file_stat(
         let st = f.file.stat().map_err(|e| Failure::fs(&e))?;
         stat_out(&st, out)?;
         Ok(0)
+    })
+}
+
+/// Drops the file's clean cached data, as `posix_fadvise(POSIX_FADV_DONTNEED)`
+/// does on Linux (fio's `invalidate=1`): later reads of it go to the
+/// device. Dirty data stays cached until written back. Nothing to do for
+/// a direct file with nothing cached.
+///
+/// # Safety
+/// `file` is an open file.
+#[no_mangle]
+pub unsafe extern "C" fn iomapfs_file_drop_cache(file: *mut iomapfs_file) -> c_int {
+    guard_int("iomapfs_file_drop_cache", || {
+        // SAFETY: the caller's contract above.
+        let f = unsafe { file_ref(file) }?;
+        f.file.mapping().drop_clean();
+        Ok(0)
+    })
+}
+
+/// Bytes of the file's data in the page cache now (clean or dirty), or
+/// `-errno`.
+///
+/// # Safety
+/// `file` is an open file.
+#[no_mangle]
+pub unsafe extern "C" fn iomapfs_file_cached_bytes(file: *mut iomapfs_file) -> i64 {
+    guard_i64("iomapfs_file_cached_bytes", || {
+        // SAFETY: the caller's contract above.
+        let f = unsafe { file_ref(file) }?;
+        let spans = f.file.mapping().folio_spans();
+        Ok(spans.iter().map(|&(_, len)| len as i64).sum())
     })
 }

@@ -74,6 +74,20 @@ pub struct iomapfs_statfs {
     pub inodes: u64,
 }
 
+/// What `iomapfs_volume_cache_info` reports: the page cache that
+/// non-direct files read and write through.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct iomapfs_cache_info {
+    /// The cache's size (`iomapfs_volume_options.cache_bytes`, or the
+    /// default).
+    pub size_bytes: u64,
+    /// Bytes of file data cached now.
+    pub used_bytes: u64,
+    /// Of those, bytes not yet written back.
+    pub dirty_bytes: u64,
+}
+
 /// A mounted volume.
 ///
 /// Thread-safety: every call taking an `iomapfs_volume *` may run
@@ -414,6 +428,35 @@ pub unsafe extern "C" fn iomapfs_volume_statfs(
                 inodes: s.inodes,
             })
         };
+        Ok(0)
+    })
+}
+
+/// The page cache's size and use into `*out`.
+///
+/// # Safety
+/// `vol` is an open volume; `out` points to writable room for an
+/// `iomapfs_cache_info`.
+#[no_mangle]
+pub unsafe extern "C" fn iomapfs_volume_cache_info(
+    vol: *mut iomapfs_volume,
+    out: *mut iomapfs_cache_info,
+) -> c_int {
+    guard_int("iomapfs_volume_cache_info", || {
+        // SAFETY: the caller's contract above.
+        let v = unsafe { volume(vol) }?;
+        if out.is_null() {
+            return Err(Failure::invalid("out is NULL"));
+        }
+        let cache = v.shared.vol.cache();
+        let info = iomapfs_cache_info {
+            size_bytes: cache.config().size_bytes,
+            used_bytes: cache.used_bytes(),
+            dirty_bytes: cache.dirty_bytes(),
+        };
+        // SAFETY: non-NULL; room for one iomapfs_cache_info per the
+        // contract.
+        unsafe { out.write(info) };
         Ok(0)
     })
 }

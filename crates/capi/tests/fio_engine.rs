@@ -201,6 +201,91 @@ fn buffered_jobs_with_fsync_and_dsync_jobs_with_fdatasync() {
 }
 
 #[test]
+fn verify_crc32c_passes_with_several_direct_and_buffered_jobs() {
+    let Some(bed) = Bed::new() else { return };
+    // No --filename: each job has a file of its own (fio's "name.job.0"),
+    // which fio writes, then reads back and checks.
+    for (name, direct, depth) in [("vd", "1", "16"), ("vb", "0", "16"), ("vs", "1", "1")] {
+        // Formatted by the first run only (each fio run is a process).
+        let mkfs = if name == "vd" { "1" } else { "0" };
+        let json = bed.fio_json(&[
+            "--thread",
+            &format!("--iomapfs_mkfs={mkfs}"),
+            &format!("--name={name}"),
+            "--numjobs=3",
+            "--size=4m",
+            "--rw=randwrite",
+            "--bs=4k",
+            &format!("--direct={direct}"),
+            &format!("--iodepth={depth}"),
+            "--verify=crc32c",
+            "--do_verify=1",
+        ]);
+        assert_eq!(ios(&json, "write"), 3 * 1024, "{name}");
+        assert_eq!(ios(&json, "read"), 3 * 1024, "{name}: every block verified");
+    }
+    let vol = bed.mount();
+    for name in ["vd", "vb", "vs"] {
+        for job in 0..3 {
+            assert_eq!(vol.stat(&format!("/{name}.{job}.0")).unwrap().size, 4 << 20);
+        }
+    }
+    vol.unmount().unwrap();
+}
+
+#[test]
+fn buffered_jobs_reach_the_device_with_dsync_fdatasync_and_at_unmount() {
+    let Some(bed) = Bed::new() else { return };
+    for (name, pattern, extra) in [
+        ("bd", "0x11", "--sync=dsync"),
+        ("bf", "0x22", "--fdatasync=8"),
+        ("bu", "0x33", "--end_fsync=0"),
+    ] {
+        let mkfs = if name == "bd" { "1" } else { "0" };
+        let json = bed.fio_json(&[
+            "--thread",
+            &format!("--iomapfs_mkfs={mkfs}"),
+            "--iomapfs_cache_size=32m",
+            &format!("--name={name}"),
+            &format!("--filename=/{name}"),
+            "--size=2m",
+            "--rw=write",
+            "--bs=16k",
+            "--direct=0",
+            &format!("--buffer_pattern={pattern}"),
+            extra,
+        ]);
+        assert_eq!(json["jobs"][0]["write"]["total_ios"], 128, "{name}");
+        if name == "bf" {
+            let syncs = json["jobs"][0]["sync"]["lat_ns"]["N"].as_u64().unwrap();
+            assert!(syncs >= 15, "an fdatasync every 8 writes: {syncs}");
+        }
+    }
+    // What the jobs wrote is on the device: read back after fio unmounted.
+    let vol = bed.mount();
+    for (name, byte) in [("/bd", 0x11u8), ("/bf", 0x22), ("/bu", 0x33)] {
+        let f = vol.open_file(name, OpenFlags::default()).unwrap();
+        let mut back = vec![0u8; 2 << 20];
+        assert_eq!(f.pread(&mut back, 0).unwrap(), 2 << 20, "{name}");
+        assert!(
+            back.iter().all(|&b| b == byte),
+            "{name}: the bytes fio wrote"
+        );
+    }
+    vol.unmount().unwrap();
+    // The cache size reaches the library, which checks it.
+    let (ok, text) = bed.fio(&[
+        "--thread",
+        "--iomapfs_cache_size=1m",
+        "--name=c",
+        "--filename=/bu",
+        "--size=2m",
+        "--rw=read",
+    ]);
+    assert!(!ok && text.contains("cache_bytes 1048576"), "{text}");
+}
+
+#[test]
 fn files_are_laid_out_as_fio_expects() {
     let Some(bed) = Bed::new() else { return };
     // allow_file_create=0 on a file that does not exist: fio's own error.

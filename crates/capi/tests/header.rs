@@ -64,6 +64,9 @@ fn header_declares_every_entry_point() {
         "iomapfs_queue_write",
         "iomapfs_queue_submit",
         "iomapfs_queue_reap",
+        "iomapfs_volume_cache_info",
+        "iomapfs_file_drop_cache",
+        "iomapfs_file_cached_bytes",
         "iomapfs_last_error",
     ] {
         assert!(header.contains(&format!(" {name}(")), "{name} missing");

@@ -176,6 +176,8 @@ static void test_errors(iomapfs_volume *vol, const char *dir)
     CHECK_ERR(iomapfs_volume_open(path, NULL, &v2), ENOENT, "does-not-exist.img");
     iomapfs_volume_options bad = { .backend = 9, .cache_bytes = 0 };
     CHECK_ERR(iomapfs_volume_open(path, &bad, &v2), EINVAL, "backend 9");
+    iomapfs_volume_options tiny = { .backend = 0, .cache_bytes = 4096 };
+    CHECK_ERR(iomapfs_volume_open(path, &tiny, &v2), EINVAL, "cache_bytes 4096");
     /* Not iomapfs: a zeroed image. */
     snprintf(path, sizeof path, "%s/zero.img", dir);
     make_image(path, 16 << 20);
@@ -183,6 +185,83 @@ static void test_errors(iomapfs_volume *vol, const char *dir)
     CHECK(v2 == NULL);
     /* Messages are per thread and name the function. */
     CHECK(strncmp(iomapfs_last_error(), "iomapfs_volume_open: ", 21) == 0);
+}
+
+/* Non-direct files go through the volume's page cache (its size is the
+ * volume option): writes leave dirty data there until fdatasync/fsync, or
+ * not at all through an O_DSYNC handle; queued requests on such a file
+ * go through the cache too. */
+static void test_buffered(iomapfs_volume *vol)
+{
+    iomapfs_cache_info ci;
+    iomapfs_file *f, *g;
+    CHECK(iomapfs_sync(vol) == 0);
+    CHECK(iomapfs_volume_cache_info(vol, &ci) == 0);
+    CHECK(ci.size_bytes == 16 << 20);
+    CHECK(ci.dirty_bytes == 0);
+    uint64_t used_before = ci.used_bytes;
+
+    CHECK(iomapfs_file_open(vol, "/buffered", IOMAPFS_O_CREAT, &f) == 0);
+    unsigned char out[3 * 4096 + 100], in[sizeof out];
+    pattern(out, sizeof out, 7);
+    CHECK(iomapfs_pwrite(f, out, sizeof out, 1000) == (int64_t)sizeof out);
+    CHECK(iomapfs_volume_cache_info(vol, &ci) == 0);
+    CHECK(ci.dirty_bytes >= sizeof out);
+    CHECK(ci.used_bytes >= used_before + sizeof out);
+    CHECK(iomapfs_pread(f, in, sizeof in, 1000) == (int64_t)sizeof in);
+    CHECK(memcmp(in, out, sizeof out) == 0);
+    CHECK(iomapfs_fdatasync(f) == 0);
+    CHECK(iomapfs_volume_cache_info(vol, &ci) == 0);
+    CHECK(ci.dirty_bytes == 0);
+    CHECK(ci.used_bytes >= used_before + sizeof out); /* still cached, clean */
+
+    CHECK(iomapfs_pwrite(f, out, 4096, 65536) == 4096);
+    CHECK(iomapfs_volume_cache_info(vol, &ci) == 0 && ci.dirty_bytes > 0);
+    CHECK(iomapfs_fsync(f) == 0);
+    CHECK(iomapfs_volume_cache_info(vol, &ci) == 0 && ci.dirty_bytes == 0);
+
+    /* O_DSYNC through the cache: durable, so clean, when the write returns. */
+    CHECK(iomapfs_file_open(vol, "/buffered", IOMAPFS_O_DSYNC, &g) == 0);
+    CHECK(iomapfs_pwrite(g, "dsync", 5, 30000) == 5);
+    CHECK(iomapfs_volume_cache_info(vol, &ci) == 0 && ci.dirty_bytes == 0);
+    CHECK(iomapfs_pread(f, in, 5, 30000) == 5 && memcmp(in, "dsync", 5) == 0);
+    CHECK(iomapfs_file_close(g) == 0);
+
+    /* Queued requests on a buffered file: through the cache, on the worker. */
+    iomapfs_queue *q;
+    iomapfs_completion c[2];
+    CHECK(iomapfs_queue_create(vol, 4, &q) == 0);
+    CHECK(iomapfs_queue_write(q, f, out, 4096, 8192, 7) == 0);
+    CHECK(iomapfs_queue_reap(q, 1, 2, c, -1) == 1);
+    CHECK(c[0].token == 7 && c[0].result == 4096);
+    CHECK(c[0].flags & IOMAPFS_COMPLETED_BY_WORKER);
+    CHECK(iomapfs_volume_cache_info(vol, &ci) == 0 && ci.dirty_bytes > 0);
+    memset(in, 0, sizeof in);
+    CHECK(iomapfs_queue_read(q, f, in, 4096, 8192, 8) == 0);
+    CHECK(iomapfs_queue_reap(q, 1, 2, c, -1) == 1);
+    CHECK(c[0].token == 8 && c[0].result == 4096 && memcmp(in, out, 4096) == 0);
+    CHECK(iomapfs_queue_destroy(q) == 0);
+
+    /* A file's drop_cache drops its clean data only (fadvise DONTNEED):
+     * the dirty folio stays, and nothing is written back. */
+    int64_t cached_before = iomapfs_file_cached_bytes(f);
+    CHECK(cached_before >= 4 * 4096); /* at least the four places written */
+    CHECK(iomapfs_volume_cache_info(vol, &ci) == 0);
+    uint64_t dirty = ci.dirty_bytes;
+    CHECK(iomapfs_file_drop_cache(f) == 0);
+    CHECK(iomapfs_volume_cache_info(vol, &ci) == 0 && ci.dirty_bytes == dirty);
+    int64_t cached = iomapfs_file_cached_bytes(f);
+    CHECK(cached > 0 && cached < cached_before);
+    CHECK(iomapfs_pread(f, in, 4096, 8192) == 4096 && memcmp(in, out, 4096) == 0);
+
+    /* The volume's drop_caches writes back and leaves nothing clean cached. */
+    CHECK(iomapfs_drop_caches(vol) == 0);
+    CHECK(iomapfs_volume_cache_info(vol, &ci) == 0 && ci.dirty_bytes == 0);
+    CHECK(iomapfs_file_cached_bytes(f) == 0);
+    CHECK(iomapfs_pread(f, in, 4096, 8192) == 4096 && memcmp(in, out, 4096) == 0);
+    CHECK(iomapfs_file_cached_bytes(f) > 0); /* read through the cache */
+    CHECK(iomapfs_file_close(f) == 0);
+    CHECK_ERR(iomapfs_volume_cache_info(vol, NULL), EINVAL, "out is NULL");
 }
 
 #define DEPTH 8
@@ -331,6 +410,7 @@ int main(int argc, char **argv)
     test_sync(vol);
     test_errors(vol, dir);
     test_async(vol);
+    test_buffered(vol);
     CHECK(iomapfs_volume_close(vol) == 0);
     CHECK_ERR(iomapfs_volume_close(vol), EBADF, "not an open iomapfs volume");
 
