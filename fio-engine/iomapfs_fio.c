@@ -163,8 +163,15 @@ static int backend_code(const char *name, uint32_t *out)
 	return 0;
 }
 
-/* The job's volume, mounted (and formatted, with iomapfs_mkfs=1) on first use. */
-static struct mounted *get_volume(struct thread_data *td)
+/*
+ * The job's volume, mounted (and formatted, with iomapfs_mkfs=1) on first
+ * use. With `hold`, the job holds it from here to put_volume() (counted in
+ * the same critical section that finds it: another job's last put may
+ * unmount and free it as soon as the lock is released). Without, the
+ * caller uses it only while nothing can unmount it: fio's setup in the
+ * main thread before any job runs, or a job thread that holds it already.
+ */
+static struct mounted *get_volume(struct thread_data *td, int hold)
 {
 	struct iomapfs_fio_options *o = td->eo;
 	iomapfs_volume_options vo = { 0 };
@@ -218,11 +225,13 @@ static struct mounted *get_volume(struct thread_data *td)
 	m->next = mounted_list;
 	mounted_list = m;
 out:
+	if (m && hold)
+		m->users++;
 	pthread_mutex_unlock(&mounted_lock);
 	return m;
 }
 
-/* Unmounts `m` if no job uses it. Call with mounted_lock held. */
+/* Unmounts `m` if no job holds it. Call with mounted_lock held. */
 static void put_volume_locked(struct mounted *m)
 {
 	struct mounted **p;
@@ -255,7 +264,7 @@ static const char *iomapfs_path(struct fio_file *f, char *buf, size_t len)
 
 static int fio_iomapfs_get_file_size(struct thread_data *td, struct fio_file *f)
 {
-	struct mounted *m = get_volume(td);
+	struct mounted *m = get_volume(td, 0);
 	iomapfs_stat st;
 	char path[PATH_MAX];
 	int err;
@@ -281,7 +290,7 @@ static int fio_iomapfs_get_file_size(struct thread_data *td, struct fio_file *f)
  */
 static int fio_iomapfs_prepopulate_file(struct thread_data *td, struct fio_file *f)
 {
-	struct mounted *m = get_volume(td);
+	struct mounted *m = get_volume(td, 0);
 	const uint64_t want = f->io_size + f->file_offset;
 	int new_layout, unlink_file, err, ret = 1;
 	iomapfs_file *file = NULL;
@@ -436,7 +445,7 @@ static int fio_iomapfs_close_file(struct thread_data *td, struct fio_file *f)
 
 static int fio_iomapfs_unlink_file(struct thread_data *td, struct fio_file *f)
 {
-	struct mounted *m = get_volume(td);
+	struct mounted *m = get_volume(td, 0);
 	char path[PATH_MAX];
 	int err;
 
@@ -610,8 +619,20 @@ static struct io_u *fio_iomapfs_event(struct thread_data *td, int event)
 	return d->events[event];
 }
 
+/* Ends the job's hold on `m` (from get_volume(td, 1)); the last unmounts. */
+static void put_volume(struct mounted *m)
+{
+	pthread_mutex_lock(&mounted_lock);
+	m->users--;
+	put_volume_locked(m);
+	pthread_mutex_unlock(&mounted_lock);
+}
+
+/* Frees the job's data and ends its hold on the volume. */
 static void free_data(struct iomapfs_data *d)
 {
+	if (d->m)
+		put_volume(d->m);
 	free(d->events);
 	free(d->comps);
 	free(d->stash);
@@ -622,14 +643,17 @@ static void free_data(struct iomapfs_data *d)
 static int fio_iomapfs_init(struct thread_data *td)
 {
 	struct iomapfs_data *d;
-	struct mounted *m = get_volume(td);
+	struct mounted *m = get_volume(td, 1);
 	int err;
 
 	if (!m)
 		return 1;
 	d = calloc(1, sizeof(*d));
-	if (!d)
+	if (!d) {
+		put_volume(m);
 		return 1;
+	}
+	d->m = m;
 	d->depth = td->o.iodepth ? td->o.iodepth : 1;
 	d->events = calloc(d->depth, sizeof(*d->events));
 	d->comps = calloc(d->depth, sizeof(*d->comps));
@@ -647,10 +671,6 @@ static int fio_iomapfs_init(struct thread_data *td)
 			return 1;
 		}
 	}
-	pthread_mutex_lock(&mounted_lock);
-	m->users++;
-	pthread_mutex_unlock(&mounted_lock);
-	d->m = m;
 	td->io_ops_data = d;
 	return 0;
 }
@@ -693,10 +713,6 @@ static void fio_iomapfs_cleanup(struct thread_data *td)
 		return;
 	if (d->q && (err = iomapfs_queue_destroy(d->q)))
 		log_err("iomapfs: iomapfs_queue_destroy: %s\n", iomapfs_last_error());
-	pthread_mutex_lock(&mounted_lock);
-	d->m->users--;
-	put_volume_locked(d->m);
-	pthread_mutex_unlock(&mounted_lock);
 	free_data(d);
 	td->io_ops_data = NULL;
 }

@@ -349,6 +349,38 @@ fn files_are_laid_out_as_fio_expects() {
     assert_eq!(ios(&json, "read"), 100);
 }
 
+/// Jobs that end at once (`create_only=1`: fio lays the file out and the
+/// jobs do no I/O) while others are still starting: the last job out
+/// unmounts the volume, and no job may touch it after. The engine once
+/// counted a job in only after looking the volume up, so a job ending in
+/// between freed it under the next (heap corruption, fio aborted in 5 of
+/// 6 runs of this).
+#[test]
+fn jobs_ending_while_others_start_never_use_a_freed_volume() {
+    let Some(bed) = Bed::new() else { return };
+    for run in 0..6 {
+        let mkfs = if run == 0 { "1" } else { "0" };
+        let (ok, text) = bed.fio(&[
+            "--thread",
+            &format!("--iomapfs_mkfs={mkfs}"),
+            "--name=c",
+            "--filename=/f",
+            "--size=8m",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--direct=1",
+            "--iodepth=16",
+            "--overwrite=1",
+            "--numjobs=8",
+            "--create_only=1",
+        ]);
+        assert!(ok, "run {run}: {text}");
+    }
+    let vol = bed.mount();
+    assert_eq!(vol.stat("/f").unwrap().size, 8 << 20, "laid out once");
+    vol.unmount().unwrap();
+}
+
 #[test]
 fn mistakes_get_clear_errors() {
     let Some(bed) = Bed::new() else { return };
