@@ -4,7 +4,8 @@
 //! against
 //! - `raw`: the device itself, fio's `io_uring` (or `psync`) engine;
 //! - `iomapfs`: a fresh volume on the device, through the fio engine
-//!   `iomapfs` (`fio-engine/`, `--ioengine=external:...`);
+//!   `iomapfs` (`fio-engine/`, `--ioengine=external:...`), on the backend
+//!   of the raw device's fio engine (io_uring, or sync for psync);
 //! - `xfs`, `ext4`: a file on the kernel file system made on the device,
 //!   fio's `io_uring` (or `psync`) engine (mkfs and mount: [`kernel`]).
 //!
@@ -34,7 +35,8 @@ use crate::{recorded, skip, span_for, Backend, BenchError, BenchOptions, Progres
 /// Said once in the report of a run with fio rows.
 pub const NOTE: &str = "fio rows (fio-*): every target measured by fio with the same job \
      line: raw (the device, fio io_uring or psync), iomapfs (the fio engine iomapfs on a fresh \
-     volume), xfs and ext4 (a file, fio io_uring or psync). Files are laid out by a separate \
+     volume, on iomapfs's io_uring backend for io_uring rows and its sync one for psync, as \
+     raw; at iodepth 1 it makes synchronous calls either way), xfs and ext4 (a file, fio io_uring or psync). Files are laid out by a separate \
      fio run first (create_only=1; raw: its span written once), and the measured run has no \
      ramp_time, so cpu µs/IO, the fio process's CPU time (wait4: all its threads, the \
      engine's completion worker and io_uring's io-wq workers too) per I/O, covers the I/Os \
@@ -296,6 +298,19 @@ fn measure(
     Ok(Measured::of(ran, vec![prepared]))
 }
 
+/// The iomapfs backend of a fio row: the raw device's I/O model, so the
+/// two run the same way: io_uring rows use iomapfs's io_uring queues
+/// (where a device takes no NOWAIT submission, such as zram, both punt to
+/// io_uring's workers alike), the psync row its synchronous calls. Jobs at
+/// `iodepth=1` make synchronous calls on either backend (the engine's
+/// pread/pwrite path).
+fn iomapfs_backend(engine: FioEngine) -> Backend {
+    match engine {
+        FioEngine::IoUring => Backend::Uring,
+        FioEngine::Psync => Backend::Sync,
+    }
+}
+
 fn ratio(x: f64, base: Option<f64>) -> Option<f64> {
     base.filter(|b| *b > 0.0).map(|b| x / b)
 }
@@ -346,7 +361,7 @@ pub fn run_workload(
         let target = FioTarget::Iomapfs {
             engine,
             device: dev.path.clone(),
-            backend: dev.backend.backend,
+            backend: iomapfs_backend(job.engine),
         };
         measure("iomapfs", w.name, job, &target, span, timing.runtime)
     });
@@ -364,7 +379,10 @@ pub fn run_workload(
         Err(why) => skip(report, w.name, "iomapfs", why),
         Ok(result) => {
             if let Some(m) = recorded(result, report, w.name, "iomapfs")? {
-                let backend = format!("fio engine iomapfs ({})", dev.backend.backend.as_str());
+                let backend = format!(
+                    "fio engine iomapfs ({})",
+                    iomapfs_backend(job.engine).as_str()
+                );
                 rows.push(("iomapfs", m, backend));
             }
         }
@@ -589,6 +607,19 @@ mod tests {
             );
         }
         assert_eq!(FIO_WORKLOADS.len(), cases.len());
+    }
+
+    #[test]
+    fn iomapfs_runs_on_the_raw_devices_io_model() {
+        for w in FIO_WORKLOADS {
+            let Kind::Fio(j) = w.kind else { panic!() };
+            let want = match j.engine {
+                FioEngine::IoUring => Backend::Uring,
+                FioEngine::Psync => Backend::Sync,
+            };
+            assert_eq!(iomapfs_backend(j.engine), want, "{}", w.name);
+        }
+        assert_eq!(job("fio-dsync-overwrite-4k-psync").engine, FioEngine::Psync);
     }
 
     #[test]
