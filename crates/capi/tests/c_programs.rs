@@ -3,8 +3,7 @@
 //! - `tests/c/test_api.c` on each backend (sync always; io_uring where the
 //!   kernel has it), and once under valgrind (memcheck: no error, no
 //!   definite leak), which checks the Rust side's memory use as well;
-//! - the README's example, `examples/example.c`, against the shared
-//!   library.
+//! - the README's C example (its ```c block) against the shared library.
 //!
 //! Without `cc` or valgrind these tests say why and pass, unless
 //! `IOMAPFS_REQUIRE_PRIVILEGED=1` (CI), which makes that a failure.
@@ -153,9 +152,17 @@ fn readme_example_builds_and_runs_against_the_shared_library() {
     if !have("cc") {
         return;
     }
+    let readme = std::fs::read_to_string(crate_dir().join("../../README.md")).unwrap();
+    let (_, after) = readme
+        .split_once("```c\n")
+        .expect("README.md has a ```c block");
+    let (code, _) = after.split_once("```").expect("the ```c block ends");
+    assert!(code.contains("iomapfs_queue_reap"), "not the C API example");
     let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("example.c");
+    std::fs::write(&source, code).unwrap();
     let exe = dir.path().join("example");
-    compile(&crate_dir().join("examples/example.c"), &exe, false);
+    compile(&source, &exe, false);
     let out = run(Command::new(&exe).arg(dir.path().join("vol.img")));
     assert!(
         out.contains("read 4096 bytes, first byte 7, token 7"),
