@@ -93,6 +93,14 @@
 // A directory.
 #define IOMAPFS_KIND_DIRECTORY 2
 
+// A symbolic link (made through the mount; this API reads only its
+// attributes).
+#define IOMAPFS_KIND_SYMLINK 3
+
+// A FIFO, socket, or character or block device node (made through the
+// mount): a name with attributes.
+#define IOMAPFS_KIND_SPECIAL 4
+
 // An open regular file.
 //
 // Thread-safety: like a file descriptor. Any number of threads may call

@@ -23,6 +23,12 @@ pub const IOMAPFS_BACKEND_URING: u32 = 2;
 pub const IOMAPFS_KIND_REGULAR: u32 = 1;
 /// A directory.
 pub const IOMAPFS_KIND_DIRECTORY: u32 = 2;
+/// A symbolic link (made through the mount; this API reads only its
+/// attributes).
+pub const IOMAPFS_KIND_SYMLINK: u32 = 3;
+/// A FIFO, socket, or character or block device node (made through the
+/// mount): a name with attributes.
+pub const IOMAPFS_KIND_SPECIAL: u32 = 4;
 
 /// How to open a volume. Zeroed (or NULL) means the defaults.
 #[repr(C)]
@@ -150,6 +156,10 @@ pub(crate) fn kind_code(kind: FileKind) -> u32 {
     match kind {
         FileKind::Regular => IOMAPFS_KIND_REGULAR,
         FileKind::Directory => IOMAPFS_KIND_DIRECTORY,
+        FileKind::Symlink => IOMAPFS_KIND_SYMLINK,
+        FileKind::Fifo | FileKind::Socket | FileKind::CharDevice | FileKind::BlockDevice => {
+            IOMAPFS_KIND_SPECIAL
+        }
     }
 }
 
@@ -165,7 +175,7 @@ pub(crate) fn stat_out(st: &Stat, out: *mut iomapfs_stat) -> Outcome<()> {
         allocated_bytes: st.allocated_bytes,
         block_size: st.block_size,
         extents: u32::try_from(st.extents).unwrap_or(u32::MAX),
-        mtime_ns: st.mtime_ns,
+        mtime_ns: st.mtime.as_ns(),
     };
     // SAFETY: non-NULL; the caller promises room for one iomapfs_stat.
     unsafe { out.write(c) };
