@@ -453,7 +453,7 @@ mod tests {
     fn pattern(name: &str) -> IoPattern {
         match select(&[name.to_string()]).unwrap()[0].kind {
             Kind::Direct(p) => p,
-            Kind::Buffered(_) => unreachable!(),
+            _ => unreachable!(),
         }
     }
 

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use crate::cpu::{self, CpuPerIoTime};
+use crate::cpu::{self, CpuPerIoTime, CpuTime};
 use crate::engine::Driver;
 use crate::engine::Timing;
 use crate::interrupt::stop_requested;
@@ -105,6 +105,21 @@ pub fn unavailable_on(fs: KernelFs, dev: &BedDevice) -> Option<String> {
     }
 }
 
+/// The kernel file systems that can be measured on `dev` in this run, and
+/// the others with why not.
+pub fn usable(no_kernel: bool, dev: &BedDevice) -> (Vec<KernelFs>, Vec<(KernelFs, String)>) {
+    let off = unavailable(no_kernel);
+    let mut usable = Vec::new();
+    let mut not = Vec::new();
+    for fs in KernelFs::ALL {
+        match off.clone().or_else(|| unavailable_on(fs, dev)) {
+            Some(reason) => not.push((fs, reason)),
+            None => usable.push(fs),
+        }
+    }
+    (usable, not)
+}
+
 /// One fio measurement.
 #[derive(Clone, Debug)]
 pub struct KernelRun {
@@ -178,29 +193,12 @@ fn millis(d: Duration) -> u128 {
     d.as_millis().max(1)
 }
 
-/// The fio arguments equivalent to `pattern` over a `span`-byte file.
-pub fn fio_args(
-    name: &str,
-    pattern: &IoPattern,
-    file: &Path,
-    span: u64,
-    timing: Timing,
-    output: &Path,
-    driver: Driver,
-) -> Vec<String> {
-    let rw = match (pattern.op, pattern.order) {
-        (Op::Read, Order::Random) => "randread",
-        (Op::Read, Order::Sequential) => "read",
-        (Op::Write, Order::Random) => "randwrite",
-        (Op::Write, Order::Sequential) => "write",
-    };
-    let mut args = vec![
-        format!("--name={name}"),
-        format!("--filename={}", file.display()),
-        format!("--size={span}"),
-        "--direct=1".into(),
-        format!("--rw={rw}"),
-    ];
+/// The fio arguments of `pattern`'s I/O: direct, `rw`, sizes, offset
+/// alignment, overwrites of the laid-out file for writes, O_DSYNC, and
+/// random offsets drawn as the engine draws them (no random map, not
+/// repeated).
+pub fn pattern_args(pattern: &IoPattern) -> Vec<String> {
+    let mut args = vec!["--direct=1".into(), format!("--rw={}", pattern.fio_rw())];
     if pattern.min_size == pattern.max_size {
         args.push(format!("--bs={}", pattern.min_size));
     } else {
@@ -220,6 +218,25 @@ pub fn fio_args(
         args.push("--norandommap".into());
         args.push("--randrepeat=0".into());
     }
+    args
+}
+
+/// The fio arguments equivalent to `pattern` over a `span`-byte file.
+pub fn fio_args(
+    name: &str,
+    pattern: &IoPattern,
+    file: &Path,
+    span: u64,
+    timing: Timing,
+    output: &Path,
+    driver: Driver,
+) -> Vec<String> {
+    let mut args = vec![
+        format!("--name={name}"),
+        format!("--filename={}", file.display()),
+        format!("--size={span}"),
+    ];
+    args.extend(pattern_args(pattern));
     match driver {
         Driver::Threads => args.extend([
             "--ioengine=psync".into(),
@@ -350,6 +367,8 @@ pub struct FioFigures {
     pub lat_p99_ns: f64,
     /// CPU per I/O of fio's job threads, or why it cannot be had.
     pub cpu: Result<CpuPerIoTime, String>,
+    /// I/Os of the side read (`total_ios`; 0 when fio left it out).
+    pub ios: u64,
 }
 
 /// Pulls iops, bandwidth, latency (mean, p99) and CPU per I/O out of fio's
@@ -425,6 +444,7 @@ pub fn parse_fio_json(text: &str, op: Op) -> Result<FioFigures, String> {
             }
         })?,
         cpu,
+        ios: job.get("total_ios").and_then(Value::as_u64).unwrap_or(0),
     })
 }
 
@@ -440,6 +460,29 @@ pub fn run(
     op: Op,
     args: impl FnOnce(&Path, &Path) -> Vec<String>,
 ) -> Result<KernelRun, BenchError> {
+    let (ran, setup) = with_mounted(fs, dev, |file| {
+        run_fio(fs.name(), timing, op, |output| args(file, output))
+    })?;
+    Ok(KernelRun {
+        iops: ran.figures.iops,
+        bw_bytes: ran.figures.bw_bytes,
+        lat_mean_ns: ran.figures.lat_mean_ns,
+        lat_p99_ns: ran.figures.lat_p99_ns,
+        cpu: ran.figures.cpu,
+        command: ran.command,
+        setup,
+    })
+}
+
+/// Makes `fs` on the device and mounts it, runs `body` with the path of
+/// the file to use on it (`bench.dat`, not created), and unmounts, also
+/// when `body` fails. Returns what `body` did and the mkfs and mount
+/// commands as run.
+pub fn with_mounted<T>(
+    fs: KernelFs,
+    dev: &BedDevice,
+    body: impl FnOnce(&Path) -> Result<T, BenchError>,
+) -> Result<(T, String), BenchError> {
     let failed =
         |what: &str, detail: String| BenchError::failed(format!("{} {what}", fs.name()), detail);
     let (mkfs, mkfs_flags, _) = fs.mkfs();
@@ -467,18 +510,63 @@ pub fn run(
         mkfs_args.join(" "),
         fs.name()
     );
+    let done = body(&mounted.dir.path().join("bench.dat"))?;
+    mounted.release().map_err(|e| failed("umount", e))?;
+    Ok((done, setup))
+}
 
+/// One measured fio run.
+#[derive(Clone, Debug)]
+pub struct FioRun {
+    pub figures: FioFigures,
+    /// The exact fio command line.
+    pub command: String,
+    /// CPU time of the whole fio process (every thread: fio's jobs, an
+    /// external engine's own threads, io_uring's io-wq workers), from
+    /// wait4(2).
+    pub process_cpu: CpuTime,
+}
+
+/// Runs fio with the arguments `args` gives for its JSON output path,
+/// reads the `op` side of its report. `what` names the target in errors.
+pub fn run_fio(
+    what: &str,
+    timing: Timing,
+    op: Op,
+    args: impl FnOnce(&Path) -> Vec<String>,
+) -> Result<FioRun, BenchError> {
     let out_dir = tempfile::Builder::new()
         .prefix(TEMP_PREFIX)
         .tempdir()
         .map_err(|e| BenchError::io("fio output directory", e))?;
     let output = out_dir.path().join("fio.json");
-    let stderr_path = out_dir.path().join("fio.stderr");
-    let file = mounted.dir.path().join("bench.dat");
-    let fio = find_program("fio").ok_or_else(|| failed("fio", "fio not found".into()))?;
-    let args = args(&file, &output);
-    let command = command_line("fio", &args);
+    let args = args(&output);
+    let (command, process_cpu) = spawn_fio(what, &args, timing, out_dir.path())?;
+    let failed = |detail: String| BenchError::failed(format!("{what} fio"), detail);
+    let text = fs::read_to_string(&output).map_err(|e| BenchError::io("read fio output", e))?;
+    let figures = parse_fio_json(&text, op).map_err(failed)?;
+    Ok(FioRun {
+        figures,
+        command,
+        process_cpu,
+    })
+}
 
+/// Runs fio with `args` in `work_dir` (its working directory: files fio
+/// saves, such as verify state, land there) and waits for it, at most
+/// `timing`'s warm-up and runtime and [`FIO_GRACE`]; fio is killed when
+/// the bench dies, runs out of time or is interrupted. Returns the command
+/// line and the CPU time of the fio process.
+pub fn spawn_fio(
+    what: &str,
+    args: &[String],
+    timing: Timing,
+    work_dir: &Path,
+) -> Result<(String, CpuTime), BenchError> {
+    let failed = |detail: String| BenchError::failed(format!("{what} fio"), detail);
+    let fio = find_program("fio").ok_or_else(|| failed("fio not found".into()))?;
+    let command = command_line("fio", args);
+    let stderr_path = work_dir.join("fio.stderr");
     let stderr =
         fs::File::create(&stderr_path).map_err(|e| BenchError::io("fio stderr file", e))?;
     let mut command_builder = Command::new(&fio);
@@ -495,18 +583,19 @@ pub fn run(
         });
     }
     let mut child = command_builder
-        .args(&args)
+        .args(args)
+        .current_dir(work_dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
-        .map_err(|e| failed("fio", format!("cannot start {}: {e}", fio.display())))?;
+        .map_err(|e| failed(format!("cannot start {}: {e}", fio.display())))?;
     let deadline = Instant::now() + timing.warmup + timing.runtime + FIO_GRACE;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
+    let (status, process_cpu) = loop {
+        match cpu::try_wait_with_cpu(&child) {
+            Ok(Some(done)) => break done,
             Ok(None) => {}
-            Err(e) => return Err(failed("fio", format!("waiting: {e}"))),
+            Err(e) => return Err(failed(format!("waiting: {e}"))),
         }
         if stop_requested() || Instant::now() >= deadline {
             let _ = child.kill();
@@ -514,7 +603,7 @@ pub fn run(
             if stop_requested() {
                 return Err(BenchError::Interrupted);
             }
-            return Err(failed("fio", format!("did not finish in time: {command}")));
+            return Err(failed(format!("did not finish in time: {command}")));
         }
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -523,20 +612,9 @@ pub fn run(
     }
     if !status.success() {
         let err = fs::read_to_string(&stderr_path).unwrap_or_default();
-        return Err(failed("fio", format!("{status}: {}", err.trim())));
+        return Err(failed(format!("{status}: {}: {command}", err.trim())));
     }
-    let text = fs::read_to_string(&output).map_err(|e| BenchError::io("read fio output", e))?;
-    let figures = parse_fio_json(&text, op).map_err(|e| failed("fio", e))?;
-    mounted.release().map_err(|e| failed("umount", e))?;
-    Ok(KernelRun {
-        iops: figures.iops,
-        bw_bytes: figures.bw_bytes,
-        lat_mean_ns: figures.lat_mean_ns,
-        lat_p99_ns: figures.lat_p99_ns,
-        cpu: figures.cpu,
-        command,
-        setup,
-    })
+    Ok((command, process_cpu))
 }
 
 #[cfg(test)]
@@ -552,7 +630,7 @@ mod tests {
         };
         let p = match select(&["aio-overwrite-4k..16k-qd64".into()]).unwrap()[0].kind {
             Kind::Direct(p) => p,
-            Kind::Buffered(_) => unreachable!(),
+            _ => unreachable!(),
         };
         let args = fio_args(
             "w",
@@ -582,7 +660,7 @@ mod tests {
         }
         let p = match select(&["dsync-overwrite-4k".into()]).unwrap()[0].kind {
             Kind::Direct(p) => p,
-            Kind::Buffered(_) => unreachable!(),
+            _ => unreachable!(),
         };
         let args = fio_args(
             "d",
@@ -609,7 +687,7 @@ mod tests {
         };
         let spec = |name: &str| match select(&[name.into()]).unwrap()[0].kind {
             Kind::Buffered(s) => s,
-            Kind::Direct(_) => unreachable!(),
+            _ => unreachable!(),
         };
         let args = |name: &str, variant| {
             buffered_fio_args(

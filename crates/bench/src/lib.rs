@@ -11,6 +11,8 @@
 //! Buffered workloads (see `buffered`) run iomapfs, xfs and ext4 through
 //! their caches, against a `memcpy` ceiling and, for writeback, the raw
 //! device's sequential writes, and report ratios to XFS and to those.
+//! fio rows (see `fio_rows`) run every target through fio itself, iomapfs
+//! through the fio engine: one harness for all.
 //!
 //! Entry points: [`run`] with [`BenchOptions`] (the CLI flags, no clap
 //! here) and a [`Progress`] sink; [`render_table`] for people and
@@ -20,14 +22,15 @@
 //! image file; teardown) · `safety` (refusing devices with data) · `target`
 //! (raw and iomapfs targets) · `engine` (threads, warm-up, measured window)
 //! · `buffered` (buffered workloads: passes, iomapfs non-direct, memcpy,
-//! ratios) · `cpu` (getrusage, CPU per I/O) · `histogram` (latency) ·
-//! `kernel` (mkfs, mount, fio) · `report` (JSON shape, table) ·
-//! `interrupt` (Ctrl-C).
+//! ratios) · `fio_rows` (every target through fio) · `cpu` (getrusage,
+//! CPU per I/O) · `histogram` (latency) · `kernel` (mkfs, mount, fio) ·
+//! `report` (JSON shape, table) · `interrupt` (Ctrl-C).
 
 mod buffered;
 mod cpu;
 mod engine;
 mod error;
+mod fio_rows;
 pub mod histogram;
 mod interrupt;
 mod kernel;
@@ -47,7 +50,7 @@ pub use interrupt::request_stop;
 pub use metadata_scale::MetadataScaleResult;
 pub use report::{
     render_table, BenchReport, BenchResult, CpuPerIo, DeviceInfo, DeviceRequests, Machine,
-    RequestsPerOp, Settings, Skipped, CPU_SCOPE_FIO, CPU_SCOPE_PROCESS,
+    RequestsPerOp, Settings, Skipped, CPU_SCOPE_FIO, CPU_SCOPE_FIO_PROCESS, CPU_SCOPE_PROCESS,
 };
 pub use safety::recognise;
 pub use testbed::LOCK_PATH;
@@ -55,11 +58,10 @@ pub use testbed::LOCK_PATH;
 use cpu::CpuPerIoTime;
 use engine::{Driver, Measurement, Timing};
 use interrupt::SignalGuard;
-use kernel::KernelFs;
 use report::DeviceInfo as ReportDevice;
 use target::{open_device, IomapfsTarget, RawTarget, IOMAPFS_BLOCK_SIZE, IOMAPFS_FILE};
 use testbed::{BedDevice, BedKind, Testbed};
-use workload::{seed_of, DeviceNeed, IoPattern, Kind, Op, Order, Workload};
+use workload::{seed_of, DeviceNeed, IoPattern, Kind, Workload};
 
 /// What to run; mirrors `iomapfs bench`'s flags.
 #[derive(Clone, Debug)]
@@ -86,6 +88,13 @@ pub struct BenchOptions {
     pub backend: Backend,
     /// How iomapfs targets mount their volume (the cache size).
     pub mount: iomapfs_fs::MountOptions,
+    /// Only the fio rows (`fio-*` workloads): all of them, or those of
+    /// `workloads`.
+    pub fio_only: bool,
+    /// The fio engine for fio rows' iomapfs target; `None`: found as
+    /// `fio_rows::find_engine` says (`$IOMAPFS_FIO_ENGINE`, then the
+    /// source tree's `fio-engine/build/libiomapfs_fio.so`).
+    pub fio_engine: Option<PathBuf>,
 }
 
 impl Default for BenchOptions {
@@ -99,6 +108,8 @@ impl Default for BenchOptions {
             force: false,
             backend: Backend::Auto,
             mount: iomapfs_fs::MountOptions::default(),
+            fio_only: false,
+            fio_engine: None,
         }
     }
 }
@@ -125,13 +136,18 @@ impl Progress for NoProgress {
     fn finish(&self) {}
 }
 
-/// Every workload name with a one-line summary, in run order (for `--help`).
+/// Every workload name with a one-line summary, in run order (for `--help`):
+/// the seed workloads, then the fio rows.
 pub fn workloads() -> Vec<(&'static str, &'static str)> {
-    workload::WORKLOADS
-        .iter()
+    workload::all()
         .map(|w| (w.name, w.summary))
         .chain(metadata_scale::workloads())
         .collect()
+}
+
+/// Whether `name` is a fio row (every target measured by fio).
+pub fn is_fio_row(name: &str) -> bool {
+    workload::FIO_WORKLOADS.iter().any(|w| w.name == name)
 }
 
 /// Every variant of the buffered workloads (`buffered-read-*`: the first
@@ -159,7 +175,7 @@ fn warmup_for(runtime: Duration) -> Duration {
 
 /// Data span of a workload on a device: its nominal file size, or half the
 /// device (whole MiB) when that is smaller.
-fn span_for(pattern: &IoPattern, device_bytes: u64) -> u64 {
+pub(crate) fn span_for(pattern: &IoPattern, device_bytes: u64) -> u64 {
     const MIB: u64 = 1 << 20;
     pattern.span.min(device_bytes / 2 / MIB * MIB).max(MIB)
 }
@@ -181,6 +197,13 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
             "the runtime must be more than zero".into(),
         ));
     }
+    if opts.fio_only {
+        if let Some(other) = opts.workloads.iter().find(|n| !is_fio_row(n)) {
+            return Err(BenchError::InvalidOption(format!(
+                "{other} is not a fio row; with only fio rows, name fio-* workloads"
+            )));
+        }
+    }
     // The metadata workloads make their own image files and run after
     // the others; they are only run when named.
     let (metadata, device_workloads): (Vec<String>, Vec<String>) = opts
@@ -191,7 +214,10 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
     if device_workloads.is_empty() && !metadata.is_empty() {
         return run_metadata_only(opts, &metadata, progress);
     }
-    let selected = workload::select(&device_workloads)?;
+    let mut selected = workload::select(&device_workloads)?;
+    if opts.fio_only {
+        selected.retain(|w| matches!(w.kind, Kind::Fio(_)));
+    }
     let timing = Timing {
         warmup: warmup_for(opts.runtime),
         runtime: opts.runtime,
@@ -228,6 +254,9 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
     report.notes.push(report::CPU_NOTE.into());
     if selected.iter().any(|w| matches!(w.kind, Kind::Buffered(_))) {
         report.notes.push(buffered::NOTE.into());
+    }
+    if selected.iter().any(|w| matches!(w.kind, Kind::Fio(_))) {
+        report.notes.push(fio_rows::NOTE.into());
     }
     let outcome = (|| {
         for w in &selected {
@@ -349,7 +378,7 @@ fn machine(bed: &Testbed) -> Machine {
 /// Workload × target steps of `w`, for the progress bar.
 fn steps(w: &Workload) -> u64 {
     match &w.kind {
-        Kind::Direct(_) => TARGETS.len() as u64,
+        Kind::Direct(_) | Kind::Fio(_) => TARGETS.len() as u64,
         Kind::Buffered(spec) => buffered::steps(spec),
     }
 }
@@ -363,7 +392,12 @@ pub(crate) fn driver_for(dev: &BedDevice) -> Driver {
     }
 }
 
-fn skip(report: &mut BenchReport, workload: &str, target: &str, reason: impl Into<String>) {
+pub(crate) fn skip(
+    report: &mut BenchReport,
+    workload: &str,
+    target: &str,
+    reason: impl Into<String>,
+) {
     report.skipped.push(Skipped {
         workload: workload.into(),
         variant: None,
@@ -383,12 +417,7 @@ pub(crate) fn engine_command(
         Driver::Threads => format!("threads={} (sync backend)", pattern.queue_depth),
         Driver::Queue => format!("iodepth={} (io_uring queue, 1 thread)", pattern.queue_depth),
     };
-    let rw = match (pattern.op, pattern.order) {
-        (Op::Read, Order::Random) => "randread",
-        (Op::Read, Order::Sequential) => "read",
-        (Op::Write, Order::Random) => "randwrite",
-        (Op::Write, Order::Sequential) => "write",
-    };
+    let rw = pattern.fio_rw();
     let size = if pattern.min_size == pattern.max_size {
         format!("bs={}", pattern.min_size)
     } else {
@@ -508,7 +537,7 @@ fn ratio(x: f64, raw: Option<f64>) -> Option<f64> {
 
 /// Interrupts end the run; any other failure of one target is recorded as
 /// a skip with the error, and the run goes on.
-fn recorded<T>(
+pub(crate) fn recorded<T>(
     result: Result<T, BenchError>,
     report: &mut BenchReport,
     workload: &str,
@@ -537,6 +566,9 @@ fn run_workload(
         Kind::Direct(p) => p,
         Kind::Buffered(spec) => {
             return buffered::run_workload(w, &spec, bed, opts, timing, progress, report)
+        }
+        Kind::Fio(job) => {
+            return fio_rows::run_workload(w, &job, bed, opts, timing, progress, report)
         }
     };
     let dev = match bed.device_for(&pattern) {
@@ -622,17 +654,13 @@ fn run_workload(
     progress.inc(1);
 
     // kernel file systems
-    let kernel_off = kernel::unavailable(opts.no_kernel);
-    for fs in KernelFs::ALL {
+    let (kernels, unusable) = kernel::usable(opts.no_kernel, dev);
+    for (fs, reason) in unusable {
+        skip(report, w.name, fs.name(), reason);
+        progress.inc(1);
+    }
+    for fs in kernels {
         let target = fs.name();
-        if let Some(reason) = kernel_off
-            .clone()
-            .or_else(|| kernel::unavailable_on(fs, dev))
-        {
-            skip(report, w.name, target, reason);
-            progress.inc(1);
-            continue;
-        }
         say(target, "mkfs, mount, fio");
         let ran = kernel::run(fs, dev, timing, pattern.op, |file, output| {
             kernel::fio_args(w.name, &pattern, file, span, timing, output, driver)

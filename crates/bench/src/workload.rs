@@ -68,6 +68,16 @@ pub struct IoPattern {
 }
 
 impl IoPattern {
+    /// fio's name for the pattern's `rw=`.
+    pub fn fio_rw(&self) -> &'static str {
+        match (self.op, self.order) {
+            (Op::Read, Order::Random) => "randread",
+            (Op::Read, Order::Sequential) => "read",
+            (Op::Write, Order::Random) => "randwrite",
+            (Op::Write, Order::Sequential) => "write",
+        }
+    }
+
     /// How many I/O sizes the pattern draws from.
     pub fn size_choices(&self) -> u64 {
         (self.max_size - self.min_size) / self.size_step + 1
@@ -81,6 +91,8 @@ pub enum Kind {
     /// Buffered I/O (non-direct handles, the kernel's page cache): each of
     /// its [`BufferedSpec::variants`] is measured on every target.
     Buffered(BufferedSpec),
+    /// One fio job run on every target, iomapfs through the fio engine.
+    Fio(FioJob),
 }
 
 impl Kind {
@@ -91,8 +103,52 @@ impl Kind {
         match self {
             Kind::Direct(p) => p.needs,
             Kind::Buffered(_) => DeviceNeed::DataIndependent,
+            Kind::Fio(job) => job.pattern.needs,
         }
     }
+}
+
+/// fio's I/O engine on the raw device, XFS and ext4 (iomapfs always runs
+/// the fio engine `iomapfs`, whose queue takes `iodepth` above 1 and whose
+/// `iodepth=1` is synchronous calls, as psync).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FioEngine {
+    IoUring,
+    Psync,
+}
+
+impl FioEngine {
+    pub fn name(self) -> &'static str {
+        match self {
+            FioEngine::IoUring => "io_uring",
+            FioEngine::Psync => "psync",
+        }
+    }
+}
+
+/// A fio row: one of the kernel threads' fio job lines, scaled to this
+/// machine, run as one fio job against every target on the same device.
+/// `pattern` gives the I/O (operation, order, sizes, `blockalign`,
+/// `sync=dsync`, file size, device) and `pattern.queue_depth` is fio's
+/// `iodepth` per job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FioJob {
+    /// The seed workload this row is the fio job of.
+    pub seed: &'static str,
+    pub pattern: IoPattern,
+    /// fio jobs (threads, `--thread`) sharing the file.
+    pub numjobs: usize,
+    pub engine: FioEngine,
+}
+
+/// fio jobs of the 2 KiB overwrite line: the threads ran one job per core
+/// on large machines; this one has 2 cores.
+pub const FIO_SUBBLOCK_JOBS: usize = 2;
+
+/// `pattern` at another queue depth.
+const fn at_depth(mut pattern: IoPattern, depth: usize) -> IoPattern {
+    pattern.queue_depth = depth;
+    pattern
 }
 
 /// Size of the file buffered workloads read and write, and of each pass
@@ -222,87 +278,97 @@ pub struct Workload {
 /// Writer threads of the sub-block overwrite workload ("several writers").
 pub const SUBBLOCK_WRITERS: usize = 8;
 
+const RANDREAD_4K_QD1: IoPattern = IoPattern {
+    op: Op::Read,
+    order: Order::Random,
+    min_size: 4 * KIB,
+    max_size: 4 * KIB,
+    size_step: 4 * KIB,
+    align: 4 * KIB,
+    queue_depth: 1,
+    dsync: false,
+    span: 256 * MIB,
+    needs: DeviceNeed::Any,
+};
+
+const RANDREAD_4K_QD32: IoPattern = IoPattern {
+    op: Op::Read,
+    order: Order::Random,
+    min_size: 4 * KIB,
+    max_size: 4 * KIB,
+    size_step: 4 * KIB,
+    align: 4 * KIB,
+    queue_depth: 32,
+    dsync: false,
+    span: 256 * MIB,
+    needs: DeviceNeed::Any,
+};
+
+const OVERWRITE_2K: IoPattern = IoPattern {
+    op: Op::Write,
+    order: Order::Random,
+    min_size: 2 * KIB,
+    max_size: 2 * KIB,
+    size_step: 2 * KIB,
+    align: 2 * KIB,
+    queue_depth: SUBBLOCK_WRITERS,
+    dsync: false,
+    span: 128 * MIB,
+    needs: DeviceNeed::SmallSectors,
+};
+
+const DSYNC_OVERWRITE_4K: IoPattern = IoPattern {
+    op: Op::Write,
+    order: Order::Sequential,
+    min_size: 4 * KIB,
+    max_size: 4 * KIB,
+    size_step: 4 * KIB,
+    align: 4 * KIB,
+    queue_depth: 1,
+    dsync: true,
+    span: 32 * MIB,
+    needs: DeviceNeed::VolatileCache,
+};
+
+const AIO_OVERWRITE_4K_16K_QD64: IoPattern = IoPattern {
+    op: Op::Write,
+    order: Order::Random,
+    min_size: 4 * KIB,
+    max_size: 16 * KIB,
+    size_step: 4 * KIB,
+    align: 4 * KIB,
+    queue_depth: 64,
+    dsync: false,
+    span: 256 * MIB,
+    needs: DeviceNeed::Any,
+};
+
 /// Every workload, in run order.
 pub const WORKLOADS: &[Workload] = &[
     Workload {
         name: "randread-4k-qd1",
         summary: "4 KiB random direct reads, queue depth 1",
-        kind: Kind::Direct(IoPattern {
-            op: Op::Read,
-            order: Order::Random,
-            min_size: 4 * KIB,
-            max_size: 4 * KIB,
-            size_step: 4 * KIB,
-            align: 4 * KIB,
-            queue_depth: 1,
-            dsync: false,
-            span: 256 * MIB,
-            needs: DeviceNeed::Any,
-        }),
+        kind: Kind::Direct(RANDREAD_4K_QD1),
     },
     Workload {
         name: "randread-4k-qd32",
         summary: "4 KiB random direct reads, queue depth 32",
-        kind: Kind::Direct(IoPattern {
-            op: Op::Read,
-            order: Order::Random,
-            min_size: 4 * KIB,
-            max_size: 4 * KIB,
-            size_step: 4 * KIB,
-            align: 4 * KIB,
-            queue_depth: 32,
-            dsync: false,
-            span: 256 * MIB,
-            needs: DeviceNeed::Any,
-        }),
+        kind: Kind::Direct(RANDREAD_4K_QD32),
     },
     Workload {
         name: "overwrite-2k-unaligned",
         summary: "2 KiB direct overwrites at 2 KiB offsets inside 4 KiB blocks, 8 writers",
-        kind: Kind::Direct(IoPattern {
-            op: Op::Write,
-            order: Order::Random,
-            min_size: 2 * KIB,
-            max_size: 2 * KIB,
-            size_step: 2 * KIB,
-            align: 2 * KIB,
-            queue_depth: SUBBLOCK_WRITERS,
-            dsync: false,
-            span: 128 * MIB,
-            needs: DeviceNeed::SmallSectors,
-        }),
+        kind: Kind::Direct(OVERWRITE_2K),
     },
     Workload {
         name: "dsync-overwrite-4k",
         summary: "sequential 4 KiB O_DSYNC overwrites of a 32 MiB file (device requests per write)",
-        kind: Kind::Direct(IoPattern {
-            op: Op::Write,
-            order: Order::Sequential,
-            min_size: 4 * KIB,
-            max_size: 4 * KIB,
-            size_step: 4 * KIB,
-            align: 4 * KIB,
-            queue_depth: 1,
-            dsync: true,
-            span: 32 * MIB,
-            needs: DeviceNeed::VolatileCache,
-        }),
+        kind: Kind::Direct(DSYNC_OVERWRITE_4K),
     },
     Workload {
         name: "aio-overwrite-4k..16k-qd64",
         summary: "random 4-16 KiB direct overwrites, queue depth 64 (completion latency)",
-        kind: Kind::Direct(IoPattern {
-            op: Op::Write,
-            order: Order::Random,
-            min_size: 4 * KIB,
-            max_size: 16 * KIB,
-            size_step: 4 * KIB,
-            align: 4 * KIB,
-            queue_depth: 64,
-            dsync: false,
-            span: 256 * MIB,
-            needs: DeviceNeed::Any,
-        }),
+        kind: Kind::Direct(AIO_OVERWRITE_4K_16K_QD64),
     },
     Workload {
         name: "buffered-read-4k",
@@ -360,22 +426,82 @@ pub const WORKLOADS: &[Workload] = &[
     },
 ];
 
+/// The fio rows, in run order: each direct seed workload as one fio job
+/// line of the kernel threads (see [`FioJob`]).
+pub const FIO_WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "fio-randread-4k-qd1",
+        summary: "fio: 4 KiB random direct reads, iodepth 1 (io_uring; iomapfs: its engine)",
+        kind: Kind::Fio(FioJob {
+            seed: "randread-4k-qd1",
+            pattern: RANDREAD_4K_QD1,
+            numjobs: 1,
+            engine: FioEngine::IoUring,
+        }),
+    },
+    Workload {
+        name: "fio-randread-4k-qd32",
+        summary: "fio: 4 KiB random direct reads, iodepth 32",
+        kind: Kind::Fio(FioJob {
+            seed: "randread-4k-qd32",
+            pattern: RANDREAD_4K_QD32,
+            numjobs: 1,
+            engine: FioEngine::IoUring,
+        }),
+    },
+    Workload {
+        name: "fio-overwrite-2k-2jobs-qd256",
+        summary: "fio: 2 KiB random direct overwrites, --overwrite=1 --thread --numjobs=2 \
+                  --bs=2k --iodepth=256",
+        kind: Kind::Fio(FioJob {
+            seed: "overwrite-2k-unaligned",
+            pattern: at_depth(OVERWRITE_2K, 256),
+            numjobs: FIO_SUBBLOCK_JOBS,
+            engine: FioEngine::IoUring,
+        }),
+    },
+    Workload {
+        name: "fio-dsync-overwrite-4k-psync",
+        summary: "fio: sequential 4 KiB direct overwrites, sync=dsync, psync",
+        kind: Kind::Fio(FioJob {
+            seed: "dsync-overwrite-4k",
+            pattern: DSYNC_OVERWRITE_4K,
+            numjobs: 1,
+            engine: FioEngine::Psync,
+        }),
+    },
+    Workload {
+        name: "fio-aio-overwrite-4k..16k-qd64",
+        summary: "fio: random 4-16 KiB direct overwrites, iodepth 64",
+        kind: Kind::Fio(FioJob {
+            seed: "aio-overwrite-4k..16k-qd64",
+            pattern: AIO_OVERWRITE_4K_16K_QD64,
+            numjobs: 1,
+            engine: FioEngine::IoUring,
+        }),
+    },
+];
+
+/// Every workload: the seed workloads, then the fio rows.
+pub fn all() -> impl Iterator<Item = &'static Workload> {
+    WORKLOADS.iter().chain(FIO_WORKLOADS)
+}
+
 /// The workloads named in `names` (all of them when empty), in run order,
 /// each once.
 pub fn select(names: &[String]) -> Result<Vec<&'static Workload>, BenchError> {
     if names.is_empty() {
-        return Ok(WORKLOADS.iter().collect());
+        return Ok(all().collect());
     }
     for name in names {
-        if !WORKLOADS.iter().any(|w| w.name == name) {
+        if !all().any(|w| w.name == name) {
             return Err(BenchError::UnknownWorkload {
                 name: name.clone(),
-                known: WORKLOADS.iter().map(|w| w.name.to_string()).collect(),
+                known: all().map(|w| w.name.to_string()).collect(),
             });
         }
     }
-    Ok(WORKLOADS
-        .iter()
+    Ok(all()
         .filter(|w| names.iter().any(|n| n == w.name))
         .collect())
 }
@@ -446,8 +572,9 @@ mod tests {
 
     #[test]
     fn names_are_unique_and_selection_keeps_run_order() {
-        for (i, a) in WORKLOADS.iter().enumerate() {
-            for b in &WORKLOADS[i + 1..] {
+        let every: Vec<&Workload> = all().collect();
+        for (i, a) in every.iter().enumerate() {
+            for b in &every[i + 1..] {
                 assert_ne!(a.name, b.name);
             }
         }
@@ -459,6 +586,41 @@ mod tests {
             err.contains("nope") && err.contains("randread-4k-qd32"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn each_direct_seed_workload_has_one_fio_row_of_its_io() {
+        let mut seeds = Vec::new();
+        for w in FIO_WORKLOADS {
+            let Kind::Fio(job) = w.kind else {
+                panic!("{} in FIO_WORKLOADS is not a fio row", w.name)
+            };
+            assert!(w.name.starts_with("fio-"), "{}", w.name);
+            let seed = select(&[job.seed.into()]).unwrap()[0];
+            let Kind::Direct(p) = seed.kind else {
+                panic!("{}: seed {} is not direct", w.name, job.seed)
+            };
+            // The same I/O; only fio's queue depth may differ.
+            let mut same = job.pattern;
+            same.queue_depth = p.queue_depth;
+            assert_eq!(same, p, "{} vs {}", w.name, job.seed);
+            seeds.push(job.seed);
+        }
+        let direct: Vec<&str> = WORKLOADS
+            .iter()
+            .filter(|w| matches!(w.kind, Kind::Direct(_)))
+            .map(|w| w.name)
+            .collect();
+        assert_eq!(seeds, direct);
+        // The 2 KiB line: several jobs at deep queue depth.
+        let Kind::Fio(sub) = select(&["fio-overwrite-2k-2jobs-qd256".into()]).unwrap()[0].kind
+        else {
+            panic!()
+        };
+        assert_eq!((sub.numjobs, sub.pattern.queue_depth), (2, 256));
+        // Selecting every workload includes the fio rows, after the rest.
+        let names: Vec<&str> = select(&[]).unwrap().iter().map(|w| w.name).collect();
+        assert_eq!(names.last(), FIO_WORKLOADS.last().map(|w| w.name).as_ref());
     }
 
     #[test]

@@ -101,8 +101,26 @@ impl AlignedBuf {
     }
 
     /// Bytes the allocation holds (at least `len`).
-    pub(crate) fn capacity(&self) -> usize {
+    pub fn capacity(&self) -> usize {
         self.layout.size()
+    }
+
+    /// Sets the visible length to `len` bytes of the allocation, keeping
+    /// what they hold (every byte of the allocation is initialised: it was
+    /// zeroed when allocated). For callers that reuse one buffer for
+    /// requests of several sizes, such as the C API's queue buffers.
+    ///
+    /// # Errors
+    /// If `len` exceeds [`capacity`](AlignedBuf::capacity); nothing changes.
+    pub fn set_len(&mut self, len: usize) -> Result<(), AlignedBufError> {
+        if len > self.capacity() {
+            return Err(AlignedBufError {
+                len,
+                align: self.align(),
+            });
+        }
+        self.len = len;
+        Ok(())
     }
 
     /// Sets the visible length to `len` bytes of the allocation and zeroes
@@ -214,6 +232,24 @@ mod tests {
         assert_eq!(copy[4095], 4095u32 as u8);
         assert_eq!(copy.as_ptr() as usize % 4096, 0);
         assert_ne!(copy.as_ptr(), buf.as_ptr());
+    }
+
+    #[test]
+    fn set_len_keeps_contents_within_capacity() {
+        let mut buf = AlignedBuf::new(8192, 4096).unwrap();
+        buf.fill(7);
+        buf.set_len(100).unwrap();
+        assert_eq!(buf.len(), 100);
+        buf.set_len(8192).unwrap();
+        assert!(buf.iter().all(|&b| b == 7), "contents kept");
+        assert_eq!(
+            buf.set_len(8193).unwrap_err(),
+            AlignedBufError {
+                len: 8193,
+                align: 4096
+            }
+        );
+        assert_eq!(buf.len(), 8192, "a refused length changes nothing");
     }
 
     #[test]

@@ -25,6 +25,16 @@ ratios to XFS (×xfs, cpu ×xfs) and to a memcpy of the same bytes from a
 file-sized buffer (×memcpy, the memory-bandwidth ceiling); windows that include writeback (+fsync) are also
 compared with the raw device's sequential 1 MiB direct writes.
 
+fio rows (fio-*) run each direct workload as one fio job line (the kernel
+threads' lines, scaled to 2 cores) against every target on the same device:
+the raw device and XFS/ext4 files through fio's io_uring (psync for the DSYNC
+row), iomapfs through the fio engine (fio-engine/, built by `make -C
+fio-engine`). Their table has ×raw and ×xfs; the JSON holds every fio command
+line. They need fio, and for the iomapfs target the built engine
+(--fio-engine, $IOMAPFS_FIO_ENGINE, or fio-engine/build/libiomapfs_fio.so of
+this source tree); what is missing is reported as not measured. --fio-only
+runs only them.
+
 With no --device: as root with zram and loop devices available, a RAM-backed
 bed is set up (zram for 4 KiB direct workloads; a loop device over a tmpfs
 file with 512-byte sectors and a volatile write cache for sub-block, DSYNC
@@ -41,6 +51,8 @@ Examples:
   iomapfs bench                                  # everything, default bed
   iomapfs bench --runtime 2 --workload randread-4k-qd1 --workload randread-4k-qd32
   iomapfs bench --runtime 3 --workload buffered-write-64k
+  iomapfs bench --fio-only --runtime 5           # every target through fio
+  iomapfs bench --workload fio-randread-4k-qd1 --fio-engine fio-engine/build/libiomapfs_fio.so
   iomapfs bench --device /dev/nvme0n1p3 --json results.json --no-kernel";
 
 /// The examples, then every workload and buffered variant with its summary
@@ -90,6 +102,14 @@ pub struct BenchArgs {
     /// Format --device even if it holds a file system or partition table.
     #[arg(long)]
     pub force: bool,
+    /// Run only the fio rows (fio-* workloads): all, or those --workload names.
+    #[arg(long)]
+    pub fio_only: bool,
+    /// The fio engine for the fio rows' iomapfs target (default:
+    /// $IOMAPFS_FIO_ENGINE, else fio-engine/build/libiomapfs_fio.so of this
+    /// source tree).
+    #[arg(long, value_name = "PATH")]
+    pub fio_engine: Option<PathBuf>,
 }
 
 struct Bar(ProgressBar);
@@ -127,6 +147,12 @@ pub fn run(args: &BenchArgs, backend: blockdev::Backend) -> Result<(), Failure> 
                 format!("bench: unknown workload {w:?}; known: {}", known.join(", ")),
             ));
         }
+        if args.fio_only && !iomapfs_bench::is_fio_row(w) {
+            return Err(Failure::new(
+                2,
+                format!("bench: --fio-only runs fio rows only, and {w:?} is not one (fio-*)"),
+            ));
+        }
     }
     let opts = BenchOptions {
         device: args.device.clone(),
@@ -138,6 +164,8 @@ pub fn run(args: &BenchArgs, backend: blockdev::Backend) -> Result<(), Failure> 
         backend,
         mount: crate::target::mount_options()
             .map_err(|f| Failure::new(f.code, format!("bench: {}", f.message)))?,
+        fio_only: args.fio_only,
+        fio_engine: args.fio_engine.clone(),
     };
     let bar = ProgressBar::new(0);
     bar.set_style(

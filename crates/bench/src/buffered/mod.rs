@@ -226,16 +226,9 @@ pub fn run_workload(
         run.raw_seq_write_half()
     });
 
-    let kernel_off = kernel::unavailable(opts.no_kernel);
-    let mut kernels = Vec::new();
-    for fs in KernelFs::ALL {
-        match kernel_off
-            .clone()
-            .or_else(|| kernel::unavailable_on(fs, dev))
-        {
-            Some(reason) => skip(report, w.name, None, fs.name(), reason),
-            None => kernels.push(fs),
-        }
+    let (kernels, unusable) = kernel::usable(opts.no_kernel, dev);
+    for (fs, reason) in unusable {
+        skip(report, w.name, None, fs.name(), reason);
     }
     // Variant by variant, every target in turn, so the rows compared with
     // each other are measured minutes apart at most.
@@ -464,7 +457,7 @@ mod tests {
     fn spec(name: &str) -> BufferedSpec {
         match select(&[name.to_string()]).unwrap()[0].kind {
             Kind::Buffered(s) => s,
-            Kind::Direct(_) => panic!("{name} is direct"),
+            _ => panic!("{name} is not buffered"),
         }
     }
 

@@ -101,8 +101,8 @@ pub struct BenchResult {
     /// Why `cpu_per_io` is missing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_note: Option<String>,
-    /// Buffered workloads: `iops / xfs iops` of the same workload and
-    /// variant (1 for xfs itself).
+    /// Buffered workloads and fio rows: `iops / xfs iops` of the same
+    /// workload (and variant) (1 for xfs itself).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ratio_to_xfs: Option<f64>,
     /// Buffered workloads: `cpu_per_io.total_us / xfs's` of the same
@@ -137,9 +137,15 @@ pub struct BenchResult {
     /// parameters for raw and iomapfs.
     pub command: String,
     /// Preparation that ran before `command` (mkfs and mount for kernel
-    /// targets).
+    /// targets; for fio rows also the fio runs that laid the file out).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub setup: Option<String>,
+    /// "fio" for fio rows: every target of the workload was measured by
+    /// fio (iomapfs through the fio engine), `command` holds the exact fio
+    /// command lines, and `ratio_to_xfs` is IOPS over xfs's row. Absent
+    /// for the engine's rows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness: Option<String>,
 }
 
 /// User and system CPU time per I/O, in microseconds.
@@ -163,6 +169,9 @@ pub struct CpuPerIo {
 pub const CPU_SCOPE_PROCESS: &str = "process";
 /// [`CpuPerIo::scope`] of fio-measured targets.
 pub const CPU_SCOPE_FIO: &str = "fio job threads";
+/// [`CpuPerIo::scope`] of fio rows: the whole fio process (wait4), with
+/// its job threads' share in `io_threads_us`.
+pub const CPU_SCOPE_FIO_PROCESS: &str = "fio process";
 
 /// What "cpu µs/IO" counts, for the report's notes.
 pub const CPU_NOTE: &str = "cpu µs/IO is user + system CPU time per I/O in the measured window \

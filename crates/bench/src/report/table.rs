@@ -98,6 +98,11 @@ fn is_buffered(r: &BenchResult) -> bool {
     r.variant.is_some()
 }
 
+/// Rows of fio rows say so.
+fn is_fio(r: &BenchResult) -> bool {
+    r.harness.as_deref() == Some("fio")
+}
+
 /// The report as a table: one row per workload × target with IOPS, MiB/s,
 /// mean and p99 latency, ratios, CPU per I/O and device requests per I/O
 /// where known; then the writeback figures, what was skipped, why CPU
@@ -105,10 +110,20 @@ fn is_buffered(r: &BenchResult) -> bool {
 pub fn render_table(report: &BenchReport) -> String {
     let mut out = String::new();
     header(&mut out, report);
-    let direct: Vec<&BenchResult> = report.results.iter().filter(|r| !is_buffered(r)).collect();
+    let direct: Vec<&BenchResult> = report
+        .results
+        .iter()
+        .filter(|r| !is_buffered(r) && !is_fio(r))
+        .collect();
     let buffered: Vec<&BenchResult> = report.results.iter().filter(|r| is_buffered(r)).collect();
-    if !direct.is_empty() || (buffered.is_empty() && report.metadata_scale.is_empty()) {
+    let fio: Vec<&BenchResult> = report.results.iter().filter(|r| is_fio(r)).collect();
+    if !direct.is_empty()
+        || (buffered.is_empty() && fio.is_empty() && report.metadata_scale.is_empty())
+    {
         direct_table(&mut out, &direct);
+    }
+    if !fio.is_empty() {
+        fio_table(&mut out, &fio);
     }
     if !report.metadata_scale.is_empty() {
         metadata_table(&mut out, &report.metadata_scale);
@@ -257,6 +272,58 @@ fn direct_table(out: &mut String, rows: &[&BenchResult]) {
             reqs
         );
         let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+fn jobs_cpu_us(r: &BenchResult) -> String {
+    r.cpu_per_io
+        .as_ref()
+        .and_then(|c| c.io_threads_us)
+        .map_or("-".into(), |us| micros(us * 1e3))
+}
+
+fn fio_table(out: &mut String, rows: &[&BenchResult]) {
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "fio rows (every target measured by fio; iomapfs through the fio engine): ×raw and \
+         ×xfs are IOPS over the raw device's and xfs's rows; cpu µs/IO is the fio process's \
+         CPU per I/O, jobs µs/IO its job threads' share"
+    );
+    let _ = writeln!(
+        out,
+        "{:<32} {:<8} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:>8} {:>9} {:>9}",
+        "workload",
+        "target",
+        "IOPS",
+        "MiB/s",
+        "mean µs",
+        "p99 µs",
+        "×raw",
+        "×xfs",
+        "cpu ×raw",
+        "cpu µs/IO",
+        "jobs µs/IO"
+    );
+    let mut last = "";
+    for r in rows {
+        let name = if r.workload == last { "" } else { &r.workload };
+        last = &r.workload;
+        let _ = writeln!(
+            out,
+            "{:<32} {:<8} {:>9} {:>9.1} {:>9} {:>9} {:>6} {:>6} {:>8} {:>9} {:>9}",
+            name,
+            r.target,
+            si(r.iops),
+            mib(r.bw_bytes),
+            micros(r.lat_mean_ns),
+            micros(r.lat_p99_ns),
+            ratio(r.ratio_to_raw),
+            ratio(r.ratio_to_xfs),
+            ratio(r.cpu_ratio_to_raw),
+            cpu_us(r),
+            jobs_cpu_us(r),
+        );
     }
 }
 
@@ -471,6 +538,57 @@ mod tests {
             bw_bytes: iops * 65536.0,
             ..result(target, iops, None)
         }
+    }
+
+    #[test]
+    fn fio_rows_have_their_own_table_with_xfs_and_job_thread_cpu() {
+        let engine_row = result("raw", 400_000.0, Some(1.0));
+        let fio = |target: &str, iops: f64, raw: f64, xfs: Option<f64>, cpu_us: f64| {
+            let mut r = result(target, iops, Some(raw));
+            r.workload = "fio-randread-4k-qd1".into();
+            r.harness = Some("fio".into());
+            r.ratio_to_xfs = xfs;
+            r.cpu_per_io = cpu(cpu_us, super::super::CPU_SCOPE_FIO_PROCESS);
+            if let Some(c) = r.cpu_per_io.as_mut() {
+                c.io_threads_us = Some(cpu_us / 2.0);
+            }
+            r
+        };
+        let rows = vec![
+            engine_row,
+            fio("raw", 100_000.0, 1.0, Some(2.0), 8.0),
+            fio("iomapfs", 120_000.0, 1.2, Some(2.4), 6.0),
+            fio("xfs", 50_000.0, 0.5, Some(1.0), 20.0),
+        ];
+        let table = render_table(&report(rows));
+        let header = table
+            .lines()
+            .find(|l| l.starts_with("workload") && l.contains("jobs µs/IO"))
+            .expect(&table);
+        let section = table.split(header).nth(1).expect(&table);
+        let row = |t: &str| {
+            section
+                .lines()
+                .find(|l| l.contains(&format!(" {t} ")))
+                .unwrap_or_else(|| panic!("no {t} row in {table}"))
+        };
+        let cells = |t: &str| {
+            (
+                cell(header, row(t), "  ×raw"),
+                cell(header, row(t), "  ×xfs"),
+                cell(header, row(t), "cpu µs/IO"),
+                cell(header, row(t), "jobs µs/IO"),
+            )
+        };
+        assert_eq!(
+            cells("iomapfs"),
+            ("1.20", "2.40", "6.00", "3.00"),
+            "{table}"
+        );
+        assert_eq!(cells("xfs"), ("0.50", "1.00", "20.00", "10.00"), "{table}");
+        // The engine's row stays in the engine's table, not this one.
+        assert_eq!(section.matches(" raw ").count(), 1, "{table}");
+        assert!(row("raw").starts_with("fio-randread-4k-qd1"), "{table}");
     }
 
     #[test]
