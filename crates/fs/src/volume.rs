@@ -405,7 +405,7 @@ mod tests {
     }
 
     #[test]
-    fn space_freed_by_uncommitted_unlink_is_reused_after_an_internal_commit() {
+    fn space_freed_by_unlink_is_reused_after_an_internal_checkpoint() {
         let (_dev, vol) = fresh(4 << 20);
         let create = OpenFlags {
             create: true,
@@ -416,7 +416,7 @@ mod tests {
         a.fallocate(0, free, false).unwrap();
         drop(a);
         vol.unlink("a").unwrap();
-        // Freed but busy until the unlink is durable; statfs counts it.
+        // Freed but busy until a checkpoint holds the unlink; statfs counts it.
         assert_eq!(vol.inner.meta.read().alloc.free_bytes(), 0);
         assert_eq!(vol.statfs().free_bytes, free);
         let b = vol.open_file("b", create).unwrap();
