@@ -123,10 +123,12 @@ fn build_image() -> Image {
     let after_ckpt = mem.snapshot();
     // Journal-only changes, each synced.
     type Op<'a> = Box<dyn Fn(&Volume) + 'a>;
+    /// The write an operation makes: path, offset, bytes.
+    type Write = (&'static str, u64, Vec<u8>);
     let j1 = (0, tagged(21, 0, 9000));
     let f4 = (5000, tagged(22, 5000, 20_000));
     let j2 = (4096, tagged(23, 4096, 4096));
-    let ops: Vec<(Op<'_>, Option<(&'static str, u64, Vec<u8>)>)> = vec![
+    let ops: Vec<(Op<'_>, Option<Write>)> = vec![
         (
             Box::new(|v| {
                 let f = v.open_file("/j1", cf()).unwrap();
