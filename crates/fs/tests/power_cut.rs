@@ -14,7 +14,7 @@
 //! written data. Some recovered volumes are then written to, unmounted and
 //! checked again.
 //!
-//! Env: `IOMAPFS_POWER_CUTS` (default 20000 per run, split over the two
+//! Env: `IOMAPFS_POWER_CUTS` (default 100,000 per run, split over the two
 //! tests), `IOMAPFS_TEST_SEED` (one workload), `IOMAPFS_TEST_BASE_SEED`.
 
 mod common;
@@ -329,7 +329,7 @@ fn verify_cut(
 fn run(mix: Mix, name: &str, share: f64) {
     let t0 = Instant::now();
     let seeds = Seeds::from_env(name);
-    let target = (env_u64("IOMAPFS_POWER_CUTS", 20_000) as f64 * share).ceil() as u64;
+    let target = (env_u64("IOMAPFS_POWER_CUTS", 100_000) as f64 * share).ceil() as u64;
     let stats = Stats::default();
     let mut cuts = 0u64;
     let mut i = 0u64;
