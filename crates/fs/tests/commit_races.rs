@@ -55,6 +55,24 @@ fn region(mem: &MemDevice, journal: bool) -> std::ops::Range<u64> {
     r.start..r.end()
 }
 
+/// Runs `during` while a `sync` from another thread has its journal write
+/// done on the device but not returned (records to commit are made first,
+/// so there is one), then lets the sync finish.
+fn during_a_commit(mem: &MemDevice, vol: &Arc<Volume>, during: impl FnOnce()) {
+    open(vol, "/other", false, false)
+        .pwrite(b"pending metadata for the commit", 0)
+        .unwrap();
+    let held = mem.pause_after(FaultRule::new(FaultOp::Write).range(region(mem, true)));
+    let committer = {
+        let vol = vol.clone();
+        thread::spawn(move || vol.sync())
+    };
+    held.wait_reached();
+    during();
+    held.resume();
+    committer.join().unwrap().expect("sync");
+}
+
 /// Mounts what a power cut keeping nothing unflushed leaves; fsck first.
 fn after_cut(mem: &MemDevice, ctx: &str) -> Volume {
     let dev: Arc<dyn BlockDevice> = Arc::new(cut(mem, CutPolicy::KeepNothing));
@@ -69,20 +87,11 @@ fn after_cut(mem: &MemDevice, ctx: &str) -> Volume {
 fn records_logged_during_a_commit_stay_dirty() {
     let (mem, vol) = new_volume();
     let x = open(&vol, "/x", true, false);
-    open(&vol, "/other", false, false)
-        .pwrite(b"pending metadata for the commit", 0)
-        .unwrap();
-    let held = mem.pause_after(FaultRule::new(FaultOp::Write).range(region(&mem, true)));
-    let committer = {
-        let vol = vol.clone();
-        thread::spawn(move || vol.sync())
-    };
-    held.wait_reached();
     // Allocating write, completed (converted and sized in memory) while the
     // commit's journal write is in flight.
-    x.pwrite(&tagged(1, 0, 2 * BLOCK), 0).unwrap();
-    held.resume();
-    committer.join().unwrap().expect("sync");
+    during_a_commit(&mem, &vol, || {
+        x.pwrite(&tagged(1, 0, 2 * BLOCK), 0).unwrap();
+    });
     // Mapped and within EOF in memory: a pure overwrite, unless the file
     // still has records to commit.
     let data = tagged(2, 0, 2 * BLOCK);
@@ -164,18 +173,7 @@ fn unlink_racing_a_commit_never_shows_another_files_bytes() {
             .pwrite(&victim, 0)
             .unwrap();
         vol.sync().unwrap();
-        open(&vol, "/other", false, false)
-            .pwrite(b"pending", 0)
-            .unwrap();
-        let held = mem.pause_after(FaultRule::new(FaultOp::Write).range(region(&mem, true)));
-        let committer = {
-            let vol = vol.clone();
-            thread::spawn(move || vol.sync())
-        };
-        held.wait_reached();
-        vol.unlink("/victim").unwrap();
-        held.resume();
-        committer.join().unwrap().expect("sync");
+        during_a_commit(&mem, &vol, || vol.unlink("/victim").unwrap());
         open(&vol, "/new", true, false)
             .pwrite(&tagged(5, 0, 3 * BLOCK), 0)
             .unwrap();
