@@ -365,6 +365,9 @@ fn rolled_back_to(img: &Image, st: &VolState) -> Option<usize> {
     (0..newest).rev().find(|&i| {
         let old = &img.states[i];
         old.dirs == st.dirs
+            && old.symlinks == st.symlinks
+            && old.specials == st.specials
+            && old.attrs == st.attrs
             && old.files.len() == st.files.len()
             && old.files.iter().all(|(path, f)| {
                 let Some(got) = st.files.get(path) else {
@@ -491,27 +494,6 @@ fn run_one(img: &Image, bytes: Vec<u8>, desc: &str) -> Result<Outcome, String> {
             Ok(Outcome::Rollback(i))
         }
         None => {
-            // A rollback to an older state whose freed space was reused by
-            // later writes: the namespace and every size are that state's,
-            // only bytes differ. Damage that erases every later journal
-            // batch cannot be told from a torn tail, and without data
-            // checksums the reused blocks cannot be seen either (the fault
-            // model's "not survived yet"): counted and printed, as rollbacks.
-            let reused = img.states[..img.states.len() - 1].iter().rposition(|s| {
-                s.dirs == st.dirs
-                    && s.symlinks == st.symlinks
-                    && s.files.len() == st.files.len()
-                    && s.files
-                        .iter()
-                        .all(|(p, f)| st.files.get(p).is_some_and(|g| g.size == f.size))
-            });
-            if let Some(i) = reused {
-                eprintln!(
-                    "hostile: note: {desc}: rolled back to state #{i} whose freed space later writes reused"
-                );
-                let _ = vol.unmount();
-                return Ok(Outcome::Rollback(i));
-            }
             if fsck_clean {
                 return Err(format!(
                     "mounted a state the image never held, and fsck calls it clean: dirs {:?} files {:?}",

@@ -247,7 +247,7 @@ fn exercise(dev: Arc<MemDevice>) {
                 format!("{dir}/{}", e.name)
             };
             match e.kind {
-                FileKind::Directory => dirs.push_back(path),
+                FileKind::Directory => dirs.push_back(path.clone()),
                 FileKind::Regular => {
                     if let Ok(f) = vol.open_file(&path, OpenFlags::default()) {
                         let mut buf = vec![0u8; READ_CAP.min(64 * 1024)];
@@ -260,6 +260,18 @@ fn exercise(dev: Arc<MemDevice>) {
                         }
                         let _ = f.pwrite(&[0x5a; 3000], 1000);
                     }
+                }
+                FileKind::Symlink => {
+                    let _ = vol.readlink(&path);
+                }
+                _ => {
+                    let _ = vol.stat(&path);
+                }
+            }
+            if let Ok(ino) = vol.ino_of(&path) {
+                let _ = vol.stat_ino(ino);
+                for name in vol.list_xattr(ino).unwrap_or_default() {
+                    let _ = vol.get_xattr(ino, &name);
                 }
             }
         }
@@ -326,24 +338,63 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
 /// One encoded batch payload per record kind, prefixed by its count.
 fn record_seeds() -> Vec<Vec<u8>> {
     use iomapfs_fs::codec::{encode_record, Encoder};
-    use iomapfs_fs::types::Record;
+    use iomapfs_fs::types::{InodeAttrs, Record, Timestamp};
+    let time = Timestamp { sec: 1, nsec: 2 };
     let records = [
         Record::Create {
             ino: 100,
             parent: 1,
             name: "n".into(),
             kind: FileKind::Regular,
-            mtime_ns: 1,
+            attrs: InodeAttrs::default(),
+            target: Vec::new(),
+        },
+        Record::Create {
+            ino: 101,
+            parent: 1,
+            name: "s".into(),
+            kind: FileKind::Symlink,
+            attrs: InodeAttrs::default(),
+            target: b"/a".to_vec(),
         },
         Record::Unlink {
             parent: 1,
             name: "a".into(),
+            time,
         },
         Record::Rename {
             src_parent: 1,
             src_name: "c".into(),
             dst_parent: 1,
             dst_name: "e".into(),
+            exchange: false,
+            time,
+        },
+        Record::Link {
+            ino: 2,
+            parent: 1,
+            name: "h".into(),
+            time,
+        },
+        Record::SetAttr {
+            ino: 2,
+            mode: 0o640,
+            uid: 7,
+            gid: 8,
+            atime: time,
+            mtime: time,
+            ctime: time,
+        },
+        Record::SetXattr {
+            ino: 2,
+            name: "user.k".into(),
+            value: b"v".to_vec(),
+            ctime: time,
+        },
+        Record::RemoveXattr {
+            ino: 2,
+            name: "user.k".into(),
+            ctime: time,
         },
         Record::MapUnwritten {
             ino: 2,
