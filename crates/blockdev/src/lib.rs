@@ -13,6 +13,8 @@
 //! - [`memory::MemDevice`]: RAM-backed, for tests. Counts requests, injects
 //!   errors, simulates power cuts, and on request completes queued requests
 //!   out of order ([`OutOfOrderQueue`]).
+//! - [`log_writes::LogWritesDevice`]: a wrapper recording every write, flush
+//!   and mark to a log file, for replay at any point (dm-log-writes).
 //!
 //! [`backend::open_device`] opens a path with the backend the caller asked for,
 //! or, for [`Backend::Auto`], the one probing says is faster, and says why.
@@ -23,6 +25,7 @@ pub mod backend;
 pub mod caps;
 pub mod counters;
 pub mod error;
+pub mod log_writes;
 pub mod memory;
 mod probe;
 pub mod queue;
@@ -36,6 +39,7 @@ pub use backend::{open_device, Backend, BackendChoice};
 pub use caps::{DeviceCaps, DeviceKind};
 pub use counters::{DeviceCounters, RequestCounts};
 pub use error::DeviceError;
+pub use log_writes::{LogEntry, LogReader, LogWritesDevice};
 pub use memory::{FaultOp, FaultRule, MemDevice, PausedRequest, PendingWrite, Survival};
 pub use queue::{
     new_queue, DeviceCompletion, DeviceQueue, DeviceRequest, InlineQueue, OutOfOrderQueue,

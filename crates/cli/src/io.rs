@@ -13,7 +13,9 @@
 use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use blockdev::AlignedBuf;
+use std::sync::Arc;
+
+use blockdev::{AlignedBuf, BlockDevice, LogWritesDevice};
 use clap::Args;
 use iomapfs_fs::{Error, FiemapKind, File, FileKind, OpenFlags, Volume};
 
@@ -53,7 +55,9 @@ File commands (xfs_io syntax and output):
   fiemap                      extent map: [start..end] in 512-byte units,
                               device block range, length, data/unwritten/hole
 Volume commands:
-  mkdir PATH | ls [PATH] | rm PATH | mv FROM TO | sync | statfs | help [CMD] | quit";
+  mkdir PATH | ls [PATH] | rm PATH | mv FROM TO | sync | statfs | help [CMD] | quit
+With --record LOG:
+  mark NAME                   a named point 'iomapfs replay --mark NAME' stops at";
 
 const AFTER_HELP: &str = "\
 Examples:
@@ -79,6 +83,13 @@ pub struct IoArgs {
     /// run in order). Without -c, commands are read from standard input.
     #[arg(short = 'c', long = "command", value_name = "CMD")]
     pub commands: Vec<String>,
+
+    /// Record every device write (with its data), flush and mark of this
+    /// session to LOG, for `iomapfs replay` (like dm-log-writes). Marks
+    /// say when each file was made durable and with what content, so that
+    /// replay can check durability at every flush; `mark NAME` adds one.
+    #[arg(long, value_name = "LOG")]
+    pub record: Option<std::path::PathBuf>,
 }
 
 fn prefix_io(f: Failure) -> Failure {
@@ -89,8 +100,19 @@ pub fn run(args: &IoArgs) -> Result<u8, Failure> {
     let shown = args.target.display();
     let dev = open_device(&args.target, false)
         .map_err(|f| Failure::new(1, format!("io: {}", f.message)))?;
+    let recorder = match &args.record {
+        Some(log) => Some(Arc::new(
+            LogWritesDevice::create(dev.clone(), log)
+                .map_err(|e| Failure::new(1, format!("io: --record {}: {e}", log.display())))?,
+        )),
+        None => None,
+    };
+    let dev: Arc<dyn BlockDevice> = match &recorder {
+        Some(r) => r.clone(),
+        None => dev,
+    };
     let vol = crate::target::mount(dev, &shown.to_string()).map_err(prefix_io)?;
-    let mut session = Session::new(vol);
+    let mut session = Session::new(vol, recorder);
 
     if args.commands.is_empty() {
         let stdin = std::io::stdin();
@@ -158,6 +180,8 @@ struct Session {
     failed: bool,
     /// File-system block size, for the `b` number suffix.
     block_size: u64,
+    /// `--record`: the device wrapper writing the log, for marks.
+    recorder: Option<Arc<LogWritesDevice>>,
 }
 
 /// A parsed command line: options (in order) and positional arguments.
@@ -495,6 +519,21 @@ static COMMANDS: &[Spec] = &[
         run: cmd_statfs,
     },
     Spec {
+        name: "mark",
+        alias: None,
+        opts: "",
+        min_args: 1,
+        max_args: 1,
+        usage: "NAME",
+        oneline: "add a named mark to the --record log",
+        help: "\
+ With --record LOG, adds a mark named NAME to the log: 'iomapfs replay LOG
+ TARGET --mark NAME' rebuilds the device as it was at this point. Names
+ starting with 'iomapfs:' are reserved for the marks the session writes
+ itself (when each file was made durable, and with what).",
+        run: cmd_mark,
+    },
+    Spec {
         name: "help",
         alias: Some("?"),
         opts: "",
@@ -525,7 +564,7 @@ fn find_command(name: &str) -> Option<&'static Spec> {
 }
 
 impl Session {
-    fn new(vol: Volume) -> Session {
+    fn new(vol: Volume, recorder: Option<Arc<LogWritesDevice>>) -> Session {
         let block_size = u64::from(vol.statfs().block_size.max(1));
         Session {
             block_size,
@@ -533,6 +572,67 @@ impl Session {
             files: Vec::new(),
             current: None,
             failed: false,
+            recorder,
+        }
+    }
+
+    /// Writes mark `name` to the recording, if any.
+    fn record_mark(&mut self, name: &str) {
+        let Some(r) = &self.recorder else {
+            return;
+        };
+        if let Err(e) = r.mark(name) {
+            self.fail(&format!("record: {e}"));
+        }
+    }
+
+    /// Paths a command may change (recorded as `changing` before it runs).
+    fn paths_changed_by(&self, spec: &Spec, p: &Parsed) -> Vec<String> {
+        let current = || {
+            self.current
+                .and_then(|i| self.files.get(i))
+                .map(|f| f.path.clone())
+        };
+        match spec.name {
+            "pwrite" | "truncate" | "falloc" | "fpunch" => current().into_iter().collect(),
+            "open" if p.has('t') || p.has('c') || p.has('f') => {
+                p.args.iter().map(|a| volume_path(a)).collect()
+            }
+            "rm" | "mv" => p.args.iter().map(|a| volume_path(a)).collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Paths a command that returned made durable (recorded as `synced`).
+    fn paths_synced_by(&self, spec: &Spec, p: &Parsed) -> Vec<String> {
+        let current = self.current.and_then(|i| self.files.get(i));
+        match spec.name {
+            "fsync" | "fdatasync" => current.map(|f| f.path.clone()).into_iter().collect(),
+            "pwrite"
+                if p.has('D')
+                    || p.has('w')
+                    || p.has('W')
+                    || current.is_some_and(|f| f.flags.dsync || f.flags.sync) =>
+            {
+                current.map(|f| f.path.clone()).into_iter().collect()
+            }
+            "sync" => {
+                let mut paths: Vec<String> = self.files.iter().map(|f| f.path.clone()).collect();
+                paths.sort();
+                paths.dedup();
+                paths
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// Records what the file at `path` holds now, as durable.
+    fn record_synced(&mut self, path: &str) {
+        match crate::replay::read_whole(&self.vol, path) {
+            Ok(data) => self.record_mark(&crate::replay::synced_mark(path, &data)),
+            Err(e) => self.fail(&format!(
+                "record: reading {path} back for its synced mark: {e}"
+            )),
         }
     }
 
@@ -581,8 +681,20 @@ impl Session {
         if spec.name == "quit" {
             return Flow::Quit;
         }
-        if let Err(e) = (spec.run)(self, spec, &parsed) {
-            self.fail(&e);
+        let recording = self.recorder.is_some();
+        if recording {
+            for path in self.paths_changed_by(spec, &parsed) {
+                self.record_mark(&crate::replay::changing_mark(&path));
+            }
+        }
+        match (spec.run)(self, spec, &parsed) {
+            Err(e) => self.fail(&e),
+            Ok(()) if recording => {
+                for path in self.paths_synced_by(spec, &parsed) {
+                    self.record_synced(&path);
+                }
+            }
+            Ok(()) => {}
         }
         Flow::Continue
     }
@@ -599,6 +711,12 @@ impl Session {
         if let Err(e) = self.vol.unmount() {
             report_error(&format!("unmount: {e}"));
             self.failed = true;
+        }
+        if let Some(r) = self.recorder.take() {
+            if let Err(e) = r.flush_log() {
+                report_error(&format!("record: {e}"));
+                self.failed = true;
+            }
         }
         self.failed
     }
@@ -1120,6 +1238,24 @@ fn cmd_mv(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+fn cmd_mark(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
+    let name = &p.args[0];
+    let Some(r) = &s.recorder else {
+        return Err(format!(
+            "{}: not recording (start with --record LOG)",
+            spec.name
+        ));
+    };
+    if name.starts_with(crate::replay::MARK_PREFIX) {
+        return Err(format!(
+            "{}: names starting with {:?} are reserved",
+            spec.name,
+            crate::replay::MARK_PREFIX
+        ));
+    }
+    r.mark(name).map_err(|e| format!("{}: {e}", spec.name))
 }
 
 fn cmd_sync(s: &mut Session, spec: &Spec, _p: &Parsed) -> Result<(), String> {

@@ -10,6 +10,7 @@ mod fsck;
 mod io;
 mod mkfs;
 mod mount;
+mod replay;
 mod shell;
 mod size;
 mod target;
@@ -116,6 +117,7 @@ enum Command {
     Demo(demo::DemoArgs),
     Bench(bench::BenchArgs),
     Mount(mount::MountArgs),
+    Replay(replay::ReplayArgs),
 }
 
 /// Keeps panics (bugs, never user errors) from printing a bare backtrace:
@@ -174,6 +176,7 @@ fn main() -> ExitCode {
         Command::Demo(args) => demo::run(&args),
         Command::Bench(args) => bench::run(&args, cli.backend).map(|()| 0),
         Command::Mount(args) => mount::run(&args),
+        Command::Replay(args) => replay::run(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),

@@ -810,3 +810,189 @@ fn cache_size_is_honoured_and_checked() {
     assert_eq!(r.code, 2, "{}", r.stderr);
     assert!(r.stderr.contains("dirty limit"), "{}", r.stderr);
 }
+
+/// Copies `from` to a new file `name` in `dir`.
+fn copy_image(dir: &TempDir, from: &Path, name: &str) -> PathBuf {
+    let to = dir.path().join(name);
+    std::fs::copy(from, &to).unwrap();
+    to
+}
+
+/// Rewrites log `from` to `to` without the entries `drop` selects (by
+/// index), through the recorder itself.
+fn rewrite_log(from: &Path, to: &Path, drop: impl Fn(u64, &blockdev::LogEntry) -> bool) {
+    use blockdev::{BlockDevice, LogEntry, LogReader, LogWritesDevice, MemDevice, WriteMode};
+    let mut r = LogReader::open(from).unwrap();
+    let scratch = std::sync::Arc::new(MemDevice::new(
+        r.header.device_size,
+        r.header.logical_block_size,
+    ));
+    let w = LogWritesDevice::create(scratch, to).unwrap();
+    let mut i = 0;
+    while let Some(e) = r.next_entry().unwrap() {
+        if !drop(i, &e) {
+            match &e {
+                LogEntry::Write { offset, data, fua } => {
+                    let mode = if *fua {
+                        WriteMode::Fua
+                    } else {
+                        WriteMode::Normal
+                    };
+                    w.write_at(data, *offset, mode).unwrap();
+                }
+                LogEntry::Flush => w.flush().unwrap(),
+                LogEntry::Mark(name) => w.mark(name).unwrap(),
+            }
+        }
+        i += 1;
+    }
+    w.flush_log().unwrap();
+}
+
+/// `io --record` then `replay`: the log lists the session's marks; a full
+/// replay onto the starting image passes every flush point and rebuilds
+/// the recorded image byte for byte; `--mark` and `--to` stop early; and a
+/// log missing a synced file's writes fails the check (the checker can
+/// fail).
+#[test]
+fn record_and_replay_check_every_flush_point() {
+    let dir = scratch();
+    let base = formatted(&dir);
+    let disk = copy_image(&dir, &base, "disk.img");
+    let log = dir.path().join("run.log");
+    let mut args: Vec<String> = vec![
+        "io".into(),
+        disk.display().to_string(),
+        "--record".into(),
+        log.display().to_string(),
+    ];
+    for c in [
+        "open -c /a",
+        "pwrite -q -S 0x11 0 64k",
+        "fsync",
+        "open -cd /b",
+        "pwrite -q -D -S 0x22 0 8k",
+        "pwrite -q -S 0x23 100 3000",
+        "falloc -k 64k 32k",
+        "mark before-rm",
+        "file 0",
+        "pwrite -q -S 0x33 64k 16k",
+        "truncate 70000",
+        "fpunch 4k 8k",
+        "sync",
+        "mv /a /c",
+        "rm /b",
+    ] {
+        args.push("-c".into());
+        args.push(c.into());
+    }
+    assert_ok(&iomapfs(&args), "io --record");
+
+    let list = iomapfs(["replay", log.to_str().unwrap(), "--list"]);
+    assert_ok(&list, "replay --list");
+    assert!(list.stdout.contains("mark before-rm"), "{}", list.stdout);
+    assert!(
+        list.stdout.contains("mark iomapfs:synced 65536"),
+        "{}",
+        list.stdout
+    );
+    assert!(list.stdout.contains("flush"), "{}", list.stdout);
+
+    let full = copy_image(&dir, &base, "full.img");
+    let r = iomapfs([
+        "replay",
+        log.to_str().unwrap(),
+        full.to_str().unwrap(),
+        "--check-every-flush",
+    ]);
+    assert_ok(&r, "replay --check-every-flush");
+    let points: u64 = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("checked "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no 'checked N flush points' line:\n{}", r.stdout));
+    assert!(points >= 5, "only {points} flush points:\n{}", r.stdout);
+    assert!(r.stdout.contains(", 0 failed"), "{}", r.stdout);
+    assert!(
+        std::fs::read(&full).unwrap() == std::fs::read(&disk).unwrap(),
+        "a full replay did not rebuild the recorded image"
+    );
+
+    let at_mark = copy_image(&dir, &base, "mark.img");
+    let r = iomapfs([
+        "replay",
+        log.to_str().unwrap(),
+        at_mark.to_str().unwrap(),
+        "--mark",
+        "before-rm",
+    ]);
+    assert_ok(&r, "replay --mark");
+    let ls = io(&at_mark, &["ls /", "open /a", "stat"]);
+    assert_ok(&ls, "io on the image replayed to the mark");
+    assert!(
+        ls.stdout.contains(" b\n") || ls.stdout.contains(" b "),
+        "{}",
+        ls.stdout
+    );
+    assert!(ls.stdout.contains("stat.size = 65536"), "{}", ls.stdout);
+
+    let none = copy_image(&dir, &base, "none.img");
+    let r = iomapfs([
+        "replay",
+        log.to_str().unwrap(),
+        none.to_str().unwrap(),
+        "--to",
+        "0",
+    ]);
+    assert_ok(&r, "replay --to 0");
+    assert!(std::fs::read(&none).unwrap() == std::fs::read(&base).unwrap());
+
+    // The data writes of the first 'pwrite' of /a gone (its metadata kept):
+    // every flush point after its synced mark must report the content.
+    let names: Vec<String> = {
+        let mut r = blockdev::LogReader::open(&log).unwrap();
+        std::iter::from_fn(|| r.next_entry().unwrap())
+            .map(|e| match e {
+                blockdev::LogEntry::Mark(n) => n,
+                _ => String::new(),
+            })
+            .collect()
+    };
+    let synced_a = names
+        .iter()
+        .position(|n| n.starts_with("iomapfs:synced 65536"))
+        .unwrap() as u64;
+    let tampered = dir.path().join("tampered.log");
+    let data_area = {
+        let bytes = std::fs::read(&base).unwrap();
+        let mem = blockdev::MemDevice::from_bytes(bytes, 512, true, false);
+        let l = iomapfs_fs::superblock::read_superblock(&mem)
+            .unwrap()
+            .layout;
+        l.data.start..l.data.end()
+    };
+    rewrite_log(&log, &tampered, |i, e| {
+        i < synced_a
+            && matches!(e, blockdev::LogEntry::Write { offset, .. } if data_area.contains(offset))
+    });
+    let t = copy_image(&dir, &base, "tampered.img");
+    let r = iomapfs([
+        "replay",
+        tampered.to_str().unwrap(),
+        t.to_str().unwrap(),
+        "--check-every-flush",
+    ]);
+    assert_eq!(
+        r.code, 1,
+        "a log missing synced writes passed:\n{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("synced data lost: /a, synced at entry")
+            && r.stdout.contains("holds 65536 bytes"),
+        "no report of /a's content:\n{}",
+        r.stdout
+    );
+}

@@ -8,11 +8,14 @@
 //! durable journal record. If space freed by a not-yet-durable record (a
 //! punch, a truncate, a delete) were handed to another file and written, a
 //! crash would roll the free back and the old owner would read the new
-//! owner's data (invariant 1, "no stale data"). So freed space is **busy**
-//! until the journal says the freeing record is durable
-//! ([`Allocator::release_busy`]), as XFS does with busy extents. Recovery
-//! frees with [`Allocator::free_now`], because replayed records are durable
-//! by definition.
+//! owner's data (invariant 1, "no stale data"). So freed space is **busy**,
+//! as XFS does with busy extents, and stays busy until a *checkpoint* that
+//! contains the freeing record is durable ([`Allocator::release_busy`]),
+//! not merely its journal batch: damage that destroys the last journal
+//! batches cannot be told from a torn tail, and mount then comes up in the
+//! older state. Blocks freed by the lost batches must still hold nothing but
+//! their old owner's bytes. Mount keeps the space freed by replayed records
+//! busy too ([`Allocator::hold_busy`]), for the same reason.
 //!
 //! Every device range handed in is checked against the allocator's own view
 //! (in the data area, aligned, entirely used for a free, entirely free for
@@ -183,8 +186,28 @@ impl Allocator {
         Ok(())
     }
 
-    /// The journal is durable through record `up_to_seq`: space those
-    /// records freed becomes allocatable.
+    /// Keeps the free parts of `[addr, addr + len)` busy as if journal
+    /// record `seq` had just freed them: for space freed by records that
+    /// replay applied, which only the journal (no checkpoint yet) records.
+    /// Parts that are not free (reused by a later record) are left alone.
+    pub fn hold_busy(&mut self, addr: u64, len: u64, seq: u64) -> Result<(), String> {
+        // Free extents from the highest down: each found one ends the part
+        // still to look at.
+        let mut end = self.validate_range("hold busy", addr, len)?;
+        while let Some((s, l)) = self.free_overlapping(addr, end) {
+            let part_start = s.max(addr);
+            let part_len = (s + l).min(end) - part_start;
+            self.take(s, l, part_start, part_len);
+            self.busy.insert(part_start, (part_len, seq));
+            self.busy_by_seq.insert((seq, part_start));
+            self.busy_bytes += part_len;
+            end = part_start;
+        }
+        Ok(())
+    }
+
+    /// A checkpoint holding every record through `up_to_seq` is durable:
+    /// space those records freed becomes allocatable.
     pub fn release_busy(&mut self, up_to_seq: u64) {
         while let Some(&(seq, addr)) = self.busy_by_seq.first() {
             if seq > up_to_seq {
@@ -504,6 +527,28 @@ mod tests {
         a.free_now(0, BS).unwrap();
         a.free_now(3 * BS, BS).unwrap();
         assert_eq!(a.free_extents(), vec![(0, 4 * BS)], "coalesced");
+        a.check().unwrap();
+    }
+
+    #[test]
+    fn hold_busy_takes_only_the_free_parts() {
+        let mut a = Allocator::new(0, 8 * BS, BS as u32);
+        assert_eq!(a.alloc(8 * BS, None), Some((0, 8 * BS)));
+        a.free_now(0, 2 * BS).unwrap();
+        a.free_now(3 * BS, 2 * BS).unwrap();
+        a.free_now(6 * BS, BS).unwrap();
+        // [BS, 7 BS): free at 1, 3..5, 6; used at 2 and 5.
+        a.hold_busy(BS, 6 * BS, 9).unwrap();
+        assert_eq!(a.free_extents(), vec![(0, BS)]);
+        assert_eq!(a.busy_bytes(), 4 * BS);
+        assert_eq!(a.alloc(BS, None), Some((0, BS)));
+        assert_eq!(a.alloc(BS, None), None, "held space must not be handed out");
+        a.check().unwrap();
+        a.release_busy(9);
+        assert_eq!(
+            a.free_extents(),
+            vec![(BS, BS), (3 * BS, 2 * BS), (6 * BS, BS)]
+        );
         a.check().unwrap();
     }
 

@@ -14,9 +14,10 @@ use crate::{Error, Result};
 
 impl VolumeInner {
     /// Runs `allocate` under the metadata write lock. Space freed by
-    /// changes that are not durable yet stays busy (reusing it could expose
-    /// new data in its old owner after a crash); when an allocation fails
-    /// while space is busy, commit to release it and try once more. Returns
+    /// changes that no checkpoint holds yet stays busy (reusing it could
+    /// expose new data in its old owner after a crash or a lost journal
+    /// tail); when an allocation fails while space is busy, checkpoint to
+    /// release it and try once more. Returns
     /// the lock still held, so the caller sees the state it allocated in.
     pub(crate) fn with_busy_retry<T>(
         &self,
@@ -26,7 +27,7 @@ impl VolumeInner {
         match allocate(&mut meta) {
             Err(e) if matches!(e.root(), Error::NoSpace { .. }) && meta.alloc.busy_bytes() > 0 => {
                 drop(meta);
-                self.commit()?;
+                self.checkpoint()?;
                 let mut meta = self.meta.write();
                 let value = allocate(&mut meta)?;
                 Ok((meta, value))

@@ -245,20 +245,15 @@ impl JournalWriter {
                 available,
             });
         }
-        let mut enc = Encoder::with_capacity(len as usize);
-        enc.bytes(&BATCH_MAGIC);
-        enc.u64(self.next_seq);
-        enc.u32(count);
-        enc.u32(self.chain);
-        enc.u64(payload.len() as u64);
-        enc.u32(crc32c::crc32c_append(self.seed, payload.as_bytes()));
-        debug_assert_eq!(enc.len(), OFF_HEADER_CRC);
-        let crc = crc32c::crc32c_append(self.seed, enc.as_bytes());
-        enc.u32(crc);
-        debug_assert_eq!(enc.len(), BATCH_HEADER_LEN);
-        enc.bytes(payload.as_bytes());
-        let mut buf = enc.into_bytes();
-        buf.resize(len as usize, 0);
+        let (buf, crc) = encode_batch(
+            self.seed,
+            self.next_seq,
+            count,
+            self.chain,
+            payload.as_bytes(),
+            self.block_size,
+        );
+        debug_assert_eq!(buf.len() as u64, len);
         let at = self.region.start + pos;
         dev.write_at(&buf, at, WriteMode::Normal)
             .map_err(|e| Error::device(format!("writing journal batch at device byte {at}"), e))?;
@@ -267,6 +262,37 @@ impl JournalWriter {
         self.chain = crc;
         Ok(last_seq)
     }
+}
+
+/// A batch as written: the header for `count` records from `first_seq`,
+/// chained to `prev_chain`, then `payload` (the encoded records), padded to
+/// `block_size`; with the batch's chain value. `seed` is the volume's crc
+/// seed ([`Superblock::crc_seed`]). The payload is not checked: fuzzing
+/// uses this to reach the record decoder past the checksums.
+pub fn encode_batch(
+    seed: u32,
+    first_seq: u64,
+    count: u32,
+    prev_chain: u32,
+    payload: &[u8],
+    block_size: u64,
+) -> (Vec<u8>, u32) {
+    let len = batch_len(payload.len() as u64, block_size);
+    let mut enc = Encoder::with_capacity(len as usize);
+    enc.bytes(&BATCH_MAGIC);
+    enc.u64(first_seq);
+    enc.u32(count);
+    enc.u32(prev_chain);
+    enc.u64(payload.len() as u64);
+    enc.u32(crc32c::crc32c_append(seed, payload));
+    debug_assert_eq!(enc.len(), OFF_HEADER_CRC);
+    let crc = crc32c::crc32c_append(seed, enc.as_bytes());
+    enc.u32(crc);
+    debug_assert_eq!(enc.len(), BATCH_HEADER_LEN);
+    enc.bytes(payload);
+    let mut buf = enc.into_bytes();
+    buf.resize(len as usize, 0);
+    (buf, crc)
 }
 
 /// A verified batch.

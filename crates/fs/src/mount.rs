@@ -89,10 +89,16 @@ pub(crate) fn mount(
         slot,
         generation,
         state,
-        alloc,
+        mut alloc,
         replay_end,
         journal_tail,
+        replay_freed,
     } = loaded;
+    for (seq, addr, len) in replay_freed {
+        alloc
+            .hold_busy(addr, len, seq)
+            .map_err(|reason| Error::corrupt("journal record", addr, reason))?;
+    }
     let mut journal =
         JournalWriter::new(&sb, replay_end.head, replay_end.next_seq, replay_end.chain);
     journal.set_tail(journal_tail);
@@ -149,6 +155,9 @@ pub(crate) struct Loaded {
     pub alloc: Allocator,
     pub replay_end: journal::ReplayEnd,
     pub journal_tail: u64,
+    /// `(seq, addr, len)`: space the replayed records freed. Only the
+    /// journal records those frees, so mount keeps it busy (see `alloc`).
+    pub replay_freed: Vec<(u64, u64, u64)>,
 }
 
 /// Reads the superblock and newest checkpoint, replays the journal and
@@ -167,6 +176,7 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
     }
     let journal_start = sb.layout.journal.start;
     let mut freed = Vec::new();
+    let mut replay_freed = Vec::new();
     let replay_end = journal::replay(
         device,
         &sb,
@@ -180,7 +190,9 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
                     journal_start,
                     format!("record {seq} does not apply: {reason}"),
                 )
-            })
+            })?;
+            replay_freed.extend(freed.drain(..).map(|(addr, len)| (seq, addr, len)));
+            Ok(())
         },
     )?;
     let alloc = build_allocator(&sb, &state)?;
@@ -192,6 +204,7 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         alloc,
         replay_end,
         journal_tail: ckpt.journal_start,
+        replay_freed,
     })
 }
 

@@ -248,7 +248,7 @@ impl Meta {
     }
 
     /// Applies `record` to memory and queues it for the journal. Space it
-    /// releases stays busy until the record is durable.
+    /// releases stays busy until a checkpoint holding the record is durable.
     pub fn log(&mut self, record: Record) -> Result<u64> {
         let mut freed = Vec::new();
         self.state
@@ -277,9 +277,10 @@ impl Meta {
             .is_some_and(|&seq| seq > self.committed_seq)
     }
 
+    /// The journal is durable through record `seq`. Space those records
+    /// freed stays busy until a checkpoint holds them (see `alloc`).
     pub(crate) fn mark_committed(&mut self, seq: u64) {
         self.committed_seq = self.committed_seq.max(seq);
-        self.alloc.release_busy(seq);
         let committed = self.committed_seq;
         self.last_change.retain(|_, &mut last| last > committed);
     }

@@ -134,7 +134,10 @@ impl VolumeInner {
             ckpt.journal_seq,
             ckpt.journal_chain,
         );
-        self.meta.write().mark_committed(journal_seq - 1);
+        let mut meta = self.meta.write();
+        meta.mark_committed(journal_seq - 1);
+        // Space the snapshot's records freed is free for good now.
+        meta.alloc.release_busy(journal_seq - 1);
         Ok(())
     }
 }

@@ -348,6 +348,7 @@ impl Volume {
 mod tests {
     use super::*;
     use blockdev::MemDevice;
+    use iomap::{IomapError, IomapKind, IomapOpFlags, IomapOps};
 
     fn fresh(size: u64) -> (Arc<MemDevice>, Volume) {
         let dev = Arc::new(MemDevice::new(size, 512));
@@ -355,6 +356,60 @@ mod tests {
         Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
         let vol = Volume::open(dev.clone()).unwrap();
         (dev, vol)
+    }
+
+    /// `begin` alone, as the write protocol calls it under the shared lock:
+    /// with OVERWRITE_ONLY or NOWAIT it answers a pure overwrite of written
+    /// space inside EOF, and `WouldBlock` for a hole, unwritten space, or a
+    /// range crossing EOF — before allocating or changing anything.
+    #[test]
+    fn overwrite_only_and_nowait_begin_would_block_unless_pure_overwrite() {
+        let (_dev, vol) = fresh(8 << 20);
+        let f = vol
+            .open_file(
+                "/f",
+                OpenFlags {
+                    create: true,
+                    direct: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        // [0, 8192) written, a hole, [16384, 20480) unwritten; EOF 30000.
+        f.pwrite(&[1u8; 8192], 0).unwrap();
+        f.fallocate(16_384, 4096, true).unwrap();
+        f.truncate(30_000).unwrap();
+        let inner = &vol.inner;
+        let inode = &inner.meta.read().open[&f.ino()].inode.clone();
+        let free_before = inner.meta.read().alloc.free_bytes();
+        let write = IomapOpFlags::WRITE | IomapOpFlags::DIRECT;
+        for guard in [IomapOpFlags::OVERWRITE_ONLY, IomapOpFlags::NOWAIT] {
+            let flags = write | guard;
+            let pure = inner.begin(inode, 4096, 4096, flags).unwrap();
+            assert_eq!(pure.kind, IomapKind::Mapped, "{guard:?}");
+            assert!(!pure.flags.contains(iomap::IomapFlags::NEW), "{guard:?}");
+            for (what, pos, len) in [
+                ("a hole inside EOF", 8192, 1000),
+                ("unwritten space inside EOF", 16_384, 4096),
+                ("written space, then a hole", 4096, 8192),
+                ("a range crossing EOF", 29_000, 2000),
+                ("a hole past EOF", 40_960, 4096),
+            ] {
+                match inner.begin(inode, pos, len, flags) {
+                    Err(Error::Iomap(IomapError::WouldBlock)) => {}
+                    other => panic!("{guard:?} over {what}: {other:?}, want WouldBlock"),
+                }
+            }
+        }
+        assert_eq!(
+            inner.meta.read().alloc.free_bytes(),
+            free_before,
+            "a WouldBlock answer allocated space"
+        );
+        // Without the guard, the same hole is allocated.
+        let m = inner.begin(inode, 8192, 1000, write).unwrap();
+        assert_eq!(m.kind, IomapKind::Unwritten);
+        assert!(m.flags.contains(iomap::IomapFlags::NEW));
     }
 
     #[test]
@@ -413,7 +468,7 @@ mod tests {
     }
 
     #[test]
-    fn space_freed_by_uncommitted_unlink_is_reused_after_an_internal_commit() {
+    fn space_freed_by_unlink_is_reused_after_an_internal_checkpoint() {
         let (_dev, vol) = fresh(4 << 20);
         let create = OpenFlags {
             create: true,
@@ -424,7 +479,7 @@ mod tests {
         a.fallocate(0, free, false).unwrap();
         drop(a);
         vol.unlink("a").unwrap();
-        // Freed but busy until the unlink is durable; statfs counts it.
+        // Freed but busy until a checkpoint holds the unlink; statfs counts it.
         assert_eq!(vol.inner.meta.read().alloc.free_bytes(), 0);
         assert_eq!(vol.statfs().free_bytes, free);
         let b = vol.open_file("b", create).unwrap();

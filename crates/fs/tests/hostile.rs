@@ -45,6 +45,9 @@ struct Image {
     bytes: Vec<u8>,
     /// States the image held durably, oldest first; the last is current.
     states: Vec<VolState>,
+    /// Every write of the journal-only phase: `(index of the first state
+    /// that includes it, path, offset, bytes)`.
+    writes: Vec<(usize, &'static str, u64, Vec<u8>)>,
     sb: Range<u64>,
     slots: [Range<u64>; 2],
     journal: Range<u64>,
@@ -119,29 +122,47 @@ fn build_image() -> Image {
     states.push(read_volume(&vol, u64::MAX).unwrap());
     let after_ckpt = mem.snapshot();
     // Journal-only changes, each synced.
-    type Op = Box<dyn Fn(&Volume)>;
-    let ops: Vec<Op> = vec![
-        Box::new(|v| {
-            let f = v.open_file("/j1", cf()).unwrap();
-            f.pwrite(&tagged(21, 0, 9000), 0).unwrap();
-        }),
-        Box::new(|v| v.mkdir("/d/sub").unwrap()),
-        Box::new(|v| v.rename("/f3", "/d/sub/f3").unwrap()),
-        Box::new(|v| {
-            let f = v.open_file("/f4", cf()).unwrap();
-            f.pwrite(&tagged(22, 5000, 20_000), 5000).unwrap();
-            f.truncate(17_000).unwrap();
-        }),
-        Box::new(|v| v.unlink("/d/f1").unwrap()),
-        Box::new(|v| {
-            let f = v.open_file("/j2", cf()).unwrap();
-            f.fallocate(0, 40_000, true).unwrap();
-            f.pwrite(&tagged(23, 4096, 4096), 4096).unwrap();
-        }),
+    type Op<'a> = Box<dyn Fn(&Volume) + 'a>;
+    /// The write an operation makes: path, offset, bytes.
+    type Write = (&'static str, u64, Vec<u8>);
+    let j1 = (0, tagged(21, 0, 9000));
+    let f4 = (5000, tagged(22, 5000, 20_000));
+    let j2 = (4096, tagged(23, 4096, 4096));
+    let ops: Vec<(Op<'_>, Option<Write>)> = vec![
+        (
+            Box::new(|v| {
+                let f = v.open_file("/j1", cf()).unwrap();
+                f.pwrite(&j1.1, j1.0).unwrap();
+            }),
+            Some(("/j1", j1.0, j1.1.clone())),
+        ),
+        (Box::new(|v| v.mkdir("/d/sub").unwrap()), None),
+        (Box::new(|v| v.rename("/f3", "/d/sub/f3").unwrap()), None),
+        (
+            Box::new(|v| {
+                let f = v.open_file("/f4", cf()).unwrap();
+                f.pwrite(&f4.1, f4.0).unwrap();
+                f.truncate(17_000).unwrap();
+            }),
+            Some(("/f4", f4.0, f4.1.clone())),
+        ),
+        (Box::new(|v| v.unlink("/d/f1").unwrap()), None),
+        (
+            Box::new(|v| {
+                let f = v.open_file("/j2", cf()).unwrap();
+                f.fallocate(0, 40_000, true).unwrap();
+                f.pwrite(&j2.1, j2.0).unwrap();
+            }),
+            Some(("/j2", j2.0, j2.1.clone())),
+        ),
     ];
-    for op in ops {
+    let mut writes = Vec::new();
+    for (op, write) in ops {
         op(&vol);
         vol.sync().unwrap();
+        if let Some((path, off, data)) = write {
+            writes.push((states.len(), path, off, data));
+        }
         states.push(read_volume(&vol, u64::MAX).unwrap());
     }
     drop(vol);
@@ -160,6 +181,7 @@ fn build_image() -> Image {
     Image {
         bytes,
         states,
+        writes,
         sb: 0..u64::from(l.block_size),
         slots,
         journal,
@@ -330,6 +352,48 @@ fn error_is_clear(e: &Error) -> Result<(), String> {
     }
 }
 
+/// The older state `st` is, if the journal batches after it were lost:
+/// the namespace and every size of that state, and each byte either that
+/// state's or one written *to the same file at the same offset* by a later
+/// operation (a zero, if a later truncate cut the file below it). Pure overwrites go in place with no metadata, so rolling the
+/// metadata back cannot take them back (detecting the rollback needs a
+/// record of what must exist: issue 14 item 6); bytes of another file
+/// never qualify (invariant 1: space freed since the last checkpoint is
+/// never reused).
+fn rolled_back_to(img: &Image, st: &VolState) -> Option<usize> {
+    let newest = img.states.len() - 1;
+    (0..newest).rev().find(|&i| {
+        let old = &img.states[i];
+        old.dirs == st.dirs
+            && old.symlinks == st.symlinks
+            && old.specials == st.specials
+            && old.attrs == st.attrs
+            && old.files.len() == st.files.len()
+            && old.files.iter().all(|(path, f)| {
+                let Some(got) = st.files.get(path) else {
+                    return false;
+                };
+                got.size == f.size
+                    && got.data.len() == f.data.len()
+                    && got.data.iter().zip(&f.data).enumerate().all(|(x, (g, o))| {
+                        g == o
+                            || *g == 0
+                                && img.states[i + 1..].iter().any(|later| {
+                                    later.files.get(path).is_some_and(|v| v.size <= x as u64)
+                                })
+                            || img.writes.iter().any(|(from, p, off, data)| {
+                                *from > i
+                                    && p == path
+                                    && (x as u64)
+                                        .checked_sub(*off)
+                                        .and_then(|k| data.get(k as usize))
+                                        == Some(g)
+                            })
+                    })
+            })
+    })
+}
+
 /// What happened to one image.
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
@@ -388,7 +452,11 @@ fn run_one(img: &Image, bytes: Vec<u8>, desc: &str) -> Result<Outcome, String> {
         }
     };
     let newest = img.states.len() - 1;
-    let which = img.states.iter().rposition(|s| *s == st);
+    let which = img
+        .states
+        .iter()
+        .rposition(|s| *s == st)
+        .or_else(|| rolled_back_to(img, &st));
     match which {
         Some(i) if i == newest => {
             // A healthy volume: it must also take writes.
@@ -426,27 +494,6 @@ fn run_one(img: &Image, bytes: Vec<u8>, desc: &str) -> Result<Outcome, String> {
             Ok(Outcome::Rollback(i))
         }
         None => {
-            // A rollback to an older state whose freed space was reused by
-            // later writes: the namespace and every size are that state's,
-            // only bytes differ. Damage that erases every later journal
-            // batch cannot be told from a torn tail, and without data
-            // checksums the reused blocks cannot be seen either (the fault
-            // model's "not survived yet"): counted and printed, as rollbacks.
-            let reused = img.states[..img.states.len() - 1].iter().rposition(|s| {
-                s.dirs == st.dirs
-                    && s.symlinks == st.symlinks
-                    && s.files.len() == st.files.len()
-                    && s.files
-                        .iter()
-                        .all(|(p, f)| st.files.get(p).is_some_and(|g| g.size == f.size))
-            });
-            if let Some(i) = reused {
-                eprintln!(
-                    "hostile: note: {desc}: rolled back to state #{i} whose freed space later writes reused"
-                );
-                let _ = vol.unmount();
-                return Ok(Outcome::Rollback(i));
-            }
             if fsck_clean {
                 return Err(format!(
                     "mounted a state the image never held, and fsck calls it clean: dirs {:?} files {:?}",

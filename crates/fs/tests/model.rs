@@ -13,8 +13,11 @@
 //! change nothing). Each case ends with a clean fsck, an accounting check
 //! (space used = space the files hold) and a final remount comparison.
 //!
-//! Env: `IOMAPFS_MODEL_CASES` (default 2000), `IOMAPFS_MODEL_OPS` (max ops
-//! per case, default 150), `IOMAPFS_TEST_SEED`, `IOMAPFS_TEST_BASE_SEED`.
+//! Env: `IOMAPFS_MODEL_TOTAL_OPS` (default 1,000,000 operations per run,
+//! split over four tests that the harness runs in parallel),
+//! `IOMAPFS_MODEL_CASES` (run this many cases instead), `IOMAPFS_MODEL_OPS`
+//! (max ops per case, default 150), `IOMAPFS_TEST_SEED`,
+//! `IOMAPFS_TEST_BASE_SEED`.
 
 mod common;
 
@@ -1761,14 +1764,28 @@ impl Case {
     }
 }
 
-#[test]
-fn model_differential() {
+/// The model cases run as this many tests, so the harness spreads them
+/// over the cores.
+const SHARDS: u64 = 4;
+
+/// Runs shard `shard`'s cases: every `SHARDS`-th seed, until the shard's
+/// share of the operation target is done (or its share of
+/// `IOMAPFS_MODEL_CASES`, when set).
+fn model_shard(shard: u64) {
     let t0 = Instant::now();
-    let seeds = Seeds::from_env("model");
-    let cases = seeds.count(env_u64("IOMAPFS_MODEL_CASES", 2000));
+    let name = format!("model shard {shard}/{SHARDS}");
+    let seeds = Seeds::from_env(&name);
+    if seeds.fixed.is_some() && shard != 0 {
+        return; // the one case runs in shard 0
+    }
+    let cases = std::env::var_os("IOMAPFS_MODEL_CASES")
+        .map(|_| env_u64("IOMAPFS_MODEL_CASES", 0).div_ceil(SHARDS));
+    let ops_target = env_u64("IOMAPFS_MODEL_TOTAL_OPS", 1_000_000).div_ceil(SHARDS);
     let max_ops = env_u64("IOMAPFS_MODEL_OPS", 150) as usize;
     let stats = Stats::default();
-    for i in 0..cases {
+    let mut i = shard;
+    let mut done = 0u64;
+    loop {
         let seed = seeds.case(i);
         run_case("model", seed, "model case", || {
             let mut c = Case::new(seed);
@@ -1777,6 +1794,36 @@ fn model_differential() {
             stats.add("ops", c.log.len() as u64);
         });
         stats.add("cases", 1);
+        done += 1;
+        i += SHARDS;
+        let finished = match cases {
+            _ if seeds.fixed.is_some() => true,
+            Some(n) => done >= n,
+            None => stats.get("ops") >= ops_target,
+        };
+        if finished {
+            break;
+        }
     }
-    stats.print("model", t0.elapsed());
+    stats.print(&name, t0.elapsed());
+}
+
+#[test]
+fn model_differential_shard_0() {
+    model_shard(0);
+}
+
+#[test]
+fn model_differential_shard_1() {
+    model_shard(1);
+}
+
+#[test]
+fn model_differential_shard_2() {
+    model_shard(2);
+}
+
+#[test]
+fn model_differential_shard_3() {
+    model_shard(3);
 }

@@ -429,3 +429,74 @@ fn failed_writeback_of_the_eof_gap_never_exposes_stale_bytes() {
         );
     }
 }
+
+// ---- a lost journal tail (hostile.rs, "Anywhere" cases) ----
+
+/// Zeroes every journal block that differs from `before`: the batches
+/// written since, destroyed by damage that leaves nothing later to betray
+/// them (replay cannot tell this from a torn tail; mount rolls back).
+fn destroy_journal_since(mem: &MemDevice, before: &[u8]) {
+    let sb = read_superblock(mem).unwrap();
+    let j = sb.layout.journal;
+    let now = mem.snapshot();
+    let bs = u64::from(sb.layout.block_size);
+    let mut destroyed = 0;
+    for at in (j.start..j.end()).step_by(bs as usize) {
+        let r = at as usize..(at + bs) as usize;
+        if now[r.clone()] != before[r] {
+            mem.write_at(&vec![0u8; bs as usize], at, blockdev::WriteMode::Normal)
+                .unwrap();
+            destroyed += 1;
+        }
+    }
+    assert!(destroyed > 0, "no journal batch was written");
+    mem.flush().unwrap();
+}
+
+/// hostile.rs seeds 13233700533005615450 and 2870636268195935472: damage
+/// that destroyed the last journal batches (an unlink, then a write that
+/// allocated) mounted the older state, in which the unlinked file held the
+/// bytes the later write had put in its freed blocks. Space freed since the
+/// last checkpoint must not be reused, so a rolled-back file holds only its
+/// own bytes. Also after a mount that replayed the unlink: the replayed free
+/// is only in the journal as well.
+#[test]
+fn lost_journal_tail_never_shows_another_files_bytes() {
+    for replay_first in [false, true] {
+        let (mem, vol) = volume(4 * MIB);
+        let dev: Arc<dyn BlockDevice> = mem.clone();
+        let victim_bytes = vec![0x5Au8; 3 * 4096];
+        create(&vol, "/victim", true)
+            .pwrite(&victim_bytes, 0)
+            .unwrap();
+        vol.unmount().unwrap();
+        let checkpointed = mem.snapshot();
+        let mut vol = Volume::open(dev.clone()).unwrap();
+        vol.unlink("/victim").unwrap();
+        vol.sync().unwrap();
+        if replay_first {
+            drop(vol); // crash; the unlink is replayed from the journal
+            vol = Volume::open(dev.clone()).unwrap();
+            assert!(vol.open_file("/victim", OpenFlags::default()).is_err());
+        }
+        // Best fit would place these three blocks exactly where the victim's were.
+        let f = create(&vol, "/new", true);
+        f.pwrite(&vec![0xC3u8; 3 * 4096], 0).unwrap();
+        f.fsync().unwrap();
+        drop(f);
+        drop(vol);
+        destroy_journal_since(&mem, &checkpointed);
+        let vol = Volume::open(dev.clone()).unwrap();
+        let st = common::volstate::read_volume(&vol, 1 << 20).unwrap();
+        let victim = st
+            .files
+            .get("/victim")
+            .expect("the unlink was in the destroyed journal: /victim is back");
+        assert!(
+            victim.data == victim_bytes,
+            "replay_first={replay_first}: the rolled-back /victim holds bytes it never had \
+             (first difference at {:?}: another file's data in its freed blocks)",
+            common::first_diff(&victim.data, &victim_bytes)
+        );
+    }
+}

@@ -31,8 +31,9 @@
 //!   devices a power-cut test makes share memory.
 //! - `fault`: injected request failures ([`FaultRule`]).
 //! - `power_cut`: what survives losing power ([`MemDevice::power_cut`]).
-//! - `pause`: holding a request open between done and returned
-//!   ([`MemDevice::pause_after`]).
+//! - `pause`: holding a request open before it reaches the device or
+//!   between done and returned ([`MemDevice::pause_before`],
+//!   [`MemDevice::pause_after`]).
 
 use std::fmt;
 use std::io;
@@ -60,7 +61,7 @@ pub use power_cut::{PendingWrite, Survival};
 
 use fault::Faults;
 use image::Image;
-use pause::Pauses;
+use pause::{PausePoint, Pauses};
 
 /// A RAM-backed [`BlockDevice`] with a crash model (see the module docs).
 pub struct MemDevice {
@@ -259,20 +260,25 @@ impl BlockDevice for MemDevice {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), DeviceError> {
+        let len = buf.len() as u64;
+        self.hold_if_paused(PausePoint::Before, IoOp::Read, offset, len);
         let result = self.read_now(buf, offset);
-        self.hold_if_paused(IoOp::Read, offset, buf.len() as u64);
+        self.hold_if_paused(PausePoint::After, IoOp::Read, offset, len);
         result
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, mode: WriteMode) -> Result<(), DeviceError> {
+        let len = buf.len() as u64;
+        self.hold_if_paused(PausePoint::Before, IoOp::Write, offset, len);
         let result = self.write_now(buf, offset, mode);
-        self.hold_if_paused(IoOp::Write, offset, buf.len() as u64);
+        self.hold_if_paused(PausePoint::After, IoOp::Write, offset, len);
         result
     }
 
     fn flush(&self) -> Result<(), DeviceError> {
+        self.hold_if_paused(PausePoint::Before, IoOp::Flush, 0, 0);
         let result = self.flush_now();
-        self.hold_if_paused(IoOp::Flush, 0, 0);
+        self.hold_if_paused(PausePoint::After, IoOp::Flush, 0, 0);
         result
     }
 

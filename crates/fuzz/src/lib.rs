@@ -1,0 +1,435 @@
+//! Fuzz targets for the code that reads untrusted bytes (invariant 6: bad
+//! input gives a clear error, never a panic, hang or undefined behaviour).
+//!
+//! Each target is a plain function of the input bytes, so the same code
+//! runs under libFuzzer (`fuzz_targets/`, feature `libfuzzer`) and, for
+//! every file of the seed corpus and of the regressions, as an ordinary
+//! test (`tests/corpus.rs`). A target panics only for a bug.
+//!
+//! Checksums would stop a fuzzer at the first byte it changes, so the
+//! targets seal their input the way the writer would (the superblock crc,
+//! a journal batch's crcs and chain, a checkpoint written through the
+//! library's own encoder): what gets fuzzed is the decoding and validation
+//! behind them.
+//!
+//! - [`superblock`]: `Superblock::decode`; a decoded superblock re-encodes
+//!   to the same bytes and its regions lie inside the device.
+//! - [`checkpoint_image`]: `decode_image`, then loading and validating the
+//!   image (`MetaState::from_image`, link and kind checks); a decoded image
+//!   re-encodes and decodes to itself.
+//! - [`journal_records`]: one batch of fuzzed records replayed after a real
+//!   checkpoint, applied to its state.
+//! - [`mount`]: a fuzzed checkpoint image and journal batch on a formatted
+//!   device; fsck, mount, read every file, write, fsync, unmount, fsck.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, OnceLock};
+
+use blockdev::{BlockDevice, MemDevice, Survival, WriteMode};
+use iomapfs_fs::checkpoint::{read_newest_checkpoint, write_checkpoint, Checkpoint};
+use iomapfs_fs::codec::{decode_image, encode_image};
+use iomapfs_fs::journal::{encode_batch, replay};
+use iomapfs_fs::state::MetaState;
+use iomapfs_fs::superblock::{read_superblock, Superblock, OFF_CRC, SUPERBLOCK_ENCODED_LEN};
+use iomapfs_fs::{fsck, Error, FileKind, FormatOptions, OpenFlags, Volume};
+
+/// Device of the targets that need a volume: small, so each run is cheap.
+pub const DEVICE_BYTES: u64 = 4 << 20;
+const LBS: u32 = 512;
+/// Bytes read per file from a fuzzed volume (sizes may be absurd).
+const READ_CAP: usize = 1 << 20;
+/// Directories walked per fuzzed volume (a cycle must not make it spin).
+const MAX_DIRS: usize = 256;
+
+/// `superblock`: decode, and round-trip what decodes.
+pub fn superblock(data: &[u8]) {
+    let mut buf = data.to_vec();
+    if buf.len() >= SUPERBLOCK_ENCODED_LEN {
+        let crc = crc32c::crc32c(&buf[..OFF_CRC]);
+        buf[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_le_bytes());
+    }
+    let Ok(sb) = Superblock::decode(&buf) else {
+        return;
+    };
+    let again = sb.encode();
+    assert_eq!(
+        &again[..SUPERBLOCK_ENCODED_LEN],
+        &buf[..SUPERBLOCK_ENCODED_LEN],
+        "a decoded superblock does not re-encode to its bytes"
+    );
+    let l = &sb.layout;
+    for r in [
+        l.checkpoint_slots[0],
+        l.checkpoint_slots[1],
+        l.journal,
+        l.data,
+    ] {
+        assert!(
+            r.start
+                .checked_add(r.len)
+                .is_some_and(|e| e <= l.device_bytes),
+            "region {r:?} outside the {}-byte device was accepted",
+            l.device_bytes
+        );
+    }
+}
+
+/// `checkpoint_image`: decode, round-trip, load and validate.
+pub fn checkpoint_image(data: &[u8]) {
+    let Ok(image) = decode_image(data) else {
+        return;
+    };
+    let bytes = encode_image(&image).expect("a decoded image encodes");
+    assert_eq!(
+        decode_image(&bytes).expect("a re-encoded image decodes"),
+        image,
+        "a decoded image does not round-trip"
+    );
+    for block_size in [512, 4096] {
+        if let Ok(state) = MetaState::from_image(&image, block_size) {
+            let _ = state.check_links_and_kinds();
+            let _ = state.to_image();
+        }
+    }
+}
+
+/// A formatted volume with files, directories, extents of both kinds and a
+/// checkpoint, made once per process.
+fn base_volume() -> &'static MemDevice {
+    static BASE: OnceLock<MemDevice> = OnceLock::new();
+    BASE.get_or_init(|| {
+        let mem = Arc::new(MemDevice::new(DEVICE_BYTES, LBS));
+        let dev: Arc<dyn BlockDevice> = mem.clone();
+        Volume::format(dev.clone(), &FormatOptions::default()).expect("format");
+        let vol = Volume::open(dev).expect("mount");
+        vol.mkdir("/d").expect("mkdir");
+        let create = OpenFlags {
+            create: true,
+            ..OpenFlags::default()
+        };
+        for (i, path) in ["/a", "/d/b", "/c"].iter().enumerate() {
+            let f = vol.open_file(path, create).expect("create");
+            f.pwrite(&vec![i as u8 + 1; 5000 + 3000 * i], 0)
+                .expect("write");
+            if i == 1 {
+                f.fallocate(20_000, 9000, false).expect("fallocate");
+            }
+        }
+        vol.unmount().expect("unmount");
+        mem.power_cut(&mut |_| Survival::Kept)
+    })
+}
+
+/// A copy of `base` to change (copy-on-write: cheap).
+fn device_from(base: &MemDevice) -> Arc<MemDevice> {
+    Arc::new(base.power_cut(&mut |_| Survival::Kept))
+}
+
+/// Splits `data` into a record count and an encoded payload.
+fn count_and_payload(data: &[u8]) -> Option<(u32, &[u8])> {
+    let (&count, payload) = data.split_first()?;
+    Some((u32::from(count).max(1), payload))
+}
+
+/// Appends one batch of `payload` (claiming `count` records) after the
+/// newest checkpoint of `dev`, valid in every crc and chain.
+fn append_raw_batch(
+    dev: &MemDevice,
+    sb: &Superblock,
+    ckpt: &Checkpoint,
+    count: u32,
+    payload: &[u8],
+) -> bool {
+    let (batch, _) = encode_batch(
+        sb.crc_seed(),
+        ckpt.journal_seq,
+        count,
+        ckpt.journal_chain,
+        payload,
+        sb.block_size(),
+    );
+    if ckpt.journal_start + batch.len() as u64 > sb.layout.journal.len {
+        return false;
+    }
+    dev.write_at(
+        &batch,
+        sb.layout.journal.start + ckpt.journal_start,
+        WriteMode::Normal,
+    )
+    .and_then(|()| dev.flush())
+    .is_ok()
+}
+
+/// `journal_records`: `data[0]` records claimed, `data[1..]` their encoding.
+pub fn journal_records(data: &[u8]) {
+    let Some((count, payload)) = count_and_payload(data) else {
+        return;
+    };
+    let dev = device_from(base_volume());
+    let sb = read_superblock(&*dev).expect("base superblock");
+    let (_, ckpt) = read_newest_checkpoint(&*dev, &sb).expect("base checkpoint");
+    if !append_raw_batch(&dev, &sb, &ckpt, count, payload) {
+        return;
+    }
+    let mut state = MetaState::from_image(&ckpt.image, sb.layout.block_size).expect("base image");
+    let mut freed = Vec::new();
+    let _ = replay(
+        &*dev,
+        &sb,
+        ckpt.journal_start,
+        ckpt.journal_seq,
+        ckpt.journal_chain,
+        &mut |_, record| {
+            state
+                .apply(&record, &mut freed)
+                .map_err(|reason| Error::invalid("fuzzed record", reason))
+        },
+    );
+}
+
+/// `mount`: `[image length: u32 LE][checkpoint image][record count][records]`.
+/// An input whose image does not decode keeps the base checkpoint.
+pub fn mount(data: &[u8]) {
+    let dev = device_from(base_volume());
+    let sb = read_superblock(&*dev).expect("base superblock");
+    let (slot, mut ckpt) = read_newest_checkpoint(&*dev, &sb).expect("base checkpoint");
+    let (image_len, rest) = match data.split_first_chunk::<4>() {
+        Some((len, rest)) => (u32::from_le_bytes(*len) as usize, rest),
+        None => (0, data),
+    };
+    let (image_bytes, journal) = rest.split_at(image_len.min(rest.len()));
+    if let Ok(image) = decode_image(image_bytes) {
+        ckpt.generation += 1;
+        ckpt.image = image;
+        // A new checkpoint in the other slot; one too large is skipped.
+        let _ = write_checkpoint(&*dev, &sb, 1 - slot, &ckpt);
+    }
+    let (_, ckpt) = read_newest_checkpoint(&*dev, &sb).expect("a checkpoint");
+    if let Some((count, payload)) = count_and_payload(journal) {
+        append_raw_batch(&dev, &sb, &ckpt, count, payload);
+    }
+    exercise(dev);
+}
+
+/// fsck, mount, read everything, write, fsync, unmount, fsck again. Errors
+/// are fine and must say something; a volume fsck calls clean must stay
+/// clean through the operations.
+fn exercise(dev: Arc<MemDevice>) {
+    let dyn_dev: Arc<dyn BlockDevice> = dev.clone();
+    let clean_before = match fsck::check(dyn_dev.clone()) {
+        Ok(report) => report.is_clean(),
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "fsck error without a message");
+            false
+        }
+    };
+    let vol = match Volume::open(dyn_dev.clone()) {
+        Ok(vol) => vol,
+        Err(e) => {
+            assert!(!e.to_string().is_empty(), "mount error without a message");
+            return;
+        }
+    };
+    let mut dirs = VecDeque::from(["/".to_string()]);
+    let mut visited = 0;
+    while let Some(dir) = dirs.pop_front() {
+        visited += 1;
+        if visited > MAX_DIRS {
+            break;
+        }
+        let Ok(entries) = vol.readdir(&dir) else {
+            continue;
+        };
+        for e in entries {
+            let path = if dir == "/" {
+                format!("/{}", e.name)
+            } else {
+                format!("{dir}/{}", e.name)
+            };
+            match e.kind {
+                FileKind::Directory => dirs.push_back(path.clone()),
+                FileKind::Regular => {
+                    if let Ok(f) = vol.open_file(&path, OpenFlags::default()) {
+                        let mut buf = vec![0u8; READ_CAP.min(64 * 1024)];
+                        let mut off = 0u64;
+                        while (off as usize) < READ_CAP {
+                            match f.pread(&mut buf, off) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => off += n as u64,
+                            }
+                        }
+                        let _ = f.pwrite(&[0x5a; 3000], 1000);
+                    }
+                }
+                FileKind::Symlink => {
+                    let _ = vol.readlink(&path);
+                }
+                _ => {
+                    let _ = vol.stat(&path);
+                }
+            }
+            if let Ok(ino) = vol.ino_of(&path) {
+                let _ = vol.stat_ino(ino);
+                for name in vol.list_xattr(ino).unwrap_or_default() {
+                    let _ = vol.get_xattr(ino, &name);
+                }
+            }
+        }
+    }
+    let create = OpenFlags {
+        create: true,
+        ..OpenFlags::default()
+    };
+    if let Ok(f) = vol.open_file("/fuzz-new", create) {
+        let _ = f.pwrite(&[7u8; 9000], 0);
+        let _ = f.fsync();
+    }
+    let unmounted = vol.unmount();
+    if clean_before && unmounted.is_ok() {
+        let after = fsck::check(dyn_dev).expect("fsck after a clean volume was used");
+        assert!(
+            after.is_clean(),
+            "a volume fsck called clean is not clean after reads, writes and an unmount: {:?}",
+            after.problems
+        );
+    }
+}
+
+/// A fuzz target: the input bytes in, a panic only for a bug.
+pub type Target = fn(&[u8]);
+
+/// The targets by name, for the corpus tests and the corpus generator.
+pub const TARGETS: [(&str, Target); 4] = [
+    ("superblock", superblock),
+    ("checkpoint_image", checkpoint_image),
+    ("journal_records", journal_records),
+    ("mount", mount),
+];
+
+/// Seed inputs for each target, made from a real volume: a superblock, the
+/// checkpoint image, records of every kind, and mount inputs built from
+/// them. `tests/corpus.rs` checks the committed corpus holds them.
+pub fn seeds(target: &str) -> Vec<Vec<u8>> {
+    let dev = device_from(base_volume());
+    let sb = read_superblock(&*dev).expect("base superblock");
+    let (_, ckpt) = read_newest_checkpoint(&*dev, &sb).expect("base checkpoint");
+    let image = encode_image(&ckpt.image).expect("encode");
+    let records = record_seeds();
+    match target {
+        "superblock" => vec![sb.encode()[..SUPERBLOCK_ENCODED_LEN].to_vec()],
+        "checkpoint_image" => vec![image],
+        "journal_records" => records,
+        "mount" => {
+            let mut out = vec![Vec::new()];
+            let mut with_image = (image.len() as u32).to_le_bytes().to_vec();
+            with_image.extend_from_slice(&image);
+            out.push(with_image.clone());
+            for r in records {
+                let mut input = with_image.clone();
+                input.extend_from_slice(&r);
+                out.push(input);
+            }
+            out
+        }
+        other => panic!("no target named {other}"),
+    }
+}
+
+/// One encoded batch payload per record kind, prefixed by its count.
+fn record_seeds() -> Vec<Vec<u8>> {
+    use iomapfs_fs::codec::{encode_record, Encoder};
+    use iomapfs_fs::types::{InodeAttrs, Record, Timestamp};
+    let time = Timestamp { sec: 1, nsec: 2 };
+    let records = [
+        Record::Create {
+            ino: 100,
+            parent: 1,
+            name: "n".into(),
+            kind: FileKind::Regular,
+            attrs: InodeAttrs::default(),
+            target: Vec::new(),
+        },
+        Record::Create {
+            ino: 101,
+            parent: 1,
+            name: "s".into(),
+            kind: FileKind::Symlink,
+            attrs: InodeAttrs::default(),
+            target: b"/a".to_vec(),
+        },
+        Record::Unlink {
+            parent: 1,
+            name: "a".into(),
+            time,
+        },
+        Record::Rename {
+            src_parent: 1,
+            src_name: "c".into(),
+            dst_parent: 1,
+            dst_name: "e".into(),
+            exchange: false,
+            time,
+        },
+        Record::Link {
+            ino: 2,
+            parent: 1,
+            name: "h".into(),
+            time,
+        },
+        Record::SetAttr {
+            ino: 2,
+            mode: 0o640,
+            uid: 7,
+            gid: 8,
+            atime: time,
+            mtime: time,
+            ctime: time,
+        },
+        Record::SetXattr {
+            ino: 2,
+            name: "user.k".into(),
+            value: b"v".to_vec(),
+            ctime: time,
+        },
+        Record::RemoveXattr {
+            ino: 2,
+            name: "user.k".into(),
+            ctime: time,
+        },
+        Record::MapUnwritten {
+            ino: 2,
+            file_off: 1 << 20,
+            len: 4096,
+            addr: 3 << 20,
+        },
+        Record::CompleteWrite {
+            ino: 2,
+            file_off: 0,
+            len: 4096,
+            min_size: 9000,
+            mtime_ns: 2,
+        },
+        Record::SetSize {
+            ino: 2,
+            size: 100,
+            mtime_ns: 3,
+        },
+        Record::Punch {
+            ino: 2,
+            file_off: 0,
+            len: 4096,
+            mtime_ns: 4,
+        },
+        Record::FreeInode { ino: 2 },
+    ];
+    records
+        .iter()
+        .map(|r| {
+            let mut enc = Encoder::new();
+            encode_record(r, &mut enc).expect("encode a seed record");
+            let mut out = vec![1u8];
+            out.extend_from_slice(enc.as_bytes());
+            out
+        })
+        .collect()
+}
