@@ -13,6 +13,8 @@
 //! device's sequential writes, and report ratios to XFS and to those.
 //! fio rows (see `fio_rows`) run every target through fio itself, iomapfs
 //! through the fio engine: one harness for all.
+//! Mount rows (see `mount_rows`) run fio through the FUSE mount of iomapfs
+//! and on XFS, with the daemon's CPU per I/O beside fio's.
 //!
 //! Entry points: [`run`] with [`BenchOptions`] (the CLI flags, no clap
 //! here) and a [`Progress`] sink; [`render_table`] for people and
@@ -22,9 +24,10 @@
 //! image file; teardown) · `safety` (refusing devices with data) · `target`
 //! (raw and iomapfs targets) · `engine` (threads, warm-up, measured window)
 //! · `buffered` (buffered workloads: passes, iomapfs non-direct, memcpy,
-//! ratios) · `fio_rows` (every target through fio) · `cpu` (getrusage,
-//! CPU per I/O) · `histogram` (latency) · `kernel` (mkfs, mount, fio) ·
-//! `report` (JSON shape, table) · `interrupt` (Ctrl-C).
+//! ratios) · `fio_rows` (every target through fio) · `mount_rows` (fio
+//! through the FUSE mount vs XFS) · `cpu` (getrusage, CPU per I/O) ·
+//! `histogram` (latency) · `kernel` (mkfs, mount, fio) · `report` (JSON
+//! shape, table) · `interrupt` (Ctrl-C).
 
 mod buffered;
 mod cpu;
@@ -35,6 +38,7 @@ pub mod histogram;
 mod interrupt;
 mod kernel;
 mod metadata_scale;
+mod mount_rows;
 mod report;
 mod safety;
 mod target;
@@ -50,7 +54,8 @@ pub use interrupt::request_stop;
 pub use metadata_scale::MetadataScaleResult;
 pub use report::{
     render_table, BenchReport, BenchResult, CpuPerIo, DeviceInfo, DeviceRequests, Machine,
-    RequestsPerOp, Settings, Skipped, CPU_SCOPE_FIO, CPU_SCOPE_FIO_PROCESS, CPU_SCOPE_PROCESS,
+    RequestsPerOp, Settings, Skipped, CPU_SCOPE_FIO, CPU_SCOPE_FIO_PROCESS, CPU_SCOPE_FUSE_DAEMON,
+    CPU_SCOPE_PROCESS,
 };
 pub use safety::recognise;
 pub use testbed::LOCK_PATH;
@@ -148,6 +153,15 @@ pub fn workloads() -> Vec<(&'static str, &'static str)> {
 /// Whether `name` is a fio row (every target measured by fio).
 pub fn is_fio_row(name: &str) -> bool {
     workload::FIO_WORKLOADS.iter().any(|w| w.name == name)
+}
+
+/// Names that select several workloads at once, with what they select
+/// (for `--workload` and `--help`).
+pub fn workload_groups() -> Vec<(&'static str, &'static str)> {
+    vec![(
+        workload::MOUNT_GROUP,
+        "every mount-* row: fio through the FUSE mount of iomapfs vs XFS on the same device",
+    )]
 }
 
 /// Every variant of the buffered workloads (`buffered-read-*`: the first
@@ -257,6 +271,9 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
     }
     if selected.iter().any(|w| matches!(w.kind, Kind::Fio(_))) {
         report.notes.push(fio_rows::NOTE.into());
+    }
+    if selected.iter().any(|w| matches!(w.kind, Kind::Mount(_))) {
+        report.notes.push(mount_rows::NOTE.into());
     }
     let outcome = (|| {
         for w in &selected {
@@ -380,6 +397,7 @@ fn steps(w: &Workload) -> u64 {
     match &w.kind {
         Kind::Direct(_) | Kind::Fio(_) => TARGETS.len() as u64,
         Kind::Buffered(spec) => buffered::steps(spec),
+        Kind::Mount(_) => mount_rows::STEPS,
     }
 }
 
@@ -569,6 +587,9 @@ fn run_workload(
         }
         Kind::Fio(job) => {
             return fio_rows::run_workload(w, &job, bed, opts, timing, progress, report)
+        }
+        Kind::Mount(job) => {
+            return mount_rows::run_workload(w, &job, bed, opts, timing, progress, report)
         }
     };
     let dev = match bed.device_for(&pattern) {

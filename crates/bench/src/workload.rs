@@ -93,6 +93,9 @@ pub enum Kind {
     Buffered(BufferedSpec),
     /// One fio job run on every target, iomapfs through the fio engine.
     Fio(FioJob),
+    /// One fio job through the FUSE mount of iomapfs and on kernel XFS
+    /// (see `mount_rows`).
+    Mount(MountJob),
 }
 
 impl Kind {
@@ -104,6 +107,8 @@ impl Kind {
             Kind::Direct(p) => p.needs,
             Kind::Buffered(_) => DeviceNeed::DataIndependent,
             Kind::Fio(job) => job.pattern.needs,
+            // fio writes the same data through the mount and on XFS.
+            Kind::Mount(_) => DeviceNeed::Any,
         }
     }
 }
@@ -150,6 +155,26 @@ const fn at_depth(mut pattern: IoPattern, depth: usize) -> IoPattern {
     pattern.queue_depth = depth;
     pattern
 }
+/// A mount row: one fio job (`numjobs=1`) run on a file through the FUSE
+/// mount of iomapfs and on a file of kernel XFS, on the same device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MountJob {
+    pub op: Op,
+    pub order: Order,
+    /// fio's `bs`.
+    pub io_size: u64,
+    /// O_DIRECT (fio `direct=1`); else through the caches (iomapfs's folio
+    /// cache behind the mount, the page cache on XFS).
+    pub direct: bool,
+    /// fio's `iodepth`: 1 is `ioengine=psync`, more is `ioengine=io_uring`.
+    pub iodepth: usize,
+    /// The file's size.
+    pub span: u64,
+}
+
+/// Workload names of the mount rows start with this; the name alone
+/// selects them all.
+pub const MOUNT_GROUP: &str = "mount";
 
 /// Size of the file buffered workloads read and write, and of each pass
 /// of a buffered workload (less on a small device). Small enough that the
@@ -482,27 +507,109 @@ pub const FIO_WORKLOADS: &[Workload] = &[
     },
 ];
 
-/// Every workload: the seed workloads, then the fio rows.
+/// The mount rows, in run order (see [`MountJob`]).
+pub const MOUNT_WORKLOADS: &[Workload] = &[
+    Workload {
+        name: "mount-randread-4k-qd1",
+        summary: "through the FUSE mount vs XFS: 4 KiB random direct reads, fio psync",
+        kind: Kind::Mount(MountJob {
+            op: Op::Read,
+            order: Order::Random,
+            io_size: 4 * KIB,
+            direct: true,
+            iodepth: 1,
+            span: 256 * MIB,
+        }),
+    },
+    Workload {
+        name: "mount-randread-4k-qd32",
+        summary: "through the FUSE mount vs XFS: 4 KiB random direct reads, fio io_uring iodepth 32",
+        kind: Kind::Mount(MountJob {
+            op: Op::Read,
+            order: Order::Random,
+            io_size: 4 * KIB,
+            direct: true,
+            iodepth: 32,
+            span: 256 * MIB,
+        }),
+    },
+    Workload {
+        name: "mount-read-1m",
+        summary: "through the FUSE mount vs XFS: 1 MiB sequential direct reads, fio psync",
+        kind: Kind::Mount(MountJob {
+            op: Op::Read,
+            order: Order::Sequential,
+            io_size: MIB,
+            direct: true,
+            iodepth: 1,
+            span: 256 * MIB,
+        }),
+    },
+    Workload {
+        name: "mount-write-1m",
+        summary: "through the FUSE mount vs XFS: 1 MiB sequential direct overwrites, fio psync",
+        kind: Kind::Mount(MountJob {
+            op: Op::Write,
+            order: Order::Sequential,
+            io_size: MIB,
+            direct: true,
+            iodepth: 1,
+            span: 256 * MIB,
+        }),
+    },
+    Workload {
+        name: "mount-buffered-randread-4k",
+        summary: "through the FUSE mount vs XFS: 4 KiB random buffered reads of a cached 64 MiB file",
+        kind: Kind::Mount(MountJob {
+            op: Op::Read,
+            order: Order::Random,
+            io_size: 4 * KIB,
+            direct: false,
+            iodepth: 1,
+            span: BUFFERED_SPAN,
+        }),
+    },
+    Workload {
+        name: "mount-buffered-randwrite-4k",
+        summary: "through the FUSE mount vs XFS: 4 KiB random buffered overwrites of a 64 MiB file, no fsync",
+        kind: Kind::Mount(MountJob {
+            op: Op::Write,
+            order: Order::Random,
+            io_size: 4 * KIB,
+            direct: false,
+            iodepth: 1,
+            span: BUFFERED_SPAN,
+        }),
+    },
+];
+
+/// Every workload: the seed workloads, the fio rows, then the mount rows.
 pub fn all() -> impl Iterator<Item = &'static Workload> {
-    WORKLOADS.iter().chain(FIO_WORKLOADS)
+    WORKLOADS.iter().chain(FIO_WORKLOADS).chain(MOUNT_WORKLOADS)
 }
 
 /// The workloads named in `names` (all of them when empty), in run order,
-/// each once.
+/// each once. [`MOUNT_GROUP`] names every mount row.
 pub fn select(names: &[String]) -> Result<Vec<&'static Workload>, BenchError> {
     if names.is_empty() {
         return Ok(all().collect());
     }
+    let named = |w: &Workload, name: &str| {
+        w.name == name || (name == MOUNT_GROUP && matches!(w.kind, Kind::Mount(_)))
+    };
     for name in names {
-        if !all().any(|w| w.name == name) {
+        if !all().any(|w| named(w, name)) {
             return Err(BenchError::UnknownWorkload {
                 name: name.clone(),
-                known: all().map(|w| w.name.to_string()).collect(),
+                known: all()
+                    .map(|w| w.name.to_string())
+                    .chain([MOUNT_GROUP.to_string()])
+                    .collect(),
             });
         }
     }
     Ok(all()
-        .filter(|w| names.iter().any(|n| n == w.name))
+        .filter(|w| names.iter().any(|n| named(w, n)))
         .collect())
 }
 

@@ -20,7 +20,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fuser::{Config, MountOption, Session, SessionACL};
+use fuser::{BackgroundSession, Config, MountOption, Session, SessionACL};
 use iomapfs_fs::Volume;
 
 pub use fuse_fs::IomapFuse;
@@ -126,21 +126,8 @@ pub fn unmount(mountpoint: &Path) -> io::Result<()> {
     Err(err)
 }
 
-/// Mounts `vol` at `mountpoint` and serves it until it is unmounted; then
-/// unmounts the volume cleanly. `ready` runs once the mount is live.
-/// Call [`block_stop_signals`] first (before opening the volume).
-pub fn serve(
-    vol: Volume,
-    mountpoint: &Path,
-    cfg: &MountConfig,
-    ready: impl FnOnce(),
-) -> Result<(), MountError> {
-    let path = mountpoint
-        .canonicalize()
-        .map_err(|source| MountError::MountPoint {
-            path: mountpoint.to_path_buf(),
-            source,
-        })?;
+/// The kernel session for `vol` mounted at `path` (canonical), as `cfg` asks.
+fn session(vol: &Volume, path: &Path, cfg: &MountConfig) -> Result<Session<IomapFuse>, MountError> {
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(cfg.fs_name.clone()),
@@ -156,12 +143,32 @@ pub fn serve(
     };
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = true;
-    let session = Session::new(IomapFuse::new(vol.clone()), &path, &config).map_err(|source| {
-        MountError::Mount {
-            path: path.clone(),
+    Session::new(IomapFuse::new(vol.clone()), path, &config).map_err(|source| MountError::Mount {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn canonical(mountpoint: &Path) -> Result<PathBuf, MountError> {
+    mountpoint
+        .canonicalize()
+        .map_err(|source| MountError::MountPoint {
+            path: mountpoint.to_path_buf(),
             source,
-        }
-    })?;
+        })
+}
+
+/// Mounts `vol` at `mountpoint` and serves it until it is unmounted; then
+/// unmounts the volume cleanly. `ready` runs once the mount is live.
+/// Call [`block_stop_signals`] first (before opening the volume).
+pub fn serve(
+    vol: Volume,
+    mountpoint: &Path,
+    cfg: &MountConfig,
+    ready: impl FnOnce(),
+) -> Result<(), MountError> {
+    let path = canonical(mountpoint)?;
+    let session = session(&vol, &path, cfg)?;
     spawn_signal_thread(path.clone())?;
     ready();
     let served = session.run();
@@ -173,6 +180,78 @@ pub fn serve(
     });
     served.map_err(|source| MountError::Session { path, source })?;
     unmounted
+}
+
+/// A mount served by threads of this process (for programs that measure
+/// or test the mount from inside, such as `iomapfs bench`), with no signal
+/// handling of its own. [`BackgroundMount::unmount`] ends it cleanly;
+/// dropping it unmounts lazily and ends the session without the
+/// checkpoint (the next mount recovers from the journal).
+pub struct BackgroundMount {
+    session: Option<BackgroundSession>,
+    vol: Option<Volume>,
+    path: PathBuf,
+}
+
+/// Mounts `vol` at `mountpoint`, served by `cfg.threads` threads of this
+/// process until [`BackgroundMount::unmount`]. The process must not touch
+/// the mount from a thread the session needs to answer it.
+pub fn spawn(
+    vol: Volume,
+    mountpoint: &Path,
+    cfg: &MountConfig,
+) -> Result<BackgroundMount, MountError> {
+    let path = canonical(mountpoint)?;
+    let session = session(&vol, &path, cfg)?
+        .spawn()
+        .map_err(|source| MountError::Session {
+            path: path.clone(),
+            source,
+        })?;
+    Ok(BackgroundMount {
+        session: Some(session),
+        vol: Some(vol),
+        path,
+    })
+}
+
+impl BackgroundMount {
+    /// Where it is mounted.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Unmounts (lazily: the session ends when the last open file is
+    /// closed), waits for the session's threads, then unmounts the volume
+    /// cleanly (written back and checkpointed).
+    pub fn unmount(mut self) -> Result<(), MountError> {
+        let served = self.end_session();
+        let vol = self.vol.take().expect("the volume is taken only here");
+        let unmounted = vol.unmount().map_err(|source| MountError::Unmount {
+            path: self.path.clone(),
+            source,
+        });
+        served?;
+        unmounted
+    }
+
+    fn end_session(&mut self) -> Result<(), MountError> {
+        match self.session.take() {
+            Some(session) => session
+                .umount_and_join()
+                .map_err(|source| MountError::Session {
+                    path: self.path.clone(),
+                    source,
+                }),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for BackgroundMount {
+    fn drop(&mut self) {
+        let _ = self.end_session();
+    }
 }
 
 /// Waits for a stop signal and unmounts `mountpoint` on it.

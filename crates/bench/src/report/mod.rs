@@ -146,6 +146,10 @@ pub struct BenchResult {
     /// for the engine's rows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub harness: Option<String>,
+    /// Mount rows through the FUSE mount: CPU time per I/O of the daemon
+    /// serving it (`cpu_per_io` is fio's, the client's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon_cpu_per_io: Option<CpuPerIo>,
 }
 
 /// User and system CPU time per I/O, in microseconds.
@@ -172,6 +176,13 @@ pub const CPU_SCOPE_FIO: &str = "fio job threads";
 /// [`CpuPerIo::scope`] of fio rows: the whole fio process (wait4), with
 /// its job threads' share in `io_threads_us`.
 pub const CPU_SCOPE_FIO_PROCESS: &str = "fio process";
+/// [`CpuPerIo::scope`] of the FUSE daemon's CPU in mount rows: the bench
+/// process, which serves the mount, over the measured run.
+pub const CPU_SCOPE_FUSE_DAEMON: &str = "FUSE daemon (bench process)";
+
+/// Workload names of the mount rows start with this (they have a table of
+/// their own).
+pub const MOUNT_ROW_PREFIX: &str = "mount-";
 
 /// What "cpu µs/IO" counts, for the report's notes.
 pub const CPU_NOTE: &str = "cpu µs/IO is user + system CPU time per I/O in the measured window \

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use super::{BenchReport, BenchResult, RequestsPerOp};
+use super::{BenchReport, BenchResult, RequestsPerOp, MOUNT_ROW_PREFIX};
 
 fn si(x: f64) -> String {
     if x >= 1e6 {
@@ -103,6 +103,11 @@ fn is_fio(r: &BenchResult) -> bool {
     r.harness.as_deref() == Some("fio")
 }
 
+/// Rows of the mount workloads (fio through the FUSE mount and on XFS).
+fn is_mount(r: &BenchResult) -> bool {
+    r.workload.starts_with(MOUNT_ROW_PREFIX)
+}
+
 /// The report as a table: one row per workload × target with IOPS, MiB/s,
 /// mean and p99 latency, ratios, CPU per I/O and device requests per I/O
 /// where known; then the writeback figures, what was skipped, why CPU
@@ -113,12 +118,16 @@ pub fn render_table(report: &BenchReport) -> String {
     let direct: Vec<&BenchResult> = report
         .results
         .iter()
-        .filter(|r| !is_buffered(r) && !is_fio(r))
+        .filter(|r| !is_buffered(r) && !is_fio(r) && !is_mount(r))
         .collect();
     let buffered: Vec<&BenchResult> = report.results.iter().filter(|r| is_buffered(r)).collect();
     let fio: Vec<&BenchResult> = report.results.iter().filter(|r| is_fio(r)).collect();
+    let mount: Vec<&BenchResult> = report.results.iter().filter(|r| is_mount(r)).collect();
     if !direct.is_empty()
-        || (buffered.is_empty() && fio.is_empty() && report.metadata_scale.is_empty())
+        || (buffered.is_empty()
+            && fio.is_empty()
+            && mount.is_empty()
+            && report.metadata_scale.is_empty())
     {
         direct_table(&mut out, &direct);
     }
@@ -131,6 +140,9 @@ pub fn render_table(report: &BenchReport) -> String {
     if !buffered.is_empty() {
         buffered_table(&mut out, &buffered);
         writeback(&mut out, &buffered);
+    }
+    if !mount.is_empty() {
+        mount_table(&mut out, &mount);
     }
     if direct
         .iter()
@@ -378,6 +390,56 @@ fn buffered_table(out: &mut String, rows: &[&BenchResult]) {
             ratio(r.cpu_ratio_to_xfs),
             cpu_us(r),
             buffered_device(r)
+        );
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+}
+
+fn mount_table(out: &mut String, rows: &[&BenchResult]) {
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "through the FUSE mount (fio, one job): ×xfs is IOPS over xfs's; CPU per I/O of fio's \
+         process, of the daemon serving the mount, their sum, and that sum over xfs's (cpu ×xfs)"
+    );
+    let _ = writeln!(
+        out,
+        "{:<28} {:<12} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>8}",
+        "workload",
+        "target",
+        "IOPS",
+        "MiB/s",
+        "mean µs",
+        "p99 µs",
+        "×xfs",
+        "fio µs/IO",
+        "daemon µs",
+        "cpu µs/IO",
+        "cpu ×xfs"
+    );
+    let mut last = "";
+    for r in rows {
+        let name = if r.workload == last { "" } else { &r.workload };
+        last = &r.workload;
+        let daemon = r.daemon_cpu_per_io.as_ref().map(|c| c.total_us);
+        let total = r
+            .cpu_per_io
+            .as_ref()
+            .map(|c| c.total_us + daemon.unwrap_or(0.0));
+        let us = |x: Option<f64>| x.map_or("-".into(), |x| micros(x * 1e3));
+        let line = format!(
+            "{:<28} {:<12} {:>9} {:>9.1} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>8}",
+            name,
+            r.target,
+            si(r.iops),
+            mib(r.bw_bytes),
+            micros(r.lat_mean_ns),
+            micros(r.lat_p99_ns),
+            ratio(r.ratio_to_xfs),
+            cpu_us(r),
+            us(daemon),
+            us(total),
+            ratio(r.cpu_ratio_to_xfs),
         );
         let _ = writeln!(out, "{}", line.trim_end());
     }
@@ -681,5 +743,67 @@ mod tests {
         );
         assert!(wb_line("xfs").contains("0.45 × raw"), "{wb}");
         assert!(!wb.contains(" ext4 ") && !wb.contains(" raw  "), "{wb}");
+    }
+
+    #[test]
+    fn mount_rows_have_their_own_table_with_daemon_cpu_beside_fio_cpu() {
+        let direct = result("raw", 400_000.0, Some(1.0));
+        let mount = |target: &str, iops: f64| BenchResult {
+            workload: "mount-randread-4k-qd1".into(),
+            ..result(target, iops, None)
+        };
+        let mut fuse = mount("iomapfs-fuse", 100_000.0);
+        fuse.cpu_per_io = cpu(3.0, super::super::CPU_SCOPE_FIO_PROCESS);
+        fuse.daemon_cpu_per_io = cpu(5.25, super::super::CPU_SCOPE_FUSE_DAEMON);
+        fuse.ratio_to_xfs = Some(0.4);
+        fuse.cpu_ratio_to_xfs = Some(3.3);
+        let mut xfs = mount("xfs", 250_000.0);
+        xfs.cpu_per_io = cpu(2.5, super::super::CPU_SCOPE_FIO_PROCESS);
+        xfs.ratio_to_xfs = Some(1.0);
+        xfs.cpu_ratio_to_xfs = Some(1.0);
+        let table = render_table(&report(vec![direct, fuse, xfs]));
+        let headers: Vec<&str> = table
+            .lines()
+            .filter(|l| l.starts_with("workload"))
+            .collect();
+        assert_eq!(headers.len(), 2, "{table}");
+        let header = headers[1];
+        assert!(
+            !headers[0].contains("daemon") && header.contains("daemon"),
+            "{table}"
+        );
+        let section = table.split(header).nth(1).expect(&table);
+        let row = |t: &str| {
+            section
+                .lines()
+                .find(|l| l.contains(&format!(" {t} ")))
+                .unwrap_or_else(|| panic!("no {t} row in {table}"))
+        };
+        let cells = |t: &str| {
+            (
+                cell(header, row(t), "  ×xfs"),
+                cell(header, row(t), "fio µs/IO"),
+                cell(header, row(t), "daemon µs"),
+                cell(header, row(t), "cpu µs/IO"),
+                cell(header, row(t), "cpu ×xfs"),
+            )
+        };
+        assert_eq!(
+            cells("iomapfs-fuse"),
+            ("0.40", "3.00", "5.25", "8.25", "3.30"),
+            "{table}"
+        );
+        assert_eq!(
+            cells("xfs"),
+            ("1.00", "2.50", "-", "2.50", "1.00"),
+            "{table}"
+        );
+        // The mount rows are not in the direct table.
+        let direct_section = table.split(headers[0]).nth(1).unwrap();
+        let direct_rows = direct_section
+            .split("through the FUSE mount")
+            .next()
+            .unwrap();
+        assert!(!direct_rows.contains("iomapfs-fuse"), "{table}");
     }
 }
