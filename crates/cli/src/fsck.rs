@@ -4,7 +4,7 @@ use clap::Args;
 use iomapfs_fs::fsck;
 
 use crate::size::human_bytes;
-use crate::target::open_device;
+use crate::target::{lock_target, open_device, TargetLock};
 use crate::{Failure, Target};
 
 const LONG_ABOUT: &str = "\
@@ -40,6 +40,8 @@ pub struct FsckArgs {
 
 pub fn run(args: &FsckArgs) -> Result<u8, Failure> {
     let shown = args.target.display();
+    let _lock = lock_target(&args.target, "fsck", TargetLock::Shared)
+        .map_err(|f| Failure::new(2, f.message))?;
     let dev = open_device(&args.target, true)
         .map_err(|f| Failure::new(2, format!("fsck: {}", f.message)))?;
     let report = fsck::check(dev.clone())

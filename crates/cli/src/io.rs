@@ -20,7 +20,7 @@ use clap::Args;
 use iomapfs_fs::{Error, FiemapKind, File, FileKind, OpenFlags, Volume};
 
 use crate::size::{cvtstr, parse_size, per_second, timestr};
-use crate::target::{describe_device, open_device};
+use crate::target::{describe_device, lock_target, open_device, TargetLock};
 use crate::{report_error, shell, Failure, Target};
 
 const LONG_ABOUT: &str = "\
@@ -98,6 +98,7 @@ fn prefix_io(f: Failure) -> Failure {
 
 pub fn run(args: &IoArgs) -> Result<u8, Failure> {
     let shown = args.target.display();
+    let _lock = lock_target(&args.target, "io", TargetLock::Exclusive)?;
     let dev = open_device(&args.target, false)
         .map_err(|f| Failure::new(1, format!("io: {}", f.message)))?;
     let recorder = match &args.record {

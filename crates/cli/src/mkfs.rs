@@ -9,7 +9,7 @@ use iomapfs_fs::superblock::read_superblock;
 use iomapfs_fs::{FormatOptions, Volume};
 
 use crate::size::human_bytes;
-use crate::target::{open_device, read_head, recognise};
+use crate::target::{lock_target, open_device, read_head, recognise, TargetLock};
 use crate::{size_arg, Failure, Target};
 
 const LONG_ABOUT: &str = "\
@@ -216,6 +216,7 @@ fn prefix(mut f: Failure, cmd: &str) -> Failure {
 
 fn format(path: &Path, args: &MkfsArgs, block_size: u32) -> Result<u8, Failure> {
     let shown = path.display();
+    let _lock = lock_target(path, "mkfs", TargetLock::Exclusive)?;
     let dev = open_device(path, false).map_err(|f| prefix(f, "mkfs"))?;
     let opts = FormatOptions {
         block_size,

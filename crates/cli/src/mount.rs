@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use clap::Args;
 use iomapfs_mount::MountConfig;
 
-use crate::target::{mount, open_device};
+use crate::target::{lock_target, mount, open_device, TargetLock};
 use crate::{Failure, Target};
 
 const LONG_ABOUT: &str = "\
@@ -108,7 +108,9 @@ pub fn run(args: &MountArgs) -> Result<u8, Failure> {
     }
     iomapfs_mount::block_stop_signals().map_err(|e| Failure::new(1, format!("mount: {e}")))?;
     let shown = args.target.display().to_string();
-    let _lock = lock_target(&args.target)?;
+    // Held for the life of the mount: a second mount, `io`, `fsck` or
+    // `mkfs` of TARGET is refused meanwhile.
+    let _lock = lock_target(&args.target, "mount", TargetLock::Exclusive)?;
     let dev = open_device(&args.target, false)?;
     let vol = mount(dev, &shown)?;
     let daemon = args.daemon_child;
@@ -127,28 +129,6 @@ pub fn run(args: &MountArgs) -> Result<u8, Failure> {
     })
     .map_err(|e| Failure::new(1, format!("mount: {e}")))?;
     Ok(0)
-}
-
-/// Holds TARGET exclusively for the life of the mount: a second mount, or
-/// a mount of a TARGET another iomapfs process holds, is refused. (Block
-/// devices are also opened O_EXCL, which refuses a kernel-mounted one.)
-fn lock_target(target: &std::path::Path) -> Result<std::fs::File, Failure> {
-    let file = std::fs::File::open(target)
-        .map_err(|e| Failure::new(1, format!("mount: {}: {e}", target.display())))?;
-    // SAFETY: flock on a descriptor we own; no memory is involved.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        let err = std::io::Error::last_os_error();
-        let why = if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-            "in use: another iomapfs process holds it (already mounted?)".to_string()
-        } else {
-            err.to_string()
-        };
-        return Err(Failure::new(
-            1,
-            format!("mount: {}: {why}", target.display()),
-        ));
-    }
-    Ok(file)
 }
 
 /// Points stdin, stdout and stderr at /dev/null: the daemon outlives the

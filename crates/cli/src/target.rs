@@ -1,6 +1,7 @@
 //! Opening the TARGET of a command (an image file or a block device) and
 //! recognising what it already holds.
 
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -98,6 +99,48 @@ pub fn open_device(path: &Path, read_only: bool) -> Result<Arc<dyn BlockDevice>,
         // The device error names the path and the cause already.
         Err(e) => Err(Failure::new(1, e.to_string())),
     }
+}
+
+/// How [`lock_target`] holds a TARGET.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetLock {
+    /// Commands that write the volume (`mount`, `io`, `mkfs`): alone.
+    Exclusive,
+    /// Commands that only read it (`fsck`): beside other readers, never
+    /// beside a writer.
+    Shared,
+}
+
+/// Locks TARGET (`flock` on the image file or device node) for as long as
+/// the returned file is open, or refuses at once if another iomapfs
+/// process holds it in a conflicting way: a mounted image file is refused
+/// by `io`, `fsck` and `mkfs` as a mounted block device already is (by
+/// `O_EXCL`). `command` names the refusing command in the message.
+pub fn lock_target(
+    target: &Path,
+    command: &str,
+    how: TargetLock,
+) -> Result<std::fs::File, Failure> {
+    let file = std::fs::File::open(target)
+        .map_err(|e| Failure::new(1, format!("{command}: {}: {e}", target.display())))?;
+    let op = match how {
+        TargetLock::Exclusive => libc::LOCK_EX,
+        TargetLock::Shared => libc::LOCK_SH,
+    };
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    if unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) } != 0 {
+        let err = std::io::Error::last_os_error();
+        let why = if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            "in use: another iomapfs process holds it (mounted?)".to_string()
+        } else {
+            err.to_string()
+        };
+        return Err(Failure::new(
+            1,
+            format!("{command}: {}: {why}", target.display()),
+        ));
+    }
+    Ok(file)
 }
 
 /// One line describing the device and backend, for `stat` and reports.

@@ -996,3 +996,56 @@ fn record_and_replay_check_every_flush_point() {
         r.stdout
     );
 }
+
+/// Holds an `flock` on `path` as another iomapfs process (a mount) would.
+struct HeldLock(#[allow(dead_code)] std::fs::File);
+
+fn hold_lock(path: &Path, op: libc::c_int) -> HeldLock {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(path).unwrap();
+    // SAFETY: flock on a descriptor we own.
+    assert_eq!(
+        unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) },
+        0
+    );
+    HeldLock(file)
+}
+
+#[test]
+fn io_fsck_and_mkfs_refuse_an_image_another_process_holds() {
+    let dir = scratch();
+    let img = formatted(&dir);
+    let shown = img.display().to_string();
+    // A mount holds its TARGET exclusively: every command is refused, the
+    // volume untouched.
+    let held = hold_lock(&img, libc::LOCK_EX);
+    let before = std::fs::read(&img).unwrap();
+    for (args, code) in [
+        (
+            vec!["io", &shown, "-c", "open -c /f", "-c", "pwrite 0 4096"],
+            1,
+        ),
+        (vec!["fsck", &shown], 2),
+        (vec!["mkfs", &shown, "--force"], 1),
+    ] {
+        let r = iomapfs(&args);
+        assert_eq!(r.code, code, "{args:?}: {}{}", r.stdout, r.stderr);
+        assert!(
+            r.stderr.contains(&format!("{}: {shown}: in use", args[0])),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    assert!(std::fs::read(&img).unwrap() == before, "the volume changed");
+    drop(held);
+    // fsck only reads: it runs beside another reader, never beside a
+    // writer; io writes: refused beside a reader.
+    let reader = hold_lock(&img, libc::LOCK_SH);
+    assert_ok(&iomapfs(["fsck", &shown]), "fsck beside a reader");
+    let r = io(&img, &["open -c /f"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    drop(reader);
+    // Released: all of them work again.
+    assert_ok(&io(&img, &["open -c /f", "pwrite 0 4096"]), "io");
+    assert_ok(&iomapfs(["fsck", &shown]), "fsck");
+}

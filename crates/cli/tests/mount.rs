@@ -474,6 +474,16 @@ fn a_mounted_target_is_refused_and_signals_unmount_cleanly() {
     let second = iomapfs(&["mount", m.img(), m.mnt.to_str().unwrap()]);
     assert_eq!(second.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&second.stderr).contains("in use"));
+    // Nor may io or fsck open the mounted image file.
+    for (args, code) in [
+        (vec!["io", m.img(), "-c", "ls /"], 1),
+        (vec!["fsck", m.img()], 2),
+    ] {
+        let refused = iomapfs(&args);
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.contains("in use"), "{args:?}: {err}");
+    }
     fs::write(m.path("x"), b"kept").unwrap();
     // SIGTERM: unmounted, written back, checkpointed.
     // SAFETY: kill on the daemon this test started.
