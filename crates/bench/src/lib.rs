@@ -100,6 +100,9 @@ pub struct BenchOptions {
     /// `fio_rows::find_engine` says (`$IOMAPFS_FIO_ENGINE`, then the
     /// source tree's `fio-engine/build/libiomapfs_fio.so`).
     pub fio_engine: Option<PathBuf>,
+    /// How mount rows mount the volume through FUSE (threads, caching), as
+    /// `iomapfs mount -o` would.
+    pub fuse: iomapfs_mount::MountConfig,
 }
 
 impl Default for BenchOptions {
@@ -115,6 +118,7 @@ impl Default for BenchOptions {
             mount: iomapfs_fs::MountOptions::default(),
             fio_only: false,
             fio_engine: None,
+            fuse: iomapfs_mount::MountConfig::default(),
         }
     }
 }

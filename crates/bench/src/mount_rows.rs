@@ -40,8 +40,8 @@ pub const STEPS: u64 = 2;
 /// Said once in the report of a run with mount rows.
 pub const NOTE: &str = "mount rows (mount-*): one fio job (numjobs=1) on a file through the \
      FUSE mount of iomapfs (iomapfs-fuse: a fresh volume, mounted by the bench process with \
-     the handlers and defaults of `iomapfs mount`, 4 request threads) and on a file of XFS made \
-     on the same device. Each file is laid out by a fio run of its own (create_only=1), then \
+     the handlers of `iomapfs mount` and the -o options its setup names) and on a file of XFS \
+     made on the same device. Each file is laid out by a fio run of its own (create_only=1), then \
      warmed by a run of the warm-up time (buffered reads: pre_read=1), then measured by a run \
      without ramp_time, so CPU covers exactly the I/Os counted: fio µs/IO is the whole fio \
      process (wait4: its job thread and io_uring's io-wq workers, where the kernel's side of \
@@ -216,6 +216,7 @@ fn mount_unavailable() -> Option<String> {
 
 fn measure_fuse(
     dev: &BedDevice,
+    fuse: &MountConfig,
     name: &str,
     job: &MountJob,
     span: u64,
@@ -229,16 +230,16 @@ fn measure_fuse(
         .map_err(|e| BenchError::io("mount point", e))?;
     let cfg = MountConfig {
         fs_name: "iomapfs-bench".into(),
-        ..MountConfig::default()
+        ..fuse.clone()
     };
     let mount = iomapfs_mount::spawn(vol, dir.path(), &cfg)
         .map_err(|e| BenchError::failed(format!("{TARGET} mount"), e.to_string()))?;
     let setup = format!(
         "iomapfs mkfs (block size {IOMAPFS_BLOCK_SIZE}) of {dev}, mounted at {at} by the bench \
-         process as `iomapfs mount {dev} {at} -o threads={threads}` would ({backend} backend)",
+         process as `iomapfs mount {dev} {at} -o {options}` would ({backend} backend)",
         dev = dev.path.display(),
         at = mount.path().display(),
-        threads = cfg.threads,
+        options = cfg.options(),
         backend = dev.backend.backend.as_str(),
     );
     let measured = fio_runs(
@@ -349,7 +350,7 @@ pub fn run_workload(
         Some(reason) => skip(report, w.name, TARGET, reason),
         None => {
             say(TARGET, "mkfs, mount, fio layout, warm-up, measuring");
-            let measured = measure_fuse(dev, w.name, job, span, timing);
+            let measured = measure_fuse(dev, &opts.fuse, w.name, job, span, timing);
             if let Some((m, setup)) = recorded(measured, report, w.name, TARGET)? {
                 rows.push(row(w, TARGET, dev, &m, setup));
             }

@@ -120,6 +120,10 @@ pub struct BenchArgs {
     /// source tree).
     #[arg(long, value_name = "PATH")]
     pub fio_engine: Option<PathBuf>,
+    /// Mount options of the mount rows, as for `iomapfs mount -o` (e.g.
+    /// threads=8,kernel_cache).
+    #[arg(long, value_name = "OPTIONS", value_delimiter = ',')]
+    pub fuse_options: Vec<String>,
 }
 
 struct Bar(ProgressBar);
@@ -168,6 +172,11 @@ pub fn run(args: &BenchArgs, backend: blockdev::Backend) -> Result<(), Failure> 
             ));
         }
     }
+    let mut fuse = iomapfs_mount::MountConfig::default();
+    for opt in &args.fuse_options {
+        fuse.apply_option(opt)
+            .map_err(|why| Failure::new(2, format!("bench: --fuse-options: {why}")))?;
+    }
     let opts = BenchOptions {
         device: args.device.clone(),
         runtime: Duration::from_secs_f64(args.runtime),
@@ -176,6 +185,7 @@ pub fn run(args: &BenchArgs, backend: blockdev::Backend) -> Result<(), Failure> 
         no_kernel: args.no_kernel,
         force: args.force,
         backend,
+        fuse,
         mount: crate::target::mount_options()
             .map_err(|f| Failure::new(f.code, format!("bench: {}", f.message)))?,
         fio_only: args.fio_only,

@@ -32,6 +32,14 @@ Options (-o, comma-separated):
   allow_other          let other users reach the files (a non-root user needs
                        user_allow_other in /etc/fuse.conf)
   threads=N            request threads, each with its own /dev/fuse (default 4)
+  direct_io            every open bypasses the kernel page cache (default)
+  kernel_cache         non-direct opens read through the kernel page cache
+                       in front of iomapfs's own; writes update it and reach
+                       iomapfs before returning; O_DIRECT opens take the
+                       kernel's direct I/O path, which writes cached pages
+                       back before and drops them after
+  writeback_cache      kernel_cache, and writes stay in the kernel page cache
+                       until the kernel writes them back
   fsname=NAME          the source shown in /proc/mounts (default: TARGET)
   default_permissions  always on; accepted for compatibility
   rw                   always on; accepted for compatibility
@@ -70,27 +78,9 @@ fn parse_options(args: &MountArgs) -> Result<MountConfig, Failure> {
         fs_name: args.target.display().to_string(),
         ..MountConfig::default()
     };
-    for opt in args.options.iter().filter(|o| !o.is_empty()) {
-        match opt.split_once('=') {
-            None if opt == "allow_other" => cfg.allow_other = true,
-            None if opt == "default_permissions" || opt == "rw" => {}
-            Some(("threads", n)) => {
-                cfg.threads = n
-                    .parse()
-                    .ok()
-                    .filter(|&n| (1..=64).contains(&n))
-                    .ok_or_else(|| {
-                        Failure::new(2, format!("mount: -o threads={n}: want 1 to 64"))
-                    })?
-            }
-            Some(("fsname", name)) if !name.is_empty() => cfg.fs_name = name.to_string(),
-            _ => {
-                return Err(Failure::new(
-                    2,
-                    format!("mount: unknown or unsupported option -o {opt} (see --help)"),
-                ))
-            }
-        }
+    for opt in &args.options {
+        cfg.apply_option(opt)
+            .map_err(|why| Failure::new(2, format!("mount: {why}")))?;
     }
     Ok(cfg)
 }

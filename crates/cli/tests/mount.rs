@@ -419,51 +419,141 @@ fn aligned(len: usize, fill: u8) -> Vec<u8> {
     v
 }
 
+/// A shared writable mapping of `len` bytes of `file`, unmapped on drop.
+struct SharedMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl SharedMap {
+    fn new(file: &File, len: usize) -> SharedMap {
+        // SAFETY: a fresh shared mapping of an open file; the kernel picks
+        // the address; the result is checked before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(
+            ptr,
+            libc::MAP_FAILED,
+            "mmap: {}",
+            std::io::Error::last_os_error()
+        );
+        SharedMap {
+            ptr: ptr.cast(),
+            len,
+        }
+    }
+
+    /// Whether the page at `offset` is in the page cache (`mincore`),
+    /// without touching it.
+    fn resident(&self, offset: usize) -> bool {
+        let mut vec = [0u8; 1];
+        // SAFETY: asks about one page inside the mapping; `vec` has room
+        // for its one byte.
+        let rc = unsafe { libc::mincore(self.ptr.add(offset).cast(), 4096, vec.as_mut_ptr()) };
+        assert_eq!(rc, 0, "mincore: {}", std::io::Error::last_os_error());
+        vec[0] & 1 == 1
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` bytes, readable and writable, alive
+        // until drop, and only reached through this exclusive borrow.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for SharedMap {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `new` made.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// O_DIRECT and buffered opens (and a shared mapping) of one file see each
+/// other's writes at once, in every caching mode: without the kernel page
+/// cache iomapfs keeps them coherent; with it, the kernel writes cached
+/// pages back before a direct read and drops them after a direct write.
 #[test]
 fn direct_and_buffered_opens_see_each_others_writes() {
     need_fuse!();
-    let mut m = Mounted::new("64m");
-    m.mount(&[]);
-    let direct = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(m.path("f"))
-        .unwrap();
-    let buffered = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(m.path("f"))
-        .unwrap();
-    for round in 0..20u8 {
-        let off = u64::from(round) * 8192;
-        // Buffered write, direct read (iomapfs writes the cache back first).
-        buffered.write_all_at_helper(&[round + 1; 4096], off);
+    for mode in ["direct_io", "kernel_cache", "writeback_cache"] {
+        let mut m = Mounted::new("64m");
+        m.mount(&["-o", mode]);
+        let direct = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(m.path("f"))
+            .unwrap();
+        let buffered = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(m.path("f"))
+            .unwrap();
+        for round in 0..20u8 {
+            let off = u64::from(round) * 8192;
+            // Buffered write, direct read.
+            buffered.write_all_at_helper(&[round + 1; 4096], off);
+            let mut buf = aligned(4096, 0);
+            std::os::unix::fs::FileExt::read_exact_at(&direct, &mut buf, off).unwrap();
+            assert!(
+                buf.iter().all(|&b| b == round + 1),
+                "{mode} round {round}: direct read"
+            );
+            // Direct write, buffered read (no stale cached copy).
+            direct.write_all_at_helper(&aligned(4096, round + 100), off);
+            let mut buf = vec![0u8; 4096];
+            std::os::unix::fs::FileExt::read_exact_at(&buffered, &mut buf, off).unwrap();
+            assert!(
+                buf.iter().all(|&b| b == round + 100),
+                "{mode} round {round}: buffered read"
+            );
+        }
+        // Unaligned direct I/O works (iomapfs does read-modify-write).
+        direct.write_all_at_helper(b"xyz", 4095);
+        let mut buf = [0u8; 5];
+        std::os::unix::fs::FileExt::read_exact_at(&buffered, &mut buf, 4094).unwrap();
+        // Byte 4094 is round 0's direct write; 4098 was never written.
+        assert_eq!(&buf, &[100, b'x', b'y', b'z', 0], "{mode}");
+        // A store through a shared mapping (not synced) is seen by a direct
+        // read; a direct write is seen through the mapping.
+        // (4 MiB, so that its last MiB is far from the pages faulted in.)
+        buffered.set_len(4 << 20).unwrap();
+        let mut map = SharedMap::new(&buffered, 4 << 20);
+        map.bytes()[8192..12288].fill(0xa5);
         let mut buf = aligned(4096, 0);
-        std::os::unix::fs::FileExt::read_exact_at(&direct, &mut buf, off).unwrap();
+        std::os::unix::fs::FileExt::read_exact_at(&direct, &mut buf, 8192).unwrap();
         assert!(
-            buf.iter().all(|&b| b == round + 1),
-            "round {round}: direct read"
+            buf.iter().all(|&b| b == 0xa5),
+            "{mode}: direct read of a mapped store"
         );
-        // Direct write, buffered read (the cached copy was dropped).
-        direct.write_all_at_helper(&aligned(4096, round + 100), off);
+        direct.write_all_at_helper(&aligned(4096, 0x5a), 16384);
+        assert!(
+            map.bytes()[16384..20480].iter().all(|&b| b == 0x5a),
+            "{mode}: mapped read of a direct write"
+        );
+        // The page a buffered read brought in stays in the kernel page
+        // cache exactly when the mode uses it.
         let mut buf = vec![0u8; 4096];
-        std::os::unix::fs::FileExt::read_exact_at(&buffered, &mut buf, off).unwrap();
-        assert!(
-            buf.iter().all(|&b| b == round + 100),
-            "round {round}: buffered read"
+        std::os::unix::fs::FileExt::read_exact_at(&buffered, &mut buf, 3 << 20).unwrap();
+        assert_eq!(
+            map.resident(3 << 20),
+            mode != "direct_io",
+            "{mode}: page cache residency after a buffered read"
         );
+        drop(map);
+        drop((direct, buffered));
+        m.unmount();
+        m.fsck_clean();
     }
-    // Unaligned direct I/O works (iomapfs does read-modify-write).
-    direct.write_all_at_helper(b"xyz", 4095);
-    let mut buf = [0u8; 5];
-    std::os::unix::fs::FileExt::read_exact_at(&buffered, &mut buf, 4094).unwrap();
-    // Byte 4094 is round 0's direct write; 4098 was never written.
-    assert_eq!(&buf, &[100, b'x', b'y', b'z', 0]);
-    drop((direct, buffered));
-    m.unmount();
-    m.fsck_clean();
 }
 
 #[test]
@@ -669,8 +759,14 @@ fn fio_verifies_crc32c_through_the_mount_direct_and_buffered() {
         eprintln!("skipped: fio not installed");
         return;
     }
+    for mode in ["direct_io", "kernel_cache", "writeback_cache"] {
+        fio_verifies_in_mode(mode);
+    }
+}
+
+fn fio_verifies_in_mode(mode: &str) {
     let mut m = Mounted::new("512m");
-    m.mount(&["-o", "threads=4"]);
+    m.mount(&["-o", &format!("threads=4,{mode}")]);
     for (direct, rw) in [(1, "randwrite"), (0, "randwrite"), (1, "write"), (0, "rw")] {
         let out = Command::new("fio")
             .args([
@@ -697,7 +793,7 @@ fn fio_verifies_crc32c_through_the_mount_direct_and_buffered() {
                 && text.contains("err= 0")
                 && !text.contains("bad magic")
                 && !text.contains("crc32c: verify failed"),
-            "fio direct={direct} rw={rw}: {}\n{text}\n{}",
+            "{mode}: fio direct={direct} rw={rw}: {}\n{text}\n{}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );

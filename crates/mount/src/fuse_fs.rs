@@ -2,20 +2,36 @@
 //! iomapfs [`Volume`] API by inode, and its error becomes the errno the
 //! library already names (`Error::errno`).
 //!
-//! Caching: every open is answered with `FOPEN_DIRECT_IO`, so the kernel
-//! page cache is never used for file data. An `O_DIRECT` open reaches an
-//! iomapfs direct handle (device I/O at any offset and length); any other
-//! open reaches an iomapfs buffered handle (iomapfs's folio cache). The two
-//! kinds of handle are kept coherent by iomapfs itself, as they are for the
-//! library: direct I/O on a file with cached folios writes them back and
-//! drops them first. A second cache in the kernel would need invalidation
-//! on every direct write and would hold the same bytes twice.
+//! Caching ([`Caching`]): an `O_DIRECT` open reaches an iomapfs direct
+//! handle (device I/O at any offset and length); any other open reaches an
+//! iomapfs buffered handle (iomapfs's folio cache). What the kernel does in
+//! front of them depends on the mode:
+//! - `DirectIo`: every open is answered with `FOPEN_DIRECT_IO`, so the
+//!   kernel page cache never holds file data (except pages of a shared
+//!   mapping, which the kernel writes back before and drops after direct
+//!   I/O, `FUSE_DIRECT_IO_ALLOW_MMAP`). The two kinds of handle are kept
+//!   coherent by iomapfs itself, as for the library: direct I/O on a file
+//!   with cached folios writes them back and drops them first.
+//! - `KernelCache`: non-direct opens keep the kernel's cached pages
+//!   (`FOPEN_KEEP_CACHE`), so a cached read never reaches the daemon;
+//!   writes update the page cache and reach iomapfs before they return.
+//!   `O_DIRECT` opens take the kernel's generic direct I/O path, which
+//!   writes back the range's dirty pages before and drops its cached pages
+//!   after, as for any local file system: every change to the volume
+//!   passes through this kernel, so what it caches stays current.
+//! - `Writeback`: as `KernelCache`, and buffered writes stay dirty in the
+//!   page cache until the kernel writes them back (`FUSE_WRITEBACK_CACHE`);
+//!   fsync writes them back and then asks the daemon to sync.
+//!
+//! In every mode direct I/O from asynchronous callers is asynchronous here
+//! too (`FUSE_ASYNC_DIO`): queue depth reaches the daemon.
 //!
 //! Attributes and names are cached by the kernel for [`ATTR_TTL`]: this
 //! daemon is the only writer of the volume, and every change made through
 //! the mount passes through the kernel, which updates or drops what it
 //! cached.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::path::Path;
@@ -23,6 +39,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use blockdev::AlignedBuf;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags as FuseOpenFlags, RenameFlags as FuseRename,
@@ -35,11 +52,18 @@ use iomapfs_fs::{
 };
 use parking_lot::RwLock;
 
+use crate::Caching;
+
 /// How long the kernel may trust attributes and names it was given.
 pub const ATTR_TTL: Duration = Duration::from_secs(1);
 
 /// Largest read or write the kernel sends in one request.
 pub const MAX_IO_BYTES: u32 = 1 << 20;
+
+/// Requests the kernel keeps queued for the daemon on behalf of
+/// asynchronous callers (readahead, writeback, asynchronous direct I/O):
+/// a queue depth of 32 and then some.
+pub const MAX_BACKGROUND: u16 = 64;
 
 /// A directory as `opendir` saw it: `readdir` pages through this snapshot,
 /// so entries added or removed meanwhile never shift the offsets.
@@ -51,15 +75,19 @@ struct DirSnapshot {
 /// The file system a mount serves.
 pub struct IomapFuse {
     vol: Volume,
+    /// Whether and how the kernel page cache holds file data.
+    caching: Caching,
     files: RwLock<HashMap<u64, Arc<File>>>,
     dirs: RwLock<HashMap<u64, Arc<DirSnapshot>>>,
     next_handle: AtomicU64,
 }
 
 impl IomapFuse {
-    pub fn new(vol: Volume) -> IomapFuse {
+    /// Serves `vol`, with the kernel page cache as `caching` says.
+    pub fn new(vol: Volume, caching: Caching) -> IomapFuse {
         IomapFuse {
             vol,
+            caching,
             files: RwLock::new(HashMap::new()),
             dirs: RwLock::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
@@ -74,6 +102,11 @@ impl IomapFuse {
         let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
         self.files.write().insert(fh, Arc::new(file));
         FileHandle(fh)
+    }
+
+    /// Buffer alignment the device takes for direct I/O.
+    fn memory_alignment(&self) -> usize {
+        (self.vol.device().caps().memory_alignment as usize).max(1)
     }
 
     fn entry(&self, st: &Stat, reply: ReplyEntry) {
@@ -91,6 +124,32 @@ impl IomapFuse {
             .map(Arc::new)
             .map_err(errno)
     }
+}
+
+thread_local! {
+    /// The data buffer of this request thread (see [`with_io_buffer`]).
+    static IO_BUFFER: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with `len` bytes of this thread's data buffer, aligned to
+/// `align`: every read and direct write a request thread serves reuses
+/// one buffer (at least [`MAX_IO_BYTES`]) instead of a fresh zeroed one,
+/// and the device takes its address without bouncing. `Err(ENOMEM)` if
+/// it cannot be had.
+fn with_io_buffer<R>(len: usize, align: usize, f: impl FnOnce(Result<&mut [u8], Errno>) -> R) -> R {
+    IO_BUFFER.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let fits = slot
+            .as_ref()
+            .is_some_and(|b| b.len() >= len && (b.as_ptr() as usize).is_multiple_of(align));
+        if !fits {
+            *slot = AlignedBuf::new(len.max(MAX_IO_BYTES as usize), align).ok();
+        }
+        match slot.as_mut() {
+            Some(buf) => f(Ok(&mut buf[..len])),
+            None => f(Err(Errno::ENOMEM)),
+        }
+    })
 }
 
 /// The errno for an iomapfs error (the library names it already).
@@ -182,10 +241,21 @@ fn open_flags(flags: i32) -> OpenFlags {
     }
 }
 
-/// Every open bypasses the kernel page cache (see the module header), and
-/// writes to one file may run in parallel: iomapfs locks ranges itself.
-fn fopen_flags() -> FopenFlags {
-    FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+/// How the kernel is to treat an open (see the module header): without
+/// the kernel cache every open bypasses the page cache, and writes to one
+/// file may run in parallel (iomapfs locks ranges itself); with it, a
+/// non-direct open keeps the file's cached pages (every change passes
+/// through this kernel, which keeps them current), and an `O_DIRECT` open
+/// takes the kernel's own direct I/O path, which writes cached pages back
+/// before and drops them after.
+fn fopen_flags(flags: i32, caching: Caching) -> FopenFlags {
+    match (caching, flags & libc::O_DIRECT != 0) {
+        (Caching::DirectIo, _) => {
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        }
+        (Caching::KernelCache | Caching::Writeback, false) => FopenFlags::FOPEN_KEEP_CACHE,
+        (Caching::KernelCache | Caching::Writeback, true) => FopenFlags::empty(),
+    }
 }
 
 /// The kind and permission bits of a `mknod`/`create` mode, umask applied.
@@ -211,6 +281,17 @@ macro_rules! tri {
 impl Filesystem for IomapFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_IO_BYTES);
+        // Direct I/O from an asynchronous caller (io_uring, AIO) is queued
+        // and completed without a kernel thread blocked per request, and a
+        // large synchronous one goes out as all its requests at once; up to
+        // MAX_BACKGROUND of them wait for the daemon.
+        let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        let _ = config.set_max_background(MAX_BACKGROUND);
+        let _ = config.set_congestion_threshold(MAX_BACKGROUND / 4 * 3);
+        if self.caching == Caching::Writeback {
+            // Writes land in the page cache; the kernel writes them back.
+            let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
+        }
         // Shared mmap of files opened with FOPEN_DIRECT_IO, and directory
         // operations in parallel (iomapfs serialises them itself).
         let _ = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP);
@@ -409,7 +490,7 @@ impl Filesystem for IomapFuse {
             reply,
             self.vol.open_ino(ino.0, open_flags(flags.0)).map_err(errno)
         );
-        reply.opened(self.add_file(file), fopen_flags());
+        reply.opened(self.add_file(file), fopen_flags(flags.0, self.caching));
     }
 
     fn read(
@@ -424,9 +505,12 @@ impl Filesystem for IomapFuse {
         reply: ReplyData,
     ) {
         let file = tri!(reply, self.file(fh));
-        let mut buf = vec![0u8; size as usize];
-        let n = tri!(reply, file.pread(&mut buf, offset).map_err(errno));
-        reply.data(&buf[..n]);
+        let align = self.memory_alignment();
+        with_io_buffer(size as usize, align, |buf| {
+            let buf = tri!(reply, buf);
+            let n = tri!(reply, file.pread(buf, offset).map_err(errno));
+            reply.data(&buf[..n]);
+        })
     }
 
     fn write(
@@ -442,8 +526,21 @@ impl Filesystem for IomapFuse {
         reply: ReplyWrite,
     ) {
         let file = tri!(reply, self.file(fh));
-        let n = tri!(reply, file.pwrite(data, offset).map_err(errno));
-        reply.written(n as u32);
+        if !file.flags().direct {
+            // Copied into folios: any address will do.
+            let n = tri!(reply, file.pwrite(data, offset).map_err(errno));
+            return reply.written(n as u32);
+        }
+        // The request's bytes sit just past its headers, an address the
+        // device cannot take: one copy here saves the device layer a fresh
+        // zeroed bounce buffer and the same copy.
+        let align = self.memory_alignment();
+        with_io_buffer(data.len(), align, |buf| {
+            let buf = tri!(reply, buf);
+            buf.copy_from_slice(data);
+            let n = tri!(reply, file.pwrite(buf, offset).map_err(errno));
+            reply.written(n as u32);
+        })
     }
 
     fn flush(
@@ -692,7 +789,13 @@ impl Filesystem for IomapFuse {
             self.vol.open_ino(st.ino, open_flags(flags)).map_err(errno)
         );
         let fh = self.add_file(file);
-        reply.created(&ATTR_TTL, &file_attr(&st), Generation(0), fh, fopen_flags());
+        reply.created(
+            &ATTR_TTL,
+            &file_attr(&st),
+            Generation(0),
+            fh,
+            fopen_flags(flags, self.caching),
+        );
     }
 
     fn fallocate(

@@ -54,6 +54,37 @@ pub struct MountConfig {
     pub threads: usize,
     /// The source `mount` and /proc/mounts show.
     pub fs_name: String,
+    /// Whether and how the kernel page cache holds file data.
+    pub caching: Caching,
+}
+
+/// Whether and how the kernel page cache holds file data (see
+/// [`fuse_fs`]). iomapfs's folio cache serves non-direct opens in every
+/// case.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Caching {
+    /// `-o direct_io`: every open bypasses the kernel page cache.
+    #[default]
+    DirectIo,
+    /// `-o kernel_cache`: non-direct opens read through the kernel page
+    /// cache; their writes update it and reach the daemon before they
+    /// return. `O_DIRECT` opens take the kernel's direct I/O path, which
+    /// writes cached pages back before and drops them after.
+    KernelCache,
+    /// `-o writeback_cache`: as `KernelCache`, and writes stay in the
+    /// kernel page cache until the kernel writes them back.
+    Writeback,
+}
+
+impl Caching {
+    /// The `-o` option that picks it.
+    pub fn option(self) -> &'static str {
+        match self {
+            Caching::DirectIo => "direct_io",
+            Caching::KernelCache => "kernel_cache",
+            Caching::Writeback => "writeback_cache",
+        }
+    }
 }
 
 impl Default for MountConfig {
@@ -62,9 +93,47 @@ impl Default for MountConfig {
             allow_other: false,
             threads: 4,
             fs_name: "iomapfs".into(),
+            caching: Caching::default(),
         }
     }
 }
+
+impl MountConfig {
+    /// Applies one `-o` option of `iomapfs mount` (see its `--help`);
+    /// `Err` says why it is refused. An empty option does nothing.
+    pub fn apply_option(&mut self, opt: &str) -> Result<(), String> {
+        match opt.split_once('=') {
+            None if opt.is_empty() || opt == "default_permissions" || opt == "rw" => {}
+            None if opt == "allow_other" => self.allow_other = true,
+            None if opt == "direct_io" => self.caching = Caching::DirectIo,
+            None if opt == "kernel_cache" => self.caching = Caching::KernelCache,
+            None if opt == "writeback_cache" => self.caching = Caching::Writeback,
+            Some(("threads", n)) => {
+                self.threads = n
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_THREADS).contains(n))
+                    .ok_or_else(|| format!("-o threads={n}: want 1 to {MAX_THREADS}"))?
+            }
+            Some(("fsname", name)) if !name.is_empty() => self.fs_name = name.to_string(),
+            _ => {
+                return Err(format!(
+                    "unknown or unsupported option -o {opt} (see --help)"
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// The `-o` options that give this configuration's caching and
+    /// threads (for reports).
+    pub fn options(&self) -> String {
+        format!("threads={},{}", self.threads, self.caching.option())
+    }
+}
+
+/// Most request threads a mount may have.
+pub const MAX_THREADS: usize = 64;
 
 /// The signals that unmount a mount cleanly.
 const STOP_SIGNALS: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
@@ -143,9 +212,11 @@ fn session(vol: &Volume, path: &Path, cfg: &MountConfig) -> Result<Session<Iomap
     };
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = true;
-    Session::new(IomapFuse::new(vol.clone()), path, &config).map_err(|source| MountError::Mount {
-        path: path.to_path_buf(),
-        source,
+    Session::new(IomapFuse::new(vol.clone(), cfg.caching), path, &config).map_err(|source| {
+        MountError::Mount {
+            path: path.to_path_buf(),
+            source,
+        }
     })
 }
 
