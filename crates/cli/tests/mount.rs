@@ -767,7 +767,15 @@ fn fio_verifies_crc32c_through_the_mount_direct_and_buffered() {
 fn fio_verifies_in_mode(mode: &str) {
     let mut m = Mounted::new("512m");
     m.mount(&["-o", &format!("threads=4,{mode}")]);
-    for (direct, rw) in [(1, "randwrite"), (0, "randwrite"), (1, "write"), (0, "rw")] {
+    // psync jobs, and io_uring at depth 16, whose direct I/O the kernel
+    // queues to the daemon without waiting (FUSE_ASYNC_DIO).
+    for (direct, rw, engine) in [
+        (1, "randwrite", "psync"),
+        (0, "randwrite", "psync"),
+        (1, "write", "psync"),
+        (0, "rw", "psync"),
+        (1, "randrw", "io_uring"),
+    ] {
         let out = Command::new("fio")
             .args([
                 "--name=mnt",
@@ -777,7 +785,8 @@ fn fio_verifies_in_mode(mode: &str) {
                 "--bsrange=4k-64k",
                 &format!("--rw={rw}"),
                 &format!("--direct={direct}"),
-                "--ioengine=psync",
+                &format!("--ioengine={engine}"),
+                "--iodepth=16",
                 "--numjobs=4",
                 "--verify=crc32c",
                 "--do_verify=1",
@@ -793,7 +802,7 @@ fn fio_verifies_in_mode(mode: &str) {
                 && text.contains("err= 0")
                 && !text.contains("bad magic")
                 && !text.contains("crc32c: verify failed"),
-            "{mode}: fio direct={direct} rw={rw}: {}\n{text}\n{}",
+            "{mode}: fio direct={direct} rw={rw} {engine}: {}\n{text}\n{}",
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
