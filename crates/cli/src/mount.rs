@@ -23,23 +23,25 @@ daemon is killed outright, `umount -l MOUNTPOINT` clears the dead mount and
 the next mount recovers from the journal, as after a power cut.
 
 O_DIRECT opens reach iomapfs direct I/O (any offset and length); other opens
-use iomapfs's own page cache. The kernel page cache is bypassed for both
-(FOPEN_DIRECT_IO), so the two never disagree. The kernel checks permissions
-(default_permissions). TARGET is refused while mounted or in use.";
+use iomapfs's own page cache, and by default the kernel page cache in front of
+it (see kernel_cache below); the kernel keeps the two kinds of open coherent.
+The kernel checks permissions (default_permissions). TARGET is refused while
+mounted or in use.";
 
 const AFTER_HELP: &str = "\
 Options (-o, comma-separated):
   allow_other          let other users reach the files (a non-root user needs
                        user_allow_other in /etc/fuse.conf)
   threads=N            request threads, each with its own /dev/fuse (default 4)
-  direct_io            every open bypasses the kernel page cache (default)
-  kernel_cache         non-direct opens read through the kernel page cache
-                       in front of iomapfs's own; writes update it and reach
+  kernel_cache         (default) non-direct opens read through the kernel page
+                       cache in front of iomapfs's own; writes update it and reach
                        iomapfs before returning; O_DIRECT opens take the
                        kernel's direct I/O path, which writes cached pages
                        back before and drops them after
   writeback_cache      kernel_cache, and writes stay in the kernel page cache
                        until the kernel writes them back
+  direct_io            every open bypasses the kernel page cache; iomapfs
+                       keeps direct and buffered opens coherent itself
   fsname=NAME          the source shown in /proc/mounts (default: TARGET)
   default_permissions  always on; accepted for compatibility
   rw                   always on; accepted for compatibility

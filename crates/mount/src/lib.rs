@@ -64,12 +64,12 @@ pub struct MountConfig {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Caching {
     /// `-o direct_io`: every open bypasses the kernel page cache.
-    #[default]
     DirectIo,
-    /// `-o kernel_cache`: non-direct opens read through the kernel page
+    /// `-o kernel_cache` (the default): non-direct opens read through the kernel page
     /// cache; their writes update it and reach the daemon before they
     /// return. `O_DIRECT` opens take the kernel's direct I/O path, which
     /// writes cached pages back before and drops them after.
+    #[default]
     KernelCache,
     /// `-o writeback_cache`: as `KernelCache`, and writes stay in the
     /// kernel page cache until the kernel writes them back.
