@@ -883,6 +883,20 @@ mod tests {
     }
 
     #[test]
+    fn each_caching_mode_answers_opens_as_documented() {
+        let direct = libc::O_RDWR | libc::O_DIRECT;
+        let buffered = libc::O_RDWR;
+        let bypass = FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES;
+        assert_eq!(fopen_flags(direct, Caching::DirectIo), bypass);
+        assert_eq!(fopen_flags(buffered, Caching::DirectIo), bypass);
+        for cached in [Caching::KernelCache, Caching::Writeback] {
+            // O_DIRECT takes the kernel's direct path: no FOPEN_DIRECT_IO.
+            assert_eq!(fopen_flags(direct, cached), FopenFlags::empty());
+            assert_eq!(fopen_flags(buffered, cached), FopenFlags::FOPEN_KEEP_CACHE);
+        }
+    }
+
+    #[test]
     fn open_flags_map_direct_sync_and_access_mode() {
         let f = open_flags(libc::O_RDONLY | libc::O_DIRECT);
         assert!(f.direct && f.read_only && !f.dsync && !f.sync);

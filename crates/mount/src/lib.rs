@@ -346,3 +346,40 @@ fn spawn_signal_thread(mountpoint: PathBuf) -> Result<(), MountError> {
         .map(drop)
         .map_err(MountError::Signals)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_set_caching_and_threads_and_refuse_the_rest() {
+        let mut cfg = MountConfig::default();
+        assert_eq!(cfg.caching, Caching::KernelCache);
+        assert_eq!(cfg.options(), "threads=4,kernel_cache");
+        for (opt, caching) in [
+            ("writeback_cache", Caching::Writeback),
+            ("direct_io", Caching::DirectIo),
+            ("kernel_cache", Caching::KernelCache),
+        ] {
+            cfg.apply_option(opt).unwrap();
+            assert_eq!(cfg.caching, caching, "{opt}");
+            assert!(cfg.options().ends_with(opt), "{}", cfg.options());
+        }
+        cfg.apply_option("threads=8").unwrap();
+        cfg.apply_option("allow_other").unwrap();
+        cfg.apply_option("").unwrap();
+        assert_eq!((cfg.threads, cfg.allow_other), (8, true));
+        for bad in [
+            "threads=0",
+            "threads=65",
+            "threads=x",
+            "cache=yes",
+            "ro",
+            "fsname=",
+        ] {
+            let why = cfg.apply_option(bad).unwrap_err();
+            assert!(why.contains(bad.split('=').next().unwrap()), "{bad}: {why}");
+        }
+        assert_eq!(cfg.threads, 8, "a refused option changes nothing");
+    }
+}
