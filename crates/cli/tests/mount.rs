@@ -556,6 +556,64 @@ fn direct_and_buffered_opens_see_each_others_writes() {
     }
 }
 
+/// Appends a byte to `name` in `dir` as user and group 65534 (no
+/// capabilities): the shell enters `dir` as root, then drops privileges.
+fn append_as_nobody(dir: &Path, name: &str) {
+    let status = Command::new("sh")
+        .current_dir(dir)
+        .args([
+            "-c",
+            &format!(
+            "exec setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'printf x >> {name}'"
+        ),
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "append to {name} as nobody: {status}");
+}
+
+/// A write by a caller without CAP_FSETID drops set-user-ID, and
+/// set-group-ID where group execute is set, in every caching mode (the
+/// daemon does it: it takes FUSE_HANDLE_KILLPRIV_V2); root's writes keep
+/// them.
+#[test]
+fn unprivileged_writes_drop_setuid_and_setgid() {
+    need_fuse!();
+    for mode in ["direct_io", "kernel_cache", "writeback_cache"] {
+        let mut m = Mounted::new("64m");
+        m.mount(&["-o", &format!("allow_other,{mode}")]);
+        for (name, before, after) in [
+            ("both", 0o6777, 0o0777),
+            // Set-group-ID without group execute is not a privilege.
+            ("mandatory-lock", 0o2767, 0o2767),
+            ("suid-only", 0o4766, 0o0766),
+        ] {
+            fs::write(m.path(name), b"root").unwrap();
+            fs::set_permissions(m.path(name), fs::Permissions::from_mode(before)).unwrap();
+            // Root (CAP_FSETID) keeps the bits.
+            fs::OpenOptions::new()
+                .append(true)
+                .open(m.path(name))
+                .unwrap()
+                .write_all(b"!")
+                .unwrap();
+            let mode_of = |p: PathBuf| fs::metadata(p).unwrap().mode() & 0o7777;
+            assert_eq!(mode_of(m.path(name)), before, "{mode} {name}: root's write");
+            append_as_nobody(&m.mnt, name);
+            assert_eq!(
+                mode_of(m.path(name)),
+                after,
+                "{mode} {name}: {before:#o} after an unprivileged write"
+            );
+            assert_eq!(fs::read(m.path(name)).unwrap(), b"root!x", "{mode} {name}");
+        }
+        m.unmount();
+        // The dropped bits were journaled and checkpointed.
+        let report = m.fsck_clean();
+        assert!(report.contains("clean"), "{report}");
+    }
+}
+
 #[test]
 fn a_mounted_target_is_refused_and_signals_unmount_cleanly() {
     need_fuse!();

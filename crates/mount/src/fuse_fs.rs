@@ -104,6 +104,27 @@ impl IomapFuse {
         FileHandle(fh)
     }
 
+    /// What `FUSE_HANDLE_KILLPRIV_V2` leaves to this daemon on a write by
+    /// a caller without `CAP_FSETID`: set-user-ID dropped, and
+    /// set-group-ID where group execute is set (otherwise it marks
+    /// mandatory locking, not privilege). iomapfs keeps no
+    /// `security.capability` to drop.
+    fn kill_suidgid(&self, file: &File) -> Result<(), Errno> {
+        let mode = file.stat().map_err(errno)?.mode & 0o7777;
+        let mut kept = mode & !libc::S_ISUID;
+        if mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            kept &= !libc::S_ISGID;
+        }
+        if kept != mode {
+            let change = SetAttr {
+                mode: Some(kept),
+                ..SetAttr::default()
+            };
+            self.vol.set_attr(file.ino(), &change).map_err(errno)?;
+        }
+        Ok(())
+    }
+
     /// Buffer alignment the device takes for direct I/O.
     fn memory_alignment(&self) -> usize {
         (self.vol.device().caps().memory_alignment as usize).max(1)
@@ -288,6 +309,11 @@ impl Filesystem for IomapFuse {
         let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
         let _ = config.set_max_background(MAX_BACKGROUND);
         let _ = config.set_congestion_threshold(MAX_BACKGROUND / 4 * 3);
+        // This daemon drops set-user-ID and set-group-ID on writes the
+        // kernel marks (`kill_suidgid`), so the kernel need not ask for
+        // `security.capability` (a GETXATTR round trip) before every
+        // write to see whether to drop it.
+        let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         if self.caching == Caching::Writeback {
             // Writes land in the page cache; the kernel writes them back.
             let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
@@ -520,12 +546,15 @@ impl Filesystem for IomapFuse {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: FuseOpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let file = tri!(reply, self.file(fh));
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            tri!(reply, self.kill_suidgid(&file));
+        }
         if !file.flags().direct {
             // Copied into folios: any address will do.
             let n = tri!(reply, file.pwrite(data, offset).map_err(errno));
