@@ -583,9 +583,9 @@ pub const MOUNT_WORKLOADS: &[Workload] = &[
     },
 ];
 
-/// Every workload: the seed workloads, the fio rows, then the mount rows.
+/// Every workload: the seed workloads, the mount rows, then the fio rows.
 pub fn all() -> impl Iterator<Item = &'static Workload> {
-    WORKLOADS.iter().chain(FIO_WORKLOADS).chain(MOUNT_WORKLOADS)
+    WORKLOADS.iter().chain(MOUNT_WORKLOADS).chain(FIO_WORKLOADS)
 }
 
 /// The workloads named in `names` (all of them when empty), in run order,
