@@ -253,6 +253,7 @@ fn posix_calls_on_the_mountpoint_match_the_volume_after_remount() {
     // Directories.
     fs::create_dir(m.path("d")).unwrap();
     fs::create_dir(m.path("d/e")).unwrap();
+    File::open(m.path("d")).unwrap().sync_all().unwrap(); // fsyncdir
     assert_eq!(fs::metadata(m.path("d")).unwrap().nlink(), 3);
     assert_eq!(
         fs::remove_dir(m.path("d")).unwrap_err().raw_os_error(),
