@@ -281,19 +281,26 @@ impl Volume {
     pub fn sync(&self) -> Result<()> {
         self.inner.check_live()?;
         let mut errors = self.inner.write_back_all(Pass::All);
-        let lost = std::mem::take(&mut *self.inner.lost_writeback.lock());
+        let lost = self.take_lost_writeback();
         let logged = self.inner.meta.write().log_write_times();
         let committed = logged.and_then(|()| self.inner.commit());
         if !errors.is_empty() {
             return Err(errors.swap_remove(0));
         }
-        if let Some(first) = lost.into_iter().next() {
-            return Err(Error::Iomap(iomap::IomapError::Writeback {
+        lost.map_or(committed, Err)
+    }
+
+    /// The first writeback error background writeback met since the last
+    /// `sync` or unmount took them (each is reported there once, also when
+    /// its file is closed).
+    fn take_lost_writeback(&self) -> Option<Error> {
+        let lost = std::mem::take(&mut *self.inner.lost_writeback.lock());
+        lost.into_iter().next().map(|first| {
+            Error::Iomap(iomap::IomapError::Writeback {
                 errno: libc::EIO,
                 what: first,
-            }));
-        }
-        committed
+            })
+        })
     }
 
     /// Makes every name and attribute change durable (`fsync` of a
@@ -336,11 +343,14 @@ impl Volume {
     }
 
     /// Writes back every file's cached data, checkpoints and releases the
-    /// volume. Dropping a volume without unmounting loses cached data not
-    /// written back and leaves the rest to journal recovery at the next
-    /// open.
+    /// volume. Reports, as `sync` does, a writeback error met here or by
+    /// background writeback since the last `sync` (a FUSE mount gets no
+    /// `sync`: the kernel does not pass `syncfs` on to it). Dropping a
+    /// volume without unmounting loses cached data not written back and
+    /// leaves the rest to journal recovery at the next open.
     pub fn unmount(self) -> Result<()> {
-        self.checkpoint()
+        self.checkpoint()?;
+        self.take_lost_writeback().map_or(Ok(()), Err)
     }
 }
 

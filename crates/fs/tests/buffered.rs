@@ -326,6 +326,38 @@ fn seek_data_and_hole_see_cached_writes_without_writing_back() {
 }
 
 #[test]
+fn unmount_reports_a_background_writeback_error_of_a_closed_file() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let mut cache = CacheConfig::with_size(16 * MIB);
+    cache.dirty_expire = std::time::Duration::ZERO;
+    cache.writeback_interval = std::time::Duration::from_millis(1);
+    let vol = Volume::open_with(dev.clone(), &MountOptions { cache }).unwrap();
+    let data_write = {
+        let sb = vol.superblock();
+        FaultRule::new(FaultOp::Write).range(sb.layout.data.start..sb.layout.data.end())
+    };
+    // The background writeback of /f fails (once), with /f closed.
+    dev.inject(data_write.clone().count(1));
+    let failed = dev.pause_after(data_write.clone());
+    let f = vol.open_file("/f", buffered()).unwrap();
+    f.pwrite(&[1; 100], 0).unwrap();
+    drop(f);
+    failed.wait_reached();
+    // The flusher's next pass (writing /g back) comes after it kept the
+    // error of that one.
+    let next_pass = dev.pause_after(data_write);
+    let g = vol.open_file("/g", buffered()).unwrap();
+    g.pwrite(&[2; 100], 0).unwrap();
+    failed.resume();
+    next_pass.wait_reached();
+    next_pass.resume();
+    drop(g);
+    let err = vol.unmount().expect_err("the lost write of /f");
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+}
+
+#[test]
 fn direct_and_buffered_handles_always_agree() {
     let dev = Arc::new(MemDevice::new(32 * MIB, 512));
     let vol = volume_on(&dev);
