@@ -39,7 +39,7 @@ pub fn set_cache_options(options: CacheOptions) {
 
 /// How commands mount a volume: the cache from the command line's options,
 /// defaults for the rest (an eighth of memory, 64 MiB to 2 GiB; dirty
-/// limits at 10% and 20% of it; 4 MiB write-behind).
+/// limits at 10% and 20% of it; write-behind off).
 pub fn mount_options() -> Result<iomapfs_fs::MountOptions, Failure> {
     let options = CACHE_OPTIONS.get().copied().unwrap_or_default();
     let mut cache = match options.size {
