@@ -3,9 +3,10 @@
 //! no clock and no rule. No permission checks here: the library trusts its
 //! caller, and a mount lets the kernel check (`default_permissions`).
 
+use crate::codec;
 use crate::file::Stat;
 use crate::mount_state::{now, VolumeInner};
-use crate::types::{Ino, Record, Timestamp, MODE_PERMISSION_BITS};
+use crate::types::{Ino, Record, Timestamp};
 use crate::{Error, Result};
 
 /// A time to set: the current time, or a given one.
@@ -31,12 +32,8 @@ impl VolumeInner {
     pub(crate) fn set_attr(&self, ino: Ino, change: &SetAttr) -> Result<Stat> {
         self.check_live()?;
         if let Some(mode) = change.mode {
-            if mode & !MODE_PERMISSION_BITS != 0 {
-                return Err(Error::invalid(
-                    format!("chmod of inode {ino}"),
-                    format!("mode {mode:#o} has bits beyond 0o7777"),
-                ));
-            }
+            codec::check_mode(mode)
+                .map_err(|reason| Error::invalid(format!("chmod of inode {ino}"), reason))?;
         }
         for t in [change.atime, change.mtime].into_iter().flatten() {
             if let TimeSet::At(t) = t {

@@ -641,23 +641,25 @@ fn components(path: &str) -> Result<Vec<&str>> {
     Ok(out)
 }
 
+/// Inode `ino`, met on the way along `path`, is a directory: a symlink is
+/// not followed (`IsSymlink`), anything else is `NotDir`.
+fn require_dir<'a>(state: &'a MetaState, ino: Ino, path: &str) -> Result<&'a InodeState> {
+    let dir = &state.inodes[&ino];
+    match dir.kind {
+        FileKind::Directory => Ok(dir),
+        FileKind::Symlink => Err(Error::IsSymlink {
+            path: path.to_string(),
+        }),
+        _ => Err(Error::NotDir {
+            path: path.to_string(),
+        }),
+    }
+}
+
 fn walk(state: &MetaState, path: &str, parts: &[&str]) -> Result<Ino> {
     let mut ino = ROOT_INO;
     for part in parts {
-        let dir = &state.inodes[&ino];
-        match dir.kind {
-            FileKind::Directory => {}
-            FileKind::Symlink => {
-                return Err(Error::IsSymlink {
-                    path: path.to_string(),
-                })
-            }
-            _ => {
-                return Err(Error::NotDir {
-                    path: path.to_string(),
-                })
-            }
-        }
+        let dir = require_dir(state, ino, path)?;
         ino = *dir.entries.get(*part).ok_or_else(|| Error::NotFound {
             path: path.to_string(),
         })?;
@@ -678,19 +680,7 @@ pub(crate) fn resolve_parent(state: &MetaState, path: &str) -> Result<(Ino, Stri
         return Err(Error::invalid(path, "path names the root directory"));
     };
     let parent = walk(state, path, dirs)?;
-    match state.inodes[&parent].kind {
-        FileKind::Directory => {}
-        FileKind::Symlink => {
-            return Err(Error::IsSymlink {
-                path: path.to_string(),
-            })
-        }
-        _ => {
-            return Err(Error::NotDir {
-                path: path.to_string(),
-            })
-        }
-    }
+    require_dir(state, parent, path)?;
     codec::check_name(name).map_err(|reason| Error::invalid(path, reason))?;
     Ok((parent, name.to_string()))
 }

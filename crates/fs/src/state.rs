@@ -14,7 +14,7 @@ use crate::extent_map::ExtentMap;
 use crate::limits::{MAX_FILE_SIZE, MAX_INO, MAX_LINKS, MAX_XATTR_BYTES_PER_INODE};
 use crate::types::{
     DirEntryImage, Extent, FileKind, Ino, InoMap, InodeAttrs, InodeImage, InodeTable, MetaImage,
-    Record, Timestamp, XattrImage, MODE_PERMISSION_BITS, ROOT_INO,
+    Record, Timestamp, XattrImage, ROOT_INO,
 };
 
 /// Encoded bytes a checkpoint spends per inode, extent and directory entry
@@ -581,9 +581,7 @@ impl MetaState {
                 ctime,
                 ..
             } => {
-                if mode & !MODE_PERMISSION_BITS != 0 {
-                    return Err(format!("set attributes: mode {mode:#o} beyond 0o7777"));
-                }
+                codec::check_mode(*mode).map_err(|r| format!("set attributes: {r}"))?;
                 times("set attributes", &[*atime, *mtime, *ctime])
             }
             Record::SetXattr { name, ctime, .. } | Record::RemoveXattr { name, ctime, .. } => {
@@ -622,6 +620,25 @@ impl MetaState {
             Some(_) => Err(format!("inode {ino} is not a live directory")),
             None => Err(format!("directory {ino} does not exist")),
         }
+    }
+
+    /// The inode `dir/name` names, `dir` a live directory (`op`: which
+    /// operation asks, for the message).
+    fn entry(&self, dir: Ino, name: &str, op: &str) -> Result<Ino, ApplyError> {
+        self.dir(dir)?
+            .entries
+            .get(name)
+            .copied()
+            .ok_or_else(|| format!("{op}: no {name:?} in directory {dir}"))
+    }
+
+    /// The entries of directory `dir`, which the caller found with
+    /// [`MetaState::dir`] or [`MetaState::entry`].
+    fn entries_mut(&mut self, dir: Ino) -> &mut BTreeMap<String, Ino> {
+        self.inodes
+            .get_mut(&dir)
+            .expect("a directory checked by the caller")
+            .entries_mut()
     }
 
     /// A directory's entries changed at `time`.
@@ -689,11 +706,7 @@ impl MetaState {
         name: &str,
         time: Timestamp,
     ) -> Result<Ino, ApplyError> {
-        let child = *self
-            .dir(parent)?
-            .entries
-            .get(name)
-            .ok_or_else(|| format!("unlink: no {name:?} in directory {parent}"))?;
+        let child = self.entry(parent, name, "unlink")?;
         if child == ROOT_INO {
             return Err("unlink: root".to_string());
         }
@@ -704,11 +717,7 @@ impl MetaState {
         if inode.nlink == 0 {
             return Err(format!("unlink: inode {child} has link count 0 but a name"));
         }
-        self.inodes
-            .get_mut(&parent)
-            .expect("checked above")
-            .entries_mut()
-            .remove(name);
+        self.entries_mut(parent).remove(name);
         self.touch_dir(parent, time);
         let is_dir = self.inodes[&child].kind == FileKind::Directory;
         if is_dir {
@@ -752,11 +761,7 @@ impl MetaState {
                 "link: {name:?} already exists in directory {parent}"
             ));
         }
-        self.inodes
-            .get_mut(&parent)
-            .expect("checked above")
-            .entries_mut()
-            .insert(name.to_string(), ino);
+        self.entries_mut(parent).insert(name.to_string(), ino);
         self.touch_dir(parent, time);
         let inode = self.inodes.get_mut(&ino).expect("checked above");
         inode.nlink += 1;
@@ -774,11 +779,7 @@ impl MetaState {
         time: Timestamp,
     ) -> Result<(), ApplyError> {
         codec::check_name(dst_name).map_err(|why| format!("{why}: {dst_name:?}"))?;
-        let src = *self
-            .dir(src_parent)?
-            .entries
-            .get(src_name)
-            .ok_or_else(|| format!("rename: no {src_name:?} in directory {src_parent}"))?;
+        let src = self.entry(src_parent, src_name, "rename")?;
         let replaced = self.dir(dst_parent)?.entries.get(dst_name).copied();
         if replaced == Some(src) {
             // Two names of one inode (or the same name): POSIX says nothing
@@ -798,15 +799,8 @@ impl MetaState {
             }
             self.apply_unlink(dst_parent, dst_name, time)?;
         }
-        self.inodes
-            .get_mut(&src_parent)
-            .expect("checked above")
-            .entries_mut()
-            .remove(src_name);
-        self.inodes
-            .get_mut(&dst_parent)
-            .expect("checked above")
-            .entries_mut()
+        self.entries_mut(src_parent).remove(src_name);
+        self.entries_mut(dst_parent)
             .insert(dst_name.to_string(), src);
         self.touch_dir(src_parent, time);
         self.touch_dir(dst_parent, time);
@@ -833,16 +827,8 @@ impl MetaState {
         dst_name: &str,
         time: Timestamp,
     ) -> Result<(), ApplyError> {
-        let src = *self
-            .dir(src_parent)?
-            .entries
-            .get(src_name)
-            .ok_or_else(|| format!("exchange: no {src_name:?} in directory {src_parent}"))?;
-        let dst = *self
-            .dir(dst_parent)?
-            .entries
-            .get(dst_name)
-            .ok_or_else(|| format!("exchange: no {dst_name:?} in directory {dst_parent}"))?;
+        let src = self.entry(src_parent, src_name, "exchange")?;
+        let dst = self.entry(dst_parent, dst_name, "exchange")?;
         if src == dst {
             return Ok(());
         }
@@ -856,15 +842,9 @@ impl MetaState {
         {
             return Err("exchange: a directory into its own subtree".to_string());
         }
-        self.inodes
-            .get_mut(&src_parent)
-            .expect("checked above")
-            .entries_mut()
+        self.entries_mut(src_parent)
             .insert(src_name.to_string(), dst);
-        self.inodes
-            .get_mut(&dst_parent)
-            .expect("checked above")
-            .entries_mut()
+        self.entries_mut(dst_parent)
             .insert(dst_name.to_string(), src);
         self.touch_dir(src_parent, time);
         self.touch_dir(dst_parent, time);

@@ -29,8 +29,8 @@ pub use image::{
     XATTR_MIN_ENCODED_LEN, XATTR_OVERHEAD_ENCODED_LEN,
 };
 pub use primitive::{
-    check_attrs, check_name, check_symlink_target, check_xattr_name, Decoder, Encoder, Measure,
-    Sink, ATTRS_ENCODED_LEN,
+    check_attrs, check_mode, check_name, check_symlink_target, check_xattr_name, Decoder, Encoder,
+    Measure, Sink, ATTRS_ENCODED_LEN,
 };
 pub use record::{decode_record, encode_record, record_encoded_len, RECORD_MIN_ENCODED_LEN};
 

@@ -91,12 +91,18 @@ pub fn check_symlink_target(target: &[u8]) -> std::result::Result<(), &'static s
     Ok(())
 }
 
+/// Checks a mode as stored: permission bits only (the kind is kept apart).
+pub fn check_mode(mode: u32) -> std::result::Result<(), String> {
+    if mode & !MODE_PERMISSION_BITS != 0 {
+        return Err(format!("mode {mode:#o} has bits beyond 0o7777"));
+    }
+    Ok(())
+}
+
 /// Checks attributes as stored: permission bits only, no inode flags
 /// (format version 2 defines none), valid nanoseconds.
 pub fn check_attrs(attrs: &InodeAttrs) -> std::result::Result<(), String> {
-    if attrs.mode & !MODE_PERMISSION_BITS != 0 {
-        return Err(format!("mode {:#o} has bits beyond 0o7777", attrs.mode));
-    }
+    check_mode(attrs.mode)?;
     if attrs.flags != 0 {
         return Err(format!("unknown inode flags {:#x}", attrs.flags));
     }

@@ -1,8 +1,8 @@
 //! Journal records: one [`Record`] per metadata change, tagged by kind.
 
-use super::primitive::{kind_code, Decoder, Encoder, Sink, U64_BYTES, U8_BYTES};
+use super::primitive::{check_mode, kind_code, Decoder, Encoder, Sink, U64_BYTES, U8_BYTES};
 use crate::error::Result;
-use crate::types::{FileKind, Record, MODE_PERMISSION_BITS};
+use crate::types::{FileKind, Record};
 
 // Record tags. 0 is never used, so zeroed bytes never decode as a record.
 const TAG_CREATE: u8 = 1;
@@ -96,12 +96,8 @@ pub fn encode_record<S: Sink>(record: &Record, enc: &mut Encoder<S>) -> Result<(
             mtime,
             ctime,
         } => {
-            if mode & !MODE_PERMISSION_BITS != 0 {
-                return Err(crate::Error::invalid(
-                    "encoding a set-attributes record",
-                    format!("mode {mode:#o} has bits beyond 0o7777"),
-                ));
-            }
+            check_mode(*mode)
+                .map_err(|r| crate::Error::invalid("encoding a set-attributes record", r))?;
             enc.u8(TAG_SET_ATTR);
             enc.u64(*ino);
             enc.u32(*mode);
@@ -258,9 +254,7 @@ pub fn decode_record(dec: &mut Decoder<'_>) -> Result<Record> {
             let ino = dec.u64()?;
             let mode_at = dec.position();
             let mode = dec.u32()?;
-            if mode & !MODE_PERMISSION_BITS != 0 {
-                return Err(dec.error_at(mode_at, format!("mode {mode:#o} has bits beyond 0o7777")));
-            }
+            check_mode(mode).map_err(|r| dec.error_at(mode_at, r))?;
             Record::SetAttr {
                 ino,
                 mode,
