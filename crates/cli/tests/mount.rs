@@ -35,16 +35,24 @@ fn unavailable() -> Option<String> {
     None
 }
 
-/// Skips (printing why) or, under IOMAPFS_REQUIRE_PRIVILEGED=1, fails.
-macro_rules! need_fuse {
-    () => {
-        if let Some(reason) = unavailable() {
+/// Skips the test when `$reason` is `Some` (printing it), or, under
+/// IOMAPFS_REQUIRE_PRIVILEGED=1, fails it.
+macro_rules! skip_if {
+    ($reason:expr) => {
+        if let Some(reason) = $reason {
             if require_privileged() {
                 panic!("IOMAPFS_REQUIRE_PRIVILEGED=1 but: {reason}");
             }
             eprintln!("skipped: {reason}");
             return;
         }
+    };
+}
+
+/// Skips (printing why) or, under IOMAPFS_REQUIRE_PRIVILEGED=1, fails.
+macro_rules! need_fuse {
+    () => {
+        skip_if!(unavailable())
     };
 }
 
@@ -811,13 +819,11 @@ fn concurrent_clients_on_one_file_and_on_many() {
 #[test]
 fn fio_verifies_crc32c_through_the_mount_direct_and_buffered() {
     need_fuse!();
-    if Command::new("fio").arg("--version").output().is_err() {
-        if require_privileged() {
-            panic!("IOMAPFS_REQUIRE_PRIVILEGED=1 but fio is not installed");
-        }
-        eprintln!("skipped: fio not installed");
-        return;
-    }
+    skip_if!(Command::new("fio")
+        .arg("--version")
+        .output()
+        .is_err()
+        .then_some("fio is not installed"));
     for mode in ["direct_io", "kernel_cache", "writeback_cache"] {
         fio_verifies_in_mode(mode);
     }
@@ -888,13 +894,10 @@ fn pjdfstest_passes_through_the_mount() {
                     .find(|p| p.exists())
             })
         });
-    let Some(program) = program else {
-        if require_privileged() {
-            panic!("IOMAPFS_REQUIRE_PRIVILEGED=1 but pjdfstest is not installed (cargo install pjdfstest)");
-        }
-        eprintln!("skipped: pjdfstest not installed (cargo install pjdfstest)");
-        return;
-    };
+    skip_if!(program
+        .is_none()
+        .then_some("pjdfstest is not installed (cargo install pjdfstest)"));
+    let program = program.expect("checked above");
     let mut m = Mounted::new("4g");
     // The suite switches to other users: they must reach the mount.
     m.mount(&["-o", "allow_other"]);
