@@ -242,6 +242,33 @@ fn lseek(f: &File, off: i64, whence: i32) -> Result<i64, i32> {
     }
 }
 
+/// The inode numbers readdir gives `.` and `..` of `dir` (what `ls -ai`
+/// shows).
+fn dot_inodes(dir: &Path) -> (u64, u64) {
+    let path = cstr(dir);
+    let (mut dot, mut dotdot) = (0, 0);
+    // SAFETY: `path` is a valid C string; the stream is checked for null,
+    // each entry is read before the next readdir call may reuse it, and the
+    // stream is closed once.
+    unsafe {
+        let stream = libc::opendir(path.as_ptr());
+        assert!(!stream.is_null(), "opendir {}", dir.display());
+        loop {
+            let entry = libc::readdir(stream);
+            if entry.is_null() {
+                break;
+            }
+            match std::ffi::CStr::from_ptr((*entry).d_name.as_ptr()).to_bytes() {
+                b"." => dot = (*entry).d_ino,
+                b".." => dotdot = (*entry).d_ino,
+                _ => {}
+            }
+        }
+        libc::closedir(stream);
+    }
+    (dot, dotdot)
+}
+
 #[test]
 fn posix_calls_on_the_mountpoint_match_the_volume_after_remount() {
     need_fuse!();
@@ -262,6 +289,13 @@ fn posix_calls_on_the_mountpoint_match_the_volume_after_remount() {
     fs::create_dir(m.path("d")).unwrap();
     fs::create_dir(m.path("d/e")).unwrap();
     File::open(m.path("d")).unwrap().sync_all().unwrap(); // fsyncdir
+    let ino = |p: &str| fs::metadata(m.path(p)).unwrap().ino();
+    assert_eq!(dot_inodes(&m.path("d/e")), (ino("d/e"), ino("d")));
+    assert_eq!(
+        dot_inodes(&m.mnt),
+        (ino(""), ino("")),
+        "the root is its own parent"
+    );
     assert_eq!(fs::metadata(m.path("d")).unwrap().nlink(), 3);
     assert_eq!(
         fs::remove_dir(m.path("d")).unwrap_err().raw_os_error(),
@@ -381,6 +415,8 @@ fn posix_calls_on_the_mountpoint_match_the_volume_after_remount() {
     assert_eq!(lseek(&g, 0, libc::SEEK_DATA), Ok(1 << 20));
     drop((f, g));
     // statfs and unlink.
+    // SAFETY: statvfs is plain old data (integers only): all zeros is a
+    // valid value of it.
     let mut sv: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: a valid path and an out struct we own.
     assert_eq!(unsafe { libc::statvfs(cstr(&m.mnt).as_ptr(), &mut sv) }, 0);

@@ -16,7 +16,7 @@ use crate::mount;
 use crate::mount_state::VolumeInner;
 use crate::namespace::{check_openable, NewNode, RenameFlags};
 use crate::superblock::Superblock;
-use crate::types::Ino;
+use crate::types::{FileKind, Ino};
 use crate::xattr::XattrSet;
 use crate::{Error, Result};
 
@@ -204,6 +204,22 @@ impl Volume {
     /// Entries of directory `ino`, sorted by name (without `.` and `..`).
     pub fn readdir_ino(&self, ino: Ino) -> Result<Vec<DirEntry>> {
         self.inner.readdir_ino(ino)
+    }
+
+    /// The directory holding directory `ino`, what its `..` names: the
+    /// root's is the root, a removed directory's is itself.
+    pub fn parent_ino(&self, ino: Ino) -> Result<Ino> {
+        self.inner.check_live()?;
+        let meta = self.inner.meta.read();
+        match meta.state.inode(ino) {
+            Some(dir) if dir.kind == FileKind::Directory => {
+                Ok(if dir.parent == 0 { ino } else { dir.parent })
+            }
+            Some(_) => Err(Error::NotDir {
+                path: format!("inode {ino}"),
+            }),
+            None => Err(Error::Stale { ino }),
+        }
     }
 
     /// Opens regular file `ino` (`flags.create` and `exclusive` do not

@@ -641,11 +641,12 @@ impl Filesystem for IomapFuse {
             reply,
             self.dirs.read().get(&fh.0).cloned().ok_or(Errno::EBADF)
         );
+        let parent = tri!(reply, self.vol.parent_ino(dir.ino).map_err(errno));
         // Offsets: 1 is ".", 2 is "..", 3 + i is entry i; each names the
         // position after its entry, as the kernel asks for the next.
         let dots = [
             (dir.ino, ".", FileType::Directory),
-            (dir.ino, "..", FileType::Directory),
+            (parent, "..", FileType::Directory),
         ];
         let all = dots.into_iter().chain(
             dir.entries
@@ -673,10 +674,17 @@ impl Filesystem for IomapFuse {
             self.dirs.read().get(&fh.0).cloned().ok_or(Errno::EBADF)
         );
         let me = tri!(reply, self.vol.stat_ino(dir.ino).map_err(errno));
+        let parent = tri!(
+            reply,
+            self.vol
+                .parent_ino(dir.ino)
+                .and_then(|p| self.vol.stat_ino(p))
+                .map_err(errno)
+        );
         for pos in offset as usize..dir.entries.len() + 2 {
             let (name, st) = match pos {
                 0 => (".", me.clone()),
-                1 => ("..", me.clone()),
+                1 => ("..", parent.clone()),
                 n => {
                     let e = &dir.entries[n - 2];
                     // Removed since opendir: skip it, as if listed later.

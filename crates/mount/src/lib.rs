@@ -39,7 +39,9 @@ pub enum MountError {
         path: PathBuf,
         source: iomapfs_fs::Error,
     },
-    #[error("signal handling: {0}")]
+    #[error("blocking the stop signals (pthread_sigmask): {0}")]
+    SignalMask(io::Error),
+    #[error("starting the stop-signal thread: {0}")]
     Signals(io::Error),
 }
 
@@ -159,7 +161,7 @@ pub fn block_stop_signals() -> Result<(), MountError> {
     // SAFETY: `set` is initialised; a null old-set pointer is allowed.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     if rc != 0 {
-        return Err(MountError::Signals(io::Error::from_raw_os_error(rc)));
+        return Err(MountError::SignalMask(io::Error::from_raw_os_error(rc)));
     }
     Ok(())
 }
