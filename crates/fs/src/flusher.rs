@@ -8,7 +8,8 @@
 //! threshold. It holds the volume only while it works (a weak reference in
 //! between), and stops, joined, when the last [`crate::Volume`] handle is
 //! dropped: after that nothing of this mount writes to the device in the
-//! background (a crash test's dropped volume stays dropped).
+//! background (a crash test's dropped volume stays dropped), neither the
+//! flusher nor write-behind or readahead (stopped with it).
 //!
 //! The same pass, with every file and waiting, is `sync` and unmount
 //! ([`VolumeInner::write_back_all`]).
@@ -118,6 +119,9 @@ impl Drop for Flusher {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        // Write-behind jobs hold files (hence the volume): they must not
+        // write after the last handle is gone either.
+        self.cache.stop_background();
     }
 }
 

@@ -312,6 +312,15 @@ impl FolioCache {
         self.shared.readahead.wait_idle();
     }
 
+    /// Ends background I/O for good (the volume is going away, or a crash
+    /// test dropped it): readahead and write-behind queued and not started
+    /// are dropped (their data stays dirty for `fsync`), later ones are not
+    /// queued, and this returns once those running now are done.
+    pub fn stop_background(&self) {
+        self.shared.readahead.stop();
+        self.shared.write_behind.stop();
+    }
+
     /// Bytes of folio memory held now.
     pub fn used_bytes(&self) -> u64 {
         self.shared.used.load(Ordering::Relaxed)

@@ -256,6 +256,11 @@ pub enum SizeUpdate {
     /// The write may extend the file (a direct write under the exclusive
     /// lock): bytes past the size sampled before it was issued raise it.
     Extend { size_before: u64 },
+    /// As `Extend`, but the size rises to `limit` at most: writeback after a
+    /// failed write past the on-disk EOF, whose blocks the size must not
+    /// cover until they are written (invariant 4). Conversion is not
+    /// limited: the blocks past `limit` were written.
+    ExtendBelow { size_before: u64, limit: u64 },
     /// The write may not extend the file (writeback of cached data): the
     /// on-disk size rises at most to the in-core EOF, which a truncate may
     /// have lowered while the I/O was in flight.
@@ -292,6 +297,10 @@ impl WriteEnd {
         let end = self.pos + self.completed;
         let new_size = match self.size {
             SizeUpdate::Extend { size_before } => (end > size_before).then_some(end),
+            SizeUpdate::ExtendBelow { size_before, limit } => {
+                let capped = end.min(limit);
+                (capped > size_before).then_some(capped)
+            }
             SizeUpdate::WithinEof => {
                 let clamped = end.min(in_core_eof);
                 (clamped > self.pos).then_some(clamped)
@@ -330,7 +339,7 @@ impl WriteEnd {
         inode: &O::Inode,
     ) -> Result<DioEndFlags, O::Error> {
         let in_core_eof = match self.size {
-            SizeUpdate::Extend { .. } => u64::MAX,
+            SizeUpdate::Extend { .. } | SizeUpdate::ExtendBelow { .. } => u64::MAX,
             SizeUpdate::WithinEof => ops.size(inode)?,
         };
         let end_io = self.end_io(in_core_eof);
@@ -407,6 +416,22 @@ mod tests {
         };
         assert_eq!(w(4000).end_io(u64::MAX).new_size, Some(4196));
         assert_eq!(w(8192).end_io(u64::MAX).new_size, None);
+    }
+
+    #[test]
+    fn a_limited_extension_stops_at_its_limit_but_still_converts() {
+        let w = |size_before, limit| WriteEnd {
+            pos: 4096,
+            completed: 4096,
+            unwritten: true,
+            size: SizeUpdate::ExtendBelow { size_before, limit },
+        };
+        assert_eq!(w(1000, 6000).end_io(u64::MAX).new_size, Some(6000));
+        assert_eq!(w(1000, u64::MAX).end_io(u64::MAX).new_size, Some(8192));
+        assert_eq!(w(1000, 1000).end_io(u64::MAX).new_size, None);
+        assert_eq!(w(1000, 0).end_io(u64::MAX).new_size, None);
+        let e = w(1000, 1000).end_io(u64::MAX);
+        assert_eq!((e.pos, e.len, e.convert), (4096, 4096, true));
     }
 
     #[test]

@@ -20,8 +20,16 @@
 //! # Fault model
 //!
 //! A failed write is recorded in the file's mapping for `fsync` to report
-//! (see [`crate::folio_cache`]); its blocks stay clean in the cache, as in
-//! Linux, and the caller gets the first error after every run was tried.
+//! (see [`crate::folio_cache`]), and the caller gets the first error after
+//! every run was tried. Blocks below the on-disk EOF that failed are left
+//! clean in the cache, as in Linux: the device keeps the file's older bytes
+//! there. A failed write past the on-disk EOF is different: the device may
+//! hold anything there (the bytes of a write whose size change a crash
+//! lost, say), so the size must never cover those blocks until they are
+//! written. They stay dirty, the pass stops there, and the writes of it
+//! still in flight complete without raising the size past the failure and
+//! stay dirty too; the next pass (it starts at the on-disk EOF) retries
+//! them all.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -68,11 +76,15 @@ pub fn write_back<F: IomapFile>(
         in_flight: VecDeque::new(),
         total: DioWriteOutcome::NOTHING,
         first_error: None,
+        size_limit: u64::MAX,
     };
     let mut pos = from;
     // One folio at a time: a snapshot of all would keep evicted folios'
     // memory alive while the writeback lasts.
     while let Some(folio) = mapping.next_folio(pos, to) {
+        if wb.stopped() {
+            break;
+        }
         pos = folio.end();
         let mut state = folio.lock_owned();
         if state.evicted || !state.dirty.any() {
@@ -95,14 +107,22 @@ pub fn write_back<F: IomapFile>(
         // is queued (so sizes rise in file order).
         wb.drain(0);
         for (a, b) in dirty_runs(&folio, &state, from, to) {
+            if wb.stopped() {
+                break;
+            }
             let run_pos = folio.pos() + a as u64;
             let data_end = (folio.pos() + b as u64).min(eof.max(run_pos));
             let result = write_run(file, run_pos, &state.data[a..b], data_end);
             let bb = folio.block_bytes();
-            folio.clear_dirty(&mut state, a / bb..b / bb);
-            match result {
-                Ok(outcome) => wb.total.merge(&outcome),
+            let keep_dirty = match result {
+                Ok(outcome) => {
+                    wb.total.merge(&outcome);
+                    false
+                }
                 Err(e) => wb.failed(run_pos, folio.pos() + b as u64, e),
+            };
+            if !keep_dirty {
+                folio.clear_dirty(&mut state, a / bb..b / bb);
             }
         }
     }
@@ -140,15 +160,35 @@ struct Writeback<'f, F: IomapFile> {
     in_flight: VecDeque<QueuedFolio>,
     total: DioWriteOutcome,
     first_error: Option<FileError<F>>,
+    /// The on-disk size may not rise past this (`u64::MAX`: no limit): set
+    /// by a failed write past the on-disk EOF, see the module's fault model.
+    size_limit: u64,
 }
 
 impl<F: IomapFile> Writeback<'_, F> {
-    fn failed(&mut self, from: u64, to: u64, e: FileError<F>) {
+    /// Records a failed write of file bytes `[from, to)`. Returns whether
+    /// its blocks must stay dirty: when it reached past the on-disk EOF,
+    /// which then may not rise past `from` (nor past where it is now) in
+    /// this pass.
+    fn failed(&mut self, from: u64, to: u64, e: FileError<F>) -> bool {
         let errno = crate::EngineError::as_iomap(&e).map_or(libc::EIO, |i| i.errno());
         self.file
             .mapping()
             .record_error(errno, format!("writeback of file bytes {from}..{to}: {e}"));
         self.first_error.get_or_insert(e);
+        // Unknown: as if past it, the safe side.
+        let disk_size = self.file.ops().disk_size(self.file.inode()).unwrap_or(0);
+        if to <= disk_size {
+            return false;
+        }
+        self.size_limit = self.size_limit.min(from.max(disk_size));
+        true
+    }
+
+    /// A write past the on-disk EOF failed: nothing after it may be made
+    /// visible by this pass, so it writes nothing more.
+    fn stopped(&self) -> bool {
+        self.size_limit != u64::MAX
     }
 
     /// Sends a wholly dirty folio through the queue when one extent backs
@@ -284,27 +324,46 @@ impl<F: IomapFile> Writeback<'_, F> {
     /// A folio's write is done: clean it, and complete it through the file
     /// system (conversion, size).
     fn finish(&mut self, mut q: QueuedFolio) {
-        let all = q.folio.blocks_of(0, q.folio.len());
-        q.folio.clear_dirty(&mut q.state, all);
         let (pos, end) = (q.folio.pos(), q.folio.end());
-        match q.done.take().expect("finished only once done") {
-            Ok(_) => match q.end.complete(self.file.ops(), self.file.inode()) {
-                Ok(flags) => self.total.merge(&DioWriteOutcome {
-                    written: q.end.completed,
-                    end_flags: flags,
-                    pure_overwrite: q.pure && flags.is_pure(),
-                    fua: q.fua && flags.is_pure(),
-                }),
-                Err(e) => self.failed(pos, end, e),
-            },
+        let keep_dirty = match q.done.take().expect("finished only once done") {
+            Ok(_) => {
+                let limited = q.end.pos + q.end.completed > self.size_limit;
+                if let (true, SizeUpdate::Extend { size_before }) = (limited, q.end.size) {
+                    q.end.size = SizeUpdate::ExtendBelow {
+                        size_before,
+                        limit: self.size_limit,
+                    };
+                }
+                match q.end.complete(self.file.ops(), self.file.inode()) {
+                    Ok(flags) => {
+                        self.total.merge(&DioWriteOutcome {
+                            written: q.end.completed,
+                            end_flags: flags,
+                            pure_overwrite: q.pure && flags.is_pure(),
+                            fua: q.fua && flags.is_pure(),
+                        });
+                        // Written, but past what the size may cover now:
+                        // the next pass writes it again and raises the size.
+                        limited
+                    }
+                    Err(e) => self.failed(pos, end, e),
+                }
+            }
             Err(source) => {
                 let e = IomapError::Device {
                     file_offset: pos,
                     source,
                 }
                 .into();
-                self.failed(pos, end, e);
+                self.failed(pos, end, e)
             }
+        };
+        // A queue that failed as a whole kept the folio's memory: nothing is
+        // left to write again.
+        let data_back = q.state.data.len() == q.folio.len();
+        if !(keep_dirty && data_back) {
+            let all = q.folio.blocks_of(0, q.folio.len());
+            q.folio.clear_dirty(&mut q.state, all);
         }
     }
 }
