@@ -142,6 +142,12 @@ impl Run<'_> {
         let command = iomapfs_command(self.spec, variant, self.span, self.dev);
         let mut result = self.result(role, "iomapfs", &window.measurement, command);
         result.passes = Some(window.passes);
+        let fsync_secs = window.end_pass_time.as_secs_f64();
+        if variant.includes_writeback() && fsync_secs > 0.0 {
+            result.fsync_write_bw_bytes = window
+                .end_pass_bytes_written
+                .map(|bytes| bytes as f64 / fsync_secs);
+        }
         Ok(Row { role, result })
     }
 

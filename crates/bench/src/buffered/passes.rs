@@ -40,6 +40,12 @@ pub struct Window {
     pub measurement: Measurement,
     /// Passes started (each one also ended).
     pub passes: u64,
+    /// The part of `measurement.elapsed` spent ending passes (fsyncs).
+    pub end_pass_time: Duration,
+    /// Bytes the device wrote while passes were ended, when the target
+    /// sees its requests: with `end_pass_time`, the throughput of the
+    /// writeback an fsync does, the copying into the cache left out.
+    pub end_pass_bytes_written: Option<u64>,
 }
 
 /// What is read at both ends of a pass.
@@ -116,6 +122,8 @@ pub fn run(
     let mut elapsed = Duration::ZERO;
     let mut requests = target.requests().map(|_| RequestCounts::default());
     let (mut cpu, mut io_thread_cpu) = (Some(CpuTime::default()), Some(CpuTime::default()));
+    let mut end_pass_time = Duration::ZERO;
+    let mut end_pass_bytes_written = target.requests().map(|_| 0u64);
     while elapsed < duration {
         if stop_requested() {
             return Err(BenchError::Interrupted);
@@ -140,7 +148,13 @@ pub fn run(
                 break;
             }
         }
+        let before_end = target.requests();
+        let ending = Instant::now();
         target.end_pass()?;
+        end_pass_time += ending.elapsed();
+        end_pass_bytes_written = end_pass_bytes_written
+            .zip(before_end.zip(target.requests()))
+            .map(|(total, (a, b))| total + b.since(&a).bytes_written);
         elapsed += started.elapsed();
         let close = Mark::take(target);
         cpu = add_cpu(cpu, open.process, close.process);
@@ -161,6 +175,8 @@ pub fn run(
             io_thread_cpu,
         },
         passes,
+        end_pass_time,
+        end_pass_bytes_written,
     })
 }
 
@@ -177,6 +193,7 @@ mod tests {
         log: Vec<String>,
         reads: u64,
         flushes: u64,
+        written: u64,
     }
 
     impl PassTarget for Fake {
@@ -193,6 +210,7 @@ mod tests {
         fn end_pass(&mut self) -> Result<(), BenchError> {
             std::thread::sleep(self.end);
             self.flushes += 1;
+            self.written += 4096;
             self.log.push("end".into());
             Ok(())
         }
@@ -200,6 +218,7 @@ mod tests {
             Some(RequestCounts {
                 reads: self.reads,
                 flushes: self.flushes,
+                bytes_written: self.written,
                 ..RequestCounts::default()
             })
         }
@@ -287,6 +306,10 @@ mod tests {
             m.elapsed
         );
         assert!(wall >= m.elapsed + each(30), "{wall:?} vs {:?}", m.elapsed);
+        // The endings alone: their time, and what the device wrote in them.
+        assert!(w.end_pass_time >= each(25), "{:?}", w.end_pass_time);
+        assert!(w.end_pass_time <= m.elapsed, "{:?}", w.end_pass_time);
+        assert_eq!(w.end_pass_bytes_written, Some(4096 * w.passes));
         // Sleeping uses no CPU: this thread's time in the window is far
         // below the window.
         let cpu = m.io_thread_cpu.unwrap();

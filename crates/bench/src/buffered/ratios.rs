@@ -6,7 +6,9 @@
 //! - `ratio_to_memcpy`: bandwidth over the memcpy ceiling's (goal ≥ 0.8);
 //! - `ratio_to_raw_seq_write`: for variants whose window includes
 //!   writeback, bandwidth over the raw device's sequential writes (goal
-//!   ≥ 0.9).
+//!   ≥ 0.9);
+//! - `fsync_write_ratio_to_raw_seq_write`: the same for the writeback
+//!   alone (iomapfs: bytes written during the fsyncs over their time).
 //!
 //! A ratio whose baseline was not measured (no root, no fio) is absent.
 
@@ -82,6 +84,8 @@ pub fn apply(rows: &mut [Row]) {
                 }
                 if variant.includes_writeback() {
                     r.ratio_to_raw_seq_write = ratio(r.bw_bytes, raw_bw);
+                    r.fsync_write_ratio_to_raw_seq_write =
+                        r.fsync_write_bw_bytes.and_then(|bw| ratio(bw, raw_bw));
                 }
             }
         }

@@ -118,6 +118,15 @@ pub struct BenchResult {
     /// 1 MiB direct writes (the "seq-write" row, 1 for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ratio_to_raw_seq_write: Option<f64>,
+    /// The `+fsync` variants on iomapfs: bytes the device wrote during the
+    /// fsyncs ending the passes, per second of those fsyncs — the
+    /// writeback's own throughput, without the copying into the cache
+    /// that `bw_bytes` also pays for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsync_write_bw_bytes: Option<f64>,
+    /// `fsync_write_bw_bytes` over the raw device's sequential writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fsync_write_ratio_to_raw_seq_write: Option<f64>,
     /// Device requests during the measured window (raw and iomapfs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_requests: Option<DeviceRequests>,

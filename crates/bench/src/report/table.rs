@@ -467,9 +467,17 @@ fn writeback(out: &mut String, rows: &[&BenchResult]) {
             .map_or(String::new(), |b| {
                 format!(" of {:.1} MiB/s", mib(b.bw_bytes))
             });
+        let fsyncs = match (r.fsync_write_bw_bytes, r.fsync_write_ratio_to_raw_seq_write) {
+            (Some(bw), Some(x)) => format!(
+                "; its fsyncs alone wrote {:.1} MiB/s = {} × raw",
+                mib(bw),
+                ratio(Some(x))
+            ),
+            _ => String::new(),
+        };
         let _ = writeln!(
             out,
-            "  {:<20} {:<16} {:<8} {:>9.1} MiB/s = {} × raw seq-write{raw}",
+            "  {:<20} {:<16} {:<8} {:>9.1} MiB/s = {} × raw seq-write{raw}{fsyncs}",
             r.workload,
             r.variant.as_deref().unwrap_or(""),
             r.target,
@@ -665,6 +673,8 @@ mod tests {
         fs.cpu_ratio_to_xfs = Some(0.25);
         fs.ratio_to_memcpy = Some(0.009);
         fs.ratio_to_raw_seq_write = Some(0.9);
+        fs.fsync_write_bw_bytes = Some(250.0 * 1024.0 * 1024.0);
+        fs.fsync_write_ratio_to_raw_seq_write = Some(2.0);
         fs.cpu_per_io = cpu(12.0, CPU_SCOPE_PROCESS);
         fs.ops = Some(1000);
         fs.requests_per_op = Some(RequestsPerOp {
@@ -738,10 +748,14 @@ mod tests {
                 .unwrap_or_else(|| panic!("no {t} in {wb}"))
         };
         assert!(
-            wb_line("iomapfs").contains("112.5 MiB/s = 0.90 × raw seq-write of 125.0 MiB/s"),
+            wb_line("iomapfs").contains(
+                "112.5 MiB/s = 0.90 × raw seq-write of 125.0 MiB/s; \
+                 its fsyncs alone wrote 250.0 MiB/s = 2.00 × raw"
+            ),
             "{wb}"
         );
         assert!(wb_line("xfs").contains("0.45 × raw"), "{wb}");
+        assert!(!wb_line("xfs").contains("fsyncs alone"), "{wb}");
         assert!(!wb.contains(" ext4 ") && !wb.contains(" raw  "), "{wb}");
     }
 
