@@ -256,10 +256,13 @@ pub enum SizeUpdate {
     /// The write may extend the file (a direct write under the exclusive
     /// lock): bytes past the size sampled before it was issued raise it.
     Extend { size_before: u64 },
-    /// As `Extend`, but the size rises to `limit` at most: writeback after a
-    /// failed write past the on-disk EOF, whose blocks the size must not
-    /// cover until they are written (invariant 4). Conversion is not
-    /// limited: the blocks past `limit` were written.
+    /// As `Extend`, but neither the size nor conversion reaches past
+    /// `limit`: writeback after a failed write past the on-disk EOF, whose
+    /// blocks the size must not cover until they are written (invariant 4).
+    /// Blocks past `limit` stay unwritten though their data reached the
+    /// device: a written extent past the on-disk EOF would show those bytes
+    /// to a later extension after a crash (the caller keeps them dirty and
+    /// writes them again).
     ExtendBelow { size_before: u64, limit: u64 },
     /// The write may not extend the file (writeback of cached data): the
     /// on-disk size rises at most to the in-core EOF, which a truncate may
@@ -294,7 +297,13 @@ impl WriteEnd {
     /// The work for the file system, with the size clamped as [`SizeUpdate`]
     /// says, given the in-core EOF now.
     pub fn end_io(&self, in_core_eof: u64) -> EndIo {
-        let end = self.pos + self.completed;
+        let completed = match self.size {
+            SizeUpdate::ExtendBelow { limit, .. } => {
+                self.completed.min(limit.saturating_sub(self.pos))
+            }
+            SizeUpdate::Extend { .. } | SizeUpdate::WithinEof => self.completed,
+        };
+        let end = self.pos + completed;
         let new_size = match self.size {
             SizeUpdate::Extend { size_before } => (end > size_before).then_some(end),
             SizeUpdate::ExtendBelow { size_before, limit } => {
@@ -316,7 +325,7 @@ impl WriteEnd {
         }
         EndIo {
             pos: self.pos,
-            len: self.completed,
+            len: completed,
             convert: self.unwritten,
             new_size,
         }
@@ -343,7 +352,7 @@ impl WriteEnd {
             SizeUpdate::WithinEof => ops.size(inode)?,
         };
         let end_io = self.end_io(in_core_eof);
-        if self.completed > 0 {
+        if end_io.len > 0 {
             ops.end_io(inode, &end_io)?;
         }
         Ok(self.flags(&end_io))
@@ -419,7 +428,7 @@ mod tests {
     }
 
     #[test]
-    fn a_limited_extension_stops_at_its_limit_but_still_converts() {
+    fn a_limited_extension_neither_raises_nor_converts_past_its_limit() {
         let w = |size_before, limit| WriteEnd {
             pos: 4096,
             completed: 4096,
@@ -430,8 +439,10 @@ mod tests {
         assert_eq!(w(1000, u64::MAX).end_io(u64::MAX).new_size, Some(8192));
         assert_eq!(w(1000, 1000).end_io(u64::MAX).new_size, None);
         assert_eq!(w(1000, 0).end_io(u64::MAX).new_size, None);
-        let e = w(1000, 1000).end_io(u64::MAX);
-        assert_eq!((e.pos, e.len, e.convert), (4096, 4096, true));
+        let e = w(1000, 6000).end_io(u64::MAX);
+        assert_eq!((e.pos, e.len, e.convert), (4096, 6000 - 4096, true));
+        assert_eq!(w(1000, 1000).end_io(u64::MAX).len, 0);
+        assert_eq!(w(1000, u64::MAX).end_io(u64::MAX).len, 4096);
     }
 
     #[test]
