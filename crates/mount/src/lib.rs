@@ -237,8 +237,12 @@ fn session(vol: &Volume, path: &Path, cfg: &MountConfig) -> Result<Session<Iomap
         let path = path.to_path_buf();
         // fuser opens /dev/fuse itself before it turns to fusermount3, and
         // gives up if it cannot.
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 && source.kind() == io::ErrorKind::PermissionDenied {
+        // SAFETY: geteuid has no preconditions; the path is a valid C string.
+        let no_dev_fuse = unsafe {
+            libc::geteuid() != 0
+                && libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) != 0
+        };
+        if no_dev_fuse && source.kind() == io::ErrorKind::PermissionDenied {
             MountError::UserMount { path, source }
         } else {
             MountError::Mount { path, source }
