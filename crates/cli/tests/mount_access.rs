@@ -187,12 +187,19 @@ fn read_only_mount_refuses_every_change_and_leaves_the_image_unwritten() {
         "the read-only mount wrote to the image"
     );
 
-    // After a crash the journal is replayed in memory, not on the image.
+    // After a crash the journal is replayed in memory, not on the image,
+    // and the orphan the crash left (a file unlinked while open) is freed
+    // in memory only, however the read-only mount is used.
     let pid = m.mount(&[]);
     let mut g = File::create(m.path("g")).unwrap();
     g.write_all(b"fsynced before the crash").unwrap();
     g.sync_all().unwrap();
     drop(g);
+    let mut orphan = File::create(m.path("orphan")).unwrap();
+    orphan.write_all(b"unlinked while open").unwrap();
+    orphan.sync_all().unwrap();
+    fs::remove_file(m.path("orphan")).unwrap();
+    File::open(&m.mnt).unwrap().sync_all().unwrap();
     // SAFETY: kill on the daemon this test started.
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     wait_until("the killed daemon is gone", Duration::from_secs(30), || {
@@ -205,9 +212,12 @@ fn read_only_mount_refuses_every_change_and_leaves_the_image_unwritten() {
         .status()
         .unwrap()
         .success());
+    drop(orphan);
     let crashed = fs::read(&m.img).unwrap();
     m.mount_foreground(&["-o", "ro"]);
     assert_eq!(fs::read(m.path("g")).unwrap(), b"fsynced before the crash");
+    File::open(&m.mnt).unwrap().sync_all().unwrap();
+    File::open(m.path("g")).unwrap().sync_all().unwrap();
     let (status, err) = m.stop_foreground();
     assert!(
         status.success(),

@@ -641,6 +641,11 @@ impl Filesystem for IomapFuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.read_only {
+            // Nothing to make durable, and a commit (of the records that
+            // free orphans a crash left, say) would be a write.
+            return reply.ok();
+        }
         let file = tri!(reply, self.file(fh));
         let r = if datasync {
             file.fdatasync()
