@@ -219,8 +219,24 @@ impl Mounted {
     /// Unmounts with `umount` and waits for the daemon to finish its clean
     /// unmount.
     pub fn unmount(&mut self) {
-        let st = Command::new("umount").arg(&self.mnt).status().unwrap();
-        assert!(st.success(), "umount {}: {st}", self.mnt.display());
+        // A child that a test on another thread forks holds copies of this
+        // process's descriptors, ours on the mount too, until it execs (they
+        // are close-on-exec): for that moment `umount` finds the mount busy.
+        let t0 = Instant::now();
+        loop {
+            let out = Command::new("umount").arg(&self.mnt).output().unwrap();
+            if out.status.success() {
+                break;
+            }
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                err.contains("busy") && t0.elapsed() < Duration::from_secs(10),
+                "umount {}: {}: {err}",
+                self.mnt.display(),
+                out.status
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
         if let Some(pid) = self.pid.take() {
             wait_until(
                 "the daemon exits after umount",
