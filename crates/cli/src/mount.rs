@@ -42,9 +42,13 @@ Options (-o, comma-separated):
                        until the kernel writes them back
   direct_io            every open bypasses the kernel page cache; iomapfs
                        keeps direct and buffered opens coherent itself
+  ro                   read-only: every change fails with EROFS, TARGET is
+                       opened read-only and left unwritten (no checkpoint at
+                       unmount; a journal left by a crash is replayed in
+                       memory only); fsck may run beside it
+  rw                   (default) read-write
   fsname=NAME          the source shown in /proc/mounts (default: TARGET)
   default_permissions  always on; accepted for compatibility
-  rw                   always on; accepted for compatibility
 
 Exit status: 0 mounted (daemon) or unmounted cleanly (--foreground);
 1 the mount or the clean unmount failed; 2 bad usage.
@@ -102,8 +106,15 @@ pub fn run(args: &MountArgs) -> Result<u8, Failure> {
     let shown = args.target.display().to_string();
     // Held for the life of the mount: a second mount, `io`, `fsck` or
     // `mkfs` of TARGET is refused meanwhile.
-    let _lock = lock_target(&args.target, "mount", TargetLock::Exclusive)?;
-    let dev = open_device(&args.target, false)?;
+    // A read-only mount shares it with readers (`fsck`) and opens the
+    // device read-only: nothing of it can write there.
+    let lock = if cfg.read_only {
+        TargetLock::Shared
+    } else {
+        TargetLock::Exclusive
+    };
+    let _lock = lock_target(&args.target, "mount", lock)?;
+    let dev = open_device(&args.target, cfg.read_only)?;
     let vol = mount(dev, &shown)?;
     let daemon = args.daemon_child;
     let mountpoint = args.mountpoint.display().to_string();

@@ -5,242 +5,21 @@
 //! when `IOMAPFS_REQUIRE_PRIVILEGED=1` (CI). Every test unmounts and stops
 //! its daemon also when it fails (the `Mounted` guard).
 
+#[macro_use]
+mod mount_support;
+
 use std::ffi::CString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_iomapfs");
-
-fn require_privileged() -> bool {
-    std::env::var("IOMAPFS_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1")
-}
-
-/// Why this machine cannot mount, if it cannot.
-fn unavailable() -> Option<String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("no /dev/fuse (modprobe fuse)".into());
-    }
-    None
-}
-
-/// Skips the test when `$reason` is `Some` (printing it), or, under
-/// IOMAPFS_REQUIRE_PRIVILEGED=1, fails it.
-macro_rules! skip_if {
-    ($reason:expr) => {
-        if let Some(reason) = $reason {
-            if require_privileged() {
-                panic!("IOMAPFS_REQUIRE_PRIVILEGED=1 but: {reason}");
-            }
-            eprintln!("skipped: {reason}");
-            return;
-        }
-    };
-}
-
-/// Skips (printing why) or, under IOMAPFS_REQUIRE_PRIVILEGED=1, fails.
-macro_rules! need_fuse {
-    () => {
-        skip_if!(unavailable())
-    };
-}
-
-fn iomapfs(args: &[&str]) -> std::process::Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running iomapfs {args:?}: {e}"))
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = iomapfs(args);
-    assert!(
-        out.status.success(),
-        "iomapfs {args:?}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn is_mounted(mnt: &Path) -> bool {
-    let mnt = mnt.canonicalize().unwrap_or_else(|_| mnt.to_path_buf());
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap()))
-}
-
-/// Whether process `pid` still runs (a zombie does not: nobody may reap
-/// the daemon's parent's orphan in a container).
-fn alive(pid: u32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
-}
-
-/// Waits (bounded) until `cond` holds; `what` names it in the panic.
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !cond() {
-        assert!(
-            t0.elapsed() < timeout,
-            "timed out after {timeout:?}: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// A volume in an image file and its mountpoint; unmounts and stops the
-/// daemon on drop, whatever happened.
-struct Mounted {
-    _dir: tempfile::TempDir,
-    img: PathBuf,
-    mnt: PathBuf,
-    pid: Option<u32>,
-    foreground: Option<Child>,
-}
-
-impl Mounted {
-    fn new(size: &str) -> Mounted {
-        let dir = tempfile::tempdir().unwrap();
-        let img = dir.path().join("disk.img");
-        let mnt = dir.path().join("mnt");
-        fs::create_dir(&mnt).unwrap();
-        ok(&["mkfs", img.to_str().unwrap(), "--size", size]);
-        Mounted {
-            _dir: dir,
-            img,
-            mnt,
-            pid: None,
-            foreground: None,
-        }
-    }
-
-    fn img(&self) -> &str {
-        self.img.to_str().unwrap()
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.mnt.join(name)
-    }
-
-    /// Mounts as a daemon; returns its pid.
-    fn mount(&mut self, opts: &[&str]) -> u32 {
-        let mut args = vec!["mount", self.img(), self.mnt.to_str().unwrap()];
-        args.extend_from_slice(opts);
-        let out = ok(&args);
-        let pid: u32 = out
-            .rsplit("daemon pid ")
-            .next()
-            .and_then(|s| s.trim().trim_end_matches(')').parse().ok())
-            .unwrap_or_else(|| panic!("no daemon pid in {out:?}"));
-        assert!(is_mounted(&self.mnt), "not in mountinfo after: {out}");
-        self.pid = Some(pid);
-        pid
-    }
-
-    /// Unmounts with `umount` and waits for the daemon to finish its clean
-    /// unmount.
-    fn unmount(&mut self) {
-        let st = Command::new("umount").arg(&self.mnt).status().unwrap();
-        assert!(st.success(), "umount {}: {st}", self.mnt.display());
-        if let Some(pid) = self.pid.take() {
-            wait_until(
-                "the daemon exits after umount",
-                Duration::from_secs(30),
-                || !alive(pid),
-            );
-        }
-    }
-
-    /// fsck's report; asserts it is clean.
-    fn fsck_clean(&self) -> String {
-        let out = ok(&["fsck", self.img()]);
-        assert!(out.contains("clean: no problems found"), "{out}");
-        out
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if is_mounted(&self.mnt) {
-            let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-        }
-        if let Some(mut c) = self.foreground.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if let Some(pid) = self.pid.take() {
-            if alive(pid) {
-                // SAFETY: kill on a pid this test started (the daemon).
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            }
-        }
-    }
-}
-
-fn cstr(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).unwrap()
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap()
-}
-
-fn renameat2(from: &Path, to: &Path, flags: u32) -> i32 {
-    let (a, b) = (cstr(from), cstr(to));
-    // SAFETY: valid NUL-terminated paths; AT_FDCWD directories.
-    let rc = unsafe {
-        libc::renameat2(
-            libc::AT_FDCWD,
-            a.as_ptr(),
-            libc::AT_FDCWD,
-            b.as_ptr(),
-            flags,
-        )
-    };
-    if rc == 0 {
-        0
-    } else {
-        errno()
-    }
-}
-
-fn fallocate(f: &File, mode: i32, off: i64, len: i64) -> i32 {
-    // SAFETY: a descriptor we own.
-    if unsafe { libc::fallocate(f.as_raw_fd(), mode, off, len) } == 0 {
-        0
-    } else {
-        errno()
-    }
-}
-
-fn lseek(f: &File, off: i64, whence: i32) -> Result<i64, i32> {
-    // SAFETY: a descriptor we own.
-    let r = unsafe { libc::lseek(f.as_raw_fd(), off, whence) };
-    if r < 0 {
-        Err(errno())
-    } else {
-        Ok(r)
-    }
-}
+use mount_support::*;
 
 /// The inode numbers readdir gives `.` and `..` of `dir` (what `ls -ai`
 /// shows).
@@ -937,7 +716,7 @@ fn pjdfstest_passes_through_the_mount() {
     let mut m = Mounted::new("4g");
     // The suite switches to other users: they must reach the mount.
     m.mount(&["-o", "allow_other"]);
-    let config = m._dir.path().join("pjdfstest.toml");
+    let config = m.dir.path().join("pjdfstest.toml");
     fs::write(
         &config,
         r#"

@@ -65,6 +65,10 @@ pub enum Error {
     },
     #[error("{what}: {size} bytes exceed the limit of {max}")]
     TooBig { what: String, size: u64, max: u64 },
+    /// A write, allocation or size past the largest file size (EFBIG, as
+    /// POSIX names it; a caller through the mount sees this errno).
+    #[error("{what}: ends past the largest file size {max}")]
+    FileTooLarge { what: String, max: u64 },
     #[error(
         "{path}: is a symbolic link (paths given to the API are not followed through symlinks)"
     )]
@@ -149,6 +153,7 @@ impl Error {
             Error::NoXattr { .. } => libc::ENODATA,
             Error::XattrNotSupported { .. } => libc::EOPNOTSUPP,
             Error::TooBig { .. } => libc::E2BIG,
+            Error::FileTooLarge { .. } => libc::EFBIG,
             Error::XattrNameTooLong { .. } => libc::ERANGE,
             Error::IsSymlink { .. } => libc::ELOOP,
             Error::Device { source, .. } => source.errno(),

@@ -194,10 +194,10 @@ impl File {
         }
         match offset.checked_add(len) {
             Some(end) if end <= MAX_FILE_SIZE => Ok(()),
-            _ => Err(Error::invalid(
-                format!("{} at offset {offset} length {len}", self.path),
-                format!("range ends past the largest file size {MAX_FILE_SIZE}"),
-            )),
+            _ => Err(Error::FileTooLarge {
+                what: format!("{} at offset {offset} length {len}", self.path),
+                max: MAX_FILE_SIZE,
+            }),
         }
     }
 

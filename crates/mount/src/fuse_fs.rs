@@ -77,20 +77,35 @@ pub struct IomapFuse {
     vol: Volume,
     /// Whether and how the kernel page cache holds file data.
     caching: Caching,
+    /// `-o ro`: refuse every change with EROFS (the kernel refuses them
+    /// first; this holds should one get through).
+    read_only: bool,
     files: RwLock<HashMap<u64, Arc<File>>>,
     dirs: RwLock<HashMap<u64, Arc<DirSnapshot>>>,
     next_handle: AtomicU64,
 }
 
 impl IomapFuse {
-    /// Serves `vol`, with the kernel page cache as `caching` says.
-    pub fn new(vol: Volume, caching: Caching) -> IomapFuse {
+    /// Serves `vol`, with the kernel page cache as `caching` says, and
+    /// read-only if `read_only`.
+    pub fn new(vol: Volume, caching: Caching, read_only: bool) -> IomapFuse {
         IomapFuse {
             vol,
             caching,
+            read_only,
             files: RwLock::new(HashMap::new()),
             dirs: RwLock::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
+        }
+    }
+
+    /// `Err(EROFS)` on a read-only mount: for every request that would
+    /// change the volume.
+    fn writable(&self) -> Result<(), Errno> {
+        if self.read_only {
+            Err(Errno::EROFS)
+        } else {
+            Ok(())
         }
     }
 
@@ -178,9 +193,17 @@ fn errno(e: Error) -> Errno {
     Errno::from_i32(e.errno())
 }
 
-/// A name from the kernel: iomapfs keeps UTF-8 names only.
-fn name_str(name: &OsStr) -> Result<&str, Errno> {
-    name.to_str().ok_or(Errno::EINVAL)
+/// A name to create: iomapfs keeps UTF-8 names only, and refuses any
+/// other with EILSEQ ("invalid or incomplete multibyte character", as
+/// file systems that insist on UTF-8 names do) rather than store other
+/// bytes than it was given.
+fn new_name(name: &OsStr) -> Result<&str, Errno> {
+    name.to_str().ok_or(Errno::EILSEQ)
+}
+
+/// A name to find: one that is not UTF-8 cannot be on the volume.
+fn existing_name(name: &OsStr) -> Result<&str, Errno> {
+    name.to_str().ok_or(Errno::ENOENT)
 }
 
 fn system_time(t: Timestamp) -> SystemTime {
@@ -327,7 +350,7 @@ impl Filesystem for IomapFuse {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let name = tri!(reply, name_str(name));
+        let name = tri!(reply, existing_name(name));
         let st = tri!(reply, self.vol.lookup(parent.0, name).map_err(errno));
         self.entry(&st, reply);
     }
@@ -359,6 +382,7 @@ impl Filesystem for IomapFuse {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        tri!(reply, self.writable());
         if let Some(size) = size {
             let file = tri!(reply, self.handle_for_size(ino.0, fh));
             tri!(reply, file.truncate(size).map_err(errno));
@@ -394,7 +418,8 @@ impl Filesystem for IomapFuse {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let name = tri!(reply, name_str(name));
+        tri!(reply, self.writable());
+        let name = tri!(reply, new_name(name));
         let kind = tri!(reply, FileKind::from_mode(mode).ok_or(Errno::EINVAL));
         if kind == FileKind::Directory || kind == FileKind::Symlink {
             return reply.error(Errno::EINVAL);
@@ -419,7 +444,8 @@ impl Filesystem for IomapFuse {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let name = tri!(reply, name_str(name));
+        tri!(reply, self.writable());
+        let name = tri!(reply, new_name(name));
         let node = new_node(req, mode, umask, FileKind::Directory);
         let st = tri!(
             reply,
@@ -429,7 +455,8 @@ impl Filesystem for IomapFuse {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = tri!(reply, name_str(name));
+        tri!(reply, self.writable());
+        let name = tri!(reply, existing_name(name));
         tri!(
             reply,
             self.vol.remove_at(parent.0, name, false).map_err(errno)
@@ -438,7 +465,8 @@ impl Filesystem for IomapFuse {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = tri!(reply, name_str(name));
+        tri!(reply, self.writable());
+        let name = tri!(reply, existing_name(name));
         tri!(
             reply,
             self.vol.remove_at(parent.0, name, true).map_err(errno)
@@ -455,7 +483,8 @@ impl Filesystem for IomapFuse {
         reply: ReplyEntry,
     ) {
         use std::os::unix::ffi::OsStrExt;
-        let name = tri!(reply, name_str(link_name));
+        tri!(reply, self.writable());
+        let name = tri!(reply, new_name(link_name));
         let node = new_node(req, 0o777, 0, FileKind::Symlink);
         let target = target.as_os_str().as_bytes();
         let st = tri!(
@@ -477,8 +506,9 @@ impl Filesystem for IomapFuse {
         flags: FuseRename,
         reply: ReplyEmpty,
     ) {
-        let name = tri!(reply, name_str(name));
-        let newname = tri!(reply, name_str(newname));
+        tri!(reply, self.writable());
+        let name = tri!(reply, existing_name(name));
+        let newname = tri!(reply, new_name(newname));
         if flags.contains(FuseRename::RENAME_WHITEOUT) {
             return reply.error(Errno::EINVAL);
         }
@@ -503,7 +533,8 @@ impl Filesystem for IomapFuse {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let name = tri!(reply, name_str(newname));
+        tri!(reply, self.writable());
+        let name = tri!(reply, new_name(newname));
         let st = tri!(
             reply,
             self.vol.link_ino(ino.0, newparent.0, name).map_err(errno)
@@ -512,6 +543,9 @@ impl Filesystem for IomapFuse {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: FuseOpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            tri!(reply, self.writable());
+        }
         let file = tri!(
             reply,
             self.vol.open_ino(ino.0, open_flags(flags.0)).map_err(errno)
@@ -551,6 +585,7 @@ impl Filesystem for IomapFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        tri!(reply, self.writable());
         let file = tri!(reply, self.file(fh));
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
             tri!(reply, self.kill_suidgid(&file));
@@ -606,6 +641,11 @@ impl Filesystem for IomapFuse {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.read_only {
+            // Nothing to make durable, and a commit (of the records that
+            // free orphans a crash left, say) would be a write.
+            return reply.ok();
+        }
         let file = tri!(reply, self.file(fh));
         let r = if datasync {
             file.fdatasync()
@@ -728,6 +768,9 @@ impl Filesystem for IomapFuse {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        if self.read_only {
+            return reply.ok();
+        }
         // A directory is names and attributes, all journaled: a commit makes
         // them durable. No writeback of files (a sync would write back the
         // whole volume, and take the errors a later syncfs must report).
@@ -764,7 +807,8 @@ impl Filesystem for IomapFuse {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let name = tri!(reply, name_str(name));
+        tri!(reply, self.writable());
+        let name = tri!(reply, new_name(name));
         let how = match flags {
             0 => XattrSet::Any,
             libc::XATTR_CREATE => XattrSet::Create,
@@ -779,7 +823,7 @@ impl Filesystem for IomapFuse {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let name = tri!(reply, name_str(name));
+        let name = tri!(reply, name.to_str().ok_or(Errno::ENODATA));
         let value = tri!(reply, self.vol.get_xattr(ino.0, name).map_err(errno));
         xattr_reply(&value, size, reply);
     }
@@ -795,7 +839,8 @@ impl Filesystem for IomapFuse {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = tri!(reply, name_str(name));
+        tri!(reply, self.writable());
+        let name = tri!(reply, name.to_str().ok_or(Errno::ENODATA));
         tri!(reply, self.vol.remove_xattr(ino.0, name).map_err(errno));
         reply.ok();
     }
@@ -815,7 +860,8 @@ impl Filesystem for IomapFuse {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let name = tri!(reply, name_str(name));
+        tri!(reply, self.writable());
+        let name = tri!(reply, new_name(name));
         let node = new_node(req, mode, umask, FileKind::Regular);
         let st = tri!(
             reply,
@@ -845,6 +891,7 @@ impl Filesystem for IomapFuse {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        tri!(reply, self.writable());
         let file = tri!(reply, self.file(fh));
         let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
         let r = match mode & !libc::FALLOC_FL_KEEP_SIZE {

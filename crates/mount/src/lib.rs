@@ -32,6 +32,12 @@ pub enum MountError {
     MountPoint { path: PathBuf, source: io::Error },
     #[error("cannot mount at {path}: {source}")]
     Mount { path: PathBuf, source: io::Error },
+    #[error(
+        "cannot mount at {path} as a user: {source}; a user mount needs /dev/fuse open to \
+         every user (mode 0666, as Debian's udev makes it) and the setuid fusermount3 \
+         (Debian package fuse3)"
+    )]
+    UserMount { path: PathBuf, source: io::Error },
     #[error("serving {path}: {source}")]
     Session { path: PathBuf, source: io::Error },
     #[error("clean unmount of the volume after {path} was unmounted: {source}")]
@@ -58,6 +64,11 @@ pub struct MountConfig {
     pub fs_name: String,
     /// Whether and how the kernel page cache holds file data.
     pub caching: Caching,
+    /// `-o ro`: the kernel refuses every change (EROFS), the daemon
+    /// refuses any that reaches it, and the volume is let go without the
+    /// unmount checkpoint. The caller opens the device read-only too, so
+    /// nothing of the mount can write to it.
+    pub read_only: bool,
 }
 
 /// Whether and how the kernel page cache holds file data (see
@@ -96,6 +107,7 @@ impl Default for MountConfig {
             threads: 4,
             fs_name: "iomapfs".into(),
             caching: Caching::default(),
+            read_only: false,
         }
     }
 }
@@ -105,7 +117,9 @@ impl MountConfig {
     /// `Err` says why it is refused. An empty option does nothing.
     pub fn apply_option(&mut self, opt: &str) -> Result<(), String> {
         match opt.split_once('=') {
-            None if opt.is_empty() || opt == "default_permissions" || opt == "rw" => {}
+            None if opt.is_empty() || opt == "default_permissions" => {}
+            None if opt == "rw" => self.read_only = false,
+            None if opt == "ro" => self.read_only = true,
             None if opt == "allow_other" => self.allow_other = true,
             None if opt == "direct_io" => self.caching = Caching::DirectIo,
             None if opt == "kernel_cache" => self.caching = Caching::KernelCache,
@@ -204,7 +218,11 @@ fn session(vol: &Volume, path: &Path, cfg: &MountConfig) -> Result<Session<Iomap
         MountOption::FSName(cfg.fs_name.clone()),
         MountOption::Subtype("iomapfs".into()),
         MountOption::DefaultPermissions,
-        MountOption::RW,
+        if cfg.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
         MountOption::NoAtime,
     ];
     config.acl = if cfg.allow_other {
@@ -214,10 +232,20 @@ fn session(vol: &Volume, path: &Path, cfg: &MountConfig) -> Result<Session<Iomap
     };
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = true;
-    Session::new(IomapFuse::new(vol.clone(), cfg.caching), path, &config).map_err(|source| {
-        MountError::Mount {
-            path: path.to_path_buf(),
-            source,
+    let fs = IomapFuse::new(vol.clone(), cfg.caching, cfg.read_only);
+    Session::new(fs, path, &config).map_err(|source| {
+        let path = path.to_path_buf();
+        // fuser opens /dev/fuse itself before it turns to fusermount3, and
+        // gives up if it cannot.
+        // SAFETY: geteuid has no preconditions; the path is a valid C string.
+        let no_dev_fuse = unsafe {
+            libc::geteuid() != 0
+                && libc::access(c"/dev/fuse".as_ptr(), libc::R_OK | libc::W_OK) != 0
+        };
+        if no_dev_fuse && source.kind() == io::ErrorKind::PermissionDenied {
+            MountError::UserMount { path, source }
+        } else {
+            MountError::Mount { path, source }
         }
     })
 }
@@ -245,12 +273,8 @@ pub fn serve(
     spawn_signal_thread(path.clone())?;
     ready();
     let served = session.run();
-    // Every handle the kernel held is closed with the session: the clean
-    // unmount writes back and checkpoints everything.
-    let unmounted = vol.unmount().map_err(|source| MountError::Unmount {
-        path: path.clone(),
-        source,
-    });
+    // Every handle the kernel held is closed with the session.
+    let unmounted = release_volume(vol, cfg.read_only, &path);
     served.map_err(|source| MountError::Session { path, source })?;
     unmounted
 }
@@ -264,6 +288,7 @@ pub struct BackgroundMount {
     session: Option<BackgroundSession>,
     vol: Option<Volume>,
     path: PathBuf,
+    read_only: bool,
 }
 
 /// Mounts `vol` at `mountpoint`, served by `cfg.threads` threads of this
@@ -285,6 +310,7 @@ pub fn spawn(
         session: Some(session),
         vol: Some(vol),
         path,
+        read_only: cfg.read_only,
     })
 }
 
@@ -300,10 +326,7 @@ impl BackgroundMount {
     pub fn unmount(mut self) -> Result<(), MountError> {
         let served = self.end_session();
         let vol = self.vol.take().expect("the volume is taken only here");
-        let unmounted = vol.unmount().map_err(|source| MountError::Unmount {
-            path: self.path.clone(),
-            source,
-        });
+        let unmounted = release_volume(vol, self.read_only, &self.path);
         served?;
         unmounted
     }
@@ -325,6 +348,20 @@ impl Drop for BackgroundMount {
     fn drop(&mut self) {
         let _ = self.end_session();
     }
+}
+
+/// Lets the volume go once its session ended: the clean unmount (written
+/// back and checkpointed) of a writable mount; for a read-only one, just
+/// the drop (nothing changed, and the checkpoint would be a write).
+fn release_volume(vol: Volume, read_only: bool, path: &Path) -> Result<(), MountError> {
+    if read_only {
+        drop(vol);
+        return Ok(());
+    }
+    vol.unmount().map_err(|source| MountError::Unmount {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Waits for a stop signal and unmounts `mountpoint` on it.
@@ -371,12 +408,16 @@ mod tests {
         cfg.apply_option("allow_other").unwrap();
         cfg.apply_option("").unwrap();
         assert_eq!((cfg.threads, cfg.allow_other), (8, true));
+        cfg.apply_option("ro").unwrap();
+        assert!(cfg.read_only);
+        cfg.apply_option("rw").unwrap();
+        assert!(!cfg.read_only);
         for bad in [
             "threads=0",
             "threads=65",
             "threads=x",
             "cache=yes",
-            "ro",
+            "ro=1",
             "fsname=",
         ] {
             let why = cfg.apply_option(bad).unwrap_err();
