@@ -522,6 +522,83 @@ mod tests {
         assert_eq!(read_newest_checkpoint(&dev, &sb).unwrap(), (1, c2));
     }
 
+    /// Once generation 2 is durable and slot 0 (generation 1) is marked,
+    /// damage to generation 2 is reported as a lost checkpoint instead of
+    /// a fallback; a torn write of a checkpoint (no mark yet) still falls
+    /// back silently.
+    #[test]
+    fn supersede_mark_tells_damage_from_a_torn_write() {
+        let (dev, sb) = setup();
+        assert_ne!(sb.features_compat & COMPAT_SUPERSEDE_MARKS, 0);
+        let (c1, c2) = (ckpt(1, 5), ckpt(2, 300));
+        write_checkpoint(&dev, &sb, 0, &c1).unwrap();
+        write_checkpoint(&dev, &sb, 1, &c2).unwrap();
+        // Torn: generation 2 does not verify, slot 0 is not marked yet.
+        let snapshot = dev.with_bytes(|b| b.clone());
+        dev.flip(slot_start(&sb, 1) + 200);
+        let newest = read_checkpoints(&dev, &sb).unwrap();
+        assert_eq!((newest.slot, newest.lost), (0, None));
+        dev.with_bytes(|b| *b = snapshot);
+
+        mark_superseded(&dev, &sb, 0, 1).unwrap();
+        let marked = read_slot(&dev, &sb, 0).unwrap();
+        assert!(marked.superseded);
+        assert_eq!(marked.checkpoint, c1, "the mark leaves the slot verifying");
+        assert!(!read_slot(&dev, &sb, 1).unwrap().superseded);
+        assert_eq!(read_newest_checkpoint(&dev, &sb).unwrap(), (1, c2.clone()));
+        // Marking a slot that does not hold the generation does nothing.
+        let before = dev.with_bytes(|b| b.clone());
+        mark_superseded(&dev, &sb, 1, 7).unwrap();
+        assert!(dev.with_bytes(|b| *b == before));
+
+        let snapshot = dev.with_bytes(|b| b.clone());
+        dev.flip(slot_start(&sb, 1) + 200);
+        let newest = read_checkpoints(&dev, &sb).unwrap();
+        assert_eq!((newest.slot, &newest.checkpoint), (0, &c1));
+        let lost = newest.lost.unwrap();
+        assert_eq!((lost.generation, lost.slot, lost.left_generation), (2, 1, 1));
+        assert!(lost.reason.contains("crc32c"), "{}", lost.reason);
+        let err = read_newest_checkpoint(&dev, &sb).unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("generation 2"), "{err}");
+        dev.with_bytes(|b| *b = snapshot);
+
+        // Writing generation 3 over the marked slot clears the mark; a
+        // torn generation 3 leaves generation 2, unmarked: no damage.
+        write_checkpoint(&dev, &sb, 0, &ckpt(3, 5)).unwrap();
+        assert!(!read_slot(&dev, &sb, 0).unwrap().superseded);
+        dev.flip(slot_start(&sb, 0) + 100);
+        let newest = read_checkpoints(&dev, &sb).unwrap();
+        assert_eq!((newest.slot, newest.lost), (1, None));
+
+        // A mark that is not the slot's generation's is damage to the slot.
+        dev.with_bytes(|b| {
+            let at = slot_start(&sb, 1) as usize + OFF_SUPERSEDED;
+            b[at..at + 4].copy_from_slice(&supersede_mark(&sb, 1).to_le_bytes());
+        });
+        let err = read_checkpoint(&dev, &sb, 1).unwrap_err();
+        assert!(err.to_string().contains("supersede mark"), "{err}");
+    }
+
+    /// A volume without the feature keeps the field zero and refuses
+    /// anything else, as version 2 did.
+    #[test]
+    fn no_marks_without_the_feature() {
+        let (dev, mut sb) = setup();
+        sb.features_compat &= !COMPAT_SUPERSEDE_MARKS;
+        write_checkpoint(&dev, &sb, 0, &ckpt(1, 5)).unwrap();
+        write_checkpoint(&dev, &sb, 1, &ckpt(2, 5)).unwrap();
+        let before = dev.counters().snapshot();
+        mark_superseded(&dev, &sb, 0, 1).unwrap();
+        assert_eq!(dev.counters().snapshot(), before);
+        dev.with_bytes(|b| {
+            let at = slot_start(&sb, 0) as usize + OFF_SUPERSEDED;
+            b[at..at + 4].copy_from_slice(&supersede_mark(&sb, 1).to_le_bytes());
+        });
+        let err = read_checkpoint(&dev, &sb, 0).unwrap_err();
+        assert!(err.to_string().contains("reserved field"), "{err}");
+    }
+
     #[test]
     fn both_bad_is_an_error_naming_both() {
         let (dev, sb) = setup();

@@ -836,7 +836,10 @@ mod tests {
         assert_eq!(l.journal.len, 64 * 4096);
         assert_eq!(l.checkpoint_slots[0].len, 64 * 4096);
         assert!(l.data.len >= MIN_DATA_BLOCKS * 4096);
-        assert_eq!(l.data.end(), 4 * MIB);
+        // The last block is the backup superblock's.
+        assert_eq!(l.data.end(), 4 * MIB - 4096);
+        assert_eq!(l.backup_superblock(), Some(4 * MIB - 4096));
+        assert!(l.leaves_room_for_backup());
         l.validate().unwrap();
     }
 
@@ -961,6 +964,62 @@ mod tests {
             let err = Superblock::decode(&s.encode()).unwrap_err();
             assert!(matches!(err, Error::Corrupt { .. }), "case {i}: {err}");
         }
+    }
+
+    #[test]
+    fn backup_superblock_stands_in_for_a_damaged_primary() {
+        for block_size in [512, 4096] {
+            let dev = VecDevice::new(4 * MIB + 1024, 512);
+            let sb = Superblock::new(
+                Layout::compute(4 * MIB + 1024, 512, block_size, None, None).unwrap(),
+            );
+            assert_ne!(sb.features_compat & COMPAT_BACKUP_SUPERBLOCK, 0);
+            let backup = sb.layout.backup_superblock().unwrap();
+            assert_eq!(backup, align_down(4 * MIB + 1024, u64::from(block_size)) - u64::from(block_size));
+            write_backup_superblock(&dev, &sb).unwrap();
+            write_superblock(&dev, &sb).unwrap();
+            let read = |when| read_superblock_or_backup(&dev, when);
+            assert!(read(BackupUse::IfDamaged).unwrap().1.is_none());
+            assert_eq!(find_backup_superblock(&dev).unwrap(), (backup, sb.clone()));
+
+            // A damaged primary (magic intact): the backup stands in, saying why.
+            dev.flip(OFF_DEVICE_BYTES as u64);
+            let (found, from) = read(BackupUse::IfDamaged).unwrap();
+            assert_eq!(found, sb);
+            let from = from.unwrap();
+            assert_eq!(from.offset, backup);
+            assert!(from.to_string().contains("crc32c mismatch"), "{from}");
+            // No magic in block 0 (another file system?): only fsck uses it.
+            dev.with_bytes(|b| b[..8].fill(0));
+            assert!(matches!(read(BackupUse::IfDamaged), Err(Error::NotIomapfs { .. })));
+            assert_eq!(read(BackupUse::Always).unwrap().0, sb);
+            // Another version in block 0 is no damage: never replaced.
+            dev.with_bytes(|b| b[..4096.min(block_size as usize)].copy_from_slice(&sb.encode()[..4096.min(block_size as usize)]));
+            dev.with_bytes(|b| b[OFF_VERSION] = 3);
+            assert!(matches!(read(BackupUse::Always), Err(Error::UnsupportedVersion { .. })));
+            // A damaged backup too: the primary's error.
+            dev.with_bytes(|b| b[OFF_VERSION] = 2);
+            dev.flip(OFF_CRC as u64);
+            dev.flip(backup + OFF_CRC as u64);
+            assert!(find_backup_superblock(&dev).is_none());
+            let err = read(BackupUse::Always).unwrap_err();
+            assert!(err.to_string().contains("crc32c"), "{err}");
+        }
+        // A volume without the feature has no backup, whatever the last
+        // block holds.
+        let dev = VecDevice::new(4 * MIB, 512);
+        let mut sb = sample();
+        sb.features_compat = 0;
+        write_superblock(&dev, &sb).unwrap();
+        let offset = sb.layout.backup_superblock().unwrap();
+        dev.with_bytes(|b| b[offset as usize..offset as usize + 4096].copy_from_slice(&sb.encode()));
+        assert!(read_backup_superblock(&dev, &sb).is_none());
+        assert!(find_backup_superblock(&dev).is_none());
+        // The feature on a layout that covers the last block is refused.
+        let mut s = sample();
+        s.layout.data.len += 4096;
+        let err = Superblock::decode(&s.encode()).unwrap_err();
+        assert!(err.to_string().contains("backup superblock"), "{err}");
     }
 
     #[test]
