@@ -683,11 +683,28 @@ fn power_cut_during_the_supersede_mark() {
     let older_slot = sb.layout.checkpoint_slots[older.slot];
     let held =
         mem.pause_after(FaultRule::new(FaultOp::Write).range(older_slot.start..older_slot.end()));
+    // The checkpoint must reach the mark write; if it ends without one,
+    // fail instead of waiting for ever.
+    let (tx, rx) = std::sync::mpsc::channel();
     let checkpointer = {
-        let vol = vol.clone();
-        std::thread::spawn(move || vol.checkpoint())
+        let (vol, tx) = (vol.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let r = vol.checkpoint();
+            let _ = tx.send("checkpoint returned");
+            r
+        })
     };
-    held.wait_reached();
+    let waiter = std::thread::spawn(move || {
+        held.wait_reached();
+        let _ = tx.send("mark write held");
+        held
+    });
+    let first = rx.recv().unwrap();
+    assert_eq!(
+        first, "mark write held",
+        "the checkpoint wrote nothing to the older slot: no supersede mark"
+    );
+    let held = waiter.join().unwrap();
     let mut policies: Vec<Option<Vec<bool>>> = vec![None, Some(vec![])];
     let mut mark_blocks = 0;
     // Probe the request's size with a throwaway cut.
