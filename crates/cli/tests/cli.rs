@@ -1131,3 +1131,68 @@ fn io_fsck_and_mkfs_refuse_an_image_another_process_holds() {
     assert_ok(&io(&img, &["open -c /f", "pwrite 0 4096"]), "io");
     assert_ok(&iomapfs(["fsck", &shown]), "fsck");
 }
+
+/// `bench --record`: the iomapfs target of one direct-I/O workload is
+/// recorded from its format on; replaying the log onto a zeroed image checks
+/// every flush point after the format (mount + fsck). Other selections are
+/// refused with what to do.
+#[test]
+fn bench_record_replays_flush_by_flush() {
+    let dir = scratch();
+    let img = dir.path().join("bench.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let log = dir.path().join("bench.log");
+    let args = |workload: &str| {
+        vec![
+            "bench".to_string(),
+            "--device".into(),
+            img.display().to_string(),
+            "--no-kernel".into(),
+            "--runtime".into(),
+            "0.1".into(),
+            "--workload".into(),
+            workload.into(),
+            "--record".into(),
+            log.display().to_string(),
+        ]
+    };
+    let r = iomapfs(args("dsync-overwrite-4k"));
+    assert_ok(&r, "bench --record");
+    let base = dir.path().join("base.img");
+    std::fs::File::create(&base)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let r = iomapfs([
+        "replay",
+        log.to_str().unwrap(),
+        base.to_str().unwrap(),
+        "--check-every-flush",
+    ]);
+    assert_ok(&r, "replay --check-every-flush of a bench recording");
+    let points: u64 = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("checked "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no 'checked N flush points' line:\n{}", r.stdout));
+    assert!(points >= 3, "only {points} flush points:\n{}", r.stdout);
+    assert!(r.stdout.contains(", 0 failed"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("flush points before the volume was formatted"),
+        "{}",
+        r.stdout
+    );
+    // The replayed image is the volume bench left: it mounts, fsck clean.
+    assert_ok(&iomapfs(["fsck", base.to_str().unwrap()]), "fsck of the replay");
+
+    let mut two = args("dsync-overwrite-4k");
+    two.extend(["--workload".into(), "randread-4k-qd1".into()]);
+    let r = iomapfs(two);
+    assert_ne!(r.code, 0);
+    assert!(r.stderr.contains("--record records the iomapfs target of one direct-I/O workload"), "{}", r.stderr);
+}
