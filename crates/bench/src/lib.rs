@@ -326,9 +326,8 @@ fn check_record(
     if opts.record.is_none() {
         return Ok(());
     }
-    let direct = selected.len() == 1
-        && metadata.is_empty()
-        && matches!(selected[0].kind, Kind::Direct(_));
+    let direct =
+        selected.len() == 1 && metadata.is_empty() && matches!(selected[0].kind, Kind::Direct(_));
     if !direct {
         let names: Vec<&str> = workload::all()
             .filter(|w| matches!(w.kind, Kind::Direct(_)))

@@ -61,9 +61,8 @@ pub fn run(args: &FsckArgs) -> Result<u8, Failure> {
     let dev = open_device(&args.target, !args.repair)
         .map_err(|f| Failure::new(2, format!("fsck: {}", f.message)))?;
     if args.repair {
-        let done = fsck::repair_superblocks(&*dev).map_err(|e| {
-            Failure::new(2, format!("fsck --repair: {shown}: cannot repair: {e}"))
-        })?;
+        let done = fsck::repair_superblocks(&*dev)
+            .map_err(|e| Failure::new(2, format!("fsck --repair: {shown}: cannot repair: {e}")))?;
         for line in &done {
             println!("repaired: {line}");
         }

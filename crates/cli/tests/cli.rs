@@ -708,12 +708,19 @@ fn damaged_active_checkpoint_is_reported_not_rolled_back() {
     let dir = scratch();
     let img = formatted(&dir);
     assert_ok(
-        &io(&img, &["open -c /f", "pwrite 0 4m", "fsync", "falloc -k 8m 1m"]),
+        &io(
+            &img,
+            &["open -c /f", "pwrite 0 4m", "fsync", "falloc -k 8m 1m"],
+        ),
         "io",
     );
     let r = iomapfs(["fsck", img.to_str().unwrap()]);
     assert_ok(&r, "fsck before the damage");
-    assert!(r.stdout.contains("extents                   2"), "{}", r.stdout);
+    assert!(
+        r.stdout.contains("extents                   2"),
+        "{}",
+        r.stdout
+    );
     let (active, generation) = {
         use blockdev::sync_backend::{SyncDevice, SyncOpenOptions};
         let dev = SyncDevice::open(&img, SyncOpenOptions { read_only: true }).unwrap();
@@ -725,14 +732,17 @@ fn damaged_active_checkpoint_is_reported_not_rolled_back() {
     let r = iomapfs(["fsck", img.to_str().unwrap()]);
     assert_eq!(r.code, 1, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
     assert!(
-        r.stdout.contains(&format!(
-            "checkpoint generation {generation} in slot"
-        )) && r.stdout.contains("was durable and is damaged"),
+        r.stdout
+            .contains(&format!("checkpoint generation {generation} in slot"))
+            && r.stdout.contains("was durable and is damaged"),
         "{}",
         r.stdout
     );
     assert!(
-        r.stdout.contains(&format!("what follows is generation {}'s state", generation - 1)),
+        r.stdout.contains(&format!(
+            "what follows is generation {}'s state",
+            generation - 1
+        )),
         "{}",
         r.stdout
     );
@@ -764,16 +774,28 @@ fn damaged_block_0_mounts_from_the_backup_and_fsck_repair_restores_it() {
     assert_error_lines(&r);
     let r = iomapfs(["fsck", img.to_str().unwrap()]);
     assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
-    assert!(r.stdout.contains("primary superblock (block 0) unusable"), "{}", r.stdout);
-    let r = iomapfs(["fsck", "--repair", img.to_str().unwrap()]);
-    assert_ok(&r, "fsck --repair");
     assert!(
-        r.stdout.contains("repaired: restored the primary superblock from the backup"),
+        r.stdout.contains("primary superblock (block 0) unusable"),
         "{}",
         r.stdout
     );
-    assert!(r.stdout.contains("clean: no problems found"), "{}", r.stdout);
-    assert_ok(&iomapfs(["fsck", img.to_str().unwrap()]), "fsck after repair");
+    let r = iomapfs(["fsck", "--repair", img.to_str().unwrap()]);
+    assert_ok(&r, "fsck --repair");
+    assert!(
+        r.stdout
+            .contains("repaired: restored the primary superblock from the backup"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("clean: no problems found"),
+        "{}",
+        r.stdout
+    );
+    assert_ok(
+        &iomapfs(["fsck", img.to_str().unwrap()]),
+        "fsck after repair",
+    );
     let r = io(&img, &["open /f", "stat"]);
     assert_ok(&r, "io after repair");
     assert!(r.stderr.is_empty(), "{}", r.stderr);
@@ -1183,16 +1205,25 @@ fn bench_record_replays_flush_by_flush() {
     assert!(points >= 3, "only {points} flush points:\n{}", r.stdout);
     assert!(r.stdout.contains(", 0 failed"), "{}", r.stdout);
     assert!(
-        r.stdout.contains("flush points before the volume was formatted"),
+        r.stdout
+            .contains("flush points before the volume was formatted"),
         "{}",
         r.stdout
     );
     // The replayed image is the volume bench left: it mounts, fsck clean.
-    assert_ok(&iomapfs(["fsck", base.to_str().unwrap()]), "fsck of the replay");
+    assert_ok(
+        &iomapfs(["fsck", base.to_str().unwrap()]),
+        "fsck of the replay",
+    );
 
     let mut two = args("dsync-overwrite-4k");
     two.extend(["--workload".into(), "randread-4k-qd1".into()]);
     let r = iomapfs(two);
     assert_ne!(r.code, 0);
-    assert!(r.stderr.contains("--record records the iomapfs target of one direct-I/O workload"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("--record records the iomapfs target of one direct-I/O workload"),
+        "{}",
+        r.stderr
+    );
 }

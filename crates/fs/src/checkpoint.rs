@@ -29,9 +29,7 @@ use blockdev::{BlockDevice, WriteMode};
 
 use crate::codec::{self, Decoder, Encoder};
 use crate::error::{Error, Result};
-use crate::superblock::{
-    is_aligned, Region, Superblock, CHECKPOINT_SLOTS, COMPAT_SUPERSEDE_MARKS,
-};
+use crate::superblock::{is_aligned, Region, Superblock, CHECKPOINT_SLOTS, COMPAT_SUPERSEDE_MARKS};
 use crate::types::MetaImage;
 
 /// First 8 bytes of a valid checkpoint slot.
@@ -326,7 +324,7 @@ pub struct NewestCheckpoint {
 pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<NewestCheckpoint> {
     let mut best: Option<(usize, SlotContents)> = None;
     let mut reasons: Vec<Option<String>> = vec![None; CHECKPOINT_SLOTS];
-    for slot in 0..CHECKPOINT_SLOTS {
+    for (slot, reason) in reasons.iter_mut().enumerate() {
         match read_slot(dev, sb, slot) {
             Ok(c) => {
                 let newer = match &best {
@@ -337,7 +335,7 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
                     best = Some((slot, c));
                 }
             }
-            Err(e @ Error::Corrupt { .. }) => reasons[slot] = Some(e.to_string()),
+            Err(e @ Error::Corrupt { .. }) => *reason = Some(e.to_string()),
             Err(e) => return Err(e),
         }
     }
@@ -358,9 +356,9 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
         LostCheckpoint {
             generation: contents.checkpoint.generation + 1,
             slot: lost_slot,
-            reason: reasons[lost_slot].clone().unwrap_or_else(|| {
-                "it verifies but holds an older generation".to_string()
-            }),
+            reason: reasons[lost_slot]
+                .clone()
+                .unwrap_or_else(|| "it verifies but holds an older generation".to_string()),
             left_generation: contents.checkpoint.generation,
         }
     });
@@ -409,9 +407,17 @@ pub fn mark_superseded(
     }
     let region = slot_region(sb, slot)?;
     let mut block = vec![0u8; sb.block_size() as usize];
-    dev.read_at(&mut block, region.start)
-        .map_err(|e| Error::device(format!("reading checkpoint slot {slot} to mark it superseded"), e))?;
-    let held = u64::from_le_bytes(block[OFF_GENERATION..OFF_GENERATION + 8].try_into().unwrap_or_default());
+    dev.read_at(&mut block, region.start).map_err(|e| {
+        Error::device(
+            format!("reading checkpoint slot {slot} to mark it superseded"),
+            e,
+        )
+    })?;
+    let held = u64::from_le_bytes(
+        block[OFF_GENERATION..OFF_GENERATION + 8]
+            .try_into()
+            .unwrap_or_default(),
+    );
     if block[OFF_MAGIC..OFF_MAGIC + 8] != CHECKPOINT_MAGIC || held != generation {
         return Ok(());
     }
@@ -419,8 +425,12 @@ pub fn mark_superseded(
     block[OFF_SUPERSEDED..OFF_SUPERSEDED + 4].copy_from_slice(&mark.to_le_bytes());
     dev.write_at(&block, region.start, WriteMode::Normal)
         .map_err(|e| Error::device(format!("marking checkpoint slot {slot} superseded"), e))?;
-    dev.flush()
-        .map_err(|e| Error::device(format!("flushing checkpoint slot {slot}'s supersede mark"), e))
+    dev.flush().map_err(|e| {
+        Error::device(
+            format!("flushing checkpoint slot {slot}'s supersede mark"),
+            e,
+        )
+    })
 }
 
 /// Makes `slot` hold no checkpoint (zeroes its first block), then flushes.
@@ -556,7 +566,10 @@ mod tests {
         let newest = read_checkpoints(&dev, &sb).unwrap();
         assert_eq!((newest.slot, &newest.checkpoint), (0, &c1));
         let lost = newest.lost.unwrap();
-        assert_eq!((lost.generation, lost.slot, lost.left_generation), (2, 1, 1));
+        assert_eq!(
+            (lost.generation, lost.slot, lost.left_generation),
+            (2, 1, 1)
+        );
         assert!(lost.reason.contains("crc32c"), "{}", lost.reason);
         let err = read_newest_checkpoint(&dev, &sb).unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{err}");

@@ -15,8 +15,8 @@ use blockdev::BlockDevice;
 use crate::codec;
 use crate::limits::{MAX_FILE_SIZE, MAX_LINKS, MAX_XATTR_BYTES_PER_INODE, MAX_XATTR_VALUE_LEN};
 use crate::mount::{load, Loaded, Strictness};
-use crate::superblock;
 use crate::state::{InodeState, MetaState};
+use crate::superblock;
 use crate::types::{ExtentState, FileKind, Ino, ROOT_INO};
 use crate::Result;
 

@@ -644,7 +644,10 @@ pub fn find_backup_superblock(dev: &dyn BlockDevice) -> Option<(u64, Superblock)
 
 /// Reads the backup superblock of the volume `sb` describes, if it has
 /// one: `None` without the feature, else what reading it gave.
-pub fn read_backup_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Option<(u64, Result<Superblock>)> {
+pub fn read_backup_superblock(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+) -> Option<(u64, Result<Superblock>)> {
     if sb.features_compat & COMPAT_BACKUP_SUPERBLOCK == 0 {
         return None;
     }
@@ -975,7 +978,10 @@ mod tests {
             );
             assert_ne!(sb.features_compat & COMPAT_BACKUP_SUPERBLOCK, 0);
             let backup = sb.layout.backup_superblock().unwrap();
-            assert_eq!(backup, align_down(4 * MIB + 1024, u64::from(block_size)) - u64::from(block_size));
+            assert_eq!(
+                backup,
+                align_down(4 * MIB + 1024, u64::from(block_size)) - u64::from(block_size)
+            );
             write_backup_superblock(&dev, &sb).unwrap();
             write_superblock(&dev, &sb).unwrap();
             let read = |when| read_superblock_or_backup(&dev, when);
@@ -991,12 +997,21 @@ mod tests {
             assert!(from.to_string().contains("crc32c mismatch"), "{from}");
             // No magic in block 0 (another file system?): only fsck uses it.
             dev.with_bytes(|b| b[..8].fill(0));
-            assert!(matches!(read(BackupUse::IfDamaged), Err(Error::NotIomapfs { .. })));
+            assert!(matches!(
+                read(BackupUse::IfDamaged),
+                Err(Error::NotIomapfs { .. })
+            ));
             assert_eq!(read(BackupUse::Always).unwrap().0, sb);
             // Another version in block 0 is no damage: never replaced.
-            dev.with_bytes(|b| b[..4096.min(block_size as usize)].copy_from_slice(&sb.encode()[..4096.min(block_size as usize)]));
+            dev.with_bytes(|b| {
+                b[..4096.min(block_size as usize)]
+                    .copy_from_slice(&sb.encode()[..4096.min(block_size as usize)])
+            });
             dev.with_bytes(|b| b[OFF_VERSION] = 3);
-            assert!(matches!(read(BackupUse::Always), Err(Error::UnsupportedVersion { .. })));
+            assert!(matches!(
+                read(BackupUse::Always),
+                Err(Error::UnsupportedVersion { .. })
+            ));
             // A damaged backup too: the primary's error.
             dev.with_bytes(|b| b[OFF_VERSION] = 2);
             dev.flip(OFF_CRC as u64);
@@ -1012,7 +1027,9 @@ mod tests {
         sb.features_compat = 0;
         write_superblock(&dev, &sb).unwrap();
         let offset = sb.layout.backup_superblock().unwrap();
-        dev.with_bytes(|b| b[offset as usize..offset as usize + 4096].copy_from_slice(&sb.encode()));
+        dev.with_bytes(|b| {
+            b[offset as usize..offset as usize + 4096].copy_from_slice(&sb.encode())
+        });
         assert!(read_backup_superblock(&dev, &sb).is_none());
         assert!(find_backup_superblock(&dev).is_none());
         // The feature on a layout that covers the last block is refused.

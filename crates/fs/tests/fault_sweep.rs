@@ -773,7 +773,11 @@ fn check_run(wl: &Workload, mem: &Arc<MemDevice>, run: &Run, stats: &Stats) -> R
                 "mount absorbed its failed {region:?} request #{failed_at}: {failed_req:?}"
             ));
         }
-        if !run.mount_warnings.iter().any(|w| w.contains("backup superblock")) {
+        if !run
+            .mount_warnings
+            .iter()
+            .any(|w| w.contains("backup superblock"))
+        {
             return Err(format!(
                 "mount read the backup superblock without a warning: {:?}",
                 run.mount_warnings
@@ -786,7 +790,10 @@ fn check_run(wl: &Workload, mem: &Arc<MemDevice>, run: &Run, stats: &Stats) -> R
             ));
         }
         if let Some((s, why)) = &run.live_mismatch {
-            return Err(format!("step {s} ({:?}) read wrong bytes: {why}", wl.steps[*s]));
+            return Err(format!(
+                "step {s} ({:?}) read wrong bytes: {why}",
+                wl.steps[*s]
+            ));
         }
         stats.add("superblock_reads_absorbed_by_the_backup", 1);
     } else {

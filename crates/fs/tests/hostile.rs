@@ -558,7 +558,11 @@ fn hostile_images() {
         Kind::Anywhere,
     ];
     // Seeds that once failed here (or in a long run), then the run's own.
-    let regressions = if seeds.fixed.is_some() { &[][..] } else { &REGRESSION_SEEDS[..] };
+    let regressions = if seeds.fixed.is_some() {
+        &[][..]
+    } else {
+        &REGRESSION_SEEDS[..]
+    };
     let run_seeds = regressions
         .iter()
         .copied()
@@ -1243,7 +1247,11 @@ fn hostile_metadata_with_valid_checksums() {
     let stats = Stats::default();
     let mut failures = Vec::new();
     // Seeds that once failed here (or in a long run), then the run's own.
-    let regressions = if seeds.fixed.is_some() { &[][..] } else { &REGRESSION_SEEDS[..] };
+    let regressions = if seeds.fixed.is_some() {
+        &[][..]
+    } else {
+        &REGRESSION_SEEDS[..]
+    };
     let run_seeds = regressions
         .iter()
         .copied()

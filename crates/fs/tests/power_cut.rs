@@ -740,7 +740,11 @@ fn power_cut_during_the_supersede_mark() {
         let ctx = format!("mark write {policy:?} (None: lost, []: kept, else torn)");
         let crashed = Arc::new(crashed);
         let newest = read_checkpoints(&*crashed, &sb).unwrap();
-        assert_eq!(newest.checkpoint.generation, older.checkpoint.generation + 1, "{ctx}");
+        assert_eq!(
+            newest.checkpoint.generation,
+            older.checkpoint.generation + 1,
+            "{ctx}"
+        );
         assert!(newest.lost.is_none(), "{ctx}");
         fsck_clean(crashed.clone(), &ctx);
         let vol = Volume::open(crashed.clone()).unwrap();
@@ -765,12 +769,18 @@ fn power_cut_during_the_supersede_mark() {
                     "{ctx}: {msg}"
                 );
                 let report = report.unwrap();
-                assert!(!report.is_clean(), "{ctx}: fsck calls a lost checkpoint clean");
+                assert!(
+                    !report.is_clean(),
+                    "{ctx}: fsck calls a lost checkpoint clean"
+                );
                 refused += 1;
             }
             Ok(_) => assert!(!marked, "{ctx}: a marked slot was used silently"),
         }
     }
     assert!(refused >= 1, "the kept mark never made damage visible");
-    assert!(refused < policies.len(), "a lost mark was reported as damage");
+    assert!(
+        refused < policies.len(),
+        "a lost mark was reported as damage"
+    );
 }

@@ -51,7 +51,8 @@ fn bad_sector_at_block_0_mount_uses_the_backup_and_repair_restores_it() {
     let vol = Volume::open(mem.clone()).expect("mount through the backup superblock");
     let warnings = vol.mount_warnings().join("\n");
     assert!(
-        warnings.contains("block 0") && warnings.contains(&format!("backup superblock at byte {backup}")),
+        warnings.contains("block 0")
+            && warnings.contains(&format!("backup superblock at byte {backup}")),
         "{warnings}"
     );
     assert_eq!(read_all(&vol, "/a"), tagged(1, 0, 20_000));
@@ -74,7 +75,9 @@ fn bad_sector_at_block_0_mount_uses_the_backup_and_repair_restores_it() {
     mem.clear_faults();
     mem.write_at(&[0u8; 512], 0, WriteMode::Normal).unwrap();
     mem.flush().unwrap();
-    let err = Volume::open(mem.clone()).err().expect("mount without a primary");
+    let err = Volume::open(mem.clone())
+        .err()
+        .expect("mount without a primary");
     assert!(matches!(err, iomapfs_fs::Error::NotIomapfs { .. }), "{err}");
     assert!(!fsck::check(mem.clone()).unwrap().is_clean());
     let done = fsck::repair_superblocks(&*mem).unwrap();
@@ -110,9 +113,15 @@ fn damaged_backup_is_reported_and_rewritten() {
             report.problems
         );
         // The primary is fine: mount needs no backup and says nothing.
-        assert!(Volume::open(mem.clone()).unwrap().mount_warnings().is_empty());
+        assert!(Volume::open(mem.clone())
+            .unwrap()
+            .mount_warnings()
+            .is_empty());
         let done = fsck::repair_superblocks(&*mem).unwrap();
-        assert!(done.len() == 1 && done[0].contains("rewrote the backup"), "{done:?}");
+        assert!(
+            done.len() == 1 && done[0].contains("rewrote the backup"),
+            "{done:?}"
+        );
         fsck_clean(mem.clone(), "after repair");
     }
 }
