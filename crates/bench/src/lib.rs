@@ -46,6 +46,7 @@ mod testbed;
 mod workload;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use blockdev::Backend;
@@ -103,6 +104,12 @@ pub struct BenchOptions {
     /// How mount rows mount the volume through FUSE (threads, caching), as
     /// `iomapfs mount -o` would.
     pub fuse: iomapfs_mount::MountConfig,
+    /// Record every write, FUA write and flush of the iomapfs target (its
+    /// format, file preparation, measurement and unmount) to this
+    /// log-writes file, for `iomapfs replay`. Only for one direct-I/O
+    /// workload (see [`check_record`]); the recording slows the target, so
+    /// its figures are not comparable with an unrecorded run.
+    pub record: Option<PathBuf>,
 }
 
 impl Default for BenchOptions {
@@ -119,6 +126,7 @@ impl Default for BenchOptions {
             fio_only: false,
             fio_engine: None,
             fuse: iomapfs_mount::MountConfig::default(),
+            record: None,
         }
     }
 }
@@ -236,6 +244,7 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
     if opts.fio_only {
         selected.retain(|w| matches!(w.kind, Kind::Fio(_)));
     }
+    check_record(opts, &selected, &metadata)?;
     let timing = Timing {
         warmup: warmup_for(opts.runtime),
         runtime: opts.runtime,
@@ -302,6 +311,34 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
     outcome?;
     write_json(opts, &report)?;
     Ok(report)
+}
+
+/// `--record` records one log of one volume: the iomapfs target of exactly
+/// one direct-I/O workload (the rows that drive the volume through this
+/// process). Buffered, fio and mount rows reach the device through other
+/// processes or the kernel, and several workloads would reformat the device
+/// in one log, which no replay point could mount.
+fn check_record(
+    opts: &BenchOptions,
+    selected: &[&'static Workload],
+    metadata: &[String],
+) -> Result<(), BenchError> {
+    if opts.record.is_none() {
+        return Ok(());
+    }
+    let direct =
+        selected.len() == 1 && metadata.is_empty() && matches!(selected[0].kind, Kind::Direct(_));
+    if !direct {
+        let names: Vec<&str> = workload::all()
+            .filter(|w| matches!(w.kind, Kind::Direct(_)))
+            .map(|w| w.name)
+            .collect();
+        return Err(BenchError::InvalidOption(format!(
+            "--record records the iomapfs target of one direct-I/O workload: name exactly one with --workload ({})",
+            names.join(", ")
+        )));
+    }
+    Ok(())
 }
 
 /// Runs only metadata workloads: they need no bed (no zram, loop device or
@@ -643,14 +680,33 @@ fn run_workload(
     let raw_before = measure_raw("before iomapfs");
 
     say("iomapfs", "formatting and writing the file");
+    let mut recorder = None;
     let fs_measured = open_device(&dev.path, backend)
-        .and_then(|(d, _)| IomapfsTarget::prepare(d, &pattern, span))
+        .and_then(|(d, _)| match &opts.record {
+            None => Ok(d),
+            Some(log) => {
+                let r = Arc::new(
+                    blockdev::LogWritesDevice::create(d, log)
+                        .map_err(|e| BenchError::device("--record", e))?,
+                );
+                recorder = Some(r.clone());
+                Ok(r as Arc<dyn blockdev::BlockDevice>)
+            }
+        })
+        .and_then(|d| IomapfsTarget::prepare(d, &pattern, span))
         .and_then(|fs| {
             say("iomapfs", "measuring");
             let m = engine::measure(&fs, &pattern, span, seed, timing, driver);
             let closed = fs.close();
             let m = m?;
             closed.map(|()| m)
+        })
+        .and_then(|m| match recorder.take() {
+            Some(r) => r
+                .flush_log()
+                .map(|()| m)
+                .map_err(|e| BenchError::device("--record", e)),
+            None => Ok(m),
         });
     let raw_measured = raw_before.and_then(|mut before| {
         let after = measure_raw("after iomapfs")?;

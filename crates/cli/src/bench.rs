@@ -124,6 +124,11 @@ pub struct BenchArgs {
     /// threads=8,kernel_cache).
     #[arg(long, value_name = "OPTIONS", value_delimiter = ',')]
     pub fuse_options: Vec<String>,
+    /// Record the iomapfs target's device requests (format, file, measured
+    /// I/O, unmount) to LOG for `iomapfs replay`. Needs exactly one
+    /// direct-I/O --workload; the recording slows that target.
+    #[arg(long, value_name = "LOG")]
+    pub record: Option<PathBuf>,
 }
 
 struct Bar(ProgressBar);
@@ -190,6 +195,7 @@ pub fn run(args: &BenchArgs, backend: blockdev::Backend) -> Result<(), Failure> 
             .map_err(|f| Failure::new(f.code, format!("bench: {}", f.message)))?,
         fio_only: args.fio_only,
         fio_engine: args.fio_engine.clone(),
+        record: args.record.clone(),
     };
     let bar = ProgressBar::new(0);
     bar.set_style(

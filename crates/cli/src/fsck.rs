@@ -1,4 +1,5 @@
-//! `iomapfs fsck`: check a volume offline, without modifying it.
+//! `iomapfs fsck`: check a volume offline, without modifying it (unless
+//! `--repair` is given).
 
 use clap::Args;
 use iomapfs_fs::fsck;
@@ -13,17 +14,24 @@ Check the iomapfs volume on TARGET without modifying it.
 fsck opens TARGET read-only, loads the newest valid checkpoint, replays the
 journal after it in memory, and cross-checks every inode, directory entry and
 extent: extents inside the data area and not overlapping, sizes and link
-counts consistent, directories forming a tree. It never writes to TARGET, so
-it is safe on a volume that was not unmounted cleanly (journal records that a
-mount would replay are counted, not applied). Do not run it while another
-process has the volume open for writing.";
+counts consistent, directories forming a tree. It also checks that the backup
+superblock (in the last block of the device) reads and matches the primary,
+and reports a durable checkpoint that was damaged (the volume would otherwise
+roll back silently). Without --repair it never writes to TARGET, so it is safe
+on a volume that was not unmounted cleanly (journal records that a mount would
+replay are counted, not applied). Do not run it while another process has the
+volume open for writing.
+
+--repair restores an unusable primary superblock (block 0) from the backup, or
+rewrites a backup that does not match the primary, then checks as above.";
 
 const AFTER_HELP: &str = "\
 Output: counts of inodes, directories and extents, used/total data bytes, the
 number of journal records replayed and the checkpoint generation used, then
 one line per problem found.
 
-Exit status: 0 clean; 1 problems found (listed); 2 the volume cannot be read
+Exit status: 0 clean (after --repair: clean once repaired); 1 problems found
+(listed); 2 the volume cannot be read
 at all (not iomapfs, no valid superblock or checkpoint, or an I/O error; the
 message says which).
 
@@ -36,14 +44,29 @@ Example:
 pub struct FsckArgs {
     #[arg(help = crate::TARGET_HELP)]
     pub target: Target,
+    /// Restore the primary superblock from the backup (or the backup from
+    /// the primary) first; writes to TARGET.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 pub fn run(args: &FsckArgs) -> Result<u8, Failure> {
     let shown = args.target.display();
-    let _lock = lock_target(&args.target, "fsck", TargetLock::Shared)
-        .map_err(|f| Failure::new(2, f.message))?;
-    let dev = open_device(&args.target, true)
+    let lock = if args.repair {
+        TargetLock::Exclusive
+    } else {
+        TargetLock::Shared
+    };
+    let _lock = lock_target(&args.target, "fsck", lock).map_err(|f| Failure::new(2, f.message))?;
+    let dev = open_device(&args.target, !args.repair)
         .map_err(|f| Failure::new(2, format!("fsck: {}", f.message)))?;
+    if args.repair {
+        let done = fsck::repair_superblocks(&*dev)
+            .map_err(|e| Failure::new(2, format!("fsck --repair: {shown}: cannot repair: {e}")))?;
+        for line in &done {
+            println!("repaired: {line}");
+        }
+    }
     let report = fsck::check(dev.clone())
         .map_err(|e| Failure::new(2, format!("fsck: {shown}: cannot read the volume: {e}")))?;
 

@@ -76,8 +76,12 @@ pub fn mount_options() -> Result<iomapfs_fs::MountOptions, Failure> {
 /// Mounts the volume on `dev` with the command line's mount options.
 pub fn mount(dev: Arc<dyn BlockDevice>, shown: &str) -> Result<iomapfs_fs::Volume, Failure> {
     let opts = mount_options()?;
-    iomapfs_fs::Volume::open_with(dev, &opts)
-        .map_err(|e| Failure::new(1, format!("cannot mount {shown}: {e}")))
+    let vol = iomapfs_fs::Volume::open_with(dev, &opts)
+        .map_err(|e| Failure::new(1, format!("cannot mount {shown}: {e}")))?;
+    for warning in vol.mount_warnings() {
+        eprintln!("iomapfs: warning: {shown}: {warning}");
+    }
+    Ok(vol)
 }
 
 /// Records the `--backend` choice for every later [`open_device`].

@@ -697,6 +697,110 @@ fn fsck_lists_problems_in_a_well_formed_but_inconsistent_volume() {
     assert!(!r.stdout.contains("clean"), "{}", r.stdout);
 }
 
+/// Issue 14's reproduction: after `pwrite 4m`, `fsync`, `falloc -k 8m 1m`
+/// and a clean unmount, eight bytes of the *active* checkpoint slot flip.
+/// The older slot, marked superseded when the newer checkpoint became
+/// durable, must not be used silently: fsck reports the lost generation
+/// (exit 1) and io refuses to mount.
+#[test]
+fn damaged_active_checkpoint_is_reported_not_rolled_back() {
+    use iomapfs_fs::{checkpoint, superblock};
+    let dir = scratch();
+    let img = formatted(&dir);
+    assert_ok(
+        &io(
+            &img,
+            &["open -c /f", "pwrite 0 4m", "fsync", "falloc -k 8m 1m"],
+        ),
+        "io",
+    );
+    let r = iomapfs(["fsck", img.to_str().unwrap()]);
+    assert_ok(&r, "fsck before the damage");
+    assert!(
+        r.stdout.contains("extents                   2"),
+        "{}",
+        r.stdout
+    );
+    let (active, generation) = {
+        use blockdev::sync_backend::{SyncDevice, SyncOpenOptions};
+        let dev = SyncDevice::open(&img, SyncOpenOptions { read_only: true }).unwrap();
+        let sb = superblock::read_superblock(&dev).unwrap();
+        let (slot, ckpt) = checkpoint::read_newest_checkpoint(&dev, &sb).unwrap();
+        (sb.layout.checkpoint_slots[slot].start, ckpt.generation)
+    };
+    clobber(&img, active + 100, 8);
+    let r = iomapfs(["fsck", img.to_str().unwrap()]);
+    assert_eq!(r.code, 1, "stdout:\n{}\nstderr:\n{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout
+            .contains(&format!("checkpoint generation {generation} in slot"))
+            && r.stdout.contains("was durable and is damaged"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains(&format!(
+            "what follows is generation {}'s state",
+            generation - 1
+        )),
+        "{}",
+        r.stdout
+    );
+    let r = io(&img, &["open /f", "stat"]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stderr.contains("cannot mount") && r.stderr.contains("refusing to mount"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// Block 0 damaged: io mounts through the backup superblock with a warning,
+/// fsck reports it (exit 1), `fsck --repair` restores the primary, then
+/// fsck is clean and io says nothing.
+#[test]
+fn damaged_block_0_mounts_from_the_backup_and_fsck_repair_restores_it() {
+    let dir = scratch();
+    let img = formatted(&dir);
+    assert_ok(&io(&img, &["open -c /f", "pwrite 0 64k"]), "io");
+    clobber(&img, 64, 16);
+    let r = io(&img, &["open /f", "pread -q 0 64k"]);
+    assert_ok(&r, "io through the backup superblock");
+    assert!(
+        r.stderr.contains("warning") && r.stderr.contains("using the backup superblock"),
+        "{}",
+        r.stderr
+    );
+    assert_error_lines(&r);
+    let r = iomapfs(["fsck", img.to_str().unwrap()]);
+    assert_eq!(r.code, 1, "{}{}", r.stdout, r.stderr);
+    assert!(
+        r.stdout.contains("primary superblock (block 0) unusable"),
+        "{}",
+        r.stdout
+    );
+    let r = iomapfs(["fsck", "--repair", img.to_str().unwrap()]);
+    assert_ok(&r, "fsck --repair");
+    assert!(
+        r.stdout
+            .contains("repaired: restored the primary superblock from the backup"),
+        "{}",
+        r.stdout
+    );
+    assert!(
+        r.stdout.contains("clean: no problems found"),
+        "{}",
+        r.stdout
+    );
+    assert_ok(
+        &iomapfs(["fsck", img.to_str().unwrap()]),
+        "fsck after repair",
+    );
+    let r = io(&img, &["open /f", "stat"]);
+    assert_ok(&r, "io after repair");
+    assert!(r.stderr.is_empty(), "{}", r.stderr);
+}
+
 #[test]
 fn fsck_of_a_non_iomapfs_image_says_so() {
     let dir = scratch();
@@ -1048,4 +1152,78 @@ fn io_fsck_and_mkfs_refuse_an_image_another_process_holds() {
     // Released: all of them work again.
     assert_ok(&io(&img, &["open -c /f", "pwrite 0 4096"]), "io");
     assert_ok(&iomapfs(["fsck", &shown]), "fsck");
+}
+
+/// `bench --record`: the iomapfs target of one direct-I/O workload is
+/// recorded from its format on; replaying the log onto a zeroed image checks
+/// every flush point after the format (mount + fsck). Other selections are
+/// refused with what to do.
+#[test]
+fn bench_record_replays_flush_by_flush() {
+    let dir = scratch();
+    let img = dir.path().join("bench.img");
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let log = dir.path().join("bench.log");
+    let args = |workload: &str| {
+        vec![
+            "bench".to_string(),
+            "--device".into(),
+            img.display().to_string(),
+            "--no-kernel".into(),
+            "--runtime".into(),
+            "0.1".into(),
+            "--workload".into(),
+            workload.into(),
+            "--record".into(),
+            log.display().to_string(),
+        ]
+    };
+    let r = iomapfs(args("dsync-overwrite-4k"));
+    assert_ok(&r, "bench --record");
+    let base = dir.path().join("base.img");
+    std::fs::File::create(&base)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let r = iomapfs([
+        "replay",
+        log.to_str().unwrap(),
+        base.to_str().unwrap(),
+        "--check-every-flush",
+    ]);
+    assert_ok(&r, "replay --check-every-flush of a bench recording");
+    let points: u64 = r
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("checked "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no 'checked N flush points' line:\n{}", r.stdout));
+    assert!(points >= 3, "only {points} flush points:\n{}", r.stdout);
+    assert!(r.stdout.contains(", 0 failed"), "{}", r.stdout);
+    assert!(
+        r.stdout
+            .contains("flush points before the volume was formatted"),
+        "{}",
+        r.stdout
+    );
+    // The replayed image is the volume bench left: it mounts, fsck clean.
+    assert_ok(
+        &iomapfs(["fsck", base.to_str().unwrap()]),
+        "fsck of the replay",
+    );
+
+    let mut two = args("dsync-overwrite-4k");
+    two.extend(["--workload".into(), "randread-4k-qd1".into()]);
+    let r = iomapfs(two);
+    assert_ne!(r.code, 0);
+    assert!(
+        r.stderr
+            .contains("--record records the iomapfs target of one direct-I/O workload"),
+        "{}",
+        r.stderr
+    );
 }

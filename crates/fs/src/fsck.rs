@@ -4,7 +4,8 @@
 //! checkpoint, journal replay, free space rebuilt from the extents — which
 //! already rejects extents that overlap each other or leave the data area),
 //! then checks what loading alone does not: extent maps, sizes, link counts
-//! and the shape of the directory tree. It never writes.
+//! and the shape of the directory tree. It never writes; only
+//! [`repair_superblocks`], run on request, does.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -13,8 +14,9 @@ use blockdev::BlockDevice;
 
 use crate::codec;
 use crate::limits::{MAX_FILE_SIZE, MAX_LINKS, MAX_XATTR_BYTES_PER_INODE, MAX_XATTR_VALUE_LEN};
-use crate::mount::{load, Strictness};
+use crate::mount::{load, Loaded, Strictness};
 use crate::state::{InodeState, MetaState};
+use crate::superblock;
 use crate::types::{ExtentState, FileKind, Ino, ROOT_INO};
 use crate::Result;
 
@@ -65,11 +67,67 @@ pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
         used_bytes: loaded.alloc.used_bytes(),
         ..FsckReport::default()
     };
+    report.problems.extend(loaded.damage.iter().cloned());
+    check_superblocks(&*device, &loaded, &mut report);
     if let Err(reason) = loaded.alloc.check() {
         report.problems.push(format!("free space: {reason}"));
     }
     check_state(&loaded.state, &mut report);
     Ok(report)
+}
+
+/// The primary superblock was usable, and the backup (if the volume has
+/// one) reads and matches it.
+fn check_superblocks(device: &dyn BlockDevice, loaded: &Loaded, report: &mut FsckReport) {
+    if let Some(from_backup) = &loaded.from_backup {
+        report.problems.push(from_backup.to_string());
+        return;
+    }
+    match superblock::read_backup_superblock(device, &loaded.sb) {
+        None => {}
+        Some((offset, Err(e))) => report.problems.push(format!(
+            "backup superblock at byte {offset}: {e} (`iomapfs fsck --repair` rewrites it)"
+        )),
+        Some((offset, Ok(backup))) if backup != loaded.sb => report.problems.push(format!(
+            "backup superblock at byte {offset} differs from the primary (`iomapfs fsck --repair` rewrites it)"
+        )),
+        Some(_) => {}
+    }
+}
+
+/// Repairs what can be repaired without judgement: a primary superblock
+/// that cannot be used is restored from the backup, a backup that does not
+/// match a good primary is rewritten from it. Writes with FUA, then
+/// flushes. Returns one line per repair (empty: nothing to do); fails when
+/// neither superblock is usable. Run [`check`] afterwards.
+pub fn repair_superblocks(device: &dyn BlockDevice) -> Result<Vec<String>> {
+    let mut done = Vec::new();
+    match superblock::read_superblock(device) {
+        Err(primary) => {
+            let Some((offset, backup)) = superblock::find_backup_superblock(device) else {
+                return Err(primary);
+            };
+            superblock::write_superblock(device, &backup)?;
+            done.push(format!(
+                "restored the primary superblock from the backup at byte {offset} (block 0 was: {primary})"
+            ));
+        }
+        Ok(sb) => match superblock::read_backup_superblock(device, &sb) {
+            Some((offset, found)) if found.as_ref().ok() != Some(&sb) => {
+                superblock::write_backup_superblock(device, &sb)?;
+                done.push(format!(
+                    "rewrote the backup superblock at byte {offset} from the primary"
+                ));
+            }
+            _ => {}
+        },
+    }
+    if !done.is_empty() {
+        device
+            .flush()
+            .map_err(|e| crate::Error::device("fsck --repair: flush", e))?;
+    }
+    Ok(done)
 }
 
 /// Attributes, symlink target and extended attributes of one inode: what

@@ -70,6 +70,7 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
     // superblock (or none), never a new superblock pointing at garbage.
     checkpoint::write_checkpoint(&*device, &sb, 0, &ckpt)?;
     checkpoint::invalidate_slot(&*device, &sb, 1)?;
+    superblock::write_backup_superblock(&*device, &sb)?;
     superblock::write_superblock(&*device, &sb)?;
     device
         .flush()
@@ -93,6 +94,8 @@ pub(crate) fn mount(
         replay_end,
         journal_tail,
         replay_freed,
+        damage: _,
+        from_backup,
     } = loaded;
     for (seq, addr, len) in replay_freed {
         alloc
@@ -109,14 +112,9 @@ pub(crate) fn mount(
         slot,
         generation,
     };
-    let inner = Arc::new(VolumeInner::new(
-        device,
-        sb,
-        meta,
-        commit,
-        commit_threshold,
-        cache,
-    ));
+    let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
+    inner.mount_warnings = from_backup.iter().map(|b| b.to_string()).collect();
+    let inner = Arc::new(inner);
     // Inodes unlinked while open when the volume went down: nothing can
     // reach them any more.
     {
@@ -158,13 +156,32 @@ pub(crate) struct Loaded {
     /// `(seq, addr, len)`: space the replayed records freed. Only the
     /// journal records those frees, so mount keeps it busy (see `alloc`).
     pub replay_freed: Vec<(u64, u64, u64)>,
+    /// Damage loading worked around (fsck only; mount refuses instead).
+    pub damage: Vec<String>,
+    /// Set when block 0 was unusable and the backup superblock was read.
+    pub from_backup: Option<superblock::FromBackup>,
 }
 
 /// Reads the superblock and newest checkpoint, replays the journal and
 /// rebuilds free space. Shared by mount and fsck.
 pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<Loaded> {
-    let sb = superblock::read_superblock(device)?;
-    let (slot, ckpt) = checkpoint::read_newest_checkpoint(device, &sb)?;
+    let backup_use = match strictness {
+        Strictness::Mount => superblock::BackupUse::IfDamaged,
+        Strictness::Fsck => superblock::BackupUse::Always,
+    };
+    let (sb, from_backup) = superblock::read_superblock_or_backup(device, backup_use)?;
+    let newest = checkpoint::read_checkpoints(device, &sb)?;
+    let mut damage = Vec::new();
+    if let Some(lost) = &newest.lost {
+        if strictness == Strictness::Mount {
+            return Err(checkpoint::lost_error(&sb, lost));
+        }
+        damage.push(format!(
+            "{lost}; what follows is generation {}'s state",
+            lost.left_generation
+        ));
+    }
+    let (slot, ckpt) = (newest.slot, newest.checkpoint);
     let slot_start = sb.layout.checkpoint_slots[slot].start;
     let block_size = sb.layout.block_size;
     let mut state = MetaState::from_image(&ckpt.image, block_size)
@@ -205,6 +222,8 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         replay_end,
         journal_tail: ckpt.journal_start,
         replay_freed,
+        damage,
+        from_backup,
     })
 }
 

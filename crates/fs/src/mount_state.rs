@@ -129,6 +129,9 @@ pub struct VolumeInner {
     /// Writeback errors of files closed since: the next `Volume::sync`
     /// reports them (syncfs-like), so none is dropped silently.
     pub(crate) lost_writeback: Mutex<Vec<String>>,
+    /// Damage mount worked around, for the caller to show (e.g. the primary
+    /// superblock was unusable and the backup was read).
+    pub(crate) mount_warnings: Vec<String>,
 }
 
 impl VolumeInner {
@@ -150,6 +153,7 @@ impl VolumeInner {
             shutdown: Mutex::new(None),
             is_shut_down: AtomicBool::new(false),
             commit_threshold,
+            mount_warnings: Vec::new(),
             flush_coalescer: Arc::new(FlushCoalescer::new()),
             cache,
             lost_writeback: Mutex::new(Vec::new()),

@@ -22,12 +22,20 @@ pub const SUPERBLOCK_MAGIC: [u8; 8] = *b"IOMAPFS1";
 /// checkpoint image and the journal records.
 pub const FORMAT_VERSION: u32 = 2;
 
-/// Feature bits this code understands. Version 2 defines none: an unknown
-/// incompat bit refuses the mount, an unknown ro_compat bit refuses writes,
-/// an unknown compat bit is ignored. Later changes that keep the version
-/// (incremental metadata, longer inode attributes, new record kinds) each
-/// take a bit: see "Compatibility" in `docs/FORMAT.md`.
-pub const FEATURES_COMPAT_SUPPORTED: u64 = 0;
+/// Compat feature: a copy of the superblock lives in the last whole block of
+/// the device (see [`backup_offset`]); the data area ends before it.
+pub const COMPAT_BACKUP_SUPERBLOCK: u64 = 1 << 0;
+/// Compat feature: the older checkpoint slot is marked superseded once a
+/// newer checkpoint is durable (see `checkpoint::mark_superseded`), so a
+/// damaged durable checkpoint is reported instead of silently rolled back.
+pub const COMPAT_SUPERSEDE_MARKS: u64 = 1 << 1;
+
+/// Feature bits this code understands: an unknown incompat bit refuses the
+/// mount, an unknown ro_compat bit refuses writes, an unknown compat bit is
+/// ignored. Later changes that keep the version (incremental metadata,
+/// longer inode attributes, new record kinds) each take a bit: see
+/// "Compatibility" in `docs/FORMAT.md`.
+pub const FEATURES_COMPAT_SUPPORTED: u64 = COMPAT_BACKUP_SUPERBLOCK | COMPAT_SUPERSEDE_MARKS;
 pub const FEATURES_INCOMPAT_SUPPORTED: u64 = 0;
 pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = 0;
 
@@ -210,14 +218,15 @@ impl Layout {
         };
         let journal_start = slot1.start.checked_add(slot_len).ok_or_else(too_big)?;
         let data_start = journal_start.checked_add(journal_len).ok_or_else(too_big)?;
+        // The last block holds the backup superblock.
         let min_device = data_start
-            .checked_add(MIN_DATA_BLOCKS * bs)
+            .checked_add((MIN_DATA_BLOCKS + 1) * bs)
             .ok_or_else(too_big)?;
         if device_bytes < min_device {
             return Err(Error::invalid(
                 WHAT,
                 format!(
-                    "device of {device_bytes} bytes is too small: with block size {bs}, two checkpoint slots of {slot_len} bytes and a journal of {journal_len} bytes it must hold at least {min_device} bytes ({MIN_DATA_BLOCKS} data blocks)"
+                    "device of {device_bytes} bytes is too small: with block size {bs}, two checkpoint slots of {slot_len} bytes and a journal of {journal_len} bytes it must hold at least {min_device} bytes ({MIN_DATA_BLOCKS} data blocks and the backup superblock)"
                 ),
             ));
         }
@@ -231,11 +240,26 @@ impl Layout {
             },
             data: Region {
                 start: data_start,
-                len: align_down(device_bytes - data_start, bs),
+                len: align_down(device_bytes - data_start, bs) - bs,
             },
         };
         debug_assert!(layout.validate().is_ok(), "{:?}", layout.validate());
         Ok(layout)
+    }
+
+    /// Byte offset of the backup superblock: the last whole block of the
+    /// device as formatted. `None` for a device too small to have one.
+    pub fn backup_superblock(&self) -> Option<u64> {
+        backup_offset(self.device_bytes, self.block_size)
+    }
+
+    /// Whether the last whole block is outside every region, so it can hold
+    /// the backup superblock.
+    pub fn leaves_room_for_backup(&self) -> bool {
+        self.backup_superblock().is_some_and(|backup| {
+            backup >= u64::from(self.block_size)
+                && self.regions().iter().all(|(_, r, _)| r.end() <= backup)
+        })
     }
 
     /// The regions in on-disk field order, with their names.
@@ -319,6 +343,13 @@ impl Layout {
     }
 }
 
+/// Byte offset of the last whole `block_size` block of a device of
+/// `device_bytes` bytes, where the backup superblock lives.
+pub fn backup_offset(device_bytes: u64, block_size: u32) -> Option<u64> {
+    let bs = u64::from(block_size);
+    align_down(device_bytes, bs).checked_sub(bs)
+}
+
 /// The superblock, as decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -335,13 +366,19 @@ pub struct Superblock {
 }
 
 impl Superblock {
-    /// A new superblock for `layout`: current version, fresh random uuid, no
-    /// features, created now.
+    /// A new superblock for `layout`: current version, fresh random uuid,
+    /// supersede marks, a backup superblock if the layout leaves the device's
+    /// last block free, created now.
     pub fn new(layout: Layout) -> Superblock {
+        let backup = if layout.leaves_room_for_backup() {
+            COMPAT_BACKUP_SUPERBLOCK
+        } else {
+            0
+        };
         Superblock {
             version: FORMAT_VERSION,
             uuid: new_uuid(),
-            features_compat: 0,
+            features_compat: COMPAT_SUPERSEDE_MARKS | backup,
             features_incompat: 0,
             features_ro_compat: 0,
             layout,
@@ -457,6 +494,13 @@ impl Superblock {
         layout
             .validate()
             .map_err(|(off, reason)| Error::corrupt(WHAT, off as u64, reason))?;
+        if features_compat & COMPAT_BACKUP_SUPERBLOCK != 0 && !layout.leaves_room_for_backup() {
+            return Err(Error::corrupt(
+                WHAT,
+                OFF_FEATURES_COMPAT as u64,
+                "the backup superblock feature is set but the last block of the device belongs to a region",
+            ));
+        }
         Ok(Superblock {
             version,
             uuid,
@@ -505,6 +549,114 @@ fn not_iomapfs() -> Error {
 /// Reads and checks the superblock, and that the device can hold the volume
 /// it describes.
 pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
+    read_superblock_at(dev, 0)
+}
+
+/// A superblock read from the backup because the primary could not be used.
+#[derive(Debug)]
+pub struct FromBackup {
+    /// Byte offset of the backup used.
+    pub offset: u64,
+    /// Why block 0 could not be used.
+    pub primary: Error,
+}
+
+impl std::fmt::Display for FromBackup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "primary superblock (block 0) unusable ({}); using the backup superblock at byte {} \
+             (`iomapfs fsck --repair` restores the primary)",
+            self.primary, self.offset
+        )
+    }
+}
+
+/// Whether a primary superblock that failed with `err` may be replaced by
+/// the backup: when block 0 cannot be read, or holds the iomapfs magic but
+/// does not verify. Block 0 without the magic may hold another file system
+/// made over an old iomapfs volume (whose backup would still be at the
+/// end), so then only fsck says a backup exists, and `fsck --repair` is the
+/// user's explicit choice.
+fn backup_may_replace(err: &Error) -> bool {
+    // Unsupported version or features: the backup would say the same.
+    matches!(err, Error::Device { .. } | Error::Corrupt { .. })
+}
+
+/// When the backup superblock may stand in for the primary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackupUse {
+    /// Block 0 cannot be read or is damaged (see [`backup_may_replace`]):
+    /// what mount does.
+    IfDamaged,
+    /// Also when block 0 holds no iomapfs magic at all: what fsck does,
+    /// which only reads and reports.
+    Always,
+}
+
+/// [`read_superblock`], falling back to the backup superblock as `when`
+/// allows. Returns the superblock and, when the backup was used, where and
+/// why.
+pub fn read_superblock_or_backup(
+    dev: &dyn BlockDevice,
+    when: BackupUse,
+) -> Result<(Superblock, Option<FromBackup>)> {
+    match read_superblock(dev) {
+        Ok(sb) => Ok((sb, None)),
+        Err(primary) => {
+            let usable = match when {
+                BackupUse::IfDamaged => backup_may_replace(&primary),
+                BackupUse::Always => !matches!(primary, Error::UnsupportedVersion { .. }),
+            };
+            if !usable {
+                return Err(primary);
+            }
+            match find_backup_superblock(dev) {
+                Some((offset, sb)) => Ok((sb, Some(FromBackup { offset, primary }))),
+                None => Err(primary),
+            }
+        }
+    }
+}
+
+/// Looks for a backup superblock in the last whole block of the device, for
+/// each block size a volume may have (the primary that would say which is
+/// unusable). Finds it when the device has its format-time size. Returns its
+/// offset and contents.
+pub fn find_backup_superblock(dev: &dyn BlockDevice) -> Option<(u64, Superblock)> {
+    let caps = dev.caps();
+    let mut block_size = MIN_BLOCK_SIZE.max(caps.logical_block_size);
+    while block_size <= MAX_BLOCK_SIZE {
+        if let Some(offset) = backup_offset(caps.size_bytes, block_size) {
+            if let Ok(sb) = read_superblock_at(dev, offset) {
+                if sb.layout.block_size == block_size
+                    && sb.features_compat & COMPAT_BACKUP_SUPERBLOCK != 0
+                    && sb.layout.backup_superblock() == Some(offset)
+                {
+                    return Some((offset, sb));
+                }
+            }
+        }
+        block_size = block_size.checked_mul(2)?;
+    }
+    None
+}
+
+/// Reads the backup superblock of the volume `sb` describes, if it has
+/// one: `None` without the feature, else what reading it gave.
+pub fn read_backup_superblock(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+) -> Option<(u64, Result<Superblock>)> {
+    if sb.features_compat & COMPAT_BACKUP_SUPERBLOCK == 0 {
+        return None;
+    }
+    let offset = sb.layout.backup_superblock()?;
+    Some((offset, read_superblock_at(dev, offset)))
+}
+
+/// Reads and checks a superblock (primary or backup) at `offset`.
+fn read_superblock_at(dev: &dyn BlockDevice, offset: u64) -> Result<Superblock> {
     let caps = dev.caps();
     let lbs = u64::from(caps.logical_block_size.max(1));
     let read_len = (SUPERBLOCK_ENCODED_LEN as u64).div_ceil(lbs) * lbs;
@@ -517,8 +669,16 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
         });
     }
     let mut buf = vec![0u8; read_len as usize];
-    dev.read_at(&mut buf, 0)
-        .map_err(|e| Error::device("reading the superblock", e))?;
+    dev.read_at(&mut buf, offset).map_err(|e| {
+        Error::device(
+            if offset == 0 {
+                "reading the superblock".to_string()
+            } else {
+                format!("reading the backup superblock at byte {offset}")
+            },
+            e,
+        )
+    })?;
     let sb = Superblock::decode(&buf)?;
     let block_size = sb.layout.block_size;
     if block_size < caps.logical_block_size {
@@ -546,6 +706,19 @@ pub fn read_superblock(dev: &dyn BlockDevice) -> Result<Superblock> {
 pub fn write_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
     dev.write_at(&sb.encode(), 0, WriteMode::Fua)
         .map_err(|e| Error::device("writing the superblock", e))
+}
+
+/// Writes the backup superblock (same bytes as the primary) to the last
+/// block with FUA, if the volume has one.
+pub fn write_backup_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
+    if sb.features_compat & COMPAT_BACKUP_SUPERBLOCK == 0 {
+        return Ok(());
+    }
+    let Some(offset) = sb.layout.backup_superblock() else {
+        return Ok(());
+    };
+    dev.write_at(&sb.encode(), offset, WriteMode::Fua)
+        .map_err(|e| Error::device(format!("writing the backup superblock at byte {offset}"), e))
 }
 
 fn now_ns() -> u64 {
@@ -666,7 +839,10 @@ mod tests {
         assert_eq!(l.journal.len, 64 * 4096);
         assert_eq!(l.checkpoint_slots[0].len, 64 * 4096);
         assert!(l.data.len >= MIN_DATA_BLOCKS * 4096);
-        assert_eq!(l.data.end(), 4 * MIB);
+        // The last block is the backup superblock's.
+        assert_eq!(l.data.end(), 4 * MIB - 4096);
+        assert_eq!(l.backup_superblock(), Some(4 * MIB - 4096));
+        assert!(l.leaves_room_for_backup());
         l.validate().unwrap();
     }
 
@@ -791,6 +967,76 @@ mod tests {
             let err = Superblock::decode(&s.encode()).unwrap_err();
             assert!(matches!(err, Error::Corrupt { .. }), "case {i}: {err}");
         }
+    }
+
+    #[test]
+    fn backup_superblock_stands_in_for_a_damaged_primary() {
+        for block_size in [512, 4096] {
+            let dev = VecDevice::new(4 * MIB + 1024, 512);
+            let sb = Superblock::new(
+                Layout::compute(4 * MIB + 1024, 512, block_size, None, None).unwrap(),
+            );
+            assert_ne!(sb.features_compat & COMPAT_BACKUP_SUPERBLOCK, 0);
+            let backup = sb.layout.backup_superblock().unwrap();
+            assert_eq!(
+                backup,
+                align_down(4 * MIB + 1024, u64::from(block_size)) - u64::from(block_size)
+            );
+            write_backup_superblock(&dev, &sb).unwrap();
+            write_superblock(&dev, &sb).unwrap();
+            let read = |when| read_superblock_or_backup(&dev, when);
+            assert!(read(BackupUse::IfDamaged).unwrap().1.is_none());
+            assert_eq!(find_backup_superblock(&dev).unwrap(), (backup, sb.clone()));
+
+            // A damaged primary (magic intact): the backup stands in, saying why.
+            dev.flip(OFF_DEVICE_BYTES as u64);
+            let (found, from) = read(BackupUse::IfDamaged).unwrap();
+            assert_eq!(found, sb);
+            let from = from.unwrap();
+            assert_eq!(from.offset, backup);
+            assert!(from.to_string().contains("crc32c mismatch"), "{from}");
+            // No magic in block 0 (another file system?): only fsck uses it.
+            dev.with_bytes(|b| b[..8].fill(0));
+            assert!(matches!(
+                read(BackupUse::IfDamaged),
+                Err(Error::NotIomapfs { .. })
+            ));
+            assert_eq!(read(BackupUse::Always).unwrap().0, sb);
+            // Another version in block 0 is no damage: never replaced.
+            dev.with_bytes(|b| {
+                b[..4096.min(block_size as usize)]
+                    .copy_from_slice(&sb.encode()[..4096.min(block_size as usize)])
+            });
+            dev.with_bytes(|b| b[OFF_VERSION] = 3);
+            assert!(matches!(
+                read(BackupUse::Always),
+                Err(Error::UnsupportedVersion { .. })
+            ));
+            // A damaged backup too: the primary's error.
+            dev.with_bytes(|b| b[OFF_VERSION] = 2);
+            dev.flip(OFF_CRC as u64);
+            dev.flip(backup + OFF_CRC as u64);
+            assert!(find_backup_superblock(&dev).is_none());
+            let err = read(BackupUse::Always).unwrap_err();
+            assert!(err.to_string().contains("crc32c"), "{err}");
+        }
+        // A volume without the feature has no backup, whatever the last
+        // block holds.
+        let dev = VecDevice::new(4 * MIB, 512);
+        let mut sb = sample();
+        sb.features_compat = 0;
+        write_superblock(&dev, &sb).unwrap();
+        let offset = sb.layout.backup_superblock().unwrap();
+        dev.with_bytes(|b| {
+            b[offset as usize..offset as usize + 4096].copy_from_slice(&sb.encode())
+        });
+        assert!(read_backup_superblock(&dev, &sb).is_none());
+        assert!(find_backup_superblock(&dev).is_none());
+        // The feature on a layout that covers the last block is refused.
+        let mut s = sample();
+        s.layout.data.len += 4096;
+        let err = Superblock::decode(&s.encode()).unwrap_err();
+        assert!(err.to_string().contains("backup superblock"), "{err}");
     }
 
     #[test]

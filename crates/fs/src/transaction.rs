@@ -126,6 +126,7 @@ impl VolumeInner {
         drop(snapshot);
         let slot = 1 - commit.slot;
         checkpoint::write_checkpoint(&*self.dev, &self.sb, slot, &ckpt)?;
+        let (older_slot, older_generation) = (commit.slot, commit.generation);
         commit.slot = slot;
         commit.generation = ckpt.generation;
         commit.journal = JournalWriter::new(
@@ -134,6 +135,11 @@ impl VolumeInner {
             ckpt.journal_seq,
             ckpt.journal_chain,
         );
+        // From here on, losing the new checkpoint is damage, not a torn
+        // write: the mark tells the next mount so. Before the space the
+        // snapshot freed is reused, so that no rollback the mark would not
+        // report can show it.
+        checkpoint::mark_superseded(&*self.dev, &self.sb, older_slot, older_generation)?;
         let mut meta = self.meta.write();
         meta.mark_committed(journal_seq - 1);
         // Space the snapshot's records freed is free for good now.

@@ -77,6 +77,13 @@ impl Volume {
         })
     }
 
+    /// Damage the mount worked around and the user should hear of (for now:
+    /// the primary superblock was unusable and the backup was read). Empty
+    /// on a healthy volume.
+    pub fn mount_warnings(&self) -> &[String] {
+        &self.inner.mount_warnings
+    }
+
     /// The volume's page cache (its size, use and dirty bytes).
     pub fn cache(&self) -> &iomap::FolioCache {
         &self.inner.cache

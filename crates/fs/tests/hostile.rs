@@ -468,7 +468,19 @@ fn run_one(img: &Image, bytes: Vec<u8>, desc: &str) -> Result<Outcome, String> {
             f.fsync().map_err(|e| format!("fsync: {e}"))?;
             drop(f);
             vol.unmount().map_err(|e| format!("unmount: {e}"))?;
-            let r = fsck::check(dyn_dev.clone()).map_err(|e| format!("fsck after write: {e}"))?;
+            let mut r =
+                fsck::check(dyn_dev.clone()).map_err(|e| format!("fsck after write: {e}"))?;
+            // A damaged primary or backup superblock is the one problem
+            // left (mount used the backup, or did not need it): repair
+            // rewrites the bad copy from the good one.
+            if !r.is_clean() && r.problems.iter().all(|p| p.contains("superblock")) {
+                let done = fsck::repair_superblocks(&*dyn_dev)
+                    .map_err(|e| format!("fsck --repair after {:?}: {e}", r.problems))?;
+                if done.is_empty() {
+                    return Err(format!("repair did nothing about {:?}", r.problems));
+                }
+                r = fsck::check(dyn_dev.clone()).map_err(|e| format!("fsck after repair: {e}"))?;
+            }
             if !r.is_clean() {
                 return Err(format!("fsck after write + unmount: {:?}", r.problems));
             }
@@ -511,6 +523,18 @@ fn run_one(img: &Image, bytes: Vec<u8>, desc: &str) -> Result<Outcome, String> {
     }
 }
 
+/// Cases that failed once: 13233700533005615450 and 2870636268195935472
+/// mounted a rolled-back state holding another file's bytes (fixed by
+/// keeping freed space busy until a checkpoint); 17873168846150087224 and
+/// 7204568260484778094 were reported from long runs (they pass on this
+/// code; kept so they stay passing).
+const REGRESSION_SEEDS: [u64; 4] = [
+    13233700533005615450,
+    2870636268195935472,
+    17873168846150087224,
+    7204568260484778094,
+];
+
 #[test]
 fn hostile_images() {
     let t0 = Instant::now();
@@ -533,8 +557,17 @@ fn hostile_images() {
         Kind::Whole,
         Kind::Anywhere,
     ];
-    for i in 0..cases {
-        let seed = seeds.case(i);
+    // Seeds that once failed here (or in a long run), then the run's own.
+    let regressions = if seeds.fixed.is_some() {
+        &[][..]
+    } else {
+        &REGRESSION_SEEDS[..]
+    };
+    let run_seeds = regressions
+        .iter()
+        .copied()
+        .chain((0..cases).map(|i| seeds.case(i)));
+    for seed in run_seeds {
         let mut rng = SmallRng::seed_from_u64(seed);
         // From the seed alone, so IOMAPFS_TEST_SEED reruns the same case.
         let kind = kinds[(mix64(seed) % kinds.len() as u64) as usize];
@@ -1213,8 +1246,17 @@ fn hostile_metadata_with_valid_checksums() {
     let (base, _st) = clean_base();
     let stats = Stats::default();
     let mut failures = Vec::new();
-    for i in 0..cases {
-        let seed = seeds.case(i);
+    // Seeds that once failed here (or in a long run), then the run's own.
+    let regressions = if seeds.fixed.is_some() {
+        &[][..]
+    } else {
+        &REGRESSION_SEEDS[..]
+    };
+    let run_seeds = regressions
+        .iter()
+        .copied()
+        .chain((0..cases).map(|i| seeds.case(i)));
+    for seed in run_seeds {
         let mut rng = SmallRng::seed_from_u64(seed);
         let mem = MemDevice::from_bytes(base.clone(), LBS, true, false);
         let sb = read_superblock(&mem).unwrap();

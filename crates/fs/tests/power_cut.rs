@@ -648,3 +648,139 @@ fn torn_batch_then_another_batch_at_its_place_then_a_second_crash() {
         assert_eq!(st.files["/p"].data, tagged(2, 0, 100), "{ctx}");
     }
 }
+
+/// Power cuts while a checkpoint marks the older slot superseded (the write
+/// that follows the new checkpoint's flush): the mark lost, kept, or torn
+/// block by block. Every crash state mounts with the new checkpoint, the
+/// whole state, fsck clean. Then the new checkpoint is damaged: where the
+/// mark reached the disk, mount refuses and fsck reports generation lost;
+/// where it did not, the older slot is used silently — exactly the case a
+/// torn checkpoint write also leaves, so that is the right answer.
+#[test]
+fn power_cut_during_the_supersede_mark() {
+    use blockdev::memory::{FaultOp, FaultRule, Survival};
+    use iomapfs_fs::checkpoint::{read_checkpoints, read_slot};
+    use iomapfs_fs::superblock::read_superblock;
+    let create = OpenFlags {
+        create: true,
+        ..OpenFlags::default()
+    };
+    let mem = common::dev::marked_device(8 * MIB, false);
+    common::dev::format(mem.clone());
+    let sb = read_superblock(&*mem).unwrap();
+    let vol = Volume::open(mem.clone()).unwrap();
+    vol.open_file("/a", create)
+        .unwrap()
+        .pwrite(&tagged(1, 0, 5000), 0)
+        .unwrap();
+    vol.sync().unwrap();
+    vol.checkpoint().unwrap();
+    vol.open_file("/b", create)
+        .unwrap()
+        .pwrite(&tagged(2, 0, 7000), 0)
+        .unwrap();
+    let older = read_checkpoints(&*mem, &sb).unwrap();
+    let older_slot = sb.layout.checkpoint_slots[older.slot];
+    let held =
+        mem.pause_after(FaultRule::new(FaultOp::Write).range(older_slot.start..older_slot.end()));
+    // The checkpoint must reach the mark write; if it ends without one,
+    // fail instead of waiting for ever.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let checkpointer = {
+        let (vol, tx) = (vol.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let r = vol.checkpoint();
+            let _ = tx.send("checkpoint returned");
+            r
+        })
+    };
+    let waiter = std::thread::spawn(move || {
+        held.wait_reached();
+        let _ = tx.send("mark write held");
+        held
+    });
+    let first = rx.recv().unwrap();
+    assert_eq!(
+        first, "mark write held",
+        "the checkpoint wrote nothing to the older slot: no supersede mark"
+    );
+    let held = waiter.join().unwrap();
+    let mut policies: Vec<Option<Vec<bool>>> = vec![None, Some(vec![])];
+    let mut mark_blocks = 0;
+    // Probe the request's size with a throwaway cut.
+    let _ = mem.power_cut(&mut |w| {
+        if older_slot.contains(w.offset()) {
+            mark_blocks = w.blocks();
+        }
+        Survival::Kept
+    });
+    assert!(mark_blocks >= 1, "no pending write to the older slot");
+    for b in 0..mark_blocks {
+        policies.push(Some((0..mark_blocks).map(|i| i == b).collect()));
+    }
+    let mut crashed_states = Vec::new();
+    for policy in &policies {
+        crashed_states.push(mem.power_cut(&mut |w| {
+            if !older_slot.contains(w.offset()) {
+                return Survival::Kept;
+            }
+            match policy {
+                None => Survival::Lost,
+                Some(v) if v.is_empty() => Survival::Kept,
+                Some(v) => Survival::Torn(v.clone()),
+            }
+        }));
+    }
+    held.resume();
+    checkpointer.join().unwrap().unwrap();
+    let expected = read_volume(&vol, u64::MAX).unwrap();
+    drop(vol);
+    let mut refused = 0;
+    for (policy, crashed) in policies.iter().zip(crashed_states) {
+        let ctx = format!("mark write {policy:?} (None: lost, []: kept, else torn)");
+        let crashed = Arc::new(crashed);
+        let newest = read_checkpoints(&*crashed, &sb).unwrap();
+        assert_eq!(
+            newest.checkpoint.generation,
+            older.checkpoint.generation + 1,
+            "{ctx}"
+        );
+        assert!(newest.lost.is_none(), "{ctx}");
+        fsck_clean(crashed.clone(), &ctx);
+        let vol = Volume::open(crashed.clone()).unwrap();
+        assert_eq!(read_volume(&vol, u64::MAX).unwrap(), expected, "{ctx}");
+        drop(vol);
+        // Now damage the new checkpoint.
+        let marked = read_slot(&*crashed, &sb, older.slot).is_ok_and(|s| s.superseded);
+        let new_slot = sb.layout.checkpoint_slots[newest.slot];
+        let mut sector = [0u8; 512];
+        crashed.read_at(&mut sector, new_slot.start).unwrap();
+        sector[100] ^= 0x40;
+        crashed
+            .write_at(&sector, new_slot.start, blockdev::WriteMode::Normal)
+            .unwrap();
+        let report = iomapfs_fs::fsck::check(crashed.clone());
+        match Volume::open(crashed.clone()) {
+            Err(e) => {
+                assert!(marked, "{ctx}: refused without a mark: {e}");
+                let msg = e.to_string();
+                assert!(
+                    msg.contains(&format!("generation {}", newest.checkpoint.generation)),
+                    "{ctx}: {msg}"
+                );
+                let report = report.unwrap();
+                assert!(
+                    !report.is_clean(),
+                    "{ctx}: fsck calls a lost checkpoint clean"
+                );
+                refused += 1;
+            }
+            Ok(_) => assert!(!marked, "{ctx}: a marked slot was used silently"),
+        }
+    }
+    assert!(refused >= 1, "the kept mark never made damage visible");
+    assert!(
+        refused < policies.len(),
+        "a lost mark was reported as damage"
+    );
+}

@@ -13,7 +13,8 @@
 //! behind them.
 //!
 //! - [`superblock`]: `Superblock::decode`; a decoded superblock re-encodes
-//!   to the same bytes and its regions lie inside the device.
+//!   to the same bytes, its regions lie inside the device and (with the
+//!   backup superblock feature) leave the device's last block free.
 //! - [`checkpoint_image`]: `decode_image`, then loading and validating the
 //!   image (`MetaState::from_image`, link and kind checks); a decoded image
 //!   re-encodes and decodes to itself.
@@ -30,7 +31,9 @@ use iomapfs_fs::checkpoint::{read_newest_checkpoint, write_checkpoint, Checkpoin
 use iomapfs_fs::codec::{decode_image, encode_image};
 use iomapfs_fs::journal::{encode_batch, replay};
 use iomapfs_fs::state::MetaState;
-use iomapfs_fs::superblock::{read_superblock, Superblock, OFF_CRC, SUPERBLOCK_ENCODED_LEN};
+use iomapfs_fs::superblock::{
+    read_superblock, Superblock, COMPAT_BACKUP_SUPERBLOCK, OFF_CRC, SUPERBLOCK_ENCODED_LEN,
+};
 use iomapfs_fs::{fsck, Error, FileKind, FormatOptions, OpenFlags, Volume};
 
 /// Device of the targets that need a volume: small, so each run is cheap.
@@ -70,6 +73,12 @@ pub fn superblock(data: &[u8]) {
                 .is_some_and(|e| e <= l.device_bytes),
             "region {r:?} outside the {}-byte device was accepted",
             l.device_bytes
+        );
+    }
+    if sb.features_compat & COMPAT_BACKUP_SUPERBLOCK != 0 {
+        assert!(
+            l.leaves_room_for_backup(),
+            "a layout whose regions cover the backup superblock was accepted"
         );
     }
 }
