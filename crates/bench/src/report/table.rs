@@ -188,6 +188,13 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
         "max ckpt",
         "max/p99q"
     );
+    let write_columns = |out: &mut String| {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "  writes", "quiet", "p99", "max", "ckpt p99", "ckpt max"
+        );
+    };
     for r in rows {
         let _ = writeln!(
             out,
@@ -208,10 +215,24 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
             r.worst_over_quiet_p99,
         );
     }
+    write_columns(out);
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            format!("  {}", r.extents),
+            r.quiet_writes,
+            us(r.quiet_write_p99_ns),
+            us(r.quiet_write_max_ns),
+            us(r.checkpointing_write_p99_ns),
+            us(r.checkpointing_write_max_ns),
+        );
+    }
     let _ = writeln!(
         out,
-        "(reads: one thread of 4 KiB direct reads of random extents, quiet = nothing else \
-         running, ckpt = while checkpoints run back to back ({} during the window of the last \
+        "(reads: one thread of 4 KiB direct reads of random extents beside one writer thread \
+         (4 KiB direct overwrites and allocating writes into holes, alternating), quiet = no \
+         checkpoint running, ckpt = while checkpoints run back to back ({} during the window of the last \
          row); max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
          the quiet max shows what preemption alone costs); max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
         rows.last().map_or(0, |r| r.checkpoints_during_reads),
