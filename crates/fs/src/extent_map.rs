@@ -380,9 +380,7 @@ impl ExtentMap {
             return false;
         };
         let (cur, next) = (*self.map.get(at), *self.map.get(next_at));
-        if cur.file_end() != next.file_off
-            || cur.addr_end() != next.addr
-            || cur.state != next.state
+        if cur.file_end() != next.file_off || cur.addr_end() != next.addr || cur.state != next.state
         {
             return false;
         }

@@ -84,7 +84,8 @@ impl Chunks {
             Some(c) => (&c.extents[pos.idx..], &self.chunks[pos.chunk + 1..]),
             None => (&[], &[]),
         };
-        head.iter().chain(rest.iter().flat_map(|c| c.extents.iter()))
+        head.iter()
+            .chain(rest.iter().flat_map(|c| c.extents.iter()))
     }
 
     pub(super) fn get(&self, pos: Pos) -> &Extent {
@@ -100,7 +101,10 @@ impl Chunks {
 
     /// The last extent whose file offset is at most `key`.
     pub(super) fn last_at_or_before(&self, key: u64) -> Option<Pos> {
-        let chunk = self.chunks.partition_point(|c| c.first <= key).checked_sub(1)?;
+        let chunk = self
+            .chunks
+            .partition_point(|c| c.first <= key)
+            .checked_sub(1)?;
         let idx = self.chunks[chunk]
             .extents
             .partition_point(|e| e.file_off <= key)
@@ -329,7 +333,12 @@ mod tests {
         fn shared_with(&self, other: &Chunks) -> usize {
             self.chunks
                 .iter()
-                .filter(|c| other.chunks.iter().any(|o| Arc::ptr_eq(&c.extents, &o.extents)))
+                .filter(|c| {
+                    other
+                        .chunks
+                        .iter()
+                        .any(|o| Arc::ptr_eq(&c.extents, &o.extents))
+                })
                 .count()
         }
     }
@@ -356,7 +365,10 @@ mod tests {
         assert!(snapshot.iter().all(|e| e.state == ExtentState::Unwritten));
         assert_eq!(snapshot.len(), 20 * CHUNK_MAX);
         assert!(snapshot.find(2 * 77 + 1).is_none());
-        assert_eq!(live.get(live.find(2 * 150).unwrap()).state, ExtentState::Written);
+        assert_eq!(
+            live.get(live.find(2 * 150).unwrap()).state,
+            ExtentState::Written
+        );
     }
 
     #[derive(Clone, Debug)]
