@@ -139,20 +139,25 @@ impl VolumeInner {
             // the next commit that appends behind it, makes it durable first.
             commit.journal.append(&*self.dev, &records)?;
         }
-        let ckpt = Checkpoint {
-            generation: commit.generation + 1,
-            journal_start: commit.journal.head(),
-            journal_seq,
-            journal_chain: commit.journal.chain(),
-            image: snapshot.to_image(),
-        };
         debug_assert!(!journaled || commit.journal.next_seq() == journal_seq);
+        let (generation, journal_start, journal_chain) = (
+            commit.generation + 1,
+            commit.journal.head(),
+            commit.journal.chain(),
+        );
         let slot = 1 - commit.slot;
         let held = if journaled {
             drop(commit);
             None
         } else {
             Some(commit)
+        };
+        let ckpt = Checkpoint {
+            generation,
+            journal_start,
+            journal_seq,
+            journal_chain,
+            image: snapshot.to_image(),
         };
         // Dropped before the write: while it lives, each change copies what
         // it touches.
