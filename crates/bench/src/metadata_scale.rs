@@ -5,7 +5,10 @@
 //! (tmpfs, so device time stays small next to the metadata's) gets one file
 //! with N extents: every other 4 KiB block is written, so no two extents
 //! are contiguous in the file and none merge. Then, measured:
-//! - checkpoint time: [`CHECKPOINTS_TIMED`] checkpoints back to back;
+//! - checkpoint time: [`CHECKPOINTS_TIMED`] checkpoints back to back, and
+//!   one after 1% of the extents changed (a new one-block extent placed in
+//!   the hole after every hundredth; undone after), issue 13's measure of a
+//!   checkpoint whose cost should follow what changed;
 //! - 4 KiB direct reads of random written blocks from one thread, for the
 //!   runtime, once with nothing else running ("quiet") and once while the
 //!   main thread runs checkpoints back to back ("checkpointing"): p99 and
@@ -106,6 +109,8 @@ pub struct MetadataScaleResult {
     pub build_ns: u64,
     pub checkpoint_median_ns: u64,
     pub checkpoint_max_ns: u64,
+    /// One checkpoint after 1% of the extents changed.
+    pub checkpoint_1pct_changed_ns: u64,
     pub mount_ns: u64,
     /// `ru_maxrss` of the process after this size, in bytes.
     pub max_rss_bytes: u64,
@@ -205,6 +210,8 @@ fn run_size(
         times.push(timed_checkpoint(&vol)?);
     }
     times.sort_unstable();
+    say("checkpoint after 1% changed");
+    let checkpoint_1pct_changed_ns = checkpoint_after_one_percent(&vol, &dev, extents, build)?;
 
     say("reads and writes, quiet");
     let quiet = io_while(&vol, &dev, extents, runtime, false)?;
@@ -237,6 +244,7 @@ fn run_size(
         build_ns,
         checkpoint_median_ns: times[times.len() / 2],
         checkpoint_max_ns: *times.last().expect("timed at least one"),
+        checkpoint_1pct_changed_ns,
         mount_ns,
         max_rss_bytes: max_rss_bytes(),
         quiet_reads: quiet.count(),
@@ -345,6 +353,46 @@ struct Window {
     reads: Histogram,
     writes: Histogram,
     checkpoints: u64,
+}
+
+/// Places a one-block extent in the hole after every hundredth extent (as
+/// the build made them: written or unwritten), times one checkpoint, then
+/// punches them again and checkpoints untimed, so the file keeps its
+/// extents. Returns the timed checkpoint's nanoseconds.
+fn checkpoint_after_one_percent(
+    vol: &Volume,
+    dev: &Arc<dyn BlockDevice>,
+    extents: u64,
+    build: Build,
+) -> Result<u64, BenchError> {
+    let file = vol
+        .open_file(FILE, direct_flags())
+        .map_err(|e| BenchError::fs("iomapfs open", e))?;
+    let buf = AlignedBuf::new(BLOCK as usize, alignment_of(&**dev))
+        .map_err(|e| BenchError::setup("write buffer", e.to_string()))?;
+    let holes: Vec<u64> = (0..extents)
+        .step_by(100)
+        .map(|i| (i * 2 + 1) * BLOCK)
+        .collect();
+    for &offset in &holes {
+        match build {
+            Build::Write => file
+                .pwrite(&buf, offset)
+                .map(drop)
+                .map_err(|e| BenchError::fs("iomapfs write into a hole", e))?,
+            Build::Fallocate => file
+                .fallocate(offset, BLOCK, false)
+                .map_err(|e| BenchError::fs("iomapfs fallocate a hole", e))?,
+        }
+    }
+    let ns = timed_checkpoint(vol)?;
+    for &offset in &holes {
+        file.punch_hole(offset, BLOCK)
+            .map_err(|e| BenchError::fs("iomapfs punch", e))?;
+    }
+    vol.checkpoint()
+        .map_err(|e| BenchError::fs("iomapfs checkpoint", e))?;
+    Ok(ns)
 }
 
 /// 4 KiB direct reads of random extents from one thread and writes from

@@ -172,12 +172,13 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     let us = |ns: u64| format!("{:.0} µs", ns as f64 / 1e3);
     let _ = writeln!(
         out,
-        "\n{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "\n{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "metadata workload",
         "extents",
         "build",
         "ckpt med",
         "ckpt max",
+        "ckpt 1%",
         "mount",
         "max RSS",
         "p99 quiet",
@@ -198,12 +199,13 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>5} MiB {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1}×",
+            "{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>5} MiB {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1}×",
             r.workload,
             r.extents,
             r.build,
             ms(r.checkpoint_median_ns),
             ms(r.checkpoint_max_ns),
+            ms(r.checkpoint_1pct_changed_ns),
             ms(r.mount_ns),
             r.max_rss_bytes >> 20,
             us(r.quiet_read_p99_ns),
@@ -233,7 +235,7 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
         "(reads: one thread of 4 KiB direct reads of random extents beside one writer thread \
          (4 KiB direct overwrites and allocating writes into holes, alternating), quiet = no \
          checkpoint running, ckpt = while checkpoints run back to back ({} during the window of the last \
-         row); max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
+         row); ckpt 1% = one checkpoint after 1% of the extents changed; max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
          the quiet max shows what preemption alone costs); max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
         rows.last().map_or(0, |r| r.checkpoints_during_reads),
         rows.last().map_or(0.0, |r| r.build_ns as f64 / 1e9),
