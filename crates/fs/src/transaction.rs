@@ -183,3 +183,76 @@ impl VolumeInner {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::thread;
+
+    use blockdev::memory::{FaultOp, FaultRule, MemDevice};
+    use blockdev::BlockDevice;
+
+    use crate::checkpoint::read_checkpoint;
+    use crate::{FormatOptions, OpenFlags, Volume};
+
+    fn write_file(vol: &Volume, path: &str) {
+        let f = vol
+            .open_file(
+                path,
+                OpenFlags {
+                    create: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        f.pwrite(&[7u8; 5000], 0).unwrap();
+        f.fsync().unwrap();
+    }
+
+    /// While a checkpoint's slot write is held, the journal the old
+    /// checkpoint needs stays live (tail unmoved) even as commits append
+    /// behind the new start; once the checkpoint is durable, the tail is
+    /// the new checkpoint's `journal_start`.
+    #[test]
+    fn the_journal_tail_moves_only_once_the_checkpoint_is_durable() {
+        let mem = Arc::new(MemDevice::with_caps(16 << 20, 512, true, false));
+        let dev: Arc<dyn BlockDevice> = mem.clone();
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Arc::new(Volume::open(dev).unwrap());
+        write_file(&vol, "/before");
+        let journal = |vol: &Volume| {
+            let c = vol.inner.commit.lock();
+            (c.journal.tail(), c.journal.head(), c.slot)
+        };
+        let (old_tail, old_head, old_slot) = journal(&vol);
+        assert_ne!(old_tail, old_head, "the fsync left batches in the journal");
+
+        let sb = vol.inner.sb.clone();
+        let new_slot = sb.layout.checkpoint_slots[1 - old_slot];
+        let held = mem.pause_after(
+            FaultRule::new(FaultOp::Write).range(new_slot.start..new_slot.start + new_slot.len),
+        );
+        let checkpointer = {
+            let vol = vol.clone();
+            thread::spawn(move || vol.checkpoint())
+        };
+        held.wait_reached();
+        write_file(&vol, "/during");
+        let (tail, head, _) = journal(&vol);
+        assert_eq!(
+            tail, old_tail,
+            "the tail moved while the checkpoint that frees the journal was not durable"
+        );
+        assert_ne!(head, old_head, "the fsync during the checkpoint appended");
+        held.resume();
+        checkpointer.join().unwrap().unwrap();
+        let (tail, _, slot) = journal(&vol);
+        assert_eq!(slot, 1 - old_slot);
+        let written = read_checkpoint(&*mem, &sb, slot).unwrap();
+        assert_eq!(
+            tail, written.journal_start,
+            "after the checkpoint the tail is its journal start"
+        );
+        assert_ne!(tail, old_tail);
+    }
+}
