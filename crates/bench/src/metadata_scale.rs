@@ -5,13 +5,22 @@
 //! (tmpfs, so device time stays small next to the metadata's) gets one file
 //! with N extents: every other 4 KiB block is written, so no two extents
 //! are contiguous in the file and none merge. Then, measured:
-//! - checkpoint time: [`CHECKPOINTS_TIMED`] checkpoints back to back;
+//! - checkpoint time: [`CHECKPOINTS_TIMED`] checkpoints back to back, and
+//!   one after 1% of the extents changed (a new one-block extent placed in
+//!   the hole after every hundredth; undone after), issue 13's measure of a
+//!   checkpoint whose cost should follow what changed;
 //! - 4 KiB direct reads of random written blocks from one thread, for the
 //!   runtime, once with nothing else running ("quiet") and once while the
 //!   main thread runs checkpoints back to back ("checkpointing"): p99 and
 //!   worst latency of each. A checkpoint that holds the metadata lock
 //!   across its encoding and write shows as a worst read as long as the
 //!   checkpoint;
+//! - beside the reader in both windows, one writer thread alternating 4 KiB
+//!   direct overwrites of random written blocks and allocating writes into
+//!   random holes of the same file (each a new extent, so the first one
+//!   after a checkpoint's snapshot pays for copying what the snapshot
+//!   shares): p99 and worst latency of those writes. The holes filled are
+//!   punched again after the window, so the file keeps its N extents;
 //! - mount time after a clean unmount;
 //! - the process's max RSS (`ru_maxrss`) after the size is done. It is a
 //!   high-water mark of the whole run, so sizes run smallest first.
@@ -89,7 +98,9 @@ pub fn is_metadata_workload(name: &str) -> bool {
 }
 
 /// What one extent count measured. Times in nanoseconds.
+/// Fields missing from older reports read as 0.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct MetadataScaleResult {
     pub workload: String,
     pub extents: u64,
@@ -98,6 +109,8 @@ pub struct MetadataScaleResult {
     pub build_ns: u64,
     pub checkpoint_median_ns: u64,
     pub checkpoint_max_ns: u64,
+    /// One checkpoint after 1% of the extents changed.
+    pub checkpoint_1pct_changed_ns: u64,
     pub mount_ns: u64,
     /// `ru_maxrss` of the process after this size, in bytes.
     pub max_rss_bytes: u64,
@@ -109,6 +122,14 @@ pub struct MetadataScaleResult {
     pub checkpointing_read_p99_ns: u64,
     pub checkpointing_read_p999_ns: u64,
     pub checkpointing_read_max_ns: u64,
+    /// Writes (overwrites and allocating writes) beside the quiet reads.
+    pub quiet_writes: u64,
+    pub quiet_write_p99_ns: u64,
+    pub quiet_write_max_ns: u64,
+    /// Writes beside the reads while checkpoints run.
+    pub checkpointing_writes: u64,
+    pub checkpointing_write_p99_ns: u64,
+    pub checkpointing_write_max_ns: u64,
     /// Checkpoints completed during the checkpointing window.
     pub checkpoints_during_reads: u64,
     /// `checkpointing_read_max_ns / quiet_read_p99_ns` (issue 13's goal: ≤ 2).
@@ -189,11 +210,16 @@ fn run_size(
         times.push(timed_checkpoint(&vol)?);
     }
     times.sort_unstable();
+    say("checkpoint after 1% changed");
+    let checkpoint_1pct_changed_ns = checkpoint_after_one_percent(&vol, &dev, extents, build)?;
 
-    say("reads, quiet");
-    let (quiet, _) = reads_while(&vol, &dev, extents, runtime, false)?;
-    say("reads, checkpoints running");
-    let (busy, checkpoints) = reads_while(&vol, &dev, extents, runtime, true)?;
+    say("reads and writes, quiet");
+    let quiet = io_while(&vol, &dev, extents, runtime, false)?;
+    say("reads and writes, checkpoints running");
+    let busy = io_while(&vol, &dev, extents, runtime, true)?;
+    let checkpoints = busy.checkpoints;
+    let (quiet, quiet_writes) = (quiet.reads, quiet.writes);
+    let (busy, busy_writes) = (busy.reads, busy.writes);
 
     say("unmount and mount");
     vol.unmount()
@@ -218,6 +244,7 @@ fn run_size(
         build_ns,
         checkpoint_median_ns: times[times.len() / 2],
         checkpoint_max_ns: *times.last().expect("timed at least one"),
+        checkpoint_1pct_changed_ns,
         mount_ns,
         max_rss_bytes: max_rss_bytes(),
         quiet_reads: quiet.count(),
@@ -228,6 +255,12 @@ fn run_size(
         checkpointing_read_p99_ns: busy.quantile(0.99),
         checkpointing_read_p999_ns: busy.quantile(0.999),
         checkpointing_read_max_ns: busy_max,
+        quiet_writes: quiet_writes.count(),
+        quiet_write_p99_ns: quiet_writes.quantile(0.99),
+        quiet_write_max_ns: quiet_writes.max().unwrap_or(0),
+        checkpointing_writes: busy_writes.count(),
+        checkpointing_write_p99_ns: busy_writes.quantile(0.99),
+        checkpointing_write_max_ns: busy_writes.max().unwrap_or(0),
         checkpoints_during_reads: checkpoints,
         worst_over_quiet_p99: busy_max as f64 / quiet_p99.max(1) as f64,
         device: format!(
@@ -315,45 +348,70 @@ fn timed_checkpoint(vol: &Volume) -> Result<u64, BenchError> {
     Ok(started.elapsed().as_nanos() as u64)
 }
 
-/// 4 KiB direct reads of random extents from one thread for `runtime`;
-/// with `checkpointing`, this thread runs checkpoints back to back
-/// meanwhile (at least [`MIN_CHECKPOINTS_DURING_READS`], the window
-/// stretching to cover them). Returns the read latencies and the
-/// checkpoints run.
-fn reads_while(
+/// What one window of [`io_while`] measured.
+struct Window {
+    reads: Histogram,
+    writes: Histogram,
+    checkpoints: u64,
+}
+
+/// Places a one-block extent in the hole after every hundredth extent (as
+/// the build made them: written or unwritten), times one checkpoint, then
+/// punches them again and checkpoints untimed, so the file keeps its
+/// extents. Returns the timed checkpoint's nanoseconds.
+fn checkpoint_after_one_percent(
+    vol: &Volume,
+    dev: &Arc<dyn BlockDevice>,
+    extents: u64,
+    build: Build,
+) -> Result<u64, BenchError> {
+    let file = vol
+        .open_file(FILE, direct_flags())
+        .map_err(|e| BenchError::fs("iomapfs open", e))?;
+    let buf = AlignedBuf::new(BLOCK as usize, alignment_of(&**dev))
+        .map_err(|e| BenchError::setup("write buffer", e.to_string()))?;
+    let holes: Vec<u64> = (0..extents)
+        .step_by(100)
+        .map(|i| (i * 2 + 1) * BLOCK)
+        .collect();
+    for &offset in &holes {
+        match build {
+            Build::Write => file
+                .pwrite(&buf, offset)
+                .map(drop)
+                .map_err(|e| BenchError::fs("iomapfs write into a hole", e))?,
+            Build::Fallocate => file
+                .fallocate(offset, BLOCK, false)
+                .map_err(|e| BenchError::fs("iomapfs fallocate a hole", e))?,
+        }
+    }
+    let ns = timed_checkpoint(vol)?;
+    for &offset in &holes {
+        file.punch_hole(offset, BLOCK)
+            .map_err(|e| BenchError::fs("iomapfs punch", e))?;
+    }
+    vol.checkpoint()
+        .map_err(|e| BenchError::fs("iomapfs checkpoint", e))?;
+    Ok(ns)
+}
+
+/// 4 KiB direct reads of random extents from one thread and writes from
+/// another (see [`writer`]) for `runtime`; with `checkpointing`, this thread
+/// runs checkpoints back to back meanwhile (at least
+/// [`MIN_CHECKPOINTS_DURING_READS`], the window stretching to cover them).
+/// The holes the writer filled are punched again before it returns.
+fn io_while(
     vol: &Volume,
     dev: &Arc<dyn BlockDevice>,
     extents: u64,
     runtime: Duration,
     checkpointing: bool,
-) -> Result<(Histogram, u64), BenchError> {
+) -> Result<Window, BenchError> {
     let done = AtomicBool::new(false);
     let align = alignment_of(&**dev);
-    std::thread::scope(|s| {
-        let reader = s.spawn(|| -> Result<Histogram, BenchError> {
-            let file = vol
-                .open_file(FILE, direct_flags())
-                .map_err(|e| BenchError::fs("iomapfs open", e))?;
-            let mut buf = AlignedBuf::new(BLOCK as usize, align)
-                .map_err(|e| BenchError::setup("read buffer", e.to_string()))?;
-            let mut rng = Rng::new(0x5ca1e ^ extents);
-            let mut hist = Histogram::new();
-            while !done.load(Ordering::Acquire) {
-                let offset = rng.below(extents) * 2 * BLOCK;
-                let started = Instant::now();
-                let n = file
-                    .pread(&mut buf, offset)
-                    .map_err(|e| BenchError::fs("iomapfs read", e))?;
-                hist.record(started.elapsed().as_nanos() as u64);
-                if n != BLOCK as usize {
-                    return Err(BenchError::failed(
-                        "iomapfs read",
-                        format!("short read: {n} bytes at {offset}"),
-                    ));
-                }
-            }
-            Ok(hist)
-        });
+    let (reads, written, checkpoints) = std::thread::scope(|s| {
+        let reader = s.spawn(|| reader(vol, align, extents, &done));
+        let writer = s.spawn(|| writer(vol, align, extents, &done));
         let started = Instant::now();
         let mut checkpoints = 0u64;
         let mut outcome = Ok(());
@@ -364,7 +422,7 @@ fn reads_while(
                 outcome = Err(BenchError::Interrupted);
                 break;
             }
-            if reader.is_finished() {
+            if reader.is_finished() || writer.is_finished() {
                 break;
             }
             if checkpointing {
@@ -378,11 +436,95 @@ fn reads_while(
             }
         }
         done.store(true, Ordering::Release);
-        let hist = reader
+        let reads = reader
             .join()
-            .map_err(|_| BenchError::failed("metadata-scale", "the reader thread panicked"))??;
-        outcome.map(|()| (hist, checkpoints))
+            .map_err(|_| BenchError::failed("metadata-scale", "the reader thread panicked"));
+        let written = writer
+            .join()
+            .map_err(|_| BenchError::failed("metadata-scale", "the writer thread panicked"));
+        outcome.map(|()| (reads, written, checkpoints))
+    })?;
+    let (writes, filled) = written??;
+    let file = vol
+        .open_file(FILE, direct_flags())
+        .map_err(|e| BenchError::fs("iomapfs open", e))?;
+    for offset in filled {
+        file.punch_hole(offset, BLOCK)
+            .map_err(|e| BenchError::fs("iomapfs punch the writer's block", e))?;
+    }
+    Ok(Window {
+        reads: reads??,
+        writes,
+        checkpoints,
     })
+}
+
+/// Random 4 KiB direct reads of written blocks until `done`.
+fn reader(
+    vol: &Volume,
+    align: usize,
+    extents: u64,
+    done: &AtomicBool,
+) -> Result<Histogram, BenchError> {
+    let file = vol
+        .open_file(FILE, direct_flags())
+        .map_err(|e| BenchError::fs("iomapfs open", e))?;
+    let mut buf = AlignedBuf::new(BLOCK as usize, align)
+        .map_err(|e| BenchError::setup("read buffer", e.to_string()))?;
+    let mut rng = Rng::new(0x5ca1e ^ extents);
+    let mut hist = Histogram::new();
+    while !done.load(Ordering::Acquire) {
+        let offset = rng.below(extents) * 2 * BLOCK;
+        let started = Instant::now();
+        let n = file
+            .pread(&mut buf, offset)
+            .map_err(|e| BenchError::fs("iomapfs read", e))?;
+        hist.record(started.elapsed().as_nanos() as u64);
+        if n != BLOCK as usize {
+            return Err(BenchError::failed(
+                "iomapfs read",
+                format!("short read: {n} bytes at {offset}"),
+            ));
+        }
+    }
+    Ok(hist)
+}
+
+/// 4 KiB direct writes until `done`, alternating an overwrite of a random
+/// written block (no metadata change) and an allocating write into a
+/// random hole between the built extents (a new extent). Returns the write
+/// latencies and the holes it filled.
+fn writer(
+    vol: &Volume,
+    align: usize,
+    extents: u64,
+    done: &AtomicBool,
+) -> Result<(Histogram, Vec<u64>), BenchError> {
+    let file = vol
+        .open_file(FILE, direct_flags())
+        .map_err(|e| BenchError::fs("iomapfs open", e))?;
+    let mut buf = AlignedBuf::new(BLOCK as usize, align)
+        .map_err(|e| BenchError::setup("write buffer", e.to_string()))?;
+    let mut rng = Rng::new(0x3717e ^ extents);
+    let mut hist = Histogram::new();
+    let mut filled = Vec::new();
+    let mut allocating = false;
+    while !done.load(Ordering::Acquire) {
+        let block = rng.below(extents) * 2 + u64::from(allocating);
+        let offset = block * BLOCK;
+        rng.fill(&mut buf[..8]);
+        let started = Instant::now();
+        file.pwrite(&buf, offset)
+            .map_err(|e| BenchError::fs("iomapfs write", e))?;
+        hist.record(started.elapsed().as_nanos() as u64);
+        if allocating {
+            filled.push(offset);
+        }
+        allocating = !allocating;
+    }
+    filled.sort_unstable();
+    filled.dedup();
+    Ok((hist, filled))
 }
 
 /// The process's peak resident set so far.

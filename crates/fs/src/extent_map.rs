@@ -1,8 +1,11 @@
 //! One file's map from file offsets to device space.
 //!
-//! Every read and write asks "what is at file offset X?", so the map is a
-//! `BTreeMap` keyed by file offset: a lookup is one `O(log n)` descent and
-//! allocates nothing (fast path 1, "simple read", counts heap allocations).
+//! Every read and write asks "what is at file offset X?", so the map is
+//! sorted by file offset: a lookup is two binary searches and allocates
+//! nothing (fast path 1, "simple read", counts heap allocations). The
+//! extents are kept in shared copy-on-write chunks ([`chunks`]), so that a
+//! checkpoint's snapshot is O(1) and the first change after it copies one
+//! chunk, not the file's whole map.
 //!
 //! Mutations are the metadata changes journal records describe (map
 //! unwritten space, convert it at I/O completion, punch, truncate); replay
@@ -15,11 +18,10 @@
 //! range is a precondition, checked with `debug_assert!`), because their
 //! callers hold a decoded record or a range they computed themselves.
 
-use std::collections::BTreeMap;
-use std::ops::Bound;
-use std::sync::Arc;
+mod chunks;
 
 use crate::types::{Extent, ExtentState};
+use chunks::Chunks;
 
 /// What is at one file offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,10 +45,9 @@ pub enum Lookup {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtentMap {
     block_size: u64,
-    /// Keyed by `Extent::file_off`. Shared copy-on-write: cloning the map
-    /// (a checkpoint's snapshot) is O(1); the first change after a clone
-    /// copies this file's extents once (see `tree_mut`).
-    map: Arc<BTreeMap<u64, Extent>>,
+    /// Shared copy-on-write: cloning the map (a checkpoint's snapshot) is
+    /// O(1); the first change after a clone copies the chunk it changes.
+    map: Chunks,
     /// Kept as a running sum because `stat` and space accounting ask for it
     /// often and a file may have many extents.
     allocated: u64,
@@ -62,7 +63,7 @@ impl ExtentMap {
         assert!(block_size > 0, "extent map: block size must not be 0");
         ExtentMap {
             block_size: u64::from(block_size),
-            map: Arc::new(BTreeMap::new()),
+            map: Chunks::default(),
             allocated: 0,
         }
     }
@@ -92,7 +93,7 @@ impl ExtentMap {
             }
             prev_end = e.file_end();
             m.allocated += e.len;
-            m.tree_mut().insert(e.file_off, e);
+            m.map.push(e);
         }
         Ok(m)
     }
@@ -104,7 +105,7 @@ impl ExtentMap {
 
     /// The extents in file-offset order.
     pub fn iter(&self) -> impl Iterator<Item = &Extent> + '_ {
-        self.map.values()
+        self.map.iter()
     }
 
     /// Number of extents.
@@ -113,7 +114,7 @@ impl ExtentMap {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.map.len() == 0
     }
 
     /// Device bytes mapped, written or unwritten.
@@ -127,18 +128,21 @@ impl ExtentMap {
     /// asks about the exact byte a sub-block direct write starts at. Never
     /// allocates, since it runs once per I/O on the fast path.
     pub fn lookup(&self, pos: u64) -> Lookup {
-        if let Some((_, e)) = self.map.range(..=pos).next_back() {
+        let at = self.map.last_at_or_before(pos);
+        if let Some(p) = at {
+            let e = self.map.get(p);
             if pos < e.file_end() {
                 return Lookup::Extent(*e);
             }
         }
         // No extent contains `pos`, so none starts at it either.
-        let end = self
-            .map
-            .range((Bound::Excluded(pos), Bound::Unbounded))
-            .next()
-            .map(|(&k, _)| k);
-        Lookup::Hole { end }
+        let next = match at {
+            Some(p) => self.map.next(p),
+            None => self.map.first_after(pos),
+        };
+        Lookup::Hole {
+            end: next.map(|p| self.map.get(p).file_off),
+        }
     }
 
     /// The unmapped parts of `[off, off + len)`, as `(file_off, len)` pairs in
@@ -172,10 +176,11 @@ impl ExtentMap {
                 describe(e)
             ));
         }
-        self.tree_mut().insert(ext.file_off, ext);
+        self.map.insert(ext);
         self.allocated += ext.len;
         let mut at = ext.file_off;
-        if let Some((&prev, _)) = self.map.range(..ext.file_off).next_back() {
+        if let Some(prev) = self.map.last_before(ext.file_off) {
+            let prev = self.map.get(prev).file_off;
             if self.merge_with_next(prev) {
                 at = prev;
             }
@@ -219,11 +224,17 @@ impl ExtentMap {
             }
         }
         let mut converted = 0;
-        for e in self.tree_mut().range_mut(off..end).map(|(_, e)| e) {
+        let mut at = self.map.first_at_or_after(off);
+        while let Some(p) = at {
+            let e = *self.map.get(p);
+            if e.file_off >= end {
+                break;
+            }
             if e.state == ExtentState::Unwritten {
-                e.state = ExtentState::Written;
+                self.map.get_mut(p).state = ExtentState::Written;
                 converted += e.len;
             }
+            at = self.map.next(p);
         }
         if converted > 0 {
             self.merge_range(off, end);
@@ -249,13 +260,12 @@ impl ExtentMap {
         }
         self.split_at(off);
         self.split_at(end);
-        let keys: Vec<u64> = self.map.range(off..end).map(|(&k, _)| k).collect();
-        for k in keys {
-            if let Some(e) = self.tree_mut().remove(&k) {
-                self.allocated -= e.len;
-                freed.push((e.addr, e.len));
-            }
-        }
+        let mut allocated = self.allocated;
+        self.map.remove_span(off, end, |e| {
+            allocated -= e.len;
+            freed.push((e.addr, e.len));
+        });
+        self.allocated = allocated;
         freed
     }
 
@@ -263,15 +273,10 @@ impl ExtentMap {
     /// non-empty, aligned, sorted and non-overlapping, nothing overflows, and
     /// the running byte count is right. Merging is not required.
     pub fn check(&self) -> Result<(), String> {
+        self.map.check()?;
         let mut prev: Option<&Extent> = None;
         let mut total = 0u64;
-        for (i, (&k, e)) in self.map.iter().enumerate() {
-            if k != e.file_off {
-                return Err(format!(
-                    "extent #{i} {}: stored under file offset {k}",
-                    describe(e)
-                ));
-            }
+        for (i, e) in self.map.iter().enumerate() {
             self.validate(e)
                 .map_err(|why| format!("extent #{i} {}: {why}", describe(e)))?;
             if let Some(p) = prev {
@@ -293,11 +298,6 @@ impl ExtentMap {
             ));
         }
         Ok(())
-    }
-
-    /// The tree, to change: copied first if a snapshot still shares it.
-    fn tree_mut(&mut self) -> &mut BTreeMap<u64, Extent> {
-        Arc::make_mut(&mut self.map)
     }
 
     fn aligned(&self, x: u64) -> bool {
@@ -323,14 +323,16 @@ impl ExtentMap {
 
     /// The extents that intersect `[off, end)`, in order.
     fn overlapping(&self, off: u64, end: u64) -> impl Iterator<Item = &Extent> + '_ {
-        let first = self
-            .map
-            .range(..off)
-            .next_back()
-            .map(|(_, e)| e)
-            .filter(|e| e.file_end() > off);
-        let rest = self.map.range(off..end.max(off)).map(|(_, e)| e);
-        first.into_iter().chain(rest)
+        let end = end.max(off);
+        let start = match self.map.last_before(off) {
+            Some(p) if self.map.get(p).file_end() > off => Some(p),
+            Some(p) => self.map.next(p),
+            None => self.map.first_at_or_after(off),
+        };
+        start
+            .into_iter()
+            .flat_map(|p| self.map.iter_from(p))
+            .take_while(move |e| e.file_off < end)
     }
 
     fn for_each_hole(&self, off: u64, len: u64, mut f: impl FnMut(u64, u64)) {
@@ -349,71 +351,62 @@ impl ExtentMap {
 
     /// Makes `pos` an extent boundary, if an extent straddles it.
     fn split_at(&mut self, pos: u64) {
-        let Some((&k, &e)) = self.map.range(..pos).next_back() else {
+        let Some(p) = self.map.last_before(pos) else {
             return;
         };
+        let e = *self.map.get(p);
         if e.file_end() <= pos {
             return;
         }
-        let head = pos - k;
+        let head = pos - e.file_off;
         let tail = Extent {
             file_off: pos,
             len: e.len - head,
             addr: e.addr + head,
             state: e.state,
         };
-        let tree = self.tree_mut();
-        if let Some(e) = tree.get_mut(&k) {
-            e.len = head;
-        }
-        tree.insert(pos, tail);
+        self.map.get_mut(p).len = head;
+        self.map.insert(tail);
     }
 
     /// Merges the extent at `key` with the next one if they continue each
     /// other in the file and on the device and share a state. Returns
     /// whether it merged.
     fn merge_with_next(&mut self, key: u64) -> bool {
-        let Some(&cur) = self.map.get(&key) else {
+        let Some(at) = self.map.find(key) else {
             return false;
         };
-        let Some((&nk, &next)) = self
-            .map
-            .range((Bound::Excluded(key), Bound::Unbounded))
-            .next()
-        else {
+        let Some(next_at) = self.map.next(at) else {
             return false;
         };
-        if cur.file_end() != nk || cur.addr_end() != next.addr || cur.state != next.state {
+        let (cur, next) = (*self.map.get(at), *self.map.get(next_at));
+        if cur.file_end() != next.file_off || cur.addr_end() != next.addr || cur.state != next.state
+        {
             return false;
         }
-        let tree = self.tree_mut();
-        tree.remove(&nk);
-        if let Some(e) = tree.get_mut(&key) {
-            e.len += next.len;
-        }
+        // Grow first: removing may move extents between chunks.
+        self.map.get_mut(at).len += next.len;
+        self.map.remove(next_at);
         true
     }
 
     /// Merges every mergeable neighbour pair whose second extent starts in
     /// `[off, end]`, including the pairs across both boundaries.
     fn merge_range(&mut self, off: u64, end: u64) {
-        let mut cur = match self.map.range(..off).next_back() {
-            Some((&k, _)) => k,
-            None => match self.map.range(off..).next() {
-                Some((&k, _)) => k,
-                None => return,
-            },
+        let start = self
+            .map
+            .last_before(off)
+            .or_else(|| self.map.first_at_or_after(off));
+        let Some(start) = start else {
+            return;
         };
+        let mut cur = self.map.get(start).file_off;
         while cur < end {
             if self.merge_with_next(cur) {
                 continue;
             }
-            match self
-                .map
-                .range((Bound::Excluded(cur), Bound::Unbounded))
-                .next()
-            {
-                Some((&k, _)) => cur = k,
+            match self.map.first_after(cur) {
+                Some(p) => cur = self.map.get(p).file_off,
                 None => return,
             }
         }

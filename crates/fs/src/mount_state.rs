@@ -118,6 +118,10 @@ pub struct VolumeInner {
     /// read; see `iomap::sharded_rwlock`).
     pub(crate) meta: ShardedRwLock<Meta>,
     pub(crate) commit: Mutex<CommitState>,
+    /// Held by a checkpoint from its snapshot until it is durable (it takes
+    /// `commit` only at both ends): one checkpoint at a time. Taken before
+    /// `commit`, never while holding it.
+    pub(crate) checkpointing: Mutex<()>,
     shutdown: Mutex<Option<String>>,
     /// Set once `shutdown` holds a reason.
     is_shut_down: AtomicBool,
@@ -150,6 +154,7 @@ impl VolumeInner {
             sb,
             meta: ShardedRwLock::new(meta),
             commit: Mutex::new(commit),
+            checkpointing: Mutex::new(()),
             shutdown: Mutex::new(None),
             is_shut_down: AtomicBool::new(false),
             commit_threshold,
@@ -272,6 +277,14 @@ impl Meta {
         self.pending.push(record);
         self.pending_bytes += RECORD_BYTES_ESTIMATE;
         Ok(seq)
+    }
+
+    /// Puts `records`, taken from the queue by a commit that could not
+    /// journal them, back in front of what was queued since.
+    pub(crate) fn requeue(&mut self, mut records: Vec<Record>) {
+        self.pending_bytes += records.len() as u64 * RECORD_BYTES_ESTIMATE;
+        records.append(&mut self.pending);
+        self.pending = records;
     }
 
     /// The inode has metadata changes that are not durable yet.

@@ -9,7 +9,7 @@
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::journal::JournalWriter;
-use crate::mount_state::{CommitState, VolumeInner};
+use crate::mount_state::VolumeInner;
 use crate::{Error, Result};
 
 impl VolumeInner {
@@ -25,7 +25,9 @@ impl VolumeInner {
 
     /// Group commit: makes every change applied so far durable, together with
     /// the data I/O that completed before them. Concurrent callers queue on
-    /// the commit lock and the first one in writes everybody's records.
+    /// the commit lock and the first one in writes everybody's records. A
+    /// running checkpoint does not hold the commit lock while it writes, so
+    /// a commit appends behind the checkpoint's journal start meanwhile.
     pub fn commit(&self) -> Result<()> {
         self.check_live()?;
         let mut commit = self.commit.lock();
@@ -53,9 +55,13 @@ impl VolumeInner {
             return Ok(());
         }
         if commit.journal.batch_bytes(&records) > commit.journal.free_bytes() {
-            // The checkpoint captures the in-memory state, which already
-            // contains these records.
-            return self.checkpoint_locked(&mut commit);
+            // Only a checkpoint frees the journal. Its snapshot must hold
+            // these records, and nothing may be journaled after them before
+            // they are: they go back to the front of the queue, and the
+            // checkpoint (after any running one) takes everything queued.
+            self.meta.write().requeue(records);
+            drop(commit);
+            return self.checkpoint();
         }
         let result = commit.journal.append(&*self.dev, &records).and_then(|_| {
             self.dev
@@ -70,16 +76,13 @@ impl VolumeInner {
         Ok(())
     }
 
-    /// Writes a checkpoint and trims the journal.
+    /// Writes a checkpoint and trims the journal. One checkpoint at a time;
+    /// commits go on meanwhile (see [`VolumeInner::write_checkpoint`]).
     pub(crate) fn checkpoint(&self) -> Result<()> {
         self.check_live()?;
-        let mut commit = self.commit.lock();
-        self.checkpoint_locked(&mut commit)
-    }
-
-    fn checkpoint_locked(&self, commit: &mut CommitState) -> Result<()> {
+        let _one_at_a_time = self.checkpointing.lock();
         self.check_live()?;
-        let result = self.write_checkpoint(commit);
+        let result = self.write_checkpoint();
         if let Err(err) = &result {
             self.shut_down(err);
         }
@@ -92,49 +95,88 @@ impl VolumeInner {
     ///
     /// The snapshot is a clone of [`crate::state::MetaState`], O(1) because
     /// the inode table and each inode's maps are copy-on-write: the lock is
-    /// held for a time that does not grow with the metadata. Changes made
-    /// while the checkpoint is written stay pending with sequence numbers
-    /// from the snapshot's `next_seq` on, which is exactly where the new
-    /// checkpoint's journal starts, so the next commit journals them after
-    /// it; space they free stays busy until then (`mark_committed` below
-    /// releases only what the snapshot covers). The commit lock, held by the
-    /// caller, keeps the journal still meanwhile.
-    fn write_checkpoint(&self, commit: &mut CommitState) -> Result<()> {
-        let (snapshot, journal_seq) = {
+    /// held for a time that does not grow with the metadata.
+    ///
+    /// The records the snapshot holds beyond the journal (the queue it
+    /// empties) are journaled first, under the commit lock, so that the
+    /// journal continues the current checkpoint without a gap through the
+    /// snapshot's last record, and the new checkpoint's journal starts
+    /// right after them. Then the commit lock is released: commits append
+    /// records made after the snapshot behind that start while the image is
+    /// written. A power cut before the new checkpoint is durable replays
+    /// them on the old one (its journal runs through them); after, on the
+    /// new one. The tail moves to the new start only once the new checkpoint
+    /// is durable, so nothing the old one needs is overwritten before.
+    /// When the queue does not fit in the journal, the journal stays still
+    /// (commit lock held) until the checkpoint is durable, as commits could
+    /// not append anyway.
+    ///
+    /// Space freed by records after the snapshot stays busy until a later
+    /// checkpoint holds them (`release_busy` below releases only what this
+    /// one covers).
+    fn write_checkpoint(&self) -> Result<()> {
+        let mut commit = self.commit.lock();
+        let (snapshot, journal_seq, records) = {
             let mut meta = self.meta.write();
             // Write times still in core go into the snapshot too.
             meta.log_write_times()?;
-            // The snapshot holds every record applied so far.
-            meta.pending.clear();
             meta.pending_bytes = 0;
-            (meta.state.clone(), meta.next_seq)
+            (
+                meta.state.clone(),
+                meta.next_seq,
+                std::mem::take(&mut meta.pending),
+            )
         };
         // After the snapshot, so it covers the data of every write whose
-        // completion the snapshot records.
+        // completion the snapshot records (and the journal batch below).
         self.dev
             .flush()
             .map_err(|e| Error::device("checkpoint: flush", e))?;
+        let journaled = records.is_empty()
+            || commit.journal.batch_bytes(&records) <= commit.journal.free_bytes();
+        if !records.is_empty() && journaled {
+            // No flush after: the checkpoint's own flush, or the preflush of
+            // the next commit that appends behind it, makes it durable first.
+            commit.journal.append(&*self.dev, &records)?;
+        }
+        debug_assert!(!journaled || commit.journal.next_seq() == journal_seq);
+        let (generation, journal_start, journal_chain) = (
+            commit.generation + 1,
+            commit.journal.head(),
+            commit.journal.chain(),
+        );
+        let slot = 1 - commit.slot;
+        let held = if journaled {
+            drop(commit);
+            None
+        } else {
+            Some(commit)
+        };
         let ckpt = Checkpoint {
-            generation: commit.generation + 1,
-            journal_start: commit.journal.head(),
+            generation,
+            journal_start,
             journal_seq,
-            journal_chain: commit.journal.chain(),
+            journal_chain,
             image: snapshot.to_image(),
         };
         // Dropped before the write: while it lives, each change copies what
         // it touches.
         drop(snapshot);
-        let slot = 1 - commit.slot;
         checkpoint::write_checkpoint(&*self.dev, &self.sb, slot, &ckpt)?;
+        let mut commit = held.unwrap_or_else(|| self.commit.lock());
         let (older_slot, older_generation) = (commit.slot, commit.generation);
         commit.slot = slot;
         commit.generation = ckpt.generation;
-        commit.journal = JournalWriter::new(
-            &self.sb,
-            ckpt.journal_start,
-            ckpt.journal_seq,
-            ckpt.journal_chain,
-        );
+        if journaled {
+            commit.journal.set_tail(ckpt.journal_start);
+        } else {
+            commit.journal = JournalWriter::new(
+                &self.sb,
+                ckpt.journal_start,
+                ckpt.journal_seq,
+                ckpt.journal_chain,
+            );
+        }
         // From here on, losing the new checkpoint is damage, not a torn
         // write: the mark tells the next mount so. Before the space the
         // snapshot freed is reused, so that no rollback the mark would not
@@ -145,5 +187,78 @@ impl VolumeInner {
         // Space the snapshot's records freed is free for good now.
         meta.alloc.release_busy(journal_seq - 1);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::thread;
+
+    use blockdev::memory::{FaultOp, FaultRule, MemDevice};
+    use blockdev::BlockDevice;
+
+    use crate::checkpoint::read_checkpoint;
+    use crate::{FormatOptions, OpenFlags, Volume};
+
+    fn write_file(vol: &Volume, path: &str) {
+        let f = vol
+            .open_file(
+                path,
+                OpenFlags {
+                    create: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        f.pwrite(&[7u8; 5000], 0).unwrap();
+        f.fsync().unwrap();
+    }
+
+    /// While a checkpoint's slot write is held, the journal the old
+    /// checkpoint needs stays live (tail unmoved) even as commits append
+    /// behind the new start; once the checkpoint is durable, the tail is
+    /// the new checkpoint's `journal_start`.
+    #[test]
+    fn the_journal_tail_moves_only_once_the_checkpoint_is_durable() {
+        let mem = Arc::new(MemDevice::with_caps(16 << 20, 512, true, false));
+        let dev: Arc<dyn BlockDevice> = mem.clone();
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Arc::new(Volume::open(dev).unwrap());
+        write_file(&vol, "/before");
+        let journal = |vol: &Volume| {
+            let c = vol.inner.commit.lock();
+            (c.journal.tail(), c.journal.head(), c.slot)
+        };
+        let (old_tail, old_head, old_slot) = journal(&vol);
+        assert_ne!(old_tail, old_head, "the fsync left batches in the journal");
+
+        let sb = vol.inner.sb.clone();
+        let new_slot = sb.layout.checkpoint_slots[1 - old_slot];
+        let held = mem.pause_after(
+            FaultRule::new(FaultOp::Write).range(new_slot.start..new_slot.start + new_slot.len),
+        );
+        let checkpointer = {
+            let vol = vol.clone();
+            thread::spawn(move || vol.checkpoint())
+        };
+        held.wait_reached();
+        write_file(&vol, "/during");
+        let (tail, head, _) = journal(&vol);
+        assert_eq!(
+            tail, old_tail,
+            "the tail moved while the checkpoint that frees the journal was not durable"
+        );
+        assert_ne!(head, old_head, "the fsync during the checkpoint appended");
+        held.resume();
+        checkpointer.join().unwrap().unwrap();
+        let (tail, _, slot) = journal(&vol);
+        assert_eq!(slot, 1 - old_slot);
+        let written = read_checkpoint(&*mem, &sb, slot).unwrap();
+        assert_eq!(
+            tail, written.journal_start,
+            "after the checkpoint the tail is its journal start"
+        );
+        assert_ne!(tail, old_tail);
     }
 }

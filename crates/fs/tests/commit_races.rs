@@ -11,12 +11,18 @@
 //!   cut there shows zeros, never the device's stale bytes (invariants 1
 //!   and 4);
 //! - an unlink and an allocating write racing a commit: after the cut the
-//!   unlinked file is gone or intact, never holding another file's bytes.
+//!   unlinked file is gone or intact, never holding another file's bytes;
+//! - an fsync while a checkpoint's slot write is held (before it reaches the
+//!   device, or done but unflushed) returns without waiting for the
+//!   checkpoint, and a power cut then keeps what it made durable, whichever
+//!   checkpoint the mount finds.
 
 mod common;
 
+use std::sync::mpsc::channel;
 use std::sync::Arc;
 use std::thread;
+use std::time::Duration;
 
 use blockdev::memory::{FaultOp, FaultRule, MemDevice};
 use blockdev::BlockDevice;
@@ -195,5 +201,117 @@ fn unlink_racing_a_commit_never_shows_another_files_bytes() {
              (first difference at {:?}): its space was reused before the unlink was durable",
             common::first_diff(&v.data, &victim)
         );
+    }
+}
+
+/// How long an fsync may take while a checkpoint is held: far more than it
+/// needs, and a bound instead of a hang when it waits for the checkpoint.
+const FSYNC_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A checkpoint whose slot write is held, with records queued when it
+/// snapshots (`/queued`, written but never synced); meanwhile an allocating
+/// write and fsync of `/synced`. The fsync must return while the
+/// checkpoint is held. Held before the slot write reaches the device, a
+/// power cut leaves the old checkpoint, so the fsync's records must replay
+/// from the old checkpoint's journal, behind the new one's start; held
+/// after, the fsync's flush makes the new slot durable too, and they
+/// replay from the new checkpoint's start. Then the checkpoint finishes and
+/// the state is checked once more.
+#[test]
+fn fsync_during_a_checkpoint_returns_and_survives_on_either_checkpoint() {
+    for slot_write_done in [false, true] {
+        let ctx = format!("slot write done={slot_write_done}");
+        let (mem, vol) = new_volume();
+        let before = tagged(6, 0, 3 * BLOCK);
+        open(&vol, "/before", true, false)
+            .pwrite(&before, 0)
+            .unwrap();
+        vol.sync().unwrap();
+        let queued = tagged(7, 0, 2 * BLOCK);
+        open(&vol, "/queued", true, false)
+            .pwrite(&queued, 0)
+            .unwrap();
+
+        let layout = read_superblock(&*mem).expect("superblock").layout;
+        let slots = layout.checkpoint_slots[0].start
+            ..layout.checkpoint_slots[1].start + layout.checkpoint_slots[1].len;
+        let rule = FaultRule::new(FaultOp::Write).range(slots);
+        let held = if slot_write_done {
+            mem.pause_after(rule)
+        } else {
+            mem.pause_before(rule)
+        };
+        let checkpointer = {
+            let vol = vol.clone();
+            thread::spawn(move || vol.checkpoint())
+        };
+        held.wait_reached();
+
+        let synced = tagged(8, 0, 5 * BLOCK);
+        let (done_tx, done_rx) = channel();
+        let syncer = {
+            let vol = vol.clone();
+            let synced = synced.clone();
+            thread::spawn(move || {
+                let f = open(&vol, "/synced", true, false);
+                let r = f.pwrite(&synced, 0).and_then(|_| f.fsync());
+                done_tx.send(()).unwrap();
+                r
+            })
+        };
+        if done_rx.recv_timeout(FSYNC_PATIENCE).is_err() {
+            held.resume();
+            panic!(
+                "{ctx}: an fsync did not return in {FSYNC_PATIENCE:?} while a checkpoint's slot \
+                 write was held: commits wait for the checkpoint"
+            );
+        }
+        syncer
+            .join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{ctx}: write + fsync: {e}"));
+
+        let check = |state: MemDevice, when: &str| {
+            let ctx = format!("{ctx}, {when}");
+            let dev: Arc<dyn BlockDevice> = Arc::new(state);
+            fsck_clean(dev.clone(), &ctx);
+            let vol = Volume::open(dev).unwrap_or_else(|e| panic!("{ctx}: mount: {e}"));
+            let read = |path: &str| {
+                common::volstate::read_file(&vol, path, u64::MAX)
+                    .unwrap_or_else(|e| panic!("{ctx}: {e}"))
+                    .data
+            };
+            assert!(read("/before") == before, "{ctx}: /before changed");
+            assert!(
+                read("/synced") == synced,
+                "{ctx}: /synced, written and fsync'd while the checkpoint was held, lost \
+                 (first difference at {:?})",
+                common::first_diff(&read("/synced"), &synced)
+            );
+            // Queued before the snapshot and never synced: the fsync's
+            // commit made it durable with everything before it, or nothing
+            // did; either way no stale bytes.
+            let got = read("/queued");
+            assert!(
+                got.is_empty() || got == queued,
+                "{ctx}: /queued holds {} bytes that are not what was written",
+                got.len()
+            );
+            vol.unmount().unwrap();
+        };
+        for policy in [
+            CutPolicy::KeepNothing,
+            CutPolicy::KeepEverything,
+            CutPolicy::TornAll(5),
+            CutPolicy::Seeded(9),
+        ] {
+            check(cut(&mem, policy), &format!("mid-checkpoint cut {policy:?}"));
+        }
+        held.resume();
+        checkpointer
+            .join()
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{ctx}: checkpoint: {e}"));
+        check(cut(&mem, CutPolicy::KeepNothing), "after the checkpoint");
     }
 }

@@ -10,8 +10,9 @@
 //! and truncates next to a neighbour's bytes all race. Per thread: writes
 //! crossing blocks (allocating ones racing pure overwrites), DSYNC writes,
 //! asynchronous batches through an I/O queue, reads of its stripes, fsync,
-//! punch and fallocate inside a stripe, and (the last region's owner)
-//! truncate. Two files take direct handles, two buffered handles (the folio
+//! punch and fallocate inside a stripe, checkpoints (so commits, DSYNC
+//! writes and fsyncs of the other threads run while one is written, and
+//! power cuts fall in its middle), and (the last region's owner) truncate. Two files take direct handles, two buffered handles (the folio
 //! cache, writeback by fsync).
 //!
 //! Devices:
@@ -259,6 +260,7 @@ impl Worker {
             75..=82 => self.punch(f),
             83..=89 => self.fallocate(f),
             90..=95 if self.is_tail(f) => self.truncate(f),
+            96..=97 => self.checkpoint(),
             _ => self.read(f),
         }
     }
@@ -386,6 +388,15 @@ impl Worker {
             ));
         }
         self.shared.stats.add("reads_checked", 1);
+    }
+
+    /// Not counted as an fsync in the model: what it makes durable is only
+    /// checked as far as the fsyncs around it vouch for.
+    fn checkpoint(&mut self) {
+        if let Err(e) = self.shared.vol.checkpoint() {
+            return self.fail(format!("checkpoint: {e}"));
+        }
+        self.shared.stats.add("checkpoints", 1);
     }
 
     fn fsync(&mut self, f: usize) {
@@ -580,6 +591,7 @@ fn run_threads(
         "async_batches",
         "reads_checked",
         "fsyncs",
+        "checkpoints",
         "punches",
         "fallocates",
         "truncates",

@@ -172,12 +172,13 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     let us = |ns: u64| format!("{:.0} µs", ns as f64 / 1e3);
     let _ = writeln!(
         out,
-        "\n{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "\n{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "metadata workload",
         "extents",
         "build",
         "ckpt med",
         "ckpt max",
+        "ckpt 1%",
         "mount",
         "max RSS",
         "p99 quiet",
@@ -188,15 +189,23 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
         "max ckpt",
         "max/p99q"
     );
+    let write_columns = |out: &mut String| {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "  writes", "quiet", "p99", "max", "ckpt p99", "ckpt max"
+        );
+    };
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>5} MiB {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1}×",
+            "{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>5} MiB {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1}×",
             r.workload,
             r.extents,
             r.build,
             ms(r.checkpoint_median_ns),
             ms(r.checkpoint_max_ns),
+            ms(r.checkpoint_1pct_changed_ns),
             ms(r.mount_ns),
             r.max_rss_bytes >> 20,
             us(r.quiet_read_p99_ns),
@@ -208,11 +217,25 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
             r.worst_over_quiet_p99,
         );
     }
+    write_columns(out);
+    for r in rows {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            format!("  {}", r.extents),
+            r.quiet_writes,
+            us(r.quiet_write_p99_ns),
+            us(r.quiet_write_max_ns),
+            us(r.checkpointing_write_p99_ns),
+            us(r.checkpointing_write_max_ns),
+        );
+    }
     let _ = writeln!(
         out,
-        "(reads: one thread of 4 KiB direct reads of random extents, quiet = nothing else \
-         running, ckpt = while checkpoints run back to back ({} during the window of the last \
-         row); max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
+        "(reads: one thread of 4 KiB direct reads of random extents beside one writer thread \
+         (4 KiB direct overwrites and allocating writes into holes, alternating), quiet = no \
+         checkpoint running, ckpt = while checkpoints run back to back ({} during the window of the last \
+         row); ckpt 1% = one checkpoint after 1% of the extents changed; max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
          the quiet max shows what preemption alone costs); max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
         rows.last().map_or(0, |r| r.checkpoints_during_reads),
         rows.last().map_or(0.0, |r| r.build_ns as f64 / 1e9),

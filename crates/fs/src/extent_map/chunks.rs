@@ -1,0 +1,456 @@
+//! The storage under [`super::ExtentMap`]: extents sorted by file offset in
+//! shared copy-on-write chunks.
+//!
+//! A checkpoint snapshots every extent map under the metadata write lock by
+//! cloning it, and the first change to a file afterwards must copy whatever
+//! the snapshot still shares. With one shared tree that copy is the whole
+//! file (a million extents take tens of milliseconds, all under the lock);
+//! here it is one chunk of at most [`CHUNK_MAX`] extents plus the outer
+//! vector of chunk pointers (one pointer per [`CHUNK_MAX`] extents).
+//!
+//! A lookup is two binary searches, first over the chunks' first offsets
+//! (kept beside the pointers, so that search reads one array) and then in
+//! one chunk; it allocates nothing.
+//!
+//! Positions ([`Pos`]) are indices: any change invalidates them, so callers
+//! look positions up again after each change.
+
+use std::sync::Arc;
+
+use crate::types::Extent;
+
+/// Most extents in one chunk: what the first change after a snapshot copies
+/// (16 KiB of extents). Small in unit tests, so that their few extents
+/// span many chunks and every split and merge path runs.
+pub(super) const CHUNK_MAX: usize = if cfg!(test) { 8 } else { 512 };
+/// Fewest extents in a chunk unless it is the only one: a smaller chunk is
+/// merged with a neighbour, so the outer vector stays short however the
+/// extents were removed.
+const CHUNK_MIN: usize = CHUNK_MAX / 4;
+
+#[derive(Clone, Debug)]
+struct Chunk {
+    /// `extents[0].file_off`.
+    first: u64,
+    /// Sorted, non-empty, at most [`CHUNK_MAX`].
+    extents: Arc<Vec<Extent>>,
+}
+
+impl Chunk {
+    fn new(extents: Vec<Extent>) -> Self {
+        Chunk {
+            first: extents[0].file_off,
+            extents: Arc::new(extents),
+        }
+    }
+}
+
+/// Where one extent is: chunk index, index in the chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Pos {
+    chunk: usize,
+    idx: usize,
+}
+
+/// Extents with distinct file offsets, sorted by them.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Chunks {
+    /// Non-empty chunks in order.
+    chunks: Arc<Vec<Chunk>>,
+    len: usize,
+}
+
+impl PartialEq for Chunks {
+    /// Same extents, however they are chunked.
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Chunks {}
+
+impl Chunks {
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Extent> + '_ {
+        self.chunks.iter().flat_map(|c| c.extents.iter())
+    }
+
+    /// The extents from `pos` on.
+    pub(super) fn iter_from(&self, pos: Pos) -> impl Iterator<Item = &Extent> + '_ {
+        let (head, rest): (&[Extent], &[Chunk]) = match self.chunks.get(pos.chunk) {
+            Some(c) => (&c.extents[pos.idx..], &self.chunks[pos.chunk + 1..]),
+            None => (&[], &[]),
+        };
+        head.iter()
+            .chain(rest.iter().flat_map(|c| c.extents.iter()))
+    }
+
+    pub(super) fn get(&self, pos: Pos) -> &Extent {
+        &self.chunks[pos.chunk].extents[pos.idx]
+    }
+
+    /// The extent at `pos`, to change in place (its chunk copied first if
+    /// a snapshot shares it). The caller must keep its file offset.
+    pub(super) fn get_mut(&mut self, pos: Pos) -> &mut Extent {
+        let chunk = &mut Arc::make_mut(&mut self.chunks)[pos.chunk];
+        &mut Arc::make_mut(&mut chunk.extents)[pos.idx]
+    }
+
+    /// The last extent whose file offset is at most `key`.
+    pub(super) fn last_at_or_before(&self, key: u64) -> Option<Pos> {
+        let chunk = self
+            .chunks
+            .partition_point(|c| c.first <= key)
+            .checked_sub(1)?;
+        let idx = self.chunks[chunk]
+            .extents
+            .partition_point(|e| e.file_off <= key)
+            - 1; // ≥ 1: the chunk's first offset is at most `key`.
+        Some(Pos { chunk, idx })
+    }
+
+    /// The last extent whose file offset is below `key`.
+    pub(super) fn last_before(&self, key: u64) -> Option<Pos> {
+        self.last_at_or_before(key.checked_sub(1)?)
+    }
+
+    /// The first extent whose file offset is above `key`.
+    pub(super) fn first_after(&self, key: u64) -> Option<Pos> {
+        match self.last_at_or_before(key) {
+            Some(pos) => self.next(pos),
+            None => self.first(),
+        }
+    }
+
+    /// The first extent whose file offset is at least `key`.
+    pub(super) fn first_at_or_after(&self, key: u64) -> Option<Pos> {
+        match self.last_before(key) {
+            Some(pos) => self.next(pos),
+            None => self.first(),
+        }
+    }
+
+    /// The extent stored under exactly `key`.
+    pub(super) fn find(&self, key: u64) -> Option<Pos> {
+        self.last_at_or_before(key)
+            .filter(|&p| self.get(p).file_off == key)
+    }
+
+    fn first(&self) -> Option<Pos> {
+        (!self.chunks.is_empty()).then_some(Pos { chunk: 0, idx: 0 })
+    }
+
+    pub(super) fn next(&self, pos: Pos) -> Option<Pos> {
+        if pos.idx + 1 < self.chunks[pos.chunk].extents.len() {
+            Some(Pos {
+                idx: pos.idx + 1,
+                ..pos
+            })
+        } else if pos.chunk + 1 < self.chunks.len() {
+            Some(Pos {
+                chunk: pos.chunk + 1,
+                idx: 0,
+            })
+        } else {
+            None
+        }
+    }
+
+    /// Adds `e` after the extents with smaller offsets. No extent may be
+    /// stored under its offset yet.
+    pub(super) fn insert(&mut self, e: Extent) {
+        debug_assert!(self.find(e.file_off).is_none(), "{e:?} already stored");
+        let chunks = Arc::make_mut(&mut self.chunks);
+        self.len += 1;
+        if chunks.is_empty() {
+            chunks.push(Chunk::new(vec![e]));
+            return;
+        }
+        let at = chunks
+            .partition_point(|c| c.first <= e.file_off)
+            .saturating_sub(1);
+        let extents = Arc::make_mut(&mut chunks[at].extents);
+        let idx = extents.partition_point(|x| x.file_off < e.file_off);
+        extents.insert(idx, e);
+        rebalance(chunks, at);
+    }
+
+    /// Appends `e`, whose offset must be above every stored one: how a map
+    /// read from disk is built, filling chunks to [`CHUNK_MAX`].
+    pub(super) fn push(&mut self, e: Extent) {
+        debug_assert!(self
+            .chunks
+            .last()
+            .and_then(|c| c.extents.last())
+            .is_none_or(|l| l.file_off < e.file_off));
+        let chunks = Arc::make_mut(&mut self.chunks);
+        self.len += 1;
+        match chunks.last_mut() {
+            Some(c) if c.extents.len() < CHUNK_MAX => Arc::make_mut(&mut c.extents).push(e),
+            _ => chunks.push(Chunk::new(vec![e])),
+        }
+    }
+
+    /// Removes the extent at `pos` and returns it.
+    pub(super) fn remove(&mut self, pos: Pos) -> Extent {
+        let chunks = Arc::make_mut(&mut self.chunks);
+        let e = Arc::make_mut(&mut chunks[pos.chunk].extents).remove(pos.idx);
+        self.len -= 1;
+        rebalance(chunks, pos.chunk);
+        e
+    }
+
+    /// Removes every extent whose offset is in `[off, end)`, passing each to
+    /// `removed` in order. Chunks wholly inside are dropped, not copied.
+    pub(super) fn remove_span(&mut self, off: u64, end: u64, mut removed: impl FnMut(Extent)) {
+        let Some(start) = self
+            .first_at_or_after(off)
+            .filter(|&p| self.get(p).file_off < end)
+        else {
+            return;
+        };
+        let chunks = Arc::make_mut(&mut self.chunks);
+        let mut c = start.chunk;
+        let mut from = start.idx;
+        // At most two chunks are cut rather than dropped: the first and the
+        // last touched.
+        let mut cut = Vec::new();
+        while c < chunks.len() {
+            let n = chunks[c].extents.len();
+            let to = chunks[c].extents.partition_point(|e| e.file_off < end);
+            for e in &chunks[c].extents[from..to] {
+                removed(*e);
+            }
+            self.len -= to - from;
+            if from == 0 && to == n {
+                chunks.remove(c);
+                from = 0;
+                continue;
+            }
+            if to > from {
+                Arc::make_mut(&mut chunks[c].extents).drain(from..to);
+                cut.push(c);
+            }
+            if to < n {
+                break; // This chunk goes on past the span.
+            }
+            c += 1;
+            from = 0;
+        }
+        // The cut chunks are neighbours now; the later one first, so that
+        // the earlier one's index stays valid.
+        for &c in cut.iter().rev() {
+            rebalance(chunks, c);
+        }
+    }
+
+    /// Checks the chunking itself: no empty or oversized chunk, first
+    /// offsets right, offsets strictly increasing, length right.
+    pub(super) fn check(&self) -> Result<(), String> {
+        let mut count = 0;
+        let mut prev: Option<u64> = None;
+        for (i, c) in self.chunks.iter().enumerate() {
+            let n = c.extents.len();
+            if n == 0 || n > CHUNK_MAX {
+                return Err(format!("extent chunk #{i} holds {n} extents"));
+            }
+            if c.first != c.extents[0].file_off {
+                return Err(format!(
+                    "extent chunk #{i} is filed under offset {} but starts at {}",
+                    c.first, c.extents[0].file_off
+                ));
+            }
+            for e in c.extents.iter() {
+                if prev.is_some_and(|p| p >= e.file_off) {
+                    return Err(format!(
+                        "extent chunk #{i}: offset {} does not follow {}",
+                        e.file_off,
+                        prev.unwrap_or(0)
+                    ));
+                }
+                prev = Some(e.file_off);
+            }
+            count += n;
+        }
+        if count != self.len {
+            return Err(format!(
+                "extent chunks hold {count} extents, counted {}",
+                self.len
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Restores the chunk rules around `at` after a change to that chunk:
+/// drops it if empty, refreshes its first offset, splits it if too big,
+/// merges it with a neighbour if too small.
+fn rebalance(chunks: &mut Vec<Chunk>, at: usize) {
+    let n = chunks[at].extents.len();
+    if n == 0 {
+        chunks.remove(at);
+        return;
+    }
+    chunks[at].first = chunks[at].extents[0].file_off;
+    if n > CHUNK_MAX {
+        let tail = Arc::make_mut(&mut chunks[at].extents).split_off(n / 2);
+        chunks.insert(at + 1, Chunk::new(tail));
+    } else if n < CHUNK_MIN && chunks.len() > 1 {
+        let left = if at + 1 < chunks.len() { at } else { at - 1 };
+        let right = chunks.remove(left + 1);
+        let merged = Arc::make_mut(&mut chunks[left].extents);
+        merged.extend_from_slice(&right.extents);
+        let n = merged.len();
+        if n > CHUNK_MAX {
+            let tail = merged.split_off(n / 2);
+            chunks.insert(left + 1, Chunk::new(tail));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::types::ExtentState;
+    use proptest::prelude::*;
+
+    fn ext(key: u64) -> Extent {
+        Extent {
+            file_off: key,
+            len: 1,
+            addr: key * 7,
+            state: ExtentState::Unwritten,
+        }
+    }
+
+    impl Chunks {
+        /// Chunks of `self` that `other` shares (same allocation).
+        fn shared_with(&self, other: &Chunks) -> usize {
+            self.chunks
+                .iter()
+                .filter(|c| {
+                    other
+                        .chunks
+                        .iter()
+                        .any(|o| Arc::ptr_eq(&c.extents, &o.extents))
+                })
+                .count()
+        }
+    }
+
+    #[test]
+    fn a_change_after_a_snapshot_copies_one_chunk() {
+        let mut live = Chunks::default();
+        for k in 0..(20 * CHUNK_MAX as u64) {
+            live.push(ext(2 * k));
+        }
+        let chunks = live.chunks.len();
+        assert_eq!(chunks, 20);
+        let snapshot = live.clone();
+        let at = live.last_at_or_before(2 * 150).unwrap();
+        live.get_mut(at).state = ExtentState::Written;
+        assert_eq!(live.shared_with(&snapshot), chunks - 1, "one chunk copied");
+        // An insert into a full chunk splits it: two new chunks, the rest
+        // still shared.
+        live.insert(ext(2 * 77 + 1));
+        assert_eq!(live.chunks.len(), chunks + 1);
+        assert_eq!(live.shared_with(&snapshot), chunks - 2);
+        live.check().unwrap();
+        snapshot.check().unwrap();
+        assert!(snapshot.iter().all(|e| e.state == ExtentState::Unwritten));
+        assert_eq!(snapshot.len(), 20 * CHUNK_MAX);
+        assert!(snapshot.find(2 * 77 + 1).is_none());
+        assert_eq!(
+            live.get(live.find(2 * 150).unwrap()).state,
+            ExtentState::Written
+        );
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Insert(u64),
+        Remove(u64),
+        RemoveSpan(u64, u64),
+        Mark(u64),
+        Snapshot,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0..200u64).prop_map(Op::Insert),
+            2 => (0..200u64).prop_map(Op::Remove),
+            1 => (0..200u64, 0..80u64).prop_map(|(a, n)| Op::RemoveSpan(a, a + n)),
+            1 => (0..200u64).prop_map(Op::Mark),
+            1 => Just(Op::Snapshot),
+        ]
+    }
+
+    fn same(c: &Chunks, model: &BTreeMap<u64, Extent>) -> Result<(), TestCaseError> {
+        c.check().map_err(TestCaseError::fail)?;
+        prop_assert_eq!(c.len(), model.len());
+        prop_assert!(c.iter().eq(model.values()));
+        for key in 0..=201u64 {
+            let want = model.range(..=key).next_back().map(|(_, e)| *e);
+            prop_assert_eq!(c.last_at_or_before(key).map(|p| *c.get(p)), want);
+            let want = model.range(key + 1..).next().map(|(_, e)| *e);
+            prop_assert_eq!(c.first_after(key).map(|p| *c.get(p)), want);
+            let want = model.range(key..).next().map(|(_, e)| *e);
+            let from = c.first_at_or_after(key);
+            prop_assert_eq!(from.map(|p| *c.get(p)), want);
+            if let Some(p) = from {
+                prop_assert!(c.iter_from(p).eq(model.range(key..).map(|(_, e)| e)));
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn matches_a_sorted_map_and_snapshots_stay_put(
+            ops in prop::collection::vec(op(), 1..120)
+        ) {
+            let mut c = Chunks::default();
+            let mut model = BTreeMap::new();
+            let mut snapshots = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Insert(k) => {
+                        if let std::collections::btree_map::Entry::Vacant(v) = model.entry(k) {
+                            v.insert(ext(k));
+                            c.insert(ext(k));
+                        }
+                    }
+                    Op::Remove(k) => {
+                        let got = c.find(k).map(|p| c.remove(p));
+                        prop_assert_eq!(got, model.remove(&k));
+                    }
+                    Op::RemoveSpan(a, b) => {
+                        let mut got = Vec::new();
+                        c.remove_span(a, b, |e| got.push(e));
+                        let want: Vec<Extent> = model.range(a..b).map(|(_, e)| *e).collect();
+                        model.retain(|&k, _| !(a..b).contains(&k));
+                        prop_assert_eq!(got, want);
+                    }
+                    Op::Mark(k) => {
+                        if let Some(p) = c.find(k) {
+                            c.get_mut(p).state = ExtentState::Written;
+                            model.get_mut(&k).unwrap().state = ExtentState::Written;
+                        }
+                    }
+                    Op::Snapshot => snapshots.push((c.clone(), model.clone())),
+                }
+                same(&c, &model)?;
+                let max_chunks = model.len().div_ceil(CHUNK_MIN).max(1);
+                prop_assert!(c.chunks.len() <= max_chunks, "{} chunks", c.chunks.len());
+            }
+            for (snap, want) in &snapshots {
+                same(snap, want)?;
+            }
+        }
+    }
+}
