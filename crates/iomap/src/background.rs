@@ -163,14 +163,19 @@ mod tests {
     fn a_stopped_worker_runs_nothing_queued_and_refuses_more() {
         let worker = Worker::new("test-worker");
         let (release_first, first_waits) = sync_channel::<()>(0);
+        let (first_started, started) = sync_channel::<()>(1);
         let ran = Arc::new(Mutex::new(Vec::new()));
         let r = ran.clone();
         assert!(worker.submit(Box::new(move || {
+            first_started.send(()).unwrap();
             first_waits.recv().unwrap();
             r.lock().push(1);
         })));
         let r = ran.clone();
         assert!(worker.submit(Box::new(move || r.lock().push(2))));
+        // Job 1 is running (a job not started when the worker stops is
+        // dropped, as job 2 will be).
+        started.recv().unwrap();
         let stopper = std::thread::scope(|s| {
             let h = s.spawn(|| worker.stop());
             // Job 1 may finish only once stop has begun.
