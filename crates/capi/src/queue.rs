@@ -15,7 +15,7 @@
 //!   `buf` when its completion is reaped. The caller keeps `buf` valid
 //!   until then (this cannot be checked).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +26,7 @@ use iomapfs_fs::aio::{CompletedBy, Completion, IoQueue};
 use crate::error::{guard, guard_int, set_last_error, Failure, Outcome};
 use crate::file::{file_ref, iomapfs_file};
 use crate::handles::{self, HandleKind};
+use crate::queue_bufs::{QueueBufs, QUEUE_BUF_MIN_ALIGN};
 use crate::volume::{iomapfs_volume, volume, VolumeShared};
 
 /// `iomapfs_completion.flags`: the queue's completion worker completed the
@@ -47,7 +48,7 @@ const _: fn() = || {
 const POLL_INTERVAL: Duration = Duration::from_micros(50);
 /// Smallest alignment of queue and bounce buffers (a page: no backend ever
 /// bounces them again).
-const MIN_BUFFER_ALIGN: usize = 4096;
+const MIN_BUFFER_ALIGN: usize = QUEUE_BUF_MIN_ALIGN;
 
 /// One finished request, as `iomapfs_queue_reap` reports it.
 #[repr(C)]
@@ -75,9 +76,8 @@ pub struct iomapfs_queue {
     q: IoQueue,
     vol: Arc<VolumeShared>,
     align: usize,
-    /// Queue buffers by start address: `Some` while the caller holds it,
-    /// `None` while it is lent to a request.
-    bufs: BTreeMap<usize, QueueBuf>,
+    /// Queue buffers by start address.
+    bufs: QueueBufs,
     /// Requests in flight; the engine's token is the index.
     reqs: Vec<Option<Request>>,
     free_reqs: Vec<usize>,
@@ -88,11 +88,6 @@ pub struct iomapfs_queue {
     /// Spare bounce buffers.
     bounce: Vec<AlignedBuf>,
     depth: usize,
-}
-
-struct QueueBuf {
-    buf: Option<AlignedBuf>,
-    capacity: usize,
 }
 
 struct Request {
@@ -158,24 +153,24 @@ impl iomapfs_queue {
         write: bool,
     ) -> Outcome<(AlignedBuf, Via)> {
         let addr = user as usize;
-        if let Some((&start, entry)) = self.bufs.range_mut(..=addr).next_back() {
-            if start == addr {
-                let Some(mut buf) = entry.buf.take() else {
-                    return Err(Failure::new(
-                        libc::EBUSY,
-                        format!("queue buffer {addr:#x} is lent to a request not yet reaped"),
-                    ));
-                };
-                if let Err(e) = buf.set_len(len) {
-                    entry.buf = Some(buf);
-                    return Err(Failure::invalid(format!(
-                        "{len} bytes do not fit queue buffer {addr:#x} of {} bytes ({e})",
-                        entry.capacity
-                    )));
-                }
-                return Ok((buf, Via::Lent));
+        if let Some(entry) = self.bufs.at(addr) {
+            let Some(mut buf) = entry.buf.take() else {
+                return Err(Failure::new(
+                    libc::EBUSY,
+                    format!("queue buffer {addr:#x} is lent to a request not yet reaped"),
+                ));
+            };
+            if let Err(e) = buf.set_len(len) {
+                entry.buf = Some(buf);
+                return Err(Failure::invalid(format!(
+                    "{len} bytes do not fit queue buffer {addr:#x} of {} bytes ({e})",
+                    entry.capacity
+                )));
             }
-            if addr < start + entry.capacity && entry.buf.is_none() {
+            return Ok((buf, Via::Lent));
+        }
+        if let Some((start, entry)) = self.bufs.containing(addr) {
+            if entry.buf.is_none() {
                 return Err(Failure::new(
                     libc::EBUSY,
                     format!(
@@ -202,14 +197,14 @@ impl iomapfs_queue {
             Via::Lent => {
                 let addr = user as usize;
                 if buf.as_ptr() as usize == addr {
-                    if let Some(entry) = self.bufs.get_mut(&addr) {
+                    if let Some(entry) = self.bufs.at(addr) {
                         entry.buf = Some(buf);
                     }
                     user
                 } else {
                     // The queue failed and kept no buffer for this request:
                     // that queue buffer is gone.
-                    self.bufs.remove(&addr);
+                    self.bufs.remove(addr);
                     std::ptr::null_mut()
                 }
             }
@@ -389,7 +384,7 @@ pub unsafe extern "C" fn iomapfs_queue_create(
             q,
             vol: v.shared.clone(),
             align,
-            bufs: BTreeMap::new(),
+            bufs: QueueBufs::default(),
             reqs: Vec::with_capacity(depth as usize),
             free_reqs: Vec::with_capacity(depth as usize),
             pending: VecDeque::new(),
@@ -447,17 +442,9 @@ pub unsafe extern "C" fn iomapfs_queue_buf_alloc(q: *mut iomapfs_queue, len: usi
                     "length {len} is not 1..=SSIZE_MAX"
                 )));
             }
-            let mut buf = AlignedBuf::new(len, q.align)
+            let buf = AlignedBuf::new(len, q.align)
                 .map_err(|e| Failure::new(libc::ENOMEM, e.to_string()))?;
-            let ptr = buf.as_mut_ptr().cast::<c_void>();
-            q.bufs.insert(
-                ptr as usize,
-                QueueBuf {
-                    capacity: buf.capacity(),
-                    buf: Some(buf),
-                },
-            );
-            Ok(ptr)
+            Ok(q.bufs.insert(buf) as *mut c_void)
         },
     )
 }
@@ -473,7 +460,7 @@ pub unsafe extern "C" fn iomapfs_queue_buf_free(q: *mut iomapfs_queue, buf: *mut
         // SAFETY: the caller's contract above.
         let q = unsafe { queue_mut(q) }?;
         let addr = buf as usize;
-        match q.bufs.get(&addr) {
+        match q.bufs.at(addr) {
             None => Err(Failure::invalid(format!(
                 "{addr:#x} is not a buffer of this queue"
             ))),
@@ -482,7 +469,7 @@ pub unsafe extern "C" fn iomapfs_queue_buf_free(q: *mut iomapfs_queue, buf: *mut
                 format!("queue buffer {addr:#x} is lent to a request not yet reaped"),
             )),
             Some(_) => {
-                q.bufs.remove(&addr);
+                q.bufs.remove(addr);
                 Ok(0)
             }
         }
