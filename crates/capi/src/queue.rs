@@ -442,8 +442,18 @@ pub unsafe extern "C" fn iomapfs_queue_buf_alloc(q: *mut iomapfs_queue, len: usi
                     "length {len} is not 1..=SSIZE_MAX"
                 )));
             }
-            let buf = AlignedBuf::new(len, q.align)
-                .map_err(|e| Failure::new(libc::ENOMEM, e.to_string()))?;
+            // Registered with the device queue where it can be (no page
+            // pinning per request), else a plain allocation.
+            let buf = match q.q.register_buffer(len) {
+                Some(buf) if buf.align() >= q.align => buf,
+                other => {
+                    if let Some(unfit) = other {
+                        q.q.unregister_buffer(unfit);
+                    }
+                    AlignedBuf::new(len, q.align)
+                        .map_err(|e| Failure::new(libc::ENOMEM, e.to_string()))?
+                }
+            };
             Ok(q.bufs.insert(buf) as *mut c_void)
         },
     )
@@ -469,7 +479,9 @@ pub unsafe extern "C" fn iomapfs_queue_buf_free(q: *mut iomapfs_queue, buf: *mut
                 format!("queue buffer {addr:#x} is lent to a request not yet reaped"),
             )),
             Some(_) => {
-                q.bufs.remove(addr);
+                if let Some(buf) = q.bufs.remove(addr).and_then(|entry| entry.buf) {
+                    q.q.unregister_buffer(buf);
+                }
                 Ok(0)
             }
         }

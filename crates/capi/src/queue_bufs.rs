@@ -14,10 +14,10 @@ use blockdev::AlignedBuf;
 
 /// Alignment every queue buffer has at least: its start is on a page of
 /// its own.
-pub const QUEUE_BUF_MIN_ALIGN: usize = 4096;
+pub(crate) const QUEUE_BUF_MIN_ALIGN: usize = 4096;
 
 /// One queue buffer.
-pub struct QueueBuf {
+pub(crate) struct QueueBuf {
     /// `Some` while the caller holds it, `None` while it is lent to a
     /// request.
     pub buf: Option<AlignedBuf>,
@@ -28,7 +28,7 @@ pub struct QueueBuf {
 /// constant (Fibonacci hashing), so both the low bits the table indexes by
 /// and the high bits it tags entries with vary between buffers.
 #[derive(Default)]
-pub struct PageHasher(u64);
+pub(crate) struct PageHasher(u64);
 
 impl Hasher for PageHasher {
     fn finish(&self) -> u64 {
@@ -50,7 +50,7 @@ impl Hasher for PageHasher {
 
 /// The queue buffers of one queue, by start address.
 #[derive(Default)]
-pub struct QueueBufs {
+pub(crate) struct QueueBufs {
     by_start: HashMap<usize, QueueBuf, BuildHasherDefault<PageHasher>>,
     /// Start → capacity of the same buffers, ordered.
     starts: BTreeMap<usize, usize>,

@@ -80,6 +80,20 @@ impl IoQueue {
         Ok(self.engine.submit()?)
     }
 
+    /// A zeroed buffer of `len` bytes registered with the queue's device
+    /// queue, for a caller that submits it again and again (no page pinning
+    /// per request on io_uring). `None`: use a plain buffer. See
+    /// [`iomap::aio::IoQueue::register_buffer`].
+    pub fn register_buffer(&mut self, len: usize) -> Option<AlignedBuf> {
+        self.engine.register_buffer(len)
+    }
+
+    /// Frees a buffer of [`register_buffer`](IoQueue::register_buffer)
+    /// and its registration; any other buffer is simply dropped.
+    pub fn unregister_buffer(&mut self, buf: AlignedBuf) {
+        self.engine.unregister_buffer(buf);
+    }
+
     /// Requests submitted and not yet reaped.
     pub fn in_flight(&self) -> usize {
         self.engine.in_flight()

@@ -409,6 +409,20 @@ impl<F: IomapFile> IoQueue<F> {
         })
     }
 
+    /// A zeroed buffer of `len` bytes registered with this queue's device
+    /// queue ([`DeviceQueue::register_buffer`]), for a caller that submits
+    /// it again and again: a request that goes out as one device request
+    /// through it pins no pages. `None`: use a plain buffer.
+    pub fn register_buffer(&mut self, len: usize) -> Option<AlignedBuf> {
+        self.devq.register_buffer(len)
+    }
+
+    /// Frees a buffer of [`register_buffer`](IoQueue::register_buffer)
+    /// and its registration; any other buffer is simply dropped.
+    pub fn unregister_buffer(&mut self, buf: AlignedBuf) {
+        self.devq.unregister_buffer(buf);
+    }
+
     /// Requests submitted and not yet reaped.
     pub fn in_flight(&self) -> usize {
         self.active_slots + self.worker.pending() + self.ready.len() + self.awaiting_flush.len()
