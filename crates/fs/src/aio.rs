@@ -40,6 +40,7 @@ impl Volume {
         let engine = iomap::aio::IoQueue::new(
             self.inner.dev.clone(),
             self.inner.flush_coalescer.clone(),
+            self.inner.device_slots.clone(),
             depth,
         )?;
         Ok(IoQueue { engine })

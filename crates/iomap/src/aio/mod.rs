@@ -35,6 +35,7 @@
 //! first byte-granular write, a byte-granular write over its own unreaped
 //! writes): that call would wait for a reap only this thread can do.
 
+mod device_slots;
 mod plan;
 mod worker;
 
@@ -43,6 +44,7 @@ use std::sync::Arc;
 
 use blockdev::{AlignedBuf, BlockDevice, DeviceCompletion, DeviceQueue, DeviceRequest, Token};
 
+pub use device_slots::DeviceSlots;
 pub use plan::{plan_pure_overwrite, plan_read, Part, ReadPlan, WritePlan};
 
 use crate::byte_dio::write_range;
@@ -149,14 +151,21 @@ pub struct IoQueue<F: IomapFile> {
     /// This queue's device flush in flight, if any.
     own_flush: Option<QueuedFlush>,
     scratch: Vec<DeviceCompletion>,
+    /// The device's request slots, shared with the volume's other queues,
+    /// and how many this queue holds (one per device request pushed and
+    /// not yet reaped).
+    device_slots: Arc<DeviceSlots>,
+    held_slots: usize,
 }
 
 impl<F: IomapFile> IoQueue<F> {
     /// A queue holding up to `depth` device requests in flight on `dev`,
-    /// sharing DSYNC flushes through `flushes` (the volume's coalescer).
+    /// sharing DSYNC flushes through `flushes` (the volume's coalescer) and
+    /// the device's request slots with the volume's other queues.
     pub fn new(
         dev: Arc<dyn BlockDevice>,
         flushes: Arc<FlushCoalescer>,
+        device_slots: Arc<DeviceSlots>,
         depth: usize,
     ) -> Result<IoQueue<F>, IomapError> {
         let devq = blockdev::queue::new_queue(&dev, depth).map_err(|source| IomapError::Queue {
@@ -175,6 +184,8 @@ impl<F: IomapFile> IoQueue<F> {
             awaiting_flush: Vec::new(),
             own_flush: None,
             scratch: Vec::new(),
+            device_slots,
+            held_slots: 0,
         })
     }
 
@@ -388,14 +399,22 @@ impl<F: IomapFile> IoQueue<F> {
     }
 
     /// Pushes one device request, making room by reaping when the device
-    /// queue is full.
+    /// queue is full or the device's request slots are all taken.
     fn push(&mut self, token: Token, mut request: DeviceRequest) -> Result<(), IomapError> {
+        while !self.device_slots.try_take(self.held_slots == 0) {
+            self.handle_device_completions(1)?;
+        }
+        self.held_slots += 1;
         loop {
             match self.devq.push(token, request) {
                 Ok(()) => return Ok(()),
                 Err(full) => {
                     request = full.request;
-                    self.handle_device_completions(1)?;
+                    if let Err(e) = self.handle_device_completions(1) {
+                        self.held_slots -= 1;
+                        self.device_slots.give_back(1);
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -553,6 +572,9 @@ impl<F: IomapFile> IoQueue<F> {
         } else {
             self.devq.submit_and_reap(wait_for, &mut scratch)
         };
+        let reaped = scratch.len();
+        self.held_slots -= reaped;
+        self.device_slots.give_back(reaped);
         for c in scratch.drain(..) {
             self.on_device_completion(c);
         }
@@ -636,5 +658,8 @@ impl<F: IomapFile> Drop for IoQueue<F> {
                 break;
             }
         }
+        // Slots of requests a failed queue could not reap: the device queue
+        // waits for them as it drops, and the other queues need not.
+        self.device_slots.give_back(self.held_slots);
     }
 }
