@@ -47,6 +47,15 @@ impl Volume {
     }
 }
 
+impl Volume {
+    /// Device request slots the volume's asynchronous queues hold now: 0
+    /// where the device has no limit ([`blockdev::BlockDevice::request_slots`];
+    /// see [`iomap::aio::DeviceSlots`]).
+    pub fn device_slots_in_use(&self) -> usize {
+        self.inner.device_slots.used()
+    }
+}
+
 impl IoQueue {
     /// Queues a read of `buf.len()` bytes at `offset`. On a refused request
     /// the buffer comes back with the error.
