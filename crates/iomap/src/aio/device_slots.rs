@@ -5,10 +5,10 @@
 //! Past that, io_uring — whose submitter never waits — hands each request
 //! to a kernel worker thread, which costs more CPU than the request itself.
 //! So the queues of a volume keep their requests in the kernel within the
-//! device's slots: a queue that finds none free first reaps one of its own
-//! requests, which is what the kernel would have made a waiting submitter
-//! do. A queue with no request in the kernel always gets one, so it never
-//! waits for other queues' requests.
+//! device's slots: a queue that finds none free keeps the request until one
+//! of its own completes (it is sent at the next submit or reap; the
+//! submitter does not wait). A queue with no request in the kernel always
+//! gets a slot, so it never waits for other queues' requests.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -156,6 +156,11 @@ pub struct IoQueue<F: IomapFile> {
     /// not yet reaped).
     device_slots: Arc<DeviceSlots>,
     held_slots: usize,
+    /// Device requests waiting for a request slot, in push order. Only a
+    /// queue holding slots keeps any (one with none always gets one), so
+    /// its own completions free slots for them: they go out at the next
+    /// submit or reap, and the submitter never waits for a slot.
+    waiting_for_slot: VecDeque<(Token, DeviceRequest)>,
 }
 
 impl<F: IomapFile> IoQueue<F> {
@@ -186,6 +191,7 @@ impl<F: IomapFile> IoQueue<F> {
             scratch: Vec::new(),
             device_slots,
             held_slots: 0,
+            waiting_for_slot: VecDeque::new(),
         })
     }
 
@@ -398,13 +404,35 @@ impl<F: IomapFile> IoQueue<F> {
         Ok(())
     }
 
-    /// Pushes one device request, making room by reaping when the device
-    /// queue is full or the device's request slots are all taken.
-    fn push(&mut self, token: Token, mut request: DeviceRequest) -> Result<(), IomapError> {
-        while !self.device_slots.try_take(self.held_slots == 0) {
-            self.handle_device_completions(1)?;
+    /// Pushes one device request, or keeps it until a device request slot
+    /// is free (see `waiting_for_slot`).
+    fn push(&mut self, token: Token, request: DeviceRequest) -> Result<(), IomapError> {
+        if !self.waiting_for_slot.is_empty() || !self.device_slots.try_take(self.held_slots == 0) {
+            self.waiting_for_slot.push_back((token, request));
+            return Ok(());
         }
         self.held_slots += 1;
+        self.push_to_device(token, request)
+    }
+
+    /// Pushes the requests waiting for a slot, as far as slots are free.
+    fn release_waiting(&mut self) -> Result<(), IomapError> {
+        while !self.waiting_for_slot.is_empty() && self.device_slots.try_take(self.held_slots == 0)
+        {
+            self.held_slots += 1;
+            let (token, request) = self.waiting_for_slot.pop_front().expect("not empty");
+            self.push_to_device(token, request)?;
+        }
+        Ok(())
+    }
+
+    /// Pushes one device request holding a slot, making room by reaping
+    /// when the device queue is full.
+    fn push_to_device(
+        &mut self,
+        token: Token,
+        mut request: DeviceRequest,
+    ) -> Result<(), IomapError> {
         loop {
             match self.devq.push(token, request) {
                 Ok(()) => return Ok(()),
@@ -422,6 +450,7 @@ impl<F: IomapFile> IoQueue<F> {
 
     /// Sends every queued request to the device; returns how many.
     pub fn submit(&mut self) -> Result<usize, IomapError> {
+        self.release_waiting()?;
         self.devq.submit().map_err(|source| IomapError::Queue {
             what: "submit",
             source,
@@ -613,6 +642,9 @@ impl<F: IomapFile> IoQueue<F> {
         let mut got = 0;
         loop {
             self.handle_device_completions(0)?;
+            // Slots those completions freed: their requests go out in the
+            // kernel entry below.
+            self.release_waiting()?;
             while let Some(done) = self.worker.try_take() {
                 self.ready.push_back(done);
             }
