@@ -92,6 +92,17 @@ pub trait BlockDevice: Send + Sync {
         Ok(None)
     }
 
+    /// Requests the device's kernel queue holds at once (a block device's
+    /// `queue/nr_requests`), or `None` where there is no such limit (zram
+    /// and other bio-based devices, image files, memory). Past it the
+    /// kernel makes a submitter wait for a free request, and io_uring,
+    /// which never waits in its submitter, hands the request to a worker
+    /// thread instead: a much dearer path. Asynchronous queues that share
+    /// the device keep their requests in the kernel below it.
+    fn request_slots(&self) -> Option<usize> {
+        None
+    }
+
     /// Short name of the backend doing the I/O, for `stat`/`info` output:
     /// `"sync"`, `"uring"`, `"memory"`. Wrappers forward their inner
     /// device's name.

@@ -335,6 +335,15 @@ fn queue_dir(major: u32, minor: u32) -> Option<PathBuf> {
         .find(|dir| dir.is_dir())
 }
 
+/// `queue/nr_requests` of the block device `rdev`: how many requests its
+/// kernel queue holds at once. `None` where sysfs does not say (bio-based
+/// devices such as zram have no request queue).
+pub(crate) fn request_slots(rdev: u64) -> Option<usize> {
+    let queue = queue_dir(libc::major(rdev), libc::minor(rdev))?;
+    let text = std::fs::read_to_string(queue.join("nr_requests")).ok()?;
+    text.trim().parse::<usize>().ok().filter(|&n| n > 0)
+}
+
 /// Reads and parses one sysfs attribute. `Ok(None)` when the queue directory
 /// or the attribute does not exist; an error when it exists but cannot be
 /// read or says something we do not understand (better to stop than to guess

@@ -38,6 +38,8 @@ pub struct SyncDevice {
     caps: DeviceCaps,
     counters: DeviceCounters,
     read_only: bool,
+    /// `queue/nr_requests` of a block device ([`BlockDevice::request_slots`]).
+    request_slots: Option<usize>,
     /// Requests copied through an aligned bounce buffer; a caller that
     /// cares about speed checks this stays 0.
     bounced: AtomicU64,
@@ -105,6 +107,9 @@ impl SyncDevice {
             caps,
             counters: DeviceCounters::default(),
             read_only: opts.read_only,
+            request_slots: exclusive
+                .then(|| probe::request_slots(meta.rdev()))
+                .flatten(),
             bounced: AtomicU64::new(0),
         })
     }
@@ -281,6 +286,10 @@ impl BlockDevice for SyncDevice {
         self.file
             .sync_data()
             .map_err(|source| DeviceError::Flush { source })
+    }
+
+    fn request_slots(&self) -> Option<usize> {
+        self.request_slots
     }
 
     fn counters(&self) -> &DeviceCounters {

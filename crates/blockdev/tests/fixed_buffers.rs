@@ -287,3 +287,94 @@ fn queues_without_a_pool_return_none() {
     assert!(q.fixed_buffer_error().is_none());
     assert!(q.alloc_buffer(4096).is_none());
 }
+
+/// A queue without a configured pool registers buffers one at a time: they
+/// go out as fixed entries with the right bytes, an unregistered buffer's
+/// table entry is handed out again, a buffer dropped instead never is, and
+/// a queue with a configured pool registers none this way.
+#[test]
+fn buffers_registered_one_at_a_time() {
+    let img = image(IMAGE_BYTES, initial);
+    let dev = open(img.path(), 0, 0);
+    let mut q = dev.new_queue(8).unwrap();
+    let Some(mut a) = q.register_buffer(8192) else {
+        eprintln!(
+            "skipping: no registered buffers here: {:?}",
+            q.fixed_buffer_error()
+        );
+        return;
+    };
+    let b = q.register_buffer(4096).unwrap();
+    assert!(a.is_registered() && b.is_registered());
+    assert_eq!((a.len(), b.len(), q.fixed_buffers()), (8192, 4096, 2));
+    assert!(a.iter().all(|&x| x == 0), "zeroed");
+
+    a.fill(0x5a);
+    q.push(
+        1,
+        DeviceRequest::Write {
+            offset: 16384,
+            buf: a,
+            mode: WriteMode::Normal,
+        },
+    )
+    .unwrap();
+    q.push(2, DeviceRequest::Read { offset: 0, buf: b })
+        .unwrap();
+    let mut out = reap_all(&mut q);
+    assert_eq!(q.fixed_entries(), 2, "both went out as fixed entries");
+    out.sort_by_key(|c| c.token);
+    let want: Vec<u8> = (0..4096).map(initial).collect();
+    assert_eq!(out[1].buf.as_deref().unwrap(), &want[..]);
+    let a = out[0].buf.take().unwrap();
+    q.push(
+        3,
+        DeviceRequest::Read {
+            offset: 16384,
+            buf: a,
+        },
+    )
+    .unwrap();
+    let back = reap_all(&mut q).pop().unwrap().buf.unwrap();
+    assert!(back.iter().all(|&x| x == 0x5a));
+    assert_eq!(q.fixed_entries(), 3);
+
+    // Unregistered: its entry is emptied; a new buffer works as a fixed
+    // entry.
+    q.unregister_buffer(back);
+    assert_eq!(q.fixed_buffers(), 1);
+    let c = q.register_buffer(4096).unwrap();
+    assert_eq!(q.fixed_buffers(), 2);
+    // Dropped instead: that entry stays out of use, the next one is new.
+    drop(out.pop().unwrap().buf.unwrap());
+    let d = q.register_buffer(4096).unwrap();
+    assert_eq!(q.fixed_buffers(), 3);
+    q.push(
+        4,
+        DeviceRequest::Read {
+            offset: 4096,
+            buf: c,
+        },
+    )
+    .unwrap();
+    q.push(
+        5,
+        DeviceRequest::Read {
+            offset: 8192,
+            buf: d,
+        },
+    )
+    .unwrap();
+    for done in reap_all(&mut q) {
+        let at = done.token as usize * 4096 - 12288;
+        let want: Vec<u8> = (at..at + 4096).map(initial).collect();
+        assert_eq!(done.buf.as_deref().unwrap(), &want[..]);
+    }
+    assert_eq!(q.fixed_entries(), 5);
+
+    // A configured pool excludes buffers registered one at a time.
+    let pooled = open(img.path(), 2, 4096);
+    if let Some(mut p) = pooled_queue(&pooled, 4) {
+        assert!(p.register_buffer(4096).is_none());
+    }
+}

@@ -323,9 +323,11 @@ int iomapfs_queue_destroy(struct iomapfs_queue *q);
 
 // Allocates a queue buffer of `len` bytes, aligned for direct I/O (at
 // least 4096), zeroed. Requests naming it go to the device without a copy
-// (see "Buffers" in the header). Returns NULL on failure (see
-// `iomapfs_last_error`). Freed by `iomapfs_queue_buf_free` or with the
-// queue.
+// (see "Buffers" in the header); on the io_uring backend it is also
+// registered with the queue's ring, so they pin no pages either (a queue
+// registers up to 16384; past that, or where the kernel refuses, buffers
+// are plain). Returns NULL on failure (see `iomapfs_last_error`). Freed by
+// `iomapfs_queue_buf_free` or with the queue.
 //
 // # Safety
 // `q` is an open queue, used by no other thread during the call.

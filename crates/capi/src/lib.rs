@@ -18,7 +18,8 @@
 //!
 //! Module map: `error` (errno, messages, the panic guard) · `handles` (open
 //! handles, for close) · `volume` (format, open/close, namespace, statfs,
-//! sync) · `file` (file I/O and space) · `queue` (asynchronous I/O).
+//! sync) · `file` (file I/O and space) · `queue` (asynchronous I/O) ·
+//! `queue_bufs` (a queue's buffers, by address).
 
 #![allow(non_camel_case_types)]
 
@@ -26,6 +27,7 @@ mod error;
 mod file;
 mod handles;
 mod queue;
+mod queue_bufs;
 mod volume;
 
 use std::ffi::c_char;

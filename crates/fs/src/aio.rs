@@ -40,9 +40,19 @@ impl Volume {
         let engine = iomap::aio::IoQueue::new(
             self.inner.dev.clone(),
             self.inner.flush_coalescer.clone(),
+            self.inner.device_slots.clone(),
             depth,
         )?;
         Ok(IoQueue { engine })
+    }
+}
+
+impl Volume {
+    /// Device request slots the volume's asynchronous queues hold now: 0
+    /// where the device has no limit ([`blockdev::BlockDevice::request_slots`];
+    /// see [`iomap::aio::DeviceSlots`]).
+    pub fn device_slots_in_use(&self) -> usize {
+        self.inner.device_slots.used()
     }
 }
 
@@ -78,6 +88,20 @@ impl IoQueue {
     /// Sends every queued request to the device; returns how many.
     pub fn submit(&mut self) -> Result<usize> {
         Ok(self.engine.submit()?)
+    }
+
+    /// A zeroed buffer of `len` bytes registered with the queue's device
+    /// queue, for a caller that submits it again and again (no page pinning
+    /// per request on io_uring). `None`: use a plain buffer. See
+    /// [`iomap::aio::IoQueue::register_buffer`].
+    pub fn register_buffer(&mut self, len: usize) -> Option<AlignedBuf> {
+        self.engine.register_buffer(len)
+    }
+
+    /// Frees a buffer of [`register_buffer`](IoQueue::register_buffer)
+    /// and its registration; any other buffer is simply dropped.
+    pub fn unregister_buffer(&mut self, buf: AlignedBuf) {
+        self.engine.unregister_buffer(buf);
     }
 
     /// Requests submitted and not yet reaped.

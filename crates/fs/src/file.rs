@@ -107,18 +107,28 @@ pub struct FiemapExtent {
 
 /// An open regular file. Closing (dropping) the last handle of an unlinked
 /// file frees its space.
+///
+/// A `File` is a counted reference to one open handle: a request in flight
+/// holds the handle with one reference count ([`IomapFile::hold`]) rather
+/// than a new handle, so a queued request costs no volume-wide bookkeeping.
 pub struct File {
+    handle: Arc<Handle>,
+}
+
+/// One open handle (a file description): what `open` and
+/// [`File::try_clone`] make.
+struct Handle {
     vol: Arc<VolumeInner>,
     inode: Arc<OpenInode>,
     flags: OpenFlags,
-    /// Shared, not copied, by clones: asynchronous requests clone the handle.
-    path: Arc<str>,
+    path: Box<str>,
     /// Which writeback errors of the file this handle's `fsync` has
-    /// reported (each handle sees each error once).
+    /// reported (each handle sees each error once; a request in flight on
+    /// the handle reports through it too).
     errors_seen: iomap::ErrorCursor,
 }
 
-impl Drop for File {
+impl Drop for Handle {
     fn drop(&mut self) {
         self.vol.release_handle(&self.inode);
     }
@@ -133,42 +143,39 @@ impl File {
     ) -> File {
         let errors_seen = inode.mapping.error_cursor();
         File {
-            vol,
-            inode,
-            flags,
-            path: Arc::from(path),
-            errors_seen,
+            handle: Arc::new(Handle {
+                vol,
+                inode,
+                flags,
+                path: Box::from(path),
+                errors_seen,
+            }),
         }
     }
 
     /// Another handle on the same open file, with the same flags (like
     /// `dup`): the file stays open until both are dropped.
     pub fn try_clone(&self) -> Result<File> {
-        self.vol.check_live()?;
-        self.vol.add_handle(&self.inode);
-        Ok(File {
-            vol: self.vol.clone(),
-            inode: self.inode.clone(),
-            flags: self.flags,
-            path: Arc::clone(&self.path),
-            errors_seen: self.inode.mapping.error_cursor(),
-        })
+        self.handle.vol.check_live()?;
+        self.handle.vol.add_handle(&self.handle.inode);
+        let h = &self.handle;
+        Ok(File::new(h.vol.clone(), h.inode.clone(), h.flags, &h.path))
     }
 
     pub fn ino(&self) -> Ino {
-        self.inode.ino
+        self.handle.inode.ino
     }
 
     pub fn flags(&self) -> OpenFlags {
-        self.flags
+        self.handle.flags
     }
 
     pub fn path(&self) -> &str {
-        &self.path
+        &self.handle.path
     }
 
     fn block(&self) -> u64 {
-        u64::from(self.vol.block_size)
+        u64::from(self.handle.vol.block_size)
     }
 
     /// Wraps an error with this file's path and the offset it concerns.
@@ -176,7 +183,7 @@ impl File {
         match err {
             Error::At { .. } | Error::Shutdown { .. } => err,
             other => Error::At {
-                path: self.path.to_string(),
+                path: self.handle.path.to_string(),
                 offset,
                 source: Box::new(other),
             },
@@ -184,18 +191,18 @@ impl File {
     }
 
     fn size(&self) -> Result<u64> {
-        self.vol.size(&self.inode)
+        self.handle.vol.size(&self.handle.inode)
     }
 
     fn check_writable(&self, offset: u64, len: u64) -> Result<()> {
-        self.vol.check_live()?;
-        if self.flags.read_only {
-            return Err(Error::invalid(&*self.path, "file is open read-only"));
+        self.handle.vol.check_live()?;
+        if self.handle.flags.read_only {
+            return Err(Error::invalid(&*self.handle.path, "file is open read-only"));
         }
         match offset.checked_add(len) {
             Some(end) if end <= MAX_FILE_SIZE => Ok(()),
             _ => Err(Error::FileTooLarge {
-                what: format!("{} at offset {offset} length {len}", self.path),
+                what: format!("{} at offset {offset} length {len}", self.handle.path),
                 max: MAX_FILE_SIZE,
             }),
         }
@@ -231,9 +238,9 @@ impl File {
             return Ok(());
         }
         self.check_writable(offset, len)?;
-        self.inode.stamp_write();
-        if self.flags.sync {
-            self.vol.log_write_time(&self.inode)?;
+        self.handle.inode.stamp_write();
+        if self.handle.flags.sync {
+            self.handle.vol.log_write_time(&self.handle.inode)?;
         }
         Ok(())
     }
@@ -244,9 +251,10 @@ impl File {
     /// has not seen yet, once, whether this writeback or an earlier one met
     /// it.
     pub fn fsync(&self) -> Result<()> {
-        self.vol.check_live().map_err(|e| self.at(0, e))?;
-        self.vol
-            .log_write_time(&self.inode)
+        self.handle.vol.check_live().map_err(|e| self.at(0, e))?;
+        self.handle
+            .vol
+            .log_write_time(&self.handle.inode)
             .map_err(|e| self.at(0, e))?;
         file_io::fsync(self).map_err(|e| self.at(0, e))
     }
@@ -255,7 +263,7 @@ impl File {
     /// as [`File::fsync`] but without waiting for the times of writes (an
     /// overwrite's `fdatasync` stays one device flush).
     pub fn fdatasync(&self) -> Result<()> {
-        self.vol.check_live().map_err(|e| self.at(0, e))?;
+        self.handle.vol.check_live().map_err(|e| self.at(0, e))?;
         file_io::fsync(self).map_err(|e| self.at(0, e))
     }
 
@@ -274,20 +282,21 @@ impl File {
             return Err(self.at(offset, Error::invalid("fallocate", "length 0")));
         }
         self.flush_cache(offset)?;
-        let _exclusive = self.inode.io_lock.lock_exclusive();
-        self.inode.io_lock.drain_dio();
+        let _exclusive = self.handle.inode.io_lock.lock_exclusive();
+        self.handle.inode.io_lock.drain_dio();
         let block = self.block();
         let end = offset + len;
         if !keep_size {
             self.zero_past_eof_locked(end)
                 .map_err(|e| self.at(offset, e))?;
         }
-        self.vol
+        self.handle
+            .vol
             .with_busy_retry(|meta| {
                 allocate_holes(
-                    &self.vol,
+                    &self.handle.vol,
                     meta,
-                    self.inode.ino,
+                    self.handle.inode.ino,
                     align_down(offset, block),
                     end.next_multiple_of(block),
                 )
@@ -295,30 +304,35 @@ impl File {
             .map_err(|e| self.at(offset, e))
             .map(drop)?;
         {
-            let mut meta = self.vol.meta.write();
+            let mut meta = self.handle.vol.meta.write();
             let size = meta
                 .state
-                .inode(self.inode.ino)
+                .inode(self.handle.inode.ino)
                 .map(|i| i.size)
                 .ok_or(Error::Stale {
-                    ino: self.inode.ino,
+                    ino: self.handle.inode.ino,
                 })?;
             if !keep_size && end > size {
                 meta.log(Record::SetSize {
-                    ino: self.inode.ino,
+                    ino: self.handle.inode.ino,
                     size: end,
                     mtime_ns: now_ns(),
                 })
                 .map_err(|e| self.at(offset, e))?;
             }
         }
-        self.vol.commit_if_due()
+        self.handle.vol.commit_if_due()
     }
 
     /// Before the size grows to cover `new_start` or beyond (see
     /// [`iomap::zero_eof_gap`]). Caller holds the exclusive lock.
     fn zero_past_eof_locked(&self, new_start: u64) -> Result<()> {
-        iomap::zero_eof_gap(&*self.vol, &*self.vol.dev, &self.inode, new_start)
+        iomap::zero_eof_gap(
+            &*self.handle.vol,
+            &*self.handle.vol.dev,
+            &self.handle.inode,
+            new_start,
+        )
     }
 
     /// Writes zeros over the written data in `[offset, end)` inside EOF;
@@ -330,9 +344,9 @@ impl File {
             return Ok(());
         }
         iomap::zero_file_range(
-            &*self.vol,
-            &*self.vol.dev,
-            &self.inode,
+            &*self.handle.vol,
+            &*self.handle.vol.dev,
+            &self.handle.inode,
             offset,
             end - offset,
         )
@@ -346,8 +360,8 @@ impl File {
             return Ok(());
         }
         self.flush_cache(offset)?;
-        let _exclusive = self.inode.io_lock.lock_exclusive();
-        self.inode.io_lock.drain_dio();
+        let _exclusive = self.handle.inode.io_lock.lock_exclusive();
+        self.handle.inode.io_lock.drain_dio();
         let block = self.block();
         let end = offset + len;
         let inner_start = offset.next_multiple_of(block);
@@ -359,10 +373,13 @@ impl File {
             }
             self.zero_inside_eof_locked(offset, inner_start)?;
             self.zero_inside_eof_locked(inner_end, end)?;
-            let mut meta = self.vol.meta.write();
-            meta.reserve_image(&self.vol.sb, crate::mount_state::image_bytes_for_extents(1))?;
+            let mut meta = self.handle.vol.meta.write();
+            meta.reserve_image(
+                &self.handle.vol.sb,
+                crate::mount_state::image_bytes_for_extents(1),
+            )?;
             meta.log(Record::Punch {
-                ino: self.inode.ino,
+                ino: self.handle.inode.ino,
                 file_off: inner_start,
                 len: inner_end - inner_start,
                 mtime_ns: now_ns(),
@@ -371,10 +388,10 @@ impl File {
         })();
         if result.is_ok() {
             // Also when only edge zeroing was done (the early return above).
-            self.inode.mapping.punch(offset, end);
+            self.handle.inode.mapping.punch(offset, end);
         }
         result.map_err(|e| self.at(offset, e))?;
-        self.vol.commit_if_due()
+        self.handle.vol.commit_if_due()
     }
 
     /// Sets the size. Shrinking frees the space past it; growing leaves a
@@ -382,8 +399,8 @@ impl File {
     pub fn truncate(&self, size: u64) -> Result<()> {
         self.check_writable(size, 0).map_err(|e| self.at(size, e))?;
         self.flush_cache(size)?;
-        let _exclusive = self.inode.io_lock.lock_exclusive();
-        self.inode.io_lock.drain_dio();
+        let _exclusive = self.handle.inode.io_lock.lock_exclusive();
+        self.handle.inode.io_lock.drain_dio();
         let block = self.block();
         let result = (|| {
             let old = self.size()?;
@@ -395,29 +412,29 @@ impl File {
                 // again: clear them on disk before the size drops.
                 self.zero_inside_eof_locked(size, size.next_multiple_of(block))?;
             }
-            let mut meta = self.vol.meta.write();
+            let mut meta = self.handle.vol.meta.write();
             meta.log(Record::SetSize {
-                ino: self.inode.ino,
+                ino: self.handle.inode.ino,
                 size,
                 mtime_ns: now_ns(),
             })?;
             drop(meta);
-            self.inode.mapping.punch(size, u64::MAX);
+            self.handle.inode.mapping.punch(size, u64::MAX);
             Ok(())
         })();
         result.map_err(|e| self.at(size, e))?;
-        self.vol.commit_if_due()
+        self.handle.vol.commit_if_due()
     }
 
     pub fn stat(&self) -> Result<Stat> {
-        self.vol.check_live()?;
-        let meta = self.vol.meta.read();
-        if meta.state.inode(self.inode.ino).is_none() {
+        self.handle.vol.check_live()?;
+        let meta = self.handle.vol.meta.read();
+        if meta.state.inode(self.handle.inode.ino).is_none() {
             return Err(Error::Stale {
-                ino: self.inode.ino,
+                ino: self.handle.inode.ino,
             });
         }
-        Ok(self.vol.stat_locked(&meta, self.inode.ino))
+        Ok(self.handle.vol.stat_locked(&meta, self.handle.inode.ino))
     }
 
     /// `lseek(SEEK_DATA)` or `lseek(SEEK_HOLE)` from `offset`: the first
@@ -428,13 +445,14 @@ impl File {
     /// nothing is written back or flushed, and a writeback error stays for
     /// `fsync` to report.
     pub fn seek(&self, offset: u64, to: SeekFor) -> Result<Option<u64>> {
-        self.vol.check_live()?;
+        self.handle.vol.check_live()?;
         let size = self.size()?;
         let mut pos = offset;
         while pos < size {
             let map = self
+                .handle
                 .vol
-                .begin(&self.inode, pos, size - pos, IomapOpFlags::empty())
+                .begin(&self.handle.inode, pos, size - pos, IomapOpFlags::empty())
                 .map_err(|e| self.at(pos, e))?;
             if (map.kind != IomapKind::Hole) == (to == SeekFor::Data) {
                 return Ok(Some(pos));
@@ -447,11 +465,14 @@ impl File {
     /// The file's map from 0 to EOF (and unwritten space beyond it):
     /// data, unwritten and hole ranges in order.
     pub fn fiemap(&self) -> Result<Vec<FiemapExtent>> {
-        self.vol.check_live()?;
-        let meta = self.vol.meta.read();
-        let inode = meta.state.inode(self.inode.ino).ok_or(Error::Stale {
-            ino: self.inode.ino,
-        })?;
+        self.handle.vol.check_live()?;
+        let meta = self.handle.vol.meta.read();
+        let inode = meta
+            .state
+            .inode(self.handle.inode.ino)
+            .ok_or(Error::Stale {
+                ino: self.handle.inode.ino,
+            })?;
         let mut out = Vec::new();
         let mut cursor = 0u64;
         for ext in inode.extents.iter() {
@@ -489,7 +510,7 @@ impl File {
 
 impl AsRef<InodeIoLock> for File {
     fn as_ref(&self) -> &InodeIoLock {
-        &self.inode.io_lock
+        &self.handle.inode.io_lock
     }
 }
 
@@ -499,37 +520,37 @@ impl IomapFile for File {
     type Ops = VolumeInner;
 
     fn ops(&self) -> &VolumeInner {
-        &self.vol
+        &self.handle.vol
     }
 
     fn inode(&self) -> &OpenInode {
-        &self.inode
+        &self.handle.inode
     }
 
     fn device(&self) -> &Arc<dyn BlockDevice> {
-        &self.vol.dev
+        &self.handle.vol.dev
     }
 
     fn flushes(&self) -> &Arc<FlushCoalescer> {
-        &self.vol.flush_coalescer
+        &self.handle.vol.flush_coalescer
     }
 
     fn is_direct(&self) -> bool {
-        self.flags.direct
+        self.handle.flags.direct
     }
 
     fn mapping(&self) -> &Mapping {
-        &self.inode.mapping
+        &self.handle.inode.mapping
     }
 
     fn error_cursor(&self) -> &iomap::ErrorCursor {
-        &self.errors_seen
+        &self.handle.errors_seen
     }
 
     fn write_sync(&self) -> WriteSync {
-        if self.flags.sync {
+        if self.handle.flags.sync {
             WriteSync::Sync
-        } else if self.flags.dsync {
+        } else if self.handle.flags.dsync {
             WriteSync::Dsync
         } else {
             WriteSync::None
@@ -540,12 +561,16 @@ impl IomapFile for File {
         if write {
             self.check_writable(pos, len)
         } else {
-            self.vol.check_live()
+            self.handle.vol.check_live()
         }
     }
 
+    /// The same handle, counted once more: the request reports through
+    /// it, and the file stays open until the request is done.
     fn hold(&self) -> Result<File> {
-        self.try_clone()
+        Ok(File {
+            handle: Arc::clone(&self.handle),
+        })
     }
 
     fn error_at(&self, offset: u64, err: Error) -> Error {

@@ -128,6 +128,9 @@ pub struct VolumeInner {
     pub(crate) commit_threshold: u64,
     /// Shares flushes among concurrent DSYNC overwrites.
     pub(crate) flush_coalescer: Arc<FlushCoalescer>,
+    /// The device's request slots, shared by the volume's asynchronous
+    /// queues.
+    pub(crate) device_slots: Arc<iomap::aio::DeviceSlots>,
     /// The page cache of every file of this volume.
     pub(crate) cache: FolioCache,
     /// Writeback errors of files closed since: the next `Volume::sync`
@@ -148,6 +151,7 @@ impl VolumeInner {
         commit_threshold: u64,
         cache: FolioCache,
     ) -> VolumeInner {
+        let device_slots = Arc::new(iomap::aio::DeviceSlots::new(dev.request_slots()));
         VolumeInner {
             dev,
             block_size: sb.layout.block_size,
@@ -160,6 +164,7 @@ impl VolumeInner {
             commit_threshold,
             mount_warnings: Vec::new(),
             flush_coalescer: Arc::new(FlushCoalescer::new()),
+            device_slots,
             cache,
             lost_writeback: Mutex::new(Vec::new()),
         }

@@ -624,3 +624,44 @@ fn async_overwrite_never_lands_inside_a_read_modify_write() {
         assert_eq!(c.completed_by, CompletedBy::Reaper);
     }
 }
+
+/// On a device whose kernel queue holds 3 requests, two queues with 64
+/// writes in flight each keep at most 3 of them in the device, plus one of
+/// a queue that held none (so neither ever waits for the other's); every
+/// write completes inline with its bytes, and the slots all come back.
+#[test]
+fn queues_keep_within_the_devices_request_slots() {
+    for (queue, dev) in each_queue(|| MemDevice::new(32 << 20, SECTOR as u32).with_request_slots(3))
+    {
+        println!("{queue} queue");
+        let vol = volume(&dev);
+        let f = vol.open_file("/db", direct(false)).unwrap();
+        f.pwrite(&vec![1u8; (128 * BLOCK) as usize], 0).unwrap();
+        f.fsync().unwrap();
+        let (mut a, mut b) = (vol.io_queue(64).unwrap(), vol.io_queue(64).unwrap());
+        let mut peak = 0;
+        for token in 0..128u64 {
+            let q = if token % 2 == 0 { &mut a } else { &mut b };
+            let buf = buf_of(&[token as u8; BLOCK as usize]);
+            q.submit_write(&f, token * BLOCK, buf, token).unwrap();
+            peak = peak.max(vol.device_slots_in_use());
+            assert!(vol.device_slots_in_use() <= 4, "token {token}");
+        }
+        assert!(peak >= 3, "the slots were used: peak {peak}");
+        a.submit().unwrap();
+        b.submit().unwrap();
+        let mut done = reap_all(&mut a);
+        done.extend(reap_all(&mut b));
+        assert_eq!(done.len(), 128);
+        for (token, c) in done {
+            assert_eq!(c.result.unwrap(), BLOCK as usize);
+            assert_eq!(c.completed_by, CompletedBy::Reaper, "token {token}");
+        }
+        assert_eq!(vol.device_slots_in_use(), 0);
+        let mut back = vec![0u8; BLOCK as usize];
+        for token in 0..128u64 {
+            f.pread(&mut back, token * BLOCK).unwrap();
+            assert!(back.iter().all(|&x| x == token as u8), "token {token}");
+        }
+    }
+}

@@ -71,6 +71,8 @@ pub struct MemDevice {
     state: Arc<Mutex<State>>,
     /// `Some`: [`BlockDevice::native_queue`] makes an [`OutOfOrderQueue`].
     out_of_order: Option<OutOfOrder>,
+    /// What [`BlockDevice::request_slots`] says.
+    request_slots: Option<usize>,
 }
 
 /// How [`MemDevice::with_out_of_order_queue`] seeds its queues.
@@ -135,6 +137,13 @@ impl MemDevice {
             seed,
             queues_made: AtomicU64::new(0),
         });
+        self
+    }
+
+    /// Makes [`BlockDevice::request_slots`] say `slots`, as a block
+    /// device whose kernel queue holds that many requests would.
+    pub fn with_request_slots(mut self, slots: usize) -> MemDevice {
+        self.request_slots = Some(slots);
         self
     }
 
@@ -211,6 +220,7 @@ impl MemDevice {
                 pauses: Pauses::default(),
             })),
             out_of_order: None,
+            request_slots: None,
         }
     }
 
@@ -223,6 +233,7 @@ impl MemDevice {
             counters: Arc::clone(&self.counters),
             state: Arc::clone(&self.state),
             out_of_order: None,
+            request_slots: self.request_slots,
         }
     }
 
@@ -284,6 +295,10 @@ impl BlockDevice for MemDevice {
 
     fn counters(&self) -> &DeviceCounters {
         &self.counters
+    }
+
+    fn request_slots(&self) -> Option<usize> {
+        self.request_slots
     }
 
     fn native_queue(&self, depth: usize) -> Result<Option<Box<dyn DeviceQueue>>, DeviceError> {

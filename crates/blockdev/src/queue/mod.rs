@@ -133,6 +133,29 @@ pub trait DeviceQueue: Send {
         drop(buf);
     }
 
+    /// A new zeroed buffer of `len` bytes registered with this queue alone,
+    /// for a caller that keeps it across many requests (io_uring: an entry
+    /// of the ring's registered-buffer table, so transfers through it pin
+    /// no pages). `None` where the backend has no such thing, the queue has
+    /// a configured pool ([`alloc_buffer`](DeviceQueue::alloc_buffer)), its
+    /// table is full or registration failed: use a plain buffer then.
+    ///
+    /// Like a pool buffer it is an ordinary [`AlignedBuf`] that works in any
+    /// request on any queue. Give it back with
+    /// [`unregister_buffer`](DeviceQueue::unregister_buffer), which frees
+    /// its table entry; dropping it instead leaves the entry unused for the
+    /// life of the queue.
+    fn register_buffer(&mut self, len: usize) -> Option<AlignedBuf> {
+        let _ = len;
+        None
+    }
+
+    /// Frees a buffer of [`register_buffer`](DeviceQueue::register_buffer)
+    /// and its table entry; any other buffer is simply dropped.
+    fn unregister_buffer(&mut self, buf: AlignedBuf) {
+        drop(buf);
+    }
+
     /// [`submit`](DeviceQueue::submit), then [`reap`](DeviceQueue::reap)
     /// `(min, out)`, in one system call where the backend can (io_uring: one
     /// `io_uring_enter` that submits and waits). The loop of a queue-depth-1

@@ -34,6 +34,18 @@
 //! If registration fails (typically `ENOMEM` from `RLIMIT_MEMLOCK`), the
 //! queue works without a pool: `alloc_buffer` returns `None` and
 //! [`UringQueue::fixed_buffer_error`](super::UringQueue::fixed_buffer_error) says why.
+//!
+//! Buffers registered one at a time. A queue without a configured pool
+//! registers buffers on demand instead
+//! ([`DeviceQueue::register_buffer`](crate::DeviceQueue::register_buffer)),
+//! for a caller that keeps its buffers across many requests (the C API's
+//! queue buffers): the first one registers a sparse table
+//! (`IORING_REGISTER_BUFFERS2` with `IORING_RSRC_REGISTER_SPARSE`), and each
+//! buffer fills one empty entry (`IORING_REGISTER_BUFFERS_UPDATE`), tagged
+//! as above. [`DeviceQueue::unregister_buffer`](crate::DeviceQueue::unregister_buffer)
+//! empties the entry again before the buffer is freed; only then is the
+//! index handed out anew, so at most one live buffer carries it. A tagged
+//! buffer dropped instead leaves its entry dead, as above.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -73,10 +85,15 @@ pub(super) struct FixedPool {
     /// Declared after `ring` in `UringQueue`, but freed only after `Drop`
     /// unregistered the table, whatever the field order.
     free: Vec<AlignedBuf>,
-    /// Why the configured pool could not be registered.
+    /// Why the configured pool (or the sparse table) could not be
+    /// registered.
     error: Option<String>,
     /// Entries sent with `READ_FIXED`/`WRITE_FIXED`.
     pub(super) fixed_entries: u64,
+    /// A sparse table is registered (buffers one at a time), with these
+    /// entries empty (indexes below `regions.len()`; the rest are empty
+    /// too).
+    sparse: Option<Vec<u16>>,
 }
 
 impl FixedPool {
@@ -87,6 +104,7 @@ impl FixedPool {
             free: Vec::new(),
             error: None,
             fixed_entries: 0,
+            sparse: None,
         }
     }
 
@@ -153,7 +171,7 @@ impl FixedPool {
 
     /// Registered buffers in the table (0 without a pool).
     pub(super) fn registered(&self) -> usize {
-        self.regions.len()
+        self.regions.iter().filter(|&&(_, len)| len > 0).count()
     }
 
     /// Why a configured pool is missing (registration failed), if it is.
@@ -170,10 +188,113 @@ impl FixedPool {
         Some(buf)
     }
 
+    /// Registers a new zeroed buffer of `len` bytes in an empty entry of
+    /// the sparse table (registering the table first); `None` when the
+    /// queue has a configured pool, the table is full, or registration
+    /// failed (`error` says why).
+    pub(super) fn register_one(
+        &mut self,
+        ring: &IoUring,
+        caps: &DeviceCaps,
+        len: usize,
+    ) -> Option<AlignedBuf> {
+        if len == 0 || (self.sparse.is_none() && !self.regions.is_empty()) {
+            return None;
+        }
+        if self.sparse.is_none() {
+            if let Err(e) = ring
+                .submitter()
+                .register_buffers_sparse(MAX_FIXED_BUFFERS as u32)
+            {
+                self.error = Some(format!(
+                    "registering a sparse table of {MAX_FIXED_BUFFERS} buffers failed: {}",
+                    errno_text(&e)
+                ));
+                return None;
+            }
+            self.sparse = Some(Vec::new());
+        }
+        let empty = self.sparse.as_mut()?;
+        let index = match empty.pop() {
+            Some(index) => usize::from(index),
+            None if self.regions.len() < MAX_FIXED_BUFFERS => self.regions.len(),
+            None => return None,
+        };
+        let align = (caps.memory_alignment.max(caps.logical_block_size) as usize).max(4096);
+        let Ok(mut buf) = AlignedBuf::new(len, align) else {
+            empty.push(index as u16);
+            return None;
+        };
+        let iovec = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.capacity(),
+        };
+        // SAFETY: the iovec is the whole of a live allocation that `buf`
+        // owns, and entry `index` is empty. The kernel touches those pages
+        // only for a READ_FIXED/WRITE_FIXED entry naming `index`, pushed only
+        // for the one buffer carrying this ring's tag for it, owned by the
+        // in-flight table until its completion (module docs). If `buf` is
+        // dropped without `unregister_one`, the entry is dead: never named
+        // again, the pages pinned until the table is unregistered.
+        if let Err(e) = unsafe {
+            ring.submitter()
+                .register_buffers_update(index as u32, &[iovec], None)
+        } {
+            self.error = Some(format!(
+                "registering a buffer of {len} bytes at index {index} failed: {}",
+                errno_text(&e)
+            ));
+            empty.push(index as u16);
+            return None;
+        }
+        if index == self.regions.len() {
+            self.regions.push((0, 0));
+        }
+        self.regions[index] = (buf.as_ptr() as usize, buf.capacity());
+        buf.set_fixed_tag(Some(FixedTag {
+            ring_id: self.ring_id,
+            index: index as u16,
+        }));
+        Some(buf)
+    }
+
+    /// Empties the sparse-table entry of `buf` (one of `register_one`'s,
+    /// whole) and frees it; its index may then be handed out again. Any
+    /// other buffer is simply dropped.
+    pub(super) fn unregister_one(&mut self, ring: &IoUring, buf: AlignedBuf) {
+        let Some(index) = self.index_of(&buf) else {
+            return;
+        };
+        let Some(empty) = self.sparse.as_mut() else {
+            return;
+        };
+        if self.regions[usize::from(index)].0 != buf.as_ptr() as usize {
+            return;
+        }
+        let iovec = libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        };
+        // SAFETY: an empty iovec registers nothing: it only drops the
+        // kernel's reference to the pages of entry `index` (requests still
+        // using them keep their own).
+        if unsafe {
+            ring.submitter()
+                .register_buffers_update(u32::from(index), &[iovec], None)
+        }
+        .is_ok()
+        {
+            self.regions[usize::from(index)] = (0, 0);
+            empty.push(index);
+        }
+        // Otherwise the entry stays dead (never named again): still safe.
+        drop(buf);
+    }
+
     /// Puts `buf` back if it is one of this ring's own buffers, whole (as
     /// registered); drops anything else.
     pub(super) fn put_back(&mut self, buf: AlignedBuf) {
-        if self.index_of(&buf).is_some() {
+        if self.sparse.is_none() && self.index_of(&buf).is_some() {
             let index = buf.fixed_tag().map_or(0, |t| t.index as usize);
             if self.regions[index].0 == buf.as_ptr() as usize {
                 self.free.push(buf);
@@ -184,7 +305,7 @@ impl FixedPool {
     /// Unregisters the table. Only with nothing in flight, and before the
     /// pool's buffers are freed.
     pub(super) fn unregister(&self, ring: &IoUring) {
-        if !self.regions.is_empty() {
+        if !self.regions.is_empty() || self.sparse.is_some() {
             let _ = ring.submitter().unregister_buffers();
         }
     }

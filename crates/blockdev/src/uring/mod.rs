@@ -140,6 +140,10 @@ impl BlockDevice for UringDevice {
         self.sync.counters()
     }
 
+    fn request_slots(&self) -> Option<usize> {
+        self.sync.request_slots()
+    }
+
     fn native_queue(&self, depth: usize) -> Result<Option<Box<dyn DeviceQueue>>, DeviceError> {
         Ok(Some(Box::new(self.new_queue(depth)?)))
     }

@@ -460,6 +460,14 @@ impl DeviceQueue for UringQueue {
         self.pool.put_back(buf);
     }
 
+    fn register_buffer(&mut self, len: usize) -> Option<AlignedBuf> {
+        self.pool.register_one(&self.ring, self.dev.caps(), len)
+    }
+
+    fn unregister_buffer(&mut self, buf: AlignedBuf) {
+        self.pool.unregister_one(&self.ring, buf);
+    }
+
     fn submit_and_reap(
         &mut self,
         min: usize,

@@ -35,6 +35,7 @@
 //! first byte-granular write, a byte-granular write over its own unreaped
 //! writes): that call would wait for a reap only this thread can do.
 
+mod device_slots;
 mod plan;
 mod worker;
 
@@ -43,6 +44,7 @@ use std::sync::Arc;
 
 use blockdev::{AlignedBuf, BlockDevice, DeviceCompletion, DeviceQueue, DeviceRequest, Token};
 
+pub use device_slots::DeviceSlots;
 pub use plan::{plan_pure_overwrite, plan_read, Part, ReadPlan, WritePlan};
 
 use crate::byte_dio::write_range;
@@ -149,14 +151,26 @@ pub struct IoQueue<F: IomapFile> {
     /// This queue's device flush in flight, if any.
     own_flush: Option<QueuedFlush>,
     scratch: Vec<DeviceCompletion>,
+    /// The device's request slots, shared with the volume's other queues,
+    /// and how many this queue holds (one per device request pushed and
+    /// not yet reaped).
+    device_slots: Arc<DeviceSlots>,
+    held_slots: usize,
+    /// Device requests waiting for a request slot, in push order. Only a
+    /// queue holding slots keeps any (one with none always gets one), so
+    /// its own completions free slots for them: they go out at the next
+    /// submit or reap, and the submitter never waits for a slot.
+    waiting_for_slot: VecDeque<(Token, DeviceRequest)>,
 }
 
 impl<F: IomapFile> IoQueue<F> {
     /// A queue holding up to `depth` device requests in flight on `dev`,
-    /// sharing DSYNC flushes through `flushes` (the volume's coalescer).
+    /// sharing DSYNC flushes through `flushes` (the volume's coalescer) and
+    /// the device's request slots with the volume's other queues.
     pub fn new(
         dev: Arc<dyn BlockDevice>,
         flushes: Arc<FlushCoalescer>,
+        device_slots: Arc<DeviceSlots>,
         depth: usize,
     ) -> Result<IoQueue<F>, IomapError> {
         let devq = blockdev::queue::new_queue(&dev, depth).map_err(|source| IomapError::Queue {
@@ -175,6 +189,9 @@ impl<F: IomapFile> IoQueue<F> {
             awaiting_flush: Vec::new(),
             own_flush: None,
             scratch: Vec::new(),
+            device_slots,
+            held_slots: 0,
+            waiting_for_slot: VecDeque::new(),
         })
     }
 
@@ -387,15 +404,45 @@ impl<F: IomapFile> IoQueue<F> {
         Ok(())
     }
 
-    /// Pushes one device request, making room by reaping when the device
-    /// queue is full.
-    fn push(&mut self, token: Token, mut request: DeviceRequest) -> Result<(), IomapError> {
+    /// Pushes one device request, or keeps it until a device request slot
+    /// is free (see `waiting_for_slot`).
+    fn push(&mut self, token: Token, request: DeviceRequest) -> Result<(), IomapError> {
+        if !self.waiting_for_slot.is_empty() || !self.device_slots.try_take(self.held_slots == 0) {
+            self.waiting_for_slot.push_back((token, request));
+            return Ok(());
+        }
+        self.held_slots += 1;
+        self.push_to_device(token, request)
+    }
+
+    /// Pushes the requests waiting for a slot, as far as slots are free.
+    fn release_waiting(&mut self) -> Result<(), IomapError> {
+        while !self.waiting_for_slot.is_empty() && self.device_slots.try_take(self.held_slots == 0)
+        {
+            self.held_slots += 1;
+            let (token, request) = self.waiting_for_slot.pop_front().expect("not empty");
+            self.push_to_device(token, request)?;
+        }
+        Ok(())
+    }
+
+    /// Pushes one device request holding a slot, making room by reaping
+    /// when the device queue is full.
+    fn push_to_device(
+        &mut self,
+        token: Token,
+        mut request: DeviceRequest,
+    ) -> Result<(), IomapError> {
         loop {
             match self.devq.push(token, request) {
                 Ok(()) => return Ok(()),
                 Err(full) => {
                     request = full.request;
-                    self.handle_device_completions(1)?;
+                    if let Err(e) = self.handle_device_completions(1) {
+                        self.held_slots -= 1;
+                        self.device_slots.give_back(1);
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -403,10 +450,25 @@ impl<F: IomapFile> IoQueue<F> {
 
     /// Sends every queued request to the device; returns how many.
     pub fn submit(&mut self) -> Result<usize, IomapError> {
+        self.release_waiting()?;
         self.devq.submit().map_err(|source| IomapError::Queue {
             what: "submit",
             source,
         })
+    }
+
+    /// A zeroed buffer of `len` bytes registered with this queue's device
+    /// queue ([`DeviceQueue::register_buffer`]), for a caller that submits
+    /// it again and again: a request that goes out as one device request
+    /// through it pins no pages. `None`: use a plain buffer.
+    pub fn register_buffer(&mut self, len: usize) -> Option<AlignedBuf> {
+        self.devq.register_buffer(len)
+    }
+
+    /// Frees a buffer of [`register_buffer`](IoQueue::register_buffer)
+    /// and its registration; any other buffer is simply dropped.
+    pub fn unregister_buffer(&mut self, buf: AlignedBuf) {
+        self.devq.unregister_buffer(buf);
     }
 
     /// Requests submitted and not yet reaped.
@@ -539,6 +601,9 @@ impl<F: IomapFile> IoQueue<F> {
         } else {
             self.devq.submit_and_reap(wait_for, &mut scratch)
         };
+        let reaped = scratch.len();
+        self.held_slots -= reaped;
+        self.device_slots.give_back(reaped);
         for c in scratch.drain(..) {
             self.on_device_completion(c);
         }
@@ -577,6 +642,9 @@ impl<F: IomapFile> IoQueue<F> {
         let mut got = 0;
         loop {
             self.handle_device_completions(0)?;
+            // Slots those completions freed: their requests go out in the
+            // kernel entry below.
+            self.release_waiting()?;
             while let Some(done) = self.worker.try_take() {
                 self.ready.push_back(done);
             }
@@ -622,5 +690,8 @@ impl<F: IomapFile> Drop for IoQueue<F> {
                 break;
             }
         }
+        // Slots of requests a failed queue could not reap: the device queue
+        // waits for them as it drops, and the other queues need not.
+        self.device_slots.give_back(self.held_slots);
     }
 }
