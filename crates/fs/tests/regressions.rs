@@ -449,6 +449,57 @@ fn failed_writeback_of_the_eof_gap_never_exposes_stale_bytes() {
     }
 }
 
+/// A block whose writeback failed past the on-disk EOF stays dirty: a
+/// direct read over it writes back first and fails with the error while
+/// the device keeps failing, and never returns the device's bytes there
+/// (the stale bytes of a write a crash lost); once the device works, the
+/// direct read sees the cached zeros, written.
+#[test]
+fn direct_read_after_a_failed_eof_gap_writeback_never_shows_stale_bytes() {
+    use blockdev::{FaultOp, FaultRule};
+    use common::dev::{cut, dynd, format, marked_device, CutPolicy};
+    let mem = marked_device(8 * MIB, false);
+    format(dynd(&mem));
+    let vol = Volume::open(dynd(&mem)).unwrap();
+    let f = create(&vol, "/f", true);
+    f.pwrite(&[0xAAu8; 1024], 0).unwrap();
+    f.fsync().unwrap();
+    f.pwrite(&[0xBBu8; 3072], 1024).unwrap();
+    let crashed = Arc::new(cut(&mem, CutPolicy::KeepEverything));
+    drop((f, vol));
+
+    let vol = Volume::open(dynd(&crashed)).unwrap();
+    let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+    let block0 = f.fiemap().unwrap()[0].addr;
+    f.pwrite(&[0xCCu8; 10], 8192).unwrap();
+    // Every write of block 0 fails until the faults are cleared.
+    crashed.inject(FaultRule::new(FaultOp::Write).range(block0..block0 + 4096));
+    assert!(f.fsync().is_err(), "the failed writeback was not reported");
+    let direct = vol
+        .open_file(
+            "/f",
+            OpenFlags {
+                direct: true,
+                ..OpenFlags::default()
+            },
+        )
+        .unwrap();
+    let mut got = vec![0u8; 4096];
+    for attempt in 0..2 {
+        match direct.pread(&mut got, 0) {
+            Err(_) => {}
+            Ok(n) => assert!(
+                got[1024..n].iter().all(|&b| b == 0),
+                "attempt {attempt}: a direct read returned the device's stale bytes"
+            ),
+        }
+    }
+    crashed.clear_faults();
+    assert_eq!(direct.pread(&mut got, 0).unwrap(), 4096);
+    assert!(got[..1024].iter().all(|&b| b == 0xAA));
+    assert!(got[1024..].iter().all(|&b| b == 0), "the gap is not zeros");
+}
+
 // ---- a lost journal tail (hostile.rs, "Anywhere" cases) ----
 
 /// Zeroes every journal block that differs from `before`: the batches
