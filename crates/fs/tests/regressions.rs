@@ -127,6 +127,25 @@ fn extension_after_crash_zeroes_stale_tail_of_eof_block() {
     );
 }
 
+/// A device after a crash: `/f` holds 1024 durable bytes of 0xAA, and
+/// 0xBB at 1024..4096 of its written block 0 from a direct write past EOF
+/// whose size change the crash lost (the bytes landed in place; the size
+/// stayed an uncommitted journal record). Those bytes are stale: no size
+/// may come to cover them unzeroed.
+fn lost_size_change_in_the_eof_block() -> Arc<MemDevice> {
+    use common::dev::{cut, dynd, format, marked_device, CutPolicy};
+    let mem = marked_device(8 * MIB, false);
+    format(dynd(&mem));
+    let vol = Volume::open(dynd(&mem)).unwrap();
+    let f = create(&vol, "/f", true);
+    f.pwrite(&[0xAAu8; 1024], 0).unwrap();
+    f.fsync().unwrap();
+    f.pwrite(&[0xBBu8; 3072], 1024).unwrap();
+    let crashed = Arc::new(cut(&mem, CutPolicy::KeepEverything));
+    drop((f, vol));
+    crashed
+}
+
 /// power_cut.rs seed 1755934452553282436 (policies suite): a buffered DSYNC
 /// write past EOF zeroes, in the cache, the old EOF block's tail (where a
 /// write whose size change a crash lost left its bytes), but wrote back only
@@ -135,18 +154,8 @@ fn extension_after_crash_zeroes_stale_tail_of_eof_block() {
 /// the lost write's bytes inside the file (invariants 1 and 4).
 #[test]
 fn dsync_buffered_extension_writes_back_the_zeroed_eof_gap() {
-    use common::dev::{cut, dynd, format, marked_device, CutPolicy};
-    let mem = marked_device(8 * MIB, false);
-    format(dynd(&mem));
-    let vol = Volume::open(dynd(&mem)).unwrap();
-    let f = create(&vol, "/f", true);
-    f.pwrite(&[0xAAu8; 1024], 0).unwrap();
-    f.fsync().unwrap();
-    // Past EOF inside the written block 0: the bytes land in place; the
-    // size change stays an uncommitted journal record.
-    f.pwrite(&[0xBBu8; 3072], 1024).unwrap();
-    let crashed = Arc::new(cut(&mem, CutPolicy::KeepEverything));
-    drop((f, vol));
+    use common::dev::{cut, dynd, CutPolicy};
+    let crashed = lost_size_change_in_the_eof_block();
 
     let vol = Volume::open(dynd(&crashed)).unwrap();
     let dsync = OpenFlags {
@@ -382,17 +391,8 @@ fn replacing_an_xattr_with_a_shorter_value() {
 #[test]
 fn failed_writeback_of_the_eof_gap_never_exposes_stale_bytes() {
     use blockdev::{FaultOp, FaultRule};
-    use common::dev::{cut, dynd, format, marked_device, CutPolicy};
-    let mem = marked_device(8 * MIB, false);
-    format(dynd(&mem));
-    let vol = Volume::open(dynd(&mem)).unwrap();
-    let f = create(&vol, "/f", true);
-    f.pwrite(&[0xAAu8; 1024], 0).unwrap();
-    f.fsync().unwrap();
-    // As in `dsync_buffered_extension_writes_back_the_zeroed_eof_gap`.
-    f.pwrite(&[0xBBu8; 3072], 1024).unwrap();
-    let crashed = Arc::new(cut(&mem, CutPolicy::KeepEverything));
-    drop((f, vol));
+    use common::dev::{cut, dynd, CutPolicy};
+    let crashed = lost_size_change_in_the_eof_block();
 
     let vol = Volume::open(dynd(&crashed)).unwrap();
     let f = vol.open_file("/f", OpenFlags::default()).unwrap();
@@ -457,16 +457,8 @@ fn failed_writeback_of_the_eof_gap_never_exposes_stale_bytes() {
 #[test]
 fn direct_read_after_a_failed_eof_gap_writeback_never_shows_stale_bytes() {
     use blockdev::{FaultOp, FaultRule};
-    use common::dev::{cut, dynd, format, marked_device, CutPolicy};
-    let mem = marked_device(8 * MIB, false);
-    format(dynd(&mem));
-    let vol = Volume::open(dynd(&mem)).unwrap();
-    let f = create(&vol, "/f", true);
-    f.pwrite(&[0xAAu8; 1024], 0).unwrap();
-    f.fsync().unwrap();
-    f.pwrite(&[0xBBu8; 3072], 1024).unwrap();
-    let crashed = Arc::new(cut(&mem, CutPolicy::KeepEverything));
-    drop((f, vol));
+    use common::dev::dynd;
+    let crashed = lost_size_change_in_the_eof_block();
 
     let vol = Volume::open(dynd(&crashed)).unwrap();
     let f = vol.open_file("/f", OpenFlags::default()).unwrap();
