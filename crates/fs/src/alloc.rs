@@ -209,16 +209,29 @@ impl Allocator {
     /// A checkpoint holding every record through `up_to_seq` is durable:
     /// space those records freed becomes allocatable.
     pub fn release_busy(&mut self, up_to_seq: u64) {
-        while let Some(&(seq, addr)) = self.busy_by_seq.first() {
-            if seq > up_to_seq {
-                break;
-            }
-            self.busy_by_seq.remove(&(seq, addr));
-            if let Some((len, _)) = self.busy.remove(&addr) {
-                self.busy_bytes -= len;
-                self.insert_free(addr, len);
+        while self.release_busy_at_most(up_to_seq, usize::MAX) {}
+    }
+
+    /// [`Allocator::release_busy`] of at most `max_ranges` busy ranges, so
+    /// that a caller holding a lock others wait for can release a large
+    /// backlog (a mass punch) in bounded steps. Returns whether busy space
+    /// freed through `up_to_seq` remains.
+    pub fn release_busy_at_most(&mut self, up_to_seq: u64, max_ranges: usize) -> bool {
+        for _ in 0..max_ranges {
+            match self.busy_by_seq.first() {
+                Some(&(seq, addr)) if seq <= up_to_seq => {
+                    self.busy_by_seq.remove(&(seq, addr));
+                    if let Some((len, _)) = self.busy.remove(&addr) {
+                        self.busy_bytes -= len;
+                        self.insert_free(addr, len);
+                    }
+                }
+                _ => return false,
             }
         }
+        self.busy_by_seq
+            .first()
+            .is_some_and(|&(seq, _)| seq <= up_to_seq)
     }
 
     /// Bytes allocatable now (excluding busy space).
@@ -527,6 +540,29 @@ mod tests {
         a.free_now(0, BS).unwrap();
         a.free_now(3 * BS, BS).unwrap();
         assert_eq!(a.free_extents(), vec![(0, 4 * BS)], "coalesced");
+        a.check().unwrap();
+    }
+
+    #[test]
+    fn busy_space_is_released_in_bounded_steps_oldest_first() {
+        let mut a = Allocator::new(0, 8 * BS, BS as u32);
+        assert_eq!(a.alloc(8 * BS, None), Some((0, 8 * BS)));
+        // Freed by records 1..=5, one block each, every other block.
+        for seq in 1..=5u64 {
+            a.free((8 - 2 * seq).min(7) * BS, BS, seq).unwrap();
+        }
+        assert_eq!(a.busy_bytes(), 5 * BS);
+        assert!(a.release_busy_at_most(4, 2), "records 3 and 4 still busy");
+        assert_eq!(a.free_bytes(), 2 * BS);
+        assert!(!a.release_busy_at_most(4, 2), "nothing through 4 left");
+        assert_eq!(a.free_bytes(), 4 * BS);
+        assert_eq!(
+            a.busy_bytes(),
+            BS,
+            "record 5's block waits for its checkpoint"
+        );
+        assert!(!a.release_busy_at_most(4, 2));
+        assert_eq!(a.busy_bytes(), BS);
         a.check().unwrap();
     }
 

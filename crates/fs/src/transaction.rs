@@ -12,6 +12,10 @@ use crate::journal::JournalWriter;
 use crate::mount_state::VolumeInner;
 use crate::{Error, Result};
 
+/// Busy ranges a checkpoint releases per hold of the metadata lock: about
+/// a millisecond's work.
+const BUSY_RANGES_RELEASED_PER_LOCK: usize = 2048;
+
 impl VolumeInner {
     /// Commits when enough uncommitted metadata has piled up.
     pub fn commit_if_due(&self) -> Result<()> {
@@ -182,10 +186,19 @@ impl VolumeInner {
         // snapshot freed is reused, so that no rollback the mark would not
         // report can show it.
         checkpoint::mark_superseded(&*self.dev, &self.sb, older_slot, older_generation)?;
-        let mut meta = self.meta.write();
-        meta.mark_committed(journal_seq - 1);
-        // Space the snapshot's records freed is free for good now.
-        meta.alloc.release_busy(journal_seq - 1);
+        self.meta.write().mark_committed(journal_seq - 1);
+        // Space the snapshot's records freed is free for good now. In
+        // bounded steps, the lock released in between: after a mass punch
+        // the backlog is large, and every reader and writer waits while the
+        // lock is held (150 ms for 200k ranges in the metadata-scale bench).
+        // Space still busy meanwhile only makes an allocation wait for it
+        // or fail over to the checkpoint that ends with it released.
+        while self
+            .meta
+            .write()
+            .alloc
+            .release_busy_at_most(journal_seq - 1, BUSY_RANGES_RELEASED_PER_LOCK)
+        {}
         Ok(())
     }
 }
