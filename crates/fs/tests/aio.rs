@@ -573,6 +573,56 @@ fn later_byte_granular_overwrites_do_not_drain_in_flight_io() {
     }
 }
 
+/// A direct write of whole blocks into a hole inside the on-disk EOF
+/// allocates and converts under the shared lock, as XFS's aligned direct
+/// writes do: it does not wait for the file's in-flight I/O to drain (an
+/// unreaped async read holds it here, so a write that went exclusive would
+/// wait forever). Its data and the read's are both right after.
+#[test]
+fn aligned_allocating_writes_inside_eof_do_not_drain_in_flight_io() {
+    for (queue, dev) in each_queue(|| MemDevice::new(32 << 20, SECTOR as u32)) {
+        println!("{queue} queue");
+        let vol = volume(&dev);
+        let f = vol.open_file("/holes", direct(false)).unwrap();
+        f.pwrite(&[0x11; BLOCK as usize], 0).unwrap();
+        f.pwrite(&[0x12; BLOCK as usize], 15 * BLOCK).unwrap(); // EOF 64 KiB
+        let mut q = vol.io_queue(4).unwrap();
+        q.submit_read(&f, 0, AlignedBuf::new(BLOCK as usize, 4096).unwrap(), 1)
+            .unwrap();
+        q.submit().unwrap();
+        let writer = {
+            let f = f.try_clone().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let written = f.pwrite(&[0x33; 2 * BLOCK as usize], 4 * BLOCK);
+                tx.send(written.map_err(|e| e.to_string())).unwrap();
+            });
+            rx
+        };
+        let finished = writer.recv_timeout(std::time::Duration::from_secs(20));
+        let done = reap_all(&mut q);
+        let written = finished.expect("an aligned allocating write waited for the unreaped read");
+        assert_eq!(written.unwrap(), 2 * BLOCK as usize);
+        assert_eq!(done[&1].result.as_ref().unwrap(), &(BLOCK as usize));
+        let mut back = vec![0u8; 16 * BLOCK as usize];
+        f.pread(&mut back, 0).unwrap();
+        let block = |b: u64| &back[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize];
+        assert!(block(0).iter().all(|&x| x == 0x11));
+        assert!(block(3).iter().all(|&x| x == 0), "a hole beside the write");
+        assert!(block(4).iter().all(|&x| x == 0x33));
+        assert!(block(5).iter().all(|&x| x == 0x33));
+        assert!(block(6).iter().all(|&x| x == 0), "a hole beside the write");
+        assert!(block(15).iter().all(|&x| x == 0x12));
+        drop(f);
+        vol.unmount().unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        let f = vol.open_file("/holes", direct(false)).unwrap();
+        let mut again = vec![0u8; 2 * BLOCK as usize];
+        f.pread(&mut again, 4 * BLOCK).unwrap();
+        assert!(again.iter().all(|&x| x == 0x33), "converted for good");
+    }
+}
+
 /// A synchronous 10-byte write read-modify-writes a sector; between its
 /// read and its write back, an async whole-sector overwrite of that sector
 /// is submitted. It must not go to the device in between (it would be

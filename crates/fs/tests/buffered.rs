@@ -391,6 +391,49 @@ fn direct_and_buffered_handles_always_agree() {
     }
 }
 
+/// A buffered read that runs while a direct write of the same blocks is in
+/// flight (both hold the file's lock shared) caches what the write is
+/// replacing; once the write returns, the buffered handle sees the new
+/// bytes, not that cached copy. For an overwrite and for an allocating
+/// write into a hole (which also runs under the shared lock).
+#[test]
+fn a_buffered_read_during_a_direct_write_does_not_keep_the_old_bytes() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let (b, data) = written(&vol);
+    let d = vol.open_file("/f", direct()).unwrap();
+    d.punch_hole(8 * BLOCK, BLOCK).unwrap();
+    for (what, block) in [("overwrite", 2u64), ("allocating write", 8)] {
+        let new = pattern(BLOCK as usize, 0x40 + block as u8);
+        let paused = dev.pause_before(FaultRule::new(FaultOp::Write));
+        let writer = {
+            let d = d.try_clone().unwrap();
+            let new = new.clone();
+            std::thread::spawn(move || d.pwrite(&new, block * BLOCK).unwrap())
+        };
+        paused.wait_reached();
+        let mut during = vec![0u8; BLOCK as usize];
+        b.pread(&mut during, block * BLOCK).unwrap();
+        let old = if block == 8 {
+            vec![0u8; BLOCK as usize]
+        } else {
+            data[(block * BLOCK) as usize..((block + 1) * BLOCK) as usize].to_vec()
+        };
+        assert!(
+            during == old,
+            "{what}: the read saw the write before it was done"
+        );
+        paused.resume();
+        writer.join().unwrap();
+        let mut after = vec![0u8; BLOCK as usize];
+        b.pread(&mut after, block * BLOCK).unwrap();
+        assert!(
+            after == new,
+            "{what}: the buffered handle kept the old bytes"
+        );
+    }
+}
+
 #[test]
 fn memory_stays_within_the_cache_budget() {
     let dev = Arc::new(MemDevice::new(256 * MIB, 4096));

@@ -203,6 +203,27 @@ fn pick_range(rng: &mut SmallRng, spec: &FileSpec, t: usize, max: u64) -> (usize
     (local as usize, spec.abs(t, local), len)
 }
 
+/// The file-system block size of the volumes here (the default format).
+const FS_BLOCK: u64 = 4096;
+
+/// `(local, off, _)` from [`pick_range`] moved to the whole file-system
+/// blocks that follow it inside its stripe, if any fit: such direct writes
+/// allocate and convert under the shared lock, beside the other threads'.
+fn snap_to_blocks(
+    rng: &mut SmallRng,
+    spec: &FileSpec,
+    (local, off, _): (usize, u64, u64),
+) -> Option<(usize, u64, u64)> {
+    let stripe_end = off + (spec.stripe - local as u64 % spec.stripe);
+    let start = off.next_multiple_of(FS_BLOCK);
+    let blocks = stripe_end.saturating_sub(start) / FS_BLOCK;
+    if blocks == 0 {
+        return None;
+    }
+    let len = rng.gen_range(1..=blocks.min(3)) * FS_BLOCK;
+    Some((local + (start - off) as usize, start, len))
+}
+
 struct Worker {
     t: usize,
     rng: SmallRng,
@@ -266,7 +287,14 @@ impl Worker {
     }
 
     fn write(&mut self, f: usize, dsync: bool) {
-        let (local, off, len) = pick_range(&mut self.rng, &FILES[f], self.t, MAX_WRITE);
+        let mut picked = pick_range(&mut self.rng, &FILES[f], self.t, MAX_WRITE);
+        let mut aligned = false;
+        if self.rng.gen_bool(0.3) {
+            if let Some(blocks) = snap_to_blocks(&mut self.rng, &FILES[f], picked) {
+                (picked, aligned) = (blocks, true);
+            }
+        }
+        let (local, off, len) = picked;
         let tag = self.tag();
         let data = tagged(tag, off, len as usize);
         let r = if dsync {
@@ -297,6 +325,9 @@ impl Worker {
         self.shared
             .stats
             .add(if dsync { "dsync_writes" } else { "writes" }, 1);
+        if aligned {
+            self.shared.stats.add("whole_block_writes", 1);
+        }
     }
 
     fn aio_batch(&mut self, f: usize) {
@@ -587,6 +618,7 @@ fn run_threads(
     for name in [
         "ops",
         "writes",
+        "whole_block_writes",
         "dsync_writes",
         "async_batches",
         "reads_checked",

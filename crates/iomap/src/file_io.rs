@@ -18,6 +18,7 @@ use crate::dio::dio_read_simple;
 use crate::ioend::{DioWriteOutcome, Durability, WriteSync};
 use crate::{
     buffered_io, write_protocol, writeback, zero_eof_gap, FileError, IomapFile, IomapOpFlags,
+    IomapOps,
 };
 
 thread_local! {
@@ -95,14 +96,12 @@ pub fn write<F: IomapFile>(
         lock,
         write_range(dev, pos, len)?,
         |_holds| {
-            dio_write_bytes(
-                ops,
-                dev,
-                inode,
-                pos,
-                buf,
-                flags | IomapOpFlags::OVERWRITE_ONLY,
-            )
+            let shared_flags = if allocates_under_shared_lock(ops, inode, pos, len)? {
+                flags
+            } else {
+                flags | IomapOpFlags::OVERWRITE_ONLY
+            };
+            dio_write_bytes(ops, dev, inode, pos, buf, shared_flags)
         },
         |_exclusive| {
             zero_eof_gap(ops, dev, inode, pos)?;
@@ -110,8 +109,37 @@ pub fn write<F: IomapFile>(
             dio_write_bytes(ops, dev, inode, pos, buf, flags)
         },
     )?;
+    // Folios a buffered reader cached over the range while the write was
+    // in flight (it shares the lock) hold what the write replaced: dropped,
+    // as Linux does after a direct write. Dirty ones stay (see
+    // `invalidate`).
+    if !file.mapping().is_empty() {
+        let block = u64::from(ops.block_size());
+        file.mapping()
+            .invalidate(pos - pos % block, (pos + len).next_multiple_of(block));
+    }
     Durability::after_write(sync, &outcome).wait(ops, dev, file.flushes())?;
     Ok(outcome)
+}
+
+/// Whether a direct write may allocate and convert under the shared lock,
+/// as XFS's aligned direct writes do: whole file-system blocks inside the
+/// on-disk EOF. Such a write zeroes nothing (it covers every block it
+/// allocates) and changes no size, and the metadata lock serialises its
+/// allocation and conversion with everyone else's; what stays exclusive is
+/// zeroing and the EOF. Asked under the shared lock, so the size cannot
+/// shrink before the write is done (truncate is exclusive). Without this,
+/// every allocating write drained the file's I/O and made its readers
+/// queue behind it, and behind whatever the writer waited for (a
+/// checkpoint holding the metadata lock).
+fn allocates_under_shared_lock<O: IomapOps>(
+    ops: &O,
+    inode: &O::Inode,
+    pos: u64,
+    len: u64,
+) -> Result<bool, O::Error> {
+    let block = u64::from(ops.block_size());
+    Ok(pos % block == 0 && len % block == 0 && pos + len <= ops.disk_size(inode)?)
 }
 
 /// `fsync`/`fdatasync`: writes back the file's cached data and waits, reports

@@ -1,9 +1,12 @@
 //! The inode's I/O lock and its in-flight direct-I/O counter.
 //!
-//! Pure overwrites hold the lock shared and run concurrently; anything that
-//! allocates, converts, zeroes or changes the size holds it exclusive, and
-//! first drains in-flight direct I/O (which, once asynchronous, may outlive
-//! the shared lock that submitted it).
+//! Pure overwrites hold the lock shared and run concurrently, and so do
+//! direct writes of whole file-system blocks inside the on-disk EOF, which
+//! may allocate and convert (they zero nothing and change no size; the
+//! metadata lock orders their allocations); anything else that allocates,
+//! converts, zeroes or changes the size holds it exclusive, and first
+//! drains in-flight direct I/O (which, once asynchronous, may outlive the
+//! shared lock that submitted it).
 //!
 //! # Protocol
 //!
@@ -128,8 +131,9 @@ impl InodeIoLock {
         }
     }
 
-    /// Takes the lock exclusive: for anything that allocates, converts,
-    /// zeroes or changes the size. Call [`IoLockExclusive::drain_dio`] before
+    /// Takes the lock exclusive: for anything that zeroes or changes the
+    /// size, and allocations and conversions other than the whole-block
+    /// direct writes of the module docs. Call [`IoLockExclusive::drain_dio`] before
     /// doing such work.
     pub fn lock_exclusive(&self) -> IoLockExclusive<'_> {
         IoLockExclusive {

@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! shared lock ─► range hold (once the inode has byte-granular writes)
-//!             ─► attempt the write as a pure overwrite (OVERWRITE_ONLY)
+//!             ─► attempt the write as a pure overwrite (OVERWRITE_ONLY),
+//!                or, whole file-system blocks inside the on-disk EOF, as
+//!                a write allowed to allocate and convert (as XFS does)
 //!                 └─ WouldBlock (allocation, conversion, zeroing, EOF) ─┐
 //! exclusive lock ◄──────────────────────────────────────────────────────┘
 //!             ─► drain in-flight direct I/O ─► (first unaligned write:

@@ -178,9 +178,11 @@ fn read_span(
 /// the error is returned. A zero-length write, or one that fails before any
 /// byte is written, calls no `end_io`.
 ///
-/// The caller holds the inode's I/O lock: shared only with `OVERWRITE_ONLY`,
-/// otherwise exclusive with direct I/O drained (the edge zeroing of a new or
-/// unwritten block must not race another write into that block).
+/// The caller holds the inode's I/O lock: shared with `OVERWRITE_ONLY`, or
+/// for a write of whole file-system blocks inside the on-disk EOF (it
+/// zeroes nothing and changes no size); otherwise exclusive with direct I/O
+/// drained (the edge zeroing of a new or unwritten block must not race
+/// another write into that block).
 pub fn dio_write<O: IomapOps>(
     ops: &O,
     dev: &dyn BlockDevice,
