@@ -139,7 +139,9 @@ fn allocates_under_shared_lock<O: IomapOps>(
     len: u64,
 ) -> Result<bool, O::Error> {
     let block = u64::from(ops.block_size());
-    Ok(pos % block == 0 && len % block == 0 && pos + len <= ops.disk_size(inode)?)
+    Ok(pos.is_multiple_of(block)
+        && len.is_multiple_of(block)
+        && pos + len <= ops.disk_size(inode)?)
 }
 
 /// `fsync`/`fdatasync`: writes back the file's cached data and waits, reports
