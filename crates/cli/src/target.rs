@@ -70,7 +70,10 @@ pub fn mount_options() -> Result<iomapfs_fs::MountOptions, Failure> {
     cache
         .validate()
         .map_err(|why| Failure::new(2, format!("page cache options: {why}")))?;
-    Ok(iomapfs_fs::MountOptions { cache })
+    Ok(iomapfs_fs::MountOptions {
+        cache,
+        ..iomapfs_fs::MountOptions::default()
+    })
 }
 
 /// Mounts the volume on `dev` with the command line's mount options.

@@ -6,6 +6,8 @@ pub mod aio;
 pub mod alloc;
 mod attributes;
 pub mod checkpoint;
+mod checkpoint_request;
+mod checkpointer;
 pub mod codec;
 mod delalloc;
 pub mod error;

@@ -23,6 +23,7 @@ use parking_lot::Mutex;
 
 use crate::alloc::Allocator;
 use crate::checkpoint::CHECKPOINT_HEADER_LEN;
+use crate::checkpoint_request::CheckpointRequest;
 use crate::codec::RECORD_MIN_ENCODED_LEN;
 use crate::journal::JournalWriter;
 use crate::limits::{CHECKPOINT_HEADROOM, RECORD_BYTES_ESTIMATE};
@@ -139,6 +140,9 @@ pub struct VolumeInner {
     /// Damage mount worked around, for the caller to show (e.g. the primary
     /// superblock was unusable and the backup was read).
     pub(crate) mount_warnings: Vec<String>,
+    /// Commits that leave the journal half full ask here for a background
+    /// checkpoint (see [`crate::checkpointer`]).
+    pub(crate) checkpoint_request: Arc<CheckpointRequest>,
 }
 
 impl VolumeInner {
@@ -167,6 +171,7 @@ impl VolumeInner {
             device_slots,
             cache,
             lost_writeback: Mutex::new(Vec::new()),
+            checkpoint_request: Arc::default(),
         }
     }
 

@@ -76,7 +76,12 @@ impl VolumeInner {
             self.shut_down(&err);
             return Err(err);
         }
+        let half_full = commit.journal.used_bytes() * 2 >= self.sb.layout.journal.len;
+        drop(commit);
         self.meta.write().mark_committed(last_seq);
+        if half_full {
+            self.checkpoint_request.ask();
+        }
         Ok(())
     }
 
@@ -273,5 +278,41 @@ mod tests {
             "after the checkpoint the tail is its journal start"
         );
         assert_ne!(tail, old_tail);
+    }
+
+    /// The commit that leaves the journal half full asks for a checkpoint,
+    /// and the thread writes it (a newer generation on disk, the journal's
+    /// space back) without any commit having found the journal full.
+    #[test]
+    fn a_commit_that_leaves_the_journal_half_full_gets_a_background_checkpoint() {
+        let dev = Arc::new(MemDevice::new(64 << 20, 512));
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        let inner = &vol.inner;
+        let (slot, generation) = {
+            let commit = inner.commit.lock();
+            (commit.slot, commit.generation)
+        };
+        let journal = inner.sb.layout.journal.len;
+        let mut made = 0u64;
+        while inner.checkpoint_request.asks() == 0 {
+            let commit = inner.commit.lock();
+            assert!(
+                commit.generation == generation && commit.journal.used_bytes() * 2 < journal,
+                "the journal reached half full ({} of {journal} bytes, {made} commits) \
+                 without asking for a checkpoint",
+                commit.journal.used_bytes()
+            );
+            drop(commit);
+            vol.mkdir(&format!("/d{made}")).unwrap();
+            inner.commit().unwrap();
+            made += 1;
+        }
+        inner.checkpoint_request.wait_idle();
+        let commit = inner.commit.lock();
+        assert_eq!(commit.generation, generation + 1, "after {made} commits");
+        assert!(commit.journal.used_bytes() * 2 < journal);
+        let written = read_checkpoint(&*dev, &inner.sb, 1 - slot).unwrap();
+        assert_eq!(written.generation, generation + 1);
     }
 }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use blockdev::BlockDevice;
 
 use crate::attributes::SetAttr;
+use crate::checkpointer::Checkpointer;
 use crate::file::{File, OpenFlags, Stat};
 use crate::flusher::{Flusher, Pass};
 use crate::mount;
@@ -36,10 +37,25 @@ pub struct StatFs {
 }
 
 /// How to mount a volume.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MountOptions {
     /// The page cache of non-direct handles: its size and dirty limits.
     pub cache: iomap::CacheConfig,
+    /// Checkpoint in a background thread once a commit leaves the journal
+    /// half full (default). Off, checkpoints run only when a commit finds
+    /// the journal full, at [`Volume::checkpoint`] and at unmount: every
+    /// device request then comes from a caller (tests that replay a
+    /// request sequence need that).
+    pub background_checkpoints: bool,
+}
+
+impl Default for MountOptions {
+    fn default() -> MountOptions {
+        MountOptions {
+            cache: iomap::CacheConfig::default(),
+            background_checkpoints: true,
+        }
+    }
 }
 
 /// A mounted iomapfs volume. Cheap to clone; all clones share one mount.
@@ -50,6 +66,7 @@ pub struct MountOptions {
 pub struct Volume {
     pub(crate) inner: Arc<VolumeInner>,
     _flusher: Arc<Flusher>,
+    _checkpointer: Option<Arc<Checkpointer>>,
 }
 
 impl Volume {
@@ -71,9 +88,15 @@ impl Volume {
             .map_err(|reason| Error::invalid("cache configuration", reason))?;
         let inner = mount::mount(device, cache)?;
         let flusher = Arc::new(Flusher::start(&inner)?);
+        let checkpointer = if opts.background_checkpoints {
+            Some(Arc::new(Checkpointer::start(&inner)?))
+        } else {
+            None
+        };
         Ok(Volume {
             inner,
             _flusher: flusher,
+            _checkpointer: checkpointer,
         })
     }
 

@@ -405,6 +405,7 @@ fn mount_options() -> MountOptions {
     // Background writeback would issue requests at times of its own.
     opts.cache.dirty_expire = Duration::from_secs(3600);
     opts.cache.writeback_interval = Duration::from_secs(3600);
+    opts.background_checkpoints = false;
     opts
 }
 

@@ -1,0 +1,73 @@
+//! The signal from commits to the background checkpoint thread
+//! ([`crate::checkpointer`]), apart so that the mount state holds it
+//! without depending on the thread.
+
+use parking_lot::{Condvar, Mutex};
+
+/// How commits reach the checkpoint thread.
+#[derive(Default)]
+pub(crate) struct CheckpointRequest {
+    state: Mutex<RequestState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct RequestState {
+    asked: bool,
+    running: bool,
+    stop: bool,
+    /// Asks so far, folded ones included.
+    asks: u64,
+}
+
+impl CheckpointRequest {
+    /// Asks for a checkpoint; returns at once. Asks made while one is
+    /// pending or running fold into one more after it, which runs only if
+    /// the journal is still half full then.
+    pub(crate) fn ask(&self) {
+        let mut state = self.state.lock();
+        state.asks += 1;
+        if !state.asked {
+            state.asked = true;
+            self.changed.notify_all();
+        }
+    }
+
+    /// The thread: waits for an ask and marks it running; false once the
+    /// mount stops.
+    pub(crate) fn take(&self) -> bool {
+        let mut state = self.state.lock();
+        while !state.asked && !state.stop {
+            self.changed.wait(&mut state);
+        }
+        state.asked = false;
+        state.running = !state.stop;
+        state.running
+    }
+
+    /// The thread: what [`CheckpointRequest::take`] returned is done.
+    pub(crate) fn finished(&self) {
+        self.state.lock().running = false;
+        self.changed.notify_all();
+    }
+
+    pub(crate) fn stop(&self) {
+        self.state.lock().stop = true;
+        self.changed.notify_all();
+    }
+
+    /// Asks so far.
+    #[cfg(test)]
+    pub(crate) fn asks(&self) -> u64 {
+        self.state.lock().asks
+    }
+
+    /// Waits until no ask is pending or running (or the mount stopped).
+    #[cfg(test)]
+    pub(crate) fn wait_idle(&self) {
+        let mut state = self.state.lock();
+        while (state.asked || state.running) && !state.stop {
+            self.changed.wait(&mut state);
+        }
+    }
+}
