@@ -623,6 +623,50 @@ fn aligned_allocating_writes_inside_eof_do_not_drain_in_flight_io() {
     }
 }
 
+/// A buffered read between an async direct write's submission and its
+/// completion caches what the write replaces; once the write is reaped,
+/// the buffered handle sees the new bytes (the completion drops that
+/// folio), for an overwrite and for an allocating write into a hole.
+#[test]
+fn a_buffered_read_before_an_async_write_completes_does_not_keep_the_old_bytes() {
+    for (queue, dev) in each_queue(|| MemDevice::new(32 << 20, SECTOR as u32)) {
+        println!("{queue} queue");
+        let vol = volume(&dev);
+        let f = vol.open_file("/mixed", direct(false)).unwrap();
+        f.pwrite(&[0x11; 8 * BLOCK as usize], 0).unwrap();
+        f.punch_hole(5 * BLOCK, BLOCK).unwrap();
+        let b = vol
+            .open_file(
+                "/mixed",
+                OpenFlags {
+                    create: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        let mut q = vol.io_queue(4).unwrap();
+        for (what, block, old) in [("overwrite", 2u64, 0x11u8), ("allocating write", 5, 0)] {
+            let new = 0x40 + block as u8;
+            q.submit_write(&f, block * BLOCK, buf_of(&[new; BLOCK as usize]), block)
+                .unwrap();
+            q.submit().unwrap();
+            let mut seen = vec![0u8; BLOCK as usize];
+            b.pread(&mut seen, block * BLOCK).unwrap();
+            assert!(
+                seen.iter().all(|&x| x == old) || seen.iter().all(|&x| x == new),
+                "{what}: a mix of old and new bytes"
+            );
+            let done = reap_all(&mut q);
+            done[&block].result.as_ref().unwrap();
+            b.pread(&mut seen, block * BLOCK).unwrap();
+            assert!(
+                seen.iter().all(|&x| x == new),
+                "{what}: the buffered handle kept the old bytes"
+            );
+        }
+    }
+}
+
 /// A synchronous 10-byte write read-modify-writes a sector; between its
 /// read and its write back, an async whole-sector overwrite of that sector
 /// is submitted. It must not go to the device in between (it would be

@@ -109,17 +109,21 @@ pub fn write<F: IomapFile>(
             dio_write_bytes(ops, dev, inode, pos, buf, flags)
         },
     )?;
-    // Folios a buffered reader cached over the range while the write was
-    // in flight (it shares the lock) hold what the write replaced: dropped,
-    // as Linux does after a direct write. Dirty ones stay (see
-    // `invalidate`).
+    drop_folios_cached_during(file, pos, len);
+    Durability::after_write(sync, &outcome).wait(ops, dev, file.flushes())?;
+    Ok(outcome)
+}
+
+/// After a direct write of `[pos, pos + len)`: folios a buffered reader
+/// cached over the range while the write was in flight (it shares the
+/// lock) hold what the write replaced, so they are dropped, as Linux does
+/// after a direct write. Dirty ones stay (see `invalidate`).
+pub(crate) fn drop_folios_cached_during<F: IomapFile>(file: &F, pos: u64, len: u64) {
     if !file.mapping().is_empty() {
-        let block = u64::from(ops.block_size());
+        let block = u64::from(file.ops().block_size());
         file.mapping()
             .invalidate(pos - pos % block, (pos + len).next_multiple_of(block));
     }
-    Durability::after_write(sync, &outcome).wait(ops, dev, file.flushes())?;
-    Ok(outcome)
 }
 
 /// Whether a direct write may allocate and convert under the shared lock,

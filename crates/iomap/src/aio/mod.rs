@@ -48,6 +48,7 @@ pub use device_slots::DeviceSlots;
 pub use plan::{plan_pure_overwrite, plan_read, Part, ReadPlan, WritePlan};
 
 use crate::byte_dio::write_range;
+use crate::file_io;
 use crate::flush_coalesce::{FlushTicket, QueuedFlush};
 use crate::ioend::{CompletedBy, Durability, IoEnd, WriteSync};
 use crate::write_protocol::{self, Route};
@@ -557,7 +558,11 @@ impl<F: IomapFile> IoQueue<F> {
         } = slot;
         let pos = ioend.pos();
         let buf = user_buf.unwrap_or_else(empty_buf);
-        match (kind, ioend.finish()) {
+        let finished = ioend.finish();
+        if let (SlotKind::Write { .. }, Ok(len)) = (kind, &finished) {
+            file_io::drop_folios_cached_during(holds.owner(), pos, *len as u64);
+        }
+        match (kind, finished) {
             (
                 SlotKind::Write {
                     durability: Durability::SharedFlush,
