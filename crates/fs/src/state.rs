@@ -7,6 +7,8 @@
 //! what the live path did.
 
 use std::collections::BTreeMap;
+
+use imbl::OrdMap;
 use std::sync::Arc;
 
 use crate::codec;
@@ -36,9 +38,11 @@ pub struct InodeState {
     pub size: u64,
     pub attrs: InodeAttrs,
     pub extents: ExtentMap,
-    /// Shared copy-on-write (like the extent map), so that a snapshot of a
-    /// large directory costs nothing until the directory changes.
-    pub entries: Arc<BTreeMap<String, Ino>>,
+    /// A persistent ordered map: a snapshot shares it, and the first
+    /// change after one copies only the path to the changed entry (a large
+    /// directory copied whole held the metadata lock for as long as the
+    /// copy took).
+    pub entries: OrdMap<String, Ino>,
     pub xattrs: Arc<BTreeMap<String, Vec<u8>>>,
     /// A symlink's target; empty for other kinds.
     pub target: Vec<u8>,
@@ -107,7 +111,7 @@ impl MetaState {
                 size: 0,
                 attrs: InodeAttrs::new(ROOT_MODE, uid, gid, now),
                 extents: ExtentMap::new(block_size),
-                entries: Arc::default(),
+                entries: OrdMap::new(),
                 xattrs: Arc::default(),
                 target: Vec::new(),
                 parent: ROOT_INO,
@@ -158,7 +162,7 @@ impl MetaState {
                 size: img.size,
                 attrs: img.attrs,
                 extents,
-                entries: Arc::new(entries),
+                entries: OrdMap::from(entries),
                 xattrs: Arc::new(xattrs),
                 target: img.target.clone(),
                 parent: 0,
@@ -634,7 +638,7 @@ impl MetaState {
 
     /// The entries of directory `dir`, which the caller found with
     /// [`MetaState::dir`] or [`MetaState::entry`].
-    fn entries_mut(&mut self, dir: Ino) -> &mut BTreeMap<String, Ino> {
+    fn entries_mut(&mut self, dir: Ino) -> &mut OrdMap<String, Ino> {
         self.inodes
             .get_mut(&dir)
             .expect("a directory checked by the caller")
@@ -677,7 +681,7 @@ impl MetaState {
             size: 0,
             attrs: *attrs,
             extents: ExtentMap::new(self.block_size),
-            entries: Arc::default(),
+            entries: OrdMap::new(),
             xattrs: Arc::default(),
             target: target.to_vec(),
             parent: if kind == FileKind::Directory {
@@ -690,7 +694,7 @@ impl MetaState {
         self.image_bytes += inode.image_bytes() + IMAGE_BYTES_PER_ENTRY + name.len() as u64;
         self.inodes.insert(ino, inode);
         let dir = self.inodes.get_mut(&parent).expect("checked above");
-        Arc::make_mut(&mut dir.entries).insert(name.to_string(), ino);
+        dir.entries.insert(name.to_string(), ino);
         if kind == FileKind::Directory {
             dir.subdirs += 1;
         }
@@ -911,10 +915,9 @@ impl MetaState {
 }
 
 impl InodeState {
-    /// The directory entries, to change: copied first if a snapshot still
-    /// shares them.
-    fn entries_mut(&mut self) -> &mut BTreeMap<String, Ino> {
-        Arc::make_mut(&mut self.entries)
+    /// The directory entries, to change (a snapshot keeps its version).
+    fn entries_mut(&mut self) -> &mut OrdMap<String, Ino> {
+        &mut self.entries
     }
 
     /// A data change at `ns` (a write, size change, punch).
