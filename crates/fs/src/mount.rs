@@ -231,22 +231,24 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
 /// area or overlapping another is corruption.
 pub(crate) fn build_allocator(sb: &Superblock, state: &MetaState) -> Result<Allocator> {
     let data = &sb.layout.data;
-    let mut alloc = Allocator::new(data.start, data.len, sb.layout.block_size);
     let mut inos: Vec<&Ino> = state.inodes.keys().collect();
     inos.sort_unstable();
-    for ino in inos {
-        for ext in state.inodes[ino].extents.iter() {
-            alloc.mark_used(ext.addr, ext.len).map_err(|reason| {
-                Error::corrupt(
-                    "extent map",
-                    ext.addr,
-                    format!(
-                        "inode {ino} extent at file offset {}: {reason}",
-                        ext.file_off
-                    ),
-                )
-            })?;
-        }
-    }
-    Ok(alloc)
+    let owners: Vec<(Ino, &crate::types::Extent)> = inos
+        .into_iter()
+        .flat_map(|ino| state.inodes[ino].extents.iter().map(move |e| (*ino, e)))
+        .collect();
+    let used: Vec<(u64, u64)> = owners.iter().map(|(_, e)| (e.addr, e.len)).collect();
+    Allocator::with_used(data.start, data.len, sb.layout.block_size, &used).map_err(
+        |(i, reason)| {
+            let (ino, ext) = owners[i];
+            Error::corrupt(
+                "extent map",
+                ext.addr,
+                format!(
+                    "inode {ino} extent at file offset {}: {reason}",
+                    ext.file_off
+                ),
+            )
+        },
+    )
 }
