@@ -40,6 +40,10 @@ pub struct ProbeArgs {
     /// Seconds timed per workload and transport.
     #[arg(long, default_value_t = 5.0, value_name = "SECONDS")]
     pub runtime: f64,
+    /// Rounds the run time is split into; rounds alternate between the
+    /// transports, so load from other processes falls on both alike.
+    #[arg(long, default_value_t = 5)]
+    pub rounds: usize,
     /// Transports to measure, in this order.
     #[arg(long = "transport", value_enum, value_delimiter = ',', default_values_t = vec![TransportArg::DevFuse, TransportArg::IoUring])]
     pub transports: Vec<TransportArg>,
@@ -100,6 +104,7 @@ pub fn run(args: &ProbeArgs) -> Result<u8, Failure> {
             })
             .collect(),
         runtime: Duration::from_secs_f64(args.runtime),
+        rounds: args.rounds.max(1),
         fopen_direct_io: args.fopen_direct_io,
         queue_entries: args.queue_entries,
         defer_taskrun: !args.no_defer_taskrun,
@@ -116,8 +121,9 @@ pub fn run(args: &ProbeArgs) -> Result<u8, Failure> {
 fn print_report(report: &ProbeReport, cfg: &ProbeConfig) {
     println!(
         "FUSE transport probe: synthetic in-memory file, one client thread at QD 1, \
-         {:.1} s per row, opens {}",
+         {:.1} s per row in {} alternating rounds, opens {}",
         cfg.runtime.as_secs_f64(),
+        cfg.rounds,
         if cfg.fopen_direct_io {
             "FOPEN_DIRECT_IO"
         } else {
@@ -143,11 +149,12 @@ fn print_report(report: &ProbeReport, cfg: &ProbeConfig) {
         );
     }
     println!(
-        "{:<16} {:<9} {:>10} {:>9} {:>9} {:>11} {:>9} {:>10} {:>9}",
+        "{:<16} {:<9} {:>9} {:>8} {:>8} {:>8} {:>10} {:>9} {:>9} {:>9}",
         "workload",
         "transport",
         "IOPS",
         "mean µs",
+        "p50 µs",
         "p99 µs",
         "CPU µs/op",
         "READs/op",
@@ -156,11 +163,12 @@ fn print_report(report: &ProbeReport, cfg: &ProbeConfig) {
     );
     for m in &report.measurements {
         println!(
-            "{:<16} {:<9} {:>10.0} {:>9.2} {:>9.2} {:>11.2} {:>9.2} {:>10} {:>9}",
+            "{:<16} {:<9} {:>9.0} {:>8.2} {:>8.2} {:>8.2} {:>10.2} {:>9.2} {:>9} {:>9}",
             m.workload.name(),
             m.transport.name(),
             m.iops,
             m.mean_us,
+            m.p50_us,
             m.p99_us,
             m.cpu_us_per_op,
             m.server_reads_per_op,
@@ -176,10 +184,21 @@ fn print_report(report: &ProbeReport, cfg: &ProbeConfig) {
                 .find(|m| m.workload == *workload && m.transport == t)
         };
         if let (Some(dev), Some(ring)) = (find(Transport::DevFuse), find(Transport::IoUring)) {
+            let mut ratios: Vec<f64> = ring
+                .round_iops
+                .iter()
+                .zip(&dev.round_iops)
+                .map(|(r, d)| r / d)
+                .collect();
+            ratios.sort_by(f64::total_cmp);
             println!(
-                "{}: io-uring/dev-fuse IOPS {:.2}x, CPU per op {:.2}x",
+                "{}: io-uring/dev-fuse IOPS {:.2}x (rounds: median {:.2}x, {:.2}x..{:.2}x), \
+                 CPU per op {:.2}x",
                 workload.name(),
                 ring.iops / dev.iops,
+                ratios[ratios.len() / 2],
+                ratios[0],
+                ratios[ratios.len() - 1],
                 ring.cpu_us_per_op / dev.cpu_us_per_op
             );
         }

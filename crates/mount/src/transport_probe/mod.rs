@@ -72,9 +72,11 @@ impl Workload {
 pub struct ProbeConfig {
     pub transports: Vec<Transport>,
     pub workloads: Vec<Workload>,
-    /// Measured time per workload and transport.
+    /// Measured time per workload and transport, split in `rounds`
+    /// rounds that alternate between the transports.
     pub runtime: Duration,
-    /// Untimed time before each measurement.
+    pub rounds: usize,
+    /// Untimed time before each round.
     pub warmup: Duration,
     /// Size of the synthetic file (random reads spread over all of it).
     pub file_size: u64,
@@ -97,7 +99,8 @@ impl Default for ProbeConfig {
             transports: vec![Transport::DevFuse, Transport::IoUring],
             workloads: vec![Workload::Noop, Workload::RandRead4k],
             runtime: Duration::from_secs(5),
-            warmup: Duration::from_millis(500),
+            rounds: 5,
+            warmup: Duration::from_millis(100),
             file_size: 1 << 30,
             fopen_direct_io: false,
             queue_entries: 2,
@@ -177,7 +180,10 @@ pub struct Measurement {
     pub ops: u64,
     pub seconds: f64,
     pub iops: f64,
+    /// IOPS of each round, in order (rounds alternate between transports).
+    pub round_iops: Vec<f64>,
     pub mean_us: f64,
+    pub p50_us: f64,
     pub p99_us: f64,
     /// User + system CPU time of the whole process (client and server
     /// threads) per operation.
@@ -200,9 +206,11 @@ pub struct ProbeReport {
     pub queues: usize,
 }
 
-/// Runs the probe: for each transport, mount, time each workload,
-/// unmount. Turns the io_uring knob on for the io_uring mount when it is
-/// off and puts it back after.
+/// Runs the probe: mounts the file system over each transport (turning
+/// the io_uring knob on for the io_uring mount when it is off, and back
+/// right after), then times each workload in `cfg.rounds` rounds that
+/// alternate between the transports, so that load from other processes
+/// falls on both alike; unmounts.
 pub fn run(cfg: &ProbeConfig) -> Result<ProbeReport, ProbeError> {
     let fs = SyntheticFs {
         file_size: cfg.file_size,
@@ -217,6 +225,7 @@ pub fn run(cfg: &ProbeConfig) -> Result<ProbeReport, ProbeError> {
         knob_before: None,
         queues: possible_cpus()?,
     };
+    let mut mounts = Vec::new();
     for &transport in &cfg.transports {
         let knob = match transport {
             Transport::IoUring => {
@@ -226,13 +235,27 @@ pub fn run(cfg: &ProbeConfig) -> Result<ProbeReport, ProbeError> {
             }
             Transport::DevFuse => None,
         };
-        let mount = ProbeMount::start(transport, fs, cfg)?;
+        mounts.push(ProbeMount::start(transport, fs, cfg)?);
         // The connection keeps io_uring once its queues are registered.
         drop(knob);
-        for &workload in &cfg.workloads {
-            let m = measure(&mount, workload, cfg)?;
-            report.measurements.push(m);
+    }
+    let rounds = cfg.rounds.max(1);
+    let round_time = cfg.runtime / rounds as u32;
+    for &workload in &cfg.workloads {
+        let mut totals: Vec<Totals> = mounts.iter().map(|_| Totals::default()).collect();
+        for _ in 0..rounds {
+            for (mount, total) in mounts.iter().zip(&mut totals) {
+                let sample = time_round(mount, workload, cfg, round_time)?;
+                total.add(sample);
+            }
         }
+        for (mount, total) in mounts.iter().zip(totals) {
+            report
+                .measurements
+                .push(total.into_measurement(mount.transport, workload)?);
+        }
+    }
+    for mount in mounts {
         mount.finish()?;
     }
     Ok(report)
@@ -671,16 +694,28 @@ fn cpu_seconds() -> f64 {
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
-/// Times `workload` on `mount` from this thread at queue depth 1.
-pub fn measure(
+/// One timed round of a workload on one mount.
+struct Round {
+    latencies: Vec<u32>,
+    seconds: f64,
+    cpu_seconds: f64,
+    /// Requests answered during the round: (over /dev/fuse, over
+    /// io_uring, READs).
+    requests: (u64, u64, u64),
+}
+
+/// Times `workload` on `mount` from this thread at queue depth 1 for
+/// `runtime`, after `cfg.warmup` untimed.
+fn time_round(
     mount: &ProbeMount,
     workload: Workload,
     cfg: &ProbeConfig,
-) -> Result<Measurement, ProbeError> {
+    runtime: Duration,
+) -> Result<Round, ProbeError> {
     let file = mount.open_file(workload == Workload::RandRead4k)?;
     let block = AlignedBlock::new();
     let blocks = (cfg.file_size / BLOCK as u64).max(1);
-    let mut random = Random(0x9E37_79B9_7F4A_7C15);
+    let mut random = Random(0x9E37_79B9_7F4A_7C15 ^ mount.counters_now().2);
     let mut one = || -> Result<(), String> {
         match workload {
             Workload::Noop => noop(&file),
@@ -698,7 +733,7 @@ pub fn measure(
     let before = mount.counters_now();
     let cpu_before = cpu_seconds();
     let start = Instant::now();
-    let end = start + cfg.runtime;
+    let end = start + runtime;
     let mut now = start;
     while now < end {
         let t0 = now;
@@ -706,27 +741,74 @@ pub fn measure(
         now = Instant::now();
         latencies.push((now - t0).as_nanos().min(u32::MAX as u128) as u32);
     }
-    let seconds = (now - start).as_secs_f64();
-    let cpu = cpu_seconds() - cpu_before;
+    let cpu_seconds = cpu_seconds() - cpu_before;
     let after = mount.counters_now();
-    let ops = latencies.len() as u64;
-    if ops == 0 {
-        return Err(fail("no operation completed in the run time".to_string()));
-    }
-    let mean_us = latencies.iter().map(|&l| l as f64).sum::<f64>() / ops as f64 / 1e3;
-    let p99_index = (((ops as f64) * 0.99) as usize).min(latencies.len() - 1);
-    let p99_us = *latencies.select_nth_unstable(p99_index).1 as f64 / 1e3;
-    Ok(Measurement {
-        transport: mount.transport,
-        workload,
-        ops,
-        seconds,
-        iops: ops as f64 / seconds,
-        mean_us,
-        p99_us,
-        cpu_us_per_op: cpu * 1e6 / ops as f64,
-        server_reads_per_op: (after.2 - before.2) as f64 / ops as f64,
-        ring_requests: after.1 - before.1,
-        dev_requests: after.0 - before.0,
+    Ok(Round {
+        latencies,
+        seconds: (now - start).as_secs_f64(),
+        cpu_seconds,
+        requests: (
+            after.0 - before.0,
+            after.1 - before.1,
+            after.2 - before.2,
+        ),
     })
+}
+
+/// A workload's rounds on one mount, added up.
+#[derive(Default)]
+struct Totals {
+    latencies: Vec<u32>,
+    seconds: f64,
+    cpu_seconds: f64,
+    requests: (u64, u64, u64),
+    round_iops: Vec<f64>,
+}
+
+impl Totals {
+    fn add(&mut self, round: Round) {
+        self.round_iops
+            .push(round.latencies.len() as f64 / round.seconds);
+        self.latencies.extend_from_slice(&round.latencies);
+        self.seconds += round.seconds;
+        self.cpu_seconds += round.cpu_seconds;
+        self.requests.0 += round.requests.0;
+        self.requests.1 += round.requests.1;
+        self.requests.2 += round.requests.2;
+    }
+
+    fn into_measurement(
+        mut self,
+        transport: Transport,
+        workload: Workload,
+    ) -> Result<Measurement, ProbeError> {
+        let ops = self.latencies.len() as u64;
+        if ops == 0 {
+            return Err(ProbeError::Client {
+                transport: transport.name(),
+                workload: workload.name(),
+                what: "no operation completed in the run time".to_string(),
+            });
+        }
+        let mean_us = self.latencies.iter().map(|&l| l as f64).sum::<f64>() / ops as f64 / 1e3;
+        let p99_index = (((ops as f64) * 0.99) as usize).min(self.latencies.len() - 1);
+        let p99_us = *self.latencies.select_nth_unstable(p99_index).1 as f64 / 1e3;
+        let p50_index = self.latencies.len() / 2;
+        let p50_us = *self.latencies.select_nth_unstable(p50_index).1 as f64 / 1e3;
+        Ok(Measurement {
+            transport,
+            workload,
+            ops,
+            seconds: self.seconds,
+            iops: ops as f64 / self.seconds,
+            round_iops: self.round_iops,
+            mean_us,
+            p50_us,
+            p99_us,
+            cpu_us_per_op: self.cpu_seconds * 1e6 / ops as f64,
+            server_reads_per_op: self.requests.2 as f64 / ops as f64,
+            ring_requests: self.requests.1,
+            dev_requests: self.requests.0,
+        })
+    }
 }
