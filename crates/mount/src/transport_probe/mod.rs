@@ -321,6 +321,8 @@ pub struct ProbeMount {
     transport: Transport,
     dir: PathBuf,
     mounted: bool,
+    /// The FUSE connection number, to abort it on failure.
+    connection: Option<u32>,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<io::Result<()>>>,
     /// Held so the connection lives until the threads are joined.
@@ -362,12 +364,14 @@ impl ProbeMount {
             transport,
             dir,
             mounted: false,
+            connection: None,
             shared,
             threads: Vec::new(),
             _dev: dev.clone(),
         };
         mount_fuse(&mount.dir, dev.as_raw_fd())?;
         mount.mounted = true;
+        mount.connection = connection_of(&mount.dir);
 
         let (init_tx, init_rx) = mpsc::channel();
         let shared = mount.shared.clone();
@@ -517,25 +521,65 @@ impl ProbeMount {
         }
     }
 
-    /// Ends the connection (the servers see it gone) and detaches the
-    /// mount.
+    /// Ends the connection (the servers see it gone, and so do clients
+    /// with files still open) and detaches the mount.
     fn abort(&mut self) {
         if !self.mounted {
             return;
         }
-        use std::os::unix::fs::MetadataExt;
-        if let Ok(meta) = std::fs::metadata(&self.dir) {
-            let dev = meta.dev();
-            // The fusectl connection directory is named by the mount's
-            // device number (minor, major 0 for FUSE).
-            let abort = format!("/sys/fs/fuse/connections/{}/abort", libc::minor(dev));
-            let _ = std::fs::write(abort, "1");
+        if let Some(id) = self.connection {
+            abort_connection(id);
         }
         let c = CString::new(self.dir.as_os_str().as_bytes()).expect("no NUL in path");
         // SAFETY: `c` is a valid C string for the call.
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
         self.mounted = false;
     }
+}
+
+/// The FUSE connection number of the mount at `dir` (its device minor,
+/// the name of its fusectl directory), from /proc/self/mountinfo, which
+/// unlike stat(2) never waits for the server.
+fn connection_of(dir: &Path) -> Option<u32> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let dir = dir.to_str()?;
+    let line = info
+        .lines()
+        .filter(|line| line.split(' ').nth(4) == Some(dir))
+        .last()?;
+    let (_, minor) = line.split(' ').nth(2)?.split_once(':')?;
+    minor.parse().ok()
+}
+
+/// Aborts FUSE connection `id` through fusectl: at
+/// /sys/fs/fuse/connections when it is mounted there, else through a
+/// private fusectl mount made for the write.
+fn abort_connection(id: u32) {
+    let standard = format!("/sys/fs/fuse/connections/{id}/abort");
+    if std::fs::write(&standard, "1").is_ok() {
+        return;
+    }
+    let Ok(dir) = unique_dir(&std::env::temp_dir()) else {
+        return;
+    };
+    let target = CString::new(dir.as_os_str().as_bytes()).expect("no NUL in path");
+    let fusectl = c"fusectl";
+    // SAFETY: valid C strings; no mount data.
+    let rc = unsafe {
+        libc::mount(
+            fusectl.as_ptr(),
+            target.as_ptr(),
+            fusectl.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        )
+    };
+    if rc == 0 {
+        let _ = std::fs::write(dir.join(id.to_string()).join("abort"), "1");
+        // SAFETY: as above.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+    let _ = std::fs::remove_dir(&dir);
 }
 
 impl Drop for ProbeMount {
@@ -747,11 +791,7 @@ fn time_round(
         latencies,
         seconds: (now - start).as_secs_f64(),
         cpu_seconds,
-        requests: (
-            after.0 - before.0,
-            after.1 - before.1,
-            after.2 - before.2,
-        ),
+        requests: (after.0 - before.0, after.1 - before.1, after.2 - before.2),
     })
 }
 
