@@ -426,10 +426,27 @@ impl ProbeMount {
             }
         }
         // Requests wait until every queue has registered; the first one
-        // after shows whether the kernel routes them to the ring.
+        // after shows whether the kernel routes them to the ring. It runs
+        // in a thread of its own so that a kernel that never answers it
+        // ends the probe with an error instead of hanging it.
         let before = self.counters_now();
-        let file = self.open_file(false)?;
-        noop(&file).map_err(|what| self.client_error(Workload::Noop, what))?;
+        let path = self.file_path();
+        let (done_tx, done_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let result = std::fs::File::open(&path)
+                .map_err(|e| format!("opening {}: {e}", path.display()))
+                .and_then(|file| noop(&file));
+            let _ = done_tx.send(result);
+        });
+        match done_rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Ok(())) => {}
+            Ok(Err(what)) => return Err(self.client_error(Workload::Noop, what)),
+            Err(_) => {
+                return Err(self.server_failure(
+                    "the first request after every queue registered got no answer in 10 s",
+                ))
+            }
+        }
         let after = self.counters_now();
         if after.1 == before.1 {
             return Err(ProbeError::NotRouted {
