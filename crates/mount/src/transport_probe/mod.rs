@@ -91,6 +91,10 @@ pub struct ProbeConfig {
     pub defer_taskrun: bool,
     /// Directory to make mount points in.
     pub scratch_dir: PathBuf,
+    /// A mount older than this has its connection aborted, so a client
+    /// call the kernel never answers fails (ENOTCONN) instead of hanging
+    /// the probe. [`run`] stretches it to cover the asked run time.
+    pub watchdog: Duration,
 }
 
 impl Default for ProbeConfig {
@@ -106,6 +110,7 @@ impl Default for ProbeConfig {
             queue_entries: 2,
             defer_taskrun: true,
             scratch_dir: std::env::temp_dir(),
+            watchdog: Duration::from_secs(60),
         }
     }
 }
@@ -225,6 +230,12 @@ pub fn run(cfg: &ProbeConfig) -> Result<ProbeReport, ProbeError> {
         knob_before: None,
         queues: possible_cpus()?,
     };
+    let rounds = cfg.rounds.max(1);
+    let busy = (cfg.runtime + cfg.warmup * rounds as u32) * cfg.workloads.len() as u32;
+    let cfg = &ProbeConfig {
+        watchdog: cfg.watchdog + busy * cfg.transports.len() as u32,
+        ..cfg.clone()
+    };
     let mut mounts = Vec::new();
     for &transport in &cfg.transports {
         let knob = match transport {
@@ -239,7 +250,6 @@ pub fn run(cfg: &ProbeConfig) -> Result<ProbeReport, ProbeError> {
         // The connection keeps io_uring once its queues are registered.
         drop(knob);
     }
-    let rounds = cfg.rounds.max(1);
     let round_time = cfg.runtime / rounds as u32;
     for &workload in &cfg.workloads {
         let mut totals: Vec<Totals> = mounts.iter().map(|_| Totals::default()).collect();
@@ -327,6 +337,8 @@ pub struct ProbeMount {
     threads: Vec<JoinHandle<io::Result<()>>>,
     /// Held so the connection lives until the threads are joined.
     _dev: Arc<OwnedFd>,
+    /// Dropping the sender stops the watchdog.
+    watchdog: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
 }
 
 impl ProbeMount {
@@ -368,10 +380,24 @@ impl ProbeMount {
             shared,
             threads: Vec::new(),
             _dev: dev.clone(),
+            watchdog: None,
         };
         mount_fuse(&mount.dir, dev.as_raw_fd())?;
         mount.mounted = true;
         mount.connection = connection_of(&mount.dir);
+        if let Some(id) = mount.connection {
+            let (stop_tx, stop_rx) = mpsc::channel::<()>();
+            let limit = cfg.watchdog;
+            let thread = std::thread::Builder::new()
+                .name("probe-watchdog".into())
+                .spawn(move || {
+                    if let Err(mpsc::RecvTimeoutError::Timeout) = stop_rx.recv_timeout(limit) {
+                        abort_connection(id);
+                    }
+                })
+                .map_err(io_err("starting the watchdog thread"))?;
+            mount.watchdog = Some((stop_tx, thread));
+        }
 
         let (init_tx, init_rx) = mpsc::channel();
         let shared = mount.shared.clone();
@@ -520,6 +546,7 @@ impl ProbeMount {
             return Err(io_err(format!("unmounting {}", self.dir.display()))(err));
         }
         self.mounted = false;
+        self.stop_watchdog();
         let mut failure = None;
         for thread in self.threads.drain(..) {
             match thread.join() {
@@ -535,6 +562,13 @@ impl ProbeMount {
                 source,
             }),
             None => Ok(()),
+        }
+    }
+
+    fn stop_watchdog(&mut self) {
+        if let Some((stop, thread)) = self.watchdog.take() {
+            drop(stop);
+            let _ = thread.join();
         }
     }
 
@@ -601,6 +635,7 @@ fn abort_connection(id: u32) {
 
 impl Drop for ProbeMount {
     fn drop(&mut self) {
+        self.stop_watchdog();
         self.abort();
         for thread in self.threads.drain(..) {
             let _ = thread.join();
