@@ -596,8 +596,7 @@ fn connection_of(dir: &Path) -> Option<u32> {
     let dir = dir.to_str()?;
     let line = info
         .lines()
-        .filter(|line| line.split(' ').nth(4) == Some(dir))
-        .last()?;
+        .rfind(|line| line.split(' ').nth(4) == Some(dir))?;
     let (_, minor) = line.split(' ').nth(2)?.split_once(':')?;
     minor.parse().ok()
 }

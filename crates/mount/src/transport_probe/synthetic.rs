@@ -20,7 +20,7 @@ pub fn pattern_word(index: u64) -> u64 {
 
 /// Fills `out` with the bytes of `pattern` from `offset` on.
 pub fn fill_pattern(offset: u64, out: &mut [u8]) {
-    if offset % 8 == 0 && out.len() % 8 == 0 {
+    if offset.is_multiple_of(8) && out.len().is_multiple_of(8) {
         let first = offset / 8;
         for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
             chunk.copy_from_slice(&pattern_word(first + i as u64).to_le_bytes());
