@@ -195,11 +195,13 @@ fn io_uring_mount_serves_the_pattern_and_unmounts() {
 fn a_mount_dropped_without_finishing_is_gone() {
     skip_unless_able!();
     let _turn = KNOB.lock().unwrap_or_else(|e| e.into_inner());
+    let knob_before = knob();
     for transport in [Transport::DevFuse, Transport::IoUring] {
         let knob_guard = (transport == Transport::IoUring)
             .then(|| transport_probe::UringKnob::enable().expect("enable io_uring"));
         let mount = ProbeMount::start(transport, fs(), &config()).expect("mount");
         drop(knob_guard);
+        assert_eq!(knob(), knob_before, "knob put back");
         let dir = mount.dir().to_path_buf();
         let file = mount.open_file(false).expect("open");
         let mut buf = [0u8; 100];
