@@ -16,11 +16,13 @@ one io_uring_enter answers a request and waits for the next).
 
 The probe mounts a tiny synthetic file system (a root directory and one
 read-only file of a fixed pattern, served from memory; no iomapfs volume)
-over each transport in turn and, from one thread at queue depth 1, times
+over each transport, then, from one thread at queue depth 1, in rounds that
+alternate between the two mounts (so load from other processes falls on
+both alike), times
   noop-getxattr    fgetxattr of a missing name: a round trip doing no work
   randread-4k-qd1  4 KiB O_DIRECT preads at random offsets (every read's
                    first and last words are checked against the pattern)
-reporting IOPS, mean and p99 latency, CPU time of the whole process (client
+reporting IOPS, mean, p50 and p99 latency, CPU time of the whole process (client
 and server threads) per operation, and how many requests travelled each way.
 
 Root only. FUSE over io_uring needs kernel 6.14 or later built with
