@@ -7,6 +7,7 @@
 mod bench;
 mod demo;
 mod fsck;
+mod fuse_probe;
 mod io;
 mod mkfs;
 mod mount;
@@ -118,6 +119,7 @@ enum Command {
     Bench(bench::BenchArgs),
     Mount(mount::MountArgs),
     Replay(replay::ReplayArgs),
+    FuseTransportProbe(fuse_probe::ProbeArgs),
 }
 
 /// Keeps panics (bugs, never user errors) from printing a bare backtrace:
@@ -177,6 +179,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(&args, cli.backend).map(|()| 0),
         Command::Mount(args) => mount::run(&args),
         Command::Replay(args) => replay::run(&args),
+        Command::FuseTransportProbe(args) => fuse_probe::run(&args),
     };
     match result {
         Ok(code) => ExitCode::from(code),
