@@ -20,7 +20,7 @@
 
 mod chunks;
 
-use crate::types::{Extent, ExtentState};
+use crate::types::{Extent, ExtentState, KeySpan};
 use chunks::Chunks;
 
 /// What is at one file offset.
@@ -106,6 +106,29 @@ impl ExtentMap {
     /// The extents in file-offset order.
     pub fn iter(&self) -> impl Iterator<Item = &Extent> + '_ {
         self.map.iter()
+    }
+
+    /// The key of the last extent that starts before `off`.
+    pub fn key_before(&self, off: u64) -> Option<u64> {
+        self.map.last_before(off).map(|p| self.map.get(p).file_off)
+    }
+
+    /// The extents stored under keys in `spans` (sorted, disjoint).
+    pub fn extents_in(&self, spans: &[KeySpan]) -> Vec<Extent> {
+        spans
+            .iter()
+            .flat_map(|&(start, end)| self.extents_from(start, end))
+            .copied()
+            .collect()
+    }
+
+    /// The extents stored under keys in `[start, end)`.
+    fn extents_from(&self, start: u64, end: u64) -> impl Iterator<Item = &Extent> + '_ {
+        self.map
+            .first_at_or_after(start)
+            .into_iter()
+            .flat_map(|p| self.map.iter_from(p))
+            .take_while(move |e| e.file_off < end)
     }
 
     /// Number of extents.
