@@ -115,20 +115,9 @@ impl ExtentMap {
 
     /// The extents stored under keys in `spans` (sorted, disjoint).
     pub fn extents_in(&self, spans: &[KeySpan]) -> Vec<Extent> {
-        spans
-            .iter()
-            .flat_map(|&(start, end)| self.extents_from(start, end))
-            .copied()
-            .collect()
-    }
-
-    /// The extents stored under keys in `[start, end)`.
-    fn extents_from(&self, start: u64, end: u64) -> impl Iterator<Item = &Extent> + '_ {
-        self.map
-            .first_at_or_after(start)
-            .into_iter()
-            .flat_map(|p| self.map.iter_from(p))
-            .take_while(move |e| e.file_off < end)
+        let mut out = Vec::new();
+        self.map.extents_in_spans(spans, &mut out);
+        out
     }
 
     /// Number of extents.
