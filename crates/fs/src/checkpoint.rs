@@ -618,17 +618,24 @@ pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Res
             Err(_) => &[],
         };
         let keep_old = c.spans.is_empty();
+        // Checked without its extents (the merge checks those), so that a
+        // delta costs a copy of a large map, not a second pass over it.
         let mut inode = InodeImage {
-            extents: if keep_old {
-                Vec::new()
-            } else {
-                merge_spans(old, &c.spans, &c.inode.extents)
-            },
+            extents: Vec::new(),
             ..c.inode.clone()
         };
         codec::check_inode(&inode).map_err(|r| format!("inode {}: {r}", inode.ino))?;
-        if keep_old && !old.is_empty() && inode.kind != crate::types::FileKind::Regular {
-            return Err(format!("{:?} {} keeps extents", inode.kind, inode.ino));
+        if !keep_old {
+            inode.extents = merge_spans(old, &c.spans, &c.inode.extents)
+                .map_err(|r| format!("inode {}: {r}", inode.ino))?;
+        }
+        let has_extents = if keep_old {
+            !old.is_empty()
+        } else {
+            !inode.extents.is_empty()
+        };
+        if has_extents && inode.kind != crate::types::FileKind::Regular {
+            return Err(format!("{:?} {} has extents", inode.kind, inode.ino));
         }
         if inode.ino >= delta.next_ino {
             return Err(format!(
@@ -636,7 +643,6 @@ pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Res
                 inode.ino, delta.next_ino
             ));
         }
-        inode.extents.shrink_to_fit();
         staged.push((pos, inode, keep_old));
     }
     let removed_or_new = !delta.removed.is_empty() || staged.iter().any(|(p, _, _)| p.is_err());
@@ -682,24 +688,39 @@ pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Res
 
 /// `old` without the extents stored under keys in `spans`, with `new`
 /// (each stored under a key in `spans`) in their place, sorted by key.
-fn merge_spans(old: &[Extent], spans: &[KeySpan], new: &[Extent]) -> Vec<Extent> {
-    let mut out = Vec::with_capacity(old.len() + new.len());
-    let mut new = new.iter().peekable();
-    let mut span = 0;
-    for e in old {
-        while span < spans.len() && spans[span].1 <= e.file_off {
-            span += 1;
+/// Both are sorted and non-overlapping already (the image and the delta
+/// decoders check that), so only where runs of one meet runs of the other
+/// is checked; the runs are copied whole.
+fn merge_spans(
+    old: &[Extent],
+    spans: &[KeySpan],
+    new: &[Extent],
+) -> std::result::Result<Vec<Extent>, String> {
+    fn append(out: &mut Vec<Extent>, run: &[Extent]) -> std::result::Result<(), String> {
+        if let Some(first) = run.first() {
+            codec::check_extent(first, out.last())?;
+            out.extend_from_slice(run);
         }
-        if span < spans.len() && spans[span].0 <= e.file_off {
-            continue;
-        }
-        while let Some(n) = new.next_if(|n| n.file_off < e.file_off) {
-            out.push(*n);
-        }
-        out.push(*e);
+        Ok(())
     }
-    out.extend(new.copied());
-    out
+    let mut out = Vec::with_capacity(old.len() + new.len());
+    let (mut kept, mut added) = (0, 0);
+    for &(start, end) in spans {
+        let span_start = kept + old[kept..].partition_point(|e| e.file_off < start);
+        append(&mut out, &old[kept..span_start])?;
+        kept = span_start + old[span_start..].partition_point(|e| e.file_off < end);
+        let span_end = added + new[added..].partition_point(|e| e.file_off < end);
+        append(&mut out, &new[added..span_end])?;
+        added = span_end;
+    }
+    append(&mut out, &old[kept..])?;
+    if added < new.len() {
+        return Err(format!(
+            "extent at file offset {} is outside every key span",
+            new[added].file_off
+        ));
+    }
+    Ok(out)
 }
 
 /// A durable checkpoint that no longer verifies: the other slot is marked
@@ -1343,5 +1364,48 @@ mod tests {
         assert!(lost.reason.contains("crc32c"), "{}", lost.reason);
         let err = read_newest_checkpoint(&dev, &sb).unwrap_err();
         assert!(err.to_string().contains("generation 2"), "{err}");
+    }
+
+    /// A delta whose extents overlap an extent of the base kept outside
+    /// its spans does not apply, and changes nothing.
+    #[test]
+    fn a_delta_overlapping_kept_extents_does_not_apply() {
+        use crate::types::{ExtentState, FileKind, InodeDelta};
+        let mut base = image(1, 30);
+        let file = base
+            .inodes
+            .iter_mut()
+            .find(|i| i.kind == FileKind::Regular)
+            .unwrap();
+        let ext = |off: u64, len: u64| Extent {
+            file_off: off,
+            len,
+            addr: 1 << 30,
+            state: ExtentState::Written,
+        };
+        file.extents = vec![ext(0, 8192)];
+        let mut changed = file.clone();
+        changed.extents = vec![ext(4096, 4096)];
+        let before = base.clone();
+        let delta = MetaDelta {
+            next_ino: base.next_ino,
+            removed: Vec::new(),
+            changed: vec![InodeDelta {
+                spans: vec![(4096, u64::MAX)],
+                inode: changed.clone(),
+            }],
+        };
+        let err = apply_delta(&mut base, &delta).unwrap_err();
+        assert!(err.contains("overlaps"), "{err}");
+        assert_eq!(base, before);
+        // The same extent with the span covering the old one applies.
+        let delta = MetaDelta {
+            changed: vec![InodeDelta {
+                spans: vec![(0, u64::MAX)],
+                inode: changed,
+            }],
+            ..delta
+        };
+        apply_delta(&mut base, &delta).unwrap();
     }
 }

@@ -289,7 +289,7 @@ fn check_kind_shape(
 
 /// An extent must be non-empty, must not overflow, and must start at or
 /// after the end of the previous one.
-pub(super) fn check_extent(e: &Extent, prev: Option<&Extent>) -> std::result::Result<(), String> {
+pub fn check_extent(e: &Extent, prev: Option<&Extent>) -> std::result::Result<(), String> {
     if e.len == 0 {
         return Err(format!("empty extent at file offset {}", e.file_off));
     }

@@ -30,9 +30,9 @@ pub use delta::{
     SPAN_ENCODED_LEN,
 };
 pub use image::{
-    check_inode, decode_image, decode_image_at, encode_image, image_encoded_len, inode_encoded_len,
-    ENTRY_MIN_ENCODED_LEN, EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN, INODE_FIXED_ENCODED_LEN,
-    XATTR_MIN_ENCODED_LEN, XATTR_OVERHEAD_ENCODED_LEN,
+    check_extent, check_inode, decode_image, decode_image_at, encode_image, image_encoded_len,
+    inode_encoded_len, ENTRY_MIN_ENCODED_LEN, EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN,
+    INODE_FIXED_ENCODED_LEN, XATTR_MIN_ENCODED_LEN, XATTR_OVERHEAD_ENCODED_LEN,
 };
 pub use primitive::{
     check_attrs, check_mode, check_name, check_symlink_target, check_xattr_name, Decoder, Encoder,
