@@ -511,9 +511,18 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
     let mut superseded = base.mark != 0;
     let mut beyond = None;
     let mut unapplied = false;
+    let mut spare = Vec::new();
     if sb.features_incompat & INCOMPAT_DELTA_CHECKPOINTS != 0 {
         while chain.next_offset + bs <= region.len {
-            match read_linked_delta(dev, sb, slot, &chain, &mut image, &mut unapplied) {
+            match read_linked_delta(
+                dev,
+                sb,
+                slot,
+                &chain,
+                &mut image,
+                &mut spare,
+                &mut unapplied,
+            ) {
                 Ok(delta) => {
                     let bytes = (CHECKPOINT_HEADER_LEN + delta.payload.len()) as u64;
                     chain = ChainEnd {
@@ -561,6 +570,7 @@ fn read_linked_delta(
     slot: usize,
     chain: &ChainEnd,
     image: &mut MetaImage,
+    spare: &mut Vec<Extent>,
     unapplied: &mut bool,
 ) -> Result<RawRecord> {
     let offset = chain.next_offset;
@@ -583,7 +593,7 @@ fn read_linked_delta(
             ),
         ));
     }
-    apply_delta(image, &delta).map_err(|reason| {
+    apply_delta_reusing(image, &delta, spare).map_err(|reason| {
         *unapplied = true;
         Error::corrupt(
             WHAT,
@@ -601,6 +611,18 @@ fn read_linked_delta(
 /// join) theirs, their extents in the delta's key spans replaced by the
 /// delta's. Checks everything first and changes nothing on error.
 pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Result<(), String> {
+    apply_delta_reusing(image, delta, &mut Vec::new())
+}
+
+/// [`apply_delta`], merging a large extent map into `spare` (a map an
+/// earlier delta replaced) instead of fresh memory, and leaving the map it
+/// replaces there: a chain of deltas to one large file then copies it once
+/// a delta, without faulting in new pages each time.
+fn apply_delta_reusing(
+    image: &mut MetaImage,
+    delta: &MetaDelta,
+    spare: &mut Vec<Extent>,
+) -> std::result::Result<(), String> {
     let find =
         |inodes: &[InodeImage], ino| inodes.binary_search_by_key(&ino, |i: &InodeImage| i.ino);
     for &ino in &delta.removed {
@@ -626,8 +648,14 @@ pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Res
         };
         codec::check_inode(&inode).map_err(|r| format!("inode {}: {r}", inode.ino))?;
         if !keep_old {
-            inode.extents = merge_spans(old, &c.spans, &c.inode.extents)
+            let mut merged = if spare.capacity() >= old.len() + c.inode.extents.len() {
+                std::mem::take(spare)
+            } else {
+                Vec::new()
+            };
+            merge_spans(old, &c.spans, &c.inode.extents, &mut merged)
                 .map_err(|r| format!("inode {}: {r}", inode.ino))?;
+            inode.extents = merged;
         }
         let has_extents = if keep_old {
             !old.is_empty()
@@ -664,7 +692,10 @@ pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Res
                 if keep_old {
                     inode.extents = std::mem::take(&mut image.inodes[i].extents);
                 }
-                image.inodes[i] = inode;
+                let replaced = std::mem::replace(&mut image.inodes[i], inode);
+                if replaced.extents.capacity() > spare.capacity() {
+                    *spare = replaced.extents;
+                }
             }
             Err(_) => new.push(inode),
         }
@@ -695,7 +726,8 @@ fn merge_spans(
     old: &[Extent],
     spans: &[KeySpan],
     new: &[Extent],
-) -> std::result::Result<Vec<Extent>, String> {
+    out: &mut Vec<Extent>,
+) -> std::result::Result<(), String> {
     fn append(out: &mut Vec<Extent>, run: &[Extent]) -> std::result::Result<(), String> {
         if let Some(first) = run.first() {
             codec::check_extent(first, out.last())?;
@@ -703,24 +735,25 @@ fn merge_spans(
         }
         Ok(())
     }
-    let mut out = Vec::with_capacity(old.len() + new.len());
+    out.clear();
+    out.reserve(old.len() + new.len());
     let (mut kept, mut added) = (0, 0);
     for &(start, end) in spans {
         let span_start = kept + old[kept..].partition_point(|e| e.file_off < start);
-        append(&mut out, &old[kept..span_start])?;
+        append(out, &old[kept..span_start])?;
         kept = span_start + old[span_start..].partition_point(|e| e.file_off < end);
         let span_end = added + new[added..].partition_point(|e| e.file_off < end);
-        append(&mut out, &new[added..span_end])?;
+        append(out, &new[added..span_end])?;
         added = span_end;
     }
-    append(&mut out, &old[kept..])?;
+    append(out, &old[kept..])?;
     if added < new.len() {
         return Err(format!(
             "extent at file offset {} is outside every key span",
             new[added].file_off
         ));
     }
-    Ok(out)
+    Ok(())
 }
 
 /// A durable checkpoint that no longer verifies: the other slot is marked
