@@ -1232,6 +1232,14 @@ mod tests {
         }
     }
 
+    /// The base of generation 1 the chain tests start from.
+    fn base1() -> Checkpoint {
+        Checkpoint {
+            image: image(1, 20),
+            ..ckpt(1, 0)
+        }
+    }
+
     fn delta_ckpt(generation: u64, from: &MetaImage, to: &MetaImage) -> DeltaCheckpoint {
         let c = ckpt(generation, 0);
         DeltaCheckpoint {
@@ -1249,10 +1257,7 @@ mod tests {
     #[test]
     fn deltas_chain_after_the_base() {
         let (dev, sb) = setup();
-        let c1 = Checkpoint {
-            image: image(1, 20),
-            ..ckpt(1, 0)
-        };
+        let c1 = base1();
         let (i2, i3) = (image(2, 25), image(3, 10));
         let chain1 = write_base(&dev, &sb, 0, &c1).unwrap();
         let chain2 = write_delta(&dev, &sb, 0, &chain1, &delta_ckpt(2, &c1.image, &i2)).unwrap();
@@ -1288,10 +1293,7 @@ mod tests {
     #[test]
     fn a_delta_left_from_an_earlier_chain_is_not_applied() {
         let (dev, sb) = setup();
-        let c1 = Checkpoint {
-            image: image(1, 20),
-            ..ckpt(1, 0)
-        };
+        let c1 = base1();
         let chain = write_base(&dev, &sb, 0, &c1).unwrap();
         write_delta(
             &dev,
@@ -1322,10 +1324,7 @@ mod tests {
     #[test]
     fn a_delta_that_does_not_apply_ends_the_chain() {
         let (dev, sb) = setup();
-        let c1 = Checkpoint {
-            image: image(1, 20),
-            ..ckpt(1, 0)
-        };
+        let c1 = base1();
         let chain = write_base(&dev, &sb, 0, &c1).unwrap();
         let mut bad = delta_ckpt(2, &c1.image, &image(2, 25));
         bad.delta.removed = vec![9_999];
@@ -1351,10 +1350,7 @@ mod tests {
     #[test]
     fn a_damaged_durable_delta_is_reported_not_rolled_back() {
         let (dev, sb) = setup();
-        let c1 = Checkpoint {
-            image: image(1, 20),
-            ..ckpt(1, 0)
-        };
+        let c1 = base1();
         let chain = write_base(&dev, &sb, 0, &c1).unwrap();
         let chain2 = write_delta(
             &dev,
