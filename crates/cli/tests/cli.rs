@@ -698,7 +698,8 @@ fn fsck_lists_problems_in_a_well_formed_but_inconsistent_volume() {
 }
 
 /// Issue 14's reproduction: after `pwrite 4m`, `fsync`, `falloc -k 8m 1m`
-/// and a clean unmount, eight bytes of the *active* checkpoint slot flip.
+/// and a clean unmount, eight bytes of the *active* checkpoint (the newest
+/// record of the newest slot's chain) flip.
 /// The older slot, marked superseded when the newer checkpoint became
 /// durable, must not be used silently: fsck reports the lost generation
 /// (exit 1) and io refuses to mount.
@@ -725,8 +726,12 @@ fn damaged_active_checkpoint_is_reported_not_rolled_back() {
         use blockdev::sync_backend::{SyncDevice, SyncOpenOptions};
         let dev = SyncDevice::open(&img, SyncOpenOptions { read_only: true }).unwrap();
         let sb = superblock::read_superblock(&dev).unwrap();
-        let (slot, ckpt) = checkpoint::read_newest_checkpoint(&dev, &sb).unwrap();
-        (sb.layout.checkpoint_slots[slot].start, ckpt.generation)
+        let newest = checkpoint::read_checkpoints(&dev, &sb).unwrap();
+        // The newest record: a delta after its chain's base, or a base.
+        (
+            sb.layout.checkpoint_slots[newest.slot].start + newest.chain.last_offset,
+            newest.checkpoint.generation,
+        )
     };
     clobber(&img, active + 100, 8);
     let r = iomapfs(["fsck", img.to_str().unwrap()]);

@@ -23,17 +23,37 @@
 //! write can only spoil the older slot, which the durable newer one no longer
 //! needs.
 //!
+//! Delta checkpoints (volumes with [`INCOMPAT_DELTA_CHECKPOINTS`]): a slot
+//! holds a whole image (the *base*, magic `IOMAPCP1`) followed, at the next
+//! block boundaries, by delta records (magic `IOMAPCP2`), each holding what
+//! changed since the record before it ([`MetaDelta`]) and linked to it by
+//! generation and crc. The slot's checkpoint is the base with every linked
+//! delta applied in order; the chain ends at the first record that does not
+//! verify or link (a torn write, or a record left from an earlier chain in
+//! the slot). A delta is written after the chain's end in the slot that
+//! holds the chain, so the records the chain already has are never
+//! touched; it is committed, as a whole checkpoint is, once its write is
+//! flushed, and then the record before it is marked superseded: a mark on a
+//! chain's last valid record means the next generation was durable (as the
+//! next delta, or as a base in the other slot) and is damaged. A new base
+//! goes to the other slot as before; see `transaction` for when.
+//!
 //! Byte layout: see `docs/FORMAT.md`.
 
 use blockdev::{BlockDevice, WriteMode};
 
-use crate::codec::{self, Decoder, Encoder};
+use crate::codec::{self, Decoder, DeltaLink, Encoder};
 use crate::error::{Error, Result};
-use crate::superblock::{is_aligned, Region, Superblock, CHECKPOINT_SLOTS, COMPAT_SUPERSEDE_MARKS};
-use crate::types::MetaImage;
+use crate::superblock::{
+    is_aligned, Region, Superblock, CHECKPOINT_SLOTS, COMPAT_SUPERSEDE_MARKS,
+    INCOMPAT_DELTA_CHECKPOINTS,
+};
+use crate::types::{Extent, InodeImage, KeySpan, MetaDelta, MetaImage};
 
-/// First 8 bytes of a valid checkpoint slot.
+/// First 8 bytes of a valid checkpoint slot: a whole image (the base).
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"IOMAPCP1";
+/// First 8 bytes of a delta record after a slot's base.
+pub const DELTA_MAGIC: [u8; 8] = *b"IOMAPCP2";
 
 // Byte offsets inside a slot (all little-endian).
 pub const OFF_MAGIC: usize = 0;
@@ -49,7 +69,8 @@ pub const OFF_IMAGE_LEN: usize = 40;
 /// crc32c, seeded with `crc32c(uuid)`, of bytes `[0, OFF_CRC)` (the mark
 /// taken as zero) then the image.
 pub const OFF_CRC: usize = 48;
-/// The encoded image starts right after the header.
+/// The encoded image (or delta payload) starts right after the header,
+/// which is the same for bases and deltas.
 pub const CHECKPOINT_HEADER_LEN: usize = OFF_CRC + 4;
 
 const WHAT: &str = "checkpoint";
@@ -66,6 +87,36 @@ pub struct Checkpoint {
     /// Chain value the first journal batch after this checkpoint must carry.
     pub journal_chain: u32,
     pub image: MetaImage,
+}
+
+/// A delta checkpoint: what changed since the previous checkpoint of the
+/// chain, as of a journal position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeltaCheckpoint {
+    pub generation: u64,
+    pub journal_start: u64,
+    pub journal_seq: u64,
+    pub journal_chain: u32,
+    pub delta: MetaDelta,
+}
+
+/// The end of the chain of checkpoints in a slot: what the next delta
+/// links to, where it goes, and how long the chain is (for the policy that
+/// writes a new base instead).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainEnd {
+    /// Generation and crc of the chain's last record.
+    pub generation: u64,
+    pub crc: u32,
+    /// Byte offset inside the slot of the last record (the base: 0).
+    pub last_offset: u64,
+    /// Byte offset inside the slot where the next delta goes.
+    pub next_offset: u64,
+    /// Bytes of the base record, header and image.
+    pub base_bytes: u64,
+    /// Deltas after the base, and their bytes (headers and payloads).
+    pub deltas: u32,
+    pub delta_bytes: u64,
 }
 
 /// Bytes a checkpoint of `image` occupies in a slot (header and image,
@@ -119,6 +170,16 @@ pub fn write_checkpoint(
     slot: usize,
     ckpt: &Checkpoint,
 ) -> Result<()> {
+    write_base(dev, sb, slot, ckpt).map(drop)
+}
+
+/// [`write_checkpoint`], returning the chain that starts with it.
+pub fn write_base(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    ckpt: &Checkpoint,
+) -> Result<ChainEnd> {
     let region = slot_region(sb, slot)?;
     check_journal_start(sb, ckpt.journal_start)
         .map_err(|reason| Error::invalid("writing a checkpoint", reason))?;
@@ -131,24 +192,139 @@ pub fn write_checkpoint(
         });
     }
     let image = codec::encode_image(&ckpt.image)?;
-    let mut enc = Encoder::with_capacity(needed.next_multiple_of(sb.block_size()) as usize);
-    enc.bytes(&CHECKPOINT_MAGIC);
-    enc.u64(ckpt.generation);
-    enc.u64(ckpt.journal_start);
-    enc.u64(ckpt.journal_seq);
-    enc.u32(ckpt.journal_chain);
+    let header = RecordHeader {
+        generation: ckpt.generation,
+        journal_start: ckpt.journal_start,
+        journal_seq: ckpt.journal_seq,
+        journal_chain: ckpt.journal_chain,
+    };
+    let crc = write_record(dev, sb, slot, 0, &CHECKPOINT_MAGIC, &header, &image)?;
+    Ok(ChainEnd {
+        generation: ckpt.generation,
+        crc,
+        last_offset: 0,
+        next_offset: needed.next_multiple_of(sb.block_size()),
+        base_bytes: needed,
+        deltas: 0,
+        delta_bytes: 0,
+    })
+}
+
+/// Bytes a delta record of `delta` occupies (header and payload).
+pub fn delta_record_len(delta: &MetaDelta) -> u64 {
+    CHECKPOINT_HEADER_LEN as u64 + codec::delta_encoded_len(delta)
+}
+
+/// Whether a delta of `record_len` bytes fits after `chain` in a slot.
+pub fn delta_fits(sb: &Superblock, chain: &ChainEnd, record_len: u64) -> bool {
+    chain.next_offset + record_len <= slot_capacity(sb)
+}
+
+/// Appends `ckpt` to the chain in `slot` that ends at `chain`, padded to the
+/// block size, then flushes; returns the chain's new end. Writes nothing
+/// the chain holds. Fails with [`Error::NoSpace`], writing nothing, if it
+/// does not fit after the chain.
+pub fn write_delta(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    chain: &ChainEnd,
+    ckpt: &DeltaCheckpoint,
+) -> Result<ChainEnd> {
+    slot_region(sb, slot)?;
+    check_journal_start(sb, ckpt.journal_start)
+        .map_err(|reason| Error::invalid("writing a delta checkpoint", reason))?;
+    if sb.features_incompat & INCOMPAT_DELTA_CHECKPOINTS == 0 {
+        return Err(Error::invalid(
+            "writing a delta checkpoint",
+            "the volume does not have the delta checkpoint feature",
+        ));
+    }
+    let needed = delta_record_len(&ckpt.delta);
+    if !delta_fits(sb, chain, needed) {
+        return Err(Error::NoSpace {
+            what: format!("checkpoint slot {slot} (delta after the chain)"),
+            needed,
+            available: slot_capacity(sb).saturating_sub(chain.next_offset),
+        });
+    }
+    let link = DeltaLink {
+        prev_generation: chain.generation,
+        prev_crc: chain.crc,
+    };
+    let payload = codec::encode_delta(link, &ckpt.delta)?;
+    let header = RecordHeader {
+        generation: ckpt.generation,
+        journal_start: ckpt.journal_start,
+        journal_seq: ckpt.journal_seq,
+        journal_chain: ckpt.journal_chain,
+    };
+    let crc = write_record(
+        dev,
+        sb,
+        slot,
+        chain.next_offset,
+        &DELTA_MAGIC,
+        &header,
+        &payload,
+    )?;
+    Ok(ChainEnd {
+        generation: ckpt.generation,
+        crc,
+        last_offset: chain.next_offset,
+        next_offset: chain.next_offset + needed.next_multiple_of(sb.block_size()),
+        base_bytes: chain.base_bytes,
+        deltas: chain.deltas + 1,
+        delta_bytes: chain.delta_bytes + needed,
+    })
+}
+
+/// The header fields bases and deltas share.
+#[derive(Clone, Copy)]
+struct RecordHeader {
+    generation: u64,
+    journal_start: u64,
+    journal_seq: u64,
+    journal_chain: u32,
+}
+
+/// Writes one record (header, then `payload`) at byte `offset` of `slot`,
+/// padded to the block size, then flushes. Returns its crc.
+fn write_record(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    offset: u64,
+    magic: &[u8; 8],
+    header: &RecordHeader,
+    payload: &[u8],
+) -> Result<u32> {
+    let region = slot_region(sb, slot)?;
+    let len = (CHECKPOINT_HEADER_LEN + payload.len()).next_multiple_of(sb.block_size() as usize);
+    let mut enc = Encoder::with_capacity(len);
+    enc.bytes(magic);
+    enc.u64(header.generation);
+    enc.u64(header.journal_start);
+    enc.u64(header.journal_seq);
+    enc.u32(header.journal_chain);
     enc.u32(0);
-    enc.u64(image.len() as u64);
+    enc.u64(payload.len() as u64);
     debug_assert_eq!(enc.len(), OFF_CRC);
-    let crc = slot_crc(sb, enc.as_bytes(), &image);
+    let crc = slot_crc(sb, enc.as_bytes(), payload);
     enc.u32(crc);
-    enc.bytes(&image);
+    enc.bytes(payload);
     let mut buf = enc.into_bytes();
-    buf.resize(needed.next_multiple_of(sb.block_size()) as usize, 0);
-    dev.write_at(&buf, region.start, WriteMode::Normal)
-        .map_err(|e| Error::device(format!("writing checkpoint slot {slot}"), e))?;
+    buf.resize(len, 0);
+    let at = region.start + offset;
+    dev.write_at(&buf, at, WriteMode::Normal).map_err(|e| {
+        Error::device(
+            format!("writing checkpoint slot {slot} at slot byte {offset}"),
+            e,
+        )
+    })?;
     dev.flush()
-        .map_err(|e| Error::device(format!("flushing checkpoint slot {slot}"), e))
+        .map_err(|e| Error::device(format!("flushing checkpoint slot {slot}"), e))?;
+    Ok(crc)
 }
 
 /// The value of the supersede mark of the checkpoint of `generation`: tied
@@ -172,10 +348,22 @@ fn slot_crc(sb: &Superblock, header: &[u8], image: &[u8]) -> u32 {
 /// A verified checkpoint slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlotContents {
+    /// The slot's checkpoint: the base with every delta of its chain
+    /// applied; generation and journal position of the chain's last record.
     pub checkpoint: Checkpoint,
-    /// The slot carries a valid supersede mark: checkpoint
-    /// `generation + 1` was durable in the other slot.
+    /// The chain's last record carries a valid supersede mark: checkpoint
+    /// `generation + 1` was durable (after it, or in the other slot).
     pub superseded: bool,
+    pub chain: ChainEnd,
+    /// Why the record after the chain's last one is not part of the chain
+    /// (none written yet, torn, damaged, or left from an earlier chain);
+    /// `None` when the slot has no room for one.
+    pub beyond: Option<String>,
+    /// The record after the chain's end verifies but does not decode, or
+    /// links to the chain but does not apply: it was written whole (the writer may have moved the
+    /// journal tail past what the chain's end needs), so it is damage or
+    /// forgery, never a torn write.
+    pub unapplied: bool,
 }
 
 /// Reads and verifies the checkpoint in `slot`.
@@ -183,22 +371,46 @@ pub fn read_checkpoint(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> R
     read_slot(dev, sb, slot).map(|c| c.checkpoint)
 }
 
-/// Reads and verifies the checkpoint in `slot`, and whether it is marked
-/// superseded.
-pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<SlotContents> {
+/// One record as read: header fields, and the payload the crc verified.
+struct RawRecord {
+    header: RecordHeader,
+    mark: u32,
+    crc: u32,
+    payload: Vec<u8>,
+}
+
+/// Reads the record at byte `offset` of `slot` and verifies its magic and
+/// crc; the payload is not decoded.
+fn read_record(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    offset: u64,
+    magic: &[u8; 8],
+) -> Result<RawRecord> {
     let region = slot_region(sb, slot)?;
     let bs = sb.block_size();
-    let read_err = |e| Error::device(format!("reading checkpoint slot {slot}"), e);
+    let at = region.start + offset;
+    let read_err = |e| {
+        Error::device(
+            format!("reading checkpoint slot {slot} at slot byte {offset}"),
+            e,
+        )
+    };
     let mut buf = vec![0u8; bs as usize];
-    dev.read_at(&mut buf, region.start).map_err(read_err)?;
-
-    let mut dec = Decoder::new(&buf, region.start, WHAT);
-    let magic: [u8; 8] = dec.array()?;
-    if magic != CHECKPOINT_MAGIC {
+    dev.read_at(&mut buf, at).map_err(read_err)?;
+    let mut dec = Decoder::new(&buf, at, WHAT);
+    let found: [u8; 8] = dec.array()?;
+    if found != *magic {
+        let what = if offset == 0 {
+            "no checkpoint"
+        } else {
+            "no delta"
+        };
         return Err(Error::corrupt(
             WHAT,
-            region.start,
-            format!("slot {slot} holds no checkpoint (bad magic)"),
+            at,
+            format!("slot {slot} holds {what} at slot byte {offset} (bad magic)"),
         ));
     }
     let generation = dec.u64()?;
@@ -206,44 +418,44 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
     let journal_seq = dec.u64()?;
     let journal_chain = dec.u32()?;
     let mark = dec.u32()?;
-    let image_len = dec.u64()?;
+    let payload_len = dec.u64()?;
     let stored_crc = dec.u32()?;
-    let capacity = region.len - CHECKPOINT_HEADER_LEN as u64;
-    if image_len > capacity {
+    let capacity = region.len - offset - CHECKPOINT_HEADER_LEN as u64;
+    if payload_len > capacity {
         return Err(Error::corrupt(
             WHAT,
-            region.start + OFF_IMAGE_LEN as u64,
-            format!("slot {slot}: image length {image_len} exceeds the slot's {capacity} bytes"),
+            at + OFF_IMAGE_LEN as u64,
+            format!(
+                "slot {slot}: record at slot byte {offset}: length {payload_len} exceeds the slot's {capacity} bytes after it"
+            ),
         ));
     }
-    // image_len is bounded by the slot size, which the superblock bounds by
-    // the device size.
-    let total = (CHECKPOINT_HEADER_LEN as u64 + image_len).next_multiple_of(bs);
+    // payload_len is bounded by the slot size, which the superblock bounds
+    // by the device size.
+    let total = (CHECKPOINT_HEADER_LEN as u64 + payload_len).next_multiple_of(bs);
     if total > bs {
         let mut whole = vec![0u8; total as usize];
         whole[..bs as usize].copy_from_slice(&buf);
-        dev.read_at(&mut whole[bs as usize..], region.start + bs)
+        dev.read_at(&mut whole[bs as usize..], at + bs)
             .map_err(read_err)?;
         buf = whole;
     }
-    let image_end = CHECKPOINT_HEADER_LEN + image_len as usize;
-    let image_bytes = &buf[CHECKPOINT_HEADER_LEN..image_end];
-    let crc = slot_crc(sb, &buf, image_bytes);
+    let payload_end = CHECKPOINT_HEADER_LEN + payload_len as usize;
+    let crc = slot_crc(sb, &buf, &buf[CHECKPOINT_HEADER_LEN..payload_end]);
     if crc != stored_crc {
         return Err(Error::corrupt(
             WHAT,
-            region.start + OFF_CRC as u64,
+            at + OFF_CRC as u64,
             format!(
-                "slot {slot}: crc32c mismatch (stored {stored_crc:#010x}, computed {crc:#010x}): torn, damaged, or from an earlier format"
+                "slot {slot}: record at slot byte {offset}: crc32c mismatch (stored {stored_crc:#010x}, computed {crc:#010x}): torn, damaged, or from an earlier format"
             ),
         ));
     }
     let marks = sb.features_compat & COMPAT_SUPERSEDE_MARKS != 0;
-    let superseded = mark != 0;
-    if superseded && (!marks || mark != supersede_mark(sb, generation)) {
+    if mark != 0 && (!marks || mark != supersede_mark(sb, generation)) {
         return Err(Error::corrupt(
             WHAT,
-            region.start + OFF_SUPERSEDED as u64,
+            at + OFF_SUPERSEDED as u64,
             if marks {
                 format!("slot {slot}: supersede mark {mark:#010x} is not generation {generation}'s")
             } else {
@@ -254,25 +466,294 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
     check_journal_start(sb, journal_start).map_err(|reason| {
         Error::corrupt(
             WHAT,
-            region.start + OFF_JOURNAL_START as u64,
+            at + OFF_JOURNAL_START as u64,
             format!("slot {slot}: {reason}"),
         )
     })?;
-    let image = codec::decode_image_at(
-        image_bytes,
-        region.start + CHECKPOINT_HEADER_LEN as u64,
-        "checkpoint image",
-    )?;
-    Ok(SlotContents {
-        checkpoint: Checkpoint {
+    buf.truncate(payload_end);
+    buf.drain(..CHECKPOINT_HEADER_LEN);
+    Ok(RawRecord {
+        header: RecordHeader {
             generation,
             journal_start,
             journal_seq,
             journal_chain,
+        },
+        mark,
+        crc,
+        payload: buf,
+    })
+}
+
+/// Reads and verifies the checkpoint in `slot` (its base and every delta
+/// chained to it), and whether the chain's last record is marked
+/// superseded.
+pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<SlotContents> {
+    let region = slot_region(sb, slot)?;
+    let bs = sb.block_size();
+    let base = read_record(dev, sb, slot, 0, &CHECKPOINT_MAGIC)?;
+    let mut image = codec::decode_image_at(
+        &base.payload,
+        region.start + CHECKPOINT_HEADER_LEN as u64,
+        "checkpoint image",
+    )?;
+    let base_bytes = (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64;
+    let mut chain = ChainEnd {
+        generation: base.header.generation,
+        crc: base.crc,
+        last_offset: 0,
+        next_offset: base_bytes.next_multiple_of(bs),
+        base_bytes,
+        deltas: 0,
+        delta_bytes: 0,
+    };
+    let mut header = base.header;
+    let mut superseded = base.mark != 0;
+    let mut beyond = None;
+    let mut unapplied = false;
+    let mut spare = Vec::new();
+    if sb.features_incompat & INCOMPAT_DELTA_CHECKPOINTS != 0 {
+        while chain.next_offset + bs <= region.len {
+            match read_linked_delta(
+                dev,
+                sb,
+                slot,
+                &chain,
+                &mut image,
+                &mut spare,
+                &mut unapplied,
+            ) {
+                Ok(delta) => {
+                    let bytes = (CHECKPOINT_HEADER_LEN + delta.payload.len()) as u64;
+                    chain = ChainEnd {
+                        generation: delta.header.generation,
+                        crc: delta.crc,
+                        last_offset: chain.next_offset,
+                        next_offset: chain.next_offset + bytes.next_multiple_of(bs),
+                        base_bytes,
+                        deltas: chain.deltas + 1,
+                        delta_bytes: chain.delta_bytes + bytes,
+                    };
+                    superseded = delta.mark != 0;
+                    header = delta.header;
+                }
+                Err(e @ Error::Corrupt { .. }) => {
+                    beyond = Some(e.to_string());
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(SlotContents {
+        checkpoint: Checkpoint {
+            generation: header.generation,
+            journal_start: header.journal_start,
+            journal_seq: header.journal_seq,
+            journal_chain: header.journal_chain,
             image,
         },
         superseded,
+        chain,
+        beyond,
+        unapplied,
     })
+}
+
+/// Reads the delta after `chain` in `slot`, checks it links to the chain's
+/// last record and applies it to `image` (which it leaves as it was on any
+/// error). Sets `unapplied` when it verifies but does not decode, or links
+/// but does not apply.
+fn read_linked_delta(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    chain: &ChainEnd,
+    image: &mut MetaImage,
+    spare: &mut Vec<Extent>,
+    unapplied: &mut bool,
+) -> Result<RawRecord> {
+    let offset = chain.next_offset;
+    let at = sb.layout.checkpoint_slots[slot].start + offset;
+    let raw = read_record(dev, sb, slot, offset, &DELTA_MAGIC)?;
+    // A record whose crc verifies was written whole, and the writer's
+    // encoder writes nothing the decoder refuses.
+    let (link, delta) = codec::decode_delta_at(&raw.payload, at + CHECKPOINT_HEADER_LEN as u64)
+        .inspect_err(|_| *unapplied = true)?;
+    let linked = link.prev_generation == chain.generation
+        && link.prev_crc == chain.crc
+        && raw.header.generation == chain.generation + 1;
+    if !linked {
+        return Err(Error::corrupt(
+            WHAT,
+            at,
+            format!(
+                "slot {slot}: the delta of generation {} at slot byte {offset} follows generation {} (crc {:#010x}), not this chain's generation {} (crc {:#010x}): left from an earlier chain",
+                raw.header.generation, link.prev_generation, link.prev_crc, chain.generation, chain.crc
+            ),
+        ));
+    }
+    apply_delta_reusing(image, &delta, spare).map_err(|reason| {
+        *unapplied = true;
+        Error::corrupt(
+            WHAT,
+            at + CHECKPOINT_HEADER_LEN as u64,
+            format!(
+                "slot {slot}: the delta of generation {} does not apply to generation {}: {reason}",
+                raw.header.generation, chain.generation
+            ),
+        )
+    })?;
+    Ok(raw)
+}
+
+/// Applies `delta` to `image`: removed inodes go, changed ones replace (or
+/// join) theirs, their extents in the delta's key spans replaced by the
+/// delta's. Checks everything first and changes nothing on error.
+pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Result<(), String> {
+    apply_delta_reusing(image, delta, &mut Vec::new())
+}
+
+/// [`apply_delta`], merging a large extent map into `spare` (a map an
+/// earlier delta replaced) instead of fresh memory, and leaving the map it
+/// replaces there: a chain of deltas to one large file then copies it once
+/// a delta, without faulting in new pages each time.
+fn apply_delta_reusing(
+    image: &mut MetaImage,
+    delta: &MetaDelta,
+    spare: &mut Vec<Extent>,
+) -> std::result::Result<(), String> {
+    let find =
+        |inodes: &[InodeImage], ino| inodes.binary_search_by_key(&ino, |i: &InodeImage| i.ino);
+    for &ino in &delta.removed {
+        if find(&image.inodes, ino).is_err() {
+            return Err(format!("it removes inode {ino}, which is not there"));
+        }
+    }
+    // (position in the image, the new inode; `None` extents: keep the old)
+    let mut staged: Vec<(std::result::Result<usize, usize>, InodeImage, bool)> =
+        Vec::with_capacity(delta.changed.len());
+    for c in &delta.changed {
+        let pos = find(&image.inodes, c.inode.ino);
+        let old: &[Extent] = match pos {
+            Ok(i) => &image.inodes[i].extents,
+            Err(_) => &[],
+        };
+        let keep_old = c.spans.is_empty();
+        // Checked without its extents (the merge checks those), so that a
+        // delta costs a copy of a large map, not a second pass over it.
+        let mut inode = InodeImage {
+            extents: Vec::new(),
+            ..c.inode.clone()
+        };
+        codec::check_inode(&inode).map_err(|r| format!("inode {}: {r}", inode.ino))?;
+        if !keep_old {
+            let mut merged = if spare.capacity() >= old.len() + c.inode.extents.len() {
+                std::mem::take(spare)
+            } else {
+                Vec::new()
+            };
+            merge_spans(old, &c.spans, &c.inode.extents, &mut merged)
+                .map_err(|r| format!("inode {}: {r}", inode.ino))?;
+            inode.extents = merged;
+        }
+        let has_extents = if keep_old {
+            !old.is_empty()
+        } else {
+            !inode.extents.is_empty()
+        };
+        if has_extents && inode.kind != crate::types::FileKind::Regular {
+            return Err(format!("{:?} {} has extents", inode.kind, inode.ino));
+        }
+        if inode.ino >= delta.next_ino {
+            return Err(format!(
+                "inode {} is not below next_ino {}",
+                inode.ino, delta.next_ino
+            ));
+        }
+        staged.push((pos, inode, keep_old));
+    }
+    let removed_or_new = !delta.removed.is_empty() || staged.iter().any(|(p, _, _)| p.is_err());
+    let last_kept = image
+        .inodes
+        .iter()
+        .rev()
+        .find(|i| delta.removed.binary_search(&i.ino).is_err());
+    if let Some(i) = last_kept.filter(|i| i.ino >= delta.next_ino) {
+        return Err(format!(
+            "inode {} is not below next_ino {}",
+            i.ino, delta.next_ino
+        ));
+    }
+    let mut new = Vec::new();
+    for (pos, mut inode, keep_old) in staged {
+        match pos {
+            Ok(i) => {
+                if keep_old {
+                    inode.extents = std::mem::take(&mut image.inodes[i].extents);
+                }
+                let replaced = std::mem::replace(&mut image.inodes[i], inode);
+                if replaced.extents.capacity() > spare.capacity() {
+                    *spare = replaced.extents;
+                }
+            }
+            Err(_) => new.push(inode),
+        }
+    }
+    if removed_or_new {
+        let old = std::mem::take(&mut image.inodes);
+        let mut new = new.into_iter().peekable();
+        for inode in old {
+            while let Some(n) = new.next_if(|n| n.ino < inode.ino) {
+                image.inodes.push(n);
+            }
+            if delta.removed.binary_search(&inode.ino).is_err() {
+                image.inodes.push(inode);
+            }
+        }
+        image.inodes.extend(new);
+    }
+    image.next_ino = delta.next_ino;
+    Ok(())
+}
+
+/// `old` without the extents stored under keys in `spans`, with `new`
+/// (each stored under a key in `spans`) in their place, sorted by key.
+/// Both are sorted and non-overlapping already (the image and the delta
+/// decoders check that), so only where runs of one meet runs of the other
+/// is checked; the runs are copied whole.
+fn merge_spans(
+    old: &[Extent],
+    spans: &[KeySpan],
+    new: &[Extent],
+    out: &mut Vec<Extent>,
+) -> std::result::Result<(), String> {
+    fn append(out: &mut Vec<Extent>, run: &[Extent]) -> std::result::Result<(), String> {
+        if let Some(first) = run.first() {
+            codec::check_extent(first, out.last())?;
+            out.extend_from_slice(run);
+        }
+        Ok(())
+    }
+    out.clear();
+    out.reserve(old.len() + new.len());
+    let (mut kept, mut added) = (0, 0);
+    for &(start, end) in spans {
+        let span_start = kept + old[kept..].partition_point(|e| e.file_off < start);
+        append(out, &old[kept..span_start])?;
+        kept = span_start + old[span_start..].partition_point(|e| e.file_off < end);
+        let span_end = added + new[added..].partition_point(|e| e.file_off < end);
+        append(out, &new[added..span_end])?;
+        added = span_end;
+    }
+    append(out, &old[kept..])?;
+    if added < new.len() {
+        return Err(format!(
+            "extent at file offset {} is outside every key span",
+            new[added].file_off
+        ));
+    }
+    Ok(())
 }
 
 /// A durable checkpoint that no longer verifies: the other slot is marked
@@ -284,8 +765,10 @@ pub struct LostCheckpoint {
     pub slot: usize,
     /// Why the slot does not verify.
     pub reason: String,
-    /// Generation of the checkpoint that is left (the one marked).
+    /// Generation of the checkpoint that is left (the one marked), and
+    /// its slot.
     pub left_generation: u64,
+    pub left_slot: usize,
 }
 
 impl std::fmt::Display for LostCheckpoint {
@@ -298,7 +781,7 @@ impl std::fmt::Display for LostCheckpoint {
             self.generation,
             self.slot,
             self.reason,
-            other_slot(self.slot),
+            self.left_slot,
             self.left_generation,
             self.generation,
         )
@@ -310,6 +793,8 @@ impl std::fmt::Display for LostCheckpoint {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewestCheckpoint {
     pub slot: usize,
+    /// Where the chain in `slot` ends (what the next delta follows).
+    pub chain: ChainEnd,
     pub checkpoint: Checkpoint,
     /// Set when the newest valid checkpoint is marked superseded: the
     /// checkpoint that superseded it is damaged.
@@ -351,19 +836,39 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
             format!("no valid checkpoint: {}", both.join("; ")),
         ));
     };
-    let lost = contents.superseded.then(|| {
-        let lost_slot = other_slot(slot);
+    let lost = (contents.superseded || contents.unapplied).then(|| {
+        // The next generation was either the next delta in this slot or a
+        // base in the other one: blame the other slot if it does not verify.
+        let other = other_slot(slot);
+        // A next delta whose header is there but does not verify is the
+        // likelier loss; either way the reason names both places.
+        let delta_there = contents
+            .beyond
+            .as_ref()
+            .is_some_and(|r| contents.unapplied || !r.contains("bad magic"));
+        let (lost_slot, reason) = match (&reasons[other], &contents.beyond) {
+            (Some(o), Some(b)) => (
+                if delta_there { slot } else { other },
+                format!("the next delta in slot {slot}: {b}; slot {other}: {o}"),
+            ),
+            (None, Some(b)) => (slot, b.clone()),
+            (Some(o), None) => (other, o.clone()),
+            (None, None) => (
+                other,
+                "it verifies but holds an older generation".to_string(),
+            ),
+        };
         LostCheckpoint {
             generation: contents.checkpoint.generation + 1,
             slot: lost_slot,
-            reason: reasons[lost_slot]
-                .clone()
-                .unwrap_or_else(|| "it verifies but holds an older generation".to_string()),
+            reason,
             left_generation: contents.checkpoint.generation,
+            left_slot: slot,
         }
     });
     Ok(NewestCheckpoint {
         slot,
+        chain: contents.chain,
         checkpoint: contents.checkpoint,
         lost,
     })
@@ -391,39 +896,51 @@ pub fn lost_error(sb: &Superblock, lost: &LostCheckpoint) -> Error {
     )
 }
 
-/// Marks the checkpoint of `generation` in `slot` superseded, once the
-/// checkpoint of `generation + 1` is durable in the other slot: rewrites the
-/// slot's first block with the mark set, then flushes. Does nothing if the
-/// slot does not hold that generation (e.g. it was invalid at mount) or the
+/// Marks the checkpoint of `generation`, the record at byte `offset` of
+/// `slot`, superseded, once the checkpoint of `generation + 1` is durable
+/// (after it in the slot, or in the other slot): rewrites the record's first
+/// logical sector with the mark set, then flushes. Only that sector is
+/// written, and its other bytes are unchanged, so a torn mark write cannot
+/// damage the record (a delta after it still needs it). Does nothing if the
+/// record is not that generation's (e.g. it was invalid at mount) or the
 /// volume keeps no marks.
 pub fn mark_superseded(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     slot: usize,
+    offset: u64,
     generation: u64,
 ) -> Result<()> {
     if sb.features_compat & COMPAT_SUPERSEDE_MARKS == 0 {
         return Ok(());
     }
     let region = slot_region(sb, slot)?;
-    let mut block = vec![0u8; sb.block_size() as usize];
-    dev.read_at(&mut block, region.start).map_err(|e| {
+    let sector = (dev.caps().logical_block_size as usize).clamp(OFF_CRC, sb.block_size() as usize);
+    let mut head = vec![0u8; sector];
+    let at = region.start + offset;
+    dev.read_at(&mut head, at).map_err(|e| {
         Error::device(
-            format!("reading checkpoint slot {slot} to mark it superseded"),
+            format!("reading checkpoint slot {slot} at slot byte {offset} to mark it superseded"),
             e,
         )
     })?;
     let held = u64::from_le_bytes(
-        block[OFF_GENERATION..OFF_GENERATION + 8]
+        head[OFF_GENERATION..OFF_GENERATION + 8]
             .try_into()
             .unwrap_or_default(),
     );
-    if block[OFF_MAGIC..OFF_MAGIC + 8] != CHECKPOINT_MAGIC || held != generation {
+    let magic = &head[OFF_MAGIC..OFF_MAGIC + 8];
+    let expected = if offset == 0 {
+        &CHECKPOINT_MAGIC
+    } else {
+        &DELTA_MAGIC
+    };
+    if magic != expected || held != generation {
         return Ok(());
     }
     let mark = supersede_mark(sb, generation);
-    block[OFF_SUPERSEDED..OFF_SUPERSEDED + 4].copy_from_slice(&mark.to_le_bytes());
-    dev.write_at(&block, region.start, WriteMode::Normal)
+    head[OFF_SUPERSEDED..OFF_SUPERSEDED + 4].copy_from_slice(&mark.to_le_bytes());
+    dev.write_at(&head, at, WriteMode::Normal)
         .map_err(|e| Error::device(format!("marking checkpoint slot {slot} superseded"), e))?;
     dev.flush().map_err(|e| {
         Error::device(
@@ -550,7 +1067,7 @@ mod tests {
         assert_eq!((newest.slot, newest.lost), (0, None));
         dev.with_bytes(|b| *b = snapshot);
 
-        mark_superseded(&dev, &sb, 0, 1).unwrap();
+        mark_superseded(&dev, &sb, 0, 0, 1).unwrap();
         let marked = read_slot(&dev, &sb, 0).unwrap();
         assert!(marked.superseded);
         assert_eq!(marked.checkpoint, c1, "the mark leaves the slot verifying");
@@ -558,7 +1075,7 @@ mod tests {
         assert_eq!(read_newest_checkpoint(&dev, &sb).unwrap(), (1, c2.clone()));
         // Marking a slot that does not hold the generation does nothing.
         let before = dev.with_bytes(|b| b.clone());
-        mark_superseded(&dev, &sb, 1, 7).unwrap();
+        mark_superseded(&dev, &sb, 1, 0, 7).unwrap();
         assert!(dev.with_bytes(|b| *b == before));
 
         let snapshot = dev.with_bytes(|b| b.clone());
@@ -602,7 +1119,7 @@ mod tests {
         write_checkpoint(&dev, &sb, 0, &ckpt(1, 5)).unwrap();
         write_checkpoint(&dev, &sb, 1, &ckpt(2, 5)).unwrap();
         let before = dev.counters().snapshot();
-        mark_superseded(&dev, &sb, 0, 1).unwrap();
+        mark_superseded(&dev, &sb, 0, 0, 1).unwrap();
         assert_eq!(dev.counters().snapshot(), before);
         dev.with_bytes(|b| {
             let at = slot_start(&sb, 0) as usize + OFF_SUPERSEDED;
@@ -681,5 +1198,243 @@ mod tests {
             });
             assert!(read_checkpoint(&dev, &sb, 0).is_err());
         }
+    }
+
+    /// The delta from `a` to `b`, every changed inode written whole.
+    fn whole_delta(a: &MetaImage, b: &MetaImage) -> MetaDelta {
+        let find = |img: &MetaImage, ino| img.inodes.iter().find(|i| i.ino == ino).cloned();
+        MetaDelta {
+            next_ino: b.next_ino,
+            removed: a
+                .inodes
+                .iter()
+                .filter(|i| find(b, i.ino).is_none())
+                .map(|i| i.ino)
+                .collect(),
+            changed: b
+                .inodes
+                .iter()
+                .filter(|i| find(a, i.ino).as_ref() != Some(*i))
+                .map(|i| crate::types::InodeDelta {
+                    spans: vec![(0, u64::MAX)],
+                    inode: i.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// `ckpt(generation, inodes)`'s image, with a next inode number every
+    /// image of these tests shares (it never goes down on a volume).
+    fn image(generation: u64, inodes: usize) -> MetaImage {
+        MetaImage {
+            next_ino: 10_000,
+            ..ckpt(generation, inodes).image
+        }
+    }
+
+    /// The base of generation 1 the chain tests start from.
+    fn base1() -> Checkpoint {
+        Checkpoint {
+            image: image(1, 20),
+            ..ckpt(1, 0)
+        }
+    }
+
+    fn delta_ckpt(generation: u64, from: &MetaImage, to: &MetaImage) -> DeltaCheckpoint {
+        let c = ckpt(generation, 0);
+        DeltaCheckpoint {
+            generation,
+            journal_start: c.journal_start,
+            journal_seq: c.journal_seq,
+            journal_chain: c.journal_chain,
+            delta: whole_delta(from, to),
+        }
+    }
+
+    /// A base and two deltas: the slot's checkpoint is the last delta's
+    /// state and journal position; a damaged last delta ends the chain
+    /// before it.
+    #[test]
+    fn deltas_chain_after_the_base() {
+        let (dev, sb) = setup();
+        let c1 = base1();
+        let (i2, i3) = (image(2, 25), image(3, 10));
+        let chain1 = write_base(&dev, &sb, 0, &c1).unwrap();
+        let chain2 = write_delta(&dev, &sb, 0, &chain1, &delta_ckpt(2, &c1.image, &i2)).unwrap();
+        let chain3 = write_delta(&dev, &sb, 0, &chain2, &delta_ckpt(3, &i2, &i3)).unwrap();
+        assert_eq!((chain3.deltas, chain3.last_offset), (2, chain2.next_offset));
+        let got = read_slot(&dev, &sb, 0).unwrap();
+        assert_eq!(
+            got.checkpoint,
+            Checkpoint {
+                image: i3,
+                ..ckpt(3, 0)
+            }
+        );
+        assert_eq!(got.chain, chain3);
+        assert!(!got.superseded);
+        assert!(got.beyond.unwrap().contains("bad magic"));
+        assert_eq!(read_newest_checkpoint(&dev, &sb).unwrap().1.generation, 3);
+        dev.flip(slot_start(&sb, 0) + chain2.next_offset + 60);
+        let got = read_slot(&dev, &sb, 0).unwrap();
+        assert_eq!(
+            got.checkpoint,
+            Checkpoint {
+                image: i2,
+                ..ckpt(2, 0)
+            }
+        );
+        assert_eq!(got.chain, chain2);
+        assert!(got.beyond.unwrap().contains("crc32c"));
+    }
+
+    /// A new base over a slot whose old chain is longer: the old deltas
+    /// after it verify but do not link, and are not applied.
+    #[test]
+    fn a_delta_left_from_an_earlier_chain_is_not_applied() {
+        let (dev, sb) = setup();
+        let c1 = base1();
+        let chain = write_base(&dev, &sb, 0, &c1).unwrap();
+        write_delta(
+            &dev,
+            &sb,
+            0,
+            &chain,
+            &delta_ckpt(2, &c1.image, &image(2, 5)),
+        )
+        .unwrap();
+        let c5 = Checkpoint {
+            generation: 5,
+            ..c1.clone()
+        };
+        let chain5 = write_base(&dev, &sb, 0, &c5).unwrap();
+        assert_eq!(
+            chain5.next_offset, chain.next_offset,
+            "the old delta follows it"
+        );
+        let got = read_slot(&dev, &sb, 0).unwrap();
+        assert_eq!(got.checkpoint, c5);
+        assert_eq!(got.chain.deltas, 0);
+        assert!(got.beyond.unwrap().contains("earlier chain"));
+    }
+
+    /// A delta whose crc verifies but that does not apply to the chain
+    /// (it removes an inode that is not there) ends the chain, with the
+    /// reason; nothing of it is applied, and mount refuses the volume.
+    #[test]
+    fn a_delta_that_does_not_apply_ends_the_chain() {
+        let (dev, sb) = setup();
+        let c1 = base1();
+        let chain = write_base(&dev, &sb, 0, &c1).unwrap();
+        let mut bad = delta_ckpt(2, &c1.image, &image(2, 25));
+        bad.delta.removed = vec![9_999];
+        write_delta(&dev, &sb, 0, &chain, &bad).unwrap();
+        let got = read_slot(&dev, &sb, 0).unwrap();
+        assert_eq!(got.checkpoint, c1);
+        assert!(got.unapplied);
+        let why = got.beyond.unwrap();
+        assert!(
+            why.contains("does not apply") && why.contains("not there"),
+            "{why}"
+        );
+        // Written whole, so not a torn write: reported, never rolled back.
+        let lost = read_checkpoints(&dev, &sb).unwrap().lost.unwrap();
+        assert_eq!((lost.generation, lost.slot), (2, 0));
+        assert!(read_newest_checkpoint(&dev, &sb).is_err());
+    }
+
+    /// Once delta 2 is durable and the base is marked, damage to delta 2
+    /// is a lost checkpoint (in the same slot); before the mark it is a
+    /// torn write and the base is used. The mark writes one sector and
+    /// changes only the mark's bytes.
+    #[test]
+    fn a_damaged_durable_delta_is_reported_not_rolled_back() {
+        let (dev, sb) = setup();
+        let c1 = base1();
+        let chain = write_base(&dev, &sb, 0, &c1).unwrap();
+        let chain2 = write_delta(
+            &dev,
+            &sb,
+            0,
+            &chain,
+            &delta_ckpt(2, &c1.image, &image(2, 25)),
+        )
+        .unwrap();
+        let damage = slot_start(&sb, 0) + chain2.last_offset + 70;
+        let clean = dev.with_bytes(|b| b.clone());
+        dev.flip(damage);
+        let newest = read_checkpoints(&dev, &sb).unwrap();
+        assert_eq!((newest.checkpoint.generation, newest.lost), (1, None));
+        dev.with_bytes(|b| *b = clean.clone());
+
+        mark_superseded(&dev, &sb, 0, 0, 1).unwrap();
+        let mark_at = slot_start(&sb, 0) as usize + OFF_SUPERSEDED;
+        dev.with_bytes(|b| {
+            let changed: Vec<usize> = (0..b.len()).filter(|&i| b[i] != clean[i]).collect();
+            assert!(
+                changed.iter().all(|i| (mark_at..mark_at + 4).contains(i)),
+                "{changed:?}"
+            );
+            assert!(!changed.is_empty());
+        });
+        assert_eq!(read_newest_checkpoint(&dev, &sb).unwrap().1.generation, 2);
+        dev.flip(damage);
+        let newest = read_checkpoints(&dev, &sb).unwrap();
+        let lost = newest.lost.unwrap();
+        assert_eq!(
+            (
+                lost.generation,
+                lost.slot,
+                lost.left_generation,
+                lost.left_slot
+            ),
+            (2, 0, 1, 0)
+        );
+        assert!(lost.reason.contains("crc32c"), "{}", lost.reason);
+        let err = read_newest_checkpoint(&dev, &sb).unwrap_err();
+        assert!(err.to_string().contains("generation 2"), "{err}");
+    }
+
+    /// A delta whose extents overlap an extent of the base kept outside
+    /// its spans does not apply, and changes nothing.
+    #[test]
+    fn a_delta_overlapping_kept_extents_does_not_apply() {
+        use crate::types::{ExtentState, FileKind, InodeDelta};
+        let mut base = image(1, 30);
+        let file = base
+            .inodes
+            .iter_mut()
+            .find(|i| i.kind == FileKind::Regular)
+            .unwrap();
+        let ext = |off: u64, len: u64| Extent {
+            file_off: off,
+            len,
+            addr: 1 << 30,
+            state: ExtentState::Written,
+        };
+        file.extents = vec![ext(0, 8192)];
+        let mut changed = file.clone();
+        changed.extents = vec![ext(4096, 4096)];
+        let before = base.clone();
+        let delta = MetaDelta {
+            next_ino: base.next_ino,
+            removed: Vec::new(),
+            changed: vec![InodeDelta {
+                spans: vec![(4096, u64::MAX)],
+                inode: changed.clone(),
+            }],
+        };
+        let err = apply_delta(&mut base, &delta).unwrap_err();
+        assert!(err.contains("overlaps"), "{err}");
+        assert_eq!(base, before);
+        // The same extent with the span covering the old one applies.
+        let delta = MetaDelta {
+            changed: vec![InodeDelta {
+                spans: vec![(0, u64::MAX)],
+                inode: changed,
+            }],
+            ..delta
+        };
+        apply_delta(&mut base, &delta).unwrap();
     }
 }

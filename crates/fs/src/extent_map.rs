@@ -20,7 +20,7 @@
 
 mod chunks;
 
-use crate::types::{Extent, ExtentState};
+use crate::types::{Extent, ExtentState, KeySpan};
 use chunks::Chunks;
 
 /// What is at one file offset.
@@ -106,6 +106,18 @@ impl ExtentMap {
     /// The extents in file-offset order.
     pub fn iter(&self) -> impl Iterator<Item = &Extent> + '_ {
         self.map.iter()
+    }
+
+    /// The key of the last extent that starts before `off`.
+    pub fn key_before(&self, off: u64) -> Option<u64> {
+        self.map.last_before(off).map(|p| self.map.get(p).file_off)
+    }
+
+    /// The extents stored under keys in `spans` (sorted, disjoint).
+    pub fn extents_in(&self, spans: &[KeySpan]) -> Vec<Extent> {
+        let mut out = Vec::new();
+        self.map.extents_in_spans(spans, &mut out);
+        out
     }
 
     /// Number of extents.

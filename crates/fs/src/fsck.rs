@@ -46,6 +46,8 @@ pub struct FsckReport {
     pub journal_records: u64,
     /// Generation of the checkpoint used.
     pub checkpoint_generation: u64,
+    /// Delta checkpoints chained after its base (the chain mount applies).
+    pub checkpoint_deltas: u32,
 }
 
 impl FsckReport {
@@ -64,10 +66,21 @@ pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
         data_bytes: loaded.sb.layout.data.len,
         journal_records: loaded.replay_end.records,
         checkpoint_generation: loaded.generation,
+        checkpoint_deltas: loaded.chain.deltas,
         used_bytes: loaded.alloc.used_bytes(),
         ..FsckReport::default()
     };
     report.problems.extend(loaded.damage.iter().cloned());
+    if loaded.chain.deltas > 0 {
+        report.notes.push(format!(
+            "checkpoint generation {} is a chain in slot {}: a whole image of {} bytes and {} deltas of {} bytes, each verified and linked to the one before",
+            loaded.generation,
+            loaded.slot,
+            loaded.chain.base_bytes,
+            loaded.chain.deltas,
+            loaded.chain.delta_bytes
+        ));
+    }
     check_superblocks(&*device, &loaded, &mut report);
     if let Err(reason) = loaded.alloc.check() {
         report.problems.push(format!("free space: {reason}"));

@@ -33,6 +33,18 @@ pub const MAX_XATTR_BYTES_PER_INODE: usize = 1 << 20;
 /// system would have to enforce.
 pub const XATTR_USER_PREFIX: &str = "user.";
 
+/// Most delta checkpoints chained after one base before a checkpoint
+/// writes a whole image again: mount reads and applies every delta, so
+/// this bounds what a chain adds to mount time.
+pub const MAX_CHAIN_DELTAS: u32 = 16;
+/// A chain's deltas may take at most 1/this of its base's bytes: past
+/// that, a whole image costs little more than the deltas mount would read,
+/// and starts a new chain.
+pub const CHAIN_DELTA_BYTES_DIVISOR: u64 = 4;
+/// ... or, whatever the base's size, this many bytes: reading them costs
+/// mount next to nothing, and small volumes chain deltas too.
+pub const CHAIN_DELTA_BYTES_MIN: u64 = 64 << 10;
+
 /// Inode numbers stay below this, so `ino + 1` never overflows.
 pub const MAX_INO: Ino = 1 << 62;
 

@@ -89,6 +89,8 @@ pub(crate) fn mount(
         sb,
         slot,
         generation,
+        chain,
+        chain_state,
         state,
         mut alloc,
         replay_end,
@@ -107,13 +109,18 @@ pub(crate) fn mount(
     journal.set_tail(journal_tail);
     let commit_threshold = sb.layout.journal.len / COMMIT_THRESHOLD_DIVISOR;
     let meta = Meta::new(state, alloc, replay_end.next_seq);
+    let deltas = sb.features_incompat & superblock::INCOMPAT_DELTA_CHECKPOINTS != 0;
     let commit = CommitState {
         journal,
         slot,
         generation,
+        chain,
     };
     let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
     inner.mount_warnings = from_backup.iter().map(|b| b.to_string()).collect();
+    if deltas {
+        *inner.checkpointing.get_mut() = Some(chain_state);
+    }
     let inner = Arc::new(inner);
     // Inodes unlinked while open when the volume went down: nothing can
     // reach them any more.
@@ -149,6 +156,10 @@ pub(crate) struct Loaded {
     pub sb: Superblock,
     pub slot: usize,
     pub generation: u64,
+    /// Where the chain of checkpoints in `slot` ends.
+    pub chain: checkpoint::ChainEnd,
+    /// The state the newest checkpoint holds, before journal replay.
+    pub chain_state: MetaState,
     pub state: MetaState,
     pub alloc: Allocator,
     pub replay_end: journal::ReplayEnd,
@@ -181,7 +192,7 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
             lost.left_generation
         ));
     }
-    let (slot, ckpt) = (newest.slot, newest.checkpoint);
+    let (slot, chain, ckpt) = (newest.slot, newest.chain, newest.checkpoint);
     let slot_start = sb.layout.checkpoint_slots[slot].start;
     let block_size = sb.layout.block_size;
     let mut state = MetaState::from_image(&ckpt.image, block_size)
@@ -191,6 +202,8 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
             .check_links_and_kinds()
             .map_err(|reason| Error::corrupt("checkpoint image", slot_start, reason))?;
     }
+    // O(1): replay below changes `state` copy-on-write.
+    let chain_state = state.clone();
     let journal_start = sb.layout.journal.start;
     let mut freed = Vec::new();
     let mut replay_freed = Vec::new();
@@ -217,6 +230,8 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         sb,
         slot,
         generation: ckpt.generation,
+        chain,
+        chain_state,
         state,
         alloc,
         replay_end,

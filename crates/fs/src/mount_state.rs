@@ -109,6 +109,9 @@ pub(crate) struct CommitState {
     /// Slot holding the newest checkpoint.
     pub(crate) slot: usize,
     pub(crate) generation: u64,
+    /// Where the chain of checkpoints in `slot` ends: what the next delta
+    /// checkpoint follows.
+    pub(crate) chain: crate::checkpoint::ChainEnd,
 }
 
 pub struct VolumeInner {
@@ -121,8 +124,11 @@ pub struct VolumeInner {
     pub(crate) commit: Mutex<CommitState>,
     /// Held by a checkpoint from its snapshot until it is durable (it takes
     /// `commit` only at both ends): one checkpoint at a time. Taken before
-    /// `commit`, never while holding it.
-    pub(crate) checkpointing: Mutex<()>,
+    /// `commit`, never while holding it. Holds the state the newest
+    /// checkpoint holds (an O(1) snapshot, sharing all it did not change
+    /// since), which the next delta checkpoint is the difference from;
+    /// `None` when the next checkpoint must be whole.
+    pub(crate) checkpointing: Mutex<Option<MetaState>>,
     shutdown: Mutex<Option<String>>,
     /// Set once `shutdown` holds a reason.
     is_shut_down: AtomicBool,
@@ -162,7 +168,7 @@ impl VolumeInner {
             sb,
             meta: ShardedRwLock::new(meta),
             commit: Mutex::new(commit),
-            checkpointing: Mutex::new(()),
+            checkpointing: Mutex::new(None),
             shutdown: Mutex::new(None),
             is_shut_down: AtomicBool::new(false),
             commit_threshold,

@@ -15,8 +15,8 @@ use crate::codec;
 use crate::extent_map::ExtentMap;
 use crate::limits::{MAX_FILE_SIZE, MAX_INO, MAX_LINKS, MAX_XATTR_BYTES_PER_INODE};
 use crate::types::{
-    DirEntryImage, Extent, FileKind, Ino, InoMap, InodeAttrs, InodeImage, InodeTable, MetaImage,
-    Record, Timestamp, XattrImage, ROOT_INO,
+    ChangedInodes, DirEntryImage, Extent, FileKind, Ino, InoMap, InodeAttrs, InodeDelta,
+    InodeImage, InodeTable, KeySpan, MetaDelta, MetaImage, Record, Timestamp, XattrImage, ROOT_INO,
 };
 
 /// Encoded bytes a checkpoint spends per inode, extent and directory entry
@@ -89,6 +89,57 @@ pub struct MetaState {
     pub inodes: InodeTable<InodeState>,
     /// Encoded size of the checkpoint image's inodes, kept incrementally.
     image_bytes: u64,
+    /// Inodes a record changed (created, changed or deleted) since the
+    /// last [`MetaState::take_changed`], with the extent-map key spans the
+    /// records touched: what a delta checkpoint must write. Filled by
+    /// [`MetaState::apply`], so journal replay fills it too. A checkpoint
+    /// takes it before cloning the state, so snapshots carry an empty one
+    /// and cloning stays O(1).
+    changed: ChangedInodes,
+}
+
+/// `spans` sorted and merged where they overlap or touch.
+fn merged_spans(spans: &[KeySpan]) -> Vec<KeySpan> {
+    let mut sorted = spans.to_vec();
+    sorted.sort_unstable();
+    let mut out: Vec<KeySpan> = Vec::with_capacity(sorted.len());
+    for (start, end) in sorted {
+        match out.last_mut() {
+            Some(last) if start <= last.1 => last.1 = last.1.max(end),
+            _ => out.push((start, end)),
+        }
+    }
+    out
+}
+
+/// `inode` as an image stores it, with `extents` (all of its extents, or
+/// those a delta writes).
+fn inode_image(inode: &InodeState, extents: Vec<Extent>) -> InodeImage {
+    InodeImage {
+        ino: inode.ino,
+        kind: inode.kind,
+        nlink: inode.nlink,
+        size: inode.size,
+        attrs: inode.attrs,
+        extents,
+        entries: inode
+            .entries
+            .iter()
+            .map(|(name, &ino)| DirEntryImage {
+                name: name.clone(),
+                ino,
+            })
+            .collect(),
+        xattrs: inode
+            .xattrs
+            .iter()
+            .map(|(name, value)| XattrImage {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        target: inode.target.clone(),
+    }
 }
 
 /// Why a record could not be applied: on replay this means a corrupt journal
@@ -123,6 +174,7 @@ impl MetaState {
             next_ino: ROOT_INO + 1,
             inodes,
             image_bytes: 0,
+            changed: ChangedInodes::default(),
         };
         state.image_bytes = state.compute_image_bytes();
         state
@@ -184,6 +236,7 @@ impl MetaState {
             next_ino: image.next_ino,
             inodes,
             image_bytes: 0,
+            changed: ChangedInodes::default(),
         };
         state.rebuild_parents()?;
         state.image_bytes = state.compute_image_bytes();
@@ -282,37 +335,53 @@ impl MetaState {
             .iter()
             .map(|ino| {
                 let i = &self.inodes[ino];
-                InodeImage {
-                    ino: i.ino,
-                    kind: i.kind,
-                    nlink: i.nlink,
-                    size: i.size,
-                    attrs: i.attrs,
-                    extents: i.extents.iter().copied().collect(),
-                    entries: i
-                        .entries
-                        .iter()
-                        .map(|(name, &ino)| DirEntryImage {
-                            name: name.clone(),
-                            ino,
-                        })
-                        .collect(),
-                    xattrs: i
-                        .xattrs
-                        .iter()
-                        .map(|(name, value)| XattrImage {
-                            name: name.clone(),
-                            value: value.clone(),
-                        })
-                        .collect(),
-                    target: i.target.clone(),
-                }
+                inode_image(i, i.extents.iter().copied().collect())
             })
             .collect();
         MetaImage {
             next_ino: self.next_ino,
             inodes,
         }
+    }
+
+    /// Takes the set of inodes changed since the last call (see
+    /// [`MetaState::delta_since`]).
+    pub fn take_changed(&mut self) -> ChangedInodes {
+        std::mem::take(&mut self.changed)
+    }
+
+    /// What changed from `base` to `self`, given `changed`: every inode
+    /// that differs between the two, with the key spans its extents may
+    /// differ in (what [`MetaState::take_changed`] returned when `self` was
+    /// taken, `base` being the state of the call before). Costs O(changed
+    /// inodes, records and the extents in their spans): nothing walks what
+    /// did not change.
+    pub fn delta_since(&self, base: &MetaState, changed: &ChangedInodes) -> MetaDelta {
+        let mut inos: Vec<Ino> = changed.keys().copied().collect();
+        inos.sort_unstable();
+        let mut delta = MetaDelta {
+            next_ino: self.next_ino,
+            ..MetaDelta::default()
+        };
+        for ino in inos {
+            match (self.inodes.get(&ino), base.inodes.get(&ino)) {
+                (None, None) => {}
+                (None, Some(_)) => delta.removed.push(ino),
+                (Some(live), None) => delta.changed.push(InodeDelta {
+                    spans: vec![(0, u64::MAX)],
+                    inode: inode_image(live, live.extents.iter().copied().collect()),
+                }),
+                (Some(live), Some(_)) => {
+                    let spans = merged_spans(&changed[&ino]);
+                    let extents = live.extents.extents_in(&spans);
+                    delta.changed.push(InodeDelta {
+                        spans,
+                        inode: inode_image(live, extents),
+                    });
+                }
+            }
+        }
+        delta
     }
 
     fn compute_image_bytes(&self) -> u64 {
@@ -336,6 +405,87 @@ impl MetaState {
         freed: &mut Vec<(u64, u64)>,
     ) -> Result<(), ApplyError> {
         self.check_record(record)?;
+        let touched = self.touched_by(record);
+        let keys = self.extent_keys_touched_by(record);
+        self.apply_checked(record, freed)?;
+        for ino in touched.into_iter().filter(|&ino| ino != 0) {
+            self.changed.entry(ino).or_default();
+        }
+        if let Some((ino, span)) = keys {
+            self.changed.entry(ino).or_default().push(span);
+        }
+        Ok(())
+    }
+
+    /// The extent-map keys (file offsets at which extents start) `record`
+    /// may add, remove or change, looked up before it applies: from the
+    /// extent before its range (which a split shortens or a merge
+    /// lengthens) through its end (where a split or a merge adds or removes
+    /// a key).
+    fn extent_keys_touched_by(&self, record: &Record) -> Option<(Ino, KeySpan)> {
+        let (ino, off, end) = match record {
+            Record::MapUnwritten {
+                ino, file_off, len, ..
+            }
+            | Record::CompleteWrite {
+                ino, file_off, len, ..
+            }
+            | Record::Punch {
+                ino, file_off, len, ..
+            } => (*ino, *file_off, file_off.saturating_add(*len)),
+            Record::SetSize { ino, size, .. } => {
+                let from = size.next_multiple_of(u64::from(self.block_size.max(1)));
+                (*ino, from, u64::MAX - 1)
+            }
+            _ => return None,
+        };
+        let extents = &self.inodes.get(&ino)?.extents;
+        let from = extents.key_before(off).unwrap_or(off);
+        Some((ino, (from, end.saturating_add(1))))
+    }
+
+    /// The inodes `record` may change (0: none), looked up before it
+    /// applies (an unlink or rename removes the entry that names one).
+    fn touched_by(&self, record: &Record) -> [Ino; 4] {
+        let named = |dir: &Ino, name: &String| {
+            self.inodes
+                .get(dir)
+                .and_then(|d| d.entries.get(name).copied())
+                .unwrap_or(0)
+        };
+        match record {
+            Record::Create { ino, parent, .. } | Record::Link { ino, parent, .. } => {
+                [*ino, *parent, 0, 0]
+            }
+            Record::Unlink { parent, name, .. } => [*parent, named(parent, name), 0, 0],
+            Record::Rename {
+                src_parent,
+                src_name,
+                dst_parent,
+                dst_name,
+                ..
+            } => [
+                *src_parent,
+                *dst_parent,
+                named(src_parent, src_name),
+                named(dst_parent, dst_name),
+            ],
+            Record::SetAttr { ino, .. }
+            | Record::SetXattr { ino, .. }
+            | Record::RemoveXattr { ino, .. }
+            | Record::FreeInode { ino }
+            | Record::MapUnwritten { ino, .. }
+            | Record::CompleteWrite { ino, .. }
+            | Record::SetSize { ino, .. }
+            | Record::Punch { ino, .. } => [*ino, 0, 0, 0],
+        }
+    }
+
+    fn apply_checked(
+        &mut self,
+        record: &Record,
+        freed: &mut Vec<(u64, u64)>,
+    ) -> Result<(), ApplyError> {
         match record {
             Record::Create {
                 ino,
@@ -952,4 +1102,151 @@ fn check_shape(inode: &InodeState) -> Result<(), ApplyError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::apply_delta;
+    use crate::types::ExtentState;
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+
+    const BLOCK: u64 = 4096;
+
+    fn now(t: u64) -> Timestamp {
+        Timestamp::from_ns(t)
+    }
+
+    /// Random records on a few files and directories: creates, unlinks,
+    /// frees, extents mapped, converted and punched (several hundred
+    /// extents, so the maps span many chunks).
+    fn random_record(state: &MetaState, rng: &mut SmallRng, t: u64) -> Option<Record> {
+        let files: Vec<Ino> = state
+            .inodes
+            .values()
+            .filter(|i| i.kind == FileKind::Regular && i.nlink > 0)
+            .map(|i| i.ino)
+            .collect();
+        let roll = rng.gen_range(0..100);
+        if roll < 2 || files.is_empty() {
+            let ino = state.next_ino;
+            let kind = if rng.gen_bool(0.3) {
+                FileKind::Directory
+            } else {
+                FileKind::Regular
+            };
+            return Some(Record::Create {
+                ino,
+                parent: ROOT_INO,
+                name: format!("n{ino}"),
+                kind,
+                attrs: InodeAttrs::new(0o644, 1, 2, now(t)),
+                target: Vec::new(),
+            });
+        }
+        if roll < 3 {
+            let name = state.inodes[&ROOT_INO].entries.keys().next()?.clone();
+            return Some(Record::Unlink {
+                parent: ROOT_INO,
+                name,
+                time: now(t),
+            });
+        }
+        if roll < 4 {
+            let orphan = state.inodes.values().find(|i| i.nlink == 0)?.ino;
+            return Some(Record::FreeInode { ino: orphan });
+        }
+        let ino = files[rng.gen_range(0..files.len())];
+        let file_off = rng.gen_range(0..600u64) * BLOCK;
+        let len = rng.gen_range(1..4u64) * BLOCK;
+        let extents = &state.inodes[&ino].extents;
+        match roll {
+            4..=59 => {
+                if extents.hole_bytes_in(file_off, len) != len {
+                    return None;
+                }
+                Some(Record::MapUnwritten {
+                    ino,
+                    file_off,
+                    len,
+                    addr: (1 << 32) + t * 4 * BLOCK,
+                })
+            }
+            60..=79 => Some(Record::CompleteWrite {
+                ino,
+                file_off,
+                len,
+                min_size: file_off + len,
+                mtime_ns: t,
+            }),
+            80..=94 => Some(Record::Punch {
+                ino,
+                file_off,
+                len: len * 8,
+                mtime_ns: t,
+            }),
+            _ => Some(Record::SetAttr {
+                ino,
+                mode: 0o600,
+                uid: 3,
+                gid: 4,
+                atime: now(t),
+                mtime: now(t),
+                ctime: now(t),
+            }),
+        }
+    }
+
+    /// A delta from a snapshot to the live state, applied to the
+    /// snapshot's image, gives the live state's image; and it holds only
+    /// the extents in spans the changes touched.
+    #[test]
+    fn delta_since_a_snapshot_applies_to_the_live_state() {
+        for seed in 0..60 {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let mut state = MetaState::new_empty(BLOCK as u32, now(1), 0, 0);
+            let mut freed = Vec::new();
+            let mut t = 1;
+            let mut base = state.clone();
+            state.take_changed();
+            for round in 0..8 {
+                let n = if round == 0 {
+                    600
+                } else {
+                    rng.gen_range(0..40)
+                };
+                for _ in 0..n {
+                    t += 1;
+                    if let Some(r) = random_record(&state, &mut rng, t) {
+                        let _ = state.apply(&r, &mut freed);
+                    }
+                }
+                let changed = state.take_changed();
+                let delta = state.delta_since(&base, &changed);
+                let mut image = base.to_image();
+                apply_delta(&mut image, &delta)
+                    .unwrap_or_else(|e| panic!("seed {seed} round {round}: {e}"));
+                assert_eq!(image, state.to_image(), "seed {seed} round {round}");
+                if round > 0 {
+                    let written: usize = delta.changed.iter().map(|c| c.inode.extents.len()).sum();
+                    let all: usize = state.inodes.values().map(|i| i.extents.len()).sum();
+                    assert!(
+                        written <= 4 * n + 8 || written * 4 < all,
+                        "seed {seed} round {round}: {n} records wrote {written} of {all} extents"
+                    );
+                }
+                base = state.clone();
+            }
+            assert!(
+                state.inodes.values().any(|i| i.extents.len() > 40),
+                "maps span chunks"
+            );
+            assert!(state
+                .inodes
+                .values()
+                .flat_map(|i| i.extents.iter())
+                .any(|e| e.state == ExtentState::Written));
+        }
+    }
 }

@@ -29,6 +29,14 @@ pub const COMPAT_BACKUP_SUPERBLOCK: u64 = 1 << 0;
 /// newer checkpoint is durable (see `checkpoint::mark_superseded`), so a
 /// damaged durable checkpoint is reported instead of silently rolled back.
 pub const COMPAT_SUPERSEDE_MARKS: u64 = 1 << 1;
+/// Incompat feature: a checkpoint slot may hold, after its whole image,
+/// delta checkpoints (magic `IOMAPCP2`) chained to it (see
+/// `checkpoint::read_slot`). Code that does not know them would mount the
+/// base image alone and silently undo every change the deltas hold, so it
+/// must refuse the volume. Written only together with
+/// [`COMPAT_SUPERSEDE_MARKS`], which the chain needs to tell a torn delta
+/// from a lost one.
+pub const INCOMPAT_DELTA_CHECKPOINTS: u64 = 1 << 0;
 
 /// Feature bits this code understands: an unknown incompat bit refuses the
 /// mount, an unknown ro_compat bit refuses writes, an unknown compat bit is
@@ -36,7 +44,7 @@ pub const COMPAT_SUPERSEDE_MARKS: u64 = 1 << 1;
 /// longer inode attributes, new record kinds) each take a bit: see
 /// "Compatibility" in `docs/FORMAT.md`.
 pub const FEATURES_COMPAT_SUPPORTED: u64 = COMPAT_BACKUP_SUPERBLOCK | COMPAT_SUPERSEDE_MARKS;
-pub const FEATURES_INCOMPAT_SUPPORTED: u64 = 0;
+pub const FEATURES_INCOMPAT_SUPPORTED: u64 = INCOMPAT_DELTA_CHECKPOINTS;
 pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = 0;
 
 /// Smallest data area, in blocks.
@@ -367,8 +375,8 @@ pub struct Superblock {
 
 impl Superblock {
     /// A new superblock for `layout`: current version, fresh random uuid,
-    /// supersede marks, a backup superblock if the layout leaves the device's
-    /// last block free, created now.
+    /// supersede marks, delta checkpoints, a backup superblock if the layout
+    /// leaves the device's last block free, created now.
     pub fn new(layout: Layout) -> Superblock {
         let backup = if layout.leaves_room_for_backup() {
             COMPAT_BACKUP_SUPERBLOCK
@@ -379,7 +387,7 @@ impl Superblock {
             version: FORMAT_VERSION,
             uuid: new_uuid(),
             features_compat: COMPAT_SUPERSEDE_MARKS | backup,
-            features_incompat: 0,
+            features_incompat: INCOMPAT_DELTA_CHECKPOINTS,
             features_ro_compat: 0,
             layout,
             created_ns: now_ns(),
@@ -935,7 +943,7 @@ mod tests {
         }
         // Unknown incompat feature with a valid crc.
         let mut s = sb.clone();
-        s.features_incompat = 1;
+        s.features_incompat = 1 << 63;
         assert!(matches!(
             Superblock::decode(&s.encode()),
             Err(Error::NotIomapfs { .. })

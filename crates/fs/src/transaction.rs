@@ -7,9 +7,12 @@
 //! later call fails with [`Error::Shutdown`] and the next mount recovers from
 //! what is durable.
 
-use crate::checkpoint::{self, Checkpoint};
+use crate::checkpoint::{self, ChainEnd, Checkpoint, DeltaCheckpoint};
 use crate::journal::JournalWriter;
+use crate::limits::{CHAIN_DELTA_BYTES_DIVISOR, CHAIN_DELTA_BYTES_MIN, MAX_CHAIN_DELTAS};
 use crate::mount_state::VolumeInner;
+use crate::state::MetaState;
+use crate::types::MetaDelta;
 use crate::{Error, Result};
 
 /// Busy ranges a checkpoint releases per hold of the metadata lock: about
@@ -89,9 +92,9 @@ impl VolumeInner {
     /// commits go on meanwhile (see [`VolumeInner::write_checkpoint`]).
     pub(crate) fn checkpoint(&self) -> Result<()> {
         self.check_live()?;
-        let _one_at_a_time = self.checkpointing.lock();
+        let mut newest = self.checkpointing.lock();
         self.check_live()?;
-        let result = self.write_checkpoint();
+        let result = self.write_checkpoint(&mut newest);
         if let Err(err) = &result {
             self.shut_down(err);
         }
@@ -123,15 +126,25 @@ impl VolumeInner {
     /// Space freed by records after the snapshot stays busy until a later
     /// checkpoint holds them (`release_busy` below releases only what this
     /// one covers).
-    fn write_checkpoint(&self) -> Result<()> {
+    ///
+    /// With `newest` (the state the newest checkpoint holds), the checkpoint
+    /// is a delta from it when [`delta_is_due`] says so: appended to the
+    /// chain in the current slot instead of a whole image in the other.
+    /// Either way the snapshot becomes `newest`, kept for the next delta: the
+    /// first change to each extent chunk after it copies that chunk, which a
+    /// whole checkpoint's snapshot costs too while it is written.
+    fn write_checkpoint(&self, newest: &mut Option<MetaState>) -> Result<()> {
         let mut commit = self.commit.lock();
-        let (snapshot, journal_seq, records) = {
+        let (snapshot, changed, journal_seq, records) = {
             let mut meta = self.meta.write();
             // Write times still in core go into the snapshot too.
             meta.log_write_times()?;
             meta.pending_bytes = 0;
+            // Taken first, so the clone carries an empty set.
+            let changed = meta.state.take_changed();
             (
                 meta.state.clone(),
+                changed,
                 meta.next_seq,
                 std::mem::take(&mut meta.pending),
             )
@@ -154,43 +167,72 @@ impl VolumeInner {
             commit.journal.head(),
             commit.journal.chain(),
         );
-        let slot = 1 - commit.slot;
+        let (older_slot, older_chain) = (commit.slot, commit.chain);
         let held = if journaled {
             drop(commit);
             None
         } else {
             Some(commit)
         };
-        let ckpt = Checkpoint {
-            generation,
-            journal_start,
-            journal_seq,
-            journal_chain,
-            image: snapshot.to_image(),
+        // Outside every lock but `checkpointing`: the diff walks only what
+        // changed, but that may be a lot.
+        let delta = newest
+            .take()
+            .map(|base| snapshot.delta_since(&base, &changed))
+            .filter(|delta| delta_is_due(&self.sb, &older_chain, delta));
+        let (slot, chain) = match delta {
+            Some(delta) => {
+                let ckpt = DeltaCheckpoint {
+                    generation,
+                    journal_start,
+                    journal_seq,
+                    journal_chain,
+                    delta,
+                };
+                let chain =
+                    checkpoint::write_delta(&*self.dev, &self.sb, older_slot, &older_chain, &ckpt)?;
+                (older_slot, chain)
+            }
+            None => {
+                let ckpt = Checkpoint {
+                    generation,
+                    journal_start,
+                    journal_seq,
+                    journal_chain,
+                    image: snapshot.to_image(),
+                };
+                let slot = checkpoint::other_slot(older_slot);
+                (
+                    slot,
+                    checkpoint::write_base(&*self.dev, &self.sb, slot, &ckpt)?,
+                )
+            }
         };
-        // Dropped before the write: while it lives, each change copies what
-        // it touches.
-        drop(snapshot);
-        checkpoint::write_checkpoint(&*self.dev, &self.sb, slot, &ckpt)?;
+        let deltas = self.sb.features_incompat & crate::superblock::INCOMPAT_DELTA_CHECKPOINTS != 0;
+        // Without deltas, dropped before anything else: while it lives,
+        // each change copies what it touches.
+        *newest = deltas.then_some(snapshot);
         let mut commit = held.unwrap_or_else(|| self.commit.lock());
-        let (older_slot, older_generation) = (commit.slot, commit.generation);
         commit.slot = slot;
-        commit.generation = ckpt.generation;
+        commit.generation = generation;
+        commit.chain = chain;
         if journaled {
-            commit.journal.set_tail(ckpt.journal_start);
+            commit.journal.set_tail(journal_start);
         } else {
-            commit.journal = JournalWriter::new(
-                &self.sb,
-                ckpt.journal_start,
-                ckpt.journal_seq,
-                ckpt.journal_chain,
-            );
+            commit.journal =
+                JournalWriter::new(&self.sb, journal_start, journal_seq, journal_chain);
         }
         // From here on, losing the new checkpoint is damage, not a torn
-        // write: the mark tells the next mount so. Before the space the
-        // snapshot freed is reused, so that no rollback the mark would not
-        // report can show it.
-        checkpoint::mark_superseded(&*self.dev, &self.sb, older_slot, older_generation)?;
+        // write: the mark on the record before it tells the next mount so.
+        // Before the space the snapshot freed is reused, so that no
+        // rollback the mark would not report can show it.
+        checkpoint::mark_superseded(
+            &*self.dev,
+            &self.sb,
+            older_slot,
+            older_chain.last_offset,
+            older_chain.generation,
+        )?;
         self.meta.write().mark_committed(journal_seq - 1);
         // Space the snapshot's records freed is free for good now. In
         // bounded steps, the lock released in between: after a mass punch
@@ -206,6 +248,22 @@ impl VolumeInner {
         {}
         Ok(())
     }
+}
+
+/// Whether `delta` goes after `chain` rather than a whole image in the
+/// other slot: the chain holds fewer than [`MAX_CHAIN_DELTAS`] deltas, its
+/// deltas with this one take at most 1/[`CHAIN_DELTA_BYTES_DIVISOR`] of its
+/// base's bytes (or [`CHAIN_DELTA_BYTES_MIN`]), and it fits in the slot.
+/// Mount then reads at most 1 + 1/[`CHAIN_DELTA_BYTES_DIVISOR`] times the
+/// bytes of a whole image (plus that minimum);
+/// a checkpoint writes a whole image at most once per that many bytes of
+/// deltas, so its cost follows what changed.
+fn delta_is_due(sb: &crate::superblock::Superblock, chain: &ChainEnd, delta: &MetaDelta) -> bool {
+    let len = checkpoint::delta_record_len(delta);
+    chain.deltas < MAX_CHAIN_DELTAS
+        && chain.delta_bytes + len
+            <= (chain.base_bytes / CHAIN_DELTA_BYTES_DIVISOR).max(CHAIN_DELTA_BYTES_MIN)
+        && checkpoint::delta_fits(sb, chain, len)
 }
 
 #[cfg(test)]
@@ -252,9 +310,12 @@ mod tests {
         assert_ne!(old_tail, old_head, "the fsync left batches in the journal");
 
         let sb = vol.inner.sb.clone();
-        let new_slot = sb.layout.checkpoint_slots[1 - old_slot];
+        // The new checkpoint is a delta after the chain in the same slot.
+        let chain = vol.inner.commit.lock().chain;
+        let slot_region = sb.layout.checkpoint_slots[old_slot];
         let held = mem.pause_after(
-            FaultRule::new(FaultOp::Write).range(new_slot.start..new_slot.start + new_slot.len),
+            FaultRule::new(FaultOp::Write)
+                .range(slot_region.start + chain.next_offset..slot_region.end()),
         );
         let checkpointer = {
             let vol = vol.clone();
@@ -271,7 +332,8 @@ mod tests {
         held.resume();
         checkpointer.join().unwrap().unwrap();
         let (tail, _, slot) = journal(&vol);
-        assert_eq!(slot, 1 - old_slot);
+        assert_eq!(slot, old_slot);
+        assert_eq!(vol.inner.commit.lock().chain.deltas, chain.deltas + 1);
         let written = read_checkpoint(&*mem, &sb, slot).unwrap();
         assert_eq!(
             tail, written.journal_start,
@@ -289,10 +351,7 @@ mod tests {
         Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
         let vol = Volume::open(dev.clone()).unwrap();
         let inner = &vol.inner;
-        let (slot, generation) = {
-            let commit = inner.commit.lock();
-            (commit.slot, commit.generation)
-        };
+        let generation = inner.commit.lock().generation;
         let journal = inner.sb.layout.journal.len;
         let mut made = 0u64;
         while inner.checkpoint_request.asks() == 0 {
@@ -312,7 +371,9 @@ mod tests {
         let commit = inner.commit.lock();
         assert_eq!(commit.generation, generation + 1, "after {made} commits");
         assert!(commit.journal.used_bytes() * 2 < journal);
-        let written = read_checkpoint(&*dev, &inner.sb, 1 - slot).unwrap();
+        // A delta after the chain in the same slot, or a whole image in
+        // the other.
+        let written = read_checkpoint(&*dev, &inner.sb, commit.slot).unwrap();
         assert_eq!(written.generation, generation + 1);
     }
 }

@@ -225,6 +225,36 @@ pub struct MetaImage {
     pub inodes: Vec<InodeImage>,
 }
 
+/// A key span `[start, end)` of an extent map: file offsets at which
+/// extents start. `end` `u64::MAX` means no end.
+pub type KeySpan = (u64, u64);
+
+/// One inode as a delta checkpoint stores it: everything but the extents
+/// whole, and the extents only inside `spans`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InodeDelta {
+    /// Sorted, disjoint, each non-empty (none: the extents did not
+    /// change). Applying the delta removes every
+    /// extent stored under a key in a span and adds `inode.extents`, each
+    /// of which starts inside a span. An inode the base does not hold comes
+    /// with the one span `(0, u64::MAX)`.
+    pub spans: Vec<KeySpan>,
+    /// Its extents are those of the new state that start inside `spans`.
+    pub inode: InodeImage,
+}
+
+/// What changed between two metadata images (a delta checkpoint's
+/// contents): applied to the older one, it gives the newer one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetaDelta {
+    pub next_ino: Ino,
+    /// Inodes deleted since the base. Sorted.
+    pub removed: Vec<Ino>,
+    /// Inodes created or changed since the base. Sorted by ino, none also
+    /// in `removed`.
+    pub changed: Vec<InodeDelta>,
+}
+
 /// One journal record: a metadata change that is atomic across crashes.
 ///
 /// Replay applies records in sequence order to the state loaded from the
@@ -359,6 +389,10 @@ impl std::hash::Hasher for InoHasher {
 
 /// A map keyed by inode number.
 pub type InoMap<V> = std::collections::HashMap<Ino, V, std::hash::BuildHasherDefault<InoHasher>>;
+
+/// Inodes changed since some point, each with the extent-map key spans
+/// its changes touched (none: its extents did not change).
+pub type ChangedInodes = InoMap<Vec<KeySpan>>;
 
 /// The inode table: a persistent (copy-on-write) hash map keyed by inode
 /// number. Cloning it is O(1), which is what lets a checkpoint take its

@@ -626,12 +626,48 @@ fn hostile_images() {
 // written through the library's own encoders, so every CRC verifies and only
 // the content is wrong. Checksums cannot save mount here; validation must.
 
-use iomapfs_fs::checkpoint::{other_slot, read_newest_checkpoint, write_checkpoint, Checkpoint};
+use iomapfs_fs::checkpoint::{
+    other_slot, read_checkpoints, read_newest_checkpoint, write_checkpoint, write_delta,
+    Checkpoint, DeltaCheckpoint,
+};
 use iomapfs_fs::journal::JournalWriter;
 use iomapfs_fs::types::{
-    DirEntryImage, Extent, ExtentState, FileKind, InodeAttrs, MetaImage, Record, Timestamp,
-    XattrImage, ROOT_INO,
+    DirEntryImage, Extent, ExtentState, FileKind, InodeAttrs, InodeDelta, MetaDelta, MetaImage,
+    Record, Timestamp, XattrImage, ROOT_INO,
 };
+
+/// A delta from `from` to `to` as a writer that trusted `to` would write
+/// it: every inode that differs, whole; some regular files' extents cut to
+/// one random key span instead (a forged span, which may leave the base's
+/// extents outside it overlapping the delta's).
+fn hostile_delta(rng: &mut SmallRng, from: &MetaImage, to: &MetaImage) -> MetaDelta {
+    let old = |ino| from.inodes.iter().find(|i| i.ino == ino);
+    let mut changed = Vec::new();
+    for inode in &to.inodes {
+        if old(inode.ino) == Some(inode) {
+            continue;
+        }
+        let mut inode = inode.clone();
+        let mut spans = vec![(0, u64::MAX)];
+        if inode.kind == FileKind::Regular && rng.gen_bool(0.3) {
+            let a = rng.gen_range(0..SIZE);
+            let b = rng.gen_range(a + 1..=SIZE + 1);
+            spans = vec![(a, b)];
+            inode.extents.retain(|e| (a..b).contains(&e.file_off));
+        }
+        changed.push(InodeDelta { spans, inode });
+    }
+    MetaDelta {
+        next_ino: to.next_ino,
+        removed: from
+            .inodes
+            .iter()
+            .filter(|i| !to.inodes.iter().any(|t| t.ino == i.ino))
+            .map(|i| i.ino)
+            .collect(),
+        changed,
+    }
+}
 
 /// A clean (unmounted) volume with a few files and a directory.
 fn clean_base() -> (Vec<u8>, VolState) {
@@ -1263,6 +1299,7 @@ fn hostile_metadata_with_valid_checksums() {
         let data = sb.layout.data.start..sb.layout.data.end();
         let (slot, ckpt) = read_newest_checkpoint(&mem, &sb).unwrap();
         let journal_case = rng.gen_bool(0.4);
+        let delta_case = !journal_case && rng.gen_bool(0.5);
         let desc = if journal_case {
             let n = rng.gen_range(1..=4);
             let recs: Vec<Record> = (0..n).map(|_| hostile_record(&mut rng, &data)).collect();
@@ -1289,12 +1326,26 @@ fn hostile_metadata_with_valid_checksums() {
             for _ in 0..k {
                 d.push(mutate_image(&mut rng, &mut image, data.clone(), SIZE));
             }
-            let c = Checkpoint {
-                generation: ckpt.generation + 1,
-                image,
-                ..ckpt.clone()
+            let written = if delta_case {
+                // The same damage, as a delta after the chain.
+                let chain = read_checkpoints(&mem, &sb).unwrap().chain;
+                let delta = DeltaCheckpoint {
+                    generation: ckpt.generation + 1,
+                    journal_start: ckpt.journal_start,
+                    journal_seq: ckpt.journal_seq,
+                    journal_chain: ckpt.journal_chain,
+                    delta: hostile_delta(&mut rng, &ckpt.image, &image),
+                };
+                write_delta(&mem, &sb, slot, &chain, &delta).map(drop)
+            } else {
+                let c = Checkpoint {
+                    generation: ckpt.generation + 1,
+                    image,
+                    ..ckpt.clone()
+                };
+                write_checkpoint(&mem, &sb, other_slot(slot), &c)
             };
-            if let Err(e) = write_checkpoint(&mem, &sb, other_slot(slot), &c) {
+            if let Err(e) = written {
                 stats.add("checkpoint_write_refused", 1);
                 let _ = e;
                 continue;
@@ -1317,6 +1368,8 @@ fn hostile_metadata_with_valid_checksums() {
         };
         let kind = if journal_case {
             "journal"
+        } else if delta_case {
+            "delta"
         } else {
             "checkpoint"
         };

@@ -46,12 +46,17 @@ enum Mix {
     Seeded,
     /// Keep-nothing, keep-everything, torn-everything, in-order prefix.
     Policies,
+    /// Either, on workloads that checkpoint after about every third op:
+    /// chains of delta checkpoints that reach their bound, so whole images
+    /// are rewritten too, with cuts in every part of both.
+    DeltaChains,
 }
 
 fn policy_for(mix: Mix, rng: &mut SmallRng) -> CutPolicy {
     match mix {
         Mix::Seeded => CutPolicy::Seeded(rng.gen()),
-        Mix::Policies => match rng.gen_range(0..4) {
+        Mix::DeltaChains if rng.gen() => CutPolicy::Seeded(rng.gen()),
+        Mix::Policies | Mix::DeltaChains => match rng.gen_range(0..4) {
             0 => CutPolicy::KeepNothing,
             1 => CutPolicy::KeepEverything,
             2 => CutPolicy::TornAll(rng.gen()),
@@ -83,7 +88,9 @@ fn run_workload_on(seed: u64, mix: Mix, stats: &Stats, lying_device: bool) -> Re
     let states: Arc<Mutex<Vec<CutState>>> = Arc::default();
     let cfg = WorkloadCfg::default();
     // Mostly short workloads; some long ones, which wrap the journal.
-    let ops = if rng.gen_bool(0.1) {
+    let ops = if mix == Mix::DeltaChains {
+        rng.gen_range(40..100)
+    } else if rng.gen_bool(0.1) {
         rng.gen_range(150..400)
     } else {
         rng.gen_range(15..60)
@@ -148,7 +155,22 @@ fn run_workload_on(seed: u64, mix: Mix, stats: &Stats, lying_device: bool) -> Re
     for _ in 0..ops {
         let ok = wl.step();
         assert!(ok, "workload op failed without any fault: {:?}", wl.failed);
+        if mix == Mix::DeltaChains && rng.gen_bool(0.35) {
+            wl.op_checkpoint();
+            assert!(wl.failed.is_none(), "checkpoint failed: {:?}", wl.failed);
+        }
         watchdog().beat();
+    }
+    if mix == Mix::DeltaChains {
+        // How the chains went: a generation past the format's base and
+        // the deltas after the newest base means whole images were
+        // rewritten.
+        let sb = iomapfs_fs::superblock::read_superblock(&*mem).unwrap();
+        let newest = iomapfs_fs::checkpoint::read_checkpoints(&*mem, &sb).unwrap();
+        stats.add("checkpoint generations", newest.checkpoint.generation);
+        stats.add("deltas in the last chain", u64::from(newest.chain.deltas));
+        let rewrote = newest.checkpoint.generation > 1 + u64::from(newest.chain.deltas);
+        stats.add("workloads that rewrote a base", u64::from(rewrote));
     }
     tap.set_hook(None);
     // Cuts after the last op, with nothing in progress.
@@ -347,12 +369,17 @@ fn run(mix: Mix, name: &str, share: f64) {
 
 #[test]
 fn power_cut_seeded_random_subsets() {
-    run(Mix::Seeded, "power_cut_seeded_random_subsets", 0.6);
+    run(Mix::Seeded, "power_cut_seeded_random_subsets", 0.5);
 }
 
 #[test]
 fn power_cut_policies_nothing_everything_torn_prefix() {
-    run(Mix::Policies, "power_cut_policies", 0.4);
+    run(Mix::Policies, "power_cut_policies", 0.35);
+}
+
+#[test]
+fn power_cut_during_delta_chains() {
+    run(Mix::DeltaChains, "power_cut_delta_chains", 0.15);
 }
 
 /// The crash model must be able to fail: states that break an invariant are
@@ -658,8 +685,15 @@ fn torn_batch_then_another_batch_at_its_place_then_a_second_crash() {
 /// torn checkpoint write also leaves, so that is the right answer.
 #[test]
 fn power_cut_during_the_supersede_mark() {
+    // The new checkpoint a delta after the chain in the same slot, then a
+    // whole image in the other slot (the chain is as long as it may be).
+    supersede_mark_cut(false);
+    supersede_mark_cut(true);
+}
+
+fn supersede_mark_cut(whole: bool) {
     use blockdev::memory::{FaultOp, FaultRule, Survival};
-    use iomapfs_fs::checkpoint::{read_checkpoints, read_slot};
+    use iomapfs_fs::checkpoint::read_checkpoints;
     use iomapfs_fs::superblock::read_superblock;
     let create = OpenFlags {
         create: true,
@@ -675,12 +709,26 @@ fn power_cut_during_the_supersede_mark() {
         .unwrap();
     vol.sync().unwrap();
     vol.checkpoint().unwrap();
+    if whole {
+        // Fill the chain: the next checkpoint must start a new one.
+        while read_checkpoints(&*mem, &sb).unwrap().chain.deltas
+            < iomapfs_fs::limits::MAX_CHAIN_DELTAS
+        {
+            vol.checkpoint().unwrap();
+        }
+    }
     vol.open_file("/b", create)
         .unwrap()
         .pwrite(&tagged(2, 0, 7000), 0)
         .unwrap();
     let older = read_checkpoints(&*mem, &sb).unwrap();
-    let older_slot = sb.layout.checkpoint_slots[older.slot];
+    // The older checkpoint's record: the chain's last in its slot. Its
+    // first block is where the mark goes.
+    let older_record = sb.layout.checkpoint_slots[older.slot].start + older.chain.last_offset;
+    let older_slot = iomapfs_fs::superblock::Region {
+        start: older_record,
+        len: u64::from(sb.layout.block_size),
+    };
     let held =
         mem.pause_after(FaultRule::new(FaultOp::Write).range(older_slot.start..older_slot.end()));
     // The checkpoint must reach the mark write; if it ends without one,
@@ -746,18 +794,25 @@ fn power_cut_during_the_supersede_mark() {
             "{ctx}"
         );
         assert!(newest.lost.is_none(), "{ctx}");
+        assert_eq!(
+            newest.slot != older.slot,
+            whole,
+            "{ctx}: a whole image or a delta"
+        );
         fsck_clean(crashed.clone(), &ctx);
         let vol = Volume::open(crashed.clone()).unwrap();
         assert_eq!(read_volume(&vol, u64::MAX).unwrap(), expected, "{ctx}");
         drop(vol);
         // Now damage the new checkpoint.
-        let marked = read_slot(&*crashed, &sb, older.slot).is_ok_and(|s| s.superseded);
-        let new_slot = sb.layout.checkpoint_slots[newest.slot];
         let mut sector = [0u8; 512];
-        crashed.read_at(&mut sector, new_slot.start).unwrap();
+        crashed.read_at(&mut sector, older_record).unwrap();
+        let at = iomapfs_fs::checkpoint::OFF_SUPERSEDED;
+        let marked = sector[at..at + 4] != [0; 4];
+        let new_record = sb.layout.checkpoint_slots[newest.slot].start + newest.chain.last_offset;
+        crashed.read_at(&mut sector, new_record).unwrap();
         sector[100] ^= 0x40;
         crashed
-            .write_at(&sector, new_slot.start, blockdev::WriteMode::Normal)
+            .write_at(&sector, new_record, blockdev::WriteMode::Normal)
             .unwrap();
         let report = iomapfs_fs::fsck::check(crashed.clone());
         match Volume::open(crashed.clone()) {

@@ -18,6 +18,9 @@
 //! - [`checkpoint_image`]: `decode_image`, then loading and validating the
 //!   image (`MetaState::from_image`, link and kind checks); a decoded image
 //!   re-encodes and decodes to itself.
+//! - [`checkpoint_delta`]: `decode_delta_at` (the payload after its link);
+//!   a decoded delta re-encodes to itself; then, linked to a real volume's
+//!   chain and written after it, fsck, mount and use the volume.
 //! - [`journal_records`]: one batch of fuzzed records replayed after a real
 //!   checkpoint, applied to its state.
 //! - [`mount`]: a fuzzed checkpoint image and journal batch on a formatted
@@ -27,8 +30,13 @@ use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
 
 use blockdev::{BlockDevice, MemDevice, Survival, WriteMode};
-use iomapfs_fs::checkpoint::{read_newest_checkpoint, write_checkpoint, Checkpoint};
-use iomapfs_fs::codec::{decode_image, encode_image};
+use iomapfs_fs::checkpoint::{
+    read_checkpoints, read_newest_checkpoint, write_checkpoint, write_delta, Checkpoint,
+    DeltaCheckpoint,
+};
+use iomapfs_fs::codec::{
+    decode_delta_at, decode_image, encode_delta, encode_image, DeltaLink, DELTA_LINK_ENCODED_LEN,
+};
 use iomapfs_fs::journal::{encode_batch, replay};
 use iomapfs_fs::state::MetaState;
 use iomapfs_fs::superblock::{
@@ -99,6 +107,42 @@ pub fn checkpoint_image(data: &[u8]) {
             let _ = state.check_links_and_kinds();
             let _ = state.to_image();
         }
+    }
+}
+
+/// `checkpoint_delta`: a delta payload without its link (generation and
+/// crc of the record before it, which the target fills in so that the
+/// delta links to the base volume's chain).
+pub fn checkpoint_delta(data: &[u8]) {
+    let mut payload = vec![0u8; DELTA_LINK_ENCODED_LEN];
+    payload.extend_from_slice(data);
+    let Ok((_, delta)) = decode_delta_at(&payload, 0) else {
+        return;
+    };
+    let dev = device_from(base_volume());
+    let sb = read_superblock(&*dev).expect("base superblock");
+    let newest = read_checkpoints(&*dev, &sb).expect("base checkpoint");
+    let link = DeltaLink {
+        prev_generation: newest.chain.generation,
+        prev_crc: newest.chain.crc,
+    };
+    let bytes = encode_delta(link, &delta).expect("a decoded delta encodes");
+    assert_eq!(
+        &bytes[DELTA_LINK_ENCODED_LEN..],
+        data,
+        "a decoded delta does not round-trip"
+    );
+    let ckpt = &newest.checkpoint;
+    let written = DeltaCheckpoint {
+        generation: ckpt.generation + 1,
+        journal_start: ckpt.journal_start,
+        journal_seq: ckpt.journal_seq,
+        journal_chain: ckpt.journal_chain,
+        delta,
+    };
+    // One too large for the slot is skipped.
+    if write_delta(&*dev, &sb, newest.slot, &newest.chain, &written).is_ok() {
+        exercise(dev);
     }
 }
 
@@ -308,9 +352,10 @@ fn exercise(dev: Arc<MemDevice>) {
 pub type Target = fn(&[u8]);
 
 /// The targets by name, for the corpus tests and the corpus generator.
-pub const TARGETS: [(&str, Target); 4] = [
+pub const TARGETS: [(&str, Target); 5] = [
     ("superblock", superblock),
     ("checkpoint_image", checkpoint_image),
+    ("checkpoint_delta", checkpoint_delta),
     ("journal_records", journal_records),
     ("mount", mount),
 ];
@@ -327,6 +372,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
     match target {
         "superblock" => vec![sb.encode()[..SUPERBLOCK_ENCODED_LEN].to_vec()],
         "checkpoint_image" => vec![image],
+        "checkpoint_delta" => delta_seeds(&ckpt.image),
         "journal_records" => records,
         "mount" => {
             let mut out = vec![Vec::new()];
@@ -342,6 +388,55 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         }
         other => panic!("no target named {other}"),
     }
+}
+
+/// Delta payloads (without the link) for the base volume: a file's size
+/// and extents changed in one span, a file removed, a file added.
+fn delta_seeds(image: &iomapfs_fs::types::MetaImage) -> Vec<Vec<u8>> {
+    use iomapfs_fs::types::{InodeDelta, MetaDelta};
+    let link = DeltaLink {
+        prev_generation: 0,
+        prev_crc: 0,
+    };
+    let file = image
+        .inodes
+        .iter()
+        .find(|i| i.kind == FileKind::Regular && !i.extents.is_empty())
+        .expect("a file with extents");
+    let mut changed = file.clone();
+    changed.size += 1;
+    let first = changed.extents[0].file_off;
+    changed.extents.truncate(1);
+    let deltas = [
+        MetaDelta {
+            next_ino: image.next_ino,
+            removed: Vec::new(),
+            changed: vec![InodeDelta {
+                spans: vec![(first, first + 1)],
+                inode: changed,
+            }],
+        },
+        MetaDelta {
+            next_ino: image.next_ino,
+            removed: vec![file.ino],
+            changed: Vec::new(),
+        },
+        MetaDelta {
+            next_ino: image.next_ino + 1,
+            removed: Vec::new(),
+            changed: vec![InodeDelta {
+                spans: vec![(0, u64::MAX)],
+                inode: iomapfs_fs::types::InodeImage {
+                    ino: image.next_ino,
+                    ..file.clone()
+                },
+            }],
+        },
+    ];
+    deltas
+        .iter()
+        .map(|d| encode_delta(link, d).expect("seed delta")[DELTA_LINK_ENCODED_LEN..].to_vec())
+        .collect()
 }
 
 /// One encoded batch payload per record kind, prefixed by its count.

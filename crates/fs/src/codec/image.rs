@@ -45,33 +45,39 @@ pub fn encode_image(image: &MetaImage) -> Result<Vec<u8>> {
     enc.u64(image.next_ino);
     enc.u64(image.inodes.len() as u64);
     for inode in &image.inodes {
-        enc.u64(inode.ino);
-        enc.u8(kind_code(inode.kind));
-        enc.u32(inode.nlink);
-        enc.u64(inode.size);
-        enc.u16(ATTRS_ENCODED_LEN as u16);
-        enc.attrs(&inode.attrs)?;
-        enc.count_u32(inode.extents.len(), "extents")?;
-        enc.count_u32(inode.entries.len(), "directory entries")?;
-        enc.count_u32(inode.xattrs.len(), "extended attributes")?;
-        for e in &inode.extents {
-            enc.u64(e.file_off);
-            enc.u64(e.len);
-            enc.u64(e.addr);
-            enc.u8(state_code(e.state));
-        }
-        for d in &inode.entries {
-            enc.u64(d.ino);
-            enc.name(&d.name)?;
-        }
-        for x in &inode.xattrs {
-            enc.xattr_name(&x.name)?;
-            enc.xattr_value(&x.value)?;
-        }
-        enc.byte_string(&inode.target)?;
+        encode_inode(&mut enc, inode)?;
     }
     debug_assert_eq!(enc.len(), len);
     Ok(enc.into_bytes())
+}
+
+/// Appends one inode as the image stores it ([`inode_encoded_len`] bytes).
+/// The caller has checked it ([`check_inode`]).
+pub(super) fn encode_inode(enc: &mut Encoder, inode: &InodeImage) -> Result<()> {
+    enc.u64(inode.ino);
+    enc.u8(kind_code(inode.kind));
+    enc.u32(inode.nlink);
+    enc.u64(inode.size);
+    enc.u16(ATTRS_ENCODED_LEN as u16);
+    enc.attrs(&inode.attrs)?;
+    enc.count_u32(inode.extents.len(), "extents")?;
+    enc.count_u32(inode.entries.len(), "directory entries")?;
+    enc.count_u32(inode.xattrs.len(), "extended attributes")?;
+    for e in &inode.extents {
+        enc.u64(e.file_off);
+        enc.u64(e.len);
+        enc.u64(e.addr);
+        enc.u8(state_code(e.state));
+    }
+    for d in &inode.entries {
+        enc.u64(d.ino);
+        enc.name(&d.name)?;
+    }
+    for x in &inode.xattrs {
+        enc.xattr_name(&x.name)?;
+        enc.xattr_value(&x.value)?;
+    }
+    enc.byte_string(&inode.target)
 }
 
 /// Bytes [`encode_image`] produces for `image`, computed without encoding.
@@ -132,7 +138,7 @@ pub fn decode_image_at(bytes: &[u8], base: u64, what: &'static str) -> Result<Me
     Ok(MetaImage { next_ino, inodes })
 }
 
-fn decode_inode(dec: &mut Decoder<'_>) -> Result<InodeImage> {
+pub(super) fn decode_inode(dec: &mut Decoder<'_>) -> Result<InodeImage> {
     let at = dec.position();
     let ino: Ino = dec.u64()?;
     if ino == 0 {
@@ -283,7 +289,7 @@ fn check_kind_shape(
 
 /// An extent must be non-empty, must not overflow, and must start at or
 /// after the end of the previous one.
-fn check_extent(e: &Extent, prev: Option<&Extent>) -> std::result::Result<(), String> {
+pub fn check_extent(e: &Extent, prev: Option<&Extent>) -> std::result::Result<(), String> {
     if e.len == 0 {
         return Err(format!("empty extent at file offset {}", e.file_off));
     }
@@ -323,6 +329,15 @@ fn check_image(image: &MetaImage) -> std::result::Result<(), String> {
             ));
         }
         prev_ino = Some(ino);
+        check_inode(inode)?;
+    }
+    Ok(())
+}
+
+/// The invariants the decoder checks for one inode, on an in-memory one.
+pub fn check_inode(inode: &InodeImage) -> std::result::Result<(), String> {
+    let ino = inode.ino;
+    {
         check_kind_shape(
             inode.kind,
             ino,

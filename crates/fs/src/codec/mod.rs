@@ -14,19 +14,25 @@
 //!
 //! `primitive` holds the values every layout is built of (integers,
 //! strings, names, counts, enum codes), `record` the journal records and
-//! `image` the checkpoint's metadata image. This module only gathers them.
+//! `image` the checkpoint's metadata image and `delta` a delta
+//! checkpoint's changes to it. This module only gathers them.
 //!
 //! [`Error::Corrupt`]: crate::Error::Corrupt
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 
+mod delta;
 mod image;
 mod primitive;
 mod record;
 
+pub use delta::{
+    decode_delta_at, delta_encoded_len, encode_delta, DeltaLink, DELTA_LINK_ENCODED_LEN,
+    SPAN_ENCODED_LEN,
+};
 pub use image::{
-    decode_image, decode_image_at, encode_image, image_encoded_len, inode_encoded_len,
-    ENTRY_MIN_ENCODED_LEN, EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN, INODE_FIXED_ENCODED_LEN,
-    XATTR_MIN_ENCODED_LEN, XATTR_OVERHEAD_ENCODED_LEN,
+    check_extent, check_inode, decode_image, decode_image_at, encode_image, image_encoded_len,
+    inode_encoded_len, ENTRY_MIN_ENCODED_LEN, EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN,
+    INODE_FIXED_ENCODED_LEN, XATTR_MIN_ENCODED_LEN, XATTR_OVERHEAD_ENCODED_LEN,
 };
 pub use primitive::{
     check_attrs, check_mode, check_name, check_symlink_target, check_xattr_name, Decoder, Encoder,

@@ -247,6 +247,32 @@ impl Chunks {
         }
     }
 
+    /// Appends to `out` the extents stored under keys in `spans` (sorted,
+    /// disjoint). One pass: the chunk cursor only moves forward, so the
+    /// cost is the chunks passed plus a search in each chunk a span starts
+    /// in plus the extents copied, not a search from the top per span.
+    pub(super) fn extents_in_spans(&self, spans: &[(u64, u64)], out: &mut Vec<Extent>) {
+        let mut at = 0;
+        for &(start, end) in spans {
+            while at + 1 < self.chunks.len() && self.chunks[at + 1].first <= start {
+                at += 1;
+            }
+            let Some(first) = self.chunks.get(at) else {
+                return;
+            };
+            let mut from = first.extents.partition_point(|e| e.file_off < start);
+            for chunk in &self.chunks[at..] {
+                let rest = &chunk.extents[from..];
+                let taken = rest.partition_point(|e| e.file_off < end);
+                out.extend_from_slice(&rest[..taken]);
+                if taken < rest.len() {
+                    break;
+                }
+                from = 0;
+            }
+        }
+    }
+
     /// Checks the chunking itself: no empty or oversized chunk, first
     /// offsets right, offsets strictly increasing, length right.
     pub(super) fn check(&self) -> Result<(), String> {
