@@ -68,11 +68,9 @@ fn run(vol: Weak<VolumeInner>, request: &CheckpointRequest) {
         if vol.check_live().is_err() {
             return request.finished();
         }
-        if vol.journal_half_full() {
-            // A failed checkpoint shuts the volume down: every later call
-            // reports it, so there is nobody to hand the error to here.
-            let _ = vol.checkpoint();
-        }
+        // A failed checkpoint shuts the volume down: every later call
+        // reports it, so there is nobody to hand the error to here.
+        let _ = vol.checkpoint_if_half_full();
         drop(vol);
         request.finished();
     }

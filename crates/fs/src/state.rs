@@ -7,9 +7,9 @@
 //! what the live path did.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use imbl::OrdMap;
-use std::sync::Arc;
 
 use crate::codec;
 use crate::extent_map::ExtentMap;

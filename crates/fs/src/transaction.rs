@@ -91,9 +91,23 @@ impl VolumeInner {
     /// Writes a checkpoint and trims the journal. One checkpoint at a time;
     /// commits go on meanwhile (see [`VolumeInner::write_checkpoint`]).
     pub(crate) fn checkpoint(&self) -> Result<()> {
+        self.checkpoint_unless_done(|| false)
+    }
+
+    /// The background checkpoint: skipped when, once its turn comes, the
+    /// journal is no longer half full (a checkpoint that ran meanwhile
+    /// freed it).
+    pub(crate) fn checkpoint_if_half_full(&self) -> Result<()> {
+        self.checkpoint_unless_done(|| !self.journal_half_full())
+    }
+
+    fn checkpoint_unless_done(&self, done: impl FnOnce() -> bool) -> Result<()> {
         self.check_live()?;
         let mut newest = self.checkpointing.lock();
         self.check_live()?;
+        if done() {
+            return Ok(());
+        }
         let result = self.write_checkpoint(&mut newest);
         if let Err(err) = &result {
             self.shut_down(err);

@@ -441,6 +441,47 @@ fn a_buffered_read_during_a_direct_write_does_not_keep_the_old_bytes() {
     }
 }
 
+/// As above, but a buffered write dirties another block of the cached
+/// folio before the direct write returns: the folio stays (its dirty block
+/// must not be lost), and the block the direct write replaced is read
+/// again instead of served from the cache. (Review of a53ce31, B2.)
+#[test]
+fn a_partly_dirty_folio_does_not_keep_the_old_bytes_of_a_direct_write() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let (b, data) = written(&vol);
+    let d = vol.open_file("/f", direct()).unwrap();
+    let new = pattern(BLOCK as usize, 0x77);
+    let paused = dev.pause_before(FaultRule::new(FaultOp::Write));
+    let writer = {
+        let d = d.try_clone().unwrap();
+        let new = new.clone();
+        std::thread::spawn(move || d.pwrite(&new, 2 * BLOCK).unwrap())
+    };
+    paused.wait_reached();
+    let mut during = vec![0u8; 4 * BLOCK as usize];
+    b.pread(&mut during, 0).unwrap();
+    assert!(during[..] == data[..4 * BLOCK as usize]);
+    b.pwrite(&[9u8; 100], 0).unwrap();
+    paused.resume();
+    writer.join().unwrap();
+    let mut after = vec![0u8; 4 * BLOCK as usize];
+    b.pread(&mut after, 0).unwrap();
+    assert!(
+        after[..100].iter().all(|&x| x == 9),
+        "the buffered write was lost"
+    );
+    assert!(after[100..BLOCK as usize] == data[100..BLOCK as usize]);
+    assert!(
+        after[2 * BLOCK as usize..3 * BLOCK as usize] == new,
+        "the buffered handle kept the old bytes of the directly written block"
+    );
+    b.fsync().unwrap();
+    let mut back = vec![0u8; 4 * BLOCK as usize];
+    d.pread(&mut back, 0).unwrap();
+    assert!(back == after, "the device after fsync");
+}
+
 #[test]
 fn memory_stays_within_the_cache_budget() {
     let dev = Arc::new(MemDevice::new(256 * MIB, 4096));

@@ -173,7 +173,7 @@ impl Case {
         };
         let mem = geo.formatted_device(DEV_SIZE, fua, rng.gen());
         let dev = dynd(&mem);
-        let vol = Volume::open(dev.clone()).expect("open after format");
+        let vol = common::open_replayable(dev.clone()).expect("open after format");
         let bs = u64::from(vol.statfs().block_size);
         assert_eq!(bs, u64::from(geo.opts.block_size));
         Case {
@@ -1711,7 +1711,7 @@ impl Case {
             drop(vol);
         }
         let report = fsck_clean(self.dev.clone(), &self.ctx());
-        match Volume::open(self.dev.clone()) {
+        match common::open_replayable(self.dev.clone()) {
             Ok(v) => self.vol = Some(v),
             Err(e) => self.fail(format!("open after reopen: {e}")),
         }

@@ -55,8 +55,9 @@ pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, F
 /// Writes `buf` at `pos` and makes it as durable as the handle promises
 /// ([`IomapFile::write_sync`]).
 ///
-/// A write that needs the file's exclusive lock (it allocates, converts,
-/// extends, or is the file's first that is not whole device blocks) first
+/// A write that needs the file's exclusive lock (it extends, zeroes, or
+/// allocates or converts other than whole file-system blocks inside the
+/// on-disk EOF, or is the file's first that is not whole device blocks) first
 /// waits for the file's direct I/O in flight, asynchronous requests
 /// included: never call it from the thread that owns such requests
 /// unreaped.

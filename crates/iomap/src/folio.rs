@@ -196,6 +196,16 @@ impl Folio {
         state.uptodate.set_range(blocks, true);
     }
 
+    /// Makes the clean blocks of `blocks` not uptodate (the next access
+    /// reads them from the device); dirty ones stay as they are.
+    pub fn forget_clean(&self, state: &mut FolioState, blocks: std::ops::Range<usize>) {
+        for i in blocks {
+            if !state.dirty.get(i) {
+                state.uptodate.set(i, false);
+            }
+        }
+    }
+
     /// Marks blocks dirty (and uptodate), counting them in the cache's dirty
     /// bytes.
     pub fn set_dirty(&self, state: &mut FolioState, blocks: std::ops::Range<usize>) {

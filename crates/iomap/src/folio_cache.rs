@@ -720,12 +720,17 @@ impl Mapping {
     /// Drops the clean folios overlapping `[from, to)` (waiting for a
     /// writeback holding one). A folio dirtied again since the caller wrote
     /// it back stays: a racing buffered write is never lost (as Linux's
-    /// invalidation gives up on dirty pages).
+    /// invalidation gives up on dirty pages); its clean blocks in the range
+    /// stop being uptodate, so they are read again, not served stale.
     pub(crate) fn invalidate(&self, from: u64, to: u64) {
         for folio in self.folios_in(from, to) {
             {
                 let mut state = folio.lock();
                 if state.dirty.any() {
+                    let start = from.saturating_sub(folio.pos()) as usize;
+                    let end = (to.min(folio.end()) - folio.pos()) as usize;
+                    let blocks = folio.blocks_of(start, end);
+                    folio.forget_clean(&mut state, blocks);
                     continue;
                 }
                 state.evicted = true;

@@ -237,3 +237,17 @@ pub fn skip(name: &str) -> bool {
         .map(|v| v.split(',').any(|s| s.trim() == name))
         .unwrap_or(false)
 }
+
+/// Mounts `dev` with every device request coming from the test's own calls
+/// (no background checkpoints), so that a seed replays the same request
+/// sequence: for the suites that cut power at request indices and promise
+/// that a failing seed reproduces.
+pub fn open_replayable(
+    dev: std::sync::Arc<dyn blockdev::BlockDevice>,
+) -> iomapfs_fs::Result<iomapfs_fs::Volume> {
+    let opts = iomapfs_fs::MountOptions {
+        background_checkpoints: false,
+        ..iomapfs_fs::MountOptions::default()
+    };
+    iomapfs_fs::Volume::open_with(dev, &opts)
+}

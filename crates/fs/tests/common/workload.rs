@@ -73,7 +73,8 @@ impl Workload {
     /// `dev` must hold a freshly formatted volume.
     pub fn new(dev: Arc<dyn BlockDevice>, rng: SmallRng, cfg: WorkloadCfg) -> Workload {
         let lbs = u64::from(dev.caps().logical_block_size);
-        let vol = Volume::open(dev.clone()).expect("open freshly formatted volume");
+        let vol =
+            crate::common::open_replayable(dev.clone()).expect("open freshly formatted volume");
         Workload {
             vol: Some(vol),
             dev,
@@ -830,7 +831,7 @@ impl Workload {
             self.h.mark_durable();
         }
         let w_before = self.h.progress.window();
-        match Volume::open(self.dev.clone()) {
+        match crate::common::open_replayable(self.dev.clone()) {
             Ok(v) => self.vol = Some(v),
             Err(e) => {
                 self.h.end_failed();

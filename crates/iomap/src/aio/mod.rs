@@ -31,7 +31,8 @@
 //! direct-I/O counter, so truncate, punch and other exclusive operations
 //! wait for it. Reap regularly: the thread that owns a queue must not make
 //! a synchronous call that needs the exclusive lock of a file it has
-//! unreaped requests on (truncate, punch, an allocating write, the file's
+//! unreaped requests on (truncate, punch, an extending write, an
+//! allocating write other than of whole blocks inside the EOF, the file's
 //! first byte-granular write, a byte-granular write over its own unreaped
 //! writes): that call would wait for a reap only this thread can do.
 
