@@ -109,21 +109,36 @@ pub fn write<F: IomapFile>(
             let _inflight = lock.dio_begin();
             dio_write_bytes(ops, dev, inode, pos, buf, flags)
         },
-    )?;
-    drop_folios_cached_during(file, pos, len);
+    );
+    let written = outcome.as_ref().map_or(0, |o| o.written as usize);
+    update_cache_after_direct_write(file, pos, buf, written);
+    let outcome = outcome?;
     Durability::after_write(sync, &outcome).wait(ops, dev, file.flushes())?;
     Ok(outcome)
 }
 
-/// After a direct write of `[pos, pos + len)`: folios a buffered reader
-/// cached over the range while the write was in flight (it shares the
-/// lock) hold what the write replaced, so they are dropped, as Linux does
-/// after a direct write. Dirty ones stay (see `invalidate`).
-pub(crate) fn drop_folios_cached_during<F: IomapFile>(file: &F, pos: u64, len: u64) {
-    if !file.mapping().is_empty() {
+/// After a direct write of `data` at `pos` returned, `written` bytes of
+/// it on the device: the cache of the file agrees with the device again
+/// (see `Mapping::write_through`); what it cached over bytes the write may
+/// have left half done (a failure, a short write) is dropped or read
+/// again. A file nobody caches pays one check.
+pub(crate) fn update_cache_after_direct_write<F: IomapFile>(
+    file: &F,
+    pos: u64,
+    data: &[u8],
+    written: usize,
+) {
+    let mapping = file.mapping();
+    if mapping.is_empty() {
+        return;
+    }
+    let written = written.min(data.len());
+    mapping.write_through(pos, &data[..written]);
+    if written < data.len() {
         let block = u64::from(file.ops().block_size());
-        file.mapping()
-            .invalidate(pos - pos % block, (pos + len).next_multiple_of(block));
+        let from = pos + written as u64;
+        let end = pos + data.len() as u64;
+        mapping.invalidate(from - from % block, end.next_multiple_of(block));
     }
 }
 

@@ -717,6 +717,40 @@ impl Mapping {
         folios.range(first..to).map(|(_, f)| f.clone()).collect()
     }
 
+    /// After a direct write put `data` at file offset `pos` on the device:
+    /// every cached block it overlaps that is uptodate takes its bytes and
+    /// becomes dirty. A dirty block keeps the bytes a buffered writer put
+    /// around them, as if that write came first; without this, the
+    /// buffered write's older copy of the direct write's bytes (read into
+    /// the block before the direct write landed) would be written back
+    /// over them. Dirty also for a clean block: a writeback that raced the
+    /// direct write may have put that older copy on the device after it.
+    /// Blocks not uptodate are left alone: they are read from the device,
+    /// which has the direct write's bytes. Waits for a folio's lock.
+    pub(crate) fn write_through(&self, pos: u64, data: &[u8]) {
+        let end = pos + data.len() as u64;
+        for folio in self.folios_in(pos, end) {
+            let mut state = folio.lock();
+            if state.evicted {
+                continue;
+            }
+            let from = pos.max(folio.pos());
+            let to = end.min(folio.end());
+            let (start, stop) = ((from - folio.pos()) as usize, (to - folio.pos()) as usize);
+            let bs = folio.block_bytes();
+            for block in folio.blocks_of(start, stop) {
+                if !state.uptodate.get(block) {
+                    continue;
+                }
+                let a = start.max(block * bs);
+                let b = stop.min((block + 1) * bs);
+                let src = (folio.pos() + a as u64 - pos) as usize;
+                state.data[a..b].copy_from_slice(&data[src..src + (b - a)]);
+                folio.set_dirty(&mut state, block..block + 1);
+            }
+        }
+    }
+
     /// Drops the clean folios overlapping `[from, to)` (waiting for a
     /// writeback holding one). A folio dirtied again since the caller wrote
     /// it back stays: a racing buffered write is never lost (as Linux's

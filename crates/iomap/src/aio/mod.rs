@@ -560,8 +560,9 @@ impl<F: IomapFile> IoQueue<F> {
         let pos = ioend.pos();
         let buf = user_buf.unwrap_or_else(empty_buf);
         let finished = ioend.finish();
-        if let (SlotKind::Write { .. }, Ok(len)) = (kind, &finished) {
-            file_io::drop_folios_cached_during(holds.owner(), pos, *len as u64);
+        if let SlotKind::Write { .. } = kind {
+            let written = finished.as_ref().map_or(0, |&len| len);
+            file_io::update_cache_after_direct_write(holds.owner(), pos, &buf, written);
         }
         match (kind, finished) {
             (
