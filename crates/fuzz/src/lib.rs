@@ -127,11 +127,11 @@ pub fn checkpoint_delta(data: &[u8]) {
         prev_crc: newest.chain.crc,
     };
     let bytes = encode_delta(link, &delta).expect("a decoded delta encodes");
-    assert_eq!(
-        &bytes[DELTA_LINK_ENCODED_LEN..],
-        data,
-        "a decoded delta does not round-trip"
-    );
+    // Equal as values, not bytes: a decoder skips attribute bytes a later
+    // format appends (forward compatibility), which the encoder does not
+    // write back.
+    let (_, again) = decode_delta_at(&bytes, 0).expect("an encoded delta decodes");
+    assert_eq!(again, delta, "a decoded delta does not round-trip");
     let ckpt = &newest.checkpoint;
     let written = DeltaCheckpoint {
         generation: ckpt.generation + 1,
