@@ -17,8 +17,8 @@ use crate::byte_dio::{dio_read_bytes, dio_write_bytes, write_range};
 use crate::dio::dio_read_simple;
 use crate::ioend::{DioWriteOutcome, Durability, WriteSync};
 use crate::{
-    buffered_io, write_protocol, writeback, zero_eof_gap, FileError, IomapFile, IomapOpFlags,
-    IomapOps,
+    buffered_io, write_protocol, writeback, zero_eof_gap, EngineError, FileError, IomapFile,
+    IomapOpFlags, IomapOps,
 };
 
 thread_local! {
@@ -97,12 +97,23 @@ pub fn write<F: IomapFile>(
         lock,
         write_range(dev, pos, len)?,
         |_holds| {
-            let shared_flags = if allocates_under_shared_lock(ops, inode, pos, len)? {
-                flags
-            } else {
-                flags | IomapOpFlags::OVERWRITE_ONLY
-            };
-            dio_write_bytes(ops, dev, inode, pos, buf, shared_flags)
+            // As a pure overwrite first: that mapping needs only the
+            // metadata read lock, allocating ones its write lock.
+            match dio_write_bytes(
+                ops,
+                dev,
+                inode,
+                pos,
+                buf,
+                flags | IomapOpFlags::OVERWRITE_ONLY,
+            ) {
+                Err(e)
+                    if e.is_would_block() && allocates_under_shared_lock(ops, inode, pos, len)? =>
+                {
+                    dio_write_bytes(ops, dev, inode, pos, buf, flags)
+                }
+                done => done,
+            }
         },
         |_exclusive| {
             zero_eof_gap(ops, dev, inode, pos)?;
