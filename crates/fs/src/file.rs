@@ -223,9 +223,19 @@ impl File {
     pub fn pwrite(&self, buf: &[u8], offset: u64) -> Result<usize> {
         self.modified(offset, buf.len() as u64)
             .map_err(|e| self.at(offset, e))?;
-        file_io::write(self, offset, buf)
-            .map(|_| buf.len())
-            .map_err(|e| self.at(offset, e))
+        let outcome = file_io::write(self, offset, buf).map_err(|e| self.at(offset, e))?;
+        if self.handle.flags.direct && !outcome.pure_overwrite {
+            // Its records (allocation, conversion, size) are bounded like
+            // every other change's: committed once enough pile up. A writer
+            // that never syncs otherwise grew the queue without limit, and
+            // a queue of a million records grew (a copy of tens of MiB)
+            // under the metadata lock.
+            self.handle
+                .vol
+                .commit_if_due()
+                .map_err(|e| self.at(offset, e))?;
+        }
+        Ok(buf.len())
     }
 
     /// A write of `len` bytes at `offset` is about to change the file (as

@@ -390,4 +390,35 @@ mod tests {
         let written = read_checkpoint(&*dev, &inner.sb, commit.slot).unwrap();
         assert_eq!(written.generation, generation + 1);
     }
+
+    /// Direct writes that allocate, never synced, commit once their records
+    /// reach the commit threshold instead of queueing without bound.
+    #[test]
+    fn unsynced_allocating_direct_writes_commit_past_the_threshold() {
+        let dev = Arc::new(MemDevice::new(64 << 20, 512));
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        let f = vol
+            .open_file(
+                "/f",
+                OpenFlags {
+                    create: true,
+                    direct: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        f.pwrite(&vec![1u8; 4096], 40 << 20).unwrap(); // EOF past the holes
+        let block = vec![7u8; 4096];
+        let threshold = vol.inner.commit_threshold;
+        for i in 0..4000u64 {
+            f.pwrite(&block, 2 * i * 4096).unwrap();
+            let pending = vol.inner.meta.read().pending_bytes;
+            assert!(
+                pending < threshold,
+                "after {} allocating writes, {pending} bytes of records queued (threshold {threshold})",
+                i + 1
+            );
+        }
+    }
 }
