@@ -20,13 +20,6 @@ use crate::checkpoint_request::CheckpointRequest;
 use crate::mount_state::VolumeInner;
 use crate::{Error, Result};
 
-impl VolumeInner {
-    /// The journal's live part is at least half of it.
-    pub(crate) fn journal_half_full(&self) -> bool {
-        self.commit.lock().journal.used_bytes() * 2 >= self.sb.layout.journal.len
-    }
-}
-
 /// The background checkpoint thread of one mount; dropping it stops and
 /// joins it.
 pub(crate) struct Checkpointer {

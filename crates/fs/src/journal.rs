@@ -180,6 +180,12 @@ impl JournalWriter {
         (self.head + self.region.len - self.tail) % self.region.len
     }
 
+    /// The live part is at least half of the journal: time for a
+    /// background checkpoint (see `crate::checkpointer`).
+    pub fn is_half_full(&self) -> bool {
+        self.used_bytes() * 2 >= self.region.len
+    }
+
     /// Bytes that batches may still consume before the journal is full. One
     /// block always stays free, so that head == tail means empty.
     pub fn free_bytes(&self) -> u64 {

@@ -79,7 +79,7 @@ impl VolumeInner {
             self.shut_down(&err);
             return Err(err);
         }
-        let half_full = commit.journal.used_bytes() * 2 >= self.sb.layout.journal.len;
+        let half_full = commit.journal.is_half_full();
         drop(commit);
         self.meta.write().mark_committed(last_seq);
         if half_full {
@@ -98,7 +98,7 @@ impl VolumeInner {
     /// journal is no longer half full (a checkpoint that ran meanwhile
     /// freed it).
     pub(crate) fn checkpoint_if_half_full(&self) -> Result<()> {
-        self.checkpoint_unless_done(|| !self.journal_half_full())
+        self.checkpoint_unless_done(|| !self.commit.lock().journal.is_half_full())
     }
 
     fn checkpoint_unless_done(&self, done: impl FnOnce() -> bool) -> Result<()> {
@@ -371,7 +371,7 @@ mod tests {
         while inner.checkpoint_request.asks() == 0 {
             let commit = inner.commit.lock();
             assert!(
-                commit.generation == generation && commit.journal.used_bytes() * 2 < journal,
+                commit.generation == generation && !commit.journal.is_half_full(),
                 "the journal reached half full ({} of {journal} bytes, {made} commits) \
                  without asking for a checkpoint",
                 commit.journal.used_bytes()
@@ -384,7 +384,7 @@ mod tests {
         inner.checkpoint_request.wait_idle();
         let commit = inner.commit.lock();
         assert_eq!(commit.generation, generation + 1, "after {made} commits");
-        assert!(commit.journal.used_bytes() * 2 < journal);
+        assert!(!commit.journal.is_half_full());
         // A delta after the chain in the same slot, or a whole image in
         // the other.
         let written = read_checkpoint(&*dev, &inner.sb, commit.slot).unwrap();

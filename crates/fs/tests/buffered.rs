@@ -18,6 +18,15 @@ fn volume_on(dev: &Arc<MemDevice>) -> Volume {
     Volume::open(dev.clone()).unwrap()
 }
 
+/// Mounts the formatted volume on `dev` with the page cache `cache`.
+fn mount_with_cache(dev: &Arc<MemDevice>, cache: CacheConfig) -> Volume {
+    let opts = MountOptions {
+        cache,
+        ..MountOptions::default()
+    };
+    Volume::open_with(dev.clone(), &opts).unwrap()
+}
+
 fn buffered() -> OpenFlags {
     OpenFlags {
         create: true,
@@ -332,14 +341,7 @@ fn unmount_reports_a_background_writeback_error_of_a_closed_file() {
     let mut cache = CacheConfig::with_size(16 * MIB);
     cache.dirty_expire = std::time::Duration::ZERO;
     cache.writeback_interval = std::time::Duration::from_millis(1);
-    let vol = Volume::open_with(
-        dev.clone(),
-        &MountOptions {
-            cache,
-            ..MountOptions::default()
-        },
-    )
-    .unwrap();
+    let vol = mount_with_cache(&dev, cache);
     let data_write = {
         let sb = vol.superblock();
         FaultRule::new(FaultOp::Write).range(sb.layout.data.start..sb.layout.data.end())
@@ -489,14 +491,7 @@ fn memory_stays_within_the_cache_budget() {
     Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
     let cache = CacheConfig::with_size(16 * MIB);
     let budget = cache.size_bytes;
-    let vol = Volume::open_with(
-        dev.clone(),
-        &MountOptions {
-            cache,
-            ..MountOptions::default()
-        },
-    )
-    .unwrap();
+    let vol = mount_with_cache(&dev, cache);
     let f = vol.open_file("/big", buffered()).unwrap();
     let chunk = pattern(MIB as usize, 8);
     let mut peak = 0;
@@ -529,14 +524,7 @@ fn readers_writers_writeback_eviction_and_direct_io_race_safely() {
     dev.fill(b"STALE!!!");
     Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
     let cache = CacheConfig::with_size(8 * MIB);
-    let vol = Volume::open_with(
-        dev.clone(),
-        &MountOptions {
-            cache,
-            ..MountOptions::default()
-        },
-    )
-    .unwrap();
+    let vol = mount_with_cache(&dev, cache);
     let setup = vol.open_file("/f", buffered()).unwrap();
     setup.truncate(THREADS * SLICE).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
@@ -763,14 +751,7 @@ fn a_sequential_writer_is_written_back_behind_it() {
         Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
         let mut cache = CacheConfig::with_size(256 * MIB);
         cache.write_behind_bytes = chunk;
-        let vol = Volume::open_with(
-            dev.clone(),
-            &MountOptions {
-                cache,
-                ..MountOptions::default()
-            },
-        )
-        .unwrap();
+        let vol = mount_with_cache(&dev, cache);
         let f = vol.open_file("/f", buffered()).unwrap();
         let data = pattern(16 * MIB as usize, 9);
         let before = counts(&dev);
@@ -884,14 +865,7 @@ fn volume_wide_writeback_and_writers_never_deadlock() {
     let dev = Arc::new(MemDevice::new(64 * MIB, 512));
     Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
     let cache = CacheConfig::with_size(16 * MIB);
-    let vol = Volume::open_with(
-        dev.clone(),
-        &MountOptions {
-            cache,
-            ..MountOptions::default()
-        },
-    )
-    .unwrap();
+    let vol = mount_with_cache(&dev, cache);
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
     let syncer = {
