@@ -759,3 +759,80 @@ fn queues_keep_within_the_devices_request_slots() {
         }
     }
 }
+
+/// A reaper never waits for a folio's lock (review R1): an async direct
+/// write completes on the device while a writeback holds the lock of the
+/// folio over its range (a buffered handle cached and dirtied the block
+/// after the write was submitted). The reap returns another request's
+/// completion without waiting for that writeback; the write completes once
+/// the writeback is done, and the cache and the device then hold its bytes.
+#[test]
+fn a_reaper_does_not_wait_for_a_writeback_holding_a_folio_of_its_write() {
+    use std::sync::mpsc;
+    use std::time::Duration;
+    for (queue, dev) in each_queue(|| MemDevice::new(32 << 20, SECTOR as u32)) {
+        println!("{queue} queue");
+        let vol = volume(&dev);
+        let f = vol.open_file("/mixed", direct(false)).unwrap();
+        f.pwrite(&[0x11; 8 * BLOCK as usize], 0).unwrap();
+        let g = vol.open_file("/other", direct(false)).unwrap();
+        g.pwrite(&[0x33; BLOCK as usize], 0).unwrap();
+        let extent = f.fiemap().unwrap()[0];
+        let block_addr = extent.addr + (2 * BLOCK - extent.offset);
+        let buffered = OpenFlags {
+            create: true,
+            ..OpenFlags::default()
+        };
+        let b = vol.open_file("/mixed", buffered).unwrap();
+        let mut q = vol.io_queue(4).unwrap();
+        q.submit_write(&f, 2 * BLOCK, buf_of(&[0x42; BLOCK as usize]), 7)
+            .unwrap();
+        b.pwrite(&[0x22; BLOCK as usize], 2 * BLOCK).unwrap();
+        let writeback =
+            dev.pause_after(FaultRule::new(FaultOp::Write).range(block_addr..block_addr + BLOCK));
+        let syncer = {
+            let b = b.try_clone().unwrap();
+            std::thread::spawn(move || b.fsync())
+        };
+        writeback.wait_reached();
+        q.submit_read(&g, 0, buf_of(&[0; BLOCK as usize]), 8)
+            .unwrap();
+        q.submit().unwrap();
+        // Lets the writeback go if the reap below waits for it, so that a
+        // failing run ends instead of hanging.
+        let (reaped, reaped_rx) = mpsc::channel::<()>();
+        let releaser = std::thread::spawn(move || {
+            let in_time = reaped_rx.recv_timeout(Duration::from_secs(20)).is_ok();
+            writeback.resume();
+            in_time
+        });
+        let mut out = Vec::new();
+        q.reap(1, &mut out).unwrap();
+        reaped.send(()).unwrap();
+        assert!(
+            releaser.join().unwrap(),
+            "{queue}: the reap waited for the writeback holding the folio"
+        );
+        let tokens: Vec<u64> = out.iter().map(|c| c.token).collect();
+        assert!(tokens.contains(&8), "{queue}: the read did not complete");
+        assert!(
+            !tokens.contains(&7),
+            "{queue}: the write completed before the cache held its bytes"
+        );
+        syncer.join().unwrap().unwrap();
+        let done = reap_all(&mut q);
+        done[&7].result.as_ref().unwrap();
+        let mut seen = vec![0u8; BLOCK as usize];
+        b.pread(&mut seen, 2 * BLOCK).unwrap();
+        assert!(
+            seen.iter().all(|&x| x == 0x42),
+            "{queue}: the cache kept the buffered write's bytes over the direct write's"
+        );
+        b.fsync().unwrap();
+        f.pread(&mut seen, 2 * BLOCK).unwrap();
+        assert!(
+            seen.iter().all(|&x| x == 0x42),
+            "{queue}: the device lost the direct write"
+        );
+    }
+}

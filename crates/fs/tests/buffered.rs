@@ -484,6 +484,64 @@ fn a_partly_dirty_folio_does_not_keep_the_old_bytes_of_a_direct_write() {
     assert!(back == after, "the device after fsync");
 }
 
+/// A direct write that fails after one of its two device parts reached
+/// the device leaves no cached block over its range serving bytes the
+/// device no longer has. A buffered handle cached the folio and dirtied
+/// another block of it while the write was in flight, so the folio stays;
+/// its clean blocks in the range must be read again. Both handles then
+/// read the same bytes.
+#[test]
+fn a_failed_direct_write_leaves_no_stale_block_in_a_partly_dirty_folio() {
+    let dev = Arc::new(MemDevice::new(32 * MIB, 512));
+    let vol = volume_on(&dev);
+    let (b, _) = written(&vol);
+    let d = vol.open_file("/f", direct()).unwrap();
+    // Block 2 moves to space of its own, away from block 1, so a write of
+    // blocks 1 and 2 goes out as two device requests.
+    let other = vol.open_file("/g", direct()).unwrap();
+    other.pwrite(&pattern(BLOCK as usize, 3), 0).unwrap();
+    d.punch_hole(2 * BLOCK, BLOCK).unwrap();
+    d.pwrite(&pattern(BLOCK as usize, 4), 2 * BLOCK).unwrap();
+    let addr_of = |pos: u64| {
+        let e = d
+            .fiemap()
+            .unwrap()
+            .into_iter()
+            .find(|e| e.offset <= pos && pos < e.offset + e.length)
+            .unwrap();
+        e.addr + (pos - e.offset)
+    };
+    let (block1, block2) = (addr_of(BLOCK), addr_of(2 * BLOCK));
+    assert_ne!(block2, block1 + BLOCK, "block 2 did not move");
+    dev.inject(FaultRule::new(FaultOp::Write).range(block2..block2 + BLOCK));
+    let paused = dev.pause_before(FaultRule::new(FaultOp::Write).range(block1..block1 + BLOCK));
+    let writer = {
+        let d = d.try_clone().unwrap();
+        std::thread::spawn(move || d.pwrite(&pattern(2 * BLOCK as usize, 0x66), BLOCK))
+    };
+    paused.wait_reached();
+    let mut during = vec![0u8; 4 * BLOCK as usize];
+    b.pread(&mut during, 0).unwrap();
+    b.pwrite(&[9u8; 100], 0).unwrap();
+    paused.resume();
+    assert!(
+        writer.join().unwrap().is_err(),
+        "the injected error was lost"
+    );
+    dev.clear_faults();
+    let mut cached = vec![0u8; 2 * BLOCK as usize];
+    b.pread(&mut cached, BLOCK).unwrap();
+    let mut on_device = vec![0u8; 2 * BLOCK as usize];
+    d.pread(&mut on_device, BLOCK).unwrap();
+    assert!(
+        cached == on_device,
+        "the buffered handle serves bytes the device no longer has"
+    );
+    let mut first = vec![0u8; 100];
+    b.pread(&mut first, 0).unwrap();
+    assert!(first.iter().all(|&x| x == 9), "the buffered write was lost");
+}
+
 #[test]
 fn memory_stays_within_the_cache_budget() {
     let dev = Arc::new(MemDevice::new(256 * MIB, 4096));

@@ -153,6 +153,24 @@ pub(crate) fn update_cache_after_direct_write<F: IomapFile>(
     }
 }
 
+/// [`update_cache_after_direct_write`] for a thread that must not wait
+/// (an asynchronous queue's reaper): false when it would have to wait for
+/// a folio's lock, or has to drop what a short write left behind (that
+/// waits for writebacks); the caller then hands the whole update to a
+/// thread that may wait, before completing the write.
+pub(crate) fn try_update_cache_after_direct_write<F: IomapFile>(
+    file: &F,
+    pos: u64,
+    data: &[u8],
+    written: usize,
+) -> bool {
+    let mapping = file.mapping();
+    if mapping.is_empty() {
+        return true;
+    }
+    written >= data.len() && mapping.try_write_through(pos, data)
+}
+
 /// Whether a direct write may allocate and convert under the shared lock,
 /// as XFS's aligned direct writes do: whole file-system blocks inside the
 /// on-disk EOF. Such a write zeroes nothing (it covers every block it

@@ -731,24 +731,24 @@ impl Mapping {
         let end = pos + data.len() as u64;
         for folio in self.folios_in(pos, end) {
             let mut state = folio.lock();
-            if state.evicted {
-                continue;
-            }
-            let from = pos.max(folio.pos());
-            let to = end.min(folio.end());
-            let (start, stop) = ((from - folio.pos()) as usize, (to - folio.pos()) as usize);
-            let bs = folio.block_bytes();
-            for block in folio.blocks_of(start, stop) {
-                if !state.uptodate.get(block) {
-                    continue;
-                }
-                let a = start.max(block * bs);
-                let b = stop.min((block + 1) * bs);
-                let src = (folio.pos() + a as u64 - pos) as usize;
-                state.data[a..b].copy_from_slice(&data[src..src + (b - a)]);
-                folio.set_dirty(&mut state, block..block + 1);
-            }
+            copy_into_uptodate_blocks(&folio, &mut state, pos, data);
         }
+    }
+
+    /// [`Self::write_through`] for a thread that must not wait (an
+    /// asynchronous queue's reaper): false, with the folios before it
+    /// updated, at the first folio whose lock is held (a writeback, a
+    /// buffered reader or writer). Calling `write_through` after it is
+    /// safe: copying the same bytes again changes nothing.
+    pub(crate) fn try_write_through(&self, pos: u64, data: &[u8]) -> bool {
+        let end = pos + data.len() as u64;
+        for folio in self.folios_in(pos, end) {
+            let Some(mut state) = folio.try_lock() else {
+                return false;
+            };
+            copy_into_uptodate_blocks(&folio, &mut state, pos, data);
+        }
+        true
     }
 
     /// Drops the clean folios overlapping `[from, to)` (waiting for a
@@ -838,6 +838,28 @@ impl Mapping {
 
     pub(crate) fn writeback_lock(&self) -> parking_lot::MutexGuard<'_, ()> {
         self.shared.writeback.lock()
+    }
+}
+
+/// The body of [`Mapping::write_through`] for one folio, locked.
+fn copy_into_uptodate_blocks(folio: &Folio, state: &mut FolioState, pos: u64, data: &[u8]) {
+    if state.evicted {
+        return;
+    }
+    let end = pos + data.len() as u64;
+    let from = pos.max(folio.pos());
+    let to = end.min(folio.end());
+    let (start, stop) = ((from - folio.pos()) as usize, (to - folio.pos()) as usize);
+    let bs = folio.block_bytes();
+    for block in folio.blocks_of(start, stop) {
+        if !state.uptodate.get(block) {
+            continue;
+        }
+        let a = start.max(block * bs);
+        let b = stop.min((block + 1) * bs);
+        let src = (folio.pos() + a as u64 - pos) as usize;
+        state.data[a..b].copy_from_slice(&data[src..src + (b - a)]);
+        folio.set_dirty(state, block..block + 1);
     }
 }
 

@@ -18,6 +18,11 @@
 //!   of partial device blocks, waiting for a lock or a range) runs on the
 //!   queue's completion worker through [`crate::file_io`], with the same
 //!   [write protocol](crate::write_protocol).
+//! - **after a cache update**: a direct write whose range a buffered
+//!   handle cached meanwhile puts its bytes into the cached blocks before
+//!   it completes; when a folio there is locked (a writeback holds it for
+//!   its device write), the worker's second thread waits for it, never the
+//!   reaper, and the write completes once that is done.
 //!
 //! Buffers are owned [`AlignedBuf`]s moved into the queue and handed back in
 //! the [`Completion`]: the device can never write into memory the caller
@@ -54,7 +59,7 @@ use crate::flush_coalesce::{FlushTicket, QueuedFlush};
 use crate::ioend::{CompletedBy, Durability, IoEnd, WriteSync};
 use crate::write_protocol::{self, Route};
 use crate::{FileError, FlushCoalescer, InflightIo, IomapError, IomapFile};
-use worker::{Job, Worker};
+use worker::{Done, Job, Worker};
 
 /// A finished request.
 #[derive(Debug)]
@@ -122,6 +127,24 @@ struct Slot<F: IomapFile> {
     part_offsets: Vec<usize>,
     /// The file handle, its in-flight count and range hold.
     holds: InflightIo<F>,
+}
+
+/// A request whose device parts have all completed, on its way to its
+/// completion.
+pub(super) struct FinishedRequest<F: IomapFile> {
+    token: u64,
+    kind: SlotKind,
+    pos: u64,
+    buf: AlignedBuf,
+    result: Result<usize, IomapError>,
+    holds: InflightIo<F>,
+}
+
+impl<F: IomapFile> FinishedRequest<F> {
+    /// Bytes a write put on the device (none when it failed).
+    fn written(&self) -> usize {
+        self.result.as_ref().map_or(0, |&len| len)
+    }
 }
 
 /// A DSYNC write whose data is on the device, waiting for a flush.
@@ -557,14 +580,60 @@ impl<F: IomapFile> IoQueue<F> {
             holds,
             ..
         } = slot;
-        let pos = ioend.pos();
-        let buf = user_buf.unwrap_or_else(empty_buf);
-        let finished = ioend.finish();
+        let finished = FinishedRequest {
+            token,
+            kind,
+            pos: ioend.pos(),
+            buf: user_buf.unwrap_or_else(empty_buf),
+            result: ioend.finish(),
+            holds,
+        };
         if let SlotKind::Write { .. } = kind {
-            let written = finished.as_ref().map_or(0, |&len| len);
-            file_io::update_cache_after_direct_write(holds.owner(), pos, &buf, written);
+            let cache_is_current = file_io::try_update_cache_after_direct_write(
+                finished.holds.owner(),
+                finished.pos,
+                &finished.buf,
+                finished.written(),
+            );
+            if !cache_is_current {
+                // A folio of the range is locked (a writeback can hold one
+                // for as long as its device write takes): the reaper never
+                // waits for it, the worker's cache thread does, and the
+                // write completes after, still counted in flight (truncate
+                // and punch wait for it).
+                match self.worker.update_cache(Box::new(finished)) {
+                    Ok(()) => return,
+                    Err(finished) => {
+                        // No thread for it: waiting here is still correct.
+                        let file = finished.holds.owner();
+                        let written = finished.written();
+                        file_io::update_cache_after_direct_write(
+                            file,
+                            finished.pos,
+                            &finished.buf,
+                            written,
+                        );
+                        self.complete_finished(*finished);
+                        return;
+                    }
+                }
+            }
         }
-        match (kind, finished) {
+        self.complete_finished(finished);
+    }
+
+    /// Completes a request whose device parts are done and whose cache
+    /// update (for a write) is done: now, or once a flush covers it.
+    fn complete_finished(&mut self, finished: FinishedRequest<F>) {
+        let FinishedRequest {
+            token,
+            kind,
+            pos,
+            buf,
+            result,
+            holds,
+        } = finished;
+        match (kind, result) {
             (
                 SlotKind::Write {
                     durability: Durability::SharedFlush,
@@ -595,6 +664,15 @@ impl<F: IomapFile> IoQueue<F> {
                 drop(holds);
                 self.complete_now(token, result, buf);
             }
+        }
+    }
+
+    /// Takes what the worker posted: a completion, or a finished request
+    /// whose cache update is done.
+    fn on_worker_done(&mut self, done: Done<F>) {
+        match done {
+            Done::Completed(completion) => self.ready.push_back(completion),
+            Done::CacheUpdated(finished) => self.complete_finished(*finished),
         }
     }
 
@@ -653,7 +731,7 @@ impl<F: IomapFile> IoQueue<F> {
             // kernel entry below.
             self.release_waiting()?;
             while let Some(done) = self.worker.try_take() {
-                self.ready.push_back(done);
+                self.on_worker_done(done);
             }
             let enough = got + self.ready.len() >= min;
             if enough {
@@ -674,7 +752,7 @@ impl<F: IomapFile> IoQueue<F> {
                 self.handle_device_completions(1)?;
             } else if self.worker.pending() > 0 {
                 let done = self.worker.take()?;
-                self.ready.push_back(done);
+                self.on_worker_done(done);
             } else {
                 return Ok(got);
             }

@@ -2,14 +2,17 @@
 //! order, the requests a reaper must never block on — allocation, unwritten
 //! conversion, size changes, journal commits, byte-granular
 //! read-modify-writes — through the synchronous entry points, and posts
-//! each completion back to its queue.
+//! each completion back to its queue. A second thread updates the cache
+//! after direct writes whose folios a reaper found locked: it only waits
+//! for folio locks, never behind the first thread's jobs (one of which may
+//! wait for those very writes' in-flight counts to drain).
 
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 
 use blockdev::AlignedBuf;
 
-use super::Completion;
+use super::{Completion, FinishedRequest};
 use crate::ioend::CompletedBy;
 use crate::{file_io, FileError, IomapError, IomapFile};
 
@@ -29,13 +32,23 @@ pub(super) enum Job<F> {
     },
 }
 
-/// One queue's worker, started on first use.
+/// What the worker posts back.
+pub(super) enum Done<F: IomapFile> {
+    /// A job run to its end.
+    Completed(Completion<FileError<F>>),
+    /// A finished request whose cache update is done: the queue completes it.
+    CacheUpdated(Box<FinishedRequest<F>>),
+}
+
+/// One queue's worker, its threads started on first use.
 pub(super) struct Worker<F: IomapFile> {
     jobs: Option<Sender<Job<F>>>,
     thread: Option<JoinHandle<()>>,
-    done_tx: Sender<Completion<FileError<F>>>,
-    done_rx: Receiver<Completion<FileError<F>>>,
-    /// Jobs handed over and not yet back.
+    cache_updates: Option<Sender<Box<FinishedRequest<F>>>>,
+    cache_thread: Option<JoinHandle<()>>,
+    done_tx: Sender<Done<F>>,
+    done_rx: Receiver<Done<F>>,
+    /// Jobs and cache updates handed over and not yet back.
     pending: usize,
 }
 
@@ -45,6 +58,8 @@ impl<F: IomapFile> Worker<F> {
         Worker {
             jobs: None,
             thread: None,
+            cache_updates: None,
+            cache_thread: None,
             done_tx,
             done_rx,
             pending: 0,
@@ -89,8 +104,39 @@ impl<F: IomapFile> Worker<F> {
         }
     }
 
-    /// A completion the worker has posted, if any, without waiting.
-    pub fn try_take(&mut self) -> Option<Completion<FileError<F>>> {
+    /// Hands `finished` to the cache-update thread, starting it if needed:
+    /// it runs [`file_io::update_cache_after_direct_write`] and posts it
+    /// back as [`Done::CacheUpdated`]. On failure it comes back.
+    pub fn update_cache(
+        &mut self,
+        finished: Box<FinishedRequest<F>>,
+    ) -> Result<(), Box<FinishedRequest<F>>> {
+        if self.cache_updates.is_none() {
+            let (tx, rx) = mpsc::channel::<Box<FinishedRequest<F>>>();
+            let done = self.done_tx.clone();
+            let spawned = std::thread::Builder::new()
+                .name("iomap-cache-update".to_string())
+                .spawn(move || update_caches(rx, done));
+            match spawned {
+                Ok(thread) => {
+                    self.cache_updates = Some(tx);
+                    self.cache_thread = Some(thread);
+                }
+                Err(_) => return Err(finished),
+            }
+        }
+        let updates = self.cache_updates.as_ref().expect("started above");
+        match updates.send(finished) {
+            Ok(()) => {
+                self.pending += 1;
+                Ok(())
+            }
+            Err(mpsc::SendError(finished)) => Err(finished),
+        }
+    }
+
+    /// What the worker has posted, if anything, without waiting.
+    pub fn try_take(&mut self) -> Option<Done<F>> {
         // Nothing sent, nothing to look for: the channel's receive costs
         // more than this check on every reap of the inline fast path.
         if self.pending == 0 {
@@ -101,8 +147,8 @@ impl<F: IomapFile> Worker<F> {
         Some(done)
     }
 
-    /// Waits for the worker's next completion.
-    pub fn take(&mut self) -> Result<Completion<FileError<F>>, IomapError> {
+    /// Waits for what the worker posts next.
+    pub fn take(&mut self) -> Result<Done<F>, IomapError> {
         let done = self.done_rx.recv().map_err(|_| IomapError::Worker {
             reason: "the thread has exited".to_string(),
         })?;
@@ -113,15 +159,33 @@ impl<F: IomapFile> Worker<F> {
 
 impl<F: IomapFile> Drop for Worker<F> {
     fn drop(&mut self) {
-        // Closing the channel ends the thread after the jobs it holds.
+        // Closing the channels ends the threads after the jobs they hold.
         self.jobs = None;
-        if let Some(thread) = self.thread.take() {
+        self.cache_updates = None;
+        for thread in [self.thread.take(), self.cache_thread.take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = thread.join();
         }
     }
 }
 
-fn run<F: IomapFile>(jobs: Receiver<Job<F>>, done: Sender<Completion<FileError<F>>>) {
+fn update_caches<F: IomapFile>(updates: Receiver<Box<FinishedRequest<F>>>, done: Sender<Done<F>>) {
+    for finished in updates {
+        file_io::update_cache_after_direct_write(
+            finished.holds.owner(),
+            finished.pos,
+            &finished.buf,
+            finished.written(),
+        );
+        if done.send(Done::CacheUpdated(finished)).is_err() {
+            return;
+        }
+    }
+}
+
+fn run<F: IomapFile>(jobs: Receiver<Job<F>>, done: Sender<Done<F>>) {
     for job in jobs {
         let completion = match job {
             Job::Read {
@@ -149,7 +213,7 @@ fn run<F: IomapFile>(jobs: Receiver<Job<F>>, done: Sender<Completion<FileError<F
                 completed_by: CompletedBy::Worker,
             },
         };
-        if done.send(completion).is_err() {
+        if done.send(Done::Completed(completion)).is_err() {
             return;
         }
     }
