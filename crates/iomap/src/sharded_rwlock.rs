@@ -21,7 +21,7 @@
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 
-use parking_lot::lock_api::{RawRwLock as _, RawRwLockDowngrade as _};
+use parking_lot::lock_api::{RawRwLock as _, RawRwLockDowngrade as _, RawRwLockFair as _};
 use parking_lot::RawRwLock;
 
 /// Most shards a lock has: bounds the memory per lock and the writer's
@@ -176,6 +176,21 @@ impl<T> ShardedRwLock<T> {
 }
 
 impl<'a, T> ShardedWriteGuard<'a, T> {
+    /// Releases the lock handing every shard to a thread waiting for it,
+    /// if any. A plain release lets this thread take the lock straight
+    /// back before the threads it woke have run, so one that releases and
+    /// retakes it in a loop (work split into bounded steps) keeps readers
+    /// out for the whole loop, not one step.
+    pub fn unlock_fair(self) {
+        let lock = self.lock;
+        std::mem::forget(self);
+        for shard in lock.shards.iter() {
+            // SAFETY: the write guard (forgotten above, so its drop will not
+            // unlock again) held every shard exclusive.
+            unsafe { shard.0.unlock_exclusive_fair() };
+        }
+    }
+
     /// Turns the exclusive hold into a shared one without letting a writer
     /// in between: this CPU's shard is downgraded, and only then are the
     /// others released.
@@ -292,6 +307,18 @@ mod tests {
             assert!(lock.try_write().is_none());
             drop(r);
         }
+        assert!(lock.try_write().is_some());
+    }
+
+    /// `unlock_fair` releases every shard, as a drop does: afterwards
+    /// readers and writers get the lock again.
+    #[test]
+    fn a_fair_unlock_releases_every_shard() {
+        let lock = ShardedRwLock::new(0u32);
+        let mut w = lock.write();
+        *w += 1;
+        w.unlock_fair();
+        assert_eq!(*lock.read(), 1);
         assert!(lock.try_write().is_some());
     }
 
