@@ -132,6 +132,13 @@ pub struct MetadataScaleResult {
     pub checkpointing_write_max_ns: u64,
     /// Checkpoints completed during the checkpointing window.
     pub checkpoints_during_reads: u64,
+    /// Worst lateness of a thread that only sleeps 1 ms at a time, beside
+    /// the reader and writer, in each window: how long the machine itself
+    /// (the scheduler, other processes, a hypervisor) kept a runnable
+    /// thread that holds no lock off a CPU. A worst read near it is the
+    /// machine's, not a lock's.
+    pub quiet_wakeup_late_max_ns: u64,
+    pub checkpointing_wakeup_late_max_ns: u64,
     /// `checkpointing_read_max_ns / quiet_read_p99_ns` (issue 13's goal: ≤ 2).
     pub worst_over_quiet_p99: f64,
     pub device: String,
@@ -218,6 +225,7 @@ fn run_size(
     say("reads and writes, checkpoints running");
     let busy = io_while(&vol, &dev, extents, runtime, true)?;
     let checkpoints = busy.checkpoints;
+    let (quiet_late, busy_late) = (quiet.wakeup_late_max_ns, busy.wakeup_late_max_ns);
     let (quiet, quiet_writes) = (quiet.reads, quiet.writes);
     let (busy, busy_writes) = (busy.reads, busy.writes);
 
@@ -262,6 +270,8 @@ fn run_size(
         checkpointing_write_p99_ns: busy_writes.quantile(0.99),
         checkpointing_write_max_ns: busy_writes.max().unwrap_or(0),
         checkpoints_during_reads: checkpoints,
+        quiet_wakeup_late_max_ns: quiet_late,
+        checkpointing_wakeup_late_max_ns: busy_late,
         worst_over_quiet_p99: busy_max as f64 / quiet_p99.max(1) as f64,
         device: format!(
             "{} (sparse image file, {} bytes)",
@@ -353,6 +363,8 @@ struct Window {
     reads: Histogram,
     writes: Histogram,
     checkpoints: u64,
+    /// See [`MetadataScaleResult::quiet_wakeup_late_max_ns`].
+    wakeup_late_max_ns: u64,
 }
 
 /// Places a one-block extent in the hole after every hundredth extent (as
@@ -409,9 +421,10 @@ fn io_while(
 ) -> Result<Window, BenchError> {
     let done = AtomicBool::new(false);
     let align = alignment_of(&**dev);
-    let (reads, written, checkpoints) = std::thread::scope(|s| {
+    let (reads, written, checkpoints, late) = std::thread::scope(|s| {
         let reader = s.spawn(|| reader(vol, align, extents, &done));
         let writer = s.spawn(|| writer(vol, align, extents, &done));
+        let wakeups = s.spawn(|| wakeup_lateness(&done));
         let started = Instant::now();
         let mut checkpoints = 0u64;
         let mut outcome = Ok(());
@@ -442,7 +455,8 @@ fn io_while(
         let written = writer
             .join()
             .map_err(|_| BenchError::failed("metadata-scale", "the writer thread panicked"));
-        outcome.map(|()| (reads, written, checkpoints))
+        let late = wakeups.join().unwrap_or(0);
+        outcome.map(|()| (reads, written, checkpoints, late))
     })?;
     let (writes, filled) = written??;
     let file = vol
@@ -456,7 +470,22 @@ fn io_while(
         reads: reads??,
         writes,
         checkpoints,
+        wakeup_late_max_ns: late,
     })
+}
+
+/// Sleeps 1 ms at a time until `done`; returns the most any sleep
+/// overran. The sleep is the measurement (a hiccup meter), not a wait
+/// for another thread.
+fn wakeup_lateness(done: &AtomicBool) -> u64 {
+    const NAP: Duration = Duration::from_millis(1);
+    let mut worst = Duration::ZERO;
+    while !done.load(Ordering::Acquire) {
+        let started = Instant::now();
+        std::thread::sleep(NAP);
+        worst = worst.max(started.elapsed().saturating_sub(NAP));
+    }
+    worst.as_nanos() as u64
 }
 
 /// Random 4 KiB direct reads of written blocks until `done`.

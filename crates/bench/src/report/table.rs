@@ -192,8 +192,8 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     let write_columns = |out: &mut String| {
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "  writes", "quiet", "p99", "max", "ckpt p99", "ckpt max"
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
+            "  writes", "quiet", "p99", "max", "ckpt p99", "ckpt max", "late q", "late c"
         );
     };
     for r in rows {
@@ -221,13 +221,15 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
             format!("  {}", r.extents),
             r.quiet_writes,
             us(r.quiet_write_p99_ns),
             us(r.quiet_write_max_ns),
             us(r.checkpointing_write_p99_ns),
             us(r.checkpointing_write_max_ns),
+            us(r.quiet_wakeup_late_max_ns),
+            us(r.checkpointing_wakeup_late_max_ns),
         );
     }
     let _ = writeln!(
@@ -236,7 +238,8 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
          (4 KiB direct overwrites and allocating writes into holes, alternating), quiet = no \
          checkpoint running, ckpt = while checkpoints run back to back ({} during the window of the last \
          row); ckpt 1% = one checkpoint after 1% of the extents changed; max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
-         the quiet max shows what preemption alone costs); max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
+         the quiet max shows what preemption alone costs); late q/c = the most a thread that only sleeps 1 ms at a time \
+         woke late in each window (what the machine itself costs a thread that holds no lock); max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
         rows.last().map_or(0, |r| r.checkpoints_during_reads),
         rows.last().map_or(0.0, |r| r.build_ns as f64 / 1e9),
     );
