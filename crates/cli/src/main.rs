@@ -11,6 +11,7 @@ mod fuse_probe;
 mod io;
 mod mkfs;
 mod mount;
+mod mount_helper;
 mod replay;
 mod shell;
 mod size;
@@ -163,6 +164,9 @@ fn default_sigpipe() {
 fn main() -> ExitCode {
     default_sigpipe();
     install_panic_hook();
+    if let Some(code) = mount_helper::run_if_invoked_as_helper() {
+        return code;
+    }
     let cli = Cli::parse();
     target::set_backend(cli.backend);
     target::set_cache_options(target::CacheOptions {

@@ -50,6 +50,11 @@ Options (-o, comma-separated):
   fsname=NAME          the source shown in /proc/mounts (default: TARGET)
   default_permissions  always on; accepted for compatibility
 
+mount(8): the mount's type is fuse.iomapfs. Link this binary as its helper,
+  ln -s \"$(command -v iomapfs)\" /sbin/mount.fuse.iomapfs
+and `mount -t fuse.iomapfs TARGET MOUNTPOINT -o OPTIONS`, fstab lines and
+`mount -o remount,ro MOUNTPOINT` (and back with remount,rw) work.
+
 Exit status: 0 mounted (daemon) or unmounted cleanly (--foreground);
 1 the mount or the clean unmount failed; 2 bad usage.
 

@@ -149,6 +149,9 @@ impl MountConfig {
     }
 }
 
+/// The mount's type is `fuse.` and this (see /proc/mounts).
+pub const FS_SUBTYPE: &str = "iomapfs";
+
 /// Most request threads a mount may have.
 pub const MAX_THREADS: usize = 64;
 
@@ -217,7 +220,11 @@ fn session(vol: &Volume, path: &Path, cfg: &MountConfig) -> Result<Session<Iomap
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(cfg.fs_name.clone()),
-        MountOption::Subtype("iomapfs".into()),
+        // The kernel's own option, not fuser's Subtype (fusermount's, which
+        // a root mount never passes on): the type reads `fuse.iomapfs`, so
+        // mount(8) runs our helper (`mount.fuse.iomapfs`) for a remount,
+        // not fuse3's `mount.fuse`, which takes the image for a command.
+        MountOption::CUSTOM(format!("subtype={FS_SUBTYPE}")),
         MountOption::DefaultPermissions,
         if cfg.read_only {
             MountOption::RO

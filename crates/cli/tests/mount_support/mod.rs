@@ -317,3 +317,75 @@ pub fn lseek(f: &File, off: i64, whence: i32) -> Result<i64, i32> {
         Ok(r)
     }
 }
+
+/// Where mount(8) looks for the helper of type `fuse.iomapfs`.
+pub const MOUNT_HELPER: &str = "/sbin/mount.fuse.iomapfs";
+
+static MOUNT_HELPER_USERS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// mount(8)'s helper for `fuse.iomapfs` as a link to the binary under
+/// test, while this lives (one test at a time in this process); removed
+/// after unless it was there before.
+pub struct MountHelper {
+    created: bool,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
+}
+
+impl MountHelper {
+    pub fn install() -> MountHelper {
+        let guard = MOUNT_HELPER_USERS
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let path = Path::new(MOUNT_HELPER);
+        let created = match fs::read_link(path) {
+            Ok(target) => {
+                if target != Path::new(BIN) {
+                    eprintln!(
+                        "note: {MOUNT_HELPER} already links to {}; the test uses it",
+                        target.display()
+                    );
+                }
+                false
+            }
+            Err(_) if path.exists() => {
+                eprintln!("note: {MOUNT_HELPER} is installed already; the test uses it");
+                false
+            }
+            Err(_) => {
+                std::os::unix::fs::symlink(BIN, path)
+                    .unwrap_or_else(|e| panic!("linking {MOUNT_HELPER}: {e}"));
+                true
+            }
+        };
+        MountHelper {
+            created,
+            _one_at_a_time: guard,
+        }
+    }
+}
+
+impl Drop for MountHelper {
+    fn drop(&mut self) {
+        if self.created {
+            let _ = fs::remove_file(MOUNT_HELPER);
+        }
+    }
+}
+
+/// Runs mount(8) with `args`; its output.
+pub fn mount_cmd(args: &[&str]) -> Output {
+    Command::new("mount")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running mount {args:?}: {e}"))
+}
+
+/// The type /proc/self/mounts gives the mount at `mnt`.
+pub fn mount_type(mnt: &Path) -> Option<String> {
+    let mnt = mnt.canonicalize().ok()?;
+    fs::read_to_string("/proc/self/mounts")
+        .ok()?
+        .lines()
+        .rfind(|l| l.split(' ').nth(1) == mnt.to_str())
+        .and_then(|l| l.split(' ').nth(2).map(str::to_string))
+}
