@@ -99,6 +99,7 @@ pub(crate) fn allocate_holes(
             cur += len;
         }
     }
+    vol.ask_commit_if_due(meta);
     Ok(true)
 }
 
@@ -330,6 +331,7 @@ impl IomapOps for VolumeInner {
             min_size,
             mtime_ns: write_time.map_or(0, |t| t.as_ns()),
         })?;
+        self.ask_commit_if_due(&meta);
         Ok(())
     }
 

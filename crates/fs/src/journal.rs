@@ -181,7 +181,7 @@ impl JournalWriter {
     }
 
     /// The live part is at least half of the journal: time for a
-    /// background checkpoint (see `crate::checkpointer`).
+    /// background checkpoint (see `crate::background_thread`).
     pub fn is_half_full(&self) -> bool {
         self.used_bytes() * 2 >= self.region.len
     }

@@ -5,9 +5,9 @@
 pub mod aio;
 pub mod alloc;
 mod attributes;
+mod background_request;
+mod background_thread;
 pub mod checkpoint;
-mod checkpoint_request;
-mod checkpointer;
 pub mod codec;
 mod delalloc;
 pub mod error;

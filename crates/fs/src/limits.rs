@@ -61,6 +61,12 @@ pub const MAX_REQUEST_BYTES: u64 = isize::MAX as u64;
 /// of work and keeps one batch well inside the journal.
 pub const COMMIT_THRESHOLD_DIVISOR: u64 = 8;
 
+/// With background commits, a writer whose uncommitted records reach this
+/// many commit thresholds commits in its own thread: the commit thread
+/// fell behind, and the queue (memory, what a crash loses) must not grow
+/// without bound.
+pub const COMMIT_BACKPRESSURE_THRESHOLDS: u64 = 2;
+
 /// Rough encoded size of a record, for the commit threshold.
 pub const RECORD_BYTES_ESTIMATE: u64 = 48;
 

@@ -22,8 +22,8 @@ use iomap::{FlushCoalescer, FolioCache, InodeIoLock, Mapping};
 use parking_lot::Mutex;
 
 use crate::alloc::Allocator;
+use crate::background_request::BackgroundRequest;
 use crate::checkpoint::CHECKPOINT_HEADER_LEN;
-use crate::checkpoint_request::CheckpointRequest;
 use crate::codec::RECORD_MIN_ENCODED_LEN;
 use crate::journal::JournalWriter;
 use crate::limits::{CHECKPOINT_HEADROOM, RECORD_BYTES_ESTIMATE};
@@ -147,8 +147,13 @@ pub struct VolumeInner {
     /// superblock was unusable and the backup was read).
     pub(crate) mount_warnings: Vec<String>,
     /// Commits that leave the journal half full ask here for a background
-    /// checkpoint (see [`crate::checkpointer`]).
-    pub(crate) checkpoint_request: Arc<CheckpointRequest>,
+    /// checkpoint (see [`crate::background_thread`]).
+    pub(crate) checkpoint_request: Arc<BackgroundRequest>,
+    /// Changes whose records reach the commit threshold ask here for a
+    /// background commit (see [`crate::background_thread`]).
+    pub(crate) commit_request: Arc<BackgroundRequest>,
+    /// Whether a commit thread answers `commit_request`.
+    commits_in_background: AtomicBool,
 }
 
 impl VolumeInner {
@@ -178,7 +183,17 @@ impl VolumeInner {
             cache,
             lost_writeback: Mutex::new(Vec::new()),
             checkpoint_request: Arc::default(),
+            commit_request: Arc::default(),
+            commits_in_background: AtomicBool::new(false),
         }
+    }
+
+    pub(crate) fn set_commits_in_background(&self, on: bool) {
+        self.commits_in_background.store(on, Ordering::Release);
+    }
+
+    pub(crate) fn commits_in_background(&self) -> bool {
+        self.commits_in_background.load(Ordering::Acquire)
     }
 
     pub fn check_live(&self) -> Result<()> {

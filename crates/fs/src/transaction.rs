@@ -9,8 +9,11 @@
 
 use crate::checkpoint::{self, ChainEnd, Checkpoint, DeltaCheckpoint};
 use crate::journal::JournalWriter;
-use crate::limits::{CHAIN_DELTA_BYTES_DIVISOR, CHAIN_DELTA_BYTES_MIN, MAX_CHAIN_DELTAS};
-use crate::mount_state::VolumeInner;
+use crate::limits::{
+    CHAIN_DELTA_BYTES_DIVISOR, CHAIN_DELTA_BYTES_MIN, COMMIT_BACKPRESSURE_THRESHOLDS,
+    MAX_CHAIN_DELTAS,
+};
+use crate::mount_state::{Meta, VolumeInner};
 use crate::state::MetaState;
 use crate::types::MetaDelta;
 use crate::{Error, Result};
@@ -20,14 +23,42 @@ use crate::{Error, Result};
 const BUSY_RANGES_RELEASED_PER_LOCK: usize = 2048;
 
 impl VolumeInner {
-    /// Commits when enough uncommitted metadata has piled up.
+    /// Commits when enough uncommitted metadata has piled up: asks the
+    /// commit thread (see [`crate::background_thread`]) at the commit
+    /// threshold, and commits in this thread only once the records reach
+    /// [`COMMIT_BACKPRESSURE_THRESHOLDS`] thresholds (or with no commit
+    /// thread, at the threshold).
     pub fn commit_if_due(&self) -> Result<()> {
-        let due = self.meta.read().pending_bytes >= self.commit_threshold;
-        if due {
-            self.commit()
-        } else {
-            Ok(())
+        let pending = self.meta.read().pending_bytes;
+        if pending < self.commit_threshold {
+            return Ok(());
         }
+        if self.commits_in_background()
+            && pending < self.commit_threshold * COMMIT_BACKPRESSURE_THRESHOLDS
+        {
+            self.commit_request.ask();
+            return Ok(());
+        }
+        self.commit()
+    }
+
+    /// Asks the commit thread for a commit if the records `meta` queued
+    /// reached the threshold. For paths that queue records without a
+    /// caller to commit them (allocation and conversion inside the I/O
+    /// path, asynchronous writes among them).
+    pub(crate) fn ask_commit_if_due(&self, meta: &Meta) {
+        if meta.pending_bytes >= self.commit_threshold && self.commits_in_background() {
+            self.commit_request.ask();
+        }
+    }
+
+    /// The commit thread's job: a commit, unless one since the ask left
+    /// fewer records than the threshold queued.
+    pub(crate) fn commit_if_still_due(&self) -> Result<()> {
+        if self.meta.read().pending_bytes < self.commit_threshold {
+            return Ok(());
+        }
+        self.commit()
     }
 
     /// Group commit: makes every change applied so far durable, together with
@@ -293,6 +324,7 @@ mod tests {
     use blockdev::BlockDevice;
 
     use crate::checkpoint::read_checkpoint;
+    use crate::limits::COMMIT_BACKPRESSURE_THRESHOLDS;
     use crate::{FormatOptions, OpenFlags, Volume};
 
     fn write_file(vol: &Volume, path: &str) {
@@ -395,13 +427,7 @@ mod tests {
         assert_eq!(written.generation, generation + 1);
     }
 
-    /// Direct writes that allocate, never synced, commit once their records
-    /// reach the commit threshold instead of queueing without bound.
-    #[test]
-    fn unsynced_allocating_direct_writes_commit_past_the_threshold() {
-        let dev = Arc::new(MemDevice::new(64 << 20, 512));
-        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
-        let vol = Volume::open(dev.clone()).unwrap();
+    fn direct_file(vol: &Volume) -> crate::File {
         let f = vol
             .open_file(
                 "/f",
@@ -413,6 +439,22 @@ mod tests {
             )
             .unwrap();
         f.pwrite(&vec![1u8; 4096], 40 << 20).unwrap(); // EOF past the holes
+        f
+    }
+
+    /// Without a commit thread, direct writes that allocate, never synced,
+    /// commit in the writer once their records reach the commit threshold
+    /// instead of queueing without bound.
+    #[test]
+    fn unsynced_allocating_direct_writes_commit_past_the_threshold() {
+        let dev = Arc::new(MemDevice::new(64 << 20, 512));
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let opts = crate::MountOptions {
+            background_commits: false,
+            ..crate::MountOptions::default()
+        };
+        let vol = Volume::open_with(dev.clone(), &opts).unwrap();
+        let f = direct_file(&vol);
         let block = vec![7u8; 4096];
         let threshold = vol.inner.commit_threshold;
         for i in 0..4000u64 {
@@ -424,5 +466,124 @@ mod tests {
                 i + 1
             );
         }
+    }
+
+    /// With the commit thread (the default), the write whose records reach
+    /// the threshold asks it for the commit; a writer never gets more than
+    /// the backpressure limit ahead of it; once the thread is idle, what is
+    /// queued is below the threshold again.
+    #[test]
+    fn the_commit_thread_commits_what_unsynced_direct_writes_queue() {
+        let dev = Arc::new(MemDevice::new(64 << 20, 512));
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        let f = direct_file(&vol);
+        let block = vec![7u8; 4096];
+        let inner = &vol.inner;
+        let threshold = inner.commit_threshold;
+        let limit = threshold * COMMIT_BACKPRESSURE_THRESHOLDS;
+        let head = inner.commit.lock().journal.used_bytes();
+        for i in 0..4000u64 {
+            f.pwrite(&block, 2 * i * 4096).unwrap();
+            let pending = inner.meta.read().pending_bytes;
+            assert!(
+                pending < limit,
+                "after {} allocating writes, {pending} bytes of records queued (limit {limit})",
+                i + 1
+            );
+        }
+        assert!(inner.commit_request.asks() > 0, "no commit was asked for");
+        inner.commit_request.wait_idle();
+        assert!(inner.meta.read().pending_bytes < threshold);
+        assert!(
+            inner.commit.lock().journal.used_bytes() > head,
+            "nothing was committed"
+        );
+    }
+
+    /// Asynchronous writes that allocate, never synced, have no caller to
+    /// commit for them: the allocation and the conversion at completion
+    /// ask the commit thread once the records reach the threshold.
+    #[test]
+    fn unsynced_async_allocating_writes_are_committed_in_the_background() {
+        let dev = Arc::new(MemDevice::new(64 << 20, 512));
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        let f = direct_file(&vol);
+        let inner = &vol.inner;
+        let threshold = inner.commit_threshold;
+        let mut q = vol.io_queue(8).unwrap();
+        let mut done = Vec::new();
+        for i in 0..4000u64 {
+            let mut buf = blockdev::AlignedBuf::new(4096, 4096).unwrap();
+            buf.fill(7);
+            q.submit_write(&f, 2 * i * 4096, buf, i).unwrap();
+            q.reap(1, &mut done).unwrap();
+            for c in done.drain(..) {
+                c.result.unwrap();
+            }
+        }
+        while q.in_flight() > 0 {
+            q.reap(1, &mut done).unwrap();
+        }
+        assert!(inner.commit_request.asks() > 0, "no commit was asked for");
+        inner.commit_request.wait_idle();
+        let pending = inner.meta.read().pending_bytes;
+        assert!(
+            pending < threshold,
+            "{pending} bytes of records still queued (threshold {threshold})"
+        );
+    }
+
+    /// A writer that gets [`COMMIT_BACKPRESSURE_THRESHOLDS`] thresholds
+    /// ahead of a commit thread that is stuck (its journal write held)
+    /// commits in its own thread: no write returns with that much queued.
+    #[test]
+    fn a_writer_far_ahead_of_the_commit_thread_commits_itself() {
+        use std::sync::mpsc;
+        use std::time::Duration;
+        let dev = Arc::new(MemDevice::new(64 << 20, 512));
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        let f = direct_file(&vol);
+        let inner = vol.inner.clone();
+        let limit = inner.commit_threshold * COMMIT_BACKPRESSURE_THRESHOLDS;
+        let journal = inner.sb.layout.journal;
+        let held = dev.pause_after(
+            FaultRule::new(FaultOp::Write).range(journal.start..journal.start + journal.len),
+        );
+        let (progress, seen) = mpsc::channel();
+        let writer = {
+            let inner = inner.clone();
+            thread::spawn(move || {
+                let block = vec![7u8; 4096];
+                for i in 0..20_000u64 {
+                    f.pwrite(&block, 2 * i * 4096).unwrap();
+                    let after = inner.meta.read().pending_bytes;
+                    if progress.send(after).is_err() {
+                        return;
+                    }
+                }
+            })
+        };
+        held.wait_reached();
+        // The first journal write is held: the writer either blocks in
+        // its own commit once it reaches the limit (no message comes while
+        // held), or (wrongly) returns from writes with more queued.
+        let mut worst = 0;
+        while let Ok(after) = seen.recv_timeout(Duration::from_secs(2)) {
+            worst = worst.max(after);
+            if after >= limit {
+                break;
+            }
+        }
+        held.resume();
+        assert!(
+            worst < limit,
+            "a write returned with {worst} bytes of records queued (limit {limit}) \
+             while the commit thread was stuck"
+        );
+        drop(seen);
+        writer.join().unwrap();
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use blockdev::BlockDevice;
 
 use crate::attributes::SetAttr;
-use crate::checkpointer::Checkpointer;
+use crate::background_thread::BackgroundThread;
 use crate::file::{File, OpenFlags, Stat};
 use crate::flusher::{Flusher, Pass};
 use crate::mount;
@@ -47,6 +47,12 @@ pub struct MountOptions {
     /// device request then comes from a caller (tests that replay a
     /// request sequence need that).
     pub background_checkpoints: bool,
+    /// Commit in a background thread once uncommitted records reach the
+    /// commit threshold (default); the writer that gets another threshold
+    /// ahead of it commits itself. Off, the change that reaches the
+    /// threshold commits in its caller's thread (see
+    /// `background_checkpoints` for why a test turns it off).
+    pub background_commits: bool,
 }
 
 impl Default for MountOptions {
@@ -54,6 +60,7 @@ impl Default for MountOptions {
         MountOptions {
             cache: iomap::CacheConfig::default(),
             background_checkpoints: true,
+            background_commits: true,
         }
     }
 }
@@ -66,7 +73,8 @@ impl Default for MountOptions {
 pub struct Volume {
     pub(crate) inner: Arc<VolumeInner>,
     _flusher: Arc<Flusher>,
-    _checkpointer: Option<Arc<Checkpointer>>,
+    _checkpointer: Option<Arc<BackgroundThread>>,
+    _committer: Option<Arc<BackgroundThread>>,
 }
 
 impl Volume {
@@ -89,7 +97,12 @@ impl Volume {
         let inner = mount::mount(device, cache)?;
         let flusher = Arc::new(Flusher::start(&inner)?);
         let checkpointer = if opts.background_checkpoints {
-            Some(Arc::new(Checkpointer::start(&inner)?))
+            Some(Arc::new(BackgroundThread::checkpoints(&inner)?))
+        } else {
+            None
+        };
+        let committer = if opts.background_commits {
+            Some(Arc::new(BackgroundThread::commits(&inner)?))
         } else {
             None
         };
@@ -97,6 +110,7 @@ impl Volume {
             inner,
             _flusher: flusher,
             _checkpointer: checkpointer,
+            _committer: committer,
         })
     }
 

@@ -406,6 +406,7 @@ fn mount_options() -> MountOptions {
     opts.cache.dirty_expire = Duration::from_secs(3600);
     opts.cache.writeback_interval = Duration::from_secs(3600);
     opts.background_checkpoints = false;
+    opts.background_commits = false;
     opts
 }
 

@@ -239,7 +239,7 @@ pub fn skip(name: &str) -> bool {
 }
 
 /// Mounts `dev` with every device request coming from the test's own calls
-/// (no background checkpoints), so that a seed replays the same request
+/// (no background checkpoints or commits), so that a seed replays the same request
 /// sequence: for the suites that cut power at request indices and promise
 /// that a failing seed reproduces.
 pub fn open_replayable(
@@ -247,6 +247,7 @@ pub fn open_replayable(
 ) -> iomapfs_fs::Result<iomapfs_fs::Volume> {
     let opts = iomapfs_fs::MountOptions {
         background_checkpoints: false,
+        background_commits: false,
         ..iomapfs_fs::MountOptions::default()
     };
     iomapfs_fs::Volume::open_with(dev, &opts)

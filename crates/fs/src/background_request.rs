@@ -1,12 +1,12 @@
-//! The signal from commits to the background checkpoint thread
-//! ([`crate::checkpointer`]), apart so that the mount state holds it
-//! without depending on the thread.
+//! The signal from foreground work to a background thread of the mount
+//! ([`crate::background_thread`]: checkpoints, commits), apart so that the
+//! mount state holds it without depending on the thread.
 
 use parking_lot::{Condvar, Mutex};
 
-/// How commits reach the checkpoint thread.
+/// How foreground work asks a background thread for its job.
 #[derive(Default)]
-pub(crate) struct CheckpointRequest {
+pub(crate) struct BackgroundRequest {
     state: Mutex<RequestState>,
     changed: Condvar,
 }
@@ -20,10 +20,11 @@ struct RequestState {
     asks: u64,
 }
 
-impl CheckpointRequest {
-    /// Asks for a checkpoint; returns at once. Asks made while one is
-    /// pending or running fold into one more after it, which runs only if
-    /// the journal is still half full then.
+impl BackgroundRequest {
+    /// Asks for the job; returns at once. Asks made while one is pending
+    /// or running fold into one more after it (which the job may find
+    /// needless by then: a checkpoint when the journal is no longer half
+    /// full, a commit when nothing is queued).
     pub(crate) fn ask(&self) {
         let mut state = self.state.lock();
         state.asks += 1;
@@ -45,7 +46,7 @@ impl CheckpointRequest {
         state.running
     }
 
-    /// The thread: what [`CheckpointRequest::take`] returned is done.
+    /// The thread: what [`BackgroundRequest::take`] returned is done.
     pub(crate) fn finished(&self) {
         self.state.lock().running = false;
         self.changed.notify_all();
