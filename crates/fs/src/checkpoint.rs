@@ -38,6 +38,18 @@
 //! next delta, or as a base in the other slot) and is damaged. A new base
 //! goes to the other slot as before; see `transaction` for when.
 //!
+//! Spilled checkpoints (volumes with [`INCOMPAT_SPILLED_CHECKPOINTS`]): an
+//! image too large for its slot goes to *spill extents* of the data area,
+//! which the caller allocates; the slot holds a base record (magic
+//! `IOMAPCP3`) whose payload is the *spill table* (image length, image crc,
+//! the extents in image order) instead of the image, and deltas chain after
+//! it in the slot as after any base. The record's crc covers the table, the
+//! table's crc the image, so a checkpoint verifies only when both were
+//! written whole: a torn spilled checkpoint is rejected like a torn slot.
+//! The caller keeps the spill extents of both slots' checkpoints in use,
+//! and frees a slot's old ones only once the checkpoint that replaced them
+//! in the slot is durable (see `transaction`).
+//!
 //! Byte layout: see `docs/FORMAT.md`.
 
 use blockdev::{BlockDevice, WriteMode};
@@ -46,7 +58,7 @@ use crate::codec::{self, Decoder, DeltaLink, Encoder};
 use crate::error::{Error, Result};
 use crate::superblock::{
     is_aligned, Region, Superblock, CHECKPOINT_SLOTS, COMPAT_SUPERSEDE_MARKS,
-    INCOMPAT_DELTA_CHECKPOINTS,
+    INCOMPAT_DELTA_CHECKPOINTS, INCOMPAT_SPILLED_CHECKPOINTS,
 };
 use crate::types::{Extent, InodeImage, KeySpan, MetaDelta, MetaImage};
 
@@ -54,6 +66,19 @@ use crate::types::{Extent, InodeImage, KeySpan, MetaDelta, MetaImage};
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"IOMAPCP1";
 /// First 8 bytes of a delta record after a slot's base.
 pub const DELTA_MAGIC: [u8; 8] = *b"IOMAPCP2";
+/// First 8 bytes of a base whose image is in spill extents of the data
+/// area; its payload is the spill table.
+pub const SPILLED_MAGIC: [u8; 8] = *b"IOMAPCP3";
+
+/// A range of the data area, `(device byte offset, length)`, holding part
+/// of a spilled checkpoint image.
+pub type SpillExtent = (u64, u64);
+
+/// Bytes of a spill table before its extents: image length (u64), image
+/// crc (u32), extent count (u32).
+pub const SPILL_TABLE_HEADER_LEN: usize = 16;
+/// Bytes of one spill table entry: device offset (u64), length (u64).
+pub const SPILL_EXTENT_ENCODED_LEN: usize = 16;
 
 // Byte offsets inside a slot (all little-endian).
 pub const OFF_MAGIC: usize = 0;
@@ -119,6 +144,28 @@ pub struct ChainEnd {
     pub delta_bytes: u64,
 }
 
+impl ChainEnd {
+    /// The chain of a base alone: its record takes `record_bytes` of the
+    /// slot and stands for `base_bytes` of header and image.
+    fn of_base(
+        sb: &Superblock,
+        generation: u64,
+        crc: u32,
+        record_bytes: u64,
+        base_bytes: u64,
+    ) -> ChainEnd {
+        ChainEnd {
+            generation,
+            crc,
+            last_offset: 0,
+            next_offset: record_bytes.next_multiple_of(sb.block_size()),
+            base_bytes,
+            deltas: 0,
+            delta_bytes: 0,
+        }
+    }
+}
+
 /// Bytes a checkpoint of `image` occupies in a slot (header and image,
 /// before padding to the block size). It fits if this is at most
 /// [`slot_capacity`].
@@ -173,7 +220,8 @@ pub fn write_checkpoint(
     write_base(dev, sb, slot, ckpt).map(drop)
 }
 
-/// [`write_checkpoint`], returning the chain that starts with it.
+/// [`write_checkpoint`], returning the chain that starts with it. An image
+/// that does not fit goes through [`write_spilled_base`] instead.
 pub fn write_base(
     dev: &dyn BlockDevice,
     sb: &Superblock,
@@ -192,22 +240,257 @@ pub fn write_base(
         });
     }
     let image = codec::encode_image(&ckpt.image)?;
-    let header = RecordHeader {
-        generation: ckpt.generation,
-        journal_start: ckpt.journal_start,
-        journal_seq: ckpt.journal_seq,
-        journal_chain: ckpt.journal_chain,
-    };
+    let header = RecordHeader::of(ckpt);
     let crc = write_record(dev, sb, slot, 0, &CHECKPOINT_MAGIC, &header, &image)?;
-    Ok(ChainEnd {
-        generation: ckpt.generation,
+    Ok(ChainEnd::of_base(sb, ckpt.generation, crc, needed, needed))
+}
+
+/// Whether a checkpoint image of `image_len` encoded bytes must spill: the
+/// volume spills and the image does not fit its slot.
+pub fn must_spill(sb: &Superblock, image_len: u64) -> bool {
+    sb.features_incompat & INCOMPAT_SPILLED_CHECKPOINTS != 0
+        && CHECKPOINT_HEADER_LEN as u64 + image_len > slot_capacity(sb)
+}
+
+/// Data-area bytes a spilled image of `image_len` bytes takes: whole blocks.
+pub fn spill_bytes(sb: &Superblock, image_len: u64) -> u64 {
+    image_len.next_multiple_of(sb.block_size())
+}
+
+/// Most spill extents a slot's table can list.
+pub fn max_spill_extents(sb: &Superblock) -> usize {
+    let room =
+        slot_capacity(sb).saturating_sub((CHECKPOINT_HEADER_LEN + SPILL_TABLE_HEADER_LEN) as u64);
+    usize::try_from(room / SPILL_EXTENT_ENCODED_LEN as u64).unwrap_or(usize::MAX)
+}
+
+/// Writes `ckpt` as a spilled base to `slot`: its image to `spill` (in
+/// order, the last extent zero-padded), then the slot record listing them,
+/// then flushes; returns the chain that starts with it. `spill` must be
+/// disjoint, block-aligned ranges of the data area that nothing else uses,
+/// [`spill_bytes`] of the image in total (the caller allocates them); fails
+/// with [`Error::NoSpace`] if the table does not fit the slot, writing
+/// nothing.
+pub fn write_spilled_base(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    ckpt: &Checkpoint,
+    spill: &[SpillExtent],
+) -> Result<ChainEnd> {
+    let region = slot_region(sb, slot)?;
+    check_journal_start(sb, ckpt.journal_start)
+        .map_err(|reason| Error::invalid("writing a spilled checkpoint", reason))?;
+    if sb.features_incompat & INCOMPAT_SPILLED_CHECKPOINTS == 0 {
+        return Err(Error::invalid(
+            "writing a spilled checkpoint",
+            "the volume does not have the spilled checkpoint feature",
+        ));
+    }
+    let record_len = spilled_record_len(spill.len());
+    if record_len > region.len {
+        return Err(Error::NoSpace {
+            what: format!(
+                "checkpoint slot {slot} (a table of {} spill extents)",
+                spill.len()
+            ),
+            needed: record_len,
+            available: region.len,
+        });
+    }
+    let image = codec::encode_image(&ckpt.image)?;
+    let total = spill_bytes(sb, image.len() as u64);
+    check_spill_extents(sb, spill, total)
+        .map_err(|reason| Error::invalid("writing a spilled checkpoint", reason))?;
+    let mut rest: &[u8] = &image;
+    for &(addr, len) in spill {
+        let take = rest.len().min(len as usize);
+        let write_err = |e| {
+            Error::device(
+                format!("writing slot {slot}'s spilled image at device byte {addr}"),
+                e,
+            )
+        };
+        if take as u64 == len {
+            dev.write_at(&rest[..take], addr, WriteMode::Normal)
+                .map_err(write_err)?;
+        } else {
+            let mut padded = rest[..take].to_vec();
+            padded.resize(len as usize, 0);
+            dev.write_at(&padded, addr, WriteMode::Normal)
+                .map_err(write_err)?;
+        }
+        rest = &rest[take..];
+    }
+    let table = encode_spill_table(&SpillTable {
+        image_len: image.len() as u64,
+        image_crc: crc32c::crc32c_append(sb.crc_seed(), &image),
+        extents: spill.to_vec(),
+    });
+    let header = RecordHeader::of(ckpt);
+    // One flush, after the record: the crcs refuse any mix of old and new
+    // blocks a power cut before it leaves.
+    let crc = write_record(dev, sb, slot, 0, &SPILLED_MAGIC, &header, &table)?;
+    let base_bytes = CHECKPOINT_HEADER_LEN as u64 + image.len() as u64;
+    Ok(ChainEnd::of_base(
+        sb,
+        ckpt.generation,
         crc,
-        last_offset: 0,
-        next_offset: needed.next_multiple_of(sb.block_size()),
-        base_bytes: needed,
-        deltas: 0,
-        delta_bytes: 0,
+        record_len,
+        base_bytes,
+    ))
+}
+
+/// Bytes of a spilled base record in its slot: header and table.
+fn spilled_record_len(extents: usize) -> u64 {
+    (CHECKPOINT_HEADER_LEN + SPILL_TABLE_HEADER_LEN) as u64
+        + extents as u64 * SPILL_EXTENT_ENCODED_LEN as u64
+}
+
+/// Checks that `spill` is non-empty, block-aligned ranges inside the data
+/// area (so clear of the superblocks, the slots and the journal), disjoint,
+/// and `total` bytes together.
+fn check_spill_extents(
+    sb: &Superblock,
+    spill: &[SpillExtent],
+    total: u64,
+) -> std::result::Result<(), String> {
+    let data = sb.layout.data;
+    let bs = sb.block_size();
+    let mut sum = 0u64;
+    for (i, &(addr, len)) in spill.iter().enumerate() {
+        let end = addr.checked_add(len);
+        let inside = end.is_some_and(|end| addr >= data.start && end <= data.start + data.len);
+        if len == 0 || !is_aligned(addr, bs) || !is_aligned(len, bs) || !inside {
+            return Err(format!(
+                "spill extent {i} ({addr}+{len}) is not a non-empty, {bs}-byte aligned range of the data area {}+{}",
+                data.start, data.len
+            ));
+        }
+        sum = sum.saturating_add(len);
+    }
+    if sum != total {
+        return Err(format!(
+            "spill extents hold {sum} bytes, not the {total} the image takes"
+        ));
+    }
+    let mut sorted = spill.to_vec();
+    sorted.sort_unstable();
+    for pair in sorted.windows(2) {
+        if pair[0].0 + pair[0].1 > pair[1].0 {
+            return Err(format!(
+                "spill extents {}+{} and {}+{} overlap",
+                pair[0].0, pair[0].1, pair[1].0, pair[1].1
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A spill table as decoded from a spilled base's payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpillTable {
+    pub image_len: u64,
+    pub image_crc: u32,
+    pub extents: Vec<SpillExtent>,
+}
+
+/// The bytes of `table`, as a spilled base's payload.
+pub fn encode_spill_table(table: &SpillTable) -> Vec<u8> {
+    let mut enc = Encoder::with_capacity(
+        SPILL_TABLE_HEADER_LEN + table.extents.len() * SPILL_EXTENT_ENCODED_LEN,
+    );
+    enc.u64(table.image_len);
+    enc.u32(table.image_crc);
+    enc.u32(table.extents.len() as u32);
+    for &(addr, len) in &table.extents {
+        enc.u64(addr);
+        enc.u64(len);
+    }
+    enc.into_bytes()
+}
+
+/// Decodes and checks a spill table (the payload of a spilled base found at
+/// device byte `at`): exactly its bytes, extents as
+/// [`write_spilled_base`] requires them, holding the image's whole blocks.
+/// Allocates nothing before the count is checked against the bytes.
+pub fn decode_spill_table(sb: &Superblock, payload: &[u8], at: u64) -> Result<SpillTable> {
+    let mut dec = Decoder::new(payload, at, "spill table");
+    let image_len = dec.u64()?;
+    let image_crc = dec.u32()?;
+    let count = dec.u32()? as usize;
+    let room = payload.len() - SPILL_TABLE_HEADER_LEN.min(payload.len());
+    if count.checked_mul(SPILL_EXTENT_ENCODED_LEN) != Some(room) {
+        return Err(Error::corrupt(
+            "spill table",
+            at,
+            format!("{count} extents do not fill the table's {room} bytes after its header"),
+        ));
+    }
+    let mut extents = Vec::with_capacity(count);
+    for _ in 0..count {
+        extents.push((dec.u64()?, dec.u64()?));
+    }
+    let total = image_len
+        .checked_next_multiple_of(sb.block_size())
+        .unwrap_or(u64::MAX);
+    check_spill_extents(sb, &extents, total)
+        .map_err(|reason| Error::corrupt("spill table", at, reason))?;
+    Ok(SpillTable {
+        image_len,
+        image_crc,
+        extents,
     })
+}
+
+/// Reads the image a spill table lists and checks its crc.
+fn read_spilled_image(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    table: &SpillTable,
+    at: u64,
+) -> Result<Vec<u8>> {
+    // The extents lie in the data area and hold the image's whole blocks,
+    // so the length is bounded by the device; a forged table may still ask
+    // for more memory than there is, which is an error, not an abort.
+    let total = spill_bytes(sb, table.image_len);
+    let mut image = Vec::new();
+    usize::try_from(total)
+        .ok()
+        .and_then(|n| image.try_reserve_exact(n).ok())
+        .ok_or_else(|| {
+            Error::corrupt(
+                "spill table",
+                at,
+                format!("slot {slot}: cannot hold a spilled image of {total} bytes in memory"),
+            )
+        })?;
+    image.resize(total as usize, 0);
+    let mut pos = 0usize;
+    for &(addr, len) in &table.extents {
+        dev.read_at(&mut image[pos..pos + len as usize], addr)
+            .map_err(|e| {
+                Error::device(
+                    format!("reading slot {slot}'s spilled image at device byte {addr}"),
+                    e,
+                )
+            })?;
+        pos += len as usize;
+    }
+    image.truncate(table.image_len as usize);
+    let crc = crc32c::crc32c_append(sb.crc_seed(), &image);
+    if crc != table.image_crc {
+        return Err(Error::corrupt(
+            WHAT,
+            table.extents.first().map_or(at, |e| e.0),
+            format!(
+                "slot {slot}: spilled image crc32c mismatch (stored {:#010x}, computed {crc:#010x}): torn, or its extents reused since",
+                table.image_crc
+            ),
+        ));
+    }
+    Ok(image)
 }
 
 /// Bytes a delta record of `delta` occupies (header and payload).
@@ -288,6 +571,17 @@ struct RecordHeader {
     journal_chain: u32,
 }
 
+impl RecordHeader {
+    fn of(ckpt: &Checkpoint) -> RecordHeader {
+        RecordHeader {
+            generation: ckpt.generation,
+            journal_start: ckpt.journal_start,
+            journal_seq: ckpt.journal_seq,
+            journal_chain: ckpt.journal_chain,
+        }
+    }
+}
+
 /// Writes one record (header, then `payload`) at byte `offset` of `slot`,
 /// padded to the block size, then flushes. Returns its crc.
 fn write_record(
@@ -364,6 +658,9 @@ pub struct SlotContents {
     /// journal tail past what the chain's end needs), so it is damage or
     /// forgery, never a torn write.
     pub unapplied: bool,
+    /// The spill extents holding the base's image (empty: the image is in
+    /// the slot).
+    pub spill: Vec<SpillExtent>,
 }
 
 /// Reads and verifies the checkpoint in `slot`.
@@ -373,20 +670,21 @@ pub fn read_checkpoint(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> R
 
 /// One record as read: header fields, and the payload the crc verified.
 struct RawRecord {
+    magic: [u8; 8],
     header: RecordHeader,
     mark: u32,
     crc: u32,
     payload: Vec<u8>,
 }
 
-/// Reads the record at byte `offset` of `slot` and verifies its magic and
-/// crc; the payload is not decoded.
+/// Reads the record at byte `offset` of `slot` and verifies its magic (one
+/// of `magics`) and crc; the payload is not decoded.
 fn read_record(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     slot: usize,
     offset: u64,
-    magic: &[u8; 8],
+    magics: &[[u8; 8]],
 ) -> Result<RawRecord> {
     let region = slot_region(sb, slot)?;
     let bs = sb.block_size();
@@ -401,7 +699,7 @@ fn read_record(
     dev.read_at(&mut buf, at).map_err(read_err)?;
     let mut dec = Decoder::new(&buf, at, WHAT);
     let found: [u8; 8] = dec.array()?;
-    if found != *magic {
+    if !magics.contains(&found) {
         let what = if offset == 0 {
             "no checkpoint"
         } else {
@@ -473,6 +771,7 @@ fn read_record(
     buf.truncate(payload_end);
     buf.drain(..CHECKPOINT_HEADER_LEN);
     Ok(RawRecord {
+        magic: found,
         header: RecordHeader {
             generation,
             journal_start,
@@ -485,28 +784,78 @@ fn read_record(
     })
 }
 
+/// The generation the header of `slot`'s base names, unverified (`None`:
+/// no base magic), to decide which slot to read first.
+fn base_generation(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<Option<u64>> {
+    let region = slot_region(sb, slot)?;
+    let mut head = vec![0u8; sb.block_size() as usize];
+    dev.read_at(&mut head, region.start)
+        .map_err(|e| Error::device(format!("reading checkpoint slot {slot}'s header"), e))?;
+    let magic = &head[OFF_MAGIC..OFF_MAGIC + 8];
+    if magic != CHECKPOINT_MAGIC && magic != SPILLED_MAGIC {
+        return Ok(None);
+    }
+    let mut generation = [0u8; 8];
+    generation.copy_from_slice(&head[OFF_GENERATION..OFF_GENERATION + 8]);
+    Ok(Some(u64::from_le_bytes(generation)))
+}
+
+/// Verifies the base record of `slot` (header and payload crc) and returns
+/// its spill extents (none for a whole image), without reading a spilled
+/// image or decoding a whole one.
+fn read_spill_table(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+) -> Result<Vec<SpillExtent>> {
+    let base = read_record(dev, sb, slot, 0, &base_magics(sb))?;
+    if base.magic != SPILLED_MAGIC {
+        return Ok(Vec::new());
+    }
+    let at = slot_region(sb, slot)?.start + CHECKPOINT_HEADER_LEN as u64;
+    Ok(decode_spill_table(sb, &base.payload, at)?.extents)
+}
+
+/// The magics a slot's base may carry on this volume.
+fn base_magics(sb: &Superblock) -> Vec<[u8; 8]> {
+    if sb.features_incompat & INCOMPAT_SPILLED_CHECKPOINTS != 0 {
+        vec![CHECKPOINT_MAGIC, SPILLED_MAGIC]
+    } else {
+        vec![CHECKPOINT_MAGIC]
+    }
+}
+
 /// Reads and verifies the checkpoint in `slot` (its base and every delta
 /// chained to it), and whether the chain's last record is marked
 /// superseded.
 pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<SlotContents> {
     let region = slot_region(sb, slot)?;
     let bs = sb.block_size();
-    let base = read_record(dev, sb, slot, 0, &CHECKPOINT_MAGIC)?;
-    let mut image = codec::decode_image_at(
-        &base.payload,
-        region.start + CHECKPOINT_HEADER_LEN as u64,
-        "checkpoint image",
-    )?;
-    let base_bytes = (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64;
-    let mut chain = ChainEnd {
-        generation: base.header.generation,
-        crc: base.crc,
-        last_offset: 0,
-        next_offset: base_bytes.next_multiple_of(bs),
-        base_bytes,
-        deltas: 0,
-        delta_bytes: 0,
+    let base = read_record(dev, sb, slot, 0, &base_magics(sb))?;
+    let payload_at = region.start + CHECKPOINT_HEADER_LEN as u64;
+    let (mut image, spill, base_bytes) = if base.magic == SPILLED_MAGIC {
+        let table = decode_spill_table(sb, &base.payload, payload_at)?;
+        let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
+        let at = table.extents.first().map_or(payload_at, |e| e.0);
+        let image = codec::decode_image_at(&bytes, at, "spilled checkpoint image")?;
+        let base_bytes = (CHECKPOINT_HEADER_LEN + bytes.len()) as u64;
+        (image, table.extents, base_bytes)
+    } else {
+        let image = codec::decode_image_at(&base.payload, payload_at, "checkpoint image")?;
+        (
+            image,
+            Vec::new(),
+            (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64,
+        )
     };
+    let record_bytes = (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64;
+    let mut chain = ChainEnd::of_base(
+        sb,
+        base.header.generation,
+        base.crc,
+        record_bytes,
+        base_bytes,
+    );
     let mut header = base.header;
     let mut superseded = base.mark != 0;
     let mut beyond = None;
@@ -557,6 +906,7 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
         chain,
         beyond,
         unapplied,
+        spill,
     })
 }
 
@@ -575,7 +925,7 @@ fn read_linked_delta(
 ) -> Result<RawRecord> {
     let offset = chain.next_offset;
     let at = sb.layout.checkpoint_slots[slot].start + offset;
-    let raw = read_record(dev, sb, slot, offset, &DELTA_MAGIC)?;
+    let raw = read_record(dev, sb, slot, offset, &[DELTA_MAGIC])?;
     // A record whose crc verifies was written whole, and the writer's
     // encoder writes nothing the decoder refuses.
     let (link, delta) = codec::decode_delta_at(&raw.payload, at + CHECKPOINT_HEADER_LEN as u64)
@@ -799,6 +1149,10 @@ pub struct NewestCheckpoint {
     /// Set when the newest valid checkpoint is marked superseded: the
     /// checkpoint that superseded it is damaged.
     pub lost: Option<LostCheckpoint>,
+    /// Per slot, the spill extents of the checkpoint it holds, if that
+    /// verifies: the older one is the fallback until the newer is durable,
+    /// so both stay in use.
+    pub spills: [Vec<SpillExtent>; CHECKPOINT_SLOTS],
 }
 
 /// Reads both slots and returns the valid checkpoint with the highest
@@ -809,18 +1163,33 @@ pub struct NewestCheckpoint {
 pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<NewestCheckpoint> {
     let mut best: Option<(usize, SlotContents)> = None;
     let mut reasons: Vec<Option<String>> = vec![None; CHECKPOINT_SLOTS];
-    for (slot, reason) in reasons.iter_mut().enumerate() {
+    let mut spills: [Vec<SpillExtent>; CHECKPOINT_SLOTS] = Default::default();
+    // The slot whose base is newer holds the newer checkpoint whenever it
+    // verifies (a base is written one generation past the newest chain's
+    // end, and deltas go to the newest chain), so only it is read whole;
+    // the other is read whole only if it does not verify. Otherwise the
+    // other's base record is verified and its spill table read, without
+    // its image: mount never reads and decodes two whole images.
+    let mut order: Vec<(Option<u64>, usize)> = Vec::with_capacity(CHECKPOINT_SLOTS);
+    for slot in 0..CHECKPOINT_SLOTS {
+        order.push((base_generation(dev, sb, slot)?, slot));
+    }
+    order.sort_by_key(|&(generation, slot)| (std::cmp::Reverse(generation), slot));
+    for (_, slot) in order {
+        if best.is_some() {
+            match read_spill_table(dev, sb, slot) {
+                Ok(spill) => spills[slot] = spill,
+                Err(e @ Error::Corrupt { .. }) => reasons[slot] = Some(e.to_string()),
+                Err(e) => return Err(e),
+            }
+            continue;
+        }
         match read_slot(dev, sb, slot) {
             Ok(c) => {
-                let newer = match &best {
-                    Some((_, b)) => c.checkpoint.generation > b.checkpoint.generation,
-                    None => true,
-                };
-                if newer {
-                    best = Some((slot, c));
-                }
+                spills[slot].clone_from(&c.spill);
+                best = Some((slot, c));
             }
-            Err(e @ Error::Corrupt { .. }) => *reason = Some(e.to_string()),
+            Err(e @ Error::Corrupt { .. }) => reasons[slot] = Some(e.to_string()),
             Err(e) => return Err(e),
         }
     }
@@ -871,6 +1240,7 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
         chain: contents.chain,
         checkpoint: contents.checkpoint,
         lost,
+        spills,
     })
 }
 
@@ -930,12 +1300,12 @@ pub fn mark_superseded(
             .unwrap_or_default(),
     );
     let magic = &head[OFF_MAGIC..OFF_MAGIC + 8];
-    let expected = if offset == 0 {
-        &CHECKPOINT_MAGIC
+    let expected: &[[u8; 8]] = if offset == 0 {
+        &[CHECKPOINT_MAGIC, SPILLED_MAGIC]
     } else {
-        &DELTA_MAGIC
+        &[DELTA_MAGIC]
     };
-    if magic != expected || held != generation {
+    if !expected.iter().any(|m| m == magic) || held != generation {
         return Ok(());
     }
     let mark = supersede_mark(sb, generation);
@@ -1198,6 +1568,200 @@ mod tests {
             });
             assert!(read_checkpoint(&dev, &sb, 0).is_err());
         }
+    }
+
+    /// A device whose slots are 2 blocks (8 KiB), so a few hundred inodes
+    /// spill.
+    fn small_slots() -> (VecDevice, Superblock) {
+        let dev = VecDevice::new(DEV_BYTES, 512);
+        let layout = Layout::compute(DEV_BYTES, 512, 4096, None, Some(2 * 4096)).unwrap();
+        (dev, Superblock::new(layout))
+    }
+
+    /// Spill extents for `image_len` bytes: three pieces, not in address
+    /// order, from the middle of the data area.
+    fn spill_for(sb: &Superblock, image_len: u64) -> Vec<SpillExtent> {
+        let total = spill_bytes(sb, image_len);
+        let bs = sb.block_size();
+        let first = (total / bs / 3).max(1) * bs;
+        let second = (total - first) / bs / 2 * bs;
+        let third = total - first - second;
+        let base = sb.layout.data.start + 64 * bs;
+        vec![
+            (base + 4 * total, first),
+            (base, second),
+            (base + 2 * total, third),
+        ]
+        .into_iter()
+        .filter(|e| e.1 > 0)
+        .collect()
+    }
+
+    /// An image too large for its slot round-trips through spill extents,
+    /// deltas chain after its table in the slot, and both slots' spill
+    /// extents are reported.
+    #[test]
+    fn a_spilled_base_round_trips_and_chains_deltas() {
+        let (dev, sb) = small_slots();
+        let c1 = Checkpoint {
+            image: image(1, 200),
+            ..ckpt(1, 0)
+        };
+        let len = codec::image_encoded_len(&c1.image);
+        assert!(must_spill(&sb, len), "{len} bytes fit the slot");
+        assert!(
+            write_base(&dev, &sb, 0, &c1).is_err(),
+            "too big for the slot"
+        );
+        let spill = spill_for(&sb, len);
+        assert!(spill.len() >= 2);
+        let chain = write_spilled_base(&dev, &sb, 0, &c1, &spill).unwrap();
+        assert_eq!(chain.base_bytes, CHECKPOINT_HEADER_LEN as u64 + len);
+        let got = read_slot(&dev, &sb, 0).unwrap();
+        assert_eq!(
+            (&got.checkpoint, &got.spill, got.chain),
+            (&c1, &spill, chain)
+        );
+        // The mark goes on a spilled base too, and leaves it verifying.
+        mark_superseded(&dev, &sb, 0, 0, 1).unwrap();
+        let marked = read_slot(&dev, &sb, 0).unwrap();
+        assert!(marked.superseded);
+        assert_eq!(marked.checkpoint, c1);
+        // A small delta goes after the table, inside the slot.
+        let mut i2 = c1.image.clone();
+        i2.inodes.pop();
+        let chain2 = write_delta(&dev, &sb, 0, &chain, &delta_ckpt(2, &c1.image, &i2)).unwrap();
+        assert!(chain2.next_offset <= slot_capacity(&sb));
+        let got = read_slot(&dev, &sb, 0).unwrap();
+        assert_eq!((&got.checkpoint.image, got.chain), (&i2, chain2));
+        assert_eq!(got.spill, spill);
+        let c3 = Checkpoint {
+            image: image(3, 300),
+            ..ckpt(3, 0)
+        };
+        let len3 = codec::image_encoded_len(&c3.image);
+        let spill3: Vec<SpillExtent> = spill_for(&sb, len3)
+            .into_iter()
+            .map(|(a, l)| (a + 8 * spill_bytes(&sb, len3), l))
+            .collect();
+        write_spilled_base(&dev, &sb, 1, &c3, &spill3).unwrap();
+        let before = dev.counters().snapshot();
+        let newest = read_checkpoints(&dev, &sb).unwrap();
+        assert_eq!((newest.slot, &newest.checkpoint), (1, &c3));
+        // The older slot's spill extents are known from its table alone:
+        // its image is not read.
+        let read = dev.counters().snapshot().bytes_read - before.bytes_read;
+        assert!(
+            read < spill_bytes(&sb, len3) + 8 * sb.block_size(),
+            "read {read} bytes for a {len3}-byte image and an older one of {len}"
+        );
+        assert_eq!(newest.spills, [spill.clone(), spill3]);
+    }
+
+    /// A spilled image damaged or torn anywhere (its extents, or the slot
+    /// record listing them) does not verify, and mount falls back to the
+    /// other slot: never a mix of old and new.
+    #[test]
+    fn a_torn_spilled_image_falls_back() {
+        let (dev, sb) = small_slots();
+        let c1 = Checkpoint {
+            image: image(1, 200),
+            ..ckpt(1, 0)
+        };
+        let spill1 = spill_for(&sb, codec::image_encoded_len(&c1.image));
+        write_spilled_base(&dev, &sb, 0, &c1, &spill1).unwrap();
+        let c2 = Checkpoint {
+            image: image(2, 250),
+            ..ckpt(2, 0)
+        };
+        let len2 = codec::image_encoded_len(&c2.image);
+        let spill2: Vec<SpillExtent> = spill_for(&sb, len2)
+            .into_iter()
+            .map(|(a, l)| (a + 8 * spill_bytes(&sb, len2), l))
+            .collect();
+        let before = dev.with_bytes(|b| b.clone());
+        write_spilled_base(&dev, &sb, 1, &c2, &spill2).unwrap();
+        let after = dev.with_bytes(|b| b.clone());
+        assert_eq!(read_newest_checkpoint(&dev, &sb).unwrap(), (1, c2.clone()));
+        // Each piece of the new checkpoint alone, and all but each piece.
+        let slot1 = slot_start(&sb, 1);
+        let mut pieces: Vec<(u64, u64)> = spill2.clone();
+        pieces.push((slot1, 4096));
+        for (i, &(addr, len)) in pieces.iter().enumerate() {
+            for only in [true, false] {
+                dev.with_bytes(|b| {
+                    *b = if only { before.clone() } else { after.clone() };
+                    let src = if only { &after } else { &before };
+                    let r = addr as usize..(addr + len) as usize;
+                    b[r.clone()].copy_from_slice(&src[r]);
+                });
+                let (slot, got) = read_newest_checkpoint(&dev, &sb).unwrap();
+                assert_eq!((slot, &got), (0, &c1), "piece {i}, only={only}");
+            }
+        }
+        dev.with_bytes(|b| *b = after.clone());
+        dev.flip(spill2[1].0 + 17);
+        let err = read_slot(&dev, &sb, 1).unwrap_err();
+        assert!(err.to_string().contains("spilled image crc32c"), "{err}");
+    }
+
+    /// Forged spill tables (crc recomputed, so only the table's own checks
+    /// stand): each is refused with a reason naming the problem, and no
+    /// count makes the reader allocate before checking it.
+    #[test]
+    fn forged_spill_tables_are_refused() {
+        let (dev, sb) = small_slots();
+        let bs = sb.block_size();
+        let data = sb.layout.data;
+        let header = RecordHeader {
+            generation: 1,
+            journal_start: 0,
+            journal_seq: 1,
+            journal_chain: 0,
+        };
+        let table = |image_len: u64, count: u32, extents: &[SpillExtent]| {
+            let mut enc = Encoder::with_capacity(64);
+            enc.u64(image_len);
+            enc.u32(0);
+            enc.u32(count);
+            for &(a, l) in extents {
+                enc.u64(a);
+                enc.u64(l);
+            }
+            enc.into_bytes()
+        };
+        let ok = data.start + 8 * bs;
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (table(bs, 1, &[(0, bs)]), "data area"),
+            (table(bs, 1, &[(sb.layout.journal.start, bs)]), "data area"),
+            (table(bs, 1, &[(slot_start(&sb, 1), bs)]), "data area"),
+            (table(bs, 1, &[(data.start + data.len, bs)]), "data area"),
+            (table(bs, 1, &[(u64::MAX - bs + 1, bs)]), "data area"),
+            (table(bs, 1, &[(ok + 1, bs)]), "aligned"),
+            (table(bs, 1, &[(ok, 0)]), "non-empty"),
+            (table(2 * bs, 2, &[(ok, 2 * bs), (ok + bs, bs)]), "not the"),
+            (table(3 * bs, 2, &[(ok, 2 * bs), (ok + bs, bs)]), "overlap"),
+            (table(bs, u32::MAX, &[(ok, bs)]), "do not fill"),
+            (table(bs, 2, &[(ok, bs)]), "do not fill"),
+            (table(u64::MAX, 1, &[(ok, bs)]), "not the"),
+            (table(data.len * 2, 1, &[(data.start, data.len)]), "not the"),
+        ];
+        for (i, (payload, why)) in cases.into_iter().enumerate() {
+            write_record(&dev, &sb, 0, 0, &SPILLED_MAGIC, &header, &payload).unwrap();
+            let err = read_slot(&dev, &sb, 0).unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "case {i}: {err}");
+            assert!(err.to_string().contains(why), "case {i}: {err}");
+        }
+        // A table that checks out but whose image crc does not match.
+        let payload = table(bs, 1, &[(ok, bs)]);
+        write_record(&dev, &sb, 0, 0, &SPILLED_MAGIC, &header, &payload).unwrap();
+        let err = read_slot(&dev, &sb, 0).unwrap_err();
+        assert!(err.to_string().contains("spilled image crc32c"), "{err}");
+        // Without the feature, a spilled base is no checkpoint at all.
+        let mut old = sb.clone();
+        old.features_incompat &= !INCOMPAT_SPILLED_CHECKPOINTS;
+        let err = read_slot(&dev, &old, 0).unwrap_err();
+        assert!(err.to_string().contains("bad magic"), "{err}");
     }
 
     /// The delta from `a` to `b`, every changed inode written whole.

@@ -22,11 +22,13 @@ use crate::{Error, Result};
 pub(crate) type Ranges = BTreeMap<u64, u64>;
 
 impl Meta {
-    /// Free bytes no delayed allocation has reserved.
+    /// Free bytes neither a delayed allocation nor the next checkpoint's
+    /// spilled image (see [`Meta::spill_reserve_for`]) has reserved.
     pub(crate) fn unreserved_bytes(&self) -> u64 {
         self.alloc
             .free_bytes()
             .saturating_sub(self.delalloc_reserved)
+            .saturating_sub(self.spill_reserve_for(0))
     }
 
     /// The delalloc range holding `pos`, as its end.

@@ -81,6 +81,15 @@ pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
             loaded.chain.delta_bytes
         ));
     }
+    for (slot, spill) in loaded.spills.iter().enumerate() {
+        if !spill.is_empty() {
+            let bytes: u64 = spill.iter().map(|&(_, len)| len).sum();
+            report.notes.push(format!(
+                "checkpoint slot {slot}'s image is spilled to {} extents ({bytes} bytes) of the data area, counted as used",
+                spill.len()
+            ));
+        }
+    }
     check_superblocks(&*device, &loaded, &mut report);
     if let Err(reason) = loaded.alloc.check() {
         report.problems.push(format!("free space: {reason}"));

@@ -98,6 +98,7 @@ pub(crate) fn mount(
         replay_freed,
         damage: _,
         from_backup,
+        spills,
     } = loaded;
     for (seq, addr, len) in replay_freed {
         alloc
@@ -108,13 +109,18 @@ pub(crate) fn mount(
         JournalWriter::new(&sb, replay_end.head, replay_end.next_seq, replay_end.chain);
     journal.set_tail(journal_tail);
     let commit_threshold = sb.layout.journal.len / COMMIT_THRESHOLD_DIVISOR;
-    let meta = Meta::new(state, alloc, replay_end.next_seq);
+    let mut meta = Meta::new(state, alloc, replay_end.next_seq);
+    if sb.features_incompat & superblock::INCOMPAT_SPILLED_CHECKPOINTS != 0 {
+        meta.spill_slot_bytes = Some(checkpoint::slot_capacity(&sb));
+    }
+    meta.spilled_bytes = spills.iter().flatten().map(|&(_, len)| len).sum();
     let deltas = sb.features_incompat & superblock::INCOMPAT_DELTA_CHECKPOINTS != 0;
     let commit = CommitState {
         journal,
         slot,
         generation,
         chain,
+        spills,
     };
     let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
     inner.mount_warnings = from_backup.iter().map(|b| b.to_string()).collect();
@@ -171,6 +177,9 @@ pub(crate) struct Loaded {
     pub damage: Vec<String>,
     /// Set when block 0 was unusable and the backup superblock was read.
     pub from_backup: Option<superblock::FromBackup>,
+    /// Per slot, the spill extents of its checkpoint (in use, see
+    /// [`build_allocator`]).
+    pub spills: [Vec<checkpoint::SpillExtent>; superblock::CHECKPOINT_SLOTS],
 }
 
 /// Reads the superblock and newest checkpoint, replays the journal and
@@ -192,7 +201,7 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
             lost.left_generation
         ));
     }
-    let (slot, chain, ckpt) = (newest.slot, newest.chain, newest.checkpoint);
+    let (slot, chain, ckpt, spills) = (newest.slot, newest.chain, newest.checkpoint, newest.spills);
     let slot_start = sb.layout.checkpoint_slots[slot].start;
     let block_size = sb.layout.block_size;
     let mut state = MetaState::from_image(&ckpt.image, block_size)
@@ -225,7 +234,7 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
             Ok(())
         },
     )?;
-    let alloc = build_allocator(&sb, &state)?;
+    let alloc = build_allocator(&sb, &state, &spills)?;
     Ok(Loaded {
         sb,
         slot,
@@ -239,12 +248,19 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         replay_freed,
         damage,
         from_backup,
+        spills,
     })
 }
 
-/// Free space = the data area minus every extent. An extent outside the data
-/// area or overlapping another is corruption.
-pub(crate) fn build_allocator(sb: &Superblock, state: &MetaState) -> Result<Allocator> {
+/// Free space = the data area minus every extent and the spill extents of
+/// both slots' checkpoints (the older is the fallback while the newer is
+/// not durable). An extent outside the data area or overlapping another is
+/// corruption.
+pub(crate) fn build_allocator(
+    sb: &Superblock,
+    state: &MetaState,
+    spills: &[Vec<checkpoint::SpillExtent>],
+) -> Result<Allocator> {
     let data = &sb.layout.data;
     let mut inos: Vec<&Ino> = state.inodes.keys().collect();
     inos.sort_unstable();
@@ -252,18 +268,34 @@ pub(crate) fn build_allocator(sb: &Superblock, state: &MetaState) -> Result<Allo
         .into_iter()
         .flat_map(|ino| state.inodes[ino].extents.iter().map(move |e| (*ino, e)))
         .collect();
-    let used: Vec<(u64, u64)> = owners.iter().map(|(_, e)| (e.addr, e.len)).collect();
+    let spilled: Vec<(usize, checkpoint::SpillExtent)> = spills
+        .iter()
+        .enumerate()
+        .flat_map(|(slot, s)| s.iter().map(move |&e| (slot, e)))
+        .collect();
+    let used: Vec<(u64, u64)> = owners
+        .iter()
+        .map(|(_, e)| (e.addr, e.len))
+        .chain(spilled.iter().map(|&(_, e)| e))
+        .collect();
     Allocator::with_used(data.start, data.len, sb.layout.block_size, &used).map_err(
-        |(i, reason)| {
-            let (ino, ext) = owners[i];
-            Error::corrupt(
+        |(i, reason)| match owners.get(i) {
+            Some(&(ino, ext)) => Error::corrupt(
                 "extent map",
                 ext.addr,
                 format!(
                     "inode {ino} extent at file offset {}: {reason}",
                     ext.file_off
                 ),
-            )
+            ),
+            None => {
+                let (slot, (addr, _)) = spilled[i - owners.len()];
+                Error::corrupt(
+                    "spill table",
+                    addr,
+                    format!("checkpoint slot {slot}'s spill extent: {reason}"),
+                )
+            }
         },
     )
 }

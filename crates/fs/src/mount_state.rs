@@ -99,6 +99,13 @@ pub(crate) struct Meta {
     /// In-core sizes above the on-disk size (`InodeState::size`): buffered
     /// writes past EOF not written back yet. Never journaled.
     pub(crate) size_in_core: InoMap<u64>,
+    /// The slot capacity past which the checkpoint image spills to the data
+    /// area, on volumes whose images spill (`None`: they never do, and an
+    /// image must fit its slot).
+    pub(crate) spill_slot_bytes: Option<u64>,
+    /// Bytes of the spill extents checkpoints hold (both slots', and those
+    /// of a checkpoint being written).
+    pub(crate) spilled_bytes: u64,
 }
 
 /// The journal writer and the newest checkpoint: what the `commit` lock
@@ -112,6 +119,9 @@ pub(crate) struct CommitState {
     /// Where the chain of checkpoints in `slot` ends: what the next delta
     /// checkpoint follows.
     pub(crate) chain: crate::checkpoint::ChainEnd,
+    /// Per slot, the spill extents of the checkpoint it holds: used space
+    /// until a checkpoint written over that slot is durable.
+    pub(crate) spills: [Vec<crate::checkpoint::SpillExtent>; crate::superblock::CHECKPOINT_SLOTS],
 }
 
 pub struct VolumeInner {
@@ -247,6 +257,8 @@ impl Meta {
             delalloc: InoMap::default(),
             delalloc_reserved: 0,
             size_in_core: InoMap::default(),
+            spill_slot_bytes: None,
+            spilled_bytes: 0,
         }
     }
 
@@ -333,18 +345,53 @@ impl Meta {
         self.last_change.retain(|_, &mut last| last > committed);
     }
 
-    /// Refuses a change that could grow the checkpoint image past its slot.
+    /// Refuses a change that could grow the checkpoint image past its slot
+    /// or, on volumes whose images spill, past the data-area space kept
+    /// for it ([`Meta::spill_reserve_for`]).
     pub fn reserve_image(&self, sb: &Superblock, extra: u64) -> Result<()> {
         let slot = sb.layout.checkpoint_slots[0].len;
         let needed = self.state.image_bytes_estimate() + extra + CHECKPOINT_HEADROOM;
-        if needed > slot {
+        if needed <= slot {
+            return Ok(());
+        }
+        if self.spill_slot_bytes.is_none() {
             return Err(Error::NoSpace {
                 what: "metadata (checkpoint slot)".to_string(),
                 needed,
                 available: slot,
             });
         }
+        let reserve = self.spill_reserve_for(extra);
+        let available = self
+            .alloc
+            .free_bytes()
+            .saturating_sub(self.delalloc_reserved);
+        if reserve > available {
+            return Err(Error::NoSpace {
+                what: "metadata (checkpoint image spilled to the data area)".to_string(),
+                needed: reserve,
+                available,
+            });
+        }
         Ok(())
+    }
+
+    /// Free data-area bytes kept for the next checkpoint's image to spill
+    /// into, were the image to grow by `extra` bytes: the image's
+    /// estimate, in whole blocks, when it does not fit its slot (0 when it
+    /// does). Data allocations leave them free ([`Meta::unreserved_bytes`]),
+    /// so that a checkpoint finds the space, and `statfs` does not count
+    /// them as free. The spill extents of the checkpoints on disk are used
+    /// space besides.
+    pub(crate) fn spill_reserve_for(&self, extra: u64) -> u64 {
+        let Some(slot) = self.spill_slot_bytes else {
+            return 0;
+        };
+        let needed = self.state.image_bytes_estimate() + extra + CHECKPOINT_HEADROOM;
+        if needed <= slot {
+            return 0;
+        }
+        needed.next_multiple_of(u64::from(self.state.block_size))
     }
 }
 

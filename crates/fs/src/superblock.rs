@@ -37,6 +37,12 @@ pub const COMPAT_SUPERSEDE_MARKS: u64 = 1 << 1;
 /// [`COMPAT_SUPERSEDE_MARKS`], which the chain needs to tell a torn delta
 /// from a lost one.
 pub const INCOMPAT_DELTA_CHECKPOINTS: u64 = 1 << 0;
+/// Incompat feature: a checkpoint image too large for its slot is stored in
+/// extents of the data area (*spill extents*), which the slot's base record
+/// (magic `IOMAPCP3`) lists (see `checkpoint::write_base`). Code that does
+/// not know them finds no checkpoint it can read, and would hand the spill
+/// extents out as free space, so it must refuse the volume.
+pub const INCOMPAT_SPILLED_CHECKPOINTS: u64 = 1 << 1;
 
 /// Feature bits this code understands: an unknown incompat bit refuses the
 /// mount, an unknown ro_compat bit refuses writes, an unknown compat bit is
@@ -44,7 +50,8 @@ pub const INCOMPAT_DELTA_CHECKPOINTS: u64 = 1 << 0;
 /// longer inode attributes, new record kinds) each take a bit: see
 /// "Compatibility" in `docs/FORMAT.md`.
 pub const FEATURES_COMPAT_SUPPORTED: u64 = COMPAT_BACKUP_SUPERBLOCK | COMPAT_SUPERSEDE_MARKS;
-pub const FEATURES_INCOMPAT_SUPPORTED: u64 = INCOMPAT_DELTA_CHECKPOINTS;
+pub const FEATURES_INCOMPAT_SUPPORTED: u64 =
+    INCOMPAT_DELTA_CHECKPOINTS | INCOMPAT_SPILLED_CHECKPOINTS;
 pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = 0;
 
 /// Smallest data area, in blocks.
@@ -375,7 +382,7 @@ pub struct Superblock {
 
 impl Superblock {
     /// A new superblock for `layout`: current version, fresh random uuid,
-    /// supersede marks, delta checkpoints, a backup superblock if the layout
+    /// supersede marks, delta and spilled checkpoints, a backup superblock if the layout
     /// leaves the device's last block free, created now.
     pub fn new(layout: Layout) -> Superblock {
         let backup = if layout.leaves_room_for_backup() {
@@ -387,7 +394,7 @@ impl Superblock {
             version: FORMAT_VERSION,
             uuid: new_uuid(),
             features_compat: COMPAT_SUPERSEDE_MARKS | backup,
-            features_incompat: INCOMPAT_DELTA_CHECKPOINTS,
+            features_incompat: INCOMPAT_DELTA_CHECKPOINTS | INCOMPAT_SPILLED_CHECKPOINTS,
             features_ro_compat: 0,
             layout,
             created_ns: now_ns(),

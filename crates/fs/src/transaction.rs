@@ -5,9 +5,12 @@
 //! completed flush, and may fail any request. A failed journal commit or
 //! checkpoint leaves memory ahead of the disk, so the volume shuts down: every
 //! later call fails with [`Error::Shutdown`] and the next mount recovers from
-//! what is durable.
+//! what is durable. A checkpoint refused for space ([`Error::NoSpace`]: its
+//! image spills to the data area and finds no room) writes nothing and
+//! leaves memory consistent with the disk, so it is reported as ENOSPC and
+//! the volume stays up.
 
-use crate::checkpoint::{self, ChainEnd, Checkpoint, DeltaCheckpoint};
+use crate::checkpoint::{self, ChainEnd, Checkpoint, DeltaCheckpoint, SpillExtent};
 use crate::journal::JournalWriter;
 use crate::limits::{
     CHAIN_DELTA_BYTES_DIVISOR, CHAIN_DELTA_BYTES_MIN, COMMIT_BACKPRESSURE_THRESHOLDS,
@@ -140,8 +143,13 @@ impl VolumeInner {
             return Ok(());
         }
         let result = self.write_checkpoint(&mut newest);
-        if let Err(err) = &result {
-            self.shut_down(err);
+        match &result {
+            // Refused before anything was written: the newest checkpoint
+            // and the journal on disk are as they were, and memory holds
+            // nothing they do not (see `write_checkpoint`).
+            Err(Error::NoSpace { .. }) => {}
+            Err(err) => self.shut_down(err),
+            Ok(()) => {}
         }
         result
     }
@@ -225,7 +233,9 @@ impl VolumeInner {
             .take()
             .map(|base| snapshot.delta_since(&base, &changed))
             .filter(|delta| delta_is_due(&self.sb, &older_chain, delta));
-        let (slot, chain) = match delta {
+        // `Some(spill)` for a new base: the spill extents that replace the
+        // slot's old ones.
+        let written = match delta {
             Some(delta) => {
                 let ckpt = DeltaCheckpoint {
                     generation,
@@ -234,9 +244,8 @@ impl VolumeInner {
                     journal_chain,
                     delta,
                 };
-                let chain =
-                    checkpoint::write_delta(&*self.dev, &self.sb, older_slot, &older_chain, &ckpt)?;
-                (older_slot, chain)
+                checkpoint::write_delta(&*self.dev, &self.sb, older_slot, &older_chain, &ckpt)
+                    .map(|chain| (older_slot, chain, None))
             }
             None => {
                 let ckpt = Checkpoint {
@@ -247,11 +256,23 @@ impl VolumeInner {
                     image: snapshot.to_image(),
                 };
                 let slot = checkpoint::other_slot(older_slot);
-                (
-                    slot,
-                    checkpoint::write_base(&*self.dev, &self.sb, slot, &ckpt)?,
-                )
+                self.write_base(slot, &ckpt)
+                    .map(|(chain, spill)| (slot, chain, Some(spill)))
             }
+        };
+        let (slot, chain, new_spill) = match written {
+            Ok(written) => written,
+            Err(err @ Error::NoSpace { .. }) => {
+                // Nothing was written. Records the journal could not take
+                // go back to the queue, in front of those logged since (the
+                // commit lock, still held, kept them out of the journal);
+                // `newest` is gone, so the next checkpoint is whole.
+                if held.is_some() {
+                    self.meta.write().requeue(records);
+                }
+                return Err(err);
+            }
+            Err(err) => return Err(err),
         };
         let deltas = self.sb.features_incompat & crate::superblock::INCOMPAT_DELTA_CHECKPOINTS != 0;
         // Without deltas, dropped before anything else: while it lives,
@@ -261,6 +282,8 @@ impl VolumeInner {
         commit.slot = slot;
         commit.generation = generation;
         commit.chain = chain;
+        let replaced_spill =
+            new_spill.map(|spill| std::mem::replace(&mut commit.spills[slot], spill));
         if journaled {
             commit.journal.set_tail(journal_start);
         } else {
@@ -278,7 +301,19 @@ impl VolumeInner {
             older_chain.last_offset,
             older_chain.generation,
         )?;
-        self.meta.write().mark_committed(journal_seq - 1);
+        {
+            let mut meta = self.meta.write();
+            meta.mark_committed(journal_seq - 1);
+            // The checkpoint the new base replaced in its slot was
+            // superseded before this one began, and its record is gone:
+            // its spill extents are free for good.
+            for (addr, len) in replaced_spill.into_iter().flatten() {
+                meta.alloc
+                    .free_now(addr, len)
+                    .map_err(|reason| Error::corrupt("free space", addr, reason))?;
+                meta.spilled_bytes -= len;
+            }
+        }
         // Space the snapshot's records freed is free for good now. In
         // bounded steps, the lock released in between: after a mass punch
         // the backlog is large, and every reader and writer waits while the
@@ -296,6 +331,85 @@ impl VolumeInner {
                 return Ok(());
             }
         }
+    }
+
+    /// Writes `ckpt` as a new base to `slot`, its image spilled to extents
+    /// of the data area when it does not fit the slot; returns the chain
+    /// and those extents. Fails with [`Error::NoSpace`], writing nothing and
+    /// keeping no space, when the data area cannot hold the image (or the
+    /// slot its table of extents).
+    fn write_base(&self, slot: usize, ckpt: &Checkpoint) -> Result<(ChainEnd, Vec<SpillExtent>)> {
+        let image_len = crate::codec::image_encoded_len(&ckpt.image);
+        if !checkpoint::must_spill(&self.sb, image_len) {
+            let chain = checkpoint::write_base(&*self.dev, &self.sb, slot, ckpt)?;
+            return Ok((chain, Vec::new()));
+        }
+        let spill = self.allocate_spill(image_len)?;
+        match checkpoint::write_spilled_base(&*self.dev, &self.sb, slot, ckpt, &spill) {
+            Ok(chain) => Ok((chain, spill)),
+            Err(err) => {
+                if matches!(err, Error::NoSpace { .. }) {
+                    self.free_spill(&spill)?;
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Allocates [`checkpoint::spill_bytes`] of `image_len` from free space
+    /// (never busy space: it may still hold what the checkpoint on disk
+    /// and the journal after it refer to), in at most as many extents as
+    /// the slot's table lists. All or nothing.
+    fn allocate_spill(&self, image_len: u64) -> Result<Vec<SpillExtent>> {
+        let want = checkpoint::spill_bytes(&self.sb, image_len);
+        let max_extents = checkpoint::max_spill_extents(&self.sb);
+        let mut spill: Vec<SpillExtent> = Vec::new();
+        let mut left = want;
+        let mut meta = self.meta.write();
+        while left > 0 {
+            let hint = spill.last().map(|&(addr, len)| addr + len);
+            let got = if spill.len() < max_extents {
+                meta.alloc.alloc(left, hint)
+            } else {
+                None
+            };
+            match got {
+                Some((addr, len)) => {
+                    spill.push((addr, len));
+                    left -= len;
+                }
+                None => {
+                    let available = meta.alloc.free_bytes() + (want - left);
+                    for &(addr, len) in &spill {
+                        meta.alloc
+                            .free_now(addr, len)
+                            .map_err(|reason| Error::corrupt("free space", addr, reason))?;
+                    }
+                    return Err(Error::NoSpace {
+                        what: format!(
+                            "metadata (a checkpoint image of {image_len} bytes spilled to the data area, in at most {max_extents} extents)"
+                        ),
+                        needed: want,
+                        available,
+                    });
+                }
+            }
+        }
+        meta.spilled_bytes += want;
+        Ok(spill)
+    }
+
+    /// Gives back spill extents [`VolumeInner::allocate_spill`] returned
+    /// that no checkpoint on disk lists.
+    fn free_spill(&self, spill: &[SpillExtent]) -> Result<()> {
+        let mut meta = self.meta.write();
+        for &(addr, len) in spill {
+            meta.alloc
+                .free_now(addr, len)
+                .map_err(|reason| Error::corrupt("free space", addr, reason))?;
+            meta.spilled_bytes -= len;
+        }
+        Ok(())
     }
 }
 

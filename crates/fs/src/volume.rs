@@ -33,6 +33,10 @@ pub struct StatFs {
     /// Bytes free for allocation, including space freed by changes that
     /// are not durable yet (an allocation that needs it commits first).
     pub free_bytes: u64,
+    /// Bytes of the data area that hold checkpoint images too large for
+    /// their slots (both slots' spill extents), or that are kept free for
+    /// the next one: not in `free_bytes`.
+    pub metadata_bytes: u64,
     pub inodes: u64,
 }
 
@@ -330,6 +334,12 @@ impl Volume {
             block_size: self.inner.block_size,
             data_bytes: self.inner.sb.layout.data.len,
             free_bytes: meta.unreserved_bytes() + meta.alloc.busy_bytes(),
+            metadata_bytes: meta.spilled_bytes
+                + meta.spill_reserve_for(0).min(
+                    meta.alloc
+                        .free_bytes()
+                        .saturating_sub(meta.delalloc_reserved),
+                ),
             inodes: meta.state.inodes.len() as u64,
         }
     }

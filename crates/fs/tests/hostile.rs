@@ -83,10 +83,10 @@ fn changed_ranges(a: &[u8], b: &[u8], within: &Range<u64>) -> Vec<Range<u64>> {
 
 /// Builds the image: two checkpoints, then synced journal-only changes, then
 /// a crash (drop without unmount).
-fn build_image() -> Image {
+fn build_image(opts: &FormatOptions) -> Image {
     let mem = Arc::new(MemDevice::new(SIZE, LBS));
     let dev = dynd(&mem);
-    Volume::format(dev.clone(), &FormatOptions::default()).expect("format");
+    Volume::format(dev.clone(), opts).expect("format");
     let formatted = mem.snapshot();
     let sbk = read_superblock(&*dev).expect("superblock");
     let l = &sbk.layout;
@@ -169,6 +169,13 @@ fn build_image() -> Image {
     let bytes = mem.snapshot();
     let mut slot_used = changed_ranges(&formatted, &after_ckpt, &slots[0]);
     slot_used.extend(changed_ranges(&formatted, &after_ckpt, &slots[1]));
+    // Images spilled to the data area are checkpoint metadata too.
+    let spills = read_checkpoints(&*mem, &sbk).expect("checkpoints").spills;
+    slot_used.extend(spills.iter().flatten().map(|&(addr, len)| addr..addr + len));
+    assert!(
+        opts.checkpoint_slot_bytes.is_none() || spills.iter().any(|s| !s.is_empty()),
+        "small slots, but no checkpoint spilled"
+    );
     let journal_used = changed_ranges(&after_ckpt, &bytes, &journal);
     assert!(
         !slot_used.is_empty(),
@@ -537,10 +544,27 @@ const REGRESSION_SEEDS: [u64; 4] = [
 
 #[test]
 fn hostile_images() {
+    run_hostile_images("hostile", &FormatOptions::default(), 1.0);
+}
+
+/// The same, on a volume whose 1 KiB slots make every checkpoint image
+/// spill to the data area: damage lands in spill tables and spilled images
+/// as well.
+#[test]
+fn hostile_images_with_spilled_checkpoints() {
+    let opts = FormatOptions {
+        block_size: 512,
+        checkpoint_slot_bytes: Some(1024),
+        ..FormatOptions::default()
+    };
+    run_hostile_images("hostile_spilled", &opts, 0.5);
+}
+
+fn run_hostile_images(suite: &str, opts: &FormatOptions, share: f64) {
     let t0 = Instant::now();
-    let seeds = Seeds::from_env("hostile");
-    let cases = seeds.count(env_u64("IOMAPFS_HOSTILE_CASES", 800));
-    let img = build_image();
+    let seeds = Seeds::from_env(suite);
+    let cases = seeds.count((env_u64("IOMAPFS_HOSTILE_CASES", 800) as f64 * share) as u64);
+    let img = build_image(opts);
     // The untouched image mounts to its newest state.
     assert_eq!(
         run_one(&img, img.bytes.clone(), "untouched"),
@@ -611,7 +635,7 @@ fn hostile_images() {
         // A refused-mount case is cheap; keep the device count honest.
         let _ = SIZE;
     }
-    stats.print("hostile", t0.elapsed());
+    stats.print(suite, t0.elapsed());
     if !failures.is_empty() {
         panic!(
             "{} hostile image(s) mishandled (rerun one with IOMAPFS_TEST_SEED=<seed>):\n  {}",

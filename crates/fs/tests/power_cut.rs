@@ -50,13 +50,18 @@ enum Mix {
     /// chains of delta checkpoints that reach their bound, so whole images
     /// are rewritten too, with cuts in every part of both.
     DeltaChains,
+    /// As `DeltaChains`, on volumes whose slots are two small blocks: the
+    /// images spill to the data area, with cuts while the spill extents,
+    /// the slot's table and the deltas after it are written, and while the
+    /// data area is reused.
+    Spilled,
 }
 
 fn policy_for(mix: Mix, rng: &mut SmallRng) -> CutPolicy {
     match mix {
         Mix::Seeded => CutPolicy::Seeded(rng.gen()),
-        Mix::DeltaChains if rng.gen() => CutPolicy::Seeded(rng.gen()),
-        Mix::Policies | Mix::DeltaChains => match rng.gen_range(0..4) {
+        Mix::DeltaChains | Mix::Spilled if rng.gen() => CutPolicy::Seeded(rng.gen()),
+        Mix::Policies | Mix::DeltaChains | Mix::Spilled => match rng.gen_range(0..4) {
             0 => CutPolicy::KeepNothing,
             1 => CutPolicy::KeepEverything,
             2 => CutPolicy::TornAll(rng.gen()),
@@ -75,11 +80,17 @@ fn run_workload_on(seed: u64, mix: Mix, stats: &Stats, lying_device: bool) -> Re
     let mut rng = SmallRng::seed_from_u64(seed);
     let fua = rng.gen_bool(0.5);
     let size = [4 * MIB, 6 * MIB, 8 * MIB][rng.gen_range(0..3)];
-    let geo = if rng.gen_bool(0.5) {
+    let mut geo = if rng.gen_bool(0.5) {
         Geometry::default_4k()
     } else {
         Geometry::random(&mut rng)
     };
+    if mix == Mix::Spilled {
+        geo.lbs = 512;
+        geo.opts.block_size = 512;
+        geo.opts.checkpoint_slot_bytes = Some(2 * u64::from(geo.opts.block_size));
+    }
+    let chains = matches!(mix, Mix::DeltaChains | Mix::Spilled);
     let mem = geo.formatted_device(size, fua, rng.gen());
     let tap = TapDevice::new(mem.clone(), rng.gen());
     tap.lie_about_flush
@@ -88,7 +99,7 @@ fn run_workload_on(seed: u64, mix: Mix, stats: &Stats, lying_device: bool) -> Re
     let states: Arc<Mutex<Vec<CutState>>> = Arc::default();
     let cfg = WorkloadCfg::default();
     // Mostly short workloads; some long ones, which wrap the journal.
-    let ops = if mix == Mix::DeltaChains {
+    let ops = if chains {
         rng.gen_range(40..100)
     } else if rng.gen_bool(0.1) {
         rng.gen_range(150..400)
@@ -155,13 +166,13 @@ fn run_workload_on(seed: u64, mix: Mix, stats: &Stats, lying_device: bool) -> Re
     for _ in 0..ops {
         let ok = wl.step();
         assert!(ok, "workload op failed without any fault: {:?}", wl.failed);
-        if mix == Mix::DeltaChains && rng.gen_bool(0.35) {
+        if chains && rng.gen_bool(0.35) {
             wl.op_checkpoint();
             assert!(wl.failed.is_none(), "checkpoint failed: {:?}", wl.failed);
         }
         watchdog().beat();
     }
-    if mix == Mix::DeltaChains {
+    if chains {
         // How the chains went: a generation past the format's base and
         // the deltas after the newest base means whole images were
         // rewritten.
@@ -171,6 +182,9 @@ fn run_workload_on(seed: u64, mix: Mix, stats: &Stats, lying_device: bool) -> Re
         stats.add("deltas in the last chain", u64::from(newest.chain.deltas));
         let rewrote = newest.checkpoint.generation > 1 + u64::from(newest.chain.deltas);
         stats.add("workloads that rewrote a base", u64::from(rewrote));
+        let spilled = newest.spills.iter().filter(|s| !s.is_empty()).count();
+        stats.add("slots ending spilled", spilled as u64);
+        stats.add("workloads ending spilled", u64::from(spilled > 0));
     }
     tap.set_hook(None);
     // Cuts after the last op, with nothing in progress.
@@ -365,6 +379,18 @@ fn run(mix: Mix, name: &str, share: f64) {
     }
     stats.add("cuts", cuts);
     stats.print(name, t0.elapsed());
+    if mix == Mix::Spilled {
+        // Most workloads must end on a spilled checkpoint, or the suite
+        // would not be testing spilled ones.
+        let (spilled, workloads) = (
+            stats.get("workloads ending spilled"),
+            stats.get("workloads"),
+        );
+        assert!(
+            2 * spilled >= workloads,
+            "{spilled} of {workloads} workloads spilled"
+        );
+    }
 }
 
 #[test]
@@ -380,6 +406,11 @@ fn power_cut_policies_nothing_everything_torn_prefix() {
 #[test]
 fn power_cut_during_delta_chains() {
     run(Mix::DeltaChains, "power_cut_delta_chains", 0.15);
+}
+
+#[test]
+fn power_cut_during_spilled_checkpoints() {
+    run(Mix::Spilled, "power_cut_spilled_checkpoints", 0.1);
 }
 
 /// The crash model must be able to fail: states that break an invariant are

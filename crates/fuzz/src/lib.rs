@@ -240,6 +240,34 @@ pub fn journal_records(data: &[u8]) {
     );
 }
 
+/// `spill_table`: the payload of a spilled checkpoint base, checked
+/// against the base volume's layout. A table that decodes lists disjoint,
+/// aligned extents of the data area holding exactly the image's blocks,
+/// and encodes back to the same bytes.
+pub fn spill_table(data: &[u8]) {
+    use iomapfs_fs::checkpoint::{decode_spill_table, encode_spill_table, spill_bytes};
+    let sb = read_superblock(base_volume()).expect("base superblock");
+    let Ok(table) = decode_spill_table(&sb, data, 0) else {
+        return;
+    };
+    let area = sb.layout.data;
+    let bs = u64::from(sb.layout.block_size);
+    let mut sorted = table.extents.clone();
+    sorted.sort_unstable();
+    let mut total = 0u64;
+    for (i, &(addr, len)) in sorted.iter().enumerate() {
+        assert!(len > 0 && addr >= area.start && addr + len <= area.start + area.len);
+        assert!(addr % bs == 0 && len % bs == 0, "unaligned");
+        assert!(
+            i == 0 || sorted[i - 1].0 + sorted[i - 1].1 <= addr,
+            "overlap"
+        );
+        total += len;
+    }
+    assert_eq!(total, spill_bytes(&sb, table.image_len));
+    assert_eq!(encode_spill_table(&table), data);
+}
+
 /// `mount`: `[image length: u32 LE][checkpoint image][record count][records]`.
 /// An input whose image does not decode keeps the base checkpoint.
 pub fn mount(data: &[u8]) {
@@ -352,10 +380,11 @@ fn exercise(dev: Arc<MemDevice>) {
 pub type Target = fn(&[u8]);
 
 /// The targets by name, for the corpus tests and the corpus generator.
-pub const TARGETS: [(&str, Target); 5] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("superblock", superblock),
     ("checkpoint_image", checkpoint_image),
     ("checkpoint_delta", checkpoint_delta),
+    ("spill_table", spill_table),
     ("journal_records", journal_records),
     ("mount", mount),
 ];
@@ -373,6 +402,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "superblock" => vec![sb.encode()[..SUPERBLOCK_ENCODED_LEN].to_vec()],
         "checkpoint_image" => vec![image],
         "checkpoint_delta" => delta_seeds(&ckpt.image),
+        "spill_table" => spill_seeds(&sb, image.len() as u64),
         "journal_records" => records,
         "mount" => {
             let mut out = vec![Vec::new()];
@@ -536,4 +566,26 @@ fn record_seeds() -> Vec<Vec<u8>> {
             out
         })
         .collect()
+}
+
+/// Spill tables valid for the base volume: the image in one extent, and
+/// five blocks in two extents out of address order.
+fn spill_seeds(sb: &iomapfs_fs::superblock::Superblock, image_len: u64) -> Vec<Vec<u8>> {
+    use iomapfs_fs::checkpoint::{encode_spill_table, spill_bytes, SpillTable};
+    let bs = u64::from(sb.layout.block_size);
+    let start = sb.layout.data.start;
+    let table = |image_len: u64, extents: Vec<(u64, u64)>| {
+        encode_spill_table(&SpillTable {
+            image_len,
+            image_crc: 0,
+            extents,
+        })
+    };
+    vec![
+        table(
+            image_len,
+            vec![(start + 64 * bs, spill_bytes(sb, image_len))],
+        ),
+        table(5 * bs - 7, vec![(start + 9 * bs, 3 * bs), (start, 2 * bs)]),
+    ]
 }

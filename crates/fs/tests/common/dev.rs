@@ -324,11 +324,15 @@ impl Geometry {
 
     pub fn describe(&self) -> String {
         format!(
-            "lbs={} block_size={} journal={}",
+            "lbs={} block_size={} journal={} slot={}",
             self.lbs,
             self.opts.block_size,
             self.opts
                 .journal_bytes
+                .map(|j| j.to_string())
+                .unwrap_or_else(|| "default".into()),
+            self.opts
+                .checkpoint_slot_bytes
                 .map(|j| j.to_string())
                 .unwrap_or_else(|| "default".into())
         )
