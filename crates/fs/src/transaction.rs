@@ -582,6 +582,32 @@ mod tests {
         }
     }
 
+    /// Once the last `Volume` handle is gone its commit thread is stopped,
+    /// but open files still write: with no commit thread, the change that
+    /// reaches the threshold must commit in its caller (the contract of
+    /// `commit_if_due`), not ask a thread that no longer answers.
+    #[test]
+    fn after_the_volume_is_dropped_writers_commit_at_the_threshold() {
+        let dev = Arc::new(MemDevice::new(64 << 20, 512));
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        let f = direct_file(&vol);
+        let inner = vol.inner.clone();
+        drop(vol);
+        let threshold = inner.commit_threshold;
+        let block = vec![7u8; 4096];
+        for i in 0..4000u64 {
+            f.pwrite(&block, 2 * i * 4096).unwrap();
+            let pending = inner.meta.read().pending_bytes;
+            assert!(
+                pending < threshold,
+                "after {} allocating writes with no commit thread, {pending} bytes \
+                 of records queued (threshold {threshold})",
+                i + 1
+            );
+        }
+    }
+
     /// With the commit thread (the default), the write whose records reach
     /// the threshold asks it for the commit; a writer never gets more than
     /// the backpressure limit ahead of it; once the thread is idle, what is
