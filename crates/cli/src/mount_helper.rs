@@ -276,6 +276,25 @@ mod tests {
         assert_eq!(kept, ["threads=2", "ro"]);
     }
 
+    /// What mount(8) hands a helper for common fstab/command-line words
+    /// must either be dropped here or accepted by `iomapfs mount -o`:
+    /// otherwise `mount -t fuse.iomapfs -o noexec IMG DIR` (or an fstab
+    /// line with `exec` or `relatime`) fails with "unknown or unsupported
+    /// option".
+    #[test]
+    fn every_option_mount_8_passes_is_dropped_or_accepted() {
+        for opt in ["noexec", "exec", "relatime", "nodiratime"] {
+            if dropped_for_a_new_mount(opt) {
+                continue;
+            }
+            let mut cfg = iomapfs_mount::MountConfig::default();
+            assert!(
+                cfg.apply_option(opt).is_ok(),
+                "-o {opt} from mount(8) is neither dropped nor accepted"
+            );
+        }
+    }
+
     #[test]
     fn mountinfo_escapes() {
         assert_eq!(escape_mountinfo("/a b\\c"), "/a\\040b\\134c");
