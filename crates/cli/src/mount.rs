@@ -48,6 +48,10 @@ Options (-o, comma-separated):
                        memory only); fsck may run beside it
   rw                   (default) read-write
   fsname=NAME          the source shown in /proc/mounts (default: TARGET)
+  noexec, exec         whether programs on the mount may be executed
+                       (default exec); the mount is always nosuid, nodev and
+                       noatime (those words are accepted; suid, dev, atime,
+                       strictatime and sync are refused)
   default_permissions  always on; accepted for compatibility
 
 mount(8): the mount's type is fuse.iomapfs. Link this binary as its helper,
@@ -161,7 +165,9 @@ fn spawn_daemon(args: &MountArgs) -> Result<u8, Failure> {
         .map_err(|e| Failure::new(1, format!("mount: finding this program: {e}")))?;
     // Global options (--backend, --cache-size) and this command's, again.
     let mut argv: Vec<String> = std::env::args().skip(1).collect();
-    argv.push("--daemon-child".into());
+    // Before a `--` (after it, it would be taken for TARGET).
+    let at = argv.iter().position(|a| a == "--").unwrap_or(argv.len());
+    argv.insert(at, "--daemon-child".into());
     let mut child = Command::new(exe)
         .args(&argv)
         .stdin(Stdio::null())

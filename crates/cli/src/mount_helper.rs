@@ -9,23 +9,27 @@
 //! failed. Install it with `ln -s "$(command -v iomapfs)"
 //! /sbin/mount.fuse.iomapfs`.
 //!
-//! A new mount runs `iomapfs mount SOURCE DIR -o OPTIONS` (a daemon). A
+//! A new mount runs `iomapfs mount -o OPTIONS -- SOURCE DIR` (a daemon). A
 //! remount changes the mount's flags with mount(2) itself: FUSE takes a
 //! read-only switch without the daemon (the kernel then fails every change
-//! with EROFS before it reaches iomapfs).
+//! with EROFS before it reaches iomapfs). A read-only remount does not
+//! quiesce the daemon: writeback and checkpoints of what was written before
+//! go on; and `remount,rw` of a volume mounted with `-o ro` succeeds, but
+//! the daemon still refuses every change (EROFS).
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
+use iomapfs_mount::MountConfig;
+
 /// The names mount(8) runs this binary by.
 const HELPER_NAMES: [&str; 2] = ["mount.fuse.iomapfs", "mount.iomapfs"];
 
 /// Options mount(8) may hand a helper that mean nothing to a mount itself
-/// (fstab's `defaults`, `noauto`, `user`, `x-*` comments...), and flags
-/// that `iomapfs mount` always sets (`nosuid`, `nodev`, `noatime`).
-fn dropped_for_a_new_mount(opt: &str) -> bool {
+/// (fstab's `defaults`, `noauto`, `user`, `x-*` comments...).
+fn is_fstab_word(opt: &str) -> bool {
     matches!(
         opt,
         "defaults"
@@ -38,12 +42,38 @@ fn dropped_for_a_new_mount(opt: &str) -> bool {
             | "nouser"
             | "owner"
             | "group"
-            | "nosuid"
-            | "nodev"
-            | "noatime"
-            | "async"
     ) || opt.starts_with("x-")
         || opt.starts_with("comment=")
+        || opt.starts_with("user=")
+}
+
+/// Options of the FUSE mount itself, which mount(8) hands back on a
+/// remount (from the mount table) and which cannot change.
+fn is_fuse_mount_option(opt: &str) -> bool {
+    matches!(opt, "default_permissions" | "allow_other")
+        || [
+            "user_id=",
+            "group_id=",
+            "rootmode=",
+            "fd=",
+            "max_read=",
+            "blksize=",
+            "subtype=",
+            "fsname=",
+        ]
+        .iter()
+        .any(|prefix| opt.starts_with(prefix))
+}
+
+/// Whether `iomapfs mount -o` takes `opt`.
+fn mount_accepts(opt: &str) -> bool {
+    MountConfig::default().apply_option(opt).is_ok()
+}
+
+/// For a new mount: fstab words are dropped, and with `-s` (sloppy) also
+/// what `iomapfs mount` would refuse; the rest goes to `iomapfs mount -o`.
+fn dropped_for_a_new_mount(opt: &str, sloppy: bool) -> bool {
+    is_fstab_word(opt) || (sloppy && !mount_accepts(opt))
 }
 
 /// Runs as the helper when invoked by one of [`HELPER_NAMES`]; `None`
@@ -54,8 +84,14 @@ pub fn run_if_invoked_as_helper() -> Option<ExitCode> {
     if !HELPER_NAMES.contains(&name.as_str()) {
         return None;
     }
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    Some(match run(&name, &args) {
+    let args: Option<Vec<String>> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string().ok())
+        .collect();
+    let result = args
+        .ok_or_else(|| "an argument is not valid UTF-8".to_string())
+        .and_then(|args| run(&name, &args));
+    Some(match result {
         Ok(code) => code,
         Err(message) => {
             crate::report_error(&format!("{name}: {message}"));
@@ -72,6 +108,8 @@ struct Request {
     options: Vec<String>,
     /// `-f`: do everything but the mount.
     fake: bool,
+    /// `-s`: ignore options that are not supported.
+    sloppy: bool,
 }
 
 fn parse(args: &[String]) -> Result<Request, String> {
@@ -92,7 +130,8 @@ fn parse(args: &[String]) -> Result<Request, String> {
                 }
             }
             "-f" => req.fake = true,
-            "-s" | "-n" | "-v" => {}
+            "-s" => req.sloppy = true,
+            "-n" | "-v" => {}
             a if a.starts_with("-o") => req.options.extend(split_options(&a[2..])),
             a if a.starts_with('-') => return Err(format!("unknown flag {a}")),
             a => positional.push(a.to_string()),
@@ -116,8 +155,10 @@ fn run(name: &str, args: &[String]) -> Result<ExitCode, String> {
         format!("{why} (usage: {name} SOURCE DIR [-o OPTIONS]; mount(8) runs it)")
     })?;
     if req.options.iter().any(|o| o == "remount") {
+        let dir = absolute(&req.dir)?;
+        let flags = remount_flags(&mount_options_of(&dir)?, &req.options, req.sloppy)?;
         if !req.fake {
-            remount(&req.dir, &req.options)?;
+            remount(&dir, flags)?;
         }
         return Ok(ExitCode::SUCCESS);
     }
@@ -125,17 +166,19 @@ fn run(name: &str, args: &[String]) -> Result<ExitCode, String> {
         .options
         .iter()
         .map(String::as_str)
-        .filter(|o| !dropped_for_a_new_mount(o))
+        .filter(|o| !dropped_for_a_new_mount(o, req.sloppy))
         .collect();
     if req.fake {
         return Ok(ExitCode::SUCCESS);
     }
     let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
     let mut cmd = Command::new(exe);
-    cmd.arg("mount").arg(&req.source).arg(&req.dir);
+    cmd.arg("mount");
     if !options.is_empty() {
         cmd.arg("-o").arg(options.join(","));
     }
+    // A source or directory starting with `-` is not an option.
+    cmd.arg("--").arg(&req.source).arg(&req.dir);
     let status = cmd
         .status()
         .map_err(|e| format!("running iomapfs mount: {e}"))?;
@@ -144,40 +187,73 @@ fn run(name: &str, args: &[String]) -> Result<ExitCode, String> {
     ))
 }
 
-/// Per-mount flags mount(2) takes with `MS_REMOUNT`, by their
-/// /proc/self/mountinfo names.
-const MOUNT_FLAGS: [(&str, libc::c_ulong); 7] = [
-    ("ro", libc::MS_RDONLY),
-    ("nosuid", libc::MS_NOSUID),
-    ("nodev", libc::MS_NODEV),
-    ("noexec", libc::MS_NOEXEC),
-    ("noatime", libc::MS_NOATIME),
-    ("nodiratime", libc::MS_NODIRATIME),
-    ("relatime", libc::MS_RELATIME),
+/// Linux's `MS_NOSYMFOLLOW` (5.10), which the libc crate does not name.
+const MS_NOSYMFOLLOW: libc::c_ulong = 256;
+
+/// Per-mount flags mount(2) takes with `MS_REMOUNT`: the word that sets
+/// each (as /proc/self/mountinfo and mount(8) write it) and the one that
+/// clears it.
+const MOUNT_FLAGS: [(&str, &str, libc::c_ulong); 10] = [
+    ("ro", "rw", libc::MS_RDONLY),
+    ("nosuid", "suid", libc::MS_NOSUID),
+    ("nodev", "dev", libc::MS_NODEV),
+    ("noexec", "exec", libc::MS_NOEXEC),
+    ("noatime", "atime", libc::MS_NOATIME),
+    ("nodiratime", "diratime", libc::MS_NODIRATIME),
+    ("relatime", "norelatime", libc::MS_RELATIME),
+    ("strictatime", "nostrictatime", libc::MS_STRICTATIME),
+    ("nosymfollow", "symfollow", MS_NOSYMFOLLOW),
+    ("lazytime", "nolazytime", libc::MS_LAZYTIME),
 ];
 
-/// Remounts `dir` keeping its flags, switched to read-only or read-write
-/// where `options` say so (the last of `ro`/`rw` wins).
-fn remount(dir: &Path, options: &[String]) -> Result<(), String> {
-    let canonical = dir
-        .canonicalize()
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
-    let current = mount_options_of(&canonical)?;
+/// The flags a remount passes: the mount's `current` ones (its mountinfo
+/// options), changed as `options` say, later words winning. Options of the
+/// file system itself (`threads=`, caching, FUSE's `user_id=`...) cannot
+/// change on a remount and are ignored, like fstab words; anything else is
+/// refused, unless `sloppy`.
+fn remount_flags(
+    current: &[String],
+    options: &[String],
+    sloppy: bool,
+) -> Result<libc::c_ulong, String> {
     let mut flags = libc::MS_REMOUNT;
-    for (name, flag) in MOUNT_FLAGS {
-        if current.iter().any(|o| o == name) {
+    for (set, _, flag) in MOUNT_FLAGS {
+        if current.iter().any(|o| o == set) {
             flags |= flag;
         }
     }
     for opt in options {
-        match opt.as_str() {
-            "ro" => flags |= libc::MS_RDONLY,
-            "rw" => flags &= !libc::MS_RDONLY,
-            _ => {}
+        if let Some(&(_, _, flag)) = MOUNT_FLAGS.iter().find(|(set, _, _)| set == opt) {
+            flags |= flag;
+        } else if let Some(&(_, _, flag)) = MOUNT_FLAGS.iter().find(|(_, clear, _)| clear == opt) {
+            flags &= !flag;
+        } else if opt != "remount"
+            && !is_fstab_word(opt)
+            && !is_fuse_mount_option(opt)
+            && !mount_accepts(opt)
+            && !sloppy
+        {
+            return Err(format!("remount: unknown option {opt}"));
         }
     }
-    let path = CString::new(canonical.as_os_str().as_bytes())
-        .map_err(|_| format!("{}: a NUL in the path", canonical.display()))?;
+    Ok(flags)
+}
+
+/// `dir` as an absolute path without touching the mount: mount(8) hands
+/// helpers absolute paths, and a stat of a FUSE root would hang while its
+/// daemon does.
+fn absolute(dir: &Path) -> Result<PathBuf, String> {
+    if dir.is_absolute() {
+        return Ok(dir.to_path_buf());
+    }
+    let cwd = std::env::current_dir().map_err(|e| format!("the current directory: {e}"))?;
+    Ok(cwd.join(dir))
+}
+
+/// Remounts the mount at `dir` (absolute) with `flags`.
+fn remount(dir: &Path, flags: libc::c_ulong) -> Result<(), String> {
+    let path = CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| format!("{}: a NUL in the path", dir.display()))?;
     // SAFETY: mount(2) with a valid NUL-terminated target path; source,
     // type and data may be NULL for a remount.
     let rc = unsafe {
@@ -196,7 +272,7 @@ fn remount(dir: &Path, options: &[String]) -> Result<(), String> {
         } else {
             ""
         };
-        return Err(format!("remount of {}: {err}{hint}", canonical.display()));
+        return Err(format!("remount of {}: {err}{hint}", dir.display()));
     }
     Ok(())
 }
@@ -269,9 +345,24 @@ mod tests {
 
     #[test]
     fn fstab_words_are_dropped_and_the_rest_kept() {
-        let kept: Vec<&str> = ["defaults", "noauto", "x-systemd.foo", "threads=2", "ro"]
+        let words = [
+            "defaults",
+            "noauto",
+            "x-systemd.foo",
+            "user=me",
+            "threads=2",
+            "ro",
+            "bogus",
+        ];
+        let kept: Vec<&str> = words
             .into_iter()
-            .filter(|o| !dropped_for_a_new_mount(o))
+            .filter(|o| !dropped_for_a_new_mount(o, false))
+            .collect();
+        assert_eq!(kept, ["threads=2", "ro", "bogus"]);
+        // Sloppy: what `iomapfs mount` refuses goes too.
+        let kept: Vec<&str> = words
+            .into_iter()
+            .filter(|o| !dropped_for_a_new_mount(o, true))
             .collect();
         assert_eq!(kept, ["threads=2", "ro"]);
     }
@@ -283,8 +374,16 @@ mod tests {
     /// option".
     #[test]
     fn every_option_mount_8_passes_is_dropped_or_accepted() {
-        for opt in ["noexec", "exec", "relatime", "nodiratime"] {
-            if dropped_for_a_new_mount(opt) {
+        for opt in [
+            "noexec",
+            "exec",
+            "relatime",
+            "nodiratime",
+            "nosuid",
+            "nodev",
+            "noatime",
+        ] {
+            if dropped_for_a_new_mount(opt, false) {
                 continue;
             }
             let mut cfg = iomapfs_mount::MountConfig::default();
@@ -293,6 +392,38 @@ mod tests {
                 "-o {opt} from mount(8) is neither dropped nor accepted"
             );
         }
+    }
+
+    /// A remount keeps the mount's flags (nosymfollow too) and changes
+    /// those its options name, both ways; file-system options are ignored,
+    /// unknown words refused unless sloppy.
+    #[test]
+    fn remount_flags_keep_the_mount_s_and_apply_the_options() {
+        let current = strings(&["rw", "nosuid", "nodev", "noatime", "nosymfollow"]);
+        let kept = libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME;
+        let flags = |opts: &[&str]| remount_flags(&current, &strings(opts), false);
+        assert_eq!(
+            flags(&["remount", "ro"]).unwrap(),
+            kept | MS_NOSYMFOLLOW | libc::MS_RDONLY
+        );
+        assert_eq!(
+            flags(&[
+                "remount",
+                "ro",
+                "rw",
+                "noexec",
+                "symfollow",
+                "threads=2",
+                "defaults"
+            ])
+            .unwrap(),
+            kept | libc::MS_NOEXEC
+        );
+        assert!(flags(&["remount", "bogus"]).is_err());
+        assert_eq!(
+            remount_flags(&current, &strings(&["remount", "bogus"]), true).unwrap(),
+            kept | MS_NOSYMFOLLOW
+        );
     }
 
     #[test]

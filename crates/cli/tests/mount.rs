@@ -792,7 +792,7 @@ entries = [["nobody", "nogroup"], ["daemon", "daemon"]]
 /// mount(8) drives a volume as any file system through the helper
 /// `mount.fuse.iomapfs` (this binary by that name): `mount -t
 /// fuse.iomapfs IMAGE DIR -o OPTIONS` (an fstab line's form, its generic
-/// words dropped) mounts it; `mount -o remount,ro DIR` makes every change
+/// words dropped, mount flags such as noexec applied) mounts it; `mount -o remount,ro DIR` makes every change
 /// fail with EROFS and `remount,rw` undoes it, both keeping the mount's
 /// other flags; the data survives and fsck is clean.
 #[test]
@@ -807,7 +807,7 @@ fn mount_8_mounts_and_remounts_through_the_helper() {
         m.img(),
         &mnt,
         "-o",
-        "defaults,noauto,threads=2",
+        "defaults,noauto,threads=2,noexec,nosuid",
     ]);
     assert!(
         out.status.success(),
@@ -849,7 +849,7 @@ fn mount_8_mounts_and_remounts_through_the_helper() {
             now.contains(&mode.to_string()) && !now.contains(&other.to_string()),
             "remount,{mode}: {now:?}"
         );
-        for kept in ["nosuid", "nodev", "noatime"] {
+        for kept in ["nosuid", "nodev", "noatime", "noexec"] {
             assert!(
                 now.contains(&kept.to_string()),
                 "remount lost {kept}: {now:?}"

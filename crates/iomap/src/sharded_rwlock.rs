@@ -311,7 +311,8 @@ mod tests {
     }
 
     /// `unlock_fair` releases every shard, as a drop does: afterwards
-    /// readers and writers get the lock again.
+    /// readers and writers get the lock again. (Its fairness, the hand-over
+    /// to a waiter, is parking_lot's and not checked here.)
     #[test]
     fn a_fair_unlock_releases_every_shard() {
         let lock = ShardedRwLock::new(0u32);

@@ -70,7 +70,24 @@ pub struct MountConfig {
     /// unmount checkpoint. The caller opens the device read-only too, so
     /// nothing of the mount can write to it.
     pub read_only: bool,
+    /// `-o noexec`: programs on the mount cannot be executed.
+    pub no_exec: bool,
 }
+
+/// Mount flags every iomapfs mount has; asking for them is accepted and
+/// changes nothing.
+const ALWAYS_ON_FLAGS: [&str; 6] = [
+    "nosuid",
+    "nodev",
+    "noatime",
+    "nodiratime",
+    "relatime",
+    "async",
+];
+
+/// Mount flags an iomapfs mount never has (it is always nosuid, nodev,
+/// noatime, and synchronous only per open): refused with a reason.
+const NEVER_ON_FLAGS: [&str; 5] = ["suid", "dev", "atime", "strictatime", "sync"];
 
 /// Whether and how the kernel page cache holds file data (see
 /// [`fuse_fs`]). iomapfs's folio cache serves non-direct opens in every
@@ -109,6 +126,7 @@ impl Default for MountConfig {
             fs_name: "iomapfs".into(),
             caching: Caching::default(),
             read_only: false,
+            no_exec: false,
         }
     }
 }
@@ -125,6 +143,15 @@ impl MountConfig {
             None if opt == "direct_io" => self.caching = Caching::DirectIo,
             None if opt == "kernel_cache" => self.caching = Caching::KernelCache,
             None if opt == "writeback_cache" => self.caching = Caching::Writeback,
+            None if opt == "noexec" => self.no_exec = true,
+            None if opt == "exec" => self.no_exec = false,
+            None if ALWAYS_ON_FLAGS.contains(&opt) => {}
+            None if NEVER_ON_FLAGS.contains(&opt) => {
+                return Err(format!(
+                    "-o {opt} is not supported: an iomapfs mount is always nosuid, nodev and \
+                     noatime (O_SYNC/O_DSYNC opens are honoured)"
+                ))
+            }
             Some(("threads", n)) => {
                 self.threads = n
                     .parse()
@@ -233,6 +260,9 @@ fn session(vol: &Volume, path: &Path, cfg: &MountConfig) -> Result<Session<Iomap
         },
         MountOption::NoAtime,
     ];
+    if cfg.no_exec {
+        config.mount_options.push(MountOption::NoExec);
+    }
     config.acl = if cfg.allow_other {
         SessionACL::All
     } else {

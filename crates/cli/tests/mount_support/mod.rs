@@ -338,23 +338,23 @@ impl MountHelper {
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         let path = Path::new(MOUNT_HELPER);
         let created = match fs::read_link(path) {
-            Ok(target) => {
-                if target != Path::new(BIN) {
-                    eprintln!(
-                        "note: {MOUNT_HELPER} already links to {}; the test uses it",
-                        target.display()
-                    );
-                }
-                false
-            }
-            Err(_) if path.exists() => {
-                eprintln!("note: {MOUNT_HELPER} is installed already; the test uses it");
-                false
-            }
-            Err(_) => {
+            Ok(target) if target == Path::new(BIN) => false,
+            Err(_) if path.symlink_metadata().is_err() => {
                 std::os::unix::fs::symlink(BIN, path)
                     .unwrap_or_else(|e| panic!("linking {MOUNT_HELPER}: {e}"));
                 true
+            }
+            _ => {
+                // Someone's own helper: testing it instead of the binary
+                // under test would prove nothing, and it is not ours to
+                // replace.
+                let why = format!("{MOUNT_HELPER} is installed already, not as this build");
+                assert!(
+                    !require_privileged(),
+                    "IOMAPFS_REQUIRE_PRIVILEGED=1 but: {why}"
+                );
+                eprintln!("note: {why}; the test uses it");
+                false
             }
         };
         MountHelper {
