@@ -133,10 +133,12 @@ pub struct MetadataScaleResult {
     /// Checkpoints completed during the checkpointing window.
     pub checkpoints_during_reads: u64,
     /// Worst lateness of a thread that only sleeps 1 ms at a time, beside
-    /// the reader and writer, in each window: how long the machine itself
-    /// (the scheduler, other processes, a hypervisor) kept a runnable
-    /// thread that holds no lock off a CPU. A worst read near it is the
-    /// machine's, not a lock's.
+    /// the reader and writer, in each window: how long a runnable thread
+    /// that holds no lock was kept off a CPU, by the scheduler, other
+    /// processes, a hypervisor, and the bench's own threads (reader,
+    /// writer, the checkpoint loop and this one crowd the CPUs too). Not
+    /// matched in time with the worst read: a bound on what the machine
+    /// adds to any latency here, not the cause of a given one.
     pub quiet_wakeup_late_max_ns: u64,
     pub checkpointing_wakeup_late_max_ns: u64,
     /// `checkpointing_read_max_ns / quiet_read_p99_ns` (issue 13's goal: ≤ 2).

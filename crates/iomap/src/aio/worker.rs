@@ -7,6 +7,7 @@
 //! for folio locks, never behind the first thread's jobs (one of which may
 //! wait for those very writes' in-flight counts to drain).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 
@@ -75,13 +76,8 @@ impl<F: IomapFile> Worker<F> {
     /// comes back (boxed: the failure is rare, the job large).
     pub fn send(&mut self, job: Job<F>) -> Result<(), Box<(Job<F>, IomapError)>> {
         if self.jobs.is_none() {
-            let (tx, rx) = mpsc::channel::<Job<F>>();
-            let done = self.done_tx.clone();
-            let spawned = std::thread::Builder::new()
-                .name("iomap-completion".to_string())
-                .spawn(move || run(rx, done));
-            match spawned {
-                Ok(thread) => {
+            match start("iomap-completion", &self.done_tx, run) {
+                Ok((tx, thread)) => {
                     self.jobs = Some(tx);
                     self.thread = Some(thread);
                 }
@@ -112,13 +108,8 @@ impl<F: IomapFile> Worker<F> {
         finished: Box<FinishedRequest<F>>,
     ) -> Result<(), Box<FinishedRequest<F>>> {
         if self.cache_updates.is_none() {
-            let (tx, rx) = mpsc::channel::<Box<FinishedRequest<F>>>();
-            let done = self.done_tx.clone();
-            let spawned = std::thread::Builder::new()
-                .name("iomap-cache-update".to_string())
-                .spawn(move || update_caches(rx, done));
-            match spawned {
-                Ok(thread) => {
+            match start("iomap-cache-update", &self.done_tx, update_caches) {
+                Ok((tx, thread)) => {
                     self.cache_updates = Some(tx);
                     self.cache_thread = Some(thread);
                 }
@@ -171,14 +162,43 @@ impl<F: IomapFile> Drop for Worker<F> {
     }
 }
 
+/// Starts a thread named `name` running `body` over the jobs sent on the
+/// returned channel, posting to `done`.
+fn start<J: Send + 'static, F: IomapFile>(
+    name: &str,
+    done: &Sender<Done<F>>,
+    body: fn(Receiver<J>, Sender<Done<F>>),
+) -> std::io::Result<(Sender<J>, JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel::<J>();
+    let done = done.clone();
+    let thread = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || body(rx, done))?;
+    Ok((tx, thread))
+}
+
+/// What a job that panicked (a bug) completes with: an error, so that the
+/// queue never waits for a completion that cannot come.
+fn panicked(what: &str) -> IomapError {
+    IomapError::Worker {
+        reason: format!("the {what} panicked"),
+    }
+}
+
 fn update_caches<F: IomapFile>(updates: Receiver<Box<FinishedRequest<F>>>, done: Sender<Done<F>>) {
-    for finished in updates {
-        file_io::update_cache_after_direct_write(
-            finished.holds.owner(),
-            finished.pos,
-            &finished.buf,
-            finished.written(),
-        );
+    for mut finished in updates {
+        let update = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            file_io::update_cache_after_direct_write(
+                finished.holds.owner(),
+                finished.pos,
+                &finished.buf,
+                finished.written(),
+            )
+        }));
+        if update.is_err() {
+            // The cache may not hold the write's bytes: the write fails.
+            finished.result = Err(panicked("cache update after a direct write"));
+        }
         if done.send(Done::CacheUpdated(finished)).is_err() {
             return;
         }
@@ -187,31 +207,42 @@ fn update_caches<F: IomapFile>(updates: Receiver<Box<FinishedRequest<F>>>, done:
 
 fn run<F: IomapFile>(jobs: Receiver<Job<F>>, done: Sender<Done<F>>) {
     for job in jobs {
-        let completion = match job {
+        let (file, pos, buf, token, write) = match job {
             Job::Read {
                 file,
                 pos,
-                mut buf,
-                token,
-            } => Completion {
-                token,
-                result: file_io::read(&file, pos, &mut buf).map_err(|e| file.error_at(pos, e)),
                 buf,
-                completed_by: CompletedBy::Worker,
-            },
+                token,
+            } => (file, pos, buf, token, false),
             Job::Write {
                 file,
                 pos,
                 buf,
                 token,
-            } => Completion {
-                token,
-                result: file_io::write(&file, pos, &buf)
-                    .map(|_| buf.len())
-                    .map_err(|e| file.error_at(pos, e)),
-                buf,
-                completed_by: CompletedBy::Worker,
-            },
+            } => (file, pos, buf, token, true),
+        };
+        // Through the synchronous entry points.
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let mut buf = buf;
+            let result = if write {
+                file_io::write(&file, pos, &buf).map(|_| buf.len())
+            } else {
+                file_io::read(&file, pos, &mut buf)
+            };
+            (result, buf)
+        }));
+        let (result, buf) = match outcome {
+            Ok((result, buf)) => (result, buf),
+            Err(_) => (
+                Err(panicked("completion worker").into()),
+                super::empty_buf(),
+            ),
+        };
+        let completion = Completion {
+            token,
+            result: result.map_err(|e| file.error_at(pos, e)),
+            buf,
+            completed_by: CompletedBy::Worker,
         };
         if done.send(Done::Completed(completion)).is_err() {
             return;
