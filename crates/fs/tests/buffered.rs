@@ -792,6 +792,80 @@ fn sequential_reads_are_read_ahead_in_the_background() {
     );
 }
 
+/// Where a file's cached folios end (0 when none is cached).
+fn cached_end(f: &iomapfs_fs::File) -> u64 {
+    f.mapping()
+        .folio_spans()
+        .iter()
+        .map(|&(p, l)| p + l as u64)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Once a sequential 64 KiB reader's window has grown to the largest
+/// folio (its fifth read), every read leaves a whole window cached or
+/// queued past its end, as the kernel's readahead mark does: the device
+/// then reads the next window while the reader copies this one. Read ahead
+/// only half a window, the device idled while the reader copied the first
+/// half of each window.
+#[test]
+fn a_sequential_reader_keeps_a_whole_window_read_ahead() {
+    let dev = Arc::new(MemDevice::new(64 * MIB, 512));
+    let vol = volume_on(&dev);
+    let data = pattern(16 * MIB as usize, 12);
+    {
+        let d = vol.open_file("/f", direct()).unwrap();
+        d.pwrite(&data, 0).unwrap();
+        d.fsync().unwrap();
+    }
+    let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    let window = iomap::folio::MAX_FOLIO_BYTES as u64;
+    let mut pos = 0u64;
+    for read in 1..=160 {
+        f.pread(&mut buf, pos).unwrap();
+        assert!(buf[..] == data[pos as usize..][..buf.len()], "read {read}");
+        pos += buf.len() as u64;
+        vol.cache().wait_readahead();
+        if read >= 5 {
+            let ahead = cached_end(&f);
+            assert!(
+                ahead >= pos + window,
+                "read {read} ended at {pos}: cached only to {ahead}"
+            );
+        }
+    }
+}
+
+/// A sequential 1 MiB reader is read ahead from its second read (the
+/// window starts at four times the read, as the kernel's first readahead),
+/// not after the window has doubled past its read size from 16 KiB.
+#[test]
+fn a_large_sequential_read_is_read_ahead_from_the_second_read() {
+    let dev = Arc::new(MemDevice::new(64 * MIB, 512));
+    let vol = volume_on(&dev);
+    let data = pattern(16 * MIB as usize, 13);
+    {
+        let d = vol.open_file("/f", direct()).unwrap();
+        d.pwrite(&data, 0).unwrap();
+        d.fsync().unwrap();
+    }
+    let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+    let mut buf = vec![0u8; MIB as usize];
+    for pos in [0, MIB] {
+        f.pread(&mut buf, pos).unwrap();
+        assert!(buf[..] == data[pos as usize..][..buf.len()]);
+    }
+    vol.cache().wait_readahead();
+    let ahead = cached_end(&f);
+    assert!(
+        ahead >= 2 * MIB + iomap::folio::MAX_FOLIO_BYTES as u64,
+        "after two 1 MiB reads, cached only to {ahead}"
+    );
+    f.pread(&mut buf, 2 * MIB).unwrap();
+    assert!(buf[..] == data[2 * MIB as usize..][..buf.len()]);
+}
+
 /// A sequential writer's bytes are written back behind it while it writes
 /// (write-behind), completed through the journal like any writeback: a
 /// cut without `fsync` keeps a prefix of the data, never zeros or stale

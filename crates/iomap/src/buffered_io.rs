@@ -81,7 +81,13 @@ pub fn read<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<usize, F
 /// sequential, up to the largest folio; nothing extra for a random read.
 fn readahead_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
     let seq = &mapping.shared.sequential;
-    let window = advance(&seq.next_pos, &seq.window, pos, end);
+    let window = advance(
+        &seq.next_pos,
+        &seq.window,
+        pos,
+        end,
+        first_read_window(end - pos),
+    );
     if window == 0 {
         // A new run starts: what was read ahead for the old one says
         // nothing about it.
@@ -93,17 +99,37 @@ fn readahead_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
 /// The folio size a write at `pos` asks for, growing the same way.
 fn write_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
     let seq = &mapping.shared.sequential;
-    advance(&seq.next_write_pos, &seq.write_window, pos, end)
+    advance(
+        &seq.next_write_pos,
+        &seq.write_window,
+        pos,
+        end,
+        READAHEAD_START_BYTES,
+    )
+}
+
+/// The smallest window of a sequential read of `len` bytes: four times the
+/// read, as the kernel's first readahead of a sequential reader
+/// (`get_init_ra_size`). Doubling from [`READAHEAD_START_BYTES`] alone, a
+/// 1 MiB reader read its first 8 MiB with a window smaller than its reads,
+/// so nothing was read ahead of it.
+fn first_read_window(len: u64) -> usize {
+    (len as usize)
+        .saturating_mul(4)
+        .checked_next_power_of_two()
+        .unwrap_or(MAX_FOLIO_BYTES)
+        .min(MAX_FOLIO_BYTES)
 }
 
 /// Records an access of `[pos, end)` in a sequence detector; returns its
-/// window.
-fn advance(next_pos: &AtomicU64, window: &AtomicUsize, pos: u64, end: u64) -> usize {
+/// window (at least `floor` once sequential).
+fn advance(next_pos: &AtomicU64, window: &AtomicUsize, pos: u64, end: u64, floor: usize) -> usize {
     let (next, grown) = grow(
         next_pos.load(Ordering::Relaxed),
         window.load(Ordering::Relaxed),
         pos,
         end,
+        floor,
     );
     next_pos.store(next, Ordering::Relaxed);
     window.store(grown, Ordering::Relaxed);
@@ -111,10 +137,13 @@ fn advance(next_pos: &AtomicU64, window: &AtomicUsize, pos: u64, end: u64) -> us
 }
 
 /// The next expected offset and window after an access of `[pos, end)`,
-/// given the previous ones: doubling while sequential, reset otherwise.
-fn grow(next_pos: u64, window: usize, pos: u64, end: u64) -> (u64, usize) {
+/// given the previous ones: doubling while sequential (from `floor` at
+/// least), reset otherwise.
+fn grow(next_pos: u64, window: usize, pos: u64, end: u64, floor: usize) -> (u64, usize) {
     let window = if pos == next_pos && pos > 0 {
-        (window * 2).clamp(READAHEAD_START_BYTES, MAX_FOLIO_BYTES)
+        (window * 2)
+            .max(floor)
+            .clamp(READAHEAD_START_BYTES, MAX_FOLIO_BYTES)
     } else {
         0
     };
