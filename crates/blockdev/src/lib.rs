@@ -34,7 +34,7 @@ pub mod rng;
 pub mod sync_backend;
 pub mod uring;
 
-pub use aligned_buf::{AlignedBuf, AlignedBufError};
+pub use aligned_buf::{AlignedBuf, AlignedBufError, HUGE_PAGE_BYTES};
 pub use backend::{open_device, Backend, BackendChoice};
 pub use caps::{DeviceCaps, DeviceKind};
 pub use counters::{DeviceCounters, RequestCounts};

@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use blockdev::AlignedBuf;
+use blockdev::{AlignedBuf, HUGE_PAGE_BYTES};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::background::Worker;
@@ -229,27 +229,16 @@ fn order_of(len: usize) -> usize {
     (len.max(MIN_FOLIO_BYTES) / MIN_FOLIO_BYTES).trailing_zeros() as usize
 }
 
-/// Fresh memory for a folio of `len` bytes. The largest folios get 2 MiB
-/// alignment and a transparent huge page: one page fault instead of 512
-/// the first time they are touched.
+/// Fresh memory for a folio of `len` bytes. The largest folios are huge
+/// pages, advised before their first touch: a cold read into one takes one
+/// page fault instead of 512 (heap memory zeroed before the advice was
+/// backed by small pages).
 fn new_buffer(len: usize, pos: u64) -> Result<AlignedBuf, IomapError> {
-    let align = if len == MAX_FOLIO_BYTES {
-        MAX_FOLIO_BYTES
-    } else {
-        FOLIO_ALIGN
-    };
-    let mut buf =
-        AlignedBuf::new(len, align).map_err(|source| IomapError::Bounce { pos, source })?;
-    if len == MAX_FOLIO_BYTES {
-        // SAFETY: the range is exactly the buffer this function owns, which
-        // is 2 MiB-aligned; MADV_HUGEPAGE only advises the kernel on how to
-        // back it and changes no content (it fails harmlessly where THP is
-        // off, and the result is ignored).
-        unsafe {
-            libc::madvise(buf.as_mut_ptr().cast(), len, libc::MADV_HUGEPAGE);
-        }
+    if len == MAX_FOLIO_BYTES && MAX_FOLIO_BYTES.is_multiple_of(HUGE_PAGE_BYTES) {
+        return AlignedBuf::new_huge_pages(len)
+            .map_err(|source| IomapError::Bounce { pos, source });
     }
-    Ok(buf)
+    AlignedBuf::new(len, FOLIO_ALIGN).map_err(|source| IomapError::Bounce { pos, source })
 }
 
 /// A volume's folio cache: the budget and the eviction policy. Cheap to
