@@ -866,6 +866,120 @@ fn a_large_sequential_read_is_read_ahead_from_the_second_read() {
     assert!(buf[..] == data[2 * MIB as usize..][..buf.len()]);
 }
 
+/// Forwards to a [`MemDevice`]; once armed, every read waits at the gate
+/// until it is opened (or a 20 s guard passes), and the most reads waiting
+/// at once is recorded.
+struct GateDevice {
+    inner: Arc<MemDevice>,
+    gate: parking_lot::Mutex<Gate>,
+    changed: parking_lot::Condvar,
+}
+
+#[derive(Default)]
+struct Gate {
+    armed: bool,
+    waiting: usize,
+    most_waiting: usize,
+}
+
+impl GateDevice {
+    fn set_armed(&self, armed: bool) {
+        self.gate.lock().armed = armed;
+        self.changed.notify_all();
+    }
+
+    /// Waits until `n` reads wait at the gate at once, or `guard` passes;
+    /// returns the most that did.
+    fn wait_for_waiting(&self, n: usize, guard: std::time::Duration) -> usize {
+        let deadline = std::time::Instant::now() + guard;
+        let mut gate = self.gate.lock();
+        while gate.most_waiting < n && !self.changed.wait_until(&mut gate, deadline).timed_out() {}
+        gate.most_waiting
+    }
+}
+
+impl BlockDevice for GateDevice {
+    fn caps(&self) -> &blockdev::DeviceCaps {
+        self.inner.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), blockdev::DeviceError> {
+        {
+            let mut gate = self.gate.lock();
+            if gate.armed {
+                gate.waiting += 1;
+                gate.most_waiting = gate.most_waiting.max(gate.waiting);
+                self.changed.notify_all();
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+                while gate.armed && !self.changed.wait_until(&mut gate, deadline).timed_out() {}
+                gate.waiting -= 1;
+            }
+        }
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        mode: blockdev::WriteMode,
+    ) -> Result<(), blockdev::DeviceError> {
+        self.inner.write_at(buf, offset, mode)
+    }
+    fn flush(&self) -> Result<(), blockdev::DeviceError> {
+        self.inner.flush()
+    }
+    fn counters(&self) -> &blockdev::DeviceCounters {
+        self.inner.counters()
+    }
+}
+
+/// A sequential reader has two windows read ahead at once, each by its own
+/// readahead thread: the device gets the next window's request while the
+/// current one is read, instead of waiting for one thread between windows.
+/// (With one thread, only one readahead read is ever at the gate: the
+/// reader waits on the folio being filled.)
+#[test]
+fn two_windows_are_read_ahead_at_once() {
+    let mem = Arc::new(MemDevice::new(64 * MIB, 512));
+    Volume::format(mem.clone(), &FormatOptions::default()).unwrap();
+    let dev = Arc::new(GateDevice {
+        inner: mem,
+        gate: Default::default(),
+        changed: Default::default(),
+    });
+    let vol = Volume::open(dev.clone()).unwrap();
+    let data = Arc::new(pattern(24 * MIB as usize, 15));
+    {
+        let d = vol.open_file("/f", direct()).unwrap();
+        d.pwrite(&data, 0).unwrap();
+        d.fsync().unwrap();
+    }
+    let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    // Until the window is the largest folio (see
+    // a_sequential_reader_keeps_a_whole_window_read_ahead).
+    let mut pos = 0u64;
+    for _ in 0..8 {
+        f.pread(&mut buf, pos).unwrap();
+        pos += buf.len() as u64;
+    }
+    vol.cache().wait_readahead();
+    dev.set_armed(true);
+    let reader = {
+        let data = data.clone();
+        std::thread::spawn(move || {
+            while pos < data.len() as u64 {
+                f.pread(&mut buf, pos).unwrap();
+                assert!(buf[..] == data[pos as usize..][..buf.len()], "at {pos}");
+                pos += buf.len() as u64;
+            }
+        })
+    };
+    let most = dev.wait_for_waiting(2, std::time::Duration::from_secs(20));
+    dev.set_armed(false);
+    reader.join().unwrap();
+    assert!(most >= 2, "at most {most} device read(s) in flight at once");
+}
+
 /// A sequential writer's bytes are written back behind it while it writes
 /// (write-behind), completed through the journal like any writeback: a
 /// cut without `fsync` keeps a prefix of the data, never zeros or stale

@@ -61,6 +61,13 @@ pub const DEFAULT_WRITE_BEHIND_BYTES: u64 = 0;
 /// keeps two device writes in flight while the writer fills the next.
 pub const WRITE_BEHIND_CHUNK_BYTES: u64 = 2 * MAX_FOLIO_BYTES as u64;
 
+/// Readahead threads per cache. Each reads a window with one synchronous
+/// request at a time; two keep a second request queued at the device
+/// while the first completes, so the device does not wait for a thread
+/// between windows (raw 2 MiB reads from two threads: 5.3-5.6 GB/s
+/// against 4.5-4.9 from one, loop device over tmpfs).
+pub const READAHEAD_THREADS: usize = 2;
+
 /// Largest read served by [`Mapping::copy_cached`]: a copy this size
 /// (microseconds at memory bandwidth) is as long as a folio insert of the
 /// same file may wait.
@@ -164,7 +171,8 @@ pub(crate) struct CacheShared {
     /// background threshold (the flusher).
     dirty_changed: Condvar,
     dirty_lock: Mutex<()>,
-    readahead: Worker,
+    /// One per [`READAHEAD_THREADS`]; see [`FolioCache::readahead`].
+    readahead: [Worker; READAHEAD_THREADS],
     write_behind: Worker,
 }
 
@@ -270,7 +278,7 @@ impl FolioCache {
                 pool: Mutex::new(Vec::new()),
                 dirty_changed: Condvar::new(),
                 dirty_lock: Mutex::new(()),
-                readahead: Worker::new("iomap-readahead"),
+                readahead: [Worker::new("iomap-ra-even"), Worker::new("iomap-ra-odd")],
                 write_behind: Worker::new("iomap-writebehind"),
             }),
         })
@@ -280,8 +288,13 @@ impl FolioCache {
         &self.shared.config
     }
 
-    pub(crate) fn readahead(&self) -> &Worker {
-        &self.shared.readahead
+    /// The readahead thread for a window starting at file byte `pos`:
+    /// neighbouring windows of the largest folio go to different threads,
+    /// so while one thread waits for its window's device read, the other's
+    /// read is queued at the device behind it.
+    pub(crate) fn readahead(&self, pos: u64) -> &Worker {
+        let slot = (pos / MAX_FOLIO_BYTES as u64) as usize % READAHEAD_THREADS;
+        &self.shared.readahead[slot]
     }
 
     pub(crate) fn write_behind(&self) -> &Worker {
@@ -298,7 +311,9 @@ impl FolioCache {
     /// Waits until every readahead queued so far is done (for tests and
     /// benches: readahead otherwise runs on its own).
     pub fn wait_readahead(&self) {
-        self.shared.readahead.wait_idle();
+        for worker in &self.shared.readahead {
+            worker.wait_idle();
+        }
     }
 
     /// Ends background I/O for good (the volume is going away, or a crash
@@ -306,7 +321,9 @@ impl FolioCache {
     /// are dropped (their data stays dirty for `fsync`), later ones are not
     /// queued, and this returns once those running now are done.
     pub fn stop_background(&self) {
-        self.shared.readahead.stop();
+        for worker in &self.shared.readahead {
+            worker.stop();
+        }
         self.shared.write_behind.stop();
     }
 

@@ -1,15 +1,17 @@
 //! Asynchronous readahead: while a sequential reader copies one window out
-//! of the cache, a background thread reads the next one in, so the device
+//! of the cache, background threads read the next ones in, so the device
 //! and the copy overlap (as the kernel's async readahead does).
 //!
 //! The window is the reader's folio size ([`crate::buffered_io`] doubles it
 //! while the reads stay sequential, up to 2 MiB); once it reaches
 //! [`ASYNC_READAHEAD_MIN_BYTES`], each read makes sure the whole window
-//! after it is cached, being read or queued. The thread belongs to the volume's cache, starts
-//! on first use, and takes jobs in order; a job holds a handle on its file
-//! (so the file stays open) and the inode's I/O lock shared while it reads
-//! (so truncate and punch wait for it). A reader that reaches a folio being
-//! filled waits on that folio's lock.
+//! after it is cached, being read or queued. The threads belong to the
+//! volume's cache ([`crate::folio_cache::READAHEAD_THREADS`]: neighbouring
+//! windows go to different threads, so two device reads are in flight),
+//! start on first use, and each takes its jobs in order; a job holds a
+//! handle on its file (so the file stays open) and the inode's I/O lock
+//! shared while it reads (so truncate and punch wait for it). A reader
+//! that reaches a folio being filled waits on that folio's lock.
 //!
 //! # Fault model
 //!
@@ -63,7 +65,7 @@ pub(crate) fn schedule<F: IomapFile>(file: &F, end: u64, window: usize, eof: u64
     };
     let queued = mapping
         .cache()
-        .readahead()
+        .readahead(from)
         .submit(Box::new(move || read_ahead(&held, from, target, window)));
     if !queued {
         // No thread: the reader's own reads fill the window.
