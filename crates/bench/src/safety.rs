@@ -41,16 +41,11 @@ fn parse_pair(text: &str) -> Option<(u32, u32)> {
 /// Where a device number is mounted, from /proc/self/mountinfo (field 3 is
 /// the mounted device's major:minor, field 5 the mount point).
 fn mount_points_of(dev: (u32, u32)) -> Vec<String> {
-    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    info.lines()
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let pair = parse_pair(fields.nth(2)?)?;
-            let point = fields.nth(1)?;
-            (pair == dev).then(|| point.to_string())
-        })
+    iomapfs_mount::mountinfo::mounts()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.device == dev)
+        .map(|m| m.mount_point.display().to_string())
         .collect()
 }
 

@@ -277,38 +277,12 @@ fn remount(dir: &Path, flags: libc::c_ulong) -> Result<(), String> {
     Ok(())
 }
 
-/// The per-mount options (field 6 of /proc/self/mountinfo) of the mount
-/// at `dir` (the topmost one there).
+/// The per-mount options of the mount at `dir` (the topmost one there).
 fn mount_options_of(dir: &Path) -> Result<Vec<String>, String> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
-    let wanted = escape_mountinfo(&dir.to_string_lossy());
-    table
-        .lines()
-        .rev()
-        .find_map(|line| {
-            let mut fields = line.split(' ');
-            let point = fields.nth(4)?;
-            let options = fields.next()?;
-            (point == wanted).then(|| options.split(',').map(str::to_string).collect())
-        })
+    iomapfs_mount::mountinfo::mount_at(dir)
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?
+        .map(|m| m.options)
         .ok_or_else(|| format!("{} is not a mount point", dir.display()))
-}
-
-/// A path as mountinfo writes it: space, tab, newline and backslash in
-/// octal escapes.
-fn escape_mountinfo(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    for c in path.chars() {
-        match c {
-            ' ' => out.push_str("\\040"),
-            '\t' => out.push_str("\\011"),
-            '\n' => out.push_str("\\012"),
-            '\\' => out.push_str("\\134"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -424,10 +398,5 @@ mod tests {
             remount_flags(&current, &strings(&["remount", "bogus"]), true).unwrap(),
             kept | MS_NOSYMFOLLOW
         );
-    }
-
-    #[test]
-    fn mountinfo_escapes() {
-        assert_eq!(escape_mountinfo("/a b\\c"), "/a\\040b\\134c");
     }
 }

@@ -13,6 +13,7 @@
 //! package `fuse3`) for a user who mounts an image file they own.
 
 pub mod fuse_fs;
+pub mod mountinfo;
 pub mod transport_probe;
 
 use std::ffi::CString;

@@ -592,13 +592,8 @@ impl ProbeMount {
 /// the name of its fusectl directory), from /proc/self/mountinfo, which
 /// unlike stat(2) never waits for the server.
 fn connection_of(dir: &Path) -> Option<u32> {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    let dir = dir.to_str()?;
-    let line = info
-        .lines()
-        .rfind(|line| line.split(' ').nth(4) == Some(dir))?;
-    let (_, minor) = line.split(' ').nth(2)?.split_once(':')?;
-    minor.parse().ok()
+    let mount = crate::mountinfo::mount_at(dir).ok()??;
+    Some(mount.device.1)
 }
 
 /// Aborts FUSE connection `id` through fusectl: at
