@@ -16,6 +16,9 @@ struct RequestState {
     asked: bool,
     running: bool,
     stop: bool,
+    /// A thread answers asks: set when it starts, cleared when it stops
+    /// (a caller with nobody to ask does the job itself).
+    served: bool,
     /// Asks so far, folded ones included.
     asks: u64,
 }
@@ -52,8 +55,20 @@ impl BackgroundRequest {
         self.changed.notify_all();
     }
 
+    /// The thread has started: asks are answered from now on.
+    pub(crate) fn serve(&self) {
+        self.state.lock().served = true;
+    }
+
+    /// Whether a thread answers asks (started, not stopped).
+    pub(crate) fn is_served(&self) -> bool {
+        self.state.lock().served
+    }
+
     pub(crate) fn stop(&self) {
-        self.state.lock().stop = true;
+        let mut state = self.state.lock();
+        state.stop = true;
+        state.served = false;
         self.changed.notify_all();
     }
 

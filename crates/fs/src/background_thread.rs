@@ -31,9 +31,6 @@ use crate::{Error, Result};
 pub(crate) struct BackgroundThread {
     request: Arc<BackgroundRequest>,
     thread: Option<JoinHandle<()>>,
-    /// The commit thread: the volume whose `commits_in_background` it
-    /// clears as it stops.
-    commits_for: Option<Weak<VolumeInner>>,
 }
 
 impl BackgroundThread {
@@ -48,12 +45,9 @@ impl BackgroundThread {
     /// The commit thread, asked through `vol.commit_request`.
     pub(crate) fn commits(vol: &Arc<VolumeInner>) -> Result<BackgroundThread> {
         let request = vol.commit_request.clone();
-        let mut thread = BackgroundThread::start(vol, "iomapfs-commit", request, |vol| {
+        BackgroundThread::start(vol, "iomapfs-commit", request, |vol| {
             vol.commit_if_still_due()
-        })?;
-        thread.commits_for = Some(Arc::downgrade(vol));
-        vol.set_commits_in_background(true);
-        Ok(thread)
+        })
     }
 
     fn start(
@@ -69,19 +63,16 @@ impl BackgroundThread {
                 .spawn(move || run(weak, &request, job))
                 .map_err(|e| Error::invalid(format!("background thread {name}"), e.to_string()))?
         };
+        request.serve();
         Ok(BackgroundThread {
             request,
             thread: Some(thread),
-            commits_for: None,
         })
     }
 }
 
 impl Drop for BackgroundThread {
     fn drop(&mut self) {
-        if let Some(vol) = self.commits_for.as_ref().and_then(Weak::upgrade) {
-            vol.set_commits_in_background(false);
-        }
         self.request.stop();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();

@@ -162,8 +162,6 @@ pub struct VolumeInner {
     /// Changes whose records reach the commit threshold ask here for a
     /// background commit (see [`crate::background_thread`]).
     pub(crate) commit_request: Arc<BackgroundRequest>,
-    /// Whether a commit thread answers `commit_request`.
-    commits_in_background: AtomicBool,
 }
 
 impl VolumeInner {
@@ -194,16 +192,13 @@ impl VolumeInner {
             lost_writeback: Mutex::new(Vec::new()),
             checkpoint_request: Arc::default(),
             commit_request: Arc::default(),
-            commits_in_background: AtomicBool::new(false),
         }
     }
 
-    pub(crate) fn set_commits_in_background(&self, on: bool) {
-        self.commits_in_background.store(on, Ordering::Release);
-    }
-
+    /// Whether a commit thread answers `commit_request` (a stopped one,
+    /// after the last `Volume` handle went, does not).
     pub(crate) fn commits_in_background(&self) -> bool {
-        self.commits_in_background.load(Ordering::Acquire)
+        self.commit_request.is_served()
     }
 
     pub fn check_live(&self) -> Result<()> {

@@ -558,6 +558,27 @@ mod tests {
         f
     }
 
+    /// Writes one block into each of the first 4000 holes of `f` (every
+    /// other block: each write allocates), asserting after each that the
+    /// records queued stay below `limit`; `what` names the case.
+    fn fill_holes_keeping_queue_below(
+        f: &crate::File,
+        inner: &crate::mount_state::VolumeInner,
+        limit: u64,
+        what: &str,
+    ) {
+        let block = vec![7u8; 4096];
+        for i in 0..4000u64 {
+            f.pwrite(&block, 2 * i * 4096).unwrap();
+            let pending = inner.meta.read().pending_bytes;
+            assert!(
+                pending < limit,
+                "after {} allocating writes{what}, {pending} bytes of records queued (limit {limit})",
+                i + 1
+            );
+        }
+    }
+
     /// Without a commit thread, direct writes that allocate, never synced,
     /// commit in the writer once their records reach the commit threshold
     /// instead of queueing without bound.
@@ -571,17 +592,7 @@ mod tests {
         };
         let vol = Volume::open_with(dev.clone(), &opts).unwrap();
         let f = direct_file(&vol);
-        let block = vec![7u8; 4096];
-        let threshold = vol.inner.commit_threshold;
-        for i in 0..4000u64 {
-            f.pwrite(&block, 2 * i * 4096).unwrap();
-            let pending = vol.inner.meta.read().pending_bytes;
-            assert!(
-                pending < threshold,
-                "after {} allocating writes, {pending} bytes of records queued (threshold {threshold})",
-                i + 1
-            );
-        }
+        fill_holes_keeping_queue_below(&f, &vol.inner, vol.inner.commit_threshold, "");
     }
 
     /// Once the last `Volume` handle is gone its commit thread is stopped,
@@ -596,18 +607,12 @@ mod tests {
         let f = direct_file(&vol);
         let inner = vol.inner.clone();
         drop(vol);
-        let threshold = inner.commit_threshold;
-        let block = vec![7u8; 4096];
-        for i in 0..4000u64 {
-            f.pwrite(&block, 2 * i * 4096).unwrap();
-            let pending = inner.meta.read().pending_bytes;
-            assert!(
-                pending < threshold,
-                "after {} allocating writes with no commit thread, {pending} bytes \
-                 of records queued (threshold {threshold})",
-                i + 1
-            );
-        }
+        fill_holes_keeping_queue_below(
+            &f,
+            &inner,
+            inner.commit_threshold,
+            " with no commit thread",
+        );
     }
 
     /// With the commit thread (the default), the write whose records reach
@@ -620,20 +625,10 @@ mod tests {
         Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
         let vol = Volume::open(dev.clone()).unwrap();
         let f = direct_file(&vol);
-        let block = vec![7u8; 4096];
         let inner = &vol.inner;
         let threshold = inner.commit_threshold;
-        let limit = threshold * COMMIT_BACKPRESSURE_THRESHOLDS;
         let head = inner.commit.lock().journal.used_bytes();
-        for i in 0..4000u64 {
-            f.pwrite(&block, 2 * i * 4096).unwrap();
-            let pending = inner.meta.read().pending_bytes;
-            assert!(
-                pending < limit,
-                "after {} allocating writes, {pending} bytes of records queued (limit {limit})",
-                i + 1
-            );
-        }
+        fill_holes_keeping_queue_below(&f, inner, threshold * COMMIT_BACKPRESSURE_THRESHOLDS, "");
         assert!(inner.commit_request.asks() > 0, "no commit was asked for");
         inner.commit_request.wait_idle();
         assert!(inner.meta.read().pending_bytes < threshold);
