@@ -826,15 +826,10 @@ fn mount_8_mounts_and_remounts_through_the_helper() {
     fs::write(m.path("kept"), b"before").unwrap();
     let flags = |m: &Mounted| -> Vec<String> {
         let canonical = m.mnt.canonicalize().unwrap();
-        fs::read_to_string("/proc/self/mounts")
+        iomapfs_mount::mountinfo::mount_at(&canonical)
             .unwrap()
-            .lines()
-            .rfind(|l| l.split(' ').nth(1) == canonical.to_str())
-            .and_then(|l| l.split(' ').nth(3))
-            .unwrap()
-            .split(',')
-            .map(str::to_string)
-            .collect()
+            .expect("mounted")
+            .options
     };
     for (mode, other) in [("ro", "rw"), ("rw", "ro")] {
         let out = mount_cmd(&["-o", &format!("remount,{mode}"), &mnt]);

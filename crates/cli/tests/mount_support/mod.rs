@@ -73,10 +73,7 @@ pub fn ok(args: &[&str]) -> String {
 
 pub fn is_mounted(mnt: &Path) -> bool {
     let mnt = mnt.canonicalize().unwrap_or_else(|_| mnt.to_path_buf());
-    fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == Some(mnt.to_str().unwrap()))
+    iomapfs_mount::mountinfo::mount_at(&mnt).is_ok_and(|m| m.is_some())
 }
 
 /// Whether process `pid` still runs (a zombie does not: nobody may reap
