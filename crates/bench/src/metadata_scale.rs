@@ -6,9 +6,10 @@
 //! with N extents: every other 4 KiB block is written, so no two extents
 //! are contiguous in the file and none merge. Then, measured:
 //! - checkpoint time: [`CHECKPOINTS_TIMED`] checkpoints back to back, and
-//!   one after 1% of the extents changed (a new one-block extent placed in
-//!   the hole after every hundredth; undone after), issue 13's measure of a
-//!   checkpoint whose cost should follow what changed;
+//!   the median of [`ONE_PERCENT_ROUNDS`] after 1% of the extents changed
+//!   (a new one-block extent placed in the hole after every hundredth;
+//!   undone after each), issue 13's measure of a checkpoint whose cost
+//!   should follow what changed;
 //! - 4 KiB direct reads of random written blocks from one thread, for the
 //!   runtime, once with nothing else running ("quiet") and once while the
 //!   main thread runs checkpoints back to back ("checkpointing"): p99 and
@@ -109,7 +110,8 @@ pub struct MetadataScaleResult {
     pub build_ns: u64,
     pub checkpoint_median_ns: u64,
     pub checkpoint_max_ns: u64,
-    /// One checkpoint after 1% of the extents changed.
+    /// The median of [`ONE_PERCENT_ROUNDS`] checkpoints, each after 1% of
+    /// the extents changed.
     pub checkpoint_1pct_changed_ns: u64,
     pub mount_ns: u64,
     /// `ru_maxrss` of the process after this size, in bytes.
@@ -220,7 +222,11 @@ fn run_size(
     }
     times.sort_unstable();
     say("checkpoint after 1% changed");
-    let checkpoint_1pct_changed_ns = checkpoint_after_one_percent(&vol, &dev, extents, build)?;
+    let mut one_percent = (0..ONE_PERCENT_ROUNDS)
+        .map(|_| checkpoint_after_one_percent(&vol, &dev, extents, build))
+        .collect::<Result<Vec<u64>, BenchError>>()?;
+    one_percent.sort_unstable();
+    let checkpoint_1pct_changed_ns = one_percent[one_percent.len() / 2];
 
     say("reads and writes, quiet");
     let quiet = io_while(&vol, &dev, extents, runtime, false)?;
@@ -352,6 +358,11 @@ fn check_extents(vol: &Volume, extents: u64) -> Result<(), BenchError> {
     }
     Ok(())
 }
+
+/// Rounds of [`checkpoint_after_one_percent`]; their median is reported,
+/// because one checkpoint of a few milliseconds on a shared machine is often
+/// one preemption longer than its cost.
+pub const ONE_PERCENT_ROUNDS: usize = 5;
 
 fn timed_checkpoint(vol: &Volume) -> Result<u64, BenchError> {
     let started = Instant::now();

@@ -237,10 +237,11 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
         "(reads: one thread of 4 KiB direct reads of random extents beside one writer thread \
          (4 KiB direct overwrites and allocating writes into holes, alternating), quiet = no \
          checkpoint running, ckpt = while checkpoints run back to back ({} during the window of the last \
-         row); ckpt 1% = one checkpoint after 1% of the extents changed; max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
+         row); ckpt 1% = the median of {} checkpoints, each after 1% of the extents changed; max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
          the quiet max shows what preemption alone costs); late q/c = the most a thread that only sleeps 1 ms at a time \
          woke late in each window (what scheduling, the bench's own threads included, costs a thread that holds no lock); max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
         rows.last().map_or(0, |r| r.checkpoints_during_reads),
+        crate::metadata_scale::ONE_PERCENT_ROUNDS,
         rows.last().map_or(0.0, |r| r.build_ns as f64 / 1e9),
     );
 }

@@ -248,24 +248,31 @@ impl Chunks {
     }
 
     /// Appends to `out` the extents stored under keys in `spans` (sorted,
-    /// disjoint). One pass: the chunk cursor only moves forward, so the
-    /// cost is the chunks passed plus a search in each chunk a span starts
-    /// in plus the extents copied, not a search from the top per span.
+    /// disjoint). One pass: the cursor (chunk and index in it) only moves
+    /// forward, and each search gallops from it instead of bisecting the
+    /// chunk. A checkpoint after scattered small changes asks for thousands
+    /// of spans a few extents long and a few hundred apart: bisecting a
+    /// chunk per span end is a chain of dependent cache misses (7 of the
+    /// 9 ms of such a checkpoint at a million extents), while a forward
+    /// gallop touches lines near the cursor, whose loads do not wait on
+    /// each other.
     pub(super) fn extents_in_spans(&self, spans: &[(u64, u64)], out: &mut Vec<Extent>) {
-        let mut at = 0;
+        let (mut at, mut from) = (0, 0);
         for &(start, end) in spans {
             while at + 1 < self.chunks.len() && self.chunks[at + 1].first <= start {
                 at += 1;
+                from = 0;
             }
-            let Some(first) = self.chunks.get(at) else {
+            let Some(chunk) = self.chunks.get(at) else {
                 return;
             };
-            let mut from = first.extents.partition_point(|e| e.file_off < start);
-            for chunk in &self.chunks[at..] {
-                let rest = &chunk.extents[from..];
-                let taken = rest.partition_point(|e| e.file_off < end);
-                out.extend_from_slice(&rest[..taken]);
-                if taken < rest.len() {
+            from = first_at_or_after(&chunk.extents, from, start);
+            for (i, chunk) in self.chunks[at..].iter().enumerate() {
+                let to = first_at_or_after(&chunk.extents, from, end);
+                out.extend_from_slice(&chunk.extents[from..to]);
+                if to < chunk.extents.len() {
+                    at += i;
+                    from = to;
                     break;
                 }
                 from = 0;
@@ -335,6 +342,22 @@ fn rebalance(chunks: &mut Vec<Chunk>, at: usize) {
             chunks.insert(left + 1, Chunk::new(tail));
         }
     }
+}
+
+/// The first index at or after `from` whose extent's file offset is at
+/// least `key` (`extents.len()` if none): `from` plus the partition point of
+/// the rest, found by galloping from `from` (1, 2, 4... ahead) and then
+/// bisecting the last step, so a key near `from` costs a few probes near it.
+fn first_at_or_after(extents: &[Extent], from: usize, key: u64) -> usize {
+    let rest = &extents[from..];
+    let mut below = 0; // rest[..below] are all < key
+    let mut step = 1;
+    while below + step <= rest.len() && rest[below + step - 1].file_off < key {
+        below += step;
+        step *= 2;
+    }
+    let window = &rest[below..rest.len().min(below + step - 1)];
+    from + below + window.partition_point(|e| e.file_off < key)
 }
 
 #[cfg(test)]
@@ -477,6 +500,30 @@ mod tests {
             for (snap, want) in &snapshots {
                 same(snap, want)?;
             }
+        }
+
+        /// Spans of every length and gap, within one chunk and across
+        /// several (a chunk holds 8 extents in tests), give exactly the
+        /// extents a sorted map holds under them.
+        #[test]
+        fn extents_in_spans_matches_a_sorted_map(
+            keys in prop::collection::btree_set(0..400u64, 0..150),
+            cuts in prop::collection::btree_set(0..420u64, 0..40),
+        ) {
+            let mut c = Chunks::default();
+            for &k in &keys {
+                c.insert(ext(k));
+            }
+            // Consecutive cut points, every other pair a span: sorted, disjoint.
+            let cuts: Vec<u64> = cuts.into_iter().collect();
+            let spans: Vec<(u64, u64)> = cuts.chunks_exact(2).map(|p| (p[0], p[1])).collect();
+            let mut got = Vec::new();
+            c.extents_in_spans(&spans, &mut got);
+            let want: Vec<Extent> = spans
+                .iter()
+                .flat_map(|&(a, b)| keys.range(a..b).map(|&k| ext(k)))
+                .collect();
+            prop_assert_eq!(got, want);
         }
     }
 }
