@@ -4,6 +4,7 @@
 //! Errors go to standard error prefixed with `iomapfs: `; exit codes are
 //! documented in `iomapfs --help`.
 
+mod allocator;
 mod bench;
 mod demo;
 mod fsck;
@@ -162,6 +163,7 @@ fn default_sigpipe() {
 }
 
 fn main() -> ExitCode {
+    allocator::set_up();
     default_sigpipe();
     install_panic_hook();
     if let Some(code) = mount_helper::run_if_invoked_as_helper() {
