@@ -784,13 +784,16 @@ fn read_record(
     })
 }
 
-/// The generation and magic the header of `slot`'s base names, unverified
-/// (`None`: no base magic), to decide which slot to read first.
-fn base_header(
-    dev: &dyn BlockDevice,
-    sb: &Superblock,
-    slot: usize,
-) -> Result<Option<(u64, [u8; 8])>> {
+/// What the header of a slot's base says, unverified.
+#[derive(Clone, Copy)]
+struct BaseHeader {
+    generation: u64,
+    spilled: bool,
+}
+
+/// The header of `slot`'s base (`None`: no base magic), to decide which
+/// slot to read first.
+fn base_header(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<Option<BaseHeader>> {
     let region = slot_region(sb, slot)?;
     let mut head = vec![0u8; sb.block_size() as usize];
     dev.read_at(&mut head, region.start)
@@ -802,7 +805,10 @@ fn base_header(
     }
     let mut generation = [0u8; 8];
     generation.copy_from_slice(&head[OFF_GENERATION..OFF_GENERATION + 8]);
-    Ok(Some((u64::from_le_bytes(generation), magic)))
+    Ok(Some(BaseHeader {
+        generation: u64::from_le_bytes(generation),
+        spilled: magic == SPILLED_MAGIC,
+    }))
 }
 
 /// Verifies the base record of `slot` (header and payload crc) and returns
@@ -1177,15 +1183,15 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
     // its whole image is verified only to explain a lost checkpoint: mount
     // never reads two whole images (at a million extents the second one
     // was 28 of mount's 200 ms).
-    let mut order: Vec<(Option<(u64, [u8; 8])>, usize)> = Vec::with_capacity(CHECKPOINT_SLOTS);
+    let mut order: Vec<(Option<BaseHeader>, usize)> = Vec::with_capacity(CHECKPOINT_SLOTS);
     for slot in 0..CHECKPOINT_SLOTS {
         order.push((base_header(dev, sb, slot)?, slot));
     }
-    order.sort_by_key(|&(header, slot)| (std::cmp::Reverse(header.map(|(g, _)| g)), slot));
+    order.sort_by_key(|&(header, slot)| (std::cmp::Reverse(header.map(|h| h.generation)), slot));
     let mut unverified = Vec::new();
     for (header, slot) in order {
         if best.is_some() {
-            if header.is_some_and(|(_, magic)| magic != SPILLED_MAGIC) {
+            if header.is_some_and(|h| !h.spilled) {
                 unverified.push(slot);
                 continue;
             }
