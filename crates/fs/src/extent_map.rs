@@ -19,6 +19,7 @@
 //! callers hold a decoded record or a range they computed themselves.
 
 mod chunks;
+pub mod search;
 
 use crate::types::{Extent, ExtentState, KeySpan};
 use chunks::Chunks;

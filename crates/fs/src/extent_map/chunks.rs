@@ -17,6 +17,7 @@
 
 use std::sync::Arc;
 
+use super::search::first_key_at_or_after;
 use crate::types::Extent;
 
 /// Most extents in one chunk: what the first change after a snapshot copies
@@ -266,9 +267,9 @@ impl Chunks {
             let Some(chunk) = self.chunks.get(at) else {
                 return;
             };
-            from = first_at_or_after(&chunk.extents, from, start);
+            from = first_key_at_or_after(&chunk.extents, from, start);
             for (i, chunk) in self.chunks[at..].iter().enumerate() {
-                let to = first_at_or_after(&chunk.extents, from, end);
+                let to = first_key_at_or_after(&chunk.extents, from, end);
                 out.extend_from_slice(&chunk.extents[from..to]);
                 if to < chunk.extents.len() {
                     at += i;
@@ -342,22 +343,6 @@ fn rebalance(chunks: &mut Vec<Chunk>, at: usize) {
             chunks.insert(left + 1, Chunk::new(tail));
         }
     }
-}
-
-/// The first index at or after `from` whose extent's file offset is at
-/// least `key` (`extents.len()` if none): `from` plus the partition point of
-/// the rest, found by galloping from `from` (1, 2, 4... ahead) and then
-/// bisecting the last step, so a key near `from` costs a few probes near it.
-fn first_at_or_after(extents: &[Extent], from: usize, key: u64) -> usize {
-    let rest = &extents[from..];
-    let mut below = 0; // rest[..below] are all < key
-    let mut step = 1;
-    while below + step <= rest.len() && rest[below + step - 1].file_off < key {
-        below += step;
-        step *= 2;
-    }
-    let window = &rest[below..rest.len().min(below + step - 1)];
-    from + below + window.partition_point(|e| e.file_off < key)
 }
 
 #[cfg(test)]
