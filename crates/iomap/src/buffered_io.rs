@@ -20,7 +20,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::dio::{logical_block_size, read_segments, DioSegment};
+use crate::dio::{logical_block_size, read_segments, ReadSegment};
 use crate::folio::{Folio, FolioState, MAX_FOLIO_BYTES};
 use crate::folio_cache::Mapping;
 use crate::writeback::write_back;
@@ -232,17 +232,17 @@ impl DeviceRun {
     /// others issue it and start a new one.
     fn add(
         &mut self,
-        segment: DioSegment,
+        segment: ReadSegment,
         pos: u64,
         buf: &mut [u8],
         dev: &dyn blockdev::BlockDevice,
     ) -> Result<(), IomapError> {
         match segment {
-            DioSegment::FillZeroes { file_offset, len } => {
+            ReadSegment::FillZeroes { file_offset, len } => {
                 let at = (file_offset - pos) as usize;
                 buf[at..at + len as usize].fill(0);
             }
-            DioSegment::Read {
+            ReadSegment::Read {
                 file_offset,
                 dev_addr,
                 len,
@@ -261,9 +261,6 @@ impl DeviceRun {
                         len: len as usize,
                     };
                 }
-            }
-            DioSegment::Write { .. } | DioSegment::WriteZeroes { .. } => {
-                unreachable!("a read plan holds only reads and fills")
             }
         }
         Ok(())

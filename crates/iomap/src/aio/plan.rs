@@ -5,7 +5,7 @@
 
 use blockdev::{AlignedBuf, BlockDevice, DeviceRequest};
 
-use crate::dio::{read_segments, DioSegment};
+use crate::dio::{read_segments, ReadSegment};
 use crate::ioend::Durability;
 use crate::{IomapError, IomapIter, IomapKind, IomapOpFlags, IomapOps};
 
@@ -90,11 +90,11 @@ pub fn plan_read<O: IomapOps>(
         while let Some(span) = iter.begin()? {
             for seg in read_segments(&span, lbs)? {
                 match seg {
-                    DioSegment::FillZeroes { file_offset, len } => {
+                    ReadSegment::FillZeroes { file_offset, len } => {
                         let at = (file_offset - pos) as usize;
                         buf[at..at + len as usize].fill(0);
                     }
-                    DioSegment::Read {
+                    ReadSegment::Read {
                         file_offset,
                         dev_addr,
                         len,
@@ -105,7 +105,6 @@ pub fn plan_read<O: IomapOps>(
                             buf: part_buffer(len as usize, align, file_offset)?,
                         },
                     }),
-                    DioSegment::Write { .. } | DioSegment::WriteZeroes { .. } => {}
                 }
             }
             iter.end(&span, span.len)?;
