@@ -237,31 +237,21 @@ impl DeviceRun {
         buf: &mut [u8],
         dev: &dyn blockdev::BlockDevice,
     ) -> Result<(), IomapError> {
-        match segment {
-            ReadSegment::FillZeroes { file_offset, len } => {
-                let at = (file_offset - pos) as usize;
-                buf[at..at + len as usize].fill(0);
-            }
-            ReadSegment::Read {
-                file_offset,
+        let Some((file_offset, dev_addr, len)) = segment.zero_fill(buf, pos) else {
+            return Ok(());
+        };
+        let at = (file_offset - pos) as usize;
+        let continues =
+            self.len > 0 && self.at + self.len == at && self.dev_addr + self.len as u64 == dev_addr;
+        if continues {
+            self.len += len as usize;
+        } else {
+            self.issue(pos, buf, dev)?;
+            *self = DeviceRun {
+                at,
                 dev_addr,
-                len,
-            } => {
-                let at = (file_offset - pos) as usize;
-                let continues = self.len > 0
-                    && self.at + self.len == at
-                    && self.dev_addr + self.len as u64 == dev_addr;
-                if continues {
-                    self.len += len as usize;
-                } else {
-                    self.issue(pos, buf, dev)?;
-                    *self = DeviceRun {
-                        at,
-                        dev_addr,
-                        len: len as usize,
-                    };
-                }
-            }
+                len: len as usize,
+            };
         }
         Ok(())
     }

@@ -139,23 +139,16 @@ fn read_span(
         Err(e) => return (0, Err(e)),
     };
     for seg in segments {
-        let at = (seg.file_offset() - req_pos) as usize;
-        let out = &mut buf[at..at + seg.len() as usize];
-        match seg {
-            ReadSegment::FillZeroes { .. } => out.fill(0),
-            ReadSegment::Read {
+        let Some((file_offset, dev_addr, len)) = seg.zero_fill(buf, req_pos) else {
+            continue;
+        };
+        let at = (file_offset - req_pos) as usize;
+        if let Err(source) = dev.read_at(&mut buf[at..at + len as usize], dev_addr) {
+            let error = IomapError::Device {
                 file_offset,
-                dev_addr,
-                ..
-            } => {
-                if let Err(source) = dev.read_at(out, dev_addr) {
-                    let error = IomapError::Device {
-                        file_offset,
-                        source,
-                    };
-                    return (file_offset - span.pos, Err(error));
-                }
-            }
+                source,
+            };
+            return (file_offset - span.pos, Err(error));
         }
     }
     (span.len, Ok(()))

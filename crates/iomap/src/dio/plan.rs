@@ -66,6 +66,24 @@ impl ReadSegment {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Carries out a `FillZeroes` segment in `buf`, which holds the file
+    /// bytes from `pos`; a `Read` is the caller's to issue, and comes back
+    /// as `(file_offset, dev_addr, len)`.
+    pub fn zero_fill(self, buf: &mut [u8], pos: u64) -> Option<(u64, u64, u64)> {
+        match self {
+            ReadSegment::FillZeroes { file_offset, len } => {
+                let at = (file_offset - pos) as usize;
+                buf[at..at + len as usize].fill(0);
+                None
+            }
+            ReadSegment::Read {
+                file_offset,
+                dev_addr,
+                len,
+            } => Some((file_offset, dev_addr, len)),
+        }
+    }
 }
 
 impl WriteSegment {
