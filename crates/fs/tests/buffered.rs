@@ -980,6 +980,46 @@ fn two_windows_are_read_ahead_at_once() {
     assert!(most >= 2, "at most {most} device read(s) in flight at once");
 }
 
+/// A cold folio is filled with one device request per device-contiguous
+/// run, not one per direct-I/O request cap (1 MiB): a 2 MiB read of a
+/// 4 MiB extent is one request. A hole between two pieces still splits
+/// them and reads as zeros, even where the allocator put the second piece
+/// right after the first on the device.
+#[test]
+fn a_cold_folio_is_read_with_one_request_per_contiguous_run() {
+    let dev = Arc::new(MemDevice::new(64 * MIB, 512));
+    let vol = volume_on(&dev);
+    let data = pattern(4 * MIB as usize, 14);
+    {
+        let d = vol.open_file("/whole", direct()).unwrap();
+        d.pwrite(&data, 0).unwrap();
+        d.fsync().unwrap();
+        let d = vol.open_file("/holed", direct()).unwrap();
+        d.pwrite(&data[..MIB as usize], 0).unwrap();
+        d.pwrite(&data[..MIB as usize / 2], 3 * MIB / 2).unwrap();
+        d.fsync().unwrap();
+    }
+    let mut buf = vec![0u8; 2 * MIB as usize];
+    let f = vol.open_file("/whole", OpenFlags::default()).unwrap();
+    let before = counts(&dev);
+    f.pread(&mut buf, 0).unwrap();
+    assert_eq!(counts(&dev).since(&before).reads, 1, "one 2 MiB folio");
+    assert!(buf[..] == data[..buf.len()]);
+    let g = vol.open_file("/holed", OpenFlags::default()).unwrap();
+    let before = counts(&dev);
+    g.pread(&mut buf, 0).unwrap();
+    assert_eq!(
+        counts(&dev).since(&before).reads,
+        2,
+        "two runs around a hole"
+    );
+    let (first, rest) = buf.split_at(MIB as usize);
+    let (hole, last) = rest.split_at(MIB as usize / 2);
+    assert!(first == &data[..MIB as usize]);
+    assert!(hole.iter().all(|&b| b == 0), "the hole reads as zeros");
+    assert!(last == &data[..MIB as usize / 2]);
+}
+
 /// A sequential writer's bytes are written back behind it while it writes
 /// (write-behind), completed through the journal like any writeback: a
 /// cut without `fsync` keeps a prefix of the data, never zeros or stale

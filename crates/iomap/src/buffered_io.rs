@@ -20,7 +20,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use crate::dio::dio_read;
+use crate::dio::{logical_block_size, read_segments, ReadSegment};
 use crate::folio::{Folio, FolioState, MAX_FOLIO_BYTES};
 use crate::folio_cache::Mapping;
 use crate::writeback::write_back;
@@ -176,14 +176,7 @@ pub(crate) fn fill<F: IomapFile>(
         let file_from = folio.pos() + from as u64;
         let data = &mut state.data[from..to];
         if file_from < eof {
-            dio_read(
-                file.ops(),
-                &**file.device(),
-                file.inode(),
-                file_from,
-                data,
-                IomapOpFlags::READ,
-            )?;
+            read_from_device(file, file_from, data)?;
             let inside = (eof - file_from).min(data.len() as u64) as usize;
             data[inside..].fill(0);
         } else {
@@ -192,6 +185,94 @@ pub(crate) fn fill<F: IomapFile>(
         folio.set_uptodate(state, run_start..i);
     }
     Ok(())
+}
+
+/// Reads file bytes `[pos, pos + buf.len())` (block-aligned, inside EOF)
+/// into folio memory: holes, unwritten and delalloc space as zeros, as
+/// [`crate::dio_read`] does, except that device-contiguous pieces go as
+/// one request — a mapping longer than the direct-I/O request cap
+/// ([`crate::dio::DIO_MAX_REQUEST_BYTES`]), or neighbouring mappings placed
+/// back to back. A folio is at most [`MAX_FOLIO_BYTES`] of aligned memory,
+/// so such a request is bounded and needs no bounce buffer; a cold 2 MiB
+/// folio took two 1 MiB requests, and single 2 MiB reads of a loop device
+/// over tmpfs run ~13% faster than 1 MiB ones.
+fn read_from_device<F: IomapFile>(file: &F, pos: u64, buf: &mut [u8]) -> Result<(), FileError<F>> {
+    let dev = &**file.device();
+    let lbs = logical_block_size(dev);
+    let flags = IomapOpFlags::READ | IomapOpFlags::DIRECT;
+    let mut iter = IomapIter::new(file.ops(), file.inode(), pos, buf.len() as u64, flags, lbs)?;
+    let mut run = DeviceRun::default();
+    while let Some(span) = iter.begin()? {
+        // A span's reads may still be pending when it ends: every caller
+        // holds the inode's I/O lock (shared), which keeps the blocks of a
+        // mapping where it says until the read below is done, and `end`
+        // of a read releases nothing.
+        let planned = read_segments(&span, lbs).and_then(|mut segments| {
+            segments.try_for_each(|segment| run.add(segment, pos, buf, dev))
+        });
+        iter.end(&span, if planned.is_ok() { span.len } else { 0 })?;
+        planned?;
+    }
+    run.issue(pos, buf, dev)?;
+    Ok(())
+}
+
+/// Device-contiguous bytes of a [`read_from_device`] not read yet: `len`
+/// bytes at `dev_addr` for `buf[at..]`.
+#[derive(Default)]
+struct DeviceRun {
+    at: usize,
+    dev_addr: u64,
+    len: usize,
+}
+
+impl DeviceRun {
+    /// Adds one planned segment of a read into `buf` (file bytes from
+    /// `pos`): zeros at once; device bytes that continue the run join it,
+    /// others issue it and start a new one.
+    fn add(
+        &mut self,
+        segment: ReadSegment,
+        pos: u64,
+        buf: &mut [u8],
+        dev: &dyn blockdev::BlockDevice,
+    ) -> Result<(), IomapError> {
+        let Some((file_offset, dev_addr, len)) = segment.zero_fill(buf, pos) else {
+            return Ok(());
+        };
+        let at = (file_offset - pos) as usize;
+        let continues =
+            self.len > 0 && self.at + self.len == at && self.dev_addr + self.len as u64 == dev_addr;
+        if continues {
+            self.len += len as usize;
+        } else {
+            self.issue(pos, buf, dev)?;
+            *self = DeviceRun {
+                at,
+                dev_addr,
+                len: len as usize,
+            };
+        }
+        Ok(())
+    }
+
+    /// Reads the run (if any) and empties it.
+    fn issue(
+        &mut self,
+        pos: u64,
+        buf: &mut [u8],
+        dev: &dyn blockdev::BlockDevice,
+    ) -> Result<(), IomapError> {
+        let run = std::mem::take(self);
+        if run.len == 0 {
+            return Ok(());
+        }
+        dev.read_at(&mut buf[run.at..run.at + run.len], run.dev_addr)
+            .map_err(|source| IomapError::Device {
+                file_offset: pos + run.at as u64,
+                source,
+            })
+    }
 }
 
 /// What a buffered write copies into the cache.

@@ -5,7 +5,7 @@
 
 use blockdev::{AlignedBuf, BlockDevice, DeviceRequest};
 
-use crate::dio::{read_segments, DioSegment};
+use crate::dio::read_segments;
 use crate::ioend::Durability;
 use crate::{IomapError, IomapIter, IomapKind, IomapOpFlags, IomapOps};
 
@@ -89,23 +89,14 @@ pub fn plan_read<O: IomapOps>(
         let mut iter = IomapIter::new(ops, inode, pos, aligned_len, IomapOpFlags::DIRECT, lbs)?;
         while let Some(span) = iter.begin()? {
             for seg in read_segments(&span, lbs)? {
-                match seg {
-                    DioSegment::FillZeroes { file_offset, len } => {
-                        let at = (file_offset - pos) as usize;
-                        buf[at..at + len as usize].fill(0);
-                    }
-                    DioSegment::Read {
-                        file_offset,
-                        dev_addr,
-                        len,
-                    } => parts.push(Part {
+                if let Some((file_offset, dev_addr, len)) = seg.zero_fill(&mut buf, pos) {
+                    parts.push(Part {
                         buf_offset: (file_offset - pos) as usize,
                         request: DeviceRequest::Read {
                             offset: dev_addr,
                             buf: part_buffer(len as usize, align, file_offset)?,
                         },
-                    }),
-                    DioSegment::Write { .. } | DioSegment::WriteZeroes { .. } => {}
+                    });
                 }
             }
             iter.end(&span, span.len)?;

@@ -4,7 +4,8 @@
 //! The engine is split in three so the asynchronous engine can reuse the
 //! first two:
 //! 1. **Iteration** ([`IomapIter`]): `begin` → span of one mapping → `end`.
-//! 2. **Planning** ([`plan`]): turns one span into [`DioSegment`]s without
+//! 2. **Planning** ([`plan`]): turns one span into [`ReadSegment`]s or
+//!    [`WriteSegment`]s without
 //!    doing any I/O.
 //! 3. **Submission**: here synchronous, one segment after another
 //!    ([`dio_read`], [`dio_write`]); completion through [`crate::ioend`].
@@ -36,7 +37,8 @@ use crate::{IomapError, IomapKind, IomapOpFlags, IomapOps};
 pub mod plan;
 
 pub use plan::{
-    needs_zeroing, read_segments, write_segments, DioSegment, SpanSegments, DIO_MAX_REQUEST_BYTES,
+    needs_zeroing, read_segments, write_segments, ReadSegment, ReadSegments, WriteSegment,
+    WriteSegments, DIO_MAX_REQUEST_BYTES,
 };
 
 /// Simple read: a direct read of at most one file-system block inside one
@@ -137,26 +139,16 @@ fn read_span(
         Err(e) => return (0, Err(e)),
     };
     for seg in segments {
-        let at = (seg.file_offset() - req_pos) as usize;
-        let out = &mut buf[at..at + seg.len() as usize];
-        match seg {
-            DioSegment::FillZeroes { .. } => out.fill(0),
-            DioSegment::Read {
+        let Some((file_offset, dev_addr, len)) = seg.zero_fill(buf, req_pos) else {
+            continue;
+        };
+        let at = (file_offset - req_pos) as usize;
+        if let Err(source) = dev.read_at(&mut buf[at..at + len as usize], dev_addr) {
+            let error = IomapError::Device {
                 file_offset,
-                dev_addr,
-                ..
-            } => {
-                if let Err(source) = dev.read_at(out, dev_addr) {
-                    let error = IomapError::Device {
-                        file_offset,
-                        source,
-                    };
-                    return (file_offset - span.pos, Err(error));
-                }
-            }
-            DioSegment::Write { .. } | DioSegment::WriteZeroes { .. } => {
-                unreachable!("read plan contains only reads and fills")
-            }
+                source,
+            };
+            return (file_offset - span.pos, Err(error));
         }
     }
     (span.len, Ok(()))
@@ -354,7 +346,7 @@ fn write_span(
     let mut data_end = span.pos;
     for seg in segments {
         let result = match seg {
-            DioSegment::Write {
+            WriteSegment::Write {
                 file_offset,
                 dev_addr,
                 len,
@@ -362,14 +354,11 @@ fn write_span(
                 let at = (file_offset - req_pos) as usize;
                 dev.write_at(&buf[at..at + len as usize], dev_addr, mode)
             }
-            DioSegment::WriteZeroes { dev_addr, len, .. } => zero_range(dev, dev_addr, len),
-            DioSegment::FillZeroes { .. } | DioSegment::Read { .. } => {
-                unreachable!("write plan contains only writes")
-            }
+            WriteSegment::WriteZeroes { dev_addr, len, .. } => zero_range(dev, dev_addr, len),
         };
         match result {
             Ok(()) => {
-                if let DioSegment::Write {
+                if let WriteSegment::Write {
                     file_offset, len, ..
                 } = seg
                 {
