@@ -240,9 +240,9 @@ pub fn write_base(
             available: region.len,
         });
     }
-    let image = codec::encode_image(&ckpt.image)?;
+    let record = codec::encode_image_after(CHECKPOINT_HEADER_LEN, &ckpt.image)?;
     let header = RecordHeader::of(ckpt);
-    let crc = write_record(dev, sb, slot, 0, &CHECKPOINT_MAGIC, &header, &image)?;
+    let crc = write_record_in(dev, sb, slot, 0, &CHECKPOINT_MAGIC, &header, record)?;
     Ok(ChainEnd::of_base(sb, ckpt.generation, crc, needed, needed))
 }
 
@@ -536,21 +536,21 @@ pub fn write_delta(
         prev_generation: chain.generation,
         prev_crc: chain.crc,
     };
-    let payload = codec::encode_delta(link, &ckpt.delta)?;
+    let record = codec::encode_delta_after(CHECKPOINT_HEADER_LEN, link, &ckpt.delta)?;
     let header = RecordHeader {
         generation: ckpt.generation,
         journal_start: ckpt.journal_start,
         journal_seq: ckpt.journal_seq,
         journal_chain: ckpt.journal_chain,
     };
-    let crc = write_record(
+    let crc = write_record_in(
         dev,
         sb,
         slot,
         chain.next_offset,
         &DELTA_MAGIC,
         &header,
-        &payload,
+        record,
     )?;
     Ok(ChainEnd {
         generation: ckpt.generation,
@@ -583,8 +583,8 @@ impl RecordHeader {
     }
 }
 
-/// Writes one record (header, then `payload`) at byte `offset` of `slot`,
-/// padded to the block size, then flushes. Returns its crc.
+/// Writes a record of `payload` (a small one: a spill table) at `offset`
+/// of `slot`; see [`write_record_in`].
 fn write_record(
     dev: &dyn BlockDevice,
     sb: &Superblock,
@@ -594,24 +594,42 @@ fn write_record(
     header: &RecordHeader,
     payload: &[u8],
 ) -> Result<u32> {
+    let mut record = Vec::with_capacity(CHECKPOINT_HEADER_LEN + payload.len());
+    record.resize(CHECKPOINT_HEADER_LEN, 0);
+    record.extend_from_slice(payload);
+    write_record_in(dev, sb, slot, offset, magic, header, record)
+}
+
+/// Writes `record` at `offset` of `slot`, its first [`CHECKPOINT_HEADER_LEN`]
+/// bytes (room left by the encoder) filled with the header and the crc over
+/// header and payload, padded to the block size, then flushes. Returns the
+/// crc.
+fn write_record_in(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    offset: u64,
+    magic: &[u8; 8],
+    header: &RecordHeader,
+    mut record: Vec<u8>,
+) -> Result<u32> {
     let region = slot_region(sb, slot)?;
-    let len = (CHECKPOINT_HEADER_LEN + payload.len()).next_multiple_of(sb.block_size() as usize);
-    let mut enc = Encoder::with_capacity(len);
+    let payload_len = record.len() - CHECKPOINT_HEADER_LEN;
+    let mut enc = Encoder::with_capacity(OFF_CRC);
     enc.bytes(magic);
     enc.u64(header.generation);
     enc.u64(header.journal_start);
     enc.u64(header.journal_seq);
     enc.u32(header.journal_chain);
     enc.u32(0);
-    enc.u64(payload.len() as u64);
+    enc.u64(payload_len as u64);
     debug_assert_eq!(enc.len(), OFF_CRC);
-    let crc = slot_crc(sb, enc.as_bytes(), payload);
-    enc.u32(crc);
-    enc.bytes(payload);
-    let mut buf = enc.into_bytes();
-    buf.resize(len, 0);
+    record[..OFF_CRC].copy_from_slice(enc.as_bytes());
+    let crc = slot_crc(sb, &record[..OFF_CRC], &record[CHECKPOINT_HEADER_LEN..]);
+    record[OFF_CRC..CHECKPOINT_HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+    record.resize(record.len().next_multiple_of(sb.block_size() as usize), 0);
     let at = region.start + offset;
-    dev.write_at(&buf, at, WriteMode::Normal).map_err(|e| {
+    dev.write_at(&record, at, WriteMode::Normal).map_err(|e| {
         Error::device(
             format!("writing checkpoint slot {slot} at slot byte {offset}"),
             e,

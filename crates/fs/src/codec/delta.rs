@@ -42,8 +42,15 @@ pub fn delta_encoded_len(delta: &MetaDelta) -> u64 {
 /// Encodes a delta; fails (as the decoder would) on one that breaks the
 /// rules [`decode_delta_at`] checks.
 pub fn encode_delta(link: DeltaLink, delta: &MetaDelta) -> Result<Vec<u8>> {
+    encode_delta_after(0, link, delta)
+}
+
+/// [`encode_delta`] after `room` zero bytes, which a caller fills with a
+/// header (see [`super::encode_image_after`]).
+pub fn encode_delta_after(room: usize, link: DeltaLink, delta: &MetaDelta) -> Result<Vec<u8>> {
     check_delta(delta).map_err(|reason| Error::invalid("encoding a delta checkpoint", reason))?;
-    let mut enc = Encoder::with_capacity(delta_encoded_len(delta) as usize);
+    let mut enc = Encoder::with_capacity(room + delta_encoded_len(delta) as usize);
+    enc.bytes(&vec![0; room]);
     enc.u64(link.prev_generation);
     enc.u32(link.prev_crc);
     enc.u64(delta.next_ino);
@@ -60,7 +67,7 @@ pub fn encode_delta(link: DeltaLink, delta: &MetaDelta) -> Result<Vec<u8>> {
         }
         encode_inode(&mut enc, &c.inode)?;
     }
-    debug_assert_eq!(enc.len() as u64, delta_encoded_len(delta));
+    debug_assert_eq!((enc.len() - room) as u64, delta_encoded_len(delta));
     Ok(enc.into_bytes())
 }
 

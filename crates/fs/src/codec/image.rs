@@ -37,17 +37,25 @@ pub const IMAGE_HEADER_ENCODED_LEN: usize = 2 * U64_BYTES;
 /// the decoder checks (see [`decode_image`]), so that whatever is written
 /// can be read back.
 pub fn encode_image(image: &MetaImage) -> Result<Vec<u8>> {
+    encode_image_after(0, image)
+}
+
+/// [`encode_image`] after `room` zero bytes, which a caller fills with a
+/// header: a record of hundreds of megabytes is then built once, not
+/// encoded and copied behind its header.
+pub fn encode_image_after(room: usize, image: &MetaImage) -> Result<Vec<u8>> {
     // Refuse to write an image we would refuse to read.
     check_image(image).map_err(|reason| Error::invalid("encoding the metadata image", reason))?;
     let len = usize::try_from(image_encoded_len(image))
         .map_err(|_| Error::invalid("encoding the metadata image", "image larger than memory"))?;
-    let mut enc = Encoder::with_capacity(len);
+    let mut enc = Encoder::with_capacity(room + len);
+    enc.bytes(&vec![0; room]);
     enc.u64(image.next_ino);
     enc.u64(image.inodes.len() as u64);
     for inode in &image.inodes {
         encode_inode(&mut enc, inode)?;
     }
-    debug_assert_eq!(enc.len(), len);
+    debug_assert_eq!(enc.len(), room + len);
     Ok(enc.into_bytes())
 }
 

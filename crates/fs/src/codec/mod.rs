@@ -26,13 +26,14 @@ mod primitive;
 mod record;
 
 pub use delta::{
-    decode_delta_at, delta_encoded_len, encode_delta, DeltaLink, DELTA_LINK_ENCODED_LEN,
-    SPAN_ENCODED_LEN,
+    decode_delta_at, delta_encoded_len, encode_delta, encode_delta_after, DeltaLink,
+    DELTA_LINK_ENCODED_LEN, SPAN_ENCODED_LEN,
 };
 pub use image::{
-    check_extent, check_inode, decode_image, decode_image_at, encode_image, image_encoded_len,
-    inode_encoded_len, ENTRY_MIN_ENCODED_LEN, EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN,
-    INODE_FIXED_ENCODED_LEN, XATTR_MIN_ENCODED_LEN, XATTR_OVERHEAD_ENCODED_LEN,
+    check_extent, check_inode, decode_image, decode_image_at, encode_image, encode_image_after,
+    image_encoded_len, inode_encoded_len, ENTRY_MIN_ENCODED_LEN, EXTENT_ENCODED_LEN,
+    IMAGE_HEADER_ENCODED_LEN, INODE_FIXED_ENCODED_LEN, XATTR_MIN_ENCODED_LEN,
+    XATTR_OVERHEAD_ENCODED_LEN,
 };
 pub use primitive::{
     check_attrs, check_mode, check_name, check_symlink_target, check_xattr_name, Decoder, Encoder,
