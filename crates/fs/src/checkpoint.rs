@@ -229,10 +229,23 @@ pub fn write_base(
     slot: usize,
     ckpt: &Checkpoint,
 ) -> Result<ChainEnd> {
+    let record = codec::encode_image_after(CHECKPOINT_HEADER_LEN, &ckpt.image)?;
+    write_base_record(dev, sb, slot, RecordHeader::of(ckpt), record)
+}
+
+/// [`write_base`] of an image already encoded after
+/// [`CHECKPOINT_HEADER_LEN`] bytes of room (`record`).
+pub fn write_base_record(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    header: RecordHeader,
+    record: Vec<u8>,
+) -> Result<ChainEnd> {
     let region = slot_region(sb, slot)?;
-    check_journal_start(sb, ckpt.journal_start)
+    check_journal_start(sb, header.journal_start)
         .map_err(|reason| Error::invalid("writing a checkpoint", reason))?;
-    let needed = encoded_len(&ckpt.image);
+    let needed = record.len() as u64;
     if needed > region.len {
         return Err(Error::NoSpace {
             what: format!("checkpoint slot {slot} (metadata image)"),
@@ -240,10 +253,14 @@ pub fn write_base(
             available: region.len,
         });
     }
-    let record = codec::encode_image_after(CHECKPOINT_HEADER_LEN, &ckpt.image)?;
-    let header = RecordHeader::of(ckpt);
     let crc = write_record_in(dev, sb, slot, 0, &CHECKPOINT_MAGIC, &header, record)?;
-    Ok(ChainEnd::of_base(sb, ckpt.generation, crc, needed, needed))
+    Ok(ChainEnd::of_base(
+        sb,
+        header.generation,
+        crc,
+        needed,
+        needed,
+    ))
 }
 
 /// Whether a checkpoint image of `image_len` encoded bytes must spill: the
@@ -279,8 +296,22 @@ pub fn write_spilled_base(
     ckpt: &Checkpoint,
     spill: &[SpillExtent],
 ) -> Result<ChainEnd> {
+    let record = codec::encode_image_after(CHECKPOINT_HEADER_LEN, &ckpt.image)?;
+    write_spilled_base_record(dev, sb, slot, RecordHeader::of(ckpt), &record, spill)
+}
+
+/// [`write_spilled_base`] of an image already encoded after
+/// [`CHECKPOINT_HEADER_LEN`] bytes of room (`record`; the room unused).
+pub fn write_spilled_base_record(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    header: RecordHeader,
+    record: &[u8],
+    spill: &[SpillExtent],
+) -> Result<ChainEnd> {
     let region = slot_region(sb, slot)?;
-    check_journal_start(sb, ckpt.journal_start)
+    check_journal_start(sb, header.journal_start)
         .map_err(|reason| Error::invalid("writing a spilled checkpoint", reason))?;
     if sb.features_incompat & INCOMPAT_SPILLED_CHECKPOINTS == 0 {
         return Err(Error::invalid(
@@ -299,11 +330,11 @@ pub fn write_spilled_base(
             available: region.len,
         });
     }
-    let image = codec::encode_image(&ckpt.image)?;
+    let image = &record[CHECKPOINT_HEADER_LEN..];
     let total = spill_bytes(sb, image.len() as u64);
     check_spill_extents(sb, spill, total)
         .map_err(|reason| Error::invalid("writing a spilled checkpoint", reason))?;
-    let mut rest: &[u8] = &image;
+    let mut rest: &[u8] = image;
     for &(addr, len) in spill {
         let take = rest.len().min(len as usize);
         let write_err = |e| {
@@ -325,17 +356,16 @@ pub fn write_spilled_base(
     }
     let table = encode_spill_table(&SpillTable {
         image_len: image.len() as u64,
-        image_crc: crc32c::crc32c_append(sb.crc_seed(), &image),
+        image_crc: crc32c::crc32c_append(sb.crc_seed(), image),
         extents: spill.to_vec(),
     });
-    let header = RecordHeader::of(ckpt);
     // One flush, after the record: the crcs refuse any mix of old and new
     // blocks a power cut before it leaves.
     let crc = write_record(dev, sb, slot, 0, &SPILLED_MAGIC, &header, &table)?;
     let base_bytes = CHECKPOINT_HEADER_LEN as u64 + image.len() as u64;
     Ok(ChainEnd::of_base(
         sb,
-        ckpt.generation,
+        header.generation,
         crc,
         record_len,
         base_bytes,
@@ -563,17 +593,18 @@ pub fn write_delta(
     })
 }
 
-/// The header fields bases and deltas share.
-#[derive(Clone, Copy)]
-struct RecordHeader {
-    generation: u64,
-    journal_start: u64,
-    journal_seq: u64,
-    journal_chain: u32,
+/// The header fields bases and deltas share: a [`Checkpoint`] without its
+/// image.
+#[derive(Clone, Copy, Debug)]
+pub struct RecordHeader {
+    pub generation: u64,
+    pub journal_start: u64,
+    pub journal_seq: u64,
+    pub journal_chain: u32,
 }
 
 impl RecordHeader {
-    fn of(ckpt: &Checkpoint) -> RecordHeader {
+    pub fn of(ckpt: &Checkpoint) -> RecordHeader {
         RecordHeader {
             generation: ckpt.generation,
             journal_start: ckpt.journal_start,

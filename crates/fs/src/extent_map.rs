@@ -433,6 +433,19 @@ fn describe(e: &Extent) -> String {
     )
 }
 
+impl crate::codec::ExtentSource for ExtentMap {
+    fn extent_count(&self) -> usize {
+        self.len()
+    }
+
+    fn try_each(
+        &self,
+        f: &mut dyn FnMut(&Extent) -> crate::error::Result<()>,
+    ) -> crate::error::Result<()> {
+        self.iter().try_for_each(f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@
 //! leaves memory consistent with the disk, so it is reported as ENOSPC and
 //! the volume stays up.
 
-use crate::checkpoint::{self, ChainEnd, Checkpoint, DeltaCheckpoint, SpillExtent};
+use crate::checkpoint::{self, ChainEnd, DeltaCheckpoint, RecordHeader, SpillExtent};
 use crate::journal::JournalWriter;
 use crate::limits::{
     CHAIN_DELTA_BYTES_DIVISOR, CHAIN_DELTA_BYTES_MIN, COMMIT_BACKPRESSURE_THRESHOLDS,
@@ -248,15 +248,16 @@ impl VolumeInner {
                     .map(|chain| (older_slot, chain, None))
             }
             None => {
-                let ckpt = Checkpoint {
+                let header = RecordHeader {
                     generation,
                     journal_start,
                     journal_seq,
                     journal_chain,
-                    image: snapshot.to_image(),
                 };
                 let slot = checkpoint::other_slot(older_slot);
-                self.write_base(slot, &ckpt)
+                snapshot
+                    .encode_image_after(checkpoint::CHECKPOINT_HEADER_LEN)
+                    .and_then(|record| self.write_base(slot, header, record))
                     .map(|(chain, spill)| (slot, chain, Some(spill)))
             }
         };
@@ -335,19 +336,27 @@ impl VolumeInner {
         }
     }
 
-    /// Writes `ckpt` as a new base to `slot`, its image spilled to extents
-    /// of the data area when it does not fit the slot; returns the chain
-    /// and those extents. Fails with [`Error::NoSpace`], writing nothing and
-    /// keeping no space, when the data area cannot hold the image (or the
-    /// slot its table of extents).
-    fn write_base(&self, slot: usize, ckpt: &Checkpoint) -> Result<(ChainEnd, Vec<SpillExtent>)> {
-        let image_len = crate::codec::image_encoded_len(&ckpt.image);
+    /// Writes a new base to `slot`: `record`, an image encoded after
+    /// [`checkpoint::CHECKPOINT_HEADER_LEN`] bytes of room, spilled to
+    /// extents of the data area when it does not fit the slot; returns the
+    /// chain and those extents. Fails with [`Error::NoSpace`], writing
+    /// nothing and keeping no space, when the data area cannot hold the
+    /// image (or the slot its table of extents).
+    fn write_base(
+        &self,
+        slot: usize,
+        header: RecordHeader,
+        record: Vec<u8>,
+    ) -> Result<(ChainEnd, Vec<SpillExtent>)> {
+        let image_len = (record.len() - checkpoint::CHECKPOINT_HEADER_LEN) as u64;
         if !checkpoint::must_spill(&self.sb, image_len) {
-            let chain = checkpoint::write_base(&*self.dev, &self.sb, slot, ckpt)?;
+            let chain = checkpoint::write_base_record(&*self.dev, &self.sb, slot, header, record)?;
             return Ok((chain, Vec::new()));
         }
         let spill = self.allocate_spill(image_len)?;
-        match checkpoint::write_spilled_base(&*self.dev, &self.sb, slot, ckpt, &spill) {
+        match checkpoint::write_spilled_base_record(
+            &*self.dev, &self.sb, slot, header, &record, &spill,
+        ) {
             Ok(chain) => Ok((chain, spill)),
             Err(err) => {
                 if matches!(err, Error::NoSpace { .. }) {

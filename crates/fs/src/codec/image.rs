@@ -44,16 +44,68 @@ pub fn encode_image(image: &MetaImage) -> Result<Vec<u8>> {
 /// header: a record of hundreds of megabytes is then built once, not
 /// encoded and copied behind its header.
 pub fn encode_image_after(room: usize, image: &MetaImage) -> Result<Vec<u8>> {
-    // Refuse to write an image we would refuse to read.
-    check_image(image).map_err(|reason| Error::invalid("encoding the metadata image", reason))?;
-    let len = usize::try_from(image_encoded_len(image))
-        .map_err(|_| Error::invalid("encoding the metadata image", "image larger than memory"))?;
+    let inodes: Vec<(&InodeImage, &dyn ExtentSource)> = image
+        .inodes
+        .iter()
+        .map(|i| (i, &i.extents as &dyn ExtentSource))
+        .collect();
+    encode_image_from(room, image.next_ino, &inodes)
+}
+
+/// A file's extents in file order, wherever they are kept: an image's
+/// vector, or the live extent map, which a whole checkpoint then encodes
+/// without first copying every extent into an image.
+pub trait ExtentSource {
+    fn extent_count(&self) -> usize;
+    /// Calls `f` with each extent in order, stopping at its first error.
+    fn try_each(&self, f: &mut dyn FnMut(&Extent) -> Result<()>) -> Result<()>;
+}
+
+impl ExtentSource for Vec<Extent> {
+    fn extent_count(&self) -> usize {
+        self.len()
+    }
+
+    fn try_each(&self, f: &mut dyn FnMut(&Extent) -> Result<()>) -> Result<()> {
+        self.iter().try_for_each(f)
+    }
+}
+
+/// [`encode_image_after`] for an image given as inodes (their own
+/// `extents` ignored) each with its extents, sorted by inode number.
+/// Checks what [`decode_image`] checks, the extents as they are encoded.
+pub fn encode_image_from(
+    room: usize,
+    next_ino: Ino,
+    inodes: &[(&InodeImage, &dyn ExtentSource)],
+) -> Result<Vec<u8>> {
+    let invalid = |reason: String| Error::invalid("encoding the metadata image", reason);
+    let mut len = IMAGE_HEADER_ENCODED_LEN as u64;
+    let mut prev_ino: Option<Ino> = None;
+    for &(inode, extents) in inodes {
+        // Refuse to write an image we would refuse to read.
+        check_inode_order(inode.ino, prev_ino, next_ino).map_err(invalid)?;
+        prev_ino = Some(inode.ino);
+        check_inode_fields(inode, extents.extent_count() > 0).map_err(invalid)?;
+        len +=
+            inode_fields_encoded_len(inode) + (extents.extent_count() * EXTENT_ENCODED_LEN) as u64;
+    }
+    let len = usize::try_from(len).map_err(|_| invalid("image larger than memory".to_string()))?;
     let mut enc = Encoder::with_capacity(room + len);
     enc.bytes(&vec![0; room]);
-    enc.u64(image.next_ino);
-    enc.u64(image.inodes.len() as u64);
-    for inode in &image.inodes {
-        encode_inode(&mut enc, inode)?;
+    enc.u64(next_ino);
+    enc.u64(inodes.len() as u64);
+    for &(inode, extents) in inodes {
+        encode_inode_head(&mut enc, inode, extents.extent_count())?;
+        let mut prev: Option<Extent> = None;
+        extents.try_each(&mut |e| {
+            check_extent(e, prev.as_ref())
+                .map_err(|r| invalid(format!("inode {}: {r}", inode.ino)))?;
+            prev = Some(*e);
+            encode_extent(&mut enc, e);
+            Ok(())
+        })?;
+        encode_inode_tail(&mut enc, inode)?;
     }
     debug_assert_eq!(enc.len(), room + len);
     Ok(enc.into_bytes())
@@ -62,21 +114,35 @@ pub fn encode_image_after(room: usize, image: &MetaImage) -> Result<Vec<u8>> {
 /// Appends one inode as the image stores it ([`inode_encoded_len`] bytes).
 /// The caller has checked it ([`check_inode`]).
 pub(super) fn encode_inode(enc: &mut Encoder, inode: &InodeImage) -> Result<()> {
+    encode_inode_head(enc, inode, inode.extents.len())?;
+    for e in &inode.extents {
+        encode_extent(enc, e);
+    }
+    encode_inode_tail(enc, inode)
+}
+
+/// An inode's fixed fields and counts, before its extents.
+fn encode_inode_head(enc: &mut Encoder, inode: &InodeImage, extents: usize) -> Result<()> {
     enc.u64(inode.ino);
     enc.u8(kind_code(inode.kind));
     enc.u32(inode.nlink);
     enc.u64(inode.size);
     enc.u16(ATTRS_ENCODED_LEN as u16);
     enc.attrs(&inode.attrs)?;
-    enc.count_u32(inode.extents.len(), "extents")?;
+    enc.count_u32(extents, "extents")?;
     enc.count_u32(inode.entries.len(), "directory entries")?;
-    enc.count_u32(inode.xattrs.len(), "extended attributes")?;
-    for e in &inode.extents {
-        enc.u64(e.file_off);
-        enc.u64(e.len);
-        enc.u64(e.addr);
-        enc.u8(state_code(e.state));
-    }
+    enc.count_u32(inode.xattrs.len(), "extended attributes")
+}
+
+fn encode_extent(enc: &mut Encoder, e: &Extent) {
+    enc.u64(e.file_off);
+    enc.u64(e.len);
+    enc.u64(e.addr);
+    enc.u8(state_code(e.state));
+}
+
+/// An inode's entries, xattrs and target, after its extents.
+fn encode_inode_tail(enc: &mut Encoder, inode: &InodeImage) -> Result<()> {
     for d in &inode.entries {
         enc.u64(d.ino);
         enc.name(&d.name)?;
@@ -99,8 +165,12 @@ pub fn image_encoded_len(image: &MetaImage) -> u64 {
 
 /// Bytes one inode takes in the image.
 pub fn inode_encoded_len(inode: &InodeImage) -> u64 {
+    inode_fields_encoded_len(inode) + (inode.extents.len() * EXTENT_ENCODED_LEN) as u64
+}
+
+/// Bytes one inode takes in the image, but for its extents.
+fn inode_fields_encoded_len(inode: &InodeImage) -> u64 {
     let mut len = INODE_FIXED_ENCODED_LEN as u64;
-    len += (inode.extents.len() * EXTENT_ENCODED_LEN) as u64;
     for d in &inode.entries {
         len += (U64_BYTES + STRING_LEN_BYTES + d.name.len()) as u64;
     }
@@ -319,78 +389,77 @@ pub fn check_extent(e: &Extent, prev: Option<&Extent>) -> std::result::Result<()
     Ok(())
 }
 
-/// The invariants [`decode_image`] checks, on an in-memory image.
-fn check_image(image: &MetaImage) -> std::result::Result<(), String> {
-    let mut prev_ino: Option<Ino> = None;
-    for inode in &image.inodes {
-        let ino = inode.ino;
-        if ino == 0 {
-            return Err("inode number 0".into());
-        }
-        if prev_ino.is_some_and(|p| ino <= p) {
-            return Err(format!("inode {ino} is not sorted"));
-        }
-        if ino >= image.next_ino {
-            return Err(format!(
-                "inode {ino} is not below next_ino {}",
-                image.next_ino
-            ));
-        }
-        prev_ino = Some(ino);
-        check_inode(inode)?;
+/// An image's inode numbers: not 0, sorted, below `next_ino`.
+fn check_inode_order(
+    ino: Ino,
+    prev: Option<Ino>,
+    next_ino: Ino,
+) -> std::result::Result<(), String> {
+    if ino == 0 {
+        return Err("inode number 0".into());
+    }
+    if prev.is_some_and(|p| ino <= p) {
+        return Err(format!("inode {ino} is not sorted"));
+    }
+    if ino >= next_ino {
+        return Err(format!("inode {ino} is not below next_ino {next_ino}"));
     }
     Ok(())
 }
 
 /// The invariants the decoder checks for one inode, on an in-memory one.
 pub fn check_inode(inode: &InodeImage) -> std::result::Result<(), String> {
+    check_inode_fields(inode, !inode.extents.is_empty())?;
+    let mut prev: Option<&Extent> = None;
+    for e in &inode.extents {
+        check_extent(e, prev).map_err(|r| format!("inode {}: {r}", inode.ino))?;
+        prev = Some(e);
+    }
+    Ok(())
+}
+
+/// [`check_inode`] but for its extents, of which it has some or none.
+fn check_inode_fields(inode: &InodeImage, has_extents: bool) -> std::result::Result<(), String> {
     let ino = inode.ino;
-    {
-        check_kind_shape(
-            inode.kind,
-            ino,
-            !inode.extents.is_empty(),
-            !inode.entries.is_empty(),
-            inode.size,
-            inode.attrs.rdev,
-        )?;
-        check_attrs(&inode.attrs).map_err(|r| format!("inode {ino}: {r}"))?;
-        if inode.kind == FileKind::Symlink {
-            check_symlink_target(&inode.target).map_err(|r| format!("inode {ino}: {r}"))?;
-        } else if !inode.target.is_empty() {
-            return Err(format!("inode {ino}: a {:?} with a target", inode.kind));
+    check_kind_shape(
+        inode.kind,
+        ino,
+        has_extents,
+        !inode.entries.is_empty(),
+        inode.size,
+        inode.attrs.rdev,
+    )?;
+    check_attrs(&inode.attrs).map_err(|r| format!("inode {ino}: {r}"))?;
+    if inode.kind == FileKind::Symlink {
+        check_symlink_target(&inode.target).map_err(|r| format!("inode {ino}: {r}"))?;
+    } else if !inode.target.is_empty() {
+        return Err(format!("inode {ino}: a {:?} with a target", inode.kind));
+    }
+    let mut xattr_bytes = 0;
+    let mut prev_xattr: Option<&str> = None;
+    for x in &inode.xattrs {
+        check_xattr_name(&x.name).map_err(|r| format!("inode {ino}: {r}"))?;
+        if prev_xattr.is_some_and(|p| x.name.as_str() <= p) {
+            return Err(format!("inode {ino}: xattr {:?} is not sorted", x.name));
         }
-        let mut xattr_bytes = 0;
-        let mut prev_xattr: Option<&str> = None;
-        for x in &inode.xattrs {
-            check_xattr_name(&x.name).map_err(|r| format!("inode {ino}: {r}"))?;
-            if prev_xattr.is_some_and(|p| x.name.as_str() <= p) {
-                return Err(format!("inode {ino}: xattr {:?} is not sorted", x.name));
-            }
-            prev_xattr = Some(&x.name);
-            xattr_bytes += x.name.len() + x.value.len();
+        prev_xattr = Some(&x.name);
+        xattr_bytes += x.name.len() + x.value.len();
+    }
+    if xattr_bytes > MAX_XATTR_BYTES_PER_INODE {
+        return Err(format!(
+            "inode {ino}: xattrs exceed {MAX_XATTR_BYTES_PER_INODE} bytes"
+        ));
+    }
+    let mut prev_name: Option<&str> = None;
+    for d in &inode.entries {
+        check_name(&d.name).map_err(|r| format!("directory {ino}: {r}"))?;
+        if d.ino == 0 {
+            return Err(format!("directory {ino}: entry {:?} names inode 0", d.name));
         }
-        if xattr_bytes > MAX_XATTR_BYTES_PER_INODE {
-            return Err(format!(
-                "inode {ino}: xattrs exceed {MAX_XATTR_BYTES_PER_INODE} bytes"
-            ));
+        if prev_name.is_some_and(|p| d.name.as_str() <= p) {
+            return Err(format!("directory {ino}: entry {:?} is not sorted", d.name));
         }
-        let mut prev: Option<&Extent> = None;
-        for e in &inode.extents {
-            check_extent(e, prev).map_err(|r| format!("inode {ino}: {r}"))?;
-            prev = Some(e);
-        }
-        let mut prev_name: Option<&str> = None;
-        for d in &inode.entries {
-            check_name(&d.name).map_err(|r| format!("directory {ino}: {r}"))?;
-            if d.ino == 0 {
-                return Err(format!("directory {ino}: entry {:?} names inode 0", d.name));
-            }
-            if prev_name.is_some_and(|p| d.name.as_str() <= p) {
-                return Err(format!("directory {ino}: entry {:?} is not sorted", d.name));
-            }
-            prev_name = Some(&d.name);
-        }
+        prev_name = Some(&d.name);
     }
     Ok(())
 }

@@ -31,8 +31,8 @@ pub use delta::{
 };
 pub use image::{
     check_extent, check_inode, decode_image, decode_image_at, encode_image, encode_image_after,
-    image_encoded_len, inode_encoded_len, ENTRY_MIN_ENCODED_LEN, EXTENT_ENCODED_LEN,
-    IMAGE_HEADER_ENCODED_LEN, INODE_FIXED_ENCODED_LEN, XATTR_MIN_ENCODED_LEN,
+    encode_image_from, image_encoded_len, inode_encoded_len, ExtentSource, ENTRY_MIN_ENCODED_LEN,
+    EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN, INODE_FIXED_ENCODED_LEN, XATTR_MIN_ENCODED_LEN,
     XATTR_OVERHEAD_ENCODED_LEN,
 };
 pub use primitive::{
