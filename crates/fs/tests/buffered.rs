@@ -1225,6 +1225,38 @@ fn a_write_far_past_eof_reserves_only_what_it_writes() {
     assert!(head[..100].iter().all(|&b| b == 7) && head[100..].iter().all(|&b| b == 0));
 }
 
+/// A sequential writer of 1 MiB pieces gets the largest folios (2 MiB, a
+/// huge page each) from its second write on, as a reader does: a window
+/// doubling from 16 KiB left its first 8 MiB in 1 MiB folios, written back
+/// as smaller device requests.
+#[test]
+fn a_sequential_1_mib_writer_gets_the_largest_folios_from_its_second_write() {
+    let dev = Arc::new(MemDevice::new(64 * MIB, 512));
+    let vol = volume_on(&dev);
+    let f = vol.open_file("/f", buffered()).unwrap();
+    let data = pattern(16 * MIB as usize, 4);
+    for (i, piece) in data.chunks(MIB as usize).enumerate() {
+        f.pwrite(piece, i as u64 * MIB).unwrap();
+    }
+    let spans = f.mapping().folio_spans();
+    let small: Vec<_> = spans.iter().filter(|s| s.1 < 2 << 20).collect();
+    assert!(
+        small.iter().all(|s| s.0 < 2 * MIB),
+        "folios under 2 MiB past the first 2 MiB: {small:?}"
+    );
+    let before = counts(&dev);
+    f.fsync().unwrap();
+    let d = counts(&dev).since(&before);
+    assert!(d.bytes_written >= 16 * MIB, "{d:?}");
+    // The first two folios of 1 MiB, seven of 2 MiB, and the journal.
+    assert!(
+        d.writes <= 9 + 4,
+        "{} device writes for 16 MiB: {d:?}",
+        d.writes
+    );
+    assert_eq!(read_all(&f), data);
+}
+
 /// Writeback through a real io_uring ring, whose completions wait for the
 /// pass's own thread (`blockdev::new_thread_queue`): a file written in
 /// 1 MiB pieces, then fsynced, reaches the device whole, whether the
