@@ -42,8 +42,8 @@ pub use error::DeviceError;
 pub use log_writes::{LogEntry, LogReader, LogWritesDevice};
 pub use memory::{FaultOp, FaultRule, MemDevice, PausedRequest, PendingWrite, Survival};
 pub use queue::{
-    new_queue, DeviceCompletion, DeviceQueue, DeviceRequest, InlineQueue, OutOfOrderQueue,
-    QueueFull, Token, MAX_QUEUE_DEPTH,
+    new_queue, new_thread_queue, DeviceCompletion, DeviceQueue, DeviceRequest, InlineQueue,
+    OutOfOrderQueue, QueueFull, Token, MAX_QUEUE_DEPTH,
 };
 pub use sync_backend::{SyncDevice, SyncOpenOptions};
 pub use uring::{FixedBufferOptions, UringDevice, UringOptions, UringQueue};
@@ -90,6 +90,18 @@ pub trait BlockDevice: Send + Sync {
     fn native_queue(&self, depth: usize) -> Result<Option<Box<dyn DeviceQueue>>, DeviceError> {
         let _ = depth;
         Ok(None)
+    }
+
+    /// [`native_queue`](BlockDevice::native_queue) for a queue that only
+    /// the calling thread uses (pushes, submits, reaps and drops), which a
+    /// backend may make cheaper (io_uring: completions deferred to that
+    /// thread, see [`UringDevice::new_thread_queue`]). Callers use
+    /// [`new_thread_queue`]. By default the ordinary native queue.
+    fn native_thread_queue(
+        &self,
+        depth: usize,
+    ) -> Result<Option<Box<dyn DeviceQueue>>, DeviceError> {
+        self.native_queue(depth)
     }
 
     /// Requests the device's kernel queue holds at once (a block device's

@@ -8,8 +8,8 @@ mod common;
 use std::sync::Arc;
 
 use blockdev::{
-    new_queue, open_device, AlignedBuf, Backend, BlockDevice, DeviceError, DeviceRequest,
-    MemDevice, SyncDevice, SyncOpenOptions, UringDevice, UringOptions, WriteMode,
+    new_queue, open_device, AlignedBuf, Backend, BlockDevice, DeviceError, DeviceQueue,
+    DeviceRequest, MemDevice, SyncDevice, SyncOpenOptions, UringDevice, UringOptions, WriteMode,
 };
 use common::{image, initial, random_mix, reap_all};
 
@@ -446,6 +446,128 @@ fn dropping_a_queue_with_requests_in_flight_is_safe() {
     }
     let c = dev.counters().snapshot();
     assert_eq!(c.writes, 20 * 128);
+}
+
+/// Whether this kernel can defer io_uring completions to a ring's thread
+/// (`IORING_SETUP_DEFER_TASKRUN`, Linux 6.1).
+fn kernel_defers_completions() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release.trim().split(['.', '-']);
+    let mut next = || {
+        parts
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    (next(), next()) >= (6, 1)
+}
+
+/// A queue made for one thread defers its completions to that thread where
+/// the kernel can (and an ordinary queue never does), and gives the same
+/// results as the sync backend on the same mix of requests, waiting in
+/// batches or polling with `reap(0)`.
+#[test]
+fn a_thread_queue_defers_completions_and_gives_the_same_results() {
+    for (i, depth) in [1usize, 8, 64].into_iter().enumerate() {
+        let seed = 0x7e7e_0000 + i as u64;
+        let ops = 200 + 8 * depth;
+        let img = image(IMAGE_BYTES, initial);
+        let uring = UringDevice::open(
+            img.path(),
+            SyncOpenOptions::default(),
+            UringOptions::default(),
+        )
+        .unwrap();
+        assert!(!uring.new_queue(depth).unwrap().defers_completions());
+        let mut q = uring.new_thread_queue(depth).unwrap();
+        assert_eq!(q.defers_completions(), kernel_defers_completions());
+        let caps = uring.caps().clone();
+        let (lbs, size) = (caps.logical_block_size as usize, caps.size_bytes as usize);
+        let align = caps.memory_alignment.max(1) as usize;
+        let mut model: Vec<u8> = (0..size).map(initial).collect();
+        let log = random_mix(&mut q, &mut model, lbs, align, seed, ops);
+
+        let sync_img = image(IMAGE_BYTES, initial);
+        let sync = open_sync(sync_img.path());
+        let mut sync_model: Vec<u8> = (0..size).map(initial).collect();
+        let mut sq = new_queue(&sync, depth).unwrap();
+        let sync_log = random_mix(sq.as_mut(), &mut sync_model, lbs, align, seed, ops);
+        assert_eq!(log, sync_log, "depth {depth}");
+        assert!(model == sync_model);
+
+        // A caller that never waits in the kernel still gets every
+        // completion: reap(0) asks the ring for what it deferred.
+        for k in 0..depth as u64 {
+            let offset = k * lbs as u64;
+            let write = DeviceRequest::Write {
+                offset,
+                buf: buf(lbs, 0xa0 ^ k as u8),
+                mode: WriteMode::Normal,
+            };
+            q.push(k, write).unwrap();
+        }
+        q.submit().unwrap();
+        let mut done = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while done.len() < depth {
+            q.reap(0, &mut done).unwrap();
+            assert!(
+                std::time::Instant::now() < deadline,
+                "depth {depth}: {} of {depth} completions after 20 s of reap(0)",
+                done.len()
+            );
+            std::thread::yield_now();
+        }
+        assert!(done.iter().all(|c| matches!(c.result, Ok(n) if n == lbs)));
+        drop(q);
+        drop(uring);
+        let bytes = std::fs::read(img.path()).unwrap();
+        for k in 0..depth {
+            assert!(bytes[k * lbs..(k + 1) * lbs]
+                .iter()
+                .all(|&b| b == 0xa0 ^ k as u8));
+        }
+    }
+}
+
+/// A thread queue's completions belong to its thread: moved to another
+/// thread with a write in flight, it cannot reap there (the kernel refuses:
+/// `DEFER_TASKRUN` runs a ring's completions only in its thread), the call
+/// fails instead of hanging, and dropping it there returns.
+#[test]
+fn a_thread_queue_reaps_only_in_its_own_thread() {
+    if !kernel_defers_completions() {
+        eprintln!("skipped: this kernel has no IORING_SETUP_DEFER_TASKRUN (Linux 6.1)");
+        return;
+    }
+    let img = image(IMAGE_BYTES, initial);
+    let uring = UringDevice::open(
+        img.path(),
+        SyncOpenOptions::default(),
+        UringOptions::default(),
+    )
+    .unwrap();
+    let lbs = uring.caps().logical_block_size as usize;
+    let mut q = uring.new_thread_queue(4).unwrap();
+    assert!(q.defers_completions());
+    let write = DeviceRequest::Write {
+        offset: 0,
+        buf: buf(lbs, 0x11),
+        mode: WriteMode::Normal,
+    };
+    q.push(1, write).unwrap();
+    q.submit().unwrap();
+    let elsewhere = std::thread::spawn(move || {
+        let mut done = Vec::new();
+        let result = q.reap(1, &mut done);
+        drop(q);
+        (result, done.len())
+    });
+    let (result, reaped) = elsewhere.join().expect("the other thread panicked");
+    assert!(
+        matches!(result, Err(DeviceError::Unusable { .. })),
+        "{result:?}, {reaped} reaped"
+    );
 }
 
 /// Each thread makes its own queue (its own ring) on one shared device.

@@ -1224,3 +1224,95 @@ fn a_write_far_past_eof_reserves_only_what_it_writes() {
     assert_eq!(f.pread(&mut head, 0).unwrap(), 200);
     assert!(head[..100].iter().all(|&b| b == 7) && head[100..].iter().all(|&b| b == 0));
 }
+
+/// A sequential writer of 1 MiB pieces gets the largest folios (2 MiB, a
+/// huge page each) from its second write on, as a reader does: a window
+/// doubling from 16 KiB left its first 8 MiB in 1 MiB folios, written back
+/// as smaller device requests.
+#[test]
+fn a_sequential_1_mib_writer_gets_the_largest_folios_from_its_second_write() {
+    let dev = Arc::new(MemDevice::new(64 * MIB, 512));
+    let vol = volume_on(&dev);
+    let f = vol.open_file("/f", buffered()).unwrap();
+    let data = pattern(16 * MIB as usize, 4);
+    for (i, piece) in data.chunks(MIB as usize).enumerate() {
+        f.pwrite(piece, i as u64 * MIB).unwrap();
+    }
+    let spans = f.mapping().folio_spans();
+    let small: Vec<_> = spans.iter().filter(|s| s.1 < 2 << 20).collect();
+    assert!(
+        small.iter().all(|s| s.0 < 2 * MIB),
+        "folios under 2 MiB past the first 2 MiB: {small:?}"
+    );
+    let before = counts(&dev);
+    f.fsync().unwrap();
+    let d = counts(&dev).since(&before);
+    assert!(d.bytes_written >= 16 * MIB, "{d:?}");
+    // The first two folios of 1 MiB, seven of 2 MiB, and the journal.
+    assert!(
+        d.writes <= 9 + 4,
+        "{} device writes for 16 MiB: {d:?}",
+        d.writes
+    );
+    assert_eq!(read_all(&f), data);
+}
+
+/// Writeback through a real io_uring ring, whose completions wait for the
+/// pass's own thread (`blockdev::new_thread_queue`): a file written in
+/// 1 MiB pieces, then fsynced, reaches the device whole, whether the
+/// writer's fsync writes it back or the write-behind thread does (each
+/// pass makes its queue in the thread it runs on).
+#[test]
+fn writeback_through_a_real_io_uring_ring_reaches_the_device_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vol.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(128 * MIB)
+        .unwrap();
+    let dev = match blockdev::open_device(&path, false, blockdev::Backend::Uring) {
+        Ok((dev, _)) => dev,
+        Err(e) => {
+            if std::env::var_os("IOMAPFS_REQUIRE_PRIVILEGED").is_some() {
+                panic!("io_uring unavailable: {e}");
+            }
+            println!("skipped: io_uring unavailable here: {e}");
+            return;
+        }
+    };
+    assert_eq!(dev.backend_name(), "uring");
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    for chunk in [0, iomap::folio_cache::WRITE_BEHIND_CHUNK_BYTES] {
+        let mut cache = CacheConfig::with_size(256 * MIB);
+        cache.write_behind_bytes = chunk;
+        let opts = MountOptions {
+            cache,
+            ..MountOptions::default()
+        };
+        let vol = Volume::open_with(dev.clone(), &opts).unwrap();
+        let name = format!("/f{chunk}");
+        let f = vol.open_file(&name, buffered()).unwrap();
+        let data = pattern(24 * MIB as usize, chunk as u8 ^ 5);
+        let before = dev.counters().snapshot();
+        // Twice: a pass that places the delayed allocations, then one that
+        // overwrites them.
+        for _ in 0..2 {
+            for (i, piece) in data.chunks(MIB as usize).enumerate() {
+                f.pwrite(piece, i as u64 * MIB).unwrap();
+            }
+            f.fsync().unwrap();
+        }
+        let d = dev.counters().snapshot().since(&before);
+        assert!(d.bytes_written >= 2 * data.len() as u64, "{d:?}");
+        assert_eq!(vol.cache().dirty_bytes(), 0);
+        drop(f);
+        vol.unmount().unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        let got = read_all(&vol.open_file(&name, OpenFlags::default()).unwrap());
+        assert!(
+            got == data,
+            "write-behind {chunk}: the device holds other bytes"
+        );
+        vol.unmount().unwrap();
+    }
+}

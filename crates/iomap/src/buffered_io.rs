@@ -86,7 +86,7 @@ fn readahead_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
         &seq.window,
         pos,
         end,
-        first_read_window(end - pos),
+        first_window(end - pos),
     );
     if window == 0 {
         // A new run starts: what was read ahead for the old one says
@@ -96,7 +96,12 @@ fn readahead_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
     window
 }
 
-/// The folio size a write at `pos` asks for, growing the same way.
+/// The folio size a write at `pos` asks for, growing the same way, from
+/// four times the write as for reads. Doubling from
+/// [`READAHEAD_START_BYTES`] alone, a 1 MiB writer put its first 8 MiB in
+/// 1 MiB folios, whose memory (unlike a 2 MiB folio's huge page) is not
+/// physically contiguous: a loop device took each one's writeback as two
+/// 512 KiB requests, through an io_uring worker thread.
 fn write_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
     let seq = &mapping.shared.sequential;
     advance(
@@ -104,16 +109,16 @@ fn write_window(mapping: &Mapping, pos: u64, end: u64) -> usize {
         &seq.write_window,
         pos,
         end,
-        READAHEAD_START_BYTES,
+        first_window(end - pos),
     )
 }
 
-/// The smallest window of a sequential read of `len` bytes: four times the
-/// read, as the kernel's first readahead of a sequential reader
-/// (`get_init_ra_size`). Doubling from [`READAHEAD_START_BYTES`] alone, a
-/// 1 MiB reader read its first 8 MiB with a window smaller than its reads,
-/// so nothing was read ahead of it.
-fn first_read_window(len: u64) -> usize {
+/// The smallest window of a sequential reader or writer of `len` bytes:
+/// four times the access, as the kernel's first readahead of a sequential
+/// reader (`get_init_ra_size`). Doubling from [`READAHEAD_START_BYTES`]
+/// alone, a 1 MiB reader read its first 8 MiB with a window smaller than
+/// its reads, so nothing was read ahead of it.
+fn first_window(len: u64) -> usize {
     (len as usize)
         .saturating_mul(4)
         .checked_next_power_of_two()

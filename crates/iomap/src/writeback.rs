@@ -230,11 +230,15 @@ impl<F: IomapFile> Writeback<'_, F> {
             WriteMode::Normal
         };
         if self.queue.is_none() {
-            let queue = blockdev::queue::new_queue(self.file.device(), WRITEBACK_QUEUE_DEPTH)
-                .map_err(|source| IomapError::Queue {
-                    what: "writeback queue",
-                    source,
-                })?;
+            // The pass's own thread pushes, waits for and drops every
+            // request: completions can wait for it, and a wait for a batch
+            // wakes it once.
+            let queue =
+                blockdev::queue::new_thread_queue(self.file.device(), WRITEBACK_QUEUE_DEPTH)
+                    .map_err(|source| IomapError::Queue {
+                        what: "writeback queue",
+                        source,
+                    })?;
             self.queue = Some(queue);
         }
         if self.in_flight.len() >= WRITEBACK_QUEUE_DEPTH {

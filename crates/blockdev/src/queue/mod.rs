@@ -185,6 +185,22 @@ pub fn new_queue(
     }
 }
 
+/// A queue on `dev` for the calling thread alone: [`new_queue`], except
+/// that only this thread may push, submit, reap and drop it, which lets the
+/// backend complete requests more cheaply (see
+/// [`BlockDevice::native_thread_queue`]). For a queue that lives inside one
+/// call, such as a writeback pass; a queue handed to other threads must
+/// come from [`new_queue`].
+pub fn new_thread_queue(
+    dev: &Arc<dyn BlockDevice>,
+    depth: usize,
+) -> Result<Box<dyn DeviceQueue>, DeviceError> {
+    match dev.native_thread_queue(depth)? {
+        Some(queue) => Ok(queue),
+        None => Ok(Box::new(InlineQueue::new(Arc::clone(dev), depth))),
+    }
+}
+
 /// Clamps a requested depth to what every backend supports.
 pub(crate) fn clamp_depth(depth: usize) -> usize {
     depth.clamp(1, MAX_QUEUE_DEPTH)

@@ -117,6 +117,14 @@ impl UringDevice {
     pub fn new_queue(&self, depth: usize) -> Result<UringQueue, DeviceError> {
         UringQueue::new(Arc::clone(&self.sync), depth, self.opts, self.fixed)
     }
+
+    /// A queue that only the calling thread may use, whose completions wait
+    /// in the kernel until that thread asks for them (see
+    /// [`UringQueue::defers_completions`]): a thread that waits for a batch
+    /// is woken once for it. Another thread's calls on it fail.
+    pub fn new_thread_queue(&self, depth: usize) -> Result<UringQueue, DeviceError> {
+        UringQueue::for_this_thread(Arc::clone(&self.sync), depth, self.opts, self.fixed)
+    }
 }
 
 impl BlockDevice for UringDevice {
@@ -146,6 +154,13 @@ impl BlockDevice for UringDevice {
 
     fn native_queue(&self, depth: usize) -> Result<Option<Box<dyn DeviceQueue>>, DeviceError> {
         Ok(Some(Box::new(self.new_queue(depth)?)))
+    }
+
+    fn native_thread_queue(
+        &self,
+        depth: usize,
+    ) -> Result<Option<Box<dyn DeviceQueue>>, DeviceError> {
+        Ok(Some(Box::new(self.new_thread_queue(depth)?)))
     }
 
     fn backend_name(&self) -> &'static str {

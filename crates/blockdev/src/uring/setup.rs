@@ -84,14 +84,30 @@ pub(super) fn errno_text(e: &io::Error) -> String {
     format!("{name} ({text})")
 }
 
+/// Whether a ring may defer its completions to the one thread that uses it
+/// (see [`build_ring`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RingUse {
+    /// Any thread may submit and reap (one at a time).
+    AnyThread,
+    /// Only the thread that builds the ring submits, reaps and drops it.
+    OneThread,
+}
+
 /// Sets up a ring of at least `entries` submission entries with `opts`,
 /// registers `dev`'s descriptor as fixed file 0, and tells why not if it
-/// cannot.
+/// cannot. Returns the ring and whether it defers completions: for
+/// [`RingUse::OneThread`], `IORING_SETUP_SINGLE_ISSUER | DEFER_TASKRUN`
+/// where the kernel has them (6.1+), so a completion waits in the ring
+/// until its thread asks for completions, and a thread waiting for `n` is
+/// woken once when `n` are there, not once for each (without it, every
+/// completion of a batch interrupts the waiting thread to post its entry).
 pub(super) fn build_ring(
     dev: &SyncDevice,
     entries: u32,
     opts: UringOptions,
-) -> Result<IoUring, UringUnavailable> {
+    ring_use: RingUse,
+) -> Result<(IoUring, bool), UringUnavailable> {
     let mut base = IoUring::builder();
     if opts.iopoll {
         base.setup_iopoll();
@@ -107,15 +123,26 @@ pub(super) fn build_ring(
     fast.setup_coop_taskrun()
         .setup_taskrun_flag()
         .setup_submit_all();
-    let ring = match fast.build(entries) {
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => base.build(entries),
-        other => other,
-    }
-    .map_err(setup_error)?;
+    // SQPOLL submits from a kernel thread, which a single issuer excludes.
+    let deferred = (ring_use == RingUse::OneThread && opts.sqpoll_idle_ms.is_none()).then(|| {
+        let mut deferred = fast.clone();
+        deferred.setup_single_issuer().setup_defer_taskrun();
+        deferred
+    });
+    let refused = |e: &io::Error| e.raw_os_error() == Some(libc::EINVAL);
+    let (ring, defers) = match deferred.map(|d| d.build(entries)) {
+        Some(Ok(ring)) => (Ok(ring), true),
+        Some(Err(e)) if !refused(&e) => (Err(e), false),
+        _ => match fast.build(entries) {
+            Err(e) if refused(&e) => (base.build(entries), false),
+            other => (other, false),
+        },
+    };
+    let ring = ring.map_err(setup_error)?;
     ring.submitter()
         .register_files(&[dev.file().as_raw_fd()])
         .map_err(UringUnavailable::Register)?;
-    Ok(ring)
+    Ok((ring, defers))
 }
 
 /// Drops `ring`'s registered files synchronously, before the ring is closed.
@@ -149,7 +176,7 @@ pub fn check_uring(dev: &SyncDevice, opts: UringOptions) -> Result<(), UringUnav
     if probe::io_uring_disabled() == Some(2) {
         return Err(UringUnavailable::Disabled);
     }
-    let mut ring = build_ring(dev, 2, opts)?;
+    let (mut ring, _) = build_ring(dev, 2, opts, RingUse::AnyThread)?;
     let caps = dev.caps();
     let len = caps.logical_block_size as usize;
     let align = caps.memory_alignment.max(caps.logical_block_size) as usize;
