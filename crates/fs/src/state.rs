@@ -1240,7 +1240,10 @@ mod tests {
             let streamed = state.encode_image_after(room).unwrap();
             assert!(streamed[..room].iter().all(|&b| b == 0), "seed {seed}");
             let image = state.to_image();
-            assert!(image.inodes.iter().any(|i| i.extents.len() > 40), "maps span chunks");
+            assert!(
+                image.inodes.iter().any(|i| i.extents.len() > 40),
+                "maps span chunks"
+            );
             assert_eq!(
                 &streamed[room..],
                 &codec::encode_image(&image).unwrap()[..],
