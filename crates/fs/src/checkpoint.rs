@@ -1031,7 +1031,13 @@ pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Res
         InodeImage,
         Option<SpanMerge>,
     )> = Vec::with_capacity(delta.changed.len());
-    for c in &delta.changed {
+    for (i, c) in delta.changed.iter().enumerate() {
+        // Each change is planned against the map as it is now: an inode
+        // named twice would have its second plan applied to the first's
+        // result.
+        if i > 0 && delta.changed[i - 1].inode.ino >= c.inode.ino {
+            return Err(format!("changed inode {} is not sorted", c.inode.ino));
+        }
         let pos = find(&image.inodes, c.inode.ino);
         let old: &[Extent] = match pos {
             Ok(i) => &image.inodes[i].extents,
@@ -2228,5 +2234,56 @@ mod tests {
             ..delta
         };
         apply_delta(&mut base, &delta).unwrap();
+    }
+
+    /// A delta that names one inode twice breaks `MetaDelta`'s rule
+    /// (`changed` sorted by inode number) and is refused, changing
+    /// nothing: each change is planned against the map as it was, so
+    /// applying the second to the map the first produced would read runs
+    /// that are not there (a slice index panic). The decoder refuses such
+    /// a delta, but `apply_delta` is public and says it checks everything.
+    #[test]
+    fn a_delta_naming_an_inode_twice_is_refused_not_a_panic() {
+        use crate::types::{ExtentState, FileKind, InodeDelta};
+        let mut base = image(1, 30);
+        let file = base
+            .inodes
+            .iter_mut()
+            .find(|i| i.kind == FileKind::Regular)
+            .unwrap();
+        let ext = |off: u64| Extent {
+            file_off: off,
+            len: 4096,
+            addr: (1 << 30) + off,
+            state: ExtentState::Written,
+        };
+        file.extents = vec![ext(0), ext(8192)];
+        let (mut first, mut second) = (file.clone(), file.clone());
+        // The first removes the extent at 0; the second adds one at 16 KiB.
+        first.extents = Vec::new();
+        second.extents = vec![ext(16384)];
+        let before = base.clone();
+        let delta = MetaDelta {
+            next_ino: base.next_ino,
+            removed: Vec::new(),
+            changed: vec![
+                InodeDelta {
+                    spans: vec![(0, 4096)],
+                    inode: first,
+                },
+                InodeDelta {
+                    spans: vec![(16384, 20480)],
+                    inode: second,
+                },
+            ],
+        };
+        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            apply_delta(&mut base, &delta)
+        }));
+        match applied {
+            Ok(Err(reason)) => assert!(reason.contains("not sorted"), "{reason}"),
+            other => panic!("a delta naming an inode twice: {other:?}"),
+        }
+        assert_eq!(base, before);
     }
 }
