@@ -570,6 +570,43 @@ fn a_thread_queue_reaps_only_in_its_own_thread() {
     );
 }
 
+/// A thread queue dropped in its own thread with requests in flight
+/// (submitted or only pushed, none reaped) waits for them as an ordinary
+/// queue does: its completions are deferred to this thread, so the drop's
+/// wait must enter the kernel for them (GETEVENTS) or it would never end.
+#[test]
+fn dropping_a_thread_queue_with_requests_in_flight_is_safe() {
+    let img = image(IMAGE_BYTES, initial);
+    let dev = open_uring(img.path(), UringOptions::default());
+    let lbs = dev.caps().logical_block_size as usize;
+    let chunk = 4 * lbs;
+    for round in 0..10u8 {
+        let mut q = blockdev::new_thread_queue(&dev, 256).unwrap();
+        for i in 0..128usize {
+            q.push(
+                i as u64,
+                DeviceRequest::Write {
+                    offset: (i * chunk) as u64,
+                    buf: buf(chunk, round ^ i as u8),
+                    mode: WriteMode::Normal,
+                },
+            )
+            .unwrap();
+            if i == 100 {
+                q.submit().unwrap();
+            }
+        }
+        drop(q);
+        let mut back = buf(128 * chunk, 0);
+        dev.read_at(&mut back, 0).unwrap();
+        for i in 0..128usize {
+            let want = round ^ i as u8;
+            let got = &back[i * chunk..(i + 1) * chunk];
+            assert!(got.iter().all(|&b| b == want), "round {round} write {i}");
+        }
+    }
+}
+
 /// Each thread makes its own queue (its own ring) on one shared device.
 #[test]
 fn one_queue_per_thread_on_a_shared_device() {
