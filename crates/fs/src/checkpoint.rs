@@ -2141,6 +2141,39 @@ mod tests {
         assert!(read_newest_checkpoint(&dev, &sb).is_err());
     }
 
+    /// A newest chain ending in a delta that verifies but does not apply
+    /// is a lost checkpoint too: the older slot's image, otherwise not read
+    /// at mount, is verified then, so that the loss names its damage
+    /// beside the delta's.
+    #[test]
+    fn an_unapplied_delta_reports_why_the_older_slot_is_unusable() {
+        let (dev, sb) = setup();
+        let c0 = Checkpoint {
+            image: image(0, 20),
+            ..ckpt(0, 0)
+        };
+        write_base(&dev, &sb, 1, &c0).unwrap();
+        let c1 = base1();
+        let chain = write_base(&dev, &sb, 0, &c1).unwrap();
+        let mut bad = delta_ckpt(2, &c1.image, &image(2, 25));
+        bad.delta.removed = vec![9_999];
+        write_delta(&dev, &sb, 0, &chain, &bad).unwrap();
+        // The older slot's header still names generation 0: only its image
+        // is damaged.
+        dev.flip(slot_start(&sb, 1) + encoded_len(&c0.image) / 2);
+        let newest = read_checkpoints(&dev, &sb).unwrap();
+        assert_eq!((newest.slot, &newest.checkpoint), (0, &c1));
+        let lost = newest.lost.expect("generation 2 was written whole");
+        assert_eq!((lost.generation, lost.slot), (2, 0));
+        assert!(
+            lost.reason.contains("does not apply")
+                && lost.reason.contains("slot 1: ")
+                && lost.reason.contains("crc32c"),
+            "{}",
+            lost.reason
+        );
+    }
+
     /// Once delta 2 is durable and the base is marked, damage to delta 2
     /// is a lost checkpoint (in the same slot); before the mark it is a
     /// torn write and the base is used. The mark writes one sector and
