@@ -1031,7 +1031,13 @@ pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Res
         InodeImage,
         Option<SpanMerge>,
     )> = Vec::with_capacity(delta.changed.len());
-    for c in &delta.changed {
+    for (i, c) in delta.changed.iter().enumerate() {
+        // Each change is planned against the map as it is now: an inode
+        // named twice would have its second plan applied to the first's
+        // result.
+        if i > 0 && delta.changed[i - 1].inode.ino >= c.inode.ino {
+            return Err(format!("changed inode {} is not sorted", c.inode.ino));
+        }
         let pos = find(&image.inodes, c.inode.ino);
         let old: &[Extent] = match pos {
             Ok(i) => &image.inodes[i].extents,
@@ -2135,6 +2141,39 @@ mod tests {
         assert!(read_newest_checkpoint(&dev, &sb).is_err());
     }
 
+    /// A newest chain ending in a delta that verifies but does not apply
+    /// is a lost checkpoint too: the older slot's image, otherwise not read
+    /// at mount, is verified then, so that the loss names its damage
+    /// beside the delta's.
+    #[test]
+    fn an_unapplied_delta_reports_why_the_older_slot_is_unusable() {
+        let (dev, sb) = setup();
+        let c0 = Checkpoint {
+            image: image(0, 20),
+            ..ckpt(0, 0)
+        };
+        write_base(&dev, &sb, 1, &c0).unwrap();
+        let c1 = base1();
+        let chain = write_base(&dev, &sb, 0, &c1).unwrap();
+        let mut bad = delta_ckpt(2, &c1.image, &image(2, 25));
+        bad.delta.removed = vec![9_999];
+        write_delta(&dev, &sb, 0, &chain, &bad).unwrap();
+        // The older slot's header still names generation 0: only its image
+        // is damaged.
+        dev.flip(slot_start(&sb, 1) + encoded_len(&c0.image) / 2);
+        let newest = read_checkpoints(&dev, &sb).unwrap();
+        assert_eq!((newest.slot, &newest.checkpoint), (0, &c1));
+        let lost = newest.lost.expect("generation 2 was written whole");
+        assert_eq!((lost.generation, lost.slot), (2, 0));
+        assert!(
+            lost.reason.contains("does not apply")
+                && lost.reason.contains("slot 1: ")
+                && lost.reason.contains("crc32c"),
+            "{}",
+            lost.reason
+        );
+    }
+
     /// Once delta 2 is durable and the base is marked, damage to delta 2
     /// is a lost checkpoint (in the same slot); before the mark it is a
     /// torn write and the base is used. The mark writes one sector and
@@ -2228,5 +2267,56 @@ mod tests {
             ..delta
         };
         apply_delta(&mut base, &delta).unwrap();
+    }
+
+    /// A delta that names one inode twice breaks `MetaDelta`'s rule
+    /// (`changed` sorted by inode number) and is refused, changing
+    /// nothing: each change is planned against the map as it was, so
+    /// applying the second to the map the first produced would read runs
+    /// that are not there (a slice index panic). The decoder refuses such
+    /// a delta, but `apply_delta` is public and says it checks everything.
+    #[test]
+    fn a_delta_naming_an_inode_twice_is_refused_not_a_panic() {
+        use crate::types::{ExtentState, FileKind, InodeDelta};
+        let mut base = image(1, 30);
+        let file = base
+            .inodes
+            .iter_mut()
+            .find(|i| i.kind == FileKind::Regular)
+            .unwrap();
+        let ext = |off: u64| Extent {
+            file_off: off,
+            len: 4096,
+            addr: (1 << 30) + off,
+            state: ExtentState::Written,
+        };
+        file.extents = vec![ext(0), ext(8192)];
+        let (mut first, mut second) = (file.clone(), file.clone());
+        // The first removes the extent at 0; the second adds one at 16 KiB.
+        first.extents = Vec::new();
+        second.extents = vec![ext(16384)];
+        let before = base.clone();
+        let delta = MetaDelta {
+            next_ino: base.next_ino,
+            removed: Vec::new(),
+            changed: vec![
+                InodeDelta {
+                    spans: vec![(0, 4096)],
+                    inode: first,
+                },
+                InodeDelta {
+                    spans: vec![(16384, 20480)],
+                    inode: second,
+                },
+            ],
+        };
+        let applied = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            apply_delta(&mut base, &delta)
+        }));
+        match applied {
+            Ok(Err(reason)) => assert!(reason.contains("not sorted"), "{reason}"),
+            other => panic!("a delta naming an inode twice: {other:?}"),
+        }
+        assert_eq!(base, before);
     }
 }

@@ -1219,9 +1219,6 @@ mod tests {
         }
     }
 
-    /// A delta from a snapshot to the live state, applied to the
-    /// snapshot's image, gives the live state's image; and it holds only
-    /// the extents in spans the changes touched.
     /// A whole checkpoint encodes the live state straight from its extent
     /// maps: the same bytes as encoding the image `to_image` copies out,
     /// after the room asked for.
@@ -1252,6 +1249,9 @@ mod tests {
         }
     }
 
+    /// A delta from a snapshot to the live state, applied to the
+    /// snapshot's image, gives the live state's image; and it holds only
+    /// the extents in spans the changes touched.
     #[test]
     fn delta_since_a_snapshot_applies_to_the_live_state() {
         for seed in 0..60 {

@@ -96,15 +96,27 @@ pub fn encode_image_from(
     enc.u64(next_ino);
     enc.u64(inodes.len() as u64);
     for &(inode, extents) in inodes {
-        encode_inode_head(&mut enc, inode, extents.extent_count())?;
+        let count = extents.extent_count();
+        encode_inode_head(&mut enc, inode, count)?;
         let mut prev: Option<Extent> = None;
+        let mut encoded = 0usize;
         extents.try_each(&mut |e| {
             check_extent(e, prev.as_ref())
                 .map_err(|r| invalid(format!("inode {}: {r}", inode.ino)))?;
             prev = Some(*e);
             encode_extent(&mut enc, e);
+            encoded += 1;
             Ok(())
         })?;
+        // The count went out before the extents: a source whose count and
+        // extents disagree would leave a record whose crc verifies and which
+        // does not decode (a lost checkpoint at the next mount).
+        if encoded != count {
+            return Err(invalid(format!(
+                "inode {}: {encoded} extents encoded under a count of {count}",
+                inode.ino
+            )));
+        }
         encode_inode_tail(&mut enc, inode)?;
     }
     debug_assert_eq!(enc.len(), room + len);
@@ -579,6 +591,53 @@ pub(crate) mod tests {
         MetaImage {
             next_ino: ino + 1,
             inodes: out,
+        }
+    }
+
+    /// An extent source whose count disagrees with the extents it gives
+    /// is refused: the count is encoded before the extents, so the image
+    /// would not decode (in release builds no debug assertion stops it).
+    #[test]
+    fn a_source_that_miscounts_its_extents_is_refused() {
+        struct Miscounted(Vec<Extent>);
+        impl ExtentSource for Miscounted {
+            fn extent_count(&self) -> usize {
+                self.0.len() + 1
+            }
+            fn try_each(&self, f: &mut dyn FnMut(&Extent) -> Result<()>) -> Result<()> {
+                self.0.iter().try_for_each(f)
+            }
+        }
+        let mut rng = SmallRng::seed_from_u64(5);
+        let image = random_image(&mut rng, 40);
+        let file = image
+            .inodes
+            .iter()
+            .find(|i| !i.extents.is_empty())
+            .expect("a file with extents");
+        let source = Miscounted(file.extents.clone());
+        let inodes: Vec<(&InodeImage, &dyn ExtentSource)> = image
+            .inodes
+            .iter()
+            .map(|i| {
+                let extents: &dyn ExtentSource = if i.ino == file.ino {
+                    &source
+                } else {
+                    &i.extents
+                };
+                (i, extents)
+            })
+            .collect();
+        let encoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            encode_image_from(0, image.next_ino, &inodes)
+        }));
+        match encoded {
+            Ok(Err(e)) => assert!(e.to_string().contains("under a count"), "{e}"),
+            Ok(Ok(bytes)) => panic!(
+                "encoded; decodes: {:?}",
+                decode_image(&bytes).map(|_| ()).map_err(|e| e.to_string())
+            ),
+            Err(_) => panic!("panicked (a debug assertion)"),
         }
     }
 
