@@ -245,6 +245,7 @@ pub fn write_base_record(
     let region = slot_region(sb, slot)?;
     check_journal_start(sb, header.journal_start)
         .map_err(|reason| Error::invalid("writing a checkpoint", reason))?;
+    check_room("writing a checkpoint", &record)?;
     let needed = record.len() as u64;
     if needed > region.len {
         return Err(Error::NoSpace {
@@ -261,6 +262,20 @@ pub fn write_base_record(
         needed,
         needed,
     ))
+}
+
+/// `record`, if it has the room for a record header an encoder leaves.
+fn check_room<'a>(what: &str, record: &'a [u8]) -> Result<&'a [u8]> {
+    if record.len() < CHECKPOINT_HEADER_LEN {
+        return Err(Error::invalid(
+            what.to_string(),
+            format!(
+                "a record of {} bytes has no room for its {CHECKPOINT_HEADER_LEN}-byte header",
+                record.len()
+            ),
+        ));
+    }
+    Ok(record)
 }
 
 /// Whether a checkpoint image of `image_len` encoded bytes must spill: the
@@ -330,7 +345,7 @@ pub fn write_spilled_base_record(
             available: region.len,
         });
     }
-    let image = &record[CHECKPOINT_HEADER_LEN..];
+    let image = &check_room("writing a spilled checkpoint", record)?[CHECKPOINT_HEADER_LEN..];
     let total = spill_bytes(sb, image.len() as u64);
     check_spill_extents(sb, spill, total)
         .map_err(|reason| Error::invalid("writing a spilled checkpoint", reason))?;
@@ -1612,6 +1627,23 @@ mod tests {
                 Err(_) => prop_assert!(!valid, "a valid delta was refused"),
             }
         });
+    }
+
+    /// A record without room for its header is an argument error, not a
+    /// panic, and writes nothing.
+    #[test]
+    fn a_record_without_header_room_is_refused() {
+        let (dev, sb) = setup();
+        let header = RecordHeader::of(&ckpt(1, 1));
+        let before = dev.counters().snapshot();
+        let short = vec![0u8; CHECKPOINT_HEADER_LEN - 1];
+        let err = write_base_record(&dev, &sb, 0, header, short.clone()).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+        let mut spilled = sb.clone();
+        spilled.features_incompat |= INCOMPAT_SPILLED_CHECKPOINTS;
+        let err = write_spilled_base_record(&dev, &spilled, 0, header, &short, &[]).unwrap_err();
+        assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
+        assert_eq!(dev.counters().snapshot().since(&before).writes, 0);
     }
 
     #[test]

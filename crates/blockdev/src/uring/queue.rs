@@ -84,7 +84,9 @@ impl UringQueue {
     /// on). Used from another thread, the kernel refuses it (`EEXIST`): its
     /// calls fail with [`DeviceError::Unusable`], and a drop there leaks the
     /// buffers of requests still in flight rather than free them under the
-    /// kernel.
+    /// kernel, and cannot unregister its buffers or release the device's
+    /// descriptor at once (an `O_EXCL` block device then stays claimed until
+    /// the kernel tears the ring down).
     pub(super) fn for_this_thread(
         dev: Arc<SyncDevice>,
         depth: usize,
