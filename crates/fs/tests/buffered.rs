@@ -1316,3 +1316,98 @@ fn writeback_through_a_real_io_uring_ring_reaches_the_device_whole() {
         vol.unmount().unwrap();
     }
 }
+
+/// A device whose per-thread queues (writeback's) fail as a whole: every
+/// request pushed stays with the queue, as a ring that `io_uring_enter`
+/// refuses keeps its requests' memory.
+struct BrokenQueueDevice {
+    inner: Arc<MemDevice>,
+}
+
+struct BrokenQueue {
+    held: Vec<blockdev::DeviceRequest>,
+}
+
+impl blockdev::DeviceQueue for BrokenQueue {
+    fn depth(&self) -> usize {
+        64
+    }
+    fn push(
+        &mut self,
+        _token: blockdev::Token,
+        request: blockdev::DeviceRequest,
+    ) -> Result<(), blockdev::QueueFull> {
+        self.held.push(request);
+        Ok(())
+    }
+    fn submit(&mut self) -> Result<usize, blockdev::DeviceError> {
+        Err(blockdev::DeviceError::Flush {
+            source: std::io::Error::from_raw_os_error(libc::ENOMEM),
+        })
+    }
+    fn reap(
+        &mut self,
+        _min: usize,
+        _out: &mut Vec<blockdev::DeviceCompletion>,
+    ) -> Result<usize, blockdev::DeviceError> {
+        self.submit()
+    }
+    fn in_flight(&self) -> usize {
+        self.held.len()
+    }
+}
+
+impl BlockDevice for BrokenQueueDevice {
+    fn caps(&self) -> &blockdev::DeviceCaps {
+        self.inner.caps()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), blockdev::DeviceError> {
+        self.inner.read_at(buf, offset)
+    }
+    fn write_at(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        mode: blockdev::WriteMode,
+    ) -> Result<(), blockdev::DeviceError> {
+        self.inner.write_at(buf, offset, mode)
+    }
+    fn flush(&self) -> Result<(), blockdev::DeviceError> {
+        self.inner.flush()
+    }
+    fn counters(&self) -> &blockdev::DeviceCounters {
+        self.inner.counters()
+    }
+    fn native_thread_queue(
+        &self,
+        _depth: usize,
+    ) -> Result<Option<Box<dyn blockdev::DeviceQueue>>, blockdev::DeviceError> {
+        Ok(Some(Box::new(BrokenQueue { held: Vec::new() })))
+    }
+}
+
+/// When the writeback queue fails as a whole it keeps the folios' memory:
+/// fsync reports the error, and the folios read their blocks from the
+/// device again instead of serving (and slicing) memory they no longer
+/// have.
+#[test]
+fn a_failed_writeback_queue_leaves_folios_that_read_from_the_device() {
+    let mem = Arc::new(MemDevice::new(64 * MIB, 512));
+    Volume::format(mem.clone(), &FormatOptions::default()).unwrap();
+    let before = pattern(256 * 1024, 3);
+    {
+        let vol = Volume::open(mem.clone()).unwrap();
+        let d = vol.open_file("/f", direct()).unwrap();
+        d.pwrite(&before, 0).unwrap();
+        d.fsync().unwrap();
+        vol.unmount().unwrap();
+    }
+    let dev = Arc::new(BrokenQueueDevice { inner: mem });
+    let vol = Volume::open(dev).unwrap();
+    let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+    f.pwrite(&pattern(256 * 1024, 9), 0).unwrap();
+    assert!(f.fsync().is_err(), "the queue failed: fsync must say so");
+    let mut back = vec![0u8; 256 * 1024];
+    f.pread(&mut back, 0).unwrap();
+    assert!(back == before, "the blocks were read from the device again");
+}

@@ -241,7 +241,7 @@ fn order_of(len: usize) -> usize {
 /// pages, advised before their first touch: a cold read into one takes one
 /// page fault instead of 512 (heap memory zeroed before the advice was
 /// backed by small pages).
-fn new_buffer(len: usize, pos: u64) -> Result<AlignedBuf, IomapError> {
+pub(crate) fn new_buffer(len: usize, pos: u64) -> Result<AlignedBuf, IomapError> {
     if len == MAX_FOLIO_BYTES && MAX_FOLIO_BYTES.is_multiple_of(HUGE_PAGE_BYTES) {
         return AlignedBuf::new_huge_pages(len)
             .map_err(|source| IomapError::Bounce { pos, source });

@@ -363,11 +363,21 @@ impl<F: IomapFile> Writeback<'_, F> {
             }
         };
         // A queue that failed as a whole kept the folio's memory: nothing is
-        // left to write again.
+        // left to write again, and nothing cached to read. The folio gets
+        // fresh memory whose blocks are read from the device again (the
+        // error reaches fsync); without it, the next cached read would slice
+        // an empty buffer. If even that allocation fails, the folio keeps
+        // its blocks marked uptodate over empty memory.
         let data_back = q.state.data.len() == q.folio.len();
         if !(keep_dirty && data_back) {
             let all = q.folio.blocks_of(0, q.folio.len());
-            q.folio.clear_dirty(&mut q.state, all);
+            q.folio.clear_dirty(&mut q.state, all.clone());
+            if !data_back {
+                if let Ok(fresh) = crate::folio_cache::new_buffer(q.folio.len(), pos) {
+                    q.state.data = fresh;
+                    q.folio.forget_clean(&mut q.state, all);
+                }
+            }
         }
     }
 }
