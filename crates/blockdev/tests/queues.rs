@@ -18,8 +18,12 @@ const DEPTHS: [usize; 9] = [1, 2, 3, 8, 17, 32, 64, 128, 256];
 /// Seeds of the out-of-order queues the contract tests run on.
 const OUT_OF_ORDER_SEEDS: [u64; 2] = [1, 0xdead_beef];
 
+fn uring_device(path: &std::path::Path, opts: UringOptions) -> UringDevice {
+    UringDevice::open(path, SyncOpenOptions::default(), opts).unwrap()
+}
+
 fn open_uring(path: &std::path::Path, opts: UringOptions) -> Arc<dyn BlockDevice> {
-    Arc::new(UringDevice::open(path, SyncOpenOptions::default(), opts).unwrap())
+    Arc::new(uring_device(path, opts))
 }
 
 fn open_sync(path: &std::path::Path) -> Arc<dyn BlockDevice> {
@@ -486,12 +490,7 @@ fn a_thread_queue_defers_completions_and_gives_the_same_results() {
         let seed = 0x7e7e_0000 + i as u64;
         let ops = 200 + 8 * depth;
         let img = image(IMAGE_BYTES, initial);
-        let uring = UringDevice::open(
-            img.path(),
-            SyncOpenOptions::default(),
-            UringOptions::default(),
-        )
-        .unwrap();
+        let uring = uring_device(img.path(), UringOptions::default());
         assert!(!uring.new_queue(depth).unwrap().defers_completions());
         let mut q = uring.new_thread_queue(depth).unwrap();
         assert_eq!(q.defers_completions(), kernel_defers_completions());
@@ -555,12 +554,7 @@ fn a_thread_queue_reaps_only_in_its_own_thread() {
         return;
     }
     let img = image(IMAGE_BYTES, initial);
-    let uring = UringDevice::open(
-        img.path(),
-        SyncOpenOptions::default(),
-        UringOptions::default(),
-    )
-    .unwrap();
+    let uring = uring_device(img.path(), UringOptions::default());
     let lbs = uring.caps().logical_block_size as usize;
     let mut q = uring.new_thread_queue(4).unwrap();
     assert!(q.defers_completions());

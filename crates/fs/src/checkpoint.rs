@@ -1863,6 +1863,16 @@ mod tests {
         .collect()
     }
 
+    /// [`spill_for`], placed clear of the extents it gives for an image of
+    /// up to 8 times the size (the other slot's image).
+    fn spill_clear_of_the_first(sb: &Superblock, image_len: u64) -> Vec<SpillExtent> {
+        let shift = 8 * spill_bytes(sb, image_len);
+        spill_for(sb, image_len)
+            .into_iter()
+            .map(|(a, l)| (a + shift, l))
+            .collect()
+    }
+
     /// An image too large for its slot round-trips through spill extents,
     /// deltas chain after its table in the slot, and both slots' spill
     /// extents are reported.
@@ -1906,10 +1916,7 @@ mod tests {
             ..ckpt(3, 0)
         };
         let len3 = codec::image_encoded_len(&c3.image);
-        let spill3: Vec<SpillExtent> = spill_for(&sb, len3)
-            .into_iter()
-            .map(|(a, l)| (a + 8 * spill_bytes(&sb, len3), l))
-            .collect();
+        let spill3 = spill_clear_of_the_first(&sb, len3);
         write_spilled_base(&dev, &sb, 1, &c3, &spill3).unwrap();
         let before = dev.counters().snapshot();
         let newest = read_checkpoints(&dev, &sb).unwrap();
@@ -1941,10 +1948,7 @@ mod tests {
             ..ckpt(2, 0)
         };
         let len2 = codec::image_encoded_len(&c2.image);
-        let spill2: Vec<SpillExtent> = spill_for(&sb, len2)
-            .into_iter()
-            .map(|(a, l)| (a + 8 * spill_bytes(&sb, len2), l))
-            .collect();
+        let spill2 = spill_clear_of_the_first(&sb, len2);
         let before = dev.with_bytes(|b| b.clone());
         write_spilled_base(&dev, &sb, 1, &c2, &spill2).unwrap();
         let after = dev.with_bytes(|b| b.clone());
@@ -2258,23 +2262,32 @@ mod tests {
         assert!(err.to_string().contains("generation 2"), "{err}");
     }
 
+    /// The first regular file of `image`.
+    fn regular_file(image: &mut MetaImage) -> &mut InodeImage {
+        image
+            .inodes
+            .iter_mut()
+            .find(|i| i.kind == crate::types::FileKind::Regular)
+            .expect("random images have regular files")
+    }
+
+    fn written(file_off: u64, len: u64, addr: u64) -> Extent {
+        Extent {
+            file_off,
+            len,
+            addr,
+            state: crate::types::ExtentState::Written,
+        }
+    }
+
     /// A delta whose extents overlap an extent of the base kept outside
     /// its spans does not apply, and changes nothing.
     #[test]
     fn a_delta_overlapping_kept_extents_does_not_apply() {
-        use crate::types::{ExtentState, FileKind, InodeDelta};
+        use crate::types::InodeDelta;
         let mut base = image(1, 30);
-        let file = base
-            .inodes
-            .iter_mut()
-            .find(|i| i.kind == FileKind::Regular)
-            .unwrap();
-        let ext = |off: u64, len: u64| Extent {
-            file_off: off,
-            len,
-            addr: 1 << 30,
-            state: ExtentState::Written,
-        };
+        let file = regular_file(&mut base);
+        let ext = |off: u64, len: u64| written(off, len, 1 << 30);
         file.extents = vec![ext(0, 8192)];
         let mut changed = file.clone();
         changed.extents = vec![ext(4096, 4096)];
@@ -2309,19 +2322,10 @@ mod tests {
     /// a delta, but `apply_delta` is public and says it checks everything.
     #[test]
     fn a_delta_naming_an_inode_twice_is_refused_not_a_panic() {
-        use crate::types::{ExtentState, FileKind, InodeDelta};
+        use crate::types::InodeDelta;
         let mut base = image(1, 30);
-        let file = base
-            .inodes
-            .iter_mut()
-            .find(|i| i.kind == FileKind::Regular)
-            .unwrap();
-        let ext = |off: u64| Extent {
-            file_off: off,
-            len: 4096,
-            addr: (1 << 30) + off,
-            state: ExtentState::Written,
-        };
+        let file = regular_file(&mut base);
+        let ext = |off: u64| written(off, 4096, (1 << 30) + off);
         file.extents = vec![ext(0), ext(8192)];
         let (mut first, mut second) = (file.clone(), file.clone());
         // The first removes the extent at 0; the second adds one at 16 KiB.

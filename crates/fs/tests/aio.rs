@@ -1,6 +1,8 @@
 //! The asynchronous file API against the synchronous one, its completion
 //! classes, and device errors reaching the submitter.
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -289,23 +291,9 @@ fn device_errors_reach_the_submitter_with_token_and_cause() {
 #[test]
 fn async_io_through_a_real_io_uring_ring_matches_the_sync_path() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("vol.img");
-    std::fs::File::create(&path)
-        .unwrap()
-        .set_len(32 << 20)
-        .unwrap();
-    let dev = match blockdev::open_device(&path, false, blockdev::Backend::Uring) {
-        Ok((dev, _)) => dev,
-        Err(e) => {
-            if std::env::var_os("IOMAPFS_REQUIRE_PRIVILEGED").is_some() {
-                panic!("io_uring unavailable: {e}");
-            }
-            println!("skipped: io_uring unavailable here: {e}");
-            return;
-        }
+    let Some(dev) = common::dev::uring_volume_device(dir.path(), 32 << 20) else {
+        return;
     };
-    assert_eq!(dev.backend_name(), "uring");
-    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
     let vol = Volume::open(dev.clone()).unwrap();
     let mut rng = SmallRng::seed_from_u64(7);
     let (f, model) = fragmented_file(&vol, &mut rng);

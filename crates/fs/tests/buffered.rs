@@ -2,6 +2,8 @@
 //! space is reserved and sizes move, how writeback errors reach `fsync`,
 //! coherency with direct handles, the memory budget, and concurrency.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -1265,23 +1267,9 @@ fn a_sequential_1_mib_writer_gets_the_largest_folios_from_its_second_write() {
 #[test]
 fn writeback_through_a_real_io_uring_ring_reaches_the_device_whole() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("vol.img");
-    std::fs::File::create(&path)
-        .unwrap()
-        .set_len(128 * MIB)
-        .unwrap();
-    let dev = match blockdev::open_device(&path, false, blockdev::Backend::Uring) {
-        Ok((dev, _)) => dev,
-        Err(e) => {
-            if std::env::var_os("IOMAPFS_REQUIRE_PRIVILEGED").is_some() {
-                panic!("io_uring unavailable: {e}");
-            }
-            println!("skipped: io_uring unavailable here: {e}");
-            return;
-        }
+    let Some(dev) = common::dev::uring_volume_device(dir.path(), 128 * MIB) else {
+        return;
     };
-    assert_eq!(dev.backend_name(), "uring");
-    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
     for chunk in [0, iomap::folio_cache::WRITE_BEHIND_CHUNK_BYTES] {
         let mut cache = CacheConfig::with_size(256 * MIB);
         cache.write_behind_bytes = chunk;

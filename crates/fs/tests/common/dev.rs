@@ -350,3 +350,24 @@ impl Geometry {
         d
     }
 }
+
+/// A formatted volume's device on an image file of `size` bytes in `dir`,
+/// driven through io_uring; `None` (with the reason printed) where io_uring
+/// is unavailable, which `IOMAPFS_REQUIRE_PRIVILEGED` turns into a failure.
+pub fn uring_volume_device(dir: &std::path::Path, size: u64) -> Option<Arc<dyn BlockDevice>> {
+    let path = dir.join("vol.img");
+    std::fs::File::create(&path).unwrap().set_len(size).unwrap();
+    let dev = match blockdev::open_device(&path, false, blockdev::Backend::Uring) {
+        Ok((dev, _)) => dev,
+        Err(e) => {
+            if std::env::var_os("IOMAPFS_REQUIRE_PRIVILEGED").is_some() {
+                panic!("io_uring unavailable: {e}");
+            }
+            println!("skipped: io_uring unavailable here: {e}");
+            return None;
+        }
+    };
+    assert_eq!(dev.backend_name(), "uring");
+    format(dev.clone());
+    Some(dev)
+}
