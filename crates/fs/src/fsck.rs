@@ -110,7 +110,7 @@ fn check_superblocks(device: &dyn BlockDevice, loaded: &Loaded, report: &mut Fsc
         Some((offset, Err(e))) => report.problems.push(format!(
             "backup superblock at byte {offset}: {e} (`iomapfs fsck --repair` rewrites it)"
         )),
-        Some((offset, Ok(backup))) if backup != loaded.sb => report.problems.push(format!(
+        Some((offset, Ok(backup))) if backup != loaded.sb.without_clean_mark() => report.problems.push(format!(
             "backup superblock at byte {offset} differs from the primary (`iomapfs fsck --repair` rewrites it)"
         )),
         Some(_) => {}
@@ -135,7 +135,7 @@ pub fn repair_superblocks(device: &dyn BlockDevice) -> Result<Vec<String>> {
             ));
         }
         Ok(sb) => match superblock::read_backup_superblock(device, &sb) {
-            Some((offset, found)) if found.as_ref().ok() != Some(&sb) => {
+            Some((offset, found)) if found.as_ref().ok() != Some(&sb.without_clean_mark()) => {
                 superblock::write_backup_superblock(device, &sb)?;
                 done.push(format!(
                     "rewrote the backup superblock at byte {offset} from the primary"

@@ -46,15 +46,25 @@
 //! one that was durable): replay fails with [`Error::Corrupt`] rather than
 //! mount an older state whose freed blocks may since have been reused.
 //!
+//! That scan reads the whole region, whatever it holds. A clean unmount
+//! leaves nothing to find: it sets the superblock's clean-unmount mark
+//! ([`CleanMark`]) once its final checkpoint is durable and the journal
+//! holds nothing after it, and the writer clears the mark, durably, before
+//! the session's first append ([`JournalWriter::clear_clean_mark_first`]).
+//! Replay told to trust the mark ([`LaterBatches::TrustCleanMark`]) skips
+//! the scan when it replayed nothing; a mark on disk therefore always means
+//! no batch was appended after the checkpoint it names.
+//!
 //! Byte layout: see `docs/FORMAT.md`.
 //!
 //! [`Checkpoint::journal_chain`]: crate::checkpoint::Checkpoint::journal_chain
+//! [`CleanMark`]: crate::superblock::CleanMark
 
 use blockdev::{BlockDevice, WriteMode};
 
 use crate::codec::{self, Decoder, Encoder, RECORD_MIN_ENCODED_LEN};
 use crate::error::{Error, Result};
-use crate::superblock::{is_aligned, Region, Superblock};
+use crate::superblock::{self, is_aligned, Region, Superblock};
 use crate::types::Record;
 
 /// First 8 bytes of every batch.
@@ -113,6 +123,9 @@ pub struct JournalWriter {
     tail: u64,
     next_seq: u64,
     chain: u32,
+    /// The superblock to write over one with a clean-unmount mark before
+    /// the next append.
+    clear_mark: Option<Superblock>,
 }
 
 impl JournalWriter {
@@ -129,6 +142,7 @@ impl JournalWriter {
             tail: 0,
             next_seq,
             chain,
+            clear_mark: None,
         };
         w.head = w.normalize(start);
         w.tail = w.head;
@@ -173,6 +187,18 @@ impl JournalWriter {
     /// once a checkpoint whose `journal_start` is `tail` is durable.
     pub fn set_tail(&mut self, tail: u64) {
         self.tail = self.normalize(tail);
+    }
+
+    /// The superblock on disk holds a clean-unmount mark: the next append
+    /// first writes `sb` without it over block 0 (FUA), so that no batch can
+    /// be on disk while the mark is. Once per session, not per append.
+    pub fn clear_clean_mark_first(&mut self, sb: &Superblock) {
+        self.clear_mark = Some(sb.without_clean_mark());
+    }
+
+    /// Whether the next append must first clear a clean-unmount mark.
+    pub fn clears_clean_mark_first(&self) -> bool {
+        self.clear_mark.is_some()
     }
 
     /// Bytes of the live part, from tail to head (skipped bytes included).
@@ -260,6 +286,10 @@ impl JournalWriter {
             self.block_size,
         );
         debug_assert_eq!(buf.len() as u64, len);
+        if let Some(sb) = &self.clear_mark {
+            superblock::write_superblock(dev, sb)?;
+            self.clear_mark = None;
+        }
         let at = self.region.start + pos;
         dev.write_at(&buf, at, WriteMode::Normal)
             .map_err(|e| Error::device(format!("writing journal batch at device byte {at}"), e))?;
@@ -467,6 +497,19 @@ fn check_nothing_later(
     Ok(())
 }
 
+/// Whether replay checks the journal for batches after the point where it
+/// stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LaterBatches {
+    /// Scan the whole region (see the module docs).
+    Scan,
+    /// The superblock's clean-unmount mark names the checkpoint replay
+    /// starts from: nothing was appended after it, so when replay finds no
+    /// batch there is nothing to scan for. A batch found after all means the
+    /// mark does not hold, and the region is scanned as usual.
+    TrustCleanMark,
+}
+
 /// Replays the journal from offset `start` of the journal region, expecting
 /// the first batch to start with record `seq` and carry chain value `chain`
 /// (a checkpoint's `journal_start`, `journal_seq` and `journal_chain`).
@@ -476,13 +519,15 @@ fn check_nothing_later(
 /// Errors for a device error, an `apply` error, or damage: a verified batch
 /// that does not decode, or a batch written after the point where replay
 /// stopped (see the module docs). Reads the live part of the journal, then
-/// the whole region once for that check: never more than twice the region.
+/// the whole region once for that check (unless `later` lets it skip):
+/// never more than twice the region.
 pub fn replay(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     start: u64,
     seq: u64,
     chain: u32,
+    later: LaterBatches,
     apply: &mut dyn FnMut(u64, Record) -> Result<()>,
 ) -> Result<ReplayEnd> {
     let region_len = sb.layout.journal.len;
@@ -544,7 +589,9 @@ pub fn replay(
         end.records += count;
         end.batches += 1;
     }
-    check_nothing_later(dev, sb, start, scanned, &end)?;
+    if later == LaterBatches::Scan || end.batches > 0 {
+        check_nothing_later(dev, sb, start, scanned, &end)?;
+    }
     Ok(end)
 }
 
@@ -614,10 +661,18 @@ mod tests {
         chain: u32,
     ) -> (ReplayEnd, Vec<(u64, Record)>) {
         let mut out = Vec::new();
-        let end = replay(dev, sb, start, seq, chain, &mut |s, r| {
-            out.push((s, r));
-            Ok(())
-        })
+        let end = replay(
+            dev,
+            sb,
+            start,
+            seq,
+            chain,
+            LaterBatches::Scan,
+            &mut |s, r| {
+                out.push((s, r));
+                Ok(())
+            },
+        )
         .unwrap();
         (end, out)
     }
@@ -673,7 +728,7 @@ mod tests {
         // cannot reach are reported.
         for (seq, chain) in [(2, 0), (1, 1)] {
             let mut applied = 0;
-            let err = replay(&dev, &sb, 0, seq, chain, &mut |_, _| {
+            let err = replay(&dev, &sb, 0, seq, chain, LaterBatches::Scan, &mut |_, _| {
                 applied += 1;
                 Ok(())
             })
@@ -688,7 +743,7 @@ mod tests {
         assert!(w.append(&dev, &[]).is_err());
         assert!(w.append(&dev, &[big_rec(1, 0)]).is_err());
         // An apply error stops replay with that error.
-        let err = replay(&dev, &sb, 0, 1, 0, &mut |_, _| {
+        let err = replay(&dev, &sb, 0, 1, 0, LaterBatches::Scan, &mut |_, _| {
             Err(Error::invalid("x", "y"))
         });
         assert!(matches!(err, Err(Error::InvalidArgument { .. })));
@@ -771,7 +826,7 @@ mod tests {
         w.append(&dev, &[rec(3)]).unwrap(); // batch N+1
         dev.flip(n_at + 44); // N is torn, N+1 intact.
                              // Under the flush contract N+1 proves N was durable: damage.
-        let err = replay(&dev, &sb, 0, 1, 0, &mut |_, _| Ok(())).unwrap_err();
+        let err = replay(&dev, &sb, 0, 1, 0, LaterBatches::Scan, &mut |_, _| Ok(())).unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{err}");
         // Had recovery gone on from before N, it writes a different batch N,
         // same size and seq, at the same place.
@@ -808,7 +863,7 @@ mod tests {
         for (k, &at) in starts.iter().enumerate() {
             let snapshot = dev.with_bytes(|b| b.clone());
             dev.flip(at + 50);
-            let result = replay(&dev, &sb, 0, 1, 0, &mut |_, _| Ok(()));
+            let result = replay(&dev, &sb, 0, 1, 0, LaterBatches::Scan, &mut |_, _| Ok(()));
             if k + 1 < starts.len() {
                 let err = result.unwrap_err();
                 assert!(
@@ -823,7 +878,10 @@ mod tests {
         }
         // Replaying from a checkpoint older than the journal's history (its
         // batches were overwritten): the later batches give it away.
-        let err = replay(&dev, &sb, 0, 1, 12345, &mut |_, _| Ok(())).unwrap_err();
+        let err = replay(&dev, &sb, 0, 1, 12345, LaterBatches::Scan, &mut |_, _| {
+            Ok(())
+        })
+        .unwrap_err();
         assert!(matches!(err, Error::Corrupt { .. }), "{err}");
     }
 
@@ -881,8 +939,13 @@ mod tests {
             assert!(got.is_empty());
             assert_eq!(end.head, 0);
         }
-        assert!(replay(&dev, &sb, j.len, 1, 0, &mut |_, _| Ok(())).is_err());
-        assert!(replay(&dev, &sb, 100, 1, 0, &mut |_, _| Ok(())).is_err());
+        assert!(
+            replay(&dev, &sb, j.len, 1, 0, LaterBatches::Scan, &mut |_, _| Ok(
+                ()
+            ))
+            .is_err()
+        );
+        assert!(replay(&dev, &sb, 100, 1, 0, LaterBatches::Scan, &mut |_, _| Ok(())).is_err());
     }
 
     /// Mount, append (flushing before each batch, and after the last or

@@ -108,6 +108,13 @@ pub(crate) fn mount(
     let mut journal =
         JournalWriter::new(&sb, replay_end.head, replay_end.next_seq, replay_end.chain);
     journal.set_tail(journal_tail);
+    // Whether or not it was trusted: a mark must never be on disk with a
+    // batch after it. The backup never holds one, and block 0 stays as it
+    // is when the backup stood in for it.
+    if sb.clean_mark.is_some() && from_backup.is_none() {
+        journal.clear_clean_mark_first(&sb);
+    }
+    let sb = sb.without_clean_mark();
     let commit_threshold = sb.layout.journal.len / COMMIT_THRESHOLD_DIVISOR;
     let mut meta = Meta::new(state, alloc, replay_end.next_seq);
     if sb.features_incompat & superblock::INCOMPAT_SPILLED_CHECKPOINTS != 0 {
@@ -214,6 +221,15 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
     // O(1): replay below changes `state` copy-on-write.
     let chain_state = state.clone();
     let journal_start = sb.layout.journal.start;
+    // fsck always scans: finding damage is its job, not mounting fast.
+    let later = if strictness == Strictness::Mount
+        && from_backup.is_none()
+        && sb.clean_mark == Some(clean_mark_for(&ckpt))
+    {
+        journal::LaterBatches::TrustCleanMark
+    } else {
+        journal::LaterBatches::Scan
+    };
     let mut freed = Vec::new();
     let mut replay_freed = Vec::new();
     let replay_end = journal::replay(
@@ -222,6 +238,7 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         ckpt.journal_start,
         ckpt.journal_seq,
         ckpt.journal_chain,
+        later,
         &mut |seq, record| {
             state.apply(&record, &mut freed).map_err(|reason| {
                 Error::corrupt(
@@ -250,6 +267,16 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         from_backup,
         spills,
     })
+}
+
+/// The clean-unmount mark that says the journal holds nothing after `ckpt`.
+pub(crate) fn clean_mark_for(ckpt: &Checkpoint) -> superblock::CleanMark {
+    superblock::CleanMark {
+        generation: ckpt.generation,
+        journal_start: ckpt.journal_start,
+        journal_seq: ckpt.journal_seq,
+        journal_chain: ckpt.journal_chain,
+    }
 }
 
 /// Free space = the data area minus every extent and the spill extents of

@@ -1,9 +1,14 @@
 //! The superblock: block 0 of the device. It names the volume (uuid), its
 //! format version and features, and where everything else lives ([`Layout`]).
 //!
-//! The superblock is written once, at format time, with FUA; it never changes
-//! afterwards, so it is never torn by a later crash. Byte layout: see
-//! `docs/FORMAT.md`.
+//! Format writes the superblock with FUA. Afterwards only the clean-unmount
+//! mark ([`CleanMark`]) changes it: set by a clean unmount, cleared before
+//! the next session's first journal append. Every field lies in the first
+//! 512 bytes, one logical block, which the device writes whole or not at
+//! all, and the rest of the block stays zero: such a rewrite leaves the old
+//! or the new superblock, never a mix (and a block 0 that fails its crc
+//! anyway falls back to the backup, which never holds the mark). Byte
+//! layout: see `docs/FORMAT.md`.
 
 use iomap::align::align_down;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -52,7 +57,15 @@ pub const INCOMPAT_SPILLED_CHECKPOINTS: u64 = 1 << 1;
 pub const FEATURES_COMPAT_SUPPORTED: u64 = COMPAT_BACKUP_SUPERBLOCK | COMPAT_SUPERSEDE_MARKS;
 pub const FEATURES_INCOMPAT_SUPPORTED: u64 =
     INCOMPAT_DELTA_CHECKPOINTS | INCOMPAT_SPILLED_CHECKPOINTS;
-pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = 0;
+pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = RO_COMPAT_CLEAN_UNMOUNT;
+/// Ro_compat feature: the superblock holds a [`CleanMark`] after its crc.
+/// Set by a clean unmount, cleared (durably) before the next journal append.
+/// A ro_compat bit, not a compat one: code that ignored the mark would
+/// append batches without clearing it, and after a crash this code would
+/// trust the stale mark and skip the check for damage before later batches.
+/// Code that does not know the bit may still read the volume (it scans the
+/// journal whole, as it always did).
+pub const RO_COMPAT_CLEAN_UNMOUNT: u64 = 1 << 0;
 
 /// Smallest data area, in blocks.
 pub const MIN_DATA_BLOCKS: u64 = 16;
@@ -92,9 +105,20 @@ const REGION_COUNT: usize = 4;
 pub const OFF_CREATED_NS: usize = OFF_REGIONS + REGION_COUNT * REGION_ENCODED_LEN;
 /// crc32c of bytes `[0, OFF_CRC)`.
 pub const OFF_CRC: usize = OFF_CREATED_NS + 8;
-/// Bytes of the superblock that carry information; the rest of block 0 is
-/// zero.
+/// Bytes of the superblock without a clean-unmount mark; the rest of
+/// block 0 is zero.
 pub const SUPERBLOCK_ENCODED_LEN: usize = OFF_CRC + 4;
+/// The clean-unmount mark, after the crc (where code that does not know it
+/// never looks), present only with [`RO_COMPAT_CLEAN_UNMOUNT`]:
+/// `generation: u64, journal_start: u64, journal_seq: u64,
+/// journal_chain: u32`, then a crc32c of bytes `[0, OFF_CLEAN_MARK_CRC)`
+/// (the superblock with its crc, then the mark).
+pub const OFF_CLEAN_MARK: usize = SUPERBLOCK_ENCODED_LEN;
+pub const OFF_CLEAN_MARK_CRC: usize = OFF_CLEAN_MARK + 8 + 8 + 8 + 4;
+/// Bytes of a superblock with a clean-unmount mark: within the first
+/// 512-byte logical block, so a rewrite is never torn.
+pub const MARKED_SUPERBLOCK_ENCODED_LEN: usize = OFF_CLEAN_MARK_CRC + 4;
+const _: () = assert!(MARKED_SUPERBLOCK_ENCODED_LEN <= MIN_BLOCK_SIZE as usize);
 
 const UUID_LEN: usize = 16;
 const WHAT: &str = "superblock";
@@ -365,6 +389,20 @@ pub fn backup_offset(device_bytes: u64, block_size: u32) -> Option<u64> {
     align_down(device_bytes, bs).checked_sub(bs)
 }
 
+/// Set in the superblock by a clean unmount, once its final checkpoint is
+/// durable: the journal holds no batch after that checkpoint, so mount need
+/// not scan the journal region for later batches (see `journal::replay`).
+/// It names the checkpoint it was set after; mount trusts it only with that
+/// checkpoint the newest, so a mark that outlived its checkpoint is inert.
+/// The next session clears it, durably, before its first journal append.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CleanMark {
+    pub generation: u64,
+    pub journal_start: u64,
+    pub journal_seq: u64,
+    pub journal_chain: u32,
+}
+
 /// The superblock, as decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
@@ -374,10 +412,13 @@ pub struct Superblock {
     pub uuid: [u8; UUID_LEN],
     pub features_compat: u64,
     pub features_incompat: u64,
+    /// Without [`RO_COMPAT_CLEAN_UNMOUNT`]: `clean_mark` stands for it
+    /// (decoding moves the bit there, encoding sets it from there).
     pub features_ro_compat: u64,
     pub layout: Layout,
     /// Format time, nanoseconds since the Unix epoch.
     pub created_ns: u64,
+    pub clean_mark: Option<CleanMark>,
 }
 
 impl Superblock {
@@ -398,6 +439,16 @@ impl Superblock {
             features_ro_compat: 0,
             layout,
             created_ns: now_ns(),
+            clean_mark: None,
+        }
+    }
+
+    /// The same superblock without a clean-unmount mark: what the backup
+    /// holds, and what clearing the mark writes.
+    pub fn without_clean_mark(&self) -> Superblock {
+        Superblock {
+            clean_mark: None,
+            ..self.clone()
         }
     }
 
@@ -412,14 +463,19 @@ impl Superblock {
 
     /// Exactly one file-system block: the fields, then zeros.
     pub fn encode(&self) -> Vec<u8> {
-        let mut enc = Encoder::with_capacity(SUPERBLOCK_ENCODED_LEN);
+        let mut enc = Encoder::with_capacity(MARKED_SUPERBLOCK_ENCODED_LEN);
+        let mark_bit = if self.clean_mark.is_some() {
+            RO_COMPAT_CLEAN_UNMOUNT
+        } else {
+            0
+        };
         enc.bytes(&SUPERBLOCK_MAGIC);
         enc.u32(self.version);
         enc.u32(self.layout.block_size);
         enc.bytes(&self.uuid);
         enc.u64(self.features_compat);
         enc.u64(self.features_incompat);
-        enc.u64(self.features_ro_compat);
+        enc.u64(self.features_ro_compat | mark_bit);
         enc.u64(self.layout.device_bytes);
         for (_, r, _) in self.layout.regions() {
             enc.u64(r.start);
@@ -429,6 +485,15 @@ impl Superblock {
         debug_assert_eq!(enc.len(), OFF_CRC);
         let crc = crc32c::crc32c(enc.as_bytes());
         enc.u32(crc);
+        if let Some(mark) = &self.clean_mark {
+            enc.u64(mark.generation);
+            enc.u64(mark.journal_start);
+            enc.u64(mark.journal_seq);
+            enc.u32(mark.journal_chain);
+            debug_assert_eq!(enc.len(), OFF_CLEAN_MARK_CRC);
+            let crc = crc32c::crc32c(enc.as_bytes());
+            enc.u32(crc);
+        }
         let mut out = enc.into_bytes();
         let block = (self.layout.block_size as usize).max(SUPERBLOCK_ENCODED_LEN);
         out.resize(block, 0);
@@ -436,11 +501,13 @@ impl Superblock {
     }
 
     /// Decodes and checks a superblock from the start of `buf` (which holds
-    /// at least [`SUPERBLOCK_ENCODED_LEN`] bytes read from device byte 0).
+    /// at least [`SUPERBLOCK_ENCODED_LEN`] bytes read from device byte 0,
+    /// [`MARKED_SUPERBLOCK_ENCODED_LEN`] with a clean-unmount mark).
     /// Checks, in order: magic ([`Error::NotIomapfs`]), version
     /// ([`Error::NotIomapfs`]), crc, features (unknown incompat:
-    /// [`Error::NotIomapfs`]) and layout sanity.
+    /// [`Error::NotIomapfs`]), layout sanity and the mark's crc.
     pub fn decode(buf: &[u8]) -> Result<Superblock> {
+        let whole = buf;
         if buf.len() < SUPERBLOCK_ENCODED_LEN {
             if buf.len() >= SUPERBLOCK_MAGIC.len()
                 && buf[..SUPERBLOCK_MAGIC.len()] != SUPERBLOCK_MAGIC
@@ -485,6 +552,8 @@ impl Superblock {
         let features_compat = dec.u64()?;
         let features_incompat = dec.u64()?;
         let features_ro_compat = dec.u64()?;
+        let marked = features_ro_compat & RO_COMPAT_CLEAN_UNMOUNT != 0;
+        let features_ro_compat = features_ro_compat & !RO_COMPAT_CLEAN_UNMOUNT;
         let unknown = features_incompat & !FEATURES_INCOMPAT_SUPPORTED;
         if unknown != 0 {
             return Err(Error::NotIomapfs {
@@ -516,6 +585,11 @@ impl Superblock {
                 "the backup superblock feature is set but the last block of the device belongs to a region",
             ));
         }
+        let clean_mark = if marked {
+            Some(decode_clean_mark(whole)?)
+        } else {
+            None
+        };
         Ok(Superblock {
             version,
             uuid,
@@ -524,6 +598,7 @@ impl Superblock {
             features_ro_compat,
             layout,
             created_ns,
+            clean_mark,
         })
     }
 
@@ -540,6 +615,40 @@ impl Superblock {
         }
         Ok(())
     }
+}
+
+/// The clean-unmount mark after a verified superblock at the start of
+/// `buf`.
+fn decode_clean_mark(buf: &[u8]) -> Result<CleanMark> {
+    let buf = buf.get(..MARKED_SUPERBLOCK_ENCODED_LEN).ok_or_else(|| {
+        Error::corrupt(
+            WHAT,
+            buf.len() as u64,
+            format!(
+                "truncated: {} of the {MARKED_SUPERBLOCK_ENCODED_LEN} bytes of a superblock with a clean-unmount mark",
+                buf.len()
+            ),
+        )
+    })?;
+    let mut dec = Decoder::new(&buf[OFF_CLEAN_MARK..], OFF_CLEAN_MARK as u64, WHAT);
+    let mark = CleanMark {
+        generation: dec.u64()?,
+        journal_start: dec.u64()?,
+        journal_seq: dec.u64()?,
+        journal_chain: dec.u32()?,
+    };
+    let stored = dec.u32()?;
+    let crc = crc32c::crc32c(&buf[..OFF_CLEAN_MARK_CRC]);
+    if crc != stored {
+        return Err(Error::corrupt(
+            WHAT,
+            OFF_CLEAN_MARK_CRC as u64,
+            format!(
+                "clean-unmount mark crc32c mismatch: stored {stored:#010x}, computed {crc:#010x}"
+            ),
+        ));
+    }
+    Ok(mark)
 }
 
 /// What a user with a volume of another format version can do.
@@ -674,7 +783,7 @@ pub fn read_backup_superblock(
 fn read_superblock_at(dev: &dyn BlockDevice, offset: u64) -> Result<Superblock> {
     let caps = dev.caps();
     let lbs = u64::from(caps.logical_block_size.max(1));
-    let read_len = (SUPERBLOCK_ENCODED_LEN as u64).div_ceil(lbs) * lbs;
+    let read_len = (MARKED_SUPERBLOCK_ENCODED_LEN as u64).div_ceil(lbs) * lbs;
     if caps.size_bytes < read_len {
         return Err(Error::NotIomapfs {
             reason: format!(
@@ -723,8 +832,10 @@ pub fn write_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
         .map_err(|e| Error::device("writing the superblock", e))
 }
 
-/// Writes the backup superblock (same bytes as the primary) to the last
-/// block with FUA, if the volume has one.
+/// Writes the backup superblock (the primary's bytes without a clean-unmount
+/// mark) to the last block with FUA, if the volume has one. The backup never
+/// holds the mark: it is not cleared with the primary's, and a mount that
+/// falls back to it scans the journal.
 pub fn write_backup_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
     if sb.features_compat & COMPAT_BACKUP_SUPERBLOCK == 0 {
         return Ok(());
@@ -732,7 +843,7 @@ pub fn write_backup_superblock(dev: &dyn BlockDevice, sb: &Superblock) -> Result
     let Some(offset) = sb.layout.backup_superblock() else {
         return Ok(());
     };
-    dev.write_at(&sb.encode(), offset, WriteMode::Fua)
+    dev.write_at(&sb.without_clean_mark().encode(), offset, WriteMode::Fua)
         .map_err(|e| Error::device(format!("writing the backup superblock at byte {offset}"), e))
 }
 

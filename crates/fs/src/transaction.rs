@@ -135,6 +135,40 @@ impl VolumeInner {
         self.checkpoint_unless_done(|| !self.commit.lock().journal.is_half_full())
     }
 
+    /// After the final checkpoint of a clean unmount: sets the superblock's
+    /// clean-unmount mark, so the next mount need not scan the journal for
+    /// later batches. Only while the journal holds nothing after the newest
+    /// checkpoint (a commit that slipped in after it leaves the mark unset:
+    /// the next mount scans); the next append clears it first.
+    pub(crate) fn mark_clean_unmount(&self) -> Result<()> {
+        self.check_live()?;
+        let _no_checkpoint_running = self.checkpointing.lock();
+        let mut commit = self.commit.lock();
+        self.check_live()?;
+        if commit.journal.used_bytes() != 0 {
+            return Ok(());
+        }
+        // The checkpoint the mark names flushed itself; this also covers its
+        // supersede mark, so that nothing of it is still in flight when the
+        // superblock says the session ended there.
+        self.dev
+            .flush()
+            .map_err(|e| Error::device("clean unmount: flush", e))?;
+        let mark = crate::superblock::CleanMark {
+            generation: commit.generation,
+            journal_start: commit.journal.tail(),
+            journal_seq: commit.journal.next_seq(),
+            journal_chain: commit.journal.chain(),
+        };
+        let marked = crate::superblock::Superblock {
+            clean_mark: Some(mark),
+            ..self.sb.clone()
+        };
+        crate::superblock::write_superblock(&*self.dev, &marked)?;
+        commit.journal.clear_clean_mark_first(&self.sb);
+        Ok(())
+    }
+
     fn checkpoint_unless_done(&self, done: impl FnOnce() -> bool) -> Result<()> {
         self.check_live()?;
         let mut newest = self.checkpointing.lock();

@@ -417,9 +417,12 @@ impl Volume {
     /// background writeback since the last `sync` (a FUSE mount gets no
     /// `sync`: the kernel does not pass `syncfs` on to it). Dropping a
     /// volume without unmounting loses cached data not written back and
-    /// leaves the rest to journal recovery at the next open.
+    /// leaves the rest to journal recovery at the next open. Once the final
+    /// checkpoint is durable, sets the superblock's clean-unmount mark: the
+    /// next open then skips scanning the journal for later batches.
     pub fn unmount(self) -> Result<()> {
         self.checkpoint()?;
+        self.inner.mark_clean_unmount()?;
         self.take_lost_writeback().map_or(Ok(()), Err)
     }
 }

@@ -37,7 +37,7 @@ use iomapfs_fs::checkpoint::{
 use iomapfs_fs::codec::{
     decode_delta_at, decode_image, encode_delta, encode_image, DeltaLink, DELTA_LINK_ENCODED_LEN,
 };
-use iomapfs_fs::journal::{encode_batch, replay};
+use iomapfs_fs::journal::{encode_batch, replay, LaterBatches};
 use iomapfs_fs::state::MetaState;
 use iomapfs_fs::superblock::{
     read_superblock, Superblock, COMPAT_BACKUP_SUPERBLOCK, OFF_CRC, SUPERBLOCK_ENCODED_LEN,
@@ -232,6 +232,7 @@ pub fn journal_records(data: &[u8]) {
         ckpt.journal_start,
         ckpt.journal_seq,
         ckpt.journal_chain,
+        LaterBatches::Scan,
         &mut |_, record| {
             state
                 .apply(&record, &mut freed)
