@@ -885,6 +885,74 @@ mod tests {
         assert!(matches!(err, Error::Corrupt { .. }), "{err}");
     }
 
+    /// Trusting a clean-unmount mark skips the scan only when replay found
+    /// nothing: a batch after the checkpoint means the mark does not hold,
+    /// and damage after that batch is still found.
+    #[test]
+    fn a_trusted_clean_mark_skips_the_scan_only_when_replay_finds_nothing() {
+        let sb = sb();
+        let dev = VecDevice::new(DEV_BYTES, 512);
+        let region = sb.layout.journal;
+        let bytes_read = |later| {
+            let before = dev.counters().snapshot().bytes_read;
+            let result = replay(&dev, &sb, 0, 1, 0, later, &mut |_, _| Ok(()));
+            (result, dev.counters().snapshot().bytes_read - before)
+        };
+        let (end, read) = bytes_read(LaterBatches::TrustCleanMark);
+        assert_eq!(end.unwrap().batches, 0);
+        assert_eq!(read, BS, "only the block where the first batch would be");
+        let (_, read) = bytes_read(LaterBatches::Scan);
+        assert!(read >= region.len, "{read}");
+
+        let mut w = JournalWriter::new(&sb, 0, 1, 0);
+        let mut starts = Vec::new();
+        for i in 0..3 {
+            starts.push(region.start + w.head());
+            w.append(&dev, &[rec(i)]).unwrap();
+        }
+        dev.flip(starts[1] + 50);
+        let (result, _) = bytes_read(LaterBatches::TrustCleanMark);
+        let err = result.unwrap_err();
+        assert!(
+            matches!(err, Error::Corrupt { offset, .. } if offset == starts[2]),
+            "{err}"
+        );
+    }
+
+    /// The writer told that the superblock holds a clean-unmount mark
+    /// writes it cleared (FUA) before its first batch, and only then.
+    #[test]
+    fn the_first_append_clears_the_clean_mark_once() {
+        let mut sb = sb();
+        let dev = VecDevice::new(DEV_BYTES, 512);
+        sb.clean_mark = Some(crate::superblock::CleanMark {
+            generation: 1,
+            journal_start: 0,
+            journal_seq: 1,
+            journal_chain: 0,
+        });
+        crate::superblock::write_superblock(&dev, &sb).unwrap();
+        let mut w = JournalWriter::new(&sb, 0, 1, 0);
+        w.clear_clean_mark_first(&sb);
+        // A refused append writes nothing, the superblock included.
+        assert!(w.append(&dev, &[]).is_err());
+        assert!(crate::superblock::read_superblock(&dev)
+            .unwrap()
+            .clean_mark
+            .is_some());
+        let before = dev.counters().snapshot();
+        w.append(&dev, &[rec(1)]).unwrap();
+        w.append(&dev, &[rec(2)]).unwrap();
+        let after = dev.counters().snapshot();
+        assert_eq!(after.fua_writes - before.fua_writes, 1);
+        assert_eq!(after.writes - before.writes, 3);
+        assert!(!w.clears_clean_mark_first());
+        assert_eq!(
+            crate::superblock::read_superblock(&dev).unwrap(),
+            sb.without_clean_mark()
+        );
+    }
+
     #[test]
     fn full_journal_refuses_without_writing() {
         let sb = sb();

@@ -217,7 +217,10 @@ fn fsck_scans_and_keeps_the_mark() {
     assert!(marked.clean_mark.is_some());
     let rec = RecDevice::new(mem.clone());
     let report = fsck_clean(rec.clone(), "after a clean unmount");
-    assert_eq!(report.checkpoint_generation, newest(&*mem, &marked).generation);
+    assert_eq!(
+        report.checkpoint_generation,
+        newest(&*mem, &marked).generation
+    );
     let requests = rec.since(0);
     assert!(requests.iter().all(|r| !r.write), "fsck wrote");
     let journal_read: u64 = requests
@@ -277,7 +280,10 @@ fn power_cut_around_setting_and_clearing_the_mark() {
     tap.set_hook(None);
     drop(vol);
     let mut states = std::mem::take(&mut *states.lock().unwrap());
-    states.push(("after the session".to_string(), cut(&mem, CutPolicy::KeepNothing)));
+    states.push((
+        "after the session".to_string(),
+        cut(&mem, CutPolicy::KeepNothing),
+    ));
     let (mut trusted, mut appended) = (0, 0);
     for (ctx, state) in states {
         let state = Arc::new(state);
@@ -309,5 +315,8 @@ fn power_cut_around_setting_and_clearing_the_mark() {
     }
     eprintln!("states: trusted {trusted}, appended {appended}");
     assert!(trusted > 0, "no crash state held a trusted mark");
-    assert!(appended > 0, "no crash state held a batch after the checkpoint");
+    assert!(
+        appended > 0,
+        "no crash state held a batch after the checkpoint"
+    );
 }
