@@ -22,7 +22,9 @@
 //!   after a checkpoint's snapshot pays for copying what the snapshot
 //!   shares): p99 and worst latency of those writes. The holes filled are
 //!   punched again after the window, so the file keeps its N extents;
-//! - mount time after a clean unmount;
+//! - mount time after a clean unmount, and the time of the first two
+//!   commits after it (one file created each): the first also clears the
+//!   superblock's clean-unmount mark;
 //! - the process's max RSS (`ru_maxrss`) after the size is done. It is a
 //!   high-water mark of the whole run, so sizes run smallest first.
 //!
@@ -114,6 +116,11 @@ pub struct MetadataScaleResult {
     /// the extents changed.
     pub checkpoint_1pct_changed_ns: u64,
     pub mount_ns: u64,
+    /// The first commit after that mount (a file created, then
+    /// `sync_metadata`): it clears the clean-unmount mark first.
+    pub first_commit_ns: u64,
+    /// The commit after it, the same way.
+    pub second_commit_ns: u64,
     /// `ru_maxrss` of the process after this size, in bytes.
     pub max_rss_bytes: u64,
     pub quiet_reads: u64,
@@ -244,6 +251,9 @@ fn run_size(
     let vol = mount(dev.clone())?;
     let mount_ns = started.elapsed().as_nanos() as u64;
     check_extents(&vol, extents)?;
+    say("first commits after the mount");
+    let first_commit_ns = timed_create_commit(&vol, "/first-commit")?;
+    let second_commit_ns = timed_create_commit(&vol, "/second-commit")?;
     vol.unmount()
         .map_err(|e| BenchError::fs("iomapfs unmount", e))?;
 
@@ -262,6 +272,8 @@ fn run_size(
         checkpoint_max_ns: *times.last().expect("timed at least one"),
         checkpoint_1pct_changed_ns,
         mount_ns,
+        first_commit_ns,
+        second_commit_ns,
         max_rss_bytes: max_rss_bytes(),
         quiet_reads: quiet.count(),
         quiet_read_p99_ns: quiet_p99,
@@ -368,6 +380,20 @@ fn timed_checkpoint(vol: &Volume) -> Result<u64, BenchError> {
     let started = Instant::now();
     vol.checkpoint()
         .map_err(|e| BenchError::fs("iomapfs checkpoint", e))?;
+    Ok(started.elapsed().as_nanos() as u64)
+}
+
+/// Creates `path` and times the commit that makes it durable.
+fn timed_create_commit(vol: &Volume, path: &str) -> Result<u64, BenchError> {
+    let create = OpenFlags {
+        create: true,
+        ..OpenFlags::default()
+    };
+    vol.open_file(path, create)
+        .map_err(|e| BenchError::fs(format!("iomapfs create {path}"), e))?;
+    let started = Instant::now();
+    vol.sync_metadata()
+        .map_err(|e| BenchError::fs("iomapfs commit", e))?;
     Ok(started.elapsed().as_nanos() as u64)
 }
 

@@ -192,8 +192,17 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     let write_columns = |out: &mut String| {
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
-            "  writes", "quiet", "p99", "max", "ckpt p99", "ckpt max", "late q", "late c"
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
+            "  writes",
+            "quiet",
+            "p99",
+            "max",
+            "ckpt p99",
+            "ckpt max",
+            "late q",
+            "late c",
+            "commit 1",
+            "commit 2"
         );
     };
     for r in rows {
@@ -221,7 +230,7 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
+            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10}",
             format!("  {}", r.extents),
             r.quiet_writes,
             us(r.quiet_write_p99_ns),
@@ -230,6 +239,8 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
             us(r.checkpointing_write_max_ns),
             us(r.quiet_wakeup_late_max_ns),
             us(r.checkpointing_wakeup_late_max_ns),
+            us(r.first_commit_ns),
+            us(r.second_commit_ns),
         );
     }
     let _ = writeln!(
@@ -239,7 +250,7 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
          checkpoint running, ckpt = while checkpoints run back to back ({} during the window of the last \
          row); ckpt 1% = the median of {} checkpoints, each after 1% of the extents changed; max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
          the quiet max shows what preemption alone costs); late q/c = the most a thread that only sleeps 1 ms at a time \
-         woke late in each window (what scheduling, the bench's own threads included, costs a thread that holds no lock); max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
+         woke late in each window (what scheduling, the bench's own threads included, costs a thread that holds no lock); commit 1/2 = the first and second commit after the mount (a file created each; the first clears the clean-unmount mark); max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
         rows.last().map_or(0, |r| r.checkpoints_during_reads),
         crate::metadata_scale::ONE_PERCENT_ROUNDS,
         rows.last().map_or(0.0, |r| r.build_ns as f64 / 1e9),
