@@ -49,6 +49,18 @@ fn write_and_sync(vol: &Volume, path: &str, tag: u64) {
     vol.sync().unwrap();
 }
 
+/// A volume with a file, cleanly unmounted, and its superblock: marked
+/// for the newest checkpoint.
+fn cleanly_unmounted() -> (Arc<MemDevice>, Superblock) {
+    let mem = formatted();
+    let vol = Volume::open(mem.clone()).unwrap();
+    write_and_sync(&vol, "/a", 1);
+    vol.unmount().unwrap();
+    let sb = read_superblock(&*mem).unwrap();
+    assert_eq!(sb.clean_mark, Some(mark_for(&newest(&*mem, &sb))));
+    (mem, sb)
+}
+
 /// The mark that says the journal holds nothing after `ckpt`.
 fn mark_for(ckpt: &Checkpoint) -> CleanMark {
     CleanMark {
@@ -88,12 +100,7 @@ fn journal_bytes_read_by_mount(mem: &Arc<MemDevice>) -> u64 {
 
 #[test]
 fn a_mount_after_a_clean_unmount_skips_the_journal_scan() {
-    let mem = formatted();
-    let vol = Volume::open(mem.clone()).unwrap();
-    write_and_sync(&vol, "/a", 1);
-    vol.unmount().unwrap();
-    let sb = read_superblock(&*mem).unwrap();
-    assert_eq!(sb.clean_mark, Some(mark_for(&newest(&*mem, &sb))));
+    let (mem, sb) = cleanly_unmounted();
     let bs = sb.block_size();
     // Replay reads where the first batch would be (and the region start,
     // where it would be had it wrapped): nothing more.
@@ -113,12 +120,7 @@ fn a_mount_after_a_clean_unmount_skips_the_journal_scan() {
 
 #[test]
 fn the_first_append_clears_the_mark_once_and_a_crash_after_it_still_finds_damage() {
-    let mem = formatted();
-    let vol = Volume::open(mem.clone()).unwrap();
-    write_and_sync(&vol, "/a", 1);
-    vol.unmount().unwrap();
-    let sb = read_superblock(&*mem).unwrap();
-    assert!(sb.clean_mark.is_some());
+    let (mem, sb) = cleanly_unmounted();
     let journal = sb.layout.journal;
 
     let rec = RecDevice::new(mem.clone());
@@ -209,12 +211,7 @@ fn only_a_mark_naming_the_newest_checkpoint_skips_the_scan() {
 
 #[test]
 fn fsck_scans_and_keeps_the_mark() {
-    let mem = formatted();
-    let vol = Volume::open(mem.clone()).unwrap();
-    write_and_sync(&vol, "/a", 1);
-    vol.unmount().unwrap();
-    let marked = read_superblock(&*mem).unwrap();
-    assert!(marked.clean_mark.is_some());
+    let (mem, marked) = cleanly_unmounted();
     let rec = RecDevice::new(mem.clone());
     let report = fsck_clean(rec.clone(), "after a clean unmount");
     assert_eq!(
