@@ -131,6 +131,7 @@ pub(crate) fn mount(
     };
     let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
     inner.mount_warnings = from_backup.iter().map(|b| b.to_string()).collect();
+    inner.mounted_from_backup = from_backup.is_some();
     if deltas {
         *inner.checkpointing.get_mut() = Some(chain_state);
     }

@@ -156,6 +156,10 @@ pub struct VolumeInner {
     /// Damage mount worked around, for the caller to show (e.g. the primary
     /// superblock was unusable and the backup was read).
     pub(crate) mount_warnings: Vec<String>,
+    /// Block 0 was unusable and the backup superblock was read: block 0 is
+    /// left as it is (for `fsck --repair`), so no clean-unmount mark goes
+    /// there.
+    pub(crate) mounted_from_backup: bool,
     /// Commits that leave the journal half full ask here for a background
     /// checkpoint (see [`crate::background_thread`]).
     pub(crate) checkpoint_request: Arc<BackgroundRequest>,
@@ -186,6 +190,7 @@ impl VolumeInner {
             is_shut_down: AtomicBool::new(false),
             commit_threshold,
             mount_warnings: Vec::new(),
+            mounted_from_backup: false,
             flush_coalescer: Arc::new(FlushCoalescer::new()),
             device_slots,
             cache,

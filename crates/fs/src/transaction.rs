@@ -139,13 +139,14 @@ impl VolumeInner {
     /// clean-unmount mark, so the next mount need not scan the journal for
     /// later batches. Only while the journal holds nothing after the newest
     /// checkpoint (a commit that slipped in after it leaves the mark unset:
-    /// the next mount scans); the next append clears it first.
+    /// the next mount scans), and never over a block 0 the mount found
+    /// damaged; the next append clears it first.
     pub(crate) fn mark_clean_unmount(&self) -> Result<()> {
         self.check_live()?;
         let _no_checkpoint_running = self.checkpointing.lock();
         let mut commit = self.commit.lock();
         self.check_live()?;
-        if commit.journal.used_bytes() != 0 {
+        if commit.journal.used_bytes() != 0 || self.mounted_from_backup {
             return Ok(());
         }
         // The checkpoint the mark names flushed itself; this also covers its

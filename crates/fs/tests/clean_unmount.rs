@@ -20,7 +20,9 @@ use common::history::tagged;
 use common::volstate::read_volume;
 use iomapfs_fs::checkpoint::{read_checkpoints, Checkpoint};
 use iomapfs_fs::journal::{self, LaterBatches};
-use iomapfs_fs::superblock::{read_superblock, write_superblock, CleanMark, Superblock};
+use iomapfs_fs::superblock::{
+    read_superblock, read_superblock_or_backup, write_superblock, BackupUse, CleanMark, Superblock,
+};
 use iomapfs_fs::{Error, FormatOptions, OpenFlags, Volume};
 
 const DEV_BYTES: u64 = 16 * MIB;
@@ -85,7 +87,8 @@ fn damage_block(mem: &MemDevice, sb: &Superblock, at: u64) {
 
 /// Bytes of the journal region a mount of `mem` reads.
 fn journal_bytes_read_by_mount(mem: &Arc<MemDevice>) -> u64 {
-    let journal = read_superblock(&**mem).unwrap().layout.journal;
+    let (sb, _) = read_superblock_or_backup(&**mem, BackupUse::IfDamaged).unwrap();
+    let journal = sb.layout.journal;
     let rec = RecDevice::new(mem.clone());
     let vol = Volume::open(rec.clone()).unwrap();
     let read = rec
@@ -227,6 +230,27 @@ fn fsck_scans_and_keeps_the_mark() {
         .sum();
     assert!(journal_read >= JOURNAL_BYTES, "fsck skipped the scan");
     assert_eq!(read_superblock(&*mem).unwrap(), marked);
+}
+
+/// A mount that read the backup superblock (block 0 damaged) leaves block 0
+/// for `fsck --repair`: no mark is cleared or set there, and the next mount,
+/// from the backup again, scans.
+#[test]
+fn a_mount_from_the_backup_leaves_block_0_alone() {
+    let (mem, sb) = cleanly_unmounted();
+    let mut block0 = vec![0u8; sb.block_size() as usize];
+    mem.read_at(&mut block0, 0).unwrap();
+    block0[70] ^= 0x01;
+    mem.write_at(&block0, 0, WriteMode::Fua).unwrap();
+    let vol = Volume::open(mem.clone()).unwrap();
+    assert_eq!(vol.mount_warnings().len(), 1, "{:?}", vol.mount_warnings());
+    write_and_sync(&vol, "/b", 2);
+    vol.unmount().unwrap();
+    let mut after = vec![0u8; block0.len()];
+    mem.read_at(&mut after, 0).unwrap();
+    assert!(after == block0, "block 0 was written");
+    let read = journal_bytes_read_by_mount(&mem);
+    assert!(read >= JOURNAL_BYTES, "{read} bytes of the journal read");
 }
 
 /// Power cuts at every write and flush from a clean unmount through the
