@@ -91,6 +91,19 @@ pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
         }
     }
     check_superblocks(&*device, &loaded, &mut report);
+    if let Some(mark) = &loaded.sb.clean_mark {
+        report.notes.push(if loaded.clean_mark_names_newest {
+            format!(
+                "the superblock is marked cleanly unmounted after checkpoint generation {}: mount skips scanning the journal for damage (fsck scanned it)",
+                mark.generation
+            )
+        } else {
+            format!(
+                "the superblock's clean-unmount mark names checkpoint generation {}, not the newest: mount does not trust it and scans the journal",
+                mark.generation
+            )
+        });
+    }
     if let Err(reason) = loaded.alloc.check() {
         report.problems.push(format!("free space: {reason}"));
     }

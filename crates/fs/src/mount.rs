@@ -98,6 +98,7 @@ pub(crate) fn mount(
         replay_freed,
         damage: _,
         from_backup,
+        clean_mark_names_newest: _,
         spills,
     } = loaded;
     for (seq, addr, len) in replay_freed {
@@ -185,6 +186,8 @@ pub(crate) struct Loaded {
     pub damage: Vec<String>,
     /// Set when block 0 was unusable and the backup superblock was read.
     pub from_backup: Option<superblock::FromBackup>,
+    /// The superblock's clean-unmount mark names the newest checkpoint.
+    pub clean_mark_names_newest: bool,
     /// Per slot, the spill extents of its checkpoint (in use, see
     /// [`build_allocator`]).
     pub spills: [Vec<checkpoint::SpillExtent>; superblock::CHECKPOINT_SLOTS],
@@ -222,15 +225,14 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
     // O(1): replay below changes `state` copy-on-write.
     let chain_state = state.clone();
     let journal_start = sb.layout.journal.start;
+    let clean_mark_names_newest = sb.clean_mark == Some(clean_mark_for(&ckpt));
     // fsck always scans: finding damage is its job, not mounting fast.
-    let later = if strictness == Strictness::Mount
-        && from_backup.is_none()
-        && sb.clean_mark == Some(clean_mark_for(&ckpt))
-    {
-        journal::LaterBatches::TrustCleanMark
-    } else {
-        journal::LaterBatches::Scan
-    };
+    let later =
+        if strictness == Strictness::Mount && from_backup.is_none() && clean_mark_names_newest {
+            journal::LaterBatches::TrustCleanMark
+        } else {
+            journal::LaterBatches::Scan
+        };
     let mut freed = Vec::new();
     let mut replay_freed = Vec::new();
     let replay_end = journal::replay(
@@ -266,6 +268,7 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         replay_freed,
         damage,
         from_backup,
+        clean_mark_names_newest,
         spills,
     })
 }
