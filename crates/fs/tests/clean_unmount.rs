@@ -217,9 +217,13 @@ fn fsck_scans_and_keeps_the_mark() {
     let (mem, marked) = cleanly_unmounted();
     let rec = RecDevice::new(mem.clone());
     let report = fsck_clean(rec.clone(), "after a clean unmount");
-    assert_eq!(
-        report.checkpoint_generation,
-        newest(&*mem, &marked).generation
+    let generation = newest(&*mem, &marked).generation;
+    assert_eq!(report.checkpoint_generation, generation);
+    let note = format!("marked cleanly unmounted after checkpoint generation {generation}");
+    assert!(
+        report.notes.iter().any(|n| n.contains(&note)),
+        "{:?}",
+        report.notes
     );
     let requests = rec.since(0);
     assert!(requests.iter().all(|r| !r.write), "fsck wrote");
