@@ -201,6 +201,12 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         Strictness::Fsck => superblock::BackupUse::Always,
     };
     let (sb, from_backup) = superblock::read_superblock_or_backup(device, backup_use)?;
+    // There is no read-only mount: a volume with read-only-compatible
+    // features this build does not know (e.g. a clean-unmount mark it would
+    // leave standing over its own journal appends) is refused, not written.
+    if strictness == Strictness::Mount {
+        sb.check_writable()?;
+    }
     let newest = checkpoint::read_checkpoints(device, &sb)?;
     let mut damage = Vec::new();
     if let Some(lost) = &newest.lost {

@@ -345,3 +345,28 @@ fn power_cut_around_setting_and_clearing_the_mark() {
         "no crash state held a batch after the checkpoint"
     );
 }
+
+/// There is no read-only mount: a volume with a read-only-compatible feature
+/// this build does not know is refused whole, and nothing is written to it
+/// (a build that wrote it anyway could leave a mark like the clean-unmount
+/// one standing over its own journal appends).
+#[test]
+fn an_unknown_read_only_compatible_feature_refuses_the_mount_unwritten() {
+    let (mem, marked) = cleanly_unmounted();
+    let unknown = Superblock {
+        features_ro_compat: marked.features_ro_compat | 1 << 40,
+        ..marked
+    };
+    write_superblock(&*mem, &unknown).unwrap();
+    let rec = RecDevice::new(mem.clone());
+    let err = Volume::open(rec.clone()).err().expect("mounted");
+    assert!(
+        matches!(&err, Error::NotIomapfs { reason } if reason.contains("read-only-compatible")),
+        "{err}"
+    );
+    assert!(
+        rec.since(0).iter().all(|r| !r.write),
+        "the refused mount wrote"
+    );
+    assert_eq!(read_superblock(&*mem).unwrap(), unknown);
+}
