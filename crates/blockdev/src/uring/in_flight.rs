@@ -12,8 +12,11 @@
 //! after the kernel has finished with every piece it was given, so the
 //! buffer is never handed back (or freed) while a piece may still touch it.
 //! A piece that fails fails the whole request, with the error of the failed
-//! piece at the lowest device offset, naming that piece's range; no piece
-//! starts after a failure. A flush is one piece without a buffer.
+//! piece at the lowest device offset, naming that piece's range. No piece
+//! starts after a failure, but those started run to their end: pieces start
+//! in offset order, so every piece below the reported one was tried whole,
+//! and the error does not depend on the order of completions. A flush is
+//! one piece without a buffer.
 //!
 //! The kernel may transfer less than asked, or fail with `EINTR`/`EAGAIN`;
 //! neither is an error of the piece, so it is continued from where it
@@ -179,25 +182,16 @@ impl InFlight {
     /// piece counts as queued from here: push the entry, or give it back
     /// with [`refused`](InFlight::refused).
     pub(super) fn next_entry(&mut self, slot: usize, split: &Split) -> Option<squeue::Entry> {
-        let failed = self.failure.is_some();
         for number in 0..PIECES_IN_FLIGHT {
-            let Some(piece) = &mut self.pieces[number] else {
-                continue;
-            };
-            if piece.queued {
-                continue;
+            if let Some(piece) = &mut self.pieces[number] {
+                if !piece.queued {
+                    piece.queued = true;
+                    return Some(self.entry(slot, number));
+                }
             }
-            if failed {
-                // Nothing of it is in the kernel, and the request fails
-                // anyway: not worth finishing.
-                self.pieces[number] = None;
-                continue;
-            }
-            piece.queued = true;
-            return Some(self.entry(slot, number));
         }
         let in_kernel = self.pieces.iter().flatten().count();
-        if failed || !self.has_unsent() || in_kernel >= split.budget {
+        if self.failure.is_some() || !self.has_unsent() || in_kernel >= split.budget {
             return None;
         }
         let number = self.pieces.iter().position(Option::is_none)?;
@@ -396,12 +390,9 @@ impl InFlight {
         }
     }
 
-    /// Piece `number` continues from `done`; not after a failure, as the
-    /// request fails anyway.
+    /// Piece `number` continues from `done`.
     fn update(&mut self, number: usize, done: usize, retries: u32) {
-        if self.failure.is_some() {
-            self.pieces[number] = None;
-        } else if let Some(piece) = &mut self.pieces[number] {
+        if let Some(piece) = &mut self.pieces[number] {
             piece.done = done;
             piece.retries = retries;
         }
@@ -585,10 +576,11 @@ mod tests {
         assert_eq!(drain(&mut request, 0, &split), [0, 1, 2, 3]);
         request.complete(2, -libc::EIO);
         assert!(!request.is_finished(), "three pieces still in the kernel");
-        // EAGAIN after the failure: not continued.
+        // A piece started before the failure runs to its end (so that
+        // the lowest failure is found whatever the completion order)...
         request.complete(3, -libc::EAGAIN);
-        assert_eq!(request.in_kernel(), 2);
-        assert!(drain(&mut request, 0, &split).is_empty(), "nothing starts");
+        assert_eq!(drain(&mut request, 0, &split), [3], "...but none starts");
+        request.complete(3, (64 * KIB) as i32);
         assert_eq!(request.in_kernel(), 2);
         request.complete(1, 0); // short, lower offset
         assert!(!request.is_finished(), "piece 0 is in the kernel");
