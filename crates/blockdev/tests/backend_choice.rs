@@ -48,15 +48,27 @@ fn reopen_at_once(path: &std::path::Path) {
     }
 }
 
-#[test]
-fn loop_device_choice_and_queues() {
+/// A loop device over a 16 MiB image of the initial content, or `None`
+/// when the test is skipped (not root, no loop devices).
+fn loop_over_image() -> Option<(tempfile::NamedTempFile, LoopDev)> {
     if !is_root() {
-        return skip_privileged("not root");
+        skip_privileged("not root");
+        return None;
     }
     let img = image(16 << 20, initial);
-    let lo = match LoopDev::attach(img.path()) {
-        Ok(lo) => lo,
-        Err(e) => return skip_privileged(&e),
+    match LoopDev::attach(img.path()) {
+        Ok(lo) => Some((img, lo)),
+        Err(e) => {
+            skip_privileged(&e);
+            None
+        }
+    }
+}
+
+#[test]
+fn loop_device_choice_and_queues() {
+    let Some((_img, lo)) = loop_over_image() else {
+        return;
     };
     let (dev, choice) = open_device(&lo.path, false, Backend::Auto).unwrap();
     eprintln!("{}: {choice}", lo.path.display());
@@ -85,13 +97,8 @@ fn queue_attr(dev: &std::path::Path, attr: &str) -> u64 {
 /// than `max_sectors_kb`, nor touching more pages than `max_segments`).
 #[test]
 fn loop_device_requests_are_cut_to_its_queue_limits() {
-    if !is_root() {
-        return skip_privileged("not root");
-    }
-    let img = image(16 << 20, initial);
-    let lo = match LoopDev::attach(img.path()) {
-        Ok(lo) => lo,
-        Err(e) => return skip_privileged(&e),
+    let Some((_img, lo)) = loop_over_image() else {
+        return;
     };
     let sync = Arc::new(SyncDevice::open(&lo.path, SyncOpenOptions::default()).unwrap());
     let limits = sync.request_limits();
