@@ -63,6 +63,12 @@ pub struct RequestLimits {
     /// holds at most 256 pages (`BIO_MAX_VECS`; past it the kernel needs a
     /// second bio, which it refuses for NOWAIT too).
     pub max_pages: Option<usize>,
+    /// Bytes in one request from physically contiguous memory (a buffer
+    /// backed by transparent huge pages, whose pages merge into segments of
+    /// up to `queue/max_segment_size`): `max_segments` such segments, less
+    /// one for a start inside a segment. Used instead of `max_pages` for
+    /// such buffers ([`crate::AlignedBuf::is_huge_page_mapping`]).
+    pub max_contiguous_bytes: Option<usize>,
     /// A request must not cross a multiple of this many device bytes
     /// (`queue/chunk_sectors`: RAID stripes, zones).
     pub boundary_bytes: Option<u64>,
@@ -73,6 +79,7 @@ impl RequestLimits {
     pub const NONE: RequestLimits = RequestLimits {
         max_bytes: None,
         max_pages: None,
+        max_contiguous_bytes: None,
         boundary_bytes: None,
     };
 }

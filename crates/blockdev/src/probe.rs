@@ -387,9 +387,14 @@ fn limits_from(
     let max_pages = pages_by_segments
         .map_or(BIO_MAX_PAGES, |n| (n as usize).min(BIO_MAX_PAGES))
         .max(1);
+    let max_contiguous_bytes = match (max_segments, max_segment_size) {
+        (Some(n), Some(size)) => usize::try_from(n.saturating_sub(1).saturating_mul(size)).ok(),
+        _ => None,
+    };
     RequestLimits {
         max_bytes: max_sectors_kb.and_then(|kb| usize::try_from(kb.saturating_mul(1024)).ok()),
         max_pages: Some(max_pages),
+        max_contiguous_bytes: max_contiguous_bytes.filter(|&n| n > 0),
         boundary_bytes: chunk_sectors.map(|s| s.saturating_mul(512)),
     }
 }
@@ -503,12 +508,16 @@ mod tests {
         let lo = limits_from(Some(1280), Some(128), Some(65536), None, page);
         assert_eq!(lo.max_bytes, Some(1280 << 10));
         assert_eq!(lo.max_pages, Some(128));
+        assert_eq!(lo.max_contiguous_bytes, Some(127 * 65536));
         assert_eq!(lo.boundary_bytes, None);
         // Segments smaller than a page: two per page.
         let small = limits_from(None, Some(128), Some(2048), Some(8), page);
         assert_eq!(small.max_pages, Some(64));
         assert_eq!(small.boundary_bytes, Some(4096));
         assert_eq!(small.max_bytes, None);
+        assert_eq!(small.max_contiguous_bytes, Some(127 * 2048));
+        let unknown_segments = limits_from(Some(1280), Some(128), None, None, page);
+        assert_eq!(unknown_segments.max_contiguous_bytes, None);
         // Many segments: one bio's 256 pages bind.
         let nvme = limits_from(Some(128), Some(1024), None, None, page);
         assert_eq!(nvme.max_pages, Some(BIO_MAX_PAGES));

@@ -148,6 +148,26 @@ fn loop_device_requests_are_cut_to_its_queue_limits() {
     assert!(out[1].buf.as_ref().unwrap()[..] == expect[..]);
     assert_eq!(q.submission_entries(), 2 * pieces);
 
+    // Huge pages merge into 64 KiB segments, so their pieces are larger.
+    if let Some(contiguous) = limits.max_contiguous_bytes {
+        let huge = AlignedBuf::new_huge_pages(len).unwrap();
+        assert!(huge.is_huge_page_mapping());
+        let pieces = len.div_ceil(max_bytes.min(contiguous)) as u64;
+        let before = q.submission_entries();
+        q.push(
+            3,
+            DeviceRequest::Read {
+                offset: 1 << 20,
+                buf: huge,
+            },
+        )
+        .unwrap();
+        out.clear();
+        q.submit_and_reap(1, &mut out).unwrap();
+        assert!(out[0].buf.as_ref().unwrap()[..] == expect[..]);
+        assert_eq!(q.submission_entries() - before, pieces);
+    }
+
     // Dropped with split writes in flight: the drop returns only after
     // every piece of every write is done (a loop device completes them
     // later, from its worker), so all of them are there to read.

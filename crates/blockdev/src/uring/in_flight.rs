@@ -72,15 +72,24 @@ impl Split {
 
     /// Length of the piece that starts at memory address `addr` and device
     /// byte `at`, with `rest` bytes of the request left (a multiple of the
-    /// block size).
-    fn piece_len(&self, addr: usize, at: u64, rest: usize) -> usize {
+    /// block size); `contiguous` if the memory is most likely physically
+    /// contiguous (huge pages), so that its pages merge into segments.
+    fn piece_len(&self, addr: usize, at: u64, rest: usize, contiguous: bool) -> usize {
         let mut len = rest.min(MAX_BYTES_PER_ENTRY);
         if let Some(max) = self.limits.max_bytes {
             len = len.min(max);
         }
-        if let Some(pages) = self.limits.max_pages {
-            // The first page may be entered part way.
-            len = len.min(pages.saturating_mul(self.page) - addr % self.page);
+        match (contiguous, self.limits.max_contiguous_bytes) {
+            // Where the kernel gave small pages after all, it splits the
+            // request itself: slower, still correct.
+            (true, Some(max)) => len = len.min(max),
+            (true, None) => {}
+            (false, _) => {
+                if let Some(pages) = self.limits.max_pages {
+                    // The first page may be entered part way.
+                    len = len.min(pages.saturating_mul(self.page) - addr % self.page);
+                }
+            }
         }
         if let Some(boundary) = self.limits.boundary_bytes.filter(|&b| b > 0) {
             let to_boundary = boundary - at % boundary;
@@ -209,8 +218,10 @@ impl InFlight {
                 bounce,
                 ..
             } => {
-                let addr = bounce.as_ref().unwrap_or(buf).as_ptr() as usize + start;
-                split.piece_len(addr, offset + start as u64, buf.len() - start)
+                let memory = bounce.as_ref().unwrap_or(buf);
+                let addr = memory.as_ptr() as usize + start;
+                let contiguous = memory.is_huge_page_mapping();
+                split.piece_len(addr, offset + start as u64, buf.len() - start, contiguous)
             }
             Op::Flush => 0,
         };
@@ -502,8 +513,12 @@ mod tests {
     #[test]
     fn pieces_respect_every_limit_and_stay_block_aligned() {
         let split = Split::new(limits(64 * KIB), 4096, 512, 8);
-        assert_eq!(split.piece_len(0, 0, 200 * KIB), 64 * KIB);
-        assert_eq!(split.piece_len(0, 0, 8 * KIB), 8 * KIB, "short rest whole");
+        assert_eq!(split.piece_len(0, 0, 200 * KIB, false), 64 * KIB);
+        assert_eq!(
+            split.piece_len(0, 0, 8 * KIB, false),
+            8 * KIB,
+            "short rest whole"
+        );
         // 128 pages from a buffer 512 bytes into a page: the 129th page
         // would be touched by a full 512 KiB, so the piece ends a page
         // early, still on a block boundary.
@@ -512,24 +527,44 @@ mod tests {
             ..RequestLimits::NONE
         };
         let split = Split::new(pages, 4096, 512, 8);
-        assert_eq!(split.piece_len(4096, 0, 2 << 20), 512 * KIB);
-        assert_eq!(split.piece_len(4096 + 512, 0, 2 << 20), 512 * KIB - 512);
+        assert_eq!(split.piece_len(4096, 0, 2 << 20, false), 512 * KIB);
+        assert_eq!(
+            split.piece_len(4096 + 512, 0, 2 << 20, false),
+            512 * KIB - 512
+        );
+        // The loop device of the bench bed: 128 scattered pages, or from
+        // huge pages 127 segments of 64 KiB, past the 1280 KiB limit.
+        let bed = RequestLimits {
+            max_bytes: Some(1280 * KIB),
+            max_pages: Some(128),
+            max_contiguous_bytes: Some(127 * 64 * KIB),
+            boundary_bytes: None,
+        };
+        let split = Split::new(bed, 4096, 512, 8);
+        assert_eq!(split.piece_len(0, 0, 2 << 20, false), 512 * KIB);
+        assert_eq!(split.piece_len(0, 0, 2 << 20, true), 1280 * KIB);
+        let few_segments = RequestLimits {
+            max_contiguous_bytes: Some(256 * KIB),
+            ..bed
+        };
+        let split = Split::new(few_segments, 4096, 512, 8);
+        assert_eq!(split.piece_len(0, 0, 2 << 20, true), 256 * KIB);
         // A chunk boundary 4 KiB ahead of the device offset.
         let chunks = RequestLimits {
             boundary_bytes: Some(64 * KIB as u64),
             ..RequestLimits::NONE
         };
         let split = Split::new(chunks, 4096, 512, 8);
-        assert_eq!(split.piece_len(0, 60 * KIB as u64, 1 << 20), 4 * KIB);
+        assert_eq!(split.piece_len(0, 60 * KIB as u64, 1 << 20, false), 4 * KIB);
         // A limit that is not a block multiple rounds down; one below a
         // block still moves a block.
         let split = Split::new(limits(3000), 4096, 1024, 8);
-        assert_eq!(split.piece_len(0, 0, 8 * KIB), 2048);
+        assert_eq!(split.piece_len(0, 0, 8 * KIB, false), 2048);
         let split = Split::new(limits(100), 4096, 1024, 8);
-        assert_eq!(split.piece_len(0, 0, 8 * KIB), 1024);
+        assert_eq!(split.piece_len(0, 0, 8 * KIB, false), 1024);
         // No limits: one entry carries up to a gibibyte.
         let split = Split::new(RequestLimits::NONE, 4096, 512, 8);
-        assert_eq!(split.piece_len(0, 0, 3 << 30), 1 << 30);
+        assert_eq!(split.piece_len(0, 0, 3 << 30, false), 1 << 30);
     }
 
     /// 320 KiB in 64 KiB pieces, at most 4 in the kernel: the fifth starts
