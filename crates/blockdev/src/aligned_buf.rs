@@ -181,6 +181,14 @@ impl AlignedBuf {
     }
 
     /// Bytes the allocation holds (at least `len`).
+    /// Whether the memory is a mapping of its own advised for transparent
+    /// huge pages ([`AlignedBuf::new_huge_pages`]): then it is most likely
+    /// physically contiguous in runs of [`HUGE_PAGE_BYTES`], though the
+    /// kernel may have backed it with small pages instead.
+    pub fn is_huge_page_mapping(&self) -> bool {
+        self.mapped
+    }
+
     pub fn capacity(&self) -> usize {
         self.layout.size()
     }

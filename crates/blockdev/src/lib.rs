@@ -36,7 +36,7 @@ pub mod uring;
 
 pub use aligned_buf::{AlignedBuf, AlignedBufError, HUGE_PAGE_BYTES};
 pub use backend::{open_device, Backend, BackendChoice};
-pub use caps::{DeviceCaps, DeviceKind};
+pub use caps::{DeviceCaps, DeviceKind, RequestLimits};
 pub use counters::{DeviceCounters, RequestCounts};
 pub use error::DeviceError;
 pub use log_writes::{LogEntry, LogReader, LogWritesDevice};

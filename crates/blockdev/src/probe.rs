@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::aligned_buf::AlignedBuf;
 use crate::error::DeviceError;
-use crate::{DeviceCaps, DeviceKind};
+use crate::{DeviceCaps, DeviceKind, RequestLimits};
 
 /// Capabilities learned from the kernel for one open descriptor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -313,7 +313,7 @@ pub(crate) fn io_uring_disabled() -> Option<u32> {
         .ok()
 }
 
-fn page_size() -> u32 {
+pub(crate) fn page_size() -> u32 {
     // SAFETY: sysconf has no memory-safety preconditions.
     let raw = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     u32::try_from(raw)
@@ -342,6 +342,61 @@ pub(crate) fn request_slots(rdev: u64) -> Option<usize> {
     let queue = queue_dir(libc::major(rdev), libc::minor(rdev))?;
     let text = std::fs::read_to_string(queue.join("nr_requests")).ok()?;
     text.trim().parse::<usize>().ok().filter(|&n| n > 0)
+}
+
+/// Pages one direct-I/O bio holds (`BIO_MAX_VECS`): a larger request needs
+/// a second bio, which the kernel does not allocate for a NOWAIT request.
+const BIO_MAX_PAGES: usize = 256;
+
+/// The largest request the queue of block device `rdev` takes whole (see
+/// [`RequestLimits`]). Only a hint for speed: a limit sysfs does not state
+/// (or states in a form not understood) is `None`, which sends requests
+/// whole, as the kernel then splits them itself, slower but correctly.
+pub(crate) fn request_limits(rdev: u64) -> RequestLimits {
+    let Some(queue) = queue_dir(libc::major(rdev), libc::minor(rdev)) else {
+        return RequestLimits {
+            max_pages: Some(BIO_MAX_PAGES),
+            ..RequestLimits::NONE
+        };
+    };
+    let number = |attr: &str| -> Option<u64> {
+        let text = std::fs::read_to_string(queue.join(attr)).ok()?;
+        text.trim().parse::<u64>().ok().filter(|&n| n > 0)
+    };
+    limits_from(
+        number("max_sectors_kb"),
+        number("max_segments"),
+        number("max_segment_size"),
+        number("chunk_sectors"),
+        page_size() as u64,
+    )
+}
+
+/// [`request_limits`] from the queue's attributes (`None`: absent).
+fn limits_from(
+    max_sectors_kb: Option<u64>,
+    max_segments: Option<u64>,
+    max_segment_size: Option<u64>,
+    chunk_sectors: Option<u64>,
+    page: u64,
+) -> RequestLimits {
+    // A page of the buffer takes as many segments as it has pieces of
+    // `max_segment_size`.
+    let segments_per_page = max_segment_size.map_or(1, |size| page.div_ceil(size));
+    let pages_by_segments = max_segments.map(|n| n / segments_per_page);
+    let max_pages = pages_by_segments
+        .map_or(BIO_MAX_PAGES, |n| (n as usize).min(BIO_MAX_PAGES))
+        .max(1);
+    let max_contiguous_bytes = match (max_segments, max_segment_size) {
+        (Some(n), Some(size)) => usize::try_from(n.saturating_sub(1).saturating_mul(size)).ok(),
+        _ => None,
+    };
+    RequestLimits {
+        max_bytes: max_sectors_kb.and_then(|kb| usize::try_from(kb.saturating_mul(1024)).ok()),
+        max_pages: Some(max_pages),
+        max_contiguous_bytes: max_contiguous_bytes.filter(|&n| n > 0),
+        boundary_bytes: chunk_sectors.map(|s| s.saturating_mul(512)),
+    }
 }
 
 /// Reads and parses one sysfs attribute. `Ok(None)` when the queue directory
@@ -442,6 +497,30 @@ mod tests {
             finish(p, 512, 512, u64::MAX - 511, true, false),
             Err(DeviceError::Unusable { .. })
         ));
+    }
+
+    /// The loop device of the bench bed: 1280 KiB, 128 segments of up to
+    /// 64 KiB, no chunks. A buffer of scattered 4 KiB pages is 128 segments
+    /// at 512 KiB, which binds first.
+    #[test]
+    fn request_limits_take_every_queue_limit() {
+        let page = 4096;
+        let lo = limits_from(Some(1280), Some(128), Some(65536), None, page);
+        assert_eq!(lo.max_bytes, Some(1280 << 10));
+        assert_eq!(lo.max_pages, Some(128));
+        assert_eq!(lo.max_contiguous_bytes, Some(127 * 65536));
+        assert_eq!(lo.boundary_bytes, None);
+        // Segments smaller than a page: two per page.
+        let small = limits_from(None, Some(128), Some(2048), Some(8), page);
+        assert_eq!(small.max_pages, Some(64));
+        assert_eq!(small.boundary_bytes, Some(4096));
+        assert_eq!(small.max_bytes, None);
+        assert_eq!(small.max_contiguous_bytes, Some(127 * 2048));
+        let unknown_segments = limits_from(Some(1280), Some(128), None, None, page);
+        assert_eq!(unknown_segments.max_contiguous_bytes, None);
+        // Many segments: one bio's 256 pages bind.
+        let nvme = limits_from(Some(128), Some(1024), None, None, page);
+        assert_eq!(nvme.max_pages, Some(BIO_MAX_PAGES));
     }
 
     #[test]

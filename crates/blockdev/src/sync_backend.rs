@@ -19,7 +19,7 @@ use crate::error::IoOp;
 use crate::probe::{self, DioSupport};
 use crate::request::Admission;
 use crate::WriteMode;
-use crate::{BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceKind};
+use crate::{BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceKind, RequestLimits};
 
 /// How to open a [`SyncDevice`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -47,6 +47,8 @@ pub struct SyncDevice {
     read_only: bool,
     /// `queue/nr_requests` of a block device ([`BlockDevice::request_slots`]).
     request_slots: Option<usize>,
+    /// The largest request the kernel takes whole (block devices only).
+    request_limits: RequestLimits,
     /// Requests copied through an aligned bounce buffer; a caller that
     /// cares about speed checks this stays 0.
     bounced: AtomicU64,
@@ -117,12 +119,23 @@ impl SyncDevice {
             request_slots: exclusive
                 .then(|| probe::request_slots(meta.rdev()))
                 .flatten(),
+            request_limits: if exclusive {
+                probe::request_limits(meta.rdev())
+            } else {
+                RequestLimits::NONE
+            },
             bounced: AtomicU64::new(0),
         })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The largest request the kernel takes whole ([`RequestLimits`]);
+    /// no limit for an image file.
+    pub fn request_limits(&self) -> RequestLimits {
+        self.request_limits
     }
 
     pub fn is_read_only(&self) -> bool {

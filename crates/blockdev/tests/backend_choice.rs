@@ -8,7 +8,10 @@ mod common;
 
 use std::sync::Arc;
 
-use blockdev::{new_queue, open_device, Backend, BlockDevice};
+use blockdev::{
+    new_queue, open_device, AlignedBuf, Backend, BlockDevice, DeviceQueue, DeviceRequest,
+    SyncDevice, SyncOpenOptions, UringDevice, UringOptions, WriteMode,
+};
 use common::{image, initial, is_root, random_mix, skip_privileged, LoopDev, Zram};
 
 /// Runs a short random mix through a queue of each depth on `dev`.
@@ -45,15 +48,27 @@ fn reopen_at_once(path: &std::path::Path) {
     }
 }
 
-#[test]
-fn loop_device_choice_and_queues() {
+/// A loop device over a 16 MiB image of the initial content, or `None`
+/// when the test is skipped (not root, no loop devices).
+fn loop_over_image() -> Option<(tempfile::NamedTempFile, LoopDev)> {
     if !is_root() {
-        return skip_privileged("not root");
+        skip_privileged("not root");
+        return None;
     }
     let img = image(16 << 20, initial);
-    let lo = match LoopDev::attach(img.path()) {
-        Ok(lo) => lo,
-        Err(e) => return skip_privileged(&e),
+    match LoopDev::attach(img.path()) {
+        Ok(lo) => Some((img, lo)),
+        Err(e) => {
+            skip_privileged(&e);
+            None
+        }
+    }
+}
+
+#[test]
+fn loop_device_choice_and_queues() {
+    let Some((_img, lo)) = loop_over_image() else {
+        return;
     };
     let (dev, choice) = open_device(&lo.path, false, Backend::Auto).unwrap();
     eprintln!("{}: {choice}", lo.path.display());
@@ -67,6 +82,120 @@ fn loop_device_choice_and_queues() {
         exercise(&dev, 21);
     }
     reopen_at_once(&lo.path);
+}
+
+/// A number in the sysfs queue directory of block device `dev`.
+fn queue_attr(dev: &std::path::Path, attr: &str) -> u64 {
+    let name = dev.file_name().unwrap().to_str().unwrap();
+    let path = format!("/sys/block/{name}/queue/{attr}");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    text.trim().parse().unwrap()
+}
+
+/// The limits probed on a loop device are its queue's, and a 2 MiB write
+/// and read through io_uring go in pieces that fit them (no piece larger
+/// than `max_sectors_kb`, nor touching more pages than `max_segments`).
+#[test]
+fn loop_device_requests_are_cut_to_its_queue_limits() {
+    let Some((_img, lo)) = loop_over_image() else {
+        return;
+    };
+    let sync = Arc::new(SyncDevice::open(&lo.path, SyncOpenOptions::default()).unwrap());
+    let limits = sync.request_limits();
+    eprintln!("{}: {limits:?}", lo.path.display());
+    let max_bytes = queue_attr(&lo.path, "max_sectors_kb") as usize * 1024;
+    let segments = queue_attr(&lo.path, "max_segments") as usize;
+    assert_eq!(limits.max_bytes, Some(max_bytes));
+    let page = 4096;
+    assert_eq!(limits.max_pages, Some(segments.min(256)));
+    let dev = match UringDevice::from_sync(sync, UringOptions::default()) {
+        Ok(dev) => dev,
+        Err(e) => return eprintln!("skipping the io_uring part: {e}"),
+    };
+    let len: usize = 2 << 20;
+    let piece = max_bytes.min(segments.min(256) * page);
+    let pieces = len.div_ceil(piece) as u64;
+    let mut q = dev.new_queue(4).unwrap();
+    let mut data = AlignedBuf::new(len, page).unwrap();
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i % 253) as u8;
+    }
+    let expect = data.to_vec();
+    q.push(
+        1,
+        DeviceRequest::Write {
+            offset: 1 << 20,
+            buf: data,
+            mode: WriteMode::Normal,
+        },
+    )
+    .unwrap();
+    let read = AlignedBuf::new(len, page).unwrap();
+    let mut out = Vec::new();
+    q.submit_and_reap(1, &mut out).unwrap();
+    assert_eq!(*out[0].result.as_ref().unwrap(), len);
+    assert_eq!(q.submission_entries(), pieces);
+    q.push(
+        2,
+        DeviceRequest::Read {
+            offset: 1 << 20,
+            buf: read,
+        },
+    )
+    .unwrap();
+    q.submit_and_reap(1, &mut out).unwrap();
+    assert_eq!(*out[1].result.as_ref().unwrap(), len);
+    assert!(out[1].buf.as_ref().unwrap()[..] == expect[..]);
+    assert_eq!(q.submission_entries(), 2 * pieces);
+
+    // Huge pages merge into 64 KiB segments, so their pieces are larger.
+    if let Some(contiguous) = limits.max_contiguous_bytes {
+        let huge = AlignedBuf::new_huge_pages(len).unwrap();
+        assert!(huge.is_huge_page_mapping());
+        let pieces = len.div_ceil(max_bytes.min(contiguous)) as u64;
+        let before = q.submission_entries();
+        q.push(
+            3,
+            DeviceRequest::Read {
+                offset: 1 << 20,
+                buf: huge,
+            },
+        )
+        .unwrap();
+        out.clear();
+        q.submit_and_reap(1, &mut out).unwrap();
+        assert!(out[0].buf.as_ref().unwrap()[..] == expect[..]);
+        assert_eq!(q.submission_entries() - before, pieces);
+    }
+
+    // Dropped with split writes in flight: the drop returns only after
+    // every piece of every write is done (a loop device completes them
+    // later, from its worker), so all of them are there to read.
+    let writes = 6;
+    let mut q = dev.new_queue(writes).unwrap();
+    for i in 0..writes {
+        let mut data = AlignedBuf::new(len, page).unwrap();
+        data.fill(0x40 + i as u8);
+        let offset = (i * len) as u64;
+        let mode = WriteMode::Normal;
+        q.push(
+            i as u64,
+            DeviceRequest::Write {
+                offset,
+                buf: data,
+                mode,
+            },
+        )
+        .unwrap();
+    }
+    q.submit().unwrap();
+    drop(q);
+    let mut back = vec![0u8; writes * len];
+    dev.read_at(&mut back, 0).unwrap();
+    for (i, chunk) in back.chunks(len).enumerate() {
+        let at = chunk.iter().position(|&b| b != 0x40 + i as u8);
+        assert_eq!(at, None, "write {i} incomplete after the drop");
+    }
 }
 
 #[test]

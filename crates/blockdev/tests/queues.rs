@@ -7,9 +7,11 @@ mod common;
 
 use std::sync::Arc;
 
+use blockdev::error::IoOp;
 use blockdev::{
     new_queue, open_device, AlignedBuf, Backend, BlockDevice, DeviceError, DeviceQueue,
-    DeviceRequest, MemDevice, SyncDevice, SyncOpenOptions, UringDevice, UringOptions, WriteMode,
+    DeviceRequest, MemDevice, RequestLimits, SyncDevice, SyncOpenOptions, UringDevice,
+    UringOptions, WriteMode,
 };
 use common::{image, initial, random_mix, reap_all};
 
@@ -24,6 +26,16 @@ fn uring_device(path: &std::path::Path, opts: UringOptions) -> UringDevice {
 
 fn open_uring(path: &std::path::Path, opts: UringOptions) -> Arc<dyn BlockDevice> {
     Arc::new(uring_device(path, opts))
+}
+
+/// An io_uring device on `path` that takes no request larger than
+/// `max_bytes` whole, so larger ones go in pieces.
+fn split_uring(path: &std::path::Path, max_bytes: usize) -> Arc<UringDevice> {
+    let limits = RequestLimits {
+        max_bytes: Some(max_bytes),
+        ..RequestLimits::NONE
+    };
+    Arc::new(uring_device(path, UringOptions::default()).with_request_limits(limits))
 }
 
 fn open_sync(path: &std::path::Path) -> Arc<dyn BlockDevice> {
@@ -122,6 +134,20 @@ fn uring_and_inline_queues_agree_on_random_mixes() {
         let uring_log = random_mix(q.as_mut(), &mut model, lbs, align, seed, ops);
         drop(q);
 
+        // The same on io_uring with requests cut into pieces of up to
+        // three blocks (the mix's requests have up to sixteen).
+        let split_img = image(IMAGE_BYTES, initial);
+        let split: Arc<dyn BlockDevice> = split_uring(split_img.path(), 3 * lbs);
+        let mut split_model: Vec<u8> = (0..size).map(initial).collect();
+        let mut q = new_queue(&split, depth).unwrap();
+        let split_log = random_mix(q.as_mut(), &mut split_model, lbs, align, seed, ops);
+        drop(q);
+        assert_eq!(
+            uring_log, split_log,
+            "depth {depth}: uring vs uring in pieces"
+        );
+        assert!(split_model == model);
+
         let sync_img = image(IMAGE_BYTES, initial);
         let sync = open_sync(sync_img.path());
         assert_eq!(sync.backend_name(), "sync");
@@ -165,6 +191,8 @@ fn uring_and_inline_queues_agree_on_random_mixes() {
         // What reached the files: the model, byte for byte.
         drop((uring, sync));
         assert!(std::fs::read(uring_img.path()).unwrap()[..size] == model[..]);
+        drop(split);
+        assert!(std::fs::read(split_img.path()).unwrap()[..size] == model[..]);
         assert!(std::fs::read(sync_img.path()).unwrap()[..size] == model[..]);
         assert!(mem.snapshot() == model);
     }
@@ -417,12 +445,35 @@ fn dropping_a_thread_queue_with_requests_in_flight_is_safe() {
     drop_with_requests_in_flight(|dev| blockdev::new_thread_queue(dev, 256).unwrap());
 }
 
-/// Twenty rounds of 128 writes and 128 reads pushed to a queue from
-/// `make`, 202 of them submitted, none reaped, then the queue dropped:
-/// every write is on the device after the drop.
+/// The same with every request in four pieces: a request's buffer may only
+/// go once the kernel is done with all of them.
+#[test]
+fn dropping_a_queue_with_split_requests_in_flight_is_safe() {
+    drop_on(
+        |path| {
+            let lbs = uring_device(path, UringOptions::default())
+                .caps()
+                .logical_block_size as usize;
+            let dev: Arc<dyn BlockDevice> = split_uring(path, lbs);
+            dev
+        },
+        |dev| new_queue(dev, 256).unwrap(),
+    );
+}
+
 fn drop_with_requests_in_flight(make: impl Fn(&Arc<dyn BlockDevice>) -> Box<dyn DeviceQueue>) {
+    drop_on(|path| open_uring(path, UringOptions::default()), make);
+}
+
+/// Twenty rounds of 128 writes and 128 reads pushed to a queue from
+/// `make` on the device `open` makes, 202 of them submitted, none reaped,
+/// then the queue dropped: every write is on the device after the drop.
+fn drop_on(
+    open: impl Fn(&std::path::Path) -> Arc<dyn BlockDevice>,
+    make: impl Fn(&Arc<dyn BlockDevice>) -> Box<dyn DeviceQueue>,
+) {
     let img = image(IMAGE_BYTES, initial);
-    let dev = open_uring(img.path(), UringOptions::default());
+    let dev = open(img.path());
     let lbs = dev.caps().logical_block_size as usize;
     let chunk = 4 * lbs;
     for round in 0..20u8 {
@@ -795,4 +846,124 @@ fn open_device_on_an_image_file() {
             assert!(e.to_string().contains("io_uring backend requested"), "{e}");
         }
     }
+}
+
+/// A request larger than the device takes whole goes as one submission
+/// entry per piece, at most the device's limit each, and completes once,
+/// with every byte where it belongs; 20 pieces are more than one request
+/// may have in the kernel at once, so later ones start as earlier ones
+/// finish.
+#[test]
+fn a_request_larger_than_the_device_takes_goes_in_pieces() {
+    let img = image(IMAGE_BYTES, initial);
+    let lbs = uring_device(img.path(), UringOptions::default())
+        .caps()
+        .logical_block_size as usize;
+    let piece = 16 * lbs.max(1024);
+    let dev = split_uring(img.path(), piece);
+    assert_eq!(dev.request_limits().max_bytes, Some(piece));
+    let mut q = dev.new_queue(2).unwrap();
+    for (pieces, offset) in [(20, 3 * lbs), (6, 0)] {
+        let len = pieces * piece;
+        let mut data = buf(len, 0);
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = (i % 251) as u8 ^ pieces as u8;
+        }
+        let expect = data.to_vec();
+        let before = q.submission_entries();
+        q.push(
+            1,
+            DeviceRequest::Write {
+                offset: offset as u64,
+                buf: data,
+                mode: WriteMode::Normal,
+            },
+        )
+        .unwrap();
+        let out = reap_all(&mut q);
+        assert_eq!(out.len(), 1, "one completion for all the pieces");
+        assert_eq!(*out[0].result.as_ref().unwrap(), len);
+        assert_eq!(q.submission_entries() - before, pieces as u64);
+        let file = std::fs::read(img.path()).unwrap();
+        assert!(file[offset..offset + len] == expect[..], "{pieces} pieces");
+        assert!(file[..offset]
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == initial(i)));
+
+        let before = q.submission_entries();
+        q.push(
+            2,
+            DeviceRequest::Read {
+                offset: offset as u64,
+                buf: buf(len, 0xee),
+            },
+        )
+        .unwrap();
+        let out = reap_all(&mut q);
+        assert_eq!(out.len(), 1);
+        assert_eq!(*out[0].result.as_ref().unwrap(), len);
+        assert_eq!(q.submission_entries() - before, pieces as u64);
+        assert!(out[0].buf.as_ref().unwrap()[..] == expect[..]);
+    }
+    // Whole on a device without limits.
+    let whole = uring_device(img.path(), UringOptions::default());
+    assert_eq!(whole.request_limits(), RequestLimits::NONE, "image file");
+    let mut q = whole.new_queue(2).unwrap();
+    q.push(
+        3,
+        DeviceRequest::Read {
+            offset: 0,
+            buf: buf(20 * piece, 0),
+        },
+    )
+    .unwrap();
+    reap_all(&mut q)[0].result.as_ref().unwrap();
+    assert_eq!(q.submission_entries(), 1);
+}
+
+/// Pieces that fail (here: past the end of an image that shrank) fail the
+/// whole request, once, with the error of the first failed piece, naming
+/// its device range; the pieces before it finished first, so their bytes
+/// are in the buffer handed back.
+#[test]
+fn a_failed_piece_fails_the_whole_request() {
+    let img = image(IMAGE_BYTES, initial);
+    let piece = 64 << 10;
+    let dev = split_uring(img.path(), piece);
+    let mut q = dev.new_queue(4).unwrap();
+    // Ends half way into the third piece.
+    img.as_file()
+        .set_len(2 * piece as u64 + piece as u64 / 2)
+        .unwrap();
+    q.push(
+        9,
+        DeviceRequest::Read {
+            offset: 0,
+            buf: buf(5 * piece, 0xee),
+        },
+    )
+    .unwrap();
+    let out = reap_all(&mut q);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].token, 9);
+    match &out[0].result {
+        Err(DeviceError::Short {
+            op: IoOp::Read,
+            offset,
+            len,
+            done,
+        }) => assert_eq!(
+            (*offset, *len, *done),
+            (2 * piece as u64, piece as u64, piece as u64 / 2)
+        ),
+        other => panic!("{other:?}"),
+    }
+    let back = out[0].buf.as_ref().unwrap();
+    assert_eq!(back.len(), 5 * piece);
+    assert!(back[..2 * piece]
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == initial(i)));
+    assert_eq!(q.in_flight(), 0);
 }

@@ -11,7 +11,9 @@
 //! carry `RWF_DSYNC`, flushes are `IORING_OP_FSYNC` with `DATASYNC`, misaligned
 //! buffers are bounced as in [`SyncDevice`], short transfers and
 //! `EINTR`/`EAGAIN` are continued, and requests longer than one submission
-//! entry can carry are sent in pieces.
+//! entry can carry, or than the device takes whole ([`RequestLimits`]:
+//! the kernel would not split them without blocking, and would hand them to
+//! a worker thread), are sent in pieces that complete as one request.
 //!
 //! # Registered buffers
 //!
@@ -29,7 +31,8 @@
 //! - `setup`: building a ring, and whether io_uring works here ([`check_uring`]).
 //! - `fixed_buffers`: the pool of registered buffers, with the argument that
 //!   the kernel never reads or writes through a buffer it should not.
-//! - `in_flight`: one request's submission entries and completions.
+//! - `in_flight`: one request's submission entries and completions, and how
+//!   a large request is cut into pieces.
 //! - `queue`: [`UringQueue`], the ring and its table of requests in flight,
 //!   with the argument that the kernel never touches freed memory.
 
@@ -37,8 +40,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::{
-    BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceQueue, SyncDevice, SyncOpenOptions,
-    WriteMode,
+    BlockDevice, DeviceCaps, DeviceCounters, DeviceError, DeviceQueue, RequestLimits, SyncDevice,
+    SyncOpenOptions, WriteMode,
 };
 
 mod fixed_buffers;
@@ -47,6 +50,7 @@ mod queue;
 mod setup;
 
 pub use fixed_buffers::FixedBufferOptions;
+use queue::QueueOptions;
 pub use queue::UringQueue;
 pub use setup::{check_uring, UringOptions, UringUnavailable};
 
@@ -57,6 +61,7 @@ pub struct UringDevice {
     sync: Arc<SyncDevice>,
     opts: UringOptions,
     fixed: FixedBufferOptions,
+    limits: RequestLimits,
 }
 
 impl UringDevice {
@@ -85,10 +90,12 @@ impl UringDevice {
 
     /// For callers that already ran [`check_uring`].
     pub(crate) fn new_unchecked(sync: Arc<SyncDevice>, opts: UringOptions) -> UringDevice {
+        let limits = sync.request_limits();
         UringDevice {
             sync,
             opts,
             fixed: FixedBufferOptions::default(),
+            limits,
         }
     }
 
@@ -98,6 +105,19 @@ impl UringDevice {
     pub fn with_fixed_buffers(mut self, count: usize, len: usize) -> UringDevice {
         self.fixed = FixedBufferOptions { count, len };
         self
+    }
+
+    /// Sends every read and write larger than `limits` allow in pieces that
+    /// fit, on queues made from now on, instead of the limits probed from
+    /// the device ([`SyncDevice::request_limits`]; none for an image file).
+    pub fn with_request_limits(mut self, limits: RequestLimits) -> UringDevice {
+        self.limits = limits;
+        self
+    }
+
+    /// The limits requests are cut to (see [`Self::with_request_limits`]).
+    pub fn request_limits(&self) -> RequestLimits {
+        self.limits
     }
 
     pub fn fixed_buffer_options(&self) -> FixedBufferOptions {
@@ -115,7 +135,7 @@ impl UringDevice {
     /// A queue of `depth` (clamped to `1..=`[`crate::MAX_QUEUE_DEPTH`])
     /// requests with its own ring. Make one per submitting thread.
     pub fn new_queue(&self, depth: usize) -> Result<UringQueue, DeviceError> {
-        UringQueue::new(Arc::clone(&self.sync), depth, self.opts, self.fixed)
+        UringQueue::new(Arc::clone(&self.sync), depth, self.queue_options())
     }
 
     /// A queue that only the calling thread may use, whose completions wait
@@ -123,7 +143,15 @@ impl UringDevice {
     /// [`UringQueue::defers_completions`]): a thread that waits for a batch
     /// is woken once for it. Another thread's calls on it fail.
     pub fn new_thread_queue(&self, depth: usize) -> Result<UringQueue, DeviceError> {
-        UringQueue::for_this_thread(Arc::clone(&self.sync), depth, self.opts, self.fixed)
+        UringQueue::for_this_thread(Arc::clone(&self.sync), depth, self.queue_options())
+    }
+
+    fn queue_options(&self) -> QueueOptions {
+        QueueOptions {
+            uring: self.opts,
+            fixed: self.fixed,
+            limits: self.limits,
+        }
     }
 }
 

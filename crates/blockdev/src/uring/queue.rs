@@ -9,29 +9,48 @@
 //!
 //! 1. Every entry's buffer pointer points into the heap allocation of an
 //!    [`AlignedBuf`] owned by the queue's in-flight table (`slots`), at the
-//!    index the entry carries as `user_data`. Moving the `AlignedBuf` value
-//!    (e.g. when the table grows) does not move its allocation.
-//! 2. A slot is only emptied when the completion entry with its index is
-//!    reaped (`UringQueue::complete`); only then is the buffer handed back to
-//!    the caller or dropped. Nothing else removes or borrows the buffer while
+//!    index the entry carries in its `user_data`. Moving the `AlignedBuf`
+//!    value (e.g. when the table grows) does not move its allocation.
+//! 2. A request larger than the device takes whole has several entries in
+//!    the kernel at once, one per piece (see `in_flight`), and the request
+//!    records each piece whose entry is in the ring or the kernel
+//!    (`InFlight::in_kernel`). A slot is only emptied when the request is
+//!    finished (`InFlight::is_finished`): the completion entry of every
+//!    piece it was given has been reaped (`UringQueue::complete`), including
+//!    after one piece failed. Only then is the buffer handed back to the
+//!    caller or dropped. Nothing else removes or borrows the buffer while
 //!    the slot is occupied.
-//! 3. Dropping the queue first waits for every outstanding completion. If the
+//! 3. Dropping the queue first waits for every outstanding completion entry,
+//!    and frees a request's buffer only after the last of its pieces. If the
 //!    kernel refuses to let it wait, the buffers are leaked, never freed: a
-//!    leak is safe, a use after free is not.
+//!    leak is safe, a use after free is not. A queue that fails as a whole
+//!    (an `Err` from `submit` or `reap`) keeps its requests in the table
+//!    for that reason.
 
 use std::io;
 use std::sync::Arc;
 
-use io_uring::{squeue, EnterFlags, IoUring};
+use io_uring::{EnterFlags, IoUring};
 
 use super::fixed_buffers::{FixedBufferOptions, FixedPool};
-use super::in_flight::{into_completion, io_error, outcome, InFlight, Op, Outcome};
+use super::in_flight::{into_completion, slot_and_piece, InFlight, Op, Split, PIECES_IN_FLIGHT};
 use super::setup::{build_ring, errno_text, release_files, RingUse, UringOptions, MAX_RETRIES};
 use crate::error::IoOp;
+use crate::probe::page_size;
 use crate::queue::{
     clamp_depth, refuse_if_full, DeviceCompletion, DeviceQueue, DeviceRequest, QueueFull, Token,
+    MAX_QUEUE_DEPTH,
 };
-use crate::{AlignedBuf, BlockDevice, DeviceError, SyncDevice, WriteMode};
+use crate::{AlignedBuf, BlockDevice, DeviceError, RequestLimits, SyncDevice, WriteMode};
+
+/// What a queue is built with, from its [`super::UringDevice`].
+#[derive(Clone, Copy, Debug)]
+pub(super) struct QueueOptions {
+    pub(super) uring: UringOptions,
+    pub(super) fixed: FixedBufferOptions,
+    /// Requests larger than these go in pieces (see `in_flight`).
+    pub(super) limits: RequestLimits,
+}
 
 /// A [`DeviceQueue`] with its own io_uring (see the [`crate::uring`] docs).
 pub struct UringQueue {
@@ -59,6 +78,10 @@ pub struct UringQueue {
     unsubmitted: usize,
     /// Entries pushed by `complete` to continue requests, not yet sent.
     resubmitted: bool,
+    /// How requests are cut into pieces the device takes whole.
+    split: Split,
+    /// Submission entries pushed so far.
+    entries: u64,
     /// Scratch: completion entries copied out of the ring.
     cqes: Vec<(u64, i32)>,
     /// Registered buffers (see `fixed_buffers`).
@@ -69,10 +92,9 @@ impl UringQueue {
     pub(super) fn new(
         dev: Arc<SyncDevice>,
         depth: usize,
-        opts: UringOptions,
-        fixed: FixedBufferOptions,
+        opts: QueueOptions,
     ) -> Result<UringQueue, DeviceError> {
-        UringQueue::build(dev, depth, opts, fixed, RingUse::AnyThread)
+        UringQueue::build(dev, depth, opts, RingUse::AnyThread)
     }
 
     /// A queue for the calling thread alone: only it may push, submit, reap
@@ -90,37 +112,47 @@ impl UringQueue {
     pub(super) fn for_this_thread(
         dev: Arc<SyncDevice>,
         depth: usize,
-        opts: UringOptions,
-        fixed: FixedBufferOptions,
+        opts: QueueOptions,
     ) -> Result<UringQueue, DeviceError> {
-        UringQueue::build(dev, depth, opts, fixed, RingUse::OneThread)
+        UringQueue::build(dev, depth, opts, RingUse::OneThread)
     }
 
     fn build(
         dev: Arc<SyncDevice>,
         depth: usize,
-        opts: UringOptions,
-        fixed: FixedBufferOptions,
+        opts: QueueOptions,
         ring_use: RingUse,
     ) -> Result<UringQueue, DeviceError> {
         let depth = clamp_depth(depth);
-        // The kernel rounds up to a power of two itself; `depth` entries is
-        // enough because an entry is only ever pushed for an occupied slot
-        // and at most `depth` slots are occupied. The completion ring is
-        // twice that, so it cannot overflow either.
-        let (ring, deferred) = build_ring(&dev, depth as u32, opts, ring_use).map_err(|why| {
-            DeviceError::Unusable {
-                path: dev.path().to_owned(),
-                reason: format!("cannot make an io_uring queue of depth {depth}: {why}"),
-            }
-        })?;
-        let pool = FixedPool::register(&ring, dev.caps(), fixed);
+        // Room for `PIECES_IN_FLIGHT` entries per request, up to io_uring's
+        // limit; the kernel rounds up to a power of two. Each request has at
+        // most `budget` entries in the ring or the kernel and at most
+        // `depth` requests are in the table, so the submission ring cannot
+        // overflow; the completion ring is twice as large, so it cannot
+        // either.
+        let want = depth.saturating_mul(PIECES_IN_FLIGHT).min(MAX_QUEUE_DEPTH);
+        let (ring, deferred) =
+            build_ring(&dev, want as u32, opts.uring, ring_use).map_err(|why| {
+                DeviceError::Unusable {
+                    path: dev.path().to_owned(),
+                    reason: format!("cannot make an io_uring queue of depth {depth}: {why}"),
+                }
+            })?;
+        let budget = ring.params().sq_entries() as usize / depth;
+        let caps = dev.caps();
+        let split = Split::new(
+            opts.limits,
+            page_size() as usize,
+            caps.logical_block_size as usize,
+            budget,
+        );
+        let pool = FixedPool::register(&ring, dev.caps(), opts.fixed);
         Ok(UringQueue {
             ring,
             dev,
             depth,
-            iopoll: opts.iopoll,
-            sqpoll: opts.sqpoll_idle_ms.is_some(),
+            iopoll: opts.uring.iopoll,
+            sqpoll: opts.uring.sqpoll_idle_ms.is_some(),
             deferred,
             slots: Vec::with_capacity(depth),
             free: Vec::with_capacity(depth),
@@ -129,6 +161,8 @@ impl UringQueue {
             polled_flushes: Vec::new(),
             unsubmitted: 0,
             resubmitted: false,
+            split,
+            entries: 0,
             cqes: Vec::with_capacity(depth),
             pool,
         })
@@ -144,6 +178,14 @@ impl UringQueue {
     /// Registered buffers in this queue's table (0 without a pool).
     pub fn fixed_buffers(&self) -> usize {
         self.pool.registered()
+    }
+
+    /// Submission entries pushed so far: one for each piece of a request
+    /// (one piece unless it is larger than the device takes whole, see
+    /// [`crate::RequestLimits`]) and for each continuation of a short
+    /// transfer.
+    pub fn submission_entries(&self) -> u64 {
+        self.entries
     }
 
     /// Submission entries sent so far as `READ_FIXED`/`WRITE_FIXED`.
@@ -207,7 +249,7 @@ impl UringQueue {
         Ok(Some(bounce))
     }
 
-    /// Puts `request` in a free slot and pushes its entry.
+    /// Puts `request` in a free slot and pushes its first entries.
     fn start(&mut self, token: Token, op: Op) {
         let index = match self.free.pop() {
             Some(index) => index,
@@ -216,52 +258,60 @@ impl UringQueue {
                 self.slots.len() - 1
             }
         };
-        let mut request = InFlight {
-            token,
-            op,
-            done: 0,
-            retries: 0,
-        };
-        let entry = request.entry(index);
-        if matches!(
-            request.op,
-            Op::Read { fixed: Some(_), .. } | Op::Write { fixed: Some(_), .. }
-        ) {
-            self.pool.fixed_entries += 1;
-        }
-        self.slots[index] = Some(request);
+        self.slots[index] = Some(InFlight::new(token, op));
         self.live += 1;
         self.unsubmitted += 1;
-        self.push_entry(index, &entry);
+        self.advance(index);
     }
 
-    /// Pushes the entry for occupied slot `index`.
-    fn push_entry(&mut self, index: usize, entry: &squeue::Entry) {
-        // SAFETY: `entry` was built by `InFlight::entry` for the request in
-        // `self.slots[index]`, so its buffer pointer (if any) points into an
-        // `AlignedBuf` owned by that slot, and `len` stays inside it. The
-        // slot stays occupied, with that buffer neither moved out, dropped
-        // nor borrowed, until `complete` handles the completion entry tagged
-        // `index`; `Drop` waits for that completion or leaks the buffer (see
-        // the module docs). The descriptor is fixed file 0 of this ring,
-        // which holds its own reference to the open file.
-        let pushed = unsafe { self.ring.submission().push(entry) };
-        if pushed.is_err() {
-            // Cannot happen: the ring has at least `depth` entries and each
-            // occupied slot has at most one entry queued. Fail the request
-            // rather than lose it.
-            let Some(request) = self.slots[index].take() else {
+    /// Pushes every entry the request in slot `index` has to send now (new
+    /// pieces, continuations), and hands the request back if it is
+    /// finished.
+    fn advance(&mut self, index: usize) {
+        loop {
+            let Some(request) = self.slots.get_mut(index).and_then(Option::as_mut) else {
                 return;
             };
+            if request.is_finished() {
+                break;
+            }
+            let Some(entry) = request.next_entry(index, &self.split) else {
+                return;
+            };
+            let fixed = matches!(
+                request.op,
+                Op::Read { fixed: Some(_), .. } | Op::Write { fixed: Some(_), .. }
+            );
+            // SAFETY: `entry` was built by `InFlight::next_entry` for the
+            // request in `self.slots[index]`, which it stays in, so its
+            // buffer pointer (if any) points into an `AlignedBuf` owned by
+            // that slot, and its length stays inside it. The request records
+            // the piece as in the kernel until `complete` handles the
+            // completion entry naming it, and the slot is not emptied (the
+            // buffer not moved out, dropped or borrowed) while any piece is
+            // (module docs); `Drop` waits for those completions or leaks the
+            // buffer. The descriptor is fixed file 0 of this ring, which
+            // holds its own reference to the open file.
+            let pushed = unsafe { self.ring.submission().push(&entry) };
+            if pushed.is_err() {
+                // Cannot happen: the ring has room for `budget` entries of
+                // each of `depth` requests (see `build`). Fail the piece
+                // rather than lose it; the request ends once the kernel is
+                // done with its other pieces.
+                let (_, piece) = slot_and_piece(entry.get_user_data());
+                let source = io::Error::other("io_uring submission queue unexpectedly full");
+                request.refused(piece, source);
+                continue;
+            }
+            self.entries += 1;
+            if fixed {
+                self.pool.fixed_entries += 1;
+            }
+        }
+        if let Some(request) = self.slots[index].take() {
             self.live -= 1;
             self.free.push(index);
-            let source = io::Error::other("io_uring submission queue unexpectedly full");
-            let err = match request.target() {
-                Some((op, offset)) => io_error(op, offset, request.io_len(), source),
-                None => DeviceError::Flush { source },
-            };
-            let completion = into_completion(request, Err(err));
-            self.ready.push(completion);
+            self.ready.push(into_completion(request));
         }
     }
 
@@ -332,32 +382,26 @@ impl UringQueue {
         let mut cqes = std::mem::take(&mut self.cqes);
         cqes.clear();
         cqes.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
-        for &(index, res) in &cqes {
-            self.complete(index as usize, res);
+        for &(user_data, res) in &cqes {
+            self.complete(user_data, res);
         }
         self.cqes = cqes;
     }
 
-    /// The kernel is done with the entry for slot `index`, with result `res`.
-    fn complete(&mut self, index: usize, res: i32) {
-        let Some(mut request) = self.slots.get_mut(index).and_then(Option::take) else {
+    /// The kernel is done with the entry `user_data` names, with result
+    /// `res`.
+    fn complete(&mut self, user_data: u64, res: i32) {
+        let (index, piece) = slot_and_piece(user_data);
+        let Some(request) = self.slots.get_mut(index).and_then(Option::as_mut) else {
             // Not ours (cannot happen: every entry is tagged with an
             // occupied slot). Nothing to hand back.
             return;
         };
-        match outcome(&mut request, res) {
-            Outcome::Resubmit => {
-                let entry = request.entry(index);
-                self.slots[index] = Some(request);
-                self.push_entry(index, &entry);
-                self.resubmitted = true;
-            }
-            Outcome::Done(result) => {
-                self.live -= 1;
-                self.free.push(index);
-                let completion = into_completion(request, result);
-                self.ready.push(completion);
-            }
+        request.complete(piece, res);
+        let pushed = self.entries;
+        self.advance(index);
+        if self.entries != pushed {
+            self.resubmitted = true;
         }
     }
 
@@ -556,6 +600,14 @@ impl Drop for UringQueue {
     /// with unsubmitted writes performs them. Completions are discarded.
     fn drop(&mut self) {
         self.polled_flushes.clear();
+        // A request with nothing in the kernel (none, by the invariant of
+        // `advance`, but cheap to be sure of) can go now.
+        for slot in &mut self.slots {
+            if slot.as_ref().is_some_and(|r| r.in_kernel() == 0) {
+                *slot = None;
+                self.live -= 1;
+            }
+        }
         let mut failures = 0;
         while self.live > 0 {
             let waited = self.ring.submit_and_wait(1);
@@ -583,11 +635,19 @@ impl Drop for UringQueue {
                     .map(|c| c.user_data())
                     .map(|u| (u, 0)),
             );
-            for &(index, _) in &cqes {
-                // The kernel is done with this entry, so its buffers may go.
-                if let Some(request) = self.slots.get_mut(index as usize).and_then(Option::take) {
-                    self.live -= 1;
-                    drop(request);
+            for &(user_data, _) in &cqes {
+                // The kernel is done with this entry; the request's buffers
+                // may go once it is done with the request's other pieces.
+                let (index, piece) = slot_and_piece(user_data);
+                let Some(slot) = self.slots.get_mut(index) else {
+                    continue;
+                };
+                if let Some(request) = slot {
+                    request.retire(piece);
+                    if request.in_kernel() == 0 {
+                        *slot = None;
+                        self.live -= 1;
+                    }
                 }
             }
             self.cqes = cqes;
