@@ -180,7 +180,6 @@ impl AlignedBuf {
         self.fixed = tag;
     }
 
-    /// Bytes the allocation holds (at least `len`).
     /// Whether the memory is a mapping of its own advised for transparent
     /// huge pages ([`AlignedBuf::new_huge_pages`]): then it is most likely
     /// physically contiguous in runs of [`HUGE_PAGE_BYTES`], though the
@@ -189,6 +188,7 @@ impl AlignedBuf {
         self.mapped
     }
 
+    /// Bytes the allocation holds (at least `len`).
     pub fn capacity(&self) -> usize {
         self.layout.size()
     }
