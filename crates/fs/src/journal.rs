@@ -196,6 +196,16 @@ impl JournalWriter {
         self.clear_mark = Some(sb.without_clean_mark());
     }
 
+    /// A writer starting again at `start` (a checkpoint that did not go
+    /// through the journal moved it there), which still writes the
+    /// superblock first if this one was to: replacing the writer must not
+    /// forget that block 0 holds a mark.
+    pub fn continued_at(&self, sb: &Superblock, start: u64, seq: u64, chain: u32) -> JournalWriter {
+        let mut w = JournalWriter::new(sb, start, seq, chain);
+        w.clear_mark = self.clear_mark.clone();
+        w
+    }
+
     /// Whether the next append must first clear a clean-unmount mark.
     pub fn clears_clean_mark_first(&self) -> bool {
         self.clear_mark.is_some()

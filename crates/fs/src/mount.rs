@@ -110,9 +110,12 @@ pub(crate) fn mount(
         JournalWriter::new(&sb, replay_end.head, replay_end.next_seq, replay_end.chain);
     journal.set_tail(journal_tail);
     // Whether or not it was trusted: a mark must never be on disk with a
-    // batch after it. The backup never holds one, and block 0 stays as it
-    // is when the backup stood in for it.
-    if sb.clean_mark.is_some() && from_backup.is_none() {
+    // batch after it. When the backup stood in for block 0, block 0 may
+    // hold a mark all the same (a read that failed once, a bit flipped
+    // outside the mark): the first append writes the backup's copy over it,
+    // as `fsck --repair` would, so no later mount that reads block 0 again
+    // can trust a mark from before this session's batches.
+    if sb.clean_mark.is_some() || from_backup.is_some() {
         journal.clear_clean_mark_first(&sb);
     }
     let sb = sb.without_clean_mark();

@@ -11,7 +11,6 @@
 //! the volume stays up.
 
 use crate::checkpoint::{self, ChainEnd, DeltaCheckpoint, RecordHeader, SpillExtent};
-use crate::journal::JournalWriter;
 use crate::limits::{
     CHAIN_DELTA_BYTES_DIVISOR, CHAIN_DELTA_BYTES_MIN, COMMIT_BACKPRESSURE_THRESHOLDS,
     MAX_CHAIN_DELTAS,
@@ -324,7 +323,9 @@ impl VolumeInner {
             commit.journal.set_tail(journal_start);
         } else {
             commit.journal =
-                JournalWriter::new(&self.sb, journal_start, journal_seq, journal_chain);
+                commit
+                    .journal
+                    .continued_at(&self.sb, journal_start, journal_seq, journal_chain);
         }
         // From here on, losing the new checkpoint is damage, not a torn
         // write: the mark on the record before it tells the next mount so.

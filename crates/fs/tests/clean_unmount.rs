@@ -236,11 +236,12 @@ fn fsck_scans_and_keeps_the_mark() {
     assert_eq!(read_superblock(&*mem).unwrap(), marked);
 }
 
-/// A mount that read the backup superblock (block 0 damaged) leaves block 0
-/// for `fsck --repair`: no mark is cleared or set there, and the next mount,
-/// from the backup again, scans.
+/// A mount that read the backup superblock (block 0 damaged) writes the
+/// backup's copy over block 0 before its first journal append, as `fsck
+/// --repair` would: whatever mark block 0 held is gone before a batch
+/// exists. It sets no mark at unmount, so the next mount scans.
 #[test]
-fn a_mount_from_the_backup_leaves_block_0_alone() {
+fn a_mount_from_the_backup_restores_block_0_before_its_first_append() {
     let (mem, sb) = cleanly_unmounted();
     let mut block0 = vec![0u8; sb.block_size() as usize];
     mem.read_at(&mut block0, 0).unwrap();
@@ -248,11 +249,12 @@ fn a_mount_from_the_backup_leaves_block_0_alone() {
     mem.write_at(&block0, 0, WriteMode::Fua).unwrap();
     let vol = Volume::open(mem.clone()).unwrap();
     assert_eq!(vol.mount_warnings().len(), 1, "{:?}", vol.mount_warnings());
+    let mut unchanged = vec![0u8; block0.len()];
+    mem.read_at(&mut unchanged, 0).unwrap();
+    assert!(unchanged == block0, "block 0 written before any append");
     write_and_sync(&vol, "/b", 2);
     vol.unmount().unwrap();
-    let mut after = vec![0u8; block0.len()];
-    mem.read_at(&mut after, 0).unwrap();
-    assert!(after == block0, "block 0 was written");
+    assert_eq!(read_superblock(&*mem).unwrap(), sb.without_clean_mark());
     let read = journal_bytes_read_by_mount(&mem);
     assert!(read >= JOURNAL_BYTES, "{read} bytes of the journal read");
 }
@@ -369,4 +371,86 @@ fn an_unknown_read_only_compatible_feature_refuses_the_mount_unwritten() {
         "the refused mount wrote"
     );
     assert_eq!(read_superblock(&*mem).unwrap(), unknown);
+}
+
+/// Found in review: a commit whose batch does not fit the (empty) journal
+/// goes through a checkpoint that replaces the journal writer
+/// (`write_checkpoint`, `!journaled`), and the new writer no longer knows
+/// that block 0 still holds the mark. The session's later appends then lie
+/// behind a mark still on disk: the invariant this file checks is broken
+/// (inert only while the newer checkpoint stays readable).
+#[test]
+fn a_checkpoint_that_replaces_the_journal_writer_still_clears_the_mark() {
+    let (mem, _) = cleanly_unmounted();
+    let vol = Volume::open(mem.clone()).unwrap();
+    // ~3 MiB of xattr records against a 2 MiB journal: the queue's size
+    // estimate (48 bytes a record) stays far below the commit threshold,
+    // so nothing commits until the sync below, whose batch cannot fit.
+    let value = vec![0x5a; 60 * 1024];
+    for f in 0..3 {
+        let path = format!("/x{f}");
+        let ino = vol
+            .open_file(
+                &path,
+                OpenFlags {
+                    create: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap()
+            .ino();
+        for i in 0..16 {
+            vol.set_xattr(ino, &format!("user.v{i}"), &value, Default::default())
+                .unwrap();
+        }
+    }
+    let before = newest(&*mem, &read_superblock(&*mem).unwrap()).generation;
+    vol.sync_metadata().unwrap();
+    let sb = read_superblock(&*mem).unwrap();
+    assert!(
+        newest(&*mem, &sb).generation > before,
+        "the oversized commit went through a checkpoint"
+    );
+    // The first append of the session.
+    write_and_sync(&vol, "/after", 9);
+    let sb = read_superblock(&*mem).unwrap();
+    drop(vol);
+    assert_eq!(
+        sb.clean_mark, None,
+        "a journal batch was appended while block 0 still holds the clean-unmount mark"
+    );
+}
+
+/// Found in review: a mount that reads the backup because block 0 could
+/// not be *read* (a transient device error, not damage) leaves block 0's
+/// mark standing while it appends. Once block 0 reads again, the next mount
+/// trusts that mark (it names the newest checkpoint: the session wrote
+/// none), and damage to the session's first batch then silently drops every
+/// later committed batch instead of failing the mount.
+#[test]
+fn a_mount_from_the_backup_after_a_read_error_leaves_no_trusted_mark() {
+    use blockdev::memory::{FaultOp, FaultRule};
+    let (mem, sb) = cleanly_unmounted();
+    let journal = sb.layout.journal;
+    mem.inject(
+        FaultRule::new(FaultOp::Read)
+            .range(0..sb.block_size())
+            .count(1),
+    );
+    let vol = Volume::open(mem.clone()).unwrap();
+    assert_eq!(vol.mount_warnings().len(), 1, "{:?}", vol.mount_warnings());
+    for tag in 2..6 {
+        write_and_sync(&vol, &format!("/f{tag}"), tag);
+    }
+    drop(vol); // power cut: no checkpoint since the mount
+    let ckpt = newest(&*mem, &sb);
+    damage_block(&mem, &sb, journal.start + ckpt.journal_start);
+    match Volume::open(mem.clone()) {
+        Err(Error::Corrupt { .. }) => {}
+        Err(e) => panic!("not the damage: {e}"),
+        Ok(_) => panic!(
+            "mounted over damaged committed records: block 0's mark ({:?}) was trusted",
+            read_superblock(&*mem).unwrap().clean_mark
+        ),
+    }
 }
