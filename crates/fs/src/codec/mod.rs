@@ -14,14 +14,16 @@
 //!
 //! `primitive` holds the values every layout is built of (integers,
 //! strings, names, counts, enum codes), `record` the journal records and
-//! `image` the checkpoint's metadata image and `delta` a delta
-//! checkpoint's changes to it. This module only gathers them.
+//! `image` the checkpoint's metadata image, `delta` a delta
+//! checkpoint's changes to it and `page` the extent pages a checkpoint
+//! root refers to. This module only gathers them.
 //!
 //! [`Error::Corrupt`]: crate::Error::Corrupt
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 
 mod delta;
 mod image;
+mod page;
 mod primitive;
 mod record;
 
@@ -34,6 +36,10 @@ pub use image::{
     encode_image_from, image_encoded_len, inode_encoded_len, ExtentSource, ENTRY_MIN_ENCODED_LEN,
     EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN, INODE_FIXED_ENCODED_LEN, XATTR_MIN_ENCODED_LEN,
     XATTR_OVERHEAD_ENCODED_LEN,
+};
+pub use page::{
+    check_page_refs, decode_page, decode_page_ref, encode_page, encode_page_ref, page_len, PageRef,
+    PAGE_HEADER_LEN, PAGE_MAGIC, PAGE_MAX_EXTENTS, PAGE_REF_ENCODED_LEN,
 };
 pub use primitive::{
     check_attrs, check_mode, check_name, check_symlink_target, check_xattr_name, Decoder, Encoder,
