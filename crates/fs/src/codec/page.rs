@@ -277,7 +277,7 @@ mod tests {
             .map(|i| Extent {
                 file_off: first + i * 3 * BS,
                 len: BS * (1 + i % 2),
-                addr: 1 << 30 | i * 7 * BS,
+                addr: (1 << 30) + i * 7 * BS,
                 state: if i % 3 == 0 {
                     ExtentState::Unwritten
                 } else {
