@@ -15,8 +15,8 @@
 //! `primitive` holds the values every layout is built of (integers,
 //! strings, names, counts, enum codes), `record` the journal records and
 //! `image` the checkpoint's metadata image, `delta` a delta
-//! checkpoint's changes to it and `page` the extent pages a checkpoint
-//! root refers to. This module only gathers them.
+//! checkpoint's changes to it `page` the extent pages a checkpoint
+//! root refers to, and `root` that root. This module only gathers them.
 //!
 //! [`Error::Corrupt`]: crate::Error::Corrupt
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
@@ -26,6 +26,7 @@ mod image;
 mod page;
 mod primitive;
 mod record;
+mod root;
 
 pub use delta::{
     decode_delta_at, delta_encoded_len, encode_delta, encode_delta_after, DeltaLink,
@@ -46,6 +47,7 @@ pub use primitive::{
     Measure, Sink, ATTRS_ENCODED_LEN,
 };
 pub use record::{decode_record, encode_record, record_encoded_len, RECORD_MIN_ENCODED_LEN};
+pub use root::{decode_root_at, encode_root_after, PageArea, PageTable, Root};
 
 #[cfg(test)]
 pub(crate) use image::tests::random_image;
