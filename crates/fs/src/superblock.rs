@@ -48,6 +48,14 @@ pub const INCOMPAT_DELTA_CHECKPOINTS: u64 = 1 << 0;
 /// not know them finds no checkpoint it can read, and would hand the spill
 /// extents out as free space, so it must refuse the volume.
 pub const INCOMPAT_SPILLED_CHECKPOINTS: u64 = 1 << 1;
+/// Incompat feature: a base checkpoint's payload is a *root* (the image
+/// without extents, and per regular file the extent pages of the data area
+/// holding its extents; see `codec::root`, `docs/EXTENT_PAGES.md`). Code
+/// that does not know it reads no extents and would hand the pages out as
+/// free space. Work in progress: not in [`FEATURES_INCOMPAT_SUPPORTED`]
+/// yet, so a volume with it is refused; only the checkpoint layer's own
+/// tests set it.
+pub const INCOMPAT_EXTENT_PAGES: u64 = 1 << 2;
 
 /// Feature bits this code understands: an unknown incompat bit refuses the
 /// mount, an unknown ro_compat bit refuses writes, an unknown compat bit is

@@ -39,8 +39,8 @@ pub use image::{
     XATTR_OVERHEAD_ENCODED_LEN,
 };
 pub use page::{
-    check_page_refs, decode_page, decode_page_ref, encode_page, encode_page_ref, page_len, PageRef,
-    PAGE_HEADER_LEN, PAGE_MAGIC, PAGE_MAX_EXTENTS, PAGE_REF_ENCODED_LEN,
+    check_page_refs, decode_page, decode_page_ref, encode_page, encode_page_ref, page_len,
+    page_lost, PageRef, PAGE_HEADER_LEN, PAGE_MAGIC, PAGE_MAX_EXTENTS, PAGE_REF_ENCODED_LEN,
 };
 pub use primitive::{
     check_attrs, check_mode, check_name, check_symlink_target, check_xattr_name, Decoder, Encoder,

@@ -121,16 +121,7 @@ fn page_crc(seed: u32, bytes: &[u8]) -> u32 {
 /// extent, allocating nothing before the count is known to fit. An error
 /// names the inode and the keys the page held: what its damage loses.
 pub fn decode_page(seed: u32, bytes: &[u8], ino: Ino, page: &PageRef) -> Result<Vec<Extent>> {
-    let lost = |at: u64, reason: String| {
-        Error::corrupt(
-            WHAT,
-            at,
-            format!(
-                "inode {ino}: the page of {} extents from file offset {} is lost: {reason}",
-                page.count, page.first_key
-            ),
-        )
-    };
+    let lost = |at: u64, reason: String| page_lost(ino, page, at, reason);
     let mut dec = Decoder::new(bytes, page.addr, WHAT);
     let fail = |e: Error| match e {
         Error::Corrupt { offset, reason, .. } => lost(offset, reason),
@@ -204,6 +195,19 @@ pub fn decode_page(seed: u32, bytes: &[u8], ino: Ino, page: &PageRef) -> Result<
         ));
     }
     Ok(extents)
+}
+
+/// The error for inode `ino`'s page `page`, damaged at device byte `at`:
+/// it names what is lost, the inode and the keys the page held.
+pub fn page_lost(ino: Ino, page: &PageRef, at: u64, reason: impl std::fmt::Display) -> Error {
+    Error::corrupt(
+        WHAT,
+        at,
+        format!(
+            "inode {ino}: the page of {} extents from file offset {} is lost: {reason}",
+            page.count, page.first_key
+        ),
+    )
 }
 
 /// Appends `page` as a root lists it.
