@@ -310,7 +310,7 @@ impl Geometry {
                 block_size,
                 journal_bytes,
                 checkpoint_slot_bytes: None,
-                root_owner: None,
+                ..FormatOptions::default()
             },
         }
     }
