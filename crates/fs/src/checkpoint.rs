@@ -729,6 +729,9 @@ pub struct SlotContents {
     /// With [`INCOMPAT_EXTENT_PAGES`]: the extent pages the base's root
     /// lists (every one read and verified into `checkpoint.image`).
     pub pages: PageTable,
+    /// Inodes whose extents (or existence) the chain's deltas changed,
+    /// sorted: their maps no longer match the pages the base lists.
+    pub touched: Vec<crate::types::Ino>,
 }
 
 /// Reads and verifies the checkpoint in `slot`.
@@ -939,9 +942,18 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
     let mut superseded = base.mark != 0;
     let mut beyond = None;
     let mut unapplied = false;
+    let mut touched = Vec::new();
     if sb.features_incompat & INCOMPAT_DELTA_CHECKPOINTS != 0 {
         while chain.next_offset + bs <= region.len {
-            match read_linked_delta(dev, sb, slot, &chain, &mut image, &mut unapplied) {
+            match read_linked_delta(
+                dev,
+                sb,
+                slot,
+                &chain,
+                &mut image,
+                &mut unapplied,
+                &mut touched,
+            ) {
                 Ok(delta) => {
                     let bytes = (CHECKPOINT_HEADER_LEN + delta.payload.len()) as u64;
                     chain = ChainEnd {
@@ -978,6 +990,11 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
         unapplied,
         spill,
         pages,
+        touched: {
+            touched.sort_unstable();
+            touched.dedup();
+            touched
+        },
     })
 }
 
@@ -1076,6 +1093,7 @@ fn read_linked_delta(
     chain: &ChainEnd,
     image: &mut MetaImage,
     unapplied: &mut bool,
+    touched: &mut Vec<crate::types::Ino>,
 ) -> Result<RawRecord> {
     let offset = chain.next_offset;
     let at = sb.layout.checkpoint_slots[slot].start + offset;
@@ -1108,6 +1126,16 @@ fn read_linked_delta(
             ),
         )
     })?;
+    // An inode whose extents or existence the delta changed no longer
+    // matches the pages its base lists.
+    touched.extend(delta.removed.iter().copied());
+    touched.extend(
+        delta
+            .changed
+            .iter()
+            .filter(|c| !c.spans.is_empty())
+            .map(|c| c.inode.ino),
+    );
     Ok(raw)
 }
 
@@ -1382,6 +1410,8 @@ pub struct NewestCheckpoint {
     /// base lists, if it verifies: in use for the same reason. The two
     /// lists share every page neither base rewrote.
     pub pages: [PageTable; CHECKPOINT_SLOTS],
+    /// [`SlotContents::touched`] of the newest checkpoint's chain.
+    pub touched: Vec<crate::types::Ino>,
 }
 
 /// Reads both slots and returns the valid checkpoint with the highest
@@ -1499,6 +1529,7 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
         lost,
         spills,
         pages,
+        touched: contents.touched,
     })
 }
 

@@ -934,4 +934,50 @@ mod tests {
         let report = crate::fsck::check(dev.clone()).unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
     }
+
+    /// After a remount, the chunks of the files no delta changed name the
+    /// pages they were read from: the first base writes a page only for
+    /// the file a delta changed after the last base.
+    #[test]
+    fn after_a_remount_a_base_rewrites_only_the_files_deltas_changed() {
+        let dev = Arc::new(MemDevice::new(16 << 20, 512));
+        let vol = paged_volume(&dev);
+        for name in ["/one", "/two", "/three"] {
+            write_file(&vol, name);
+        }
+        let x = checkpoint_a_base(&vol, "a");
+        let before = pages_of(&vol, x);
+        assert_eq!(before.len(), 3);
+        // A delta changes "/two"'s extents.
+        let two = vol.open_file("/two", OpenFlags::default()).unwrap();
+        two.truncate(0).unwrap();
+        two.pwrite(&[5u8; 4096], 0).unwrap();
+        two.fsync().unwrap();
+        drop(two);
+        vol.checkpoint().unwrap();
+        assert!(
+            vol.inner.commit.lock().chain.deltas > 0,
+            "a delta, not a base"
+        );
+        vol.unmount().unwrap();
+
+        let vol = Volume::open(dev.clone()).unwrap();
+        assert_eq!(pages_of(&vol, x), before);
+        let y = checkpoint_a_base(&vol, "b");
+        let after = pages_of(&vol, y);
+        assert_eq!(after.len(), 3);
+        assert_eq!(
+            after.intersection(&before).count(),
+            2,
+            "only the changed file's page is new"
+        );
+        drop(vol);
+        let vol = Volume::open(dev.clone()).unwrap();
+        let mut buf = vec![0u8; 4096];
+        vol.open_file("/two", OpenFlags::default())
+            .unwrap()
+            .pread(&mut buf, 0)
+            .unwrap();
+        assert_eq!(buf, vec![5u8; 4096]);
+    }
 }

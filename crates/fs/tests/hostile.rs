@@ -560,6 +560,20 @@ fn hostile_images_with_spilled_checkpoints() {
     run_hostile_images("hostile_spilled", &opts, 0.5);
 }
 
+/// The same with extent pages, and slots so small that every checkpoint
+/// is a base (a spilled root): damage lands in pages, page lists and
+/// roots as well.
+#[test]
+fn hostile_images_with_extent_pages() {
+    let opts = FormatOptions {
+        block_size: 512,
+        checkpoint_slot_bytes: Some(1024),
+        extent_pages: true,
+        ..FormatOptions::default()
+    };
+    run_hostile_images("hostile_extent_pages", &opts, 0.5);
+}
+
 fn run_hostile_images(suite: &str, opts: &FormatOptions, share: f64) {
     let t0 = Instant::now();
     let seeds = Seeds::from_env(suite);

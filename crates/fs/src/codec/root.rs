@@ -187,8 +187,9 @@ pub fn decode_root_at(bytes: &[u8], base: u64, what: &'static str, area: PageAre
 
 #[cfg(test)]
 mod tests {
+    use super::super::image::tests::random_image;
+    use super::super::page::encode_page;
     use super::*;
-    use crate::codec::{encode_page, random_image};
     use rand::rngs::SmallRng;
     use rand::{Rng, SeedableRng};
 
