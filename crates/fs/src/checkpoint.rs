@@ -138,7 +138,8 @@ pub struct ChainEnd {
     pub last_offset: u64,
     /// Byte offset inside the slot where the next delta goes.
     pub next_offset: u64,
-    /// Bytes of the base record, header and image.
+    /// Bytes of the base record, header and image (with extent pages:
+    /// header, root and every page it lists, what mount reads of it).
     pub base_bytes: u64,
     /// Deltas after the base, and their bytes (headers and payloads).
     pub deltas: u32,
@@ -931,6 +932,7 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
         )
     };
     let record_bytes = (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64;
+    let base_bytes = base_bytes + listed_page_bytes(sb, &pages);
     let mut chain = ChainEnd::of_base(
         sb,
         base.header.generation,
@@ -996,6 +998,17 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
             touched
         },
     })
+}
+
+/// Bytes of the pages `pages` lists: with them a base costs mount (and
+/// a checkpoint that rewrites it) as much as a whole image, which the
+/// delta policy weighs deltas against ([`ChainEnd::base_bytes`]).
+pub fn listed_page_bytes(sb: &Superblock, pages: &PageTable) -> u64 {
+    pages
+        .iter()
+        .flat_map(|(_, list)| list.iter())
+        .map(|p| codec::page_len(p.count as usize, sb.block_size()))
+        .sum()
 }
 
 /// Where extent pages may lie: the data area.

@@ -448,7 +448,8 @@ impl VolumeInner {
             checkpoint::write_pages(&*self.dev, &plan.writes)?;
             let root =
                 snapshot.encode_root_after(checkpoint::CHECKPOINT_HEADER_LEN, &plan.table)?;
-            let (chain, spill) = self.write_base(slot, header, root)?;
+            let (mut chain, spill) = self.write_base(slot, header, root)?;
+            chain.base_bytes += checkpoint::listed_page_bytes(&self.sb, &plan.table);
             Ok((chain, spill, plan))
         });
         if let Err(Error::NoSpace { .. }) = &written {
@@ -979,5 +980,47 @@ mod tests {
             .pread(&mut buf, 0)
             .unwrap();
         assert_eq!(buf, vec![5u8; 4096]);
+    }
+
+    /// The delta policy weighs a chain's deltas against what a base costs,
+    /// and with extent pages that is its pages, not its root alone (which
+    /// holds no extents): a change of a few percent of a large file is a
+    /// delta, not a base that rewrites every page it touches.
+    #[test]
+    fn with_extent_pages_a_delta_is_weighed_against_the_pages() {
+        let dev = Arc::new(MemDevice::new(64 << 20, 512));
+        let vol = paged_volume(&dev);
+        let f = vol
+            .open_file(
+                "/big",
+                OpenFlags {
+                    create: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        // 3000 one-block extents, every other block, in pages of 8.
+        for i in 0..3000u64 {
+            f.fallocate(2 * i * 4096, 4096, false).unwrap();
+        }
+        checkpoint_a_base(&vol, "a");
+        // The hole after each of the first 2000: a delta above the
+        // policy's minimum, below a quarter of the pages.
+        for i in 0..2000u64 {
+            f.fallocate((2 * i + 1) * 4096, 4096, false).unwrap();
+        }
+        vol.checkpoint().unwrap();
+        let chain = vol.inner.commit.lock().chain;
+        assert!(
+            chain.delta_bytes > crate::limits::CHAIN_DELTA_BYTES_MIN,
+            "the delta ({} bytes) is above the minimum",
+            chain.delta_bytes
+        );
+        assert_eq!(chain.deltas, 1, "a delta after the base with pages");
+        // Mount weighs the chain as the writer did.
+        drop(f);
+        vol.unmount().unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        assert_eq!(vol.inner.commit.lock().chain.base_bytes, chain.base_bytes);
     }
 }
