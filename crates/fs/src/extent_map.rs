@@ -81,8 +81,10 @@ impl ExtentMap {
             return Err("extent map: block size is 0".to_string());
         }
         let mut m = ExtentMap::new(block_size);
+        let mut prev_end = 0;
         for (i, e) in extents.into_iter().enumerate() {
-            m.check_next(i, &e)?;
+            m.check_next(i, &e, prev_end)?;
+            prev_end = e.file_end();
             m.allocated += e.len;
             m.map.push(e);
         }
@@ -102,6 +104,7 @@ impl ExtentMap {
             return Err("extent map: block size is 0".to_string());
         }
         let mut m = ExtentMap::new(block_size);
+        let (mut i, mut prev_end) = (0, 0);
         for (p, (extents, page)) in pages.into_iter().enumerate() {
             if extents.is_empty() || extents.len() > CHUNK_MAX {
                 return Err(format!(
@@ -110,7 +113,8 @@ impl ExtentMap {
                 ));
             }
             for e in &extents {
-                m.check_next(m.map.len(), e)?;
+                m.check_next(i, e, prev_end)?;
+                (i, prev_end) = (i + 1, e.file_end());
                 m.allocated += e.len;
             }
             m.map.push_chunk(extents, page);
@@ -119,9 +123,8 @@ impl ExtentMap {
     }
 
     /// Checks `e`, extent #`i` of a map being read in order, against the
-    /// rules and the extents before it.
-    fn check_next(&self, i: usize, e: &Extent) -> Result<(), String> {
-        let prev_end = self.map.last().map_or(0, Extent::file_end);
+    /// rules and the end of the extent before it (`prev_end`).
+    fn check_next(&self, i: usize, e: &Extent, prev_end: u64) -> Result<(), String> {
         let why = match self.validate(e) {
             Err(why) => Some(why),
             Ok(()) if i > 0 && e.file_off < prev_end => Some(format!(
@@ -641,6 +644,15 @@ mod tests {
         let err = ExtentMap::from_pages(BS as u32, overlap).unwrap_err();
         assert!(
             err.starts_with("extent #1") && err.contains("overlaps"),
+            "{err}"
+        );
+        let within = vec![(
+            vec![ext(0, 1, 5, W), ext(4, 2, 9, W), ext(5, 1, 20, W)],
+            None,
+        )];
+        let err = ExtentMap::from_pages(BS as u32, within).unwrap_err();
+        assert!(
+            err.starts_with("extent #2") && err.contains("overlaps"),
             "{err}"
         );
         let err = ExtentMap::from_pages(BS as u32, vec![(vec![], None)]).unwrap_err();

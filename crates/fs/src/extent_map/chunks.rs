@@ -263,11 +263,6 @@ impl Chunks {
         }
     }
 
-    /// The last extent.
-    pub(super) fn last(&self) -> Option<&Extent> {
-        self.chunks.last().and_then(|c| c.extents.last())
-    }
-
     /// Appends a chunk of `extents`, held by `page` if given, after every
     /// stored extent: how a map read from extent pages is built, one chunk
     /// per page. `extents` must be non-empty, at most [`CHUNK_MAX`], sorted
