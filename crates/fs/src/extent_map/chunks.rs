@@ -62,7 +62,11 @@ impl Chunk {
 /// holds, however the chunk was changed, and the chunks without one are
 /// what the next checkpoint must write. A copy keeps the page: it holds
 /// the same extents until it is changed.
+// `repr(C)`, extents first: a lookup reads the vector's pointer and
+// length right after the `Arc`'s counts, in the allocation's first cache
+// line, as before the page was added (rustc put the page first).
 #[derive(Clone, Debug)]
+#[repr(C)]
 struct ChunkExtents {
     extents: Vec<Extent>,
     /// Set through a shared reference: the checkpoint writer records the
