@@ -19,7 +19,7 @@ seconds="${1:-30}"
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(superblock checkpoint_image checkpoint_delta spill_table journal_records mount)
+    targets=(superblock checkpoint_image checkpoint_delta spill_table journal_records mount extent_pages)
 fi
 
 host="$(rustc -vV | sed -n 's/^host: //p')"

@@ -110,6 +110,9 @@ pub struct BenchOptions {
     /// workload (see [`check_record`]); the recording slows the target, so
     /// its figures are not comparable with an unrecorded run.
     pub record: Option<PathBuf>,
+    /// Format iomapfs targets with extent pages
+    /// (`FormatOptions::extent_pages`, off by default while in progress).
+    pub extent_pages: bool,
 }
 
 impl Default for BenchOptions {
@@ -127,6 +130,7 @@ impl Default for BenchOptions {
             fio_engine: None,
             fuse: iomapfs_mount::MountConfig::default(),
             record: None,
+            extent_pages: false,
         }
     }
 }
@@ -212,6 +216,7 @@ pub(crate) fn span_for(pattern: &IoPattern, device_bytes: u64) -> u64 {
 /// with [`BenchError::Interrupted`] after teardown.
 pub fn run(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport, BenchError> {
     target::set_mount_options(opts.mount.clone());
+    target::set_extent_pages(opts.extent_pages);
     let result = run_inner(opts, progress);
     progress.finish();
     result

@@ -274,10 +274,20 @@ impl Target for RawTarget {
 pub fn format_and_mount(dev: Arc<dyn BlockDevice>) -> Result<Volume, BenchError> {
     let opts = FormatOptions {
         block_size: IOMAPFS_BLOCK_SIZE.max(dev.caps().logical_block_size),
+        extent_pages: EXTENT_PAGES.get().copied().unwrap_or(false),
         ..FormatOptions::default()
     };
     Volume::format(dev.clone(), &opts).map_err(|e| BenchError::fs("iomapfs format", e))?;
     mount(dev)
+}
+
+/// Whether iomapfs targets of this run are formatted with extent pages
+/// (`--extent-pages`), set once by [`crate::run`].
+static EXTENT_PAGES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Records whether every later [`format_and_mount`] uses extent pages.
+pub fn set_extent_pages(on: bool) {
+    let _ = EXTENT_PAGES.set(on);
 }
 
 /// The mount options of every iomapfs target in this run (the cache size

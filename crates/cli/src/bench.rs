@@ -109,6 +109,10 @@ pub struct BenchArgs {
     /// Skip the kernel XFS/ext4 comparisons.
     #[arg(long)]
     pub no_kernel: bool,
+    /// Format iomapfs targets with extent pages (work in progress, off by
+    /// default).
+    #[arg(long)]
+    pub extent_pages: bool,
     /// Format --device even if it holds a file system or partition table.
     #[arg(long)]
     pub force: bool,
@@ -196,6 +200,7 @@ pub fn run(args: &BenchArgs, backend: blockdev::Backend) -> Result<(), Failure> 
         fio_only: args.fio_only,
         fio_engine: args.fio_engine.clone(),
         record: args.record.clone(),
+        extent_pages: args.extent_pages,
     };
     let bar = ProgressBar::new(0);
     bar.set_style(

@@ -54,12 +54,12 @@
 
 use blockdev::{BlockDevice, WriteMode};
 
-use crate::codec::{self, Decoder, DeltaLink, Encoder};
+use crate::codec::{self, Decoder, DeltaLink, Encoder, PageArea, PageTable};
 use crate::error::{Error, Result};
 use crate::extent_map::search::first_key_at_or_after;
 use crate::superblock::{
     is_aligned, Region, Superblock, CHECKPOINT_SLOTS, COMPAT_SUPERSEDE_MARKS,
-    INCOMPAT_DELTA_CHECKPOINTS, INCOMPAT_SPILLED_CHECKPOINTS,
+    INCOMPAT_DELTA_CHECKPOINTS, INCOMPAT_EXTENT_PAGES, INCOMPAT_SPILLED_CHECKPOINTS,
 };
 use crate::types::{Extent, InodeImage, KeySpan, MetaDelta, MetaImage};
 
@@ -138,7 +138,8 @@ pub struct ChainEnd {
     pub last_offset: u64,
     /// Byte offset inside the slot where the next delta goes.
     pub next_offset: u64,
-    /// Bytes of the base record, header and image.
+    /// Bytes of the base record, header and image (with extent pages:
+    /// header, root and every page it lists, what mount reads of it).
     pub base_bytes: u64,
     /// Deltas after the base, and their bytes (headers and payloads).
     pub deltas: u32,
@@ -726,6 +727,12 @@ pub struct SlotContents {
     /// The spill extents holding the base's image (empty: the image is in
     /// the slot).
     pub spill: Vec<SpillExtent>,
+    /// With [`INCOMPAT_EXTENT_PAGES`]: the extent pages the base's root
+    /// lists (every one read and verified into `checkpoint.image`).
+    pub pages: PageTable,
+    /// Inodes whose extents (or existence) the chain's deltas changed,
+    /// sorted: their maps no longer match the pages the base lists.
+    pub touched: Vec<crate::types::Ino>,
 }
 
 /// Reads and verifies the checkpoint in `slot`.
@@ -909,15 +916,15 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
     let bs = sb.block_size();
     let base = read_record(dev, sb, slot, 0, &base_magics(sb))?;
     let payload_at = region.start + CHECKPOINT_HEADER_LEN as u64;
-    let (mut image, spill, base_bytes) = if base.magic == SPILLED_MAGIC {
+    let ((mut image, pages), spill, base_bytes) = if base.magic == SPILLED_MAGIC {
         let table = decode_spill_table(sb, &base.payload, payload_at)?;
         let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
         let at = table.extents.first().map_or(payload_at, |e| e.0);
-        let image = codec::decode_image_at(&bytes, at, "spilled checkpoint image")?;
+        let image = decode_base(dev, sb, &bytes, at, "spilled checkpoint image")?;
         let base_bytes = (CHECKPOINT_HEADER_LEN + bytes.len()) as u64;
         (image, table.extents, base_bytes)
     } else {
-        let image = codec::decode_image_at(&base.payload, payload_at, "checkpoint image")?;
+        let image = decode_base(dev, sb, &base.payload, payload_at, "checkpoint image")?;
         (
             image,
             Vec::new(),
@@ -925,6 +932,7 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
         )
     };
     let record_bytes = (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64;
+    let base_bytes = base_bytes + listed_page_bytes(sb, &pages);
     let mut chain = ChainEnd::of_base(
         sb,
         base.header.generation,
@@ -936,9 +944,18 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
     let mut superseded = base.mark != 0;
     let mut beyond = None;
     let mut unapplied = false;
+    let mut touched = Vec::new();
     if sb.features_incompat & INCOMPAT_DELTA_CHECKPOINTS != 0 {
         while chain.next_offset + bs <= region.len {
-            match read_linked_delta(dev, sb, slot, &chain, &mut image, &mut unapplied) {
+            match read_linked_delta(
+                dev,
+                sb,
+                slot,
+                &chain,
+                &mut image,
+                &mut unapplied,
+                &mut touched,
+            ) {
                 Ok(delta) => {
                     let bytes = (CHECKPOINT_HEADER_LEN + delta.payload.len()) as u64;
                     chain = ChainEnd {
@@ -974,7 +991,108 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
         beyond,
         unapplied,
         spill,
+        pages,
+        touched: {
+            touched.sort_unstable();
+            touched.dedup();
+            touched
+        },
     })
+}
+
+/// Bytes of the pages `pages` lists: with them a base costs mount (and
+/// a checkpoint that rewrites it) as much as a whole image, which the
+/// delta policy weighs deltas against ([`ChainEnd::base_bytes`]).
+pub fn listed_page_bytes(sb: &Superblock, pages: &PageTable) -> u64 {
+    pages
+        .iter()
+        .flat_map(|(_, list)| list.iter())
+        .map(|p| codec::page_len(p.count as usize, sb.block_size()))
+        .sum()
+}
+
+/// Where extent pages may lie: the data area.
+pub fn page_area(sb: &Superblock) -> PageArea {
+    PageArea {
+        start: sb.layout.data.start,
+        len: sb.layout.data.len,
+        block_size: sb.block_size(),
+    }
+}
+
+/// A base's image from its payload `bytes` (read from device byte `at`):
+/// the image itself, or with [`INCOMPAT_EXTENT_PAGES`] a root, whose pages
+/// are then read and verified (the page table returned beside).
+fn decode_base(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    bytes: &[u8],
+    at: u64,
+    what: &'static str,
+) -> Result<(MetaImage, PageTable)> {
+    if sb.features_incompat & INCOMPAT_EXTENT_PAGES == 0 {
+        return Ok((codec::decode_image_at(bytes, at, what)?, Vec::new()));
+    }
+    let codec::Root { mut image, pages } = codec::decode_root_at(bytes, at, what, page_area(sb))?;
+    read_pages(dev, sb, &mut image, &pages)?;
+    Ok((image, pages))
+}
+
+/// Reads every page of `pages` and puts its extents into `image` (whose
+/// inodes have none; the root's checks put each file of `pages` in it).
+/// Checks, beyond each page, that the pages of a file follow each other:
+/// the whole map is sorted and disjoint, as an image's decoder checks.
+pub fn read_pages(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    image: &mut MetaImage,
+    pages: &PageTable,
+) -> Result<()> {
+    let seed = sb.crc_seed();
+    let mut buf = Vec::new();
+    for (ino, list) in pages {
+        let Ok(i) = image.inodes.binary_search_by_key(ino, |i| i.ino) else {
+            return Err(Error::invalid(
+                "reading extent pages",
+                format!("inode {ino} is not in the image"),
+            ));
+        };
+        let extents = &mut image.inodes[i].extents;
+        extents.reserve(list.iter().map(|p| p.count as usize).sum());
+        for page in list {
+            buf.resize(
+                codec::page_len(page.count as usize, sb.block_size()) as usize,
+                0,
+            );
+            dev.read_at(&mut buf, page.addr).map_err(|e| {
+                Error::device(
+                    format!(
+                        "reading inode {ino}'s extent page at device byte {}",
+                        page.addr
+                    ),
+                    e,
+                )
+            })?;
+            let got = codec::decode_page(seed, &buf, *ino, page)?;
+            codec::check_extent(&got[0], extents.last())
+                .map_err(|reason| codec::page_lost(*ino, page, page.addr, reason))?;
+            extents.extend_from_slice(&got);
+        }
+    }
+    Ok(())
+}
+
+/// Writes `pages` (`(device byte, bytes)`, each from `codec::encode_page`,
+/// to blocks no checkpoint lists), then flushes: a root written after it
+/// that verifies names pages that are durable.
+pub fn write_pages(dev: &dyn BlockDevice, pages: &[(u64, Vec<u8>)]) -> Result<()> {
+    for (addr, bytes) in pages {
+        dev.write_at(bytes, *addr, WriteMode::Normal).map_err(|e| {
+            Error::device(format!("writing an extent page at device byte {addr}"), e)
+        })?;
+    }
+    dev.flush()
+        .map_err(|e| Error::device("flushing extent pages", e))
 }
 
 /// Reads the delta after `chain` in `slot`, checks it links to the chain's
@@ -988,6 +1106,7 @@ fn read_linked_delta(
     chain: &ChainEnd,
     image: &mut MetaImage,
     unapplied: &mut bool,
+    touched: &mut Vec<crate::types::Ino>,
 ) -> Result<RawRecord> {
     let offset = chain.next_offset;
     let at = sb.layout.checkpoint_slots[slot].start + offset;
@@ -1020,6 +1139,16 @@ fn read_linked_delta(
             ),
         )
     })?;
+    // An inode whose extents or existence the delta changed no longer
+    // matches the pages its base lists.
+    touched.extend(delta.removed.iter().copied());
+    touched.extend(
+        delta
+            .changed
+            .iter()
+            .filter(|c| !c.spans.is_empty())
+            .map(|c| c.inode.ino),
+    );
     Ok(raw)
 }
 
@@ -1290,6 +1419,12 @@ pub struct NewestCheckpoint {
     /// verifies: the older one is the fallback until the newer is durable,
     /// so both stay in use.
     pub spills: [Vec<SpillExtent>; CHECKPOINT_SLOTS],
+    /// With [`INCOMPAT_EXTENT_PAGES`], per slot, the extent pages its
+    /// base lists, if it verifies: in use for the same reason. The two
+    /// lists share every page neither base rewrote.
+    pub pages: [PageTable; CHECKPOINT_SLOTS],
+    /// [`SlotContents::touched`] of the newest checkpoint's chain.
+    pub touched: Vec<crate::types::Ino>,
 }
 
 /// Reads both slots and returns the valid checkpoint with the highest
@@ -1301,6 +1436,8 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
     let mut best: Option<(usize, SlotContents)> = None;
     let mut reasons: Vec<Option<String>> = vec![None; CHECKPOINT_SLOTS];
     let mut spills: [Vec<SpillExtent>; CHECKPOINT_SLOTS] = Default::default();
+    let mut pages: [PageTable; CHECKPOINT_SLOTS] = Default::default();
+    let paged = sb.features_incompat & INCOMPAT_EXTENT_PAGES != 0;
     // The slot whose base is newer holds the newer checkpoint whenever it
     // verifies (a base is written one generation past the newest chain's
     // end, and deltas go to the newest chain), so only it is read whole;
@@ -1317,6 +1454,15 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
     let mut unverified = Vec::new();
     for (header, slot) in order {
         if best.is_some() {
+            if paged {
+                // Its root, for the pages it lists; not the pages.
+                match read_root(dev, sb, slot) {
+                    Ok((spill, root)) => (spills[slot], pages[slot]) = (spill, root.pages),
+                    Err(e @ Error::Corrupt { .. }) => reasons[slot] = Some(e.to_string()),
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
             if header.is_some_and(|h| !h.spilled) {
                 unverified.push(slot);
                 continue;
@@ -1329,8 +1475,9 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
             continue;
         }
         match read_slot(dev, sb, slot) {
-            Ok(c) => {
+            Ok(mut c) => {
                 spills[slot].clone_from(&c.spill);
+                pages[slot] = std::mem::take(&mut c.pages);
                 best = Some((slot, c));
             }
             Err(e @ Error::Corrupt { .. }) => reasons[slot] = Some(e.to_string()),
@@ -1394,7 +1541,32 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
         checkpoint: contents.checkpoint,
         lost,
         spills,
+        pages,
+        touched: contents.touched,
     })
+}
+
+/// Verifies the base record of `slot` on a volume with
+/// [`INCOMPAT_EXTENT_PAGES`] and decodes its root (its spilled image read
+/// if it is spilled), without reading the pages it lists. Returns the
+/// spill extents and the root.
+fn read_root(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+) -> Result<(Vec<SpillExtent>, codec::Root)> {
+    let base = read_record(dev, sb, slot, 0, &base_magics(sb))?;
+    let payload_at = slot_region(sb, slot)?.start + CHECKPOINT_HEADER_LEN as u64;
+    if base.magic != SPILLED_MAGIC {
+        let root =
+            codec::decode_root_at(&base.payload, payload_at, "checkpoint root", page_area(sb))?;
+        return Ok((Vec::new(), root));
+    }
+    let table = decode_spill_table(sb, &base.payload, payload_at)?;
+    let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
+    let at = table.extents.first().map_or(payload_at, |e| e.0);
+    let root = codec::decode_root_at(&bytes, at, "spilled checkpoint root", page_area(sb))?;
+    Ok((table.extents, root))
 }
 
 /// [`read_checkpoints`], refusing (as [`Error::Corrupt`]) a volume whose
@@ -2354,5 +2526,174 @@ mod tests {
             other => panic!("a delta naming an inode twice: {other:?}"),
         }
         assert_eq!(base, before);
+    }
+
+    // ---- extent pages -------------------------------------------------------
+
+    fn paged_setup() -> (VecDevice, Superblock) {
+        let (dev, mut sb) = setup();
+        sb.features_incompat |= INCOMPAT_EXTENT_PAGES;
+        (dev, sb)
+    }
+
+    /// Writes `ckpt` to `slot` as a base with extent pages: each file's
+    /// extents in pages of up to three, the page at index `i` of the
+    /// whole list placed at `addr_of(i)`, then the root. Pages whose
+    /// address is already in `reuse` are not written again (an unchanged
+    /// chunk keeps its page). Returns the page table.
+    fn write_paged_base(
+        dev: &VecDevice,
+        sb: &Superblock,
+        slot: usize,
+        ckpt: &Checkpoint,
+        addr_of: impl Fn(usize) -> u64,
+    ) -> PageTable {
+        let mut table = Vec::new();
+        let mut written = Vec::new();
+        let mut i = 0;
+        for inode in ckpt.image.inodes.iter().filter(|i| !i.extents.is_empty()) {
+            let mut list = Vec::new();
+            for chunk in inode.extents.chunks(3) {
+                let (bytes, page) = codec::encode_page(
+                    sb.crc_seed(),
+                    inode.ino,
+                    chunk,
+                    sb.block_size(),
+                    addr_of(i),
+                )
+                .unwrap();
+                written.push((page.addr, bytes));
+                list.push(page);
+                i += 1;
+            }
+            table.push((inode.ino, list));
+        }
+        write_pages(dev, &written).unwrap();
+        let heads: Vec<&InodeImage> = ckpt.image.inodes.iter().collect();
+        let root =
+            codec::encode_root_after(CHECKPOINT_HEADER_LEN, ckpt.image.next_ino, &heads, &table)
+                .unwrap();
+        write_base_record(dev, sb, slot, RecordHeader::of(ckpt), root).unwrap();
+        table
+    }
+
+    fn page_addr(sb: &Superblock, i: usize) -> u64 {
+        sb.layout.data.start + i as u64 * sb.block_size()
+    }
+
+    #[test]
+    fn a_base_with_extent_pages_reads_back_whole_with_both_slots_pages() {
+        let (dev, sb) = paged_setup();
+        let first = ckpt(1, 30);
+        let table0 = write_paged_base(&dev, &sb, 0, &first, |i| page_addr(&sb, i));
+        let second = ckpt(2, 30);
+        let table1 = write_paged_base(&dev, &sb, 1, &second, |i| page_addr(&sb, 400 + i));
+        assert!(!table0.is_empty() && !table1.is_empty());
+        let newest = read_checkpoints(&dev, &sb).unwrap();
+        assert_eq!(newest.slot, 1);
+        assert_eq!(
+            newest.checkpoint, second,
+            "every extent came back from its page"
+        );
+        assert_eq!(
+            newest.pages,
+            [table0, table1],
+            "the older base's pages are in use too"
+        );
+        assert!(newest.lost.is_none());
+    }
+
+    /// A page under a root that verifies, damaged: the slot does not
+    /// verify, as a damaged spilled image does; the error names the inode
+    /// and the keys lost. Unmarked, the older slot is the fallback (a
+    /// torn write); marked superseded, the checkpoint is lost.
+    #[test]
+    fn a_damaged_extent_page_is_reported_with_the_inode_and_keys_it_loses() {
+        let (dev, sb) = paged_setup();
+        let first = ckpt(1, 30);
+        write_paged_base(&dev, &sb, 0, &first, |i| page_addr(&sb, i));
+        let second = ckpt(2, 30);
+        let table = write_paged_base(&dev, &sb, 1, &second, |i| page_addr(&sb, 400 + i));
+        let (ino, list) = &table[table.len() / 2];
+        let page = list[list.len() - 1];
+        let mut block = vec![0u8; 512];
+        dev.read_at(&mut block, page.addr).unwrap();
+        block[codec::PAGE_HEADER_LEN + 3] ^= 1;
+        dev.write_at(&block, page.addr, WriteMode::Normal).unwrap();
+        let lost = format!(
+            "inode {ino}: the page of {} extents from file offset {} is lost",
+            page.count, page.first_key
+        );
+        let err = read_slot(&dev, &sb, 1).unwrap_err().to_string();
+        assert!(err.contains(&lost), "{err}");
+        let newest = read_checkpoints(&dev, &sb).unwrap();
+        assert_eq!((newest.slot, newest.checkpoint.generation), (0, 1));
+        assert!(newest.lost.is_none());
+        mark_superseded(&dev, &sb, 0, 0, 1).unwrap();
+        let newest = read_checkpoints(&dev, &sb).unwrap();
+        let lost_ckpt = newest.lost.expect("generation 2 was durable");
+        assert_eq!((lost_ckpt.generation, lost_ckpt.slot), (2, 1));
+        assert!(lost_ckpt.reason.contains(&lost), "{}", lost_ckpt.reason);
+    }
+
+    /// Pages left by an earlier base at the addresses a root lists, or a
+    /// root that lists pages its writer never wrote (a torn page write
+    /// before the flush): the slot does not verify.
+    #[test]
+    fn a_root_over_pages_it_did_not_write_does_not_verify() {
+        let (dev, sb) = paged_setup();
+        let first = ckpt(1, 30);
+        write_paged_base(&dev, &sb, 0, &first, |i| page_addr(&sb, i));
+        // Generation 2's pages at generation 1's addresses, then generation
+        // 1's pages written back over them (an old page at the address).
+        let second = ckpt(2, 30);
+        write_paged_base(&dev, &sb, 1, &second, |i| page_addr(&sb, i));
+        write_paged_base(&dev, &sb, 0, &first, |i| page_addr(&sb, i));
+        let err = read_slot(&dev, &sb, 1).unwrap_err().to_string();
+        assert!(err.contains("is lost"), "{err}");
+        // Unwritten pages (zeros).
+        let (dev, sb) = paged_setup();
+        let table = write_paged_base(&dev, &sb, 0, &second, |i| page_addr(&sb, i));
+        let zeros = vec![0u8; sb.block_size() as usize];
+        dev.write_at(&zeros, table[0].1[0].addr, WriteMode::Normal)
+            .unwrap();
+        let err = read_slot(&dev, &sb, 0).unwrap_err().to_string();
+        assert!(err.contains("bad magic"), "{err}");
+    }
+
+    /// Each page verifies, but the second starts inside the first: the
+    /// file's map would overlap itself.
+    #[test]
+    fn pages_of_a_file_that_overlap_each_other_do_not_verify() {
+        let (dev, sb) = paged_setup();
+        let mut ckpt = ckpt(1, 10);
+        let file = regular_file(&mut ckpt.image);
+        file.extents = vec![written(0, 8192, 1 << 20), written(4096, 4096, 2 << 20)];
+        let ino = file.ino;
+        let seed = sb.crc_seed();
+        let mut list = Vec::new();
+        let mut bytes = Vec::new();
+        for (i, e) in file.extents.iter().enumerate() {
+            let (b, page) =
+                codec::encode_page(seed, ino, &[*e], sb.block_size(), page_addr(&sb, i)).unwrap();
+            bytes.push((page.addr, b));
+            list.push(page);
+        }
+        write_pages(&dev, &bytes).unwrap();
+        // The other files' extents are left out of the root: only this
+        // file has pages.
+        let heads: Vec<&InodeImage> = ckpt.image.inodes.iter().collect();
+        let table: PageTable = vec![(ino, list)];
+        let root =
+            codec::encode_root_after(CHECKPOINT_HEADER_LEN, ckpt.image.next_ino, &heads, &table)
+                .unwrap();
+        write_base_record(&dev, &sb, 0, RecordHeader::of(&ckpt), root).unwrap();
+        let err = read_slot(&dev, &sb, 0).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "inode {ino}: the page of 1 extents from file offset 4096 is lost"
+            )) && err.contains("overlaps"),
+            "{err}"
+        );
     }
 }

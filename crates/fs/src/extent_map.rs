@@ -21,8 +21,10 @@
 mod chunks;
 pub mod search;
 
+use crate::codec::PageRef;
 use crate::types::{Extent, ExtentState, KeySpan};
-use chunks::Chunks;
+pub use chunks::ChunkPage;
+use chunks::{Chunks, CHUNK_MAX};
 
 /// What is at one file offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,24 +81,68 @@ impl ExtentMap {
             return Err("extent map: block size is 0".to_string());
         }
         let mut m = ExtentMap::new(block_size);
-        let mut prev_end = 0u64;
+        let mut prev_end = 0;
         for (i, e) in extents.into_iter().enumerate() {
-            let why = match m.validate(&e) {
-                Err(why) => Some(why),
-                Ok(()) if i > 0 && e.file_off < prev_end => Some(format!(
-                    "not sorted or overlaps the previous extent, which ends at file offset \
-                     {prev_end}"
-                )),
-                Ok(()) => None,
-            };
-            if let Some(why) = why {
-                return Err(format!("extent #{i} {}: {why}", describe(&e)));
-            }
+            m.check_next(i, &e, prev_end)?;
             prev_end = e.file_end();
             m.allocated += e.len;
             m.map.push(e);
         }
         Ok(m)
+    }
+
+    /// A map holding the extents of `pages` in order, one chunk per page,
+    /// each chunk naming its page (`None`: not on disk), as a checkpoint's
+    /// extent pages store them. Checked as [`ExtentMap::from_extents`]
+    /// checks, and each page must hold 1..=`CHUNK_MAX` extents (512; a page is
+    /// written from one chunk and read back as one).
+    pub fn from_pages(
+        block_size: u32,
+        pages: impl IntoIterator<Item = (Vec<Extent>, Option<PageRef>)>,
+    ) -> Result<Self, String> {
+        if block_size == 0 {
+            return Err("extent map: block size is 0".to_string());
+        }
+        let mut m = ExtentMap::new(block_size);
+        let (mut i, mut prev_end) = (0, 0);
+        for (p, (extents, page)) in pages.into_iter().enumerate() {
+            if extents.is_empty() || extents.len() > CHUNK_MAX {
+                return Err(format!(
+                    "page #{p} holds {} extents, not 1..={CHUNK_MAX}",
+                    extents.len()
+                ));
+            }
+            for e in &extents {
+                m.check_next(i, e, prev_end)?;
+                (i, prev_end) = (i + 1, e.file_end());
+                m.allocated += e.len;
+            }
+            m.map.push_chunk(extents, page);
+        }
+        Ok(m)
+    }
+
+    /// Checks `e`, extent #`i` of a map being read in order, against the
+    /// rules and the end of the extent before it (`prev_end`).
+    fn check_next(&self, i: usize, e: &Extent, prev_end: u64) -> Result<(), String> {
+        let why = match self.validate(e) {
+            Err(why) => Some(why),
+            Ok(()) if i > 0 && e.file_off < prev_end => Some(format!(
+                "not sorted or overlaps the previous extent, which ends at file offset \
+                 {prev_end}"
+            )),
+            Ok(()) => None,
+        };
+        match why {
+            Some(why) => Err(format!("extent #{i} {}: {why}", describe(e))),
+            None => Ok(()),
+        }
+    }
+
+    /// The chunks of the map in order, each with the extent page that
+    /// holds it if one was written: what a checkpoint writes pages for.
+    pub fn chunk_pages(&self) -> impl Iterator<Item = ChunkPage<'_>> + '_ {
+        self.map.pages()
     }
 
     pub fn block_size(&self) -> u32 {
@@ -566,6 +612,55 @@ mod tests {
         assert!(err.contains("aligned"), "{err}");
         let mut m = ExtentMap::new(BS as u32);
         assert!(m.insert(unaligned).unwrap_err().contains("aligned"));
+    }
+
+    /// A map read from pages keeps one chunk per page, each naming its
+    /// page, and is checked across page boundaries as a map read whole is.
+    #[test]
+    fn from_pages_keeps_the_pages_and_validates() {
+        let page = |first_key, count| PageRef {
+            addr: 0,
+            crc: 0,
+            count,
+            first_key,
+            allocated: u64::from(count) * BS,
+        };
+        let pages = vec![
+            (vec![ext(0, 1, 5, W), ext(2, 1, 6, U)], Some(page(0, 2))),
+            (vec![ext(4, 2, 9, W)], None),
+            (vec![ext(7, 1, 20, W)], Some(page(7 * BS, 1))),
+        ];
+        let m = ExtentMap::from_pages(BS as u32, pages.clone()).unwrap();
+        m.check().unwrap();
+        assert_eq!(m.allocated_bytes(), 5 * BS);
+        let read: Vec<(Vec<Extent>, Option<PageRef>)> = m
+            .chunk_pages()
+            .map(|c| (c.extents().to_vec(), c.page()))
+            .collect();
+        assert_eq!(read, pages);
+        assert_eq!(m.lookup(5 * BS), Lookup::Extent(ext(4, 2, 9, W)));
+
+        let overlap = vec![(vec![ext(0, 3, 5, W)], None), (vec![ext(2, 1, 9, W)], None)];
+        let err = ExtentMap::from_pages(BS as u32, overlap).unwrap_err();
+        assert!(
+            err.starts_with("extent #1") && err.contains("overlaps"),
+            "{err}"
+        );
+        let within = vec![(
+            vec![ext(0, 1, 5, W), ext(4, 2, 9, W), ext(5, 1, 20, W)],
+            None,
+        )];
+        let err = ExtentMap::from_pages(BS as u32, within).unwrap_err();
+        assert!(
+            err.starts_with("extent #2") && err.contains("overlaps"),
+            "{err}"
+        );
+        let err = ExtentMap::from_pages(BS as u32, vec![(vec![], None)]).unwrap_err();
+        assert!(err.contains("page #0 holds 0 extents"), "{err}");
+        let too_many: Vec<Extent> = (0..=CHUNK_MAX as u64)
+            .map(|i| ext(2 * i, 1, i, W))
+            .collect();
+        assert!(ExtentMap::from_pages(BS as u32, vec![(too_many, None)]).is_err());
     }
 
     // ---- model test -------------------------------------------------------

@@ -90,6 +90,14 @@ pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
             ));
         }
     }
+    let pages = crate::mount::used_pages(&loaded.sb, &loaded.pages);
+    if !pages.is_empty() {
+        let bytes: u64 = pages.iter().map(|&(_, len)| len).sum();
+        report.notes.push(format!(
+            "the two slots' bases list {} extent pages ({bytes} bytes) of the data area, each read and verified for the newest, counted as used",
+            pages.len()
+        ));
+    }
     check_superblocks(&*device, &loaded, &mut report);
     if let Some(mark) = &loaded.sb.clean_mark {
         report.notes.push(if loaded.clean_mark_names_newest {

@@ -12,6 +12,7 @@ pub mod codec;
 mod delalloc;
 pub mod error;
 pub mod extent_map;
+pub mod extent_pages;
 pub mod file;
 mod flusher;
 pub mod fsck;

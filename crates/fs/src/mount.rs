@@ -31,6 +31,10 @@ pub struct FormatOptions {
     /// and group of the formatting process, so that a user who formats an
     /// image file and mounts it can write to it.
     pub root_owner: Option<(u32, u32)>,
+    /// Base checkpoints keep extents in extent pages of the data area
+    /// (incompat bit 2, see `docs/EXTENT_PAGES.md`). Off by default while
+    /// the work is in progress.
+    pub extent_pages: bool,
 }
 
 impl Default for FormatOptions {
@@ -40,6 +44,7 @@ impl Default for FormatOptions {
             journal_bytes: None,
             checkpoint_slot_bytes: None,
             root_owner: None,
+            extent_pages: false,
         }
     }
 }
@@ -54,7 +59,10 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
         opts.journal_bytes,
         opts.checkpoint_slot_bytes,
     )?;
-    let sb = Superblock::new(layout);
+    let mut sb = Superblock::new(layout);
+    if opts.extent_pages {
+        sb.features_incompat |= superblock::INCOMPAT_EXTENT_PAGES;
+    }
     // SAFETY: geteuid and getegid cannot fail and touch no memory.
     let process = unsafe { (libc::geteuid(), libc::getegid()) };
     let (uid, gid) = opts.root_owner.unwrap_or(process);
@@ -68,7 +76,14 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
     };
     // Slots first, superblock last: a crash mid-format leaves the old
     // superblock (or none), never a new superblock pointing at garbage.
-    checkpoint::write_checkpoint(&*device, &sb, 0, &ckpt)?;
+    if opts.extent_pages {
+        // No file has extents yet: a root with no pages.
+        let root = state.encode_root_after(checkpoint::CHECKPOINT_HEADER_LEN, &Vec::new())?;
+        let header = checkpoint::RecordHeader::of(&ckpt);
+        checkpoint::write_base_record(&*device, &sb, 0, header, root)?;
+    } else {
+        checkpoint::write_checkpoint(&*device, &sb, 0, &ckpt)?;
+    }
     checkpoint::invalidate_slot(&*device, &sb, 1)?;
     superblock::write_backup_superblock(&*device, &sb)?;
     superblock::write_superblock(&*device, &sb)?;
@@ -100,6 +115,7 @@ pub(crate) fn mount(
         from_backup,
         clean_mark_names_newest: _,
         spills,
+        pages,
     } = loaded;
     for (seq, addr, len) in replay_freed {
         alloc
@@ -124,7 +140,11 @@ pub(crate) fn mount(
     if sb.features_incompat & superblock::INCOMPAT_SPILLED_CHECKPOINTS != 0 {
         meta.spill_slot_bytes = Some(checkpoint::slot_capacity(&sb));
     }
-    meta.spilled_bytes = spills.iter().flatten().map(|&(_, len)| len).sum();
+    meta.spilled_bytes = spills.iter().flatten().map(|&(_, len)| len).sum::<u64>()
+        + used_pages(&sb, &pages)
+            .iter()
+            .map(|&(_, len)| len)
+            .sum::<u64>();
     let deltas = sb.features_incompat & superblock::INCOMPAT_DELTA_CHECKPOINTS != 0;
     let commit = CommitState {
         journal,
@@ -132,6 +152,7 @@ pub(crate) fn mount(
         generation,
         chain,
         spills,
+        pages,
     };
     let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
     inner.mount_warnings = from_backup.iter().map(|b| b.to_string()).collect();
@@ -194,6 +215,8 @@ pub(crate) struct Loaded {
     /// Per slot, the spill extents of its checkpoint (in use, see
     /// [`build_allocator`]).
     pub spills: [Vec<checkpoint::SpillExtent>; superblock::CHECKPOINT_SLOTS],
+    /// Per slot, the extent pages its base lists (in use likewise).
+    pub pages: [crate::codec::PageTable; superblock::CHECKPOINT_SLOTS],
 }
 
 /// Reads the superblock and newest checkpoint, replays the journal and
@@ -221,11 +244,19 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
             lost.left_generation
         ));
     }
-    let (slot, chain, ckpt, spills) = (newest.slot, newest.chain, newest.checkpoint, newest.spills);
+    let (slot, chain, ckpt, spills, pages) = (
+        newest.slot,
+        newest.chain,
+        newest.checkpoint,
+        newest.spills,
+        newest.pages,
+    );
     let slot_start = sb.layout.checkpoint_slots[slot].start;
     let block_size = sb.layout.block_size;
     let mut state = MetaState::from_image(&ckpt.image, block_size)
         .map_err(|reason| Error::corrupt("checkpoint image", slot_start, reason))?;
+    attach_pages(&mut state, &pages[slot], &newest.touched)
+        .map_err(|reason| Error::corrupt("checkpoint root", slot_start, reason))?;
     if strictness == Strictness::Mount {
         state
             .check_links_and_kinds()
@@ -263,7 +294,7 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
             Ok(())
         },
     )?;
-    let alloc = build_allocator(&sb, &state, &spills)?;
+    let alloc = build_allocator(&sb, &state, &spills, &used_pages(&sb, &pages))?;
     Ok(Loaded {
         sb,
         slot,
@@ -279,6 +310,7 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         from_backup,
         clean_mark_names_newest,
         spills,
+        pages,
     })
 }
 
@@ -292,14 +324,61 @@ pub(crate) fn clean_mark_for(ckpt: &Checkpoint) -> superblock::CleanMark {
     }
 }
 
-/// Free space = the data area minus every extent and the spill extents of
-/// both slots' checkpoints (the older is the fallback while the newer is
-/// not durable). An extent outside the data area or overlapping another is
-/// corruption.
+/// Rebuilds the extent map of each file of `pages` that no delta of the
+/// chain `touched`, one chunk per page, each naming its page: the next
+/// base then writes only the chunks that change from here on.
+fn attach_pages(
+    state: &mut MetaState,
+    pages: &crate::codec::PageTable,
+    touched: &[Ino],
+) -> std::result::Result<(), String> {
+    let block_size = state.block_size;
+    for (ino, list) in pages {
+        if touched.binary_search(ino).is_ok() {
+            continue;
+        }
+        let Some(inode) = state.inodes.get_mut(ino) else {
+            return Err(format!(
+                "the page table names inode {ino}, which is not there"
+            ));
+        };
+        let mut extents = inode.extents.iter().copied();
+        let mut chunks = Vec::with_capacity(list.len());
+        for page in list {
+            let chunk: Vec<_> = extents.by_ref().take(page.count as usize).collect();
+            chunks.push((chunk, Some(*page)));
+        }
+        if extents.next().is_some() {
+            return Err(format!("inode {ino} has more extents than its pages hold"));
+        }
+        drop(extents);
+        inode.extents = crate::extent_map::ExtentMap::from_pages(block_size, chunks)
+            .map_err(|reason| format!("inode {ino}: {reason}"))?;
+    }
+    Ok(())
+}
+
+/// The device ranges of the extent pages both slots' bases list, each
+/// once (the bases share the pages neither rewrote).
+pub(crate) fn used_pages(
+    sb: &Superblock,
+    pages: &[crate::codec::PageTable; superblock::CHECKPOINT_SLOTS],
+) -> Vec<(u64, u64)> {
+    let bs = sb.block_size();
+    let mut used = crate::extent_pages::page_ranges(&pages[0], bs);
+    used.extend(crate::extent_pages::page_ranges(&pages[1], bs));
+    used.into_iter().collect()
+}
+
+/// Free space = the data area minus every extent and the spill extents and
+/// extent pages (`pages`, from [`used_pages`]) of both slots' checkpoints
+/// (the older is the fallback while the newer is not durable). An extent
+/// outside the data area or overlapping another is corruption.
 pub(crate) fn build_allocator(
     sb: &Superblock,
     state: &MetaState,
     spills: &[Vec<checkpoint::SpillExtent>],
+    pages: &[(u64, u64)],
 ) -> Result<Allocator> {
     let data = &sb.layout.data;
     let mut inos: Vec<&Ino> = state.inodes.keys().collect();
@@ -317,6 +396,7 @@ pub(crate) fn build_allocator(
         .iter()
         .map(|(_, e)| (e.addr, e.len))
         .chain(spilled.iter().map(|&(_, e)| e))
+        .chain(pages.iter().copied())
         .collect();
     Allocator::with_used(data.start, data.len, sb.layout.block_size, &used).map_err(
         |(i, reason)| match owners.get(i) {
@@ -328,12 +408,20 @@ pub(crate) fn build_allocator(
                     ext.file_off
                 ),
             ),
-            None => {
+            None if i < owners.len() + spilled.len() => {
                 let (slot, (addr, _)) = spilled[i - owners.len()];
                 Error::corrupt(
                     "spill table",
                     addr,
                     format!("checkpoint slot {slot}'s spill extent: {reason}"),
+                )
+            }
+            None => {
+                let (addr, _) = pages[i - owners.len() - spilled.len()];
+                Error::corrupt(
+                    "extent page",
+                    addr,
+                    format!("a checkpoint's extent page: {reason}"),
                 )
             }
         },

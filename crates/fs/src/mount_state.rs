@@ -122,6 +122,9 @@ pub(crate) struct CommitState {
     /// Per slot, the spill extents of the checkpoint it holds: used space
     /// until a checkpoint written over that slot is durable.
     pub(crate) spills: [Vec<crate::checkpoint::SpillExtent>; crate::superblock::CHECKPOINT_SLOTS],
+    /// Per slot, the extent pages its base lists (volumes with
+    /// `INCOMPAT_EXTENT_PAGES`): used space while either slot lists them.
+    pub(crate) pages: [crate::codec::PageTable; crate::superblock::CHECKPOINT_SLOTS],
 }
 
 pub struct VolumeInner {

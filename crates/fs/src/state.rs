@@ -349,6 +349,24 @@ impl MetaState {
         codec::encode_image_from(room, self.next_ino, &inodes)
     }
 
+    /// A checkpoint root of this state (see `codec::root`) after `room`
+    /// bytes: the image without extents, and `pages`, the page table of
+    /// the state's extent maps (see `extent_pages::plan_pages`).
+    pub fn encode_root_after(
+        &self,
+        room: usize,
+        pages: &codec::PageTable,
+    ) -> crate::error::Result<Vec<u8>> {
+        let mut inos: Vec<Ino> = self.inodes.keys().copied().collect();
+        inos.sort_unstable();
+        let heads: Vec<InodeImage> = inos
+            .iter()
+            .map(|ino| inode_image(&self.inodes[ino], Vec::new()))
+            .collect();
+        let heads: Vec<&InodeImage> = heads.iter().collect();
+        codec::encode_root_after(room, self.next_ino, &heads, pages)
+    }
+
     pub fn to_image(&self) -> MetaImage {
         let mut inos: Vec<Ino> = self.inodes.keys().copied().collect();
         inos.sort_unstable();

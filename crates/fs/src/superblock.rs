@@ -48,6 +48,13 @@ pub const INCOMPAT_DELTA_CHECKPOINTS: u64 = 1 << 0;
 /// not know them finds no checkpoint it can read, and would hand the spill
 /// extents out as free space, so it must refuse the volume.
 pub const INCOMPAT_SPILLED_CHECKPOINTS: u64 = 1 << 1;
+/// Incompat feature: a base checkpoint's payload is a *root* (the image
+/// without extents, and per regular file the extent pages of the data area
+/// holding its extents; see `codec::root`, `docs/EXTENT_PAGES.md`). Code
+/// that does not know it reads no extents and would hand the pages out as
+/// free space. Set by format only when asked
+/// (`FormatOptions::extent_pages`) while the work is in progress.
+pub const INCOMPAT_EXTENT_PAGES: u64 = 1 << 2;
 
 /// Feature bits this code understands: an unknown incompat bit refuses the
 /// mount, an unknown ro_compat bit refuses writes, an unknown compat bit is
@@ -56,7 +63,7 @@ pub const INCOMPAT_SPILLED_CHECKPOINTS: u64 = 1 << 1;
 /// "Compatibility" in `docs/FORMAT.md`.
 pub const FEATURES_COMPAT_SUPPORTED: u64 = COMPAT_BACKUP_SUPERBLOCK | COMPAT_SUPERSEDE_MARKS;
 pub const FEATURES_INCOMPAT_SUPPORTED: u64 =
-    INCOMPAT_DELTA_CHECKPOINTS | INCOMPAT_SPILLED_CHECKPOINTS;
+    INCOMPAT_DELTA_CHECKPOINTS | INCOMPAT_SPILLED_CHECKPOINTS | INCOMPAT_EXTENT_PAGES;
 pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = RO_COMPAT_CLEAN_UNMOUNT;
 /// Ro_compat feature: the superblock holds a [`CleanMark`] after its crc.
 /// Set by a clean unmount, cleared (durably) before the next journal append.

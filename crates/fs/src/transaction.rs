@@ -11,6 +11,7 @@
 //! the volume stays up.
 
 use crate::checkpoint::{self, ChainEnd, DeltaCheckpoint, RecordHeader, SpillExtent};
+use crate::extent_pages::{self, PagePlan};
 use crate::limits::{
     CHAIN_DELTA_BYTES_DIVISOR, CHAIN_DELTA_BYTES_MIN, COMMIT_BACKPRESSURE_THRESHOLDS,
     MAX_CHAIN_DELTAS,
@@ -268,7 +269,7 @@ impl VolumeInner {
             .map(|base| snapshot.delta_since(&base, &changed))
             .filter(|delta| delta_is_due(&self.sb, &older_chain, delta));
         // `Some(spill)` for a new base: the spill extents that replace the
-        // slot's old ones.
+        // slot's old ones; and with extent pages, the pages it wrote.
         let written = match delta {
             Some(delta) => {
                 let ckpt = DeltaCheckpoint {
@@ -279,7 +280,7 @@ impl VolumeInner {
                     delta,
                 };
                 checkpoint::write_delta(&*self.dev, &self.sb, older_slot, &older_chain, &ckpt)
-                    .map(|chain| (older_slot, chain, None))
+                    .map(|chain| (older_slot, chain, None, None))
             }
             None => {
                 let header = RecordHeader {
@@ -289,13 +290,18 @@ impl VolumeInner {
                     journal_chain,
                 };
                 let slot = checkpoint::other_slot(older_slot);
-                snapshot
-                    .encode_image_after(checkpoint::CHECKPOINT_HEADER_LEN)
-                    .and_then(|record| self.write_base(slot, header, record))
-                    .map(|(chain, spill)| (slot, chain, Some(spill)))
+                if self.sb.features_incompat & crate::superblock::INCOMPAT_EXTENT_PAGES != 0 {
+                    self.write_paged_base(&snapshot, slot, header)
+                        .map(|(chain, spill, plan)| (slot, chain, Some(spill), Some(plan)))
+                } else {
+                    snapshot
+                        .encode_image_after(checkpoint::CHECKPOINT_HEADER_LEN)
+                        .and_then(|record| self.write_base(slot, header, record))
+                        .map(|(chain, spill)| (slot, chain, Some(spill), None))
+                }
             }
         };
-        let (slot, chain, new_spill) = match written {
+        let (slot, chain, new_spill, new_pages) = match written {
             Ok(written) => written,
             Err(err @ Error::NoSpace { .. }) => {
                 // Nothing was written. Records the journal could not take
@@ -309,6 +315,11 @@ impl VolumeInner {
             }
             Err(err) => return Err(err),
         };
+        // Durable: the chunks written now name their pages, and are not
+        // written again until they change.
+        if let Some(plan) = &new_pages {
+            plan.record_written(&snapshot)?;
+        }
         let deltas = self.sb.features_incompat & crate::superblock::INCOMPAT_DELTA_CHECKPOINTS != 0;
         // Without deltas, dropped before anything else: while it lives,
         // each change copies what it touches.
@@ -319,6 +330,17 @@ impl VolumeInner {
         commit.chain = chain;
         let replaced_spill =
             new_spill.map(|spill| std::mem::replace(&mut commit.spills[slot], spill));
+        // Pages the base this one replaced listed, that neither it nor the
+        // other slot's base lists.
+        let freed_pages = new_pages.map_or_else(Vec::new, |plan| {
+            let replaced = std::mem::replace(&mut commit.pages[slot], plan.table);
+            extent_pages::pages_freed(
+                &replaced,
+                &commit.pages[slot],
+                &commit.pages[checkpoint::other_slot(slot)],
+                self.sb.block_size(),
+            )
+        });
         if journaled {
             commit.journal.set_tail(journal_start);
         } else {
@@ -344,7 +366,7 @@ impl VolumeInner {
             // The checkpoint the new base replaced in its slot was
             // superseded before this one began, and its record is gone:
             // its spill extents are free for good.
-            for (addr, len) in replaced_spill.into_iter().flatten() {
+            for (addr, len) in replaced_spill.into_iter().flatten().chain(freed_pages) {
                 meta.alloc
                     .free_now(addr, len)
                     .map_err(|reason| Error::corrupt("free space", addr, reason))?;
@@ -403,6 +425,65 @@ impl VolumeInner {
         }
     }
 
+    /// Writes a base with extent pages to `slot`: a page for each chunk of
+    /// `snapshot` that names none (then a flush), then the root listing
+    /// them and the pages the other chunks name, spilled if it does not fit
+    /// the slot. Returns the chain, the spill extents and the plan (whose
+    /// new pages the caller records once the base is durable). Refused
+    /// for space ([`Error::NoSpace`]), it gives back what it allocated; the
+    /// pages written are in free space, which no checkpoint lists.
+    fn write_paged_base(
+        &self,
+        snapshot: &crate::state::MetaState,
+        slot: usize,
+        header: RecordHeader,
+    ) -> Result<(ChainEnd, Vec<SpillExtent>, PagePlan)> {
+        let mut placed: Vec<(u64, u64)> = Vec::new();
+        let written = extent_pages::plan_pages(snapshot, self.sb.crc_seed(), |len| {
+            let hint = placed.last().map(|&(addr, len)| addr + len);
+            let addr = self.allocate_page(len, hint)?;
+            placed.push((addr, len));
+            Ok(addr)
+        })
+        .and_then(|plan| {
+            checkpoint::write_pages(&*self.dev, &plan.writes)?;
+            let root =
+                snapshot.encode_root_after(checkpoint::CHECKPOINT_HEADER_LEN, &plan.table)?;
+            let (mut chain, spill) = self.write_base(slot, header, root)?;
+            chain.base_bytes += checkpoint::listed_page_bytes(&self.sb, &plan.table);
+            Ok((chain, spill, plan))
+        });
+        if let Err(Error::NoSpace { .. }) = &written {
+            self.free_spill(&placed)?;
+        }
+        written
+    }
+
+    /// Allocates one extent page of `len` bytes, contiguous, from free
+    /// space (never busy space, as [`VolumeInner::allocate_spill`]), near
+    /// `hint`. Counted as metadata bytes.
+    fn allocate_page(&self, len: u64, hint: Option<u64>) -> Result<u64> {
+        let mut meta = self.meta.write();
+        match meta.alloc.alloc(len, hint) {
+            Some((addr, got)) if got == len => {
+                meta.spilled_bytes += len;
+                Ok(addr)
+            }
+            got => {
+                if let Some((addr, got)) = got {
+                    meta.alloc
+                        .free_now(addr, got)
+                        .map_err(|reason| Error::corrupt("free space", addr, reason))?;
+                }
+                Err(Error::NoSpace {
+                    what: format!("metadata (an extent page of {len} bytes)"),
+                    needed: len,
+                    available: meta.alloc.free_bytes(),
+                })
+            }
+        }
+    }
+
     /// Allocates [`checkpoint::spill_bytes`] of `image_len` from free space
     /// (never busy space: it may still hold what the checkpoint on disk
     /// and the journal after it refer to), in at most as many extents as
@@ -446,8 +527,9 @@ impl VolumeInner {
         Ok(spill)
     }
 
-    /// Gives back spill extents [`VolumeInner::allocate_spill`] returned
-    /// that no checkpoint on disk lists.
+    /// Gives back spill extents [`VolumeInner::allocate_spill`] (or pages
+    /// [`VolumeInner::allocate_page`]) returned that no checkpoint on disk
+    /// lists.
     fn free_spill(&self, spill: &[SpillExtent]) -> Result<()> {
         let mut meta = self.meta.write();
         for &(addr, len) in spill {
@@ -772,5 +854,174 @@ mod tests {
         );
         drop(seen);
         writer.join().unwrap();
+    }
+
+    // ---- extent pages -------------------------------------------------------
+
+    fn paged_volume(dev: &Arc<MemDevice>) -> Volume {
+        let opts = FormatOptions {
+            extent_pages: true,
+            ..FormatOptions::default()
+        };
+        Volume::format(dev.clone(), &opts).unwrap();
+        Volume::open(dev.clone()).unwrap()
+    }
+
+    /// Checkpoints (a directory made before each) until one is a base;
+    /// returns its slot.
+    fn checkpoint_a_base(vol: &Volume, tag: &str) -> usize {
+        for i in 0.. {
+            vol.mkdir(&format!("/{tag}{i}")).unwrap();
+            vol.checkpoint().unwrap();
+            let commit = vol.inner.commit.lock();
+            if commit.chain.deltas == 0 {
+                return commit.slot;
+            }
+        }
+        unreachable!()
+    }
+
+    fn pages_of(vol: &Volume, slot: usize) -> std::collections::BTreeSet<(u64, u64)> {
+        crate::extent_pages::page_ranges(&vol.inner.commit.lock().pages[slot], 4096)
+    }
+
+    /// A base writes pages only for what changed, lists the rest as the
+    /// base before it did, and frees a page only once neither slot's base
+    /// lists it: a page the other slot's base still lists stays in use,
+    /// so new data never lands on it and the volume mounts and checks
+    /// clean.
+    #[test]
+    fn extent_pages_stay_in_use_while_either_slot_lists_them() {
+        let dev = Arc::new(MemDevice::new(16 << 20, 512));
+        let vol = paged_volume(&dev);
+        write_file(&vol, "/one");
+        write_file(&vol, "/two");
+        let x = checkpoint_a_base(&vol, "a");
+        let first = pages_of(&vol, x);
+        assert_eq!(first.len(), 2, "a page per file");
+        let y = checkpoint_a_base(&vol, "b");
+        assert_ne!(x, y);
+        assert_eq!(pages_of(&vol, y), first, "nothing changed: the same pages");
+
+        // "/one" gets other extents: its page is rewritten at the next base
+        // (in slot x again), while slot y's base still lists the old one.
+        let one = vol.open_file("/one", OpenFlags::default()).unwrap();
+        one.truncate(0).unwrap();
+        one.pwrite(&[9u8; 5000], 0).unwrap();
+        one.fsync().unwrap();
+        assert_eq!(checkpoint_a_base(&vol, "c"), x);
+        let third = pages_of(&vol, x);
+        assert_eq!(third.intersection(&first).count(), 1, "/two's page is kept");
+        let listed: std::collections::BTreeSet<_> = first.union(&third).copied().collect();
+        assert_eq!(
+            vol.inner.meta.read().spilled_bytes,
+            listed.iter().map(|&(_, len)| len).sum::<u64>(),
+            "metadata bytes are the pages either slot lists"
+        );
+        // Small files now take the smallest free holes first: none may be
+        // a page slot y lists.
+        for i in 0..8 {
+            write_file(&vol, &format!("/new{i}"));
+        }
+        drop(one);
+        drop(vol);
+        let vol = Volume::open(dev.clone()).unwrap();
+        let mut buf = vec![0u8; 5000];
+        vol.open_file("/one", OpenFlags::default())
+            .unwrap()
+            .pread(&mut buf, 0)
+            .unwrap();
+        assert_eq!(buf, vec![9u8; 5000]);
+        vol.unmount().unwrap();
+        let report = crate::fsck::check(dev.clone()).unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+    }
+
+    /// After a remount, the chunks of the files no delta changed name the
+    /// pages they were read from: the first base writes a page only for
+    /// the file a delta changed after the last base.
+    #[test]
+    fn after_a_remount_a_base_rewrites_only_the_files_deltas_changed() {
+        let dev = Arc::new(MemDevice::new(16 << 20, 512));
+        let vol = paged_volume(&dev);
+        for name in ["/one", "/two", "/three"] {
+            write_file(&vol, name);
+        }
+        let x = checkpoint_a_base(&vol, "a");
+        let before = pages_of(&vol, x);
+        assert_eq!(before.len(), 3);
+        // A delta changes "/two"'s extents.
+        let two = vol.open_file("/two", OpenFlags::default()).unwrap();
+        two.truncate(0).unwrap();
+        two.pwrite(&[5u8; 4096], 0).unwrap();
+        two.fsync().unwrap();
+        drop(two);
+        vol.checkpoint().unwrap();
+        assert!(
+            vol.inner.commit.lock().chain.deltas > 0,
+            "a delta, not a base"
+        );
+        vol.unmount().unwrap();
+
+        let vol = Volume::open(dev.clone()).unwrap();
+        assert_eq!(pages_of(&vol, x), before);
+        let y = checkpoint_a_base(&vol, "b");
+        let after = pages_of(&vol, y);
+        assert_eq!(after.len(), 3);
+        assert_eq!(
+            after.intersection(&before).count(),
+            2,
+            "only the changed file's page is new"
+        );
+        drop(vol);
+        let vol = Volume::open(dev.clone()).unwrap();
+        let mut buf = vec![0u8; 4096];
+        vol.open_file("/two", OpenFlags::default())
+            .unwrap()
+            .pread(&mut buf, 0)
+            .unwrap();
+        assert_eq!(buf, vec![5u8; 4096]);
+    }
+
+    /// The delta policy weighs a chain's deltas against what a base costs,
+    /// and with extent pages that is its pages, not its root alone (which
+    /// holds no extents): a change of a few percent of a large file is a
+    /// delta, not a base that rewrites every page it touches.
+    #[test]
+    fn with_extent_pages_a_delta_is_weighed_against_the_pages() {
+        let dev = Arc::new(MemDevice::new(64 << 20, 512));
+        let vol = paged_volume(&dev);
+        let f = vol
+            .open_file(
+                "/big",
+                OpenFlags {
+                    create: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        // 3000 one-block extents, every other block, in pages of 8.
+        for i in 0..3000u64 {
+            f.fallocate(2 * i * 4096, 4096, false).unwrap();
+        }
+        checkpoint_a_base(&vol, "a");
+        // The hole after each of the first 2000: a delta above the
+        // policy's minimum, below a quarter of the pages.
+        for i in 0..2000u64 {
+            f.fallocate((2 * i + 1) * 4096, 4096, false).unwrap();
+        }
+        vol.checkpoint().unwrap();
+        let chain = vol.inner.commit.lock().chain;
+        assert!(
+            chain.delta_bytes > crate::limits::CHAIN_DELTA_BYTES_MIN,
+            "the delta ({} bytes) is above the minimum",
+            chain.delta_bytes
+        );
+        assert_eq!(chain.deltas, 1, "a delta after the base with pages");
+        // Mount weighs the chain as the writer did.
+        drop(f);
+        vol.unmount().unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        assert_eq!(vol.inner.commit.lock().chain.base_bytes, chain.base_bytes);
     }
 }

@@ -170,8 +170,24 @@ fn build_image(opts: &FormatOptions) -> Image {
     let mut slot_used = changed_ranges(&formatted, &after_ckpt, &slots[0]);
     slot_used.extend(changed_ranges(&formatted, &after_ckpt, &slots[1]));
     // Images spilled to the data area are checkpoint metadata too.
-    let spills = read_checkpoints(&*mem, &sbk).expect("checkpoints").spills;
+    let newest = read_checkpoints(&*mem, &sbk).expect("checkpoints");
+    let spills = newest.spills;
     slot_used.extend(spills.iter().flatten().map(|&(addr, len)| addr..addr + len));
+    // So are extent pages, and the base that lists them.
+    let page_bytes =
+        |count: u32| iomapfs_fs::codec::page_len(count as usize, u64::from(l.block_size));
+    let pages: Vec<Range<u64>> = newest
+        .pages
+        .iter()
+        .flatten()
+        .flat_map(|(_, list)| list.iter())
+        .map(|p| p.addr..p.addr + page_bytes(p.count))
+        .collect();
+    assert!(
+        !opts.extent_pages || !pages.is_empty(),
+        "extent pages, but no base lists any"
+    );
+    slot_used.extend(pages);
     assert!(
         opts.checkpoint_slot_bytes.is_none() || spills.iter().any(|s| !s.is_empty()),
         "small slots, but no checkpoint spilled"
@@ -558,6 +574,20 @@ fn hostile_images_with_spilled_checkpoints() {
         ..FormatOptions::default()
     };
     run_hostile_images("hostile_spilled", &opts, 0.5);
+}
+
+/// The same with extent pages, and slots so small that every checkpoint
+/// is a base (a spilled root): damage lands in pages, page lists and
+/// roots as well.
+#[test]
+fn hostile_images_with_extent_pages() {
+    let opts = FormatOptions {
+        block_size: 512,
+        checkpoint_slot_bytes: Some(1024),
+        extent_pages: true,
+        ..FormatOptions::default()
+    };
+    run_hostile_images("hostile_extent_pages", &opts, 0.5);
 }
 
 fn run_hostile_images(suite: &str, opts: &FormatOptions, share: f64) {

@@ -55,18 +55,26 @@ enum Mix {
     /// the slot's table and the deltas after it are written, and while the
     /// data area is reused.
     Spilled,
+    /// As `DeltaChains`, on volumes with extent pages: cuts while a base's
+    /// pages, the flush after them and its root are written, and while
+    /// the pages the base replaced are reused.
+    ExtentPages,
 }
 
 fn policy_for(mix: Mix, rng: &mut SmallRng) -> CutPolicy {
     match mix {
         Mix::Seeded => CutPolicy::Seeded(rng.gen()),
-        Mix::DeltaChains | Mix::Spilled if rng.gen() => CutPolicy::Seeded(rng.gen()),
-        Mix::Policies | Mix::DeltaChains | Mix::Spilled => match rng.gen_range(0..4) {
-            0 => CutPolicy::KeepNothing,
-            1 => CutPolicy::KeepEverything,
-            2 => CutPolicy::TornAll(rng.gen()),
-            _ => CutPolicy::Prefix(rng.gen()),
-        },
+        Mix::DeltaChains | Mix::Spilled | Mix::ExtentPages if rng.gen() => {
+            CutPolicy::Seeded(rng.gen())
+        }
+        Mix::Policies | Mix::DeltaChains | Mix::Spilled | Mix::ExtentPages => {
+            match rng.gen_range(0..4) {
+                0 => CutPolicy::KeepNothing,
+                1 => CutPolicy::KeepEverything,
+                2 => CutPolicy::TornAll(rng.gen()),
+                _ => CutPolicy::Prefix(rng.gen()),
+            }
+        }
     }
 }
 
@@ -90,7 +98,8 @@ fn run_workload_on(seed: u64, mix: Mix, stats: &Stats, lying_device: bool) -> Re
         geo.opts.block_size = 512;
         geo.opts.checkpoint_slot_bytes = Some(2 * u64::from(geo.opts.block_size));
     }
-    let chains = matches!(mix, Mix::DeltaChains | Mix::Spilled);
+    geo.opts.extent_pages = mix == Mix::ExtentPages;
+    let chains = matches!(mix, Mix::DeltaChains | Mix::Spilled | Mix::ExtentPages);
     let mem = geo.formatted_device(size, fua, rng.gen());
     let tap = TapDevice::new(mem.clone(), rng.gen());
     tap.lie_about_flush
@@ -185,6 +194,8 @@ fn run_workload_on(seed: u64, mix: Mix, stats: &Stats, lying_device: bool) -> Re
         let spilled = newest.spills.iter().filter(|s| !s.is_empty()).count();
         stats.add("slots ending spilled", spilled as u64);
         stats.add("workloads ending spilled", u64::from(spilled > 0));
+        let paged = newest.pages.iter().any(|p| !p.is_empty());
+        stats.add("workloads ending with extent pages", u64::from(paged));
     }
     tap.set_hook(None);
     // Cuts after the last op, with nothing in progress.
@@ -379,6 +390,18 @@ fn run(mix: Mix, name: &str, share: f64) {
     }
     stats.add("cuts", cuts);
     stats.print(name, t0.elapsed());
+    if mix == Mix::ExtentPages {
+        // Most workloads must end with a base that lists pages, or the
+        // suite would not be testing them.
+        let (paged, workloads) = (
+            stats.get("workloads ending with extent pages"),
+            stats.get("workloads"),
+        );
+        assert!(
+            2 * paged >= workloads,
+            "{paged} of {workloads} workloads had pages"
+        );
+    }
     if mix == Mix::Spilled {
         // Most workloads must end on a spilled checkpoint, or the suite
         // would not be testing spilled ones.
@@ -411,6 +434,11 @@ fn power_cut_during_delta_chains() {
 #[test]
 fn power_cut_during_spilled_checkpoints() {
     run(Mix::Spilled, "power_cut_spilled_checkpoints", 0.1);
+}
+
+#[test]
+fn power_cut_during_checkpoints_with_extent_pages() {
+    run(Mix::ExtentPages, "power_cut_extent_pages", 0.1);
 }
 
 /// The crash model must be able to fail: states that break an invariant are

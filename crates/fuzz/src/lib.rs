@@ -25,6 +25,9 @@
 //!   checkpoint, applied to its state.
 //! - [`mount`]: a fuzzed checkpoint image and journal batch on a formatted
 //!   device; fsck, mount, read every file, write, fsync, unmount, fsck.
+//! - [`extent_pages`]: `decode_root_at` (a root re-encodes to itself, its
+//!   pages lie in the data area) and `decode_page` of one page sealed with
+//!   its crc (a page re-encodes to itself).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
@@ -269,6 +272,101 @@ pub fn spill_table(data: &[u8]) {
     assert_eq!(encode_spill_table(&table), data);
 }
 
+/// `extent_pages`: `[root length: u32 LE][root][one page]`. The page is
+/// sealed as the writer would (its crc, and a reference naming what its
+/// header says and the bytes its extents map).
+pub fn extent_pages(data: &[u8]) {
+    use iomapfs_fs::codec::{
+        decode_page, decode_root_at, encode_page, encode_root_after, page_len, PageArea, PageRef,
+        PAGE_HEADER_LEN,
+    };
+    let sb = read_superblock(base_volume()).expect("base superblock");
+    let bs = u64::from(sb.layout.block_size);
+    let area = PageArea {
+        start: sb.layout.data.start,
+        len: sb.layout.data.len,
+        block_size: bs,
+    };
+    let (root_len, rest) = match data.split_first_chunk::<4>() {
+        Some((len, rest)) => (u32::from_le_bytes(*len) as usize, rest),
+        None => (0, data),
+    };
+    let (root, page) = rest.split_at(root_len.min(rest.len()));
+    if let Ok(decoded) = decode_root_at(root, 0, "root", area) {
+        for p in decoded.pages.iter().flat_map(|(_, list)| list.iter()) {
+            let end = p.addr + page_len(p.count as usize, bs);
+            assert!(p.addr >= area.start && end <= area.start + area.len && p.addr % bs == 0);
+        }
+        let heads: Vec<_> = decoded.image.inodes.iter().collect();
+        let again = encode_root_after(0, decoded.image.next_ino, &heads, &decoded.pages)
+            .expect("a decoded root encodes");
+        assert_eq!(
+            again, root,
+            "a decoded root does not re-encode to its bytes"
+        );
+    }
+    if page.len() < PAGE_HEADER_LEN {
+        return;
+    }
+    let mut page = page.to_vec();
+    let field = |at: usize| u64::from_le_bytes(page[at..at + 8].try_into().unwrap());
+    let (ino, first_key) = (field(8), field(16));
+    let count = u32::from_le_bytes(page[24..28].try_into().unwrap());
+    let extents = ((page.len() - PAGE_HEADER_LEN) / 25).min(count as usize);
+    let allocated = (0..extents).fold(0u64, |sum, i| {
+        sum.wrapping_add(field(PAGE_HEADER_LEN + 25 * i + 8))
+    });
+    let seed = sb.crc_seed();
+    let body = PAGE_HEADER_LEN + 25 * extents;
+    let crc = crc32c::crc32c_append(
+        crc32c::crc32c_append(seed, &page[..28]),
+        &page[PAGE_HEADER_LEN..body],
+    );
+    page[28..32].copy_from_slice(&crc.to_le_bytes());
+    let listed = PageRef {
+        addr: 0,
+        crc,
+        count,
+        first_key,
+        allocated,
+    };
+    if let Ok(got) = decode_page(seed, &page, ino, &listed) {
+        let (again, _) = encode_page(seed, ino, &got, bs, 0).expect("a decoded page encodes");
+        assert_eq!(
+            &again[..body],
+            &page[..body],
+            "a decoded page does not re-encode"
+        );
+    }
+}
+
+/// Inputs of [`extent_pages`] for the base volume's image: its root with
+/// a page per file, and the first file's page.
+fn page_seeds(
+    sb: &iomapfs_fs::superblock::Superblock,
+    image: &iomapfs_fs::types::MetaImage,
+) -> Vec<Vec<u8>> {
+    use iomapfs_fs::codec::{encode_page, encode_root_after};
+    let bs = u64::from(sb.layout.block_size);
+    let mut addr = sb.layout.data.start;
+    let mut table = Vec::new();
+    let mut pages = Vec::new();
+    for inode in image.inodes.iter().filter(|i| !i.extents.is_empty()) {
+        let (bytes, page) =
+            encode_page(sb.crc_seed(), inode.ino, &inode.extents, bs, addr).expect("page");
+        addr += bytes.len() as u64;
+        table.push((inode.ino, vec![page]));
+        pages.push(bytes);
+    }
+    let heads: Vec<_> = image.inodes.iter().collect();
+    let root = encode_root_after(0, image.next_ino, &heads, &table).expect("root");
+    let mut input = (root.len() as u32).to_le_bytes().to_vec();
+    input.extend_from_slice(&root);
+    let mut with_page = input.clone();
+    with_page.extend_from_slice(&pages[0]);
+    vec![input, with_page]
+}
+
 /// `mount`: `[image length: u32 LE][checkpoint image][record count][records]`.
 /// An input whose image does not decode keeps the base checkpoint.
 pub fn mount(data: &[u8]) {
@@ -381,13 +479,14 @@ fn exercise(dev: Arc<MemDevice>) {
 pub type Target = fn(&[u8]);
 
 /// The targets by name, for the corpus tests and the corpus generator.
-pub const TARGETS: [(&str, Target); 6] = [
+pub const TARGETS: [(&str, Target); 7] = [
     ("superblock", superblock),
     ("checkpoint_image", checkpoint_image),
     ("checkpoint_delta", checkpoint_delta),
     ("spill_table", spill_table),
     ("journal_records", journal_records),
     ("mount", mount),
+    ("extent_pages", extent_pages),
 ];
 
 /// Seed inputs for each target, made from a real volume: a superblock, the
@@ -404,6 +503,7 @@ pub fn seeds(target: &str) -> Vec<Vec<u8>> {
         "checkpoint_image" => vec![image],
         "checkpoint_delta" => delta_seeds(&ckpt.image),
         "spill_table" => spill_seeds(&sb, image.len() as u64),
+        "extent_pages" => page_seeds(&sb, &ckpt.image),
         "journal_records" => records,
         "mount" => {
             let mut out = vec![Vec::new()];

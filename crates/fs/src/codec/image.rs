@@ -146,11 +146,21 @@ fn encode_inode_head(enc: &mut Encoder, inode: &InodeImage, extents: usize) -> R
     enc.count_u32(inode.xattrs.len(), "extended attributes")
 }
 
-fn encode_extent(enc: &mut Encoder, e: &Extent) {
+pub(super) fn encode_extent(enc: &mut Encoder, e: &Extent) {
     enc.u64(e.file_off);
     enc.u64(e.len);
     enc.u64(e.addr);
     enc.u8(state_code(e.state));
+}
+
+/// One extent as [`encode_extent`] writes it, unchecked.
+pub(super) fn decode_extent(dec: &mut Decoder<'_>) -> Result<Extent> {
+    Ok(Extent {
+        file_off: dec.u64()?,
+        len: dec.u64()?,
+        addr: dec.u64()?,
+        state: dec.extent_state()?,
+    })
 }
 
 /// An inode's entries, xattrs and target, after its extents.
@@ -280,12 +290,7 @@ pub(super) fn decode_inode(dec: &mut Decoder<'_>) -> Result<InodeImage> {
     let mut extents: Vec<Extent> = Vec::with_capacity(extent_count as usize);
     for _ in 0..extent_count {
         let at = dec.position();
-        let e = Extent {
-            file_off: dec.u64()?,
-            len: dec.u64()?,
-            addr: dec.u64()?,
-            state: dec.extent_state()?,
-        };
+        let e = decode_extent(dec)?;
         check_extent(&e, extents.last())
             .map_err(|reason| dec.error_at(at, format!("inode {ino}: {reason}")))?;
         extents.push(e);

@@ -14,16 +14,19 @@
 //!
 //! `primitive` holds the values every layout is built of (integers,
 //! strings, names, counts, enum codes), `record` the journal records and
-//! `image` the checkpoint's metadata image and `delta` a delta
-//! checkpoint's changes to it. This module only gathers them.
+//! `image` the checkpoint's metadata image, `delta` a delta
+//! checkpoint's changes to it `page` the extent pages a checkpoint
+//! root refers to, and `root` that root. This module only gathers them.
 //!
 //! [`Error::Corrupt`]: crate::Error::Corrupt
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 
 mod delta;
 mod image;
+mod page;
 mod primitive;
 mod record;
+mod root;
 
 pub use delta::{
     decode_delta_at, delta_encoded_len, encode_delta, encode_delta_after, DeltaLink,
@@ -35,11 +38,16 @@ pub use image::{
     EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN, INODE_FIXED_ENCODED_LEN, XATTR_MIN_ENCODED_LEN,
     XATTR_OVERHEAD_ENCODED_LEN,
 };
+pub use page::{
+    check_page_refs, decode_page, decode_page_ref, encode_page, encode_page_ref, page_len,
+    page_lost, PageRef, PAGE_HEADER_LEN, PAGE_MAGIC, PAGE_MAX_EXTENTS, PAGE_REF_ENCODED_LEN,
+};
 pub use primitive::{
     check_attrs, check_mode, check_name, check_symlink_target, check_xattr_name, Decoder, Encoder,
     Measure, Sink, ATTRS_ENCODED_LEN,
 };
 pub use record::{decode_record, encode_record, record_encoded_len, RECORD_MIN_ENCODED_LEN};
+pub use root::{decode_root_at, encode_root_after, PageArea, PageTable, Root};
 
 #[cfg(test)]
 pub(crate) use image::tests::random_image;

@@ -15,9 +15,11 @@
 //! Positions ([`Pos`]) are indices: any change invalidates them, so callers
 //! look positions up again after each change.
 
-use std::sync::Arc;
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, OnceLock};
 
 use super::search::first_key_at_or_after;
+use crate::codec::PageRef;
 use crate::types::Extent;
 
 /// Most extents in one chunk: what the first change after a snapshot copies
@@ -28,20 +30,90 @@ pub(super) const CHUNK_MAX: usize = if cfg!(test) { 8 } else { 512 };
 /// merged with a neighbour, so the outer vector stays short however the
 /// extents were removed.
 const CHUNK_MIN: usize = CHUNK_MAX / 4;
+// A chunk is written as one extent page.
+const _: () = assert!(CHUNK_MAX <= crate::codec::PAGE_MAX_EXTENTS);
 
 #[derive(Clone, Debug)]
 struct Chunk {
     /// `extents[0].file_off`.
     first: u64,
     /// Sorted, non-empty, at most [`CHUNK_MAX`].
-    extents: Arc<Vec<Extent>>,
+    extents: Arc<ChunkExtents>,
 }
 
 impl Chunk {
     fn new(extents: Vec<Extent>) -> Self {
         Chunk {
             first: extents[0].file_off,
-            extents: Arc::new(extents),
+            extents: Arc::new(ChunkExtents {
+                extents,
+                page: OnceLock::new(),
+            }),
+        }
+    }
+}
+
+/// A chunk's extents, and the extent page on disk that holds exactly them,
+/// once a checkpoint has written one.
+///
+/// Every way to change the extents goes through `DerefMut`, which forgets
+/// the page (whether `Arc::make_mut` copied the chunk from a snapshot or
+/// changes it in place). So a chunk that names a page holds what the page
+/// holds, however the chunk was changed, and the chunks without one are
+/// what the next checkpoint must write. A copy keeps the page: it holds
+/// the same extents until it is changed.
+// `repr(C)`, extents first: a lookup reads the vector's pointer and
+// length right after the `Arc`'s counts, in the allocation's first cache
+// line, as before the page was added (rustc put the page first).
+#[derive(Clone, Debug)]
+#[repr(C)]
+struct ChunkExtents {
+    extents: Vec<Extent>,
+    /// Set through a shared reference: the checkpoint writer records the
+    /// page in its snapshot's chunk, which the live map shares while the
+    /// chunk is unchanged.
+    page: OnceLock<PageRef>,
+}
+
+impl Deref for ChunkExtents {
+    type Target = Vec<Extent>;
+    fn deref(&self) -> &Vec<Extent> {
+        &self.extents
+    }
+}
+
+impl DerefMut for ChunkExtents {
+    fn deref_mut(&mut self) -> &mut Vec<Extent> {
+        self.page.take();
+        &mut self.extents
+    }
+}
+
+/// One chunk as a checkpoint sees it: its extents, and the page that holds
+/// them if one was written.
+pub struct ChunkPage<'a> {
+    chunk: &'a ChunkExtents,
+}
+
+impl ChunkPage<'_> {
+    pub fn extents(&self) -> &[Extent] {
+        &self.chunk.extents
+    }
+
+    /// The page holding exactly [`ChunkPage::extents`], if one was written.
+    pub fn page(&self) -> Option<PageRef> {
+        self.chunk.page.get().copied()
+    }
+
+    /// Records that `page` now holds the chunk's extents (written from
+    /// [`ChunkPage::extents`] and durable). The live map sees it for as
+    /// long as it shares the chunk. Fails if the chunk already names
+    /// another page.
+    pub fn record_written(&self, page: PageRef) -> Result<(), PageRef> {
+        match self.chunk.page.set(page) {
+            Ok(()) => Ok(()),
+            Err(_) if self.page() == Some(page) => Ok(()),
+            Err(_) => Err(self.page().unwrap_or(page)),
         }
     }
 }
@@ -193,6 +265,25 @@ impl Chunks {
             Some(c) if c.extents.len() < CHUNK_MAX => Arc::make_mut(&mut c.extents).push(e),
             _ => chunks.push(Chunk::new(vec![e])),
         }
+    }
+
+    /// Appends a chunk of `extents`, held by `page` if given, after every
+    /// stored extent: how a map read from extent pages is built, one chunk
+    /// per page. `extents` must be non-empty, at most [`CHUNK_MAX`], sorted
+    /// and above every stored offset (the caller checks).
+    pub(super) fn push_chunk(&mut self, extents: Vec<Extent>, page: Option<PageRef>) {
+        debug_assert!(!extents.is_empty() && extents.len() <= CHUNK_MAX);
+        let chunk = Chunk::new(extents);
+        if let Some(page) = page {
+            let _ = chunk.extents.page.set(page);
+        }
+        self.len += chunk.extents.len();
+        Arc::make_mut(&mut self.chunks).push(chunk);
+    }
+
+    /// The chunks in order, with their pages.
+    pub(super) fn pages(&self) -> impl Iterator<Item = ChunkPage<'_>> + '_ {
+        self.chunks.iter().map(|c| ChunkPage { chunk: &c.extents })
     }
 
     /// Removes the extent at `pos` and returns it.
@@ -405,6 +496,99 @@ mod tests {
         );
     }
 
+    /// A stand-in for the page a checkpoint would write for `extents`: its
+    /// address is a fingerprint of them.
+    fn page_of(extents: &[Extent]) -> PageRef {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        extents.hash(&mut h);
+        PageRef {
+            addr: h.finish(),
+            crc: 0,
+            count: extents.len() as u32,
+            first_key: extents[0].file_off,
+            allocated: extents.iter().map(|e| e.len).sum(),
+        }
+    }
+
+    /// Every chunk that names a page holds what that page was written
+    /// from.
+    fn pages_hold_their_chunks(c: &Chunks) -> Result<(), TestCaseError> {
+        for (i, chunk) in c.pages().enumerate() {
+            if let Some(page) = chunk.page() {
+                prop_assert_eq!(
+                    page,
+                    page_of(chunk.extents()),
+                    "chunk #{} changed under its page",
+                    i
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// What a checkpoint does: pages for the chunks of a snapshot that
+    /// have none, recorded in the snapshot; the live map sees them in the
+    /// chunks it still shares. Returns how many were written.
+    fn write_pages(snapshot: &Chunks) -> usize {
+        let mut written = 0;
+        for chunk in snapshot.pages() {
+            if chunk.page().is_none() {
+                chunk.record_written(page_of(chunk.extents())).unwrap();
+                written += 1;
+            }
+        }
+        written
+    }
+
+    #[test]
+    fn a_checkpoint_after_a_change_writes_the_changed_chunks_only() {
+        let mut live = Chunks::default();
+        for k in 0..(20 * CHUNK_MAX as u64) {
+            live.push(ext(2 * k));
+        }
+        assert_eq!(write_pages(&live.clone()), 20, "first checkpoint: all");
+        assert!(
+            live.pages().all(|c| c.page().is_some()),
+            "the live map shares them"
+        );
+        let snapshot = live.clone();
+        let at = live.last_at_or_before(2 * 150).unwrap();
+        live.get_mut(at).state = ExtentState::Written;
+        assert_eq!(live.pages().filter(|c| c.page().is_none()).count(), 1);
+        assert!(snapshot.pages().all(|c| c.page().is_some()));
+        // Unshared now: a change in place forgets the page as well.
+        drop(snapshot);
+        let at = live.last_at_or_before(2 * 3).unwrap();
+        live.remove(at);
+        assert_eq!(live.pages().filter(|c| c.page().is_none()).count(), 2);
+        assert_eq!(write_pages(&live.clone()), 2);
+        let chunks: Vec<(Vec<Extent>, Option<PageRef>)> = live
+            .pages()
+            .map(|c| (c.extents().to_vec(), c.page()))
+            .collect();
+        // Read back one chunk per page, each naming its page.
+        let mut read = Chunks::default();
+        for (extents, page) in chunks {
+            read.push_chunk(extents, page);
+        }
+        read.check().unwrap();
+        assert_eq!(read, live);
+        assert!(read
+            .pages()
+            .zip(live.pages())
+            .all(|(a, b)| a.page() == b.page()));
+        let first = read.pages().next().unwrap();
+        let other = PageRef {
+            addr: 1,
+            ..first.page().unwrap()
+        };
+        assert!(
+            first.record_written(other).is_err(),
+            "a chunk names one page"
+        );
+    }
+
     #[derive(Clone, Debug)]
     enum Op {
         Insert(u64),
@@ -412,6 +596,7 @@ mod tests {
         RemoveSpan(u64, u64),
         Mark(u64),
         Snapshot,
+        Checkpoint,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -421,6 +606,7 @@ mod tests {
             1 => (0..200u64, 0..80u64).prop_map(|(a, n)| Op::RemoveSpan(a, a + n)),
             1 => (0..200u64).prop_map(Op::Mark),
             1 => Just(Op::Snapshot),
+            1 => Just(Op::Checkpoint),
         ]
     }
 
@@ -477,13 +663,18 @@ mod tests {
                         }
                     }
                     Op::Snapshot => snapshots.push((c.clone(), model.clone())),
+                    Op::Checkpoint => {
+                        write_pages(&c.clone());
+                    }
                 }
                 same(&c, &model)?;
+                pages_hold_their_chunks(&c)?;
                 let max_chunks = model.len().div_ceil(CHUNK_MIN).max(1);
                 prop_assert!(c.chunks.len() <= max_chunks, "{} chunks", c.chunks.len());
             }
             for (snap, want) in &snapshots {
                 same(snap, want)?;
+                pages_hold_their_chunks(snap)?;
             }
         }
 

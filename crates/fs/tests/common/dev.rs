@@ -304,13 +304,18 @@ impl Geometry {
         } else {
             None
         };
+        // Half the volumes keep extents in pages. Drawn from a copy, so
+        // that every draw after this one (and every recorded seed) is as
+        // it was before extent pages existed.
+        let extent_pages = rng.clone().gen_bool(0.5);
         Geometry {
             lbs,
             opts: FormatOptions {
                 block_size,
                 journal_bytes,
                 checkpoint_slot_bytes: None,
-                root_owner: None,
+                extent_pages,
+                ..FormatOptions::default()
             },
         }
     }
@@ -324,7 +329,7 @@ impl Geometry {
 
     pub fn describe(&self) -> String {
         format!(
-            "lbs={} block_size={} journal={} slot={}",
+            "lbs={} block_size={} journal={} slot={} extent_pages={}",
             self.lbs,
             self.opts.block_size,
             self.opts
@@ -334,7 +339,8 @@ impl Geometry {
             self.opts
                 .checkpoint_slot_bytes
                 .map(|j| j.to_string())
-                .unwrap_or_else(|| "default".into())
+                .unwrap_or_else(|| "default".into()),
+            self.opts.extent_pages
         )
     }
 

@@ -1,0 +1,280 @@
+//! What a base checkpoint with extent pages writes for a snapshot of the
+//! metadata: a page for every extent chunk that names none (changed since
+//! its page was written, or never written), references to the pages the
+//! other chunks name, and, once the base is durable, the new pages
+//! recorded in the snapshot's chunks (which the live maps share while
+//! unchanged). See `docs/EXTENT_PAGES.md`.
+
+use std::collections::BTreeSet;
+
+use crate::codec::{self, PageTable};
+use crate::error::{Error, Result};
+use crate::state::MetaState;
+use crate::types::{FileKind, Ino};
+
+/// The pages a base writes, and the page table its root lists.
+#[derive(Debug)]
+pub struct PagePlan {
+    /// Every regular file with extents, sorted by inode number, with its
+    /// pages in key order: the ones its chunks name and the new ones.
+    pub table: PageTable,
+    /// The new pages: `(device byte, bytes)`.
+    pub writes: Vec<(u64, Vec<u8>)>,
+    /// Where the new pages are in `table`: `(file index, page index)`,
+    /// in order.
+    new: Vec<(usize, usize)>,
+}
+
+/// Plans the pages of `state`'s extent maps: a page for each chunk that
+/// names none, placed at the device byte `place` returns for its length
+/// (the caller allocates from free space; a failure ends the plan), and
+/// encoded with the volume's crc `seed`.
+pub fn plan_pages(
+    state: &MetaState,
+    seed: u32,
+    mut place: impl FnMut(u64) -> Result<u64>,
+) -> Result<PagePlan> {
+    let block_size = u64::from(state.block_size);
+    let mut inos: Vec<Ino> = state
+        .inodes
+        .iter()
+        .filter(|(_, i)| i.kind == FileKind::Regular && !i.extents.is_empty())
+        .map(|(&ino, _)| ino)
+        .collect();
+    inos.sort_unstable();
+    let mut plan = PagePlan {
+        table: Vec::with_capacity(inos.len()),
+        writes: Vec::new(),
+        new: Vec::new(),
+    };
+    for ino in inos {
+        let mut list = Vec::new();
+        for chunk in state.inodes[&ino].extents.chunk_pages() {
+            let page = match chunk.page() {
+                Some(page) => page,
+                None => {
+                    let len = codec::page_len(chunk.extents().len(), block_size);
+                    let addr = place(len)?;
+                    let (bytes, page) =
+                        codec::encode_page(seed, ino, chunk.extents(), block_size, addr)?;
+                    plan.writes.push((addr, bytes));
+                    plan.new.push((plan.table.len(), list.len()));
+                    page
+                }
+            };
+            list.push(page);
+        }
+        plan.table.push((ino, list));
+    }
+    Ok(plan)
+}
+
+impl PagePlan {
+    /// Records the new pages in the chunks of `state` (the state the plan
+    /// was made from) once the base listing them is durable: until they
+    /// change, those chunks are not written again.
+    pub fn record_written(&self, state: &MetaState) -> Result<()> {
+        let mut new = self.new.iter().peekable();
+        while let Some(&&(file, _)) = new.peek() {
+            let (ino, list) = &self.table[file];
+            let inode = state.inodes.get(ino).ok_or_else(|| {
+                Error::invalid("recording extent pages", format!("inode {ino} is gone"))
+            })?;
+            for (i, chunk) in inode.extents.chunk_pages().enumerate() {
+                if new.next_if(|&&(f, p)| f == file && p == i).is_some() {
+                    chunk.record_written(list[i]).map_err(|other| {
+                        Error::invalid(
+                            "recording extent pages",
+                            format!("inode {ino}'s chunk {i} already names page {other:?}"),
+                        )
+                    })?;
+                }
+            }
+            if new.peek().is_some_and(|&&(f, _)| f == file) {
+                return Err(Error::invalid(
+                    "recording extent pages",
+                    format!("inode {ino} has fewer chunks than its plan"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Device bytes of the new pages.
+    pub fn written_bytes(&self) -> u64 {
+        self.writes.iter().map(|(_, b)| b.len() as u64).sum()
+    }
+}
+
+/// The device ranges `(addr, len)` of the pages `table` lists, without
+/// repeats.
+pub fn page_ranges(table: &PageTable, block_size: u64) -> BTreeSet<(u64, u64)> {
+    table
+        .iter()
+        .flat_map(|(_, list)| list.iter())
+        .map(|p| (p.addr, codec::page_len(p.count as usize, block_size)))
+        .collect()
+}
+
+/// The pages to free once a base listing `new` is durable in the slot
+/// where a base listing `replaced` was, while the other slot's base lists
+/// `other`: those `replaced` lists that neither lists. Pages are in use
+/// while either slot's base lists them, and the two share every page
+/// neither rewrote.
+pub fn pages_freed(
+    replaced: &PageTable,
+    new: &PageTable,
+    other: &PageTable,
+    block_size: u64,
+) -> Vec<(u64, u64)> {
+    let keep: BTreeSet<(u64, u64)> = page_ranges(new, block_size)
+        .union(&page_ranges(other, block_size))
+        .copied()
+        .collect();
+    page_ranges(replaced, block_size)
+        .difference(&keep)
+        .copied()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::read_pages;
+    use crate::codec::{random_image, PageArea};
+    use crate::superblock::test_device::VecDevice;
+    use crate::superblock::{Layout, Superblock};
+    use crate::types::{Extent, ExtentState};
+    use rand::rngs::SmallRng;
+    use rand::SeedableRng;
+
+    const BS: u64 = 4096;
+
+    /// A state of random inodes, one regular file with 40 extents (many
+    /// chunks), and that file's inode number.
+    fn state() -> (MetaState, Ino) {
+        let mut image = random_image(&mut SmallRng::seed_from_u64(13), 30);
+        let root = MetaState::new_empty(BS as u32, Default::default(), 0, 0).to_image();
+        image.inodes.retain(|i| i.ino != crate::types::ROOT_INO);
+        // Random entries name inodes that are not there.
+        for inode in &mut image.inodes {
+            inode.entries.clear();
+        }
+        image.inodes.extend(root.inodes);
+        image.inodes.sort_by_key(|i| i.ino);
+        image.next_ino = image.next_ino.max(root.next_ino);
+        let big = image
+            .inodes
+            .iter_mut()
+            .find(|i| i.kind == FileKind::Regular)
+            .unwrap();
+        big.extents = (0..40)
+            .map(|i| Extent {
+                file_off: 2 * i * BS,
+                len: BS,
+                addr: (1000 + 3 * i) * BS,
+                state: ExtentState::Written,
+            })
+            .collect();
+        big.size = 80 * BS;
+        let ino = big.ino;
+        (MetaState::from_image(&image, BS as u32).unwrap(), ino)
+    }
+
+    /// Writes `plan`'s pages and a root of `state` to `dev`, reads them
+    /// back as mount does, and checks the image is `state`'s.
+    fn round_trip(dev: &VecDevice, sb: &Superblock, state: &MetaState, plan: &PagePlan) {
+        crate::checkpoint::write_pages(dev, &plan.writes).unwrap();
+        let root = state.encode_root_after(0, &plan.table).unwrap();
+        let area = PageArea {
+            start: sb.layout.data.start,
+            len: sb.layout.data.len,
+            block_size: BS,
+        };
+        let mut decoded = codec::decode_root_at(&root, 0, "root", area).unwrap();
+        assert_eq!(decoded.pages, plan.table);
+        read_pages(dev, sb, &mut decoded.image, &decoded.pages).unwrap();
+        assert_eq!(decoded.image, state.to_image());
+    }
+
+    /// The first base writes every chunk; after one change, the next
+    /// writes only the chunks that change touched, lists the same pages
+    /// for the rest, and frees only the pages it replaced.
+    #[test]
+    fn a_base_after_a_change_writes_only_the_changed_chunks() {
+        const DEV: u64 = 16 << 20;
+        let dev = VecDevice::new(DEV, 512);
+        let sb = Superblock::new(Layout::compute(DEV, 512, BS as u32, None, None).unwrap());
+        let mut next = sb.layout.data.start;
+        let mut place = |len: u64| {
+            next += len;
+            Ok(next - len)
+        };
+        let (mut live, big) = state();
+        let chunks: usize = live
+            .inodes
+            .values()
+            .map(|i| i.extents.chunk_pages().count())
+            .sum();
+        assert!(live.inodes[&big].extents.chunk_pages().count() >= 5);
+
+        let first = live.clone();
+        let plan1 = plan_pages(&first, sb.crc_seed(), &mut place).unwrap();
+        assert_eq!(plan1.writes.len(), chunks, "nothing was written before");
+        round_trip(&dev, &sb, &first, &plan1);
+        plan1.record_written(&first).unwrap();
+        drop(first);
+        assert!(
+            live.inodes
+                .values()
+                .all(|i| i.extents.chunk_pages().all(|c| c.page().is_some())),
+            "the live maps see the pages in the chunks they share"
+        );
+
+        // One extent of the big file, in its third chunk, punched.
+        let inode = live.inodes.get_mut(&big).unwrap();
+        inode.extents.remove_range(2 * 20 * BS, BS);
+        let second = live.clone();
+        let plan2 = plan_pages(&second, sb.crc_seed(), &mut place).unwrap();
+        assert_eq!(plan2.writes.len(), 1, "one chunk changed");
+        round_trip(&dev, &sb, &second, &plan2);
+        let old = page_ranges(&plan1.table, BS);
+        let kept = page_ranges(&plan2.table, BS);
+        assert_eq!(kept.difference(&old).count(), 1);
+        let freed = pages_freed(&plan1.table, &plan2.table, &Vec::new(), BS);
+        assert_eq!(freed.len(), 1, "the page of the changed chunk");
+        assert!(!kept.contains(&freed[0]));
+        // The other slot's base still lists it: nothing is freed.
+        assert!(pages_freed(&plan1.table, &plan2.table, &plan1.table, BS).is_empty());
+        plan2.record_written(&second).unwrap();
+        assert!(plan_pages(&second, sb.crc_seed(), &mut place)
+            .unwrap()
+            .writes
+            .is_empty());
+    }
+
+    /// A placement that fails ends the plan with its error, and nothing
+    /// is recorded in the chunks.
+    #[test]
+    fn a_page_that_cannot_be_placed_fails_the_plan() {
+        let (state, _) = state();
+        let mut left = 2;
+        let err = plan_pages(&state, 0, |_| {
+            if left == 0 {
+                return Err(Error::NoSpace {
+                    what: "extent pages".into(),
+                    needed: BS,
+                    available: 0,
+                });
+            }
+            left -= 1;
+            Ok(1 << 30)
+        })
+        .unwrap_err();
+        assert!(matches!(err, Error::NoSpace { .. }), "{err}");
+        assert!(state
+            .inodes
+            .values()
+            .all(|i| i.extents.chunk_pages().all(|c| c.page().is_none())));
+    }
+}
