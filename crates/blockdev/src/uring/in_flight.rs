@@ -355,7 +355,10 @@ impl InFlight {
             }
             let source = io::Error::from_raw_os_error(errno);
             self.pieces[number] = None;
-            self.fail(at, io_error(op, at, piece.len, source));
+            // Name the part that failed: a short transfer before it moved
+            // the piece's first `done` bytes.
+            let failed_at = at + piece.done as u64;
+            self.fail(at, io_error(op, failed_at, piece.len - piece.done, source));
             return;
         }
         if res == 0 {
@@ -639,6 +642,25 @@ mod tests {
         match into_completion(request).result {
             Err(DeviceError::Io { offset, len, .. }) => {
                 assert_eq!((offset, len), (64 * 1024, 64 * 1024))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A piece that moved part of its bytes and then failed names the part
+    /// that failed, not the whole piece.
+    #[test]
+    fn an_error_after_a_short_transfer_names_the_rest_of_the_piece() {
+        let split = Split::new(limits(64 * KIB), 4096, 512, 4);
+        let mut request = write(1 << 20, 64 * KIB);
+        assert_eq!(drain(&mut request, 0, &split), [0]);
+        request.complete(0, (16 * KIB) as i32);
+        assert_eq!(drain(&mut request, 0, &split), [0]);
+        request.complete(0, -libc::EIO);
+        assert!(request.is_finished());
+        match into_completion(request).result {
+            Err(DeviceError::Io { offset, len, .. }) => {
+                assert_eq!((offset, len), ((1 << 20) + 16 * 1024, 48 * 1024))
             }
             other => panic!("{other:?}"),
         }
