@@ -340,8 +340,15 @@ fn queue_dir(major: u32, minor: u32) -> Option<PathBuf> {
 /// devices such as zram have no request queue).
 pub(crate) fn request_slots(rdev: u64) -> Option<usize> {
     let queue = queue_dir(libc::major(rdev), libc::minor(rdev))?;
-    let text = std::fs::read_to_string(queue.join("nr_requests")).ok()?;
-    text.trim().parse::<usize>().ok().filter(|&n| n > 0)
+    usize::try_from(queue_number(&queue, "nr_requests")?).ok()
+}
+
+/// A positive number a queue attribute states; `None` where it is absent,
+/// unreadable, zero or not a number (the attributes read this way are
+/// hints for speed, never for durability).
+fn queue_number(queue: &Path, attr: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(queue.join(attr)).ok()?;
+    text.trim().parse::<u64>().ok().filter(|&n| n > 0)
 }
 
 /// Pages one direct-I/O bio holds (`BIO_MAX_VECS`): a larger request needs
@@ -359,10 +366,7 @@ pub(crate) fn request_limits(rdev: u64) -> RequestLimits {
             ..RequestLimits::NONE
         };
     };
-    let number = |attr: &str| -> Option<u64> {
-        let text = std::fs::read_to_string(queue.join(attr)).ok()?;
-        text.trim().parse::<u64>().ok().filter(|&n| n > 0)
-    };
+    let number = |attr: &str| queue_number(&queue, attr);
     limits_from(
         number("max_sectors_kb"),
         number("max_segments"),

@@ -140,12 +140,11 @@ impl JournalWriter {
             seed: sb.crc_seed(),
             head: 0,
             tail: 0,
-            next_seq,
-            chain,
+            next_seq: 0,
+            chain: 0,
             clear_mark: None,
         };
-        w.head = w.normalize(start);
-        w.tail = w.head;
+        w.restart_at(start, next_seq, chain);
         w
     }
 
@@ -196,14 +195,16 @@ impl JournalWriter {
         self.clear_mark = Some(sb.without_clean_mark());
     }
 
-    /// A writer starting again at `start` (a checkpoint that did not go
-    /// through the journal moved it there), which still writes the
-    /// superblock first if this one was to: replacing the writer must not
-    /// forget that block 0 holds a mark.
-    pub fn continued_at(&self, sb: &Superblock, start: u64, seq: u64, chain: u32) -> JournalWriter {
-        let mut w = JournalWriter::new(sb, start, seq, chain);
-        w.clear_mark = self.clear_mark.clone();
-        w
+    /// Starts again at `start`, empty, with records numbered from
+    /// `next_seq` and chained to `chain` (a checkpoint that did not go
+    /// through the journal moved it there). The same writer goes on, so
+    /// what it still owes the device (clearing a clean-unmount mark before
+    /// its next batch) is kept.
+    pub fn restart_at(&mut self, start: u64, next_seq: u64, chain: u32) {
+        self.head = self.normalize(start);
+        self.tail = self.head;
+        self.next_seq = next_seq;
+        self.chain = chain;
     }
 
     /// Whether the next append must first clear a clean-unmount mark.

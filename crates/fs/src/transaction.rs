@@ -344,10 +344,9 @@ impl VolumeInner {
         if journaled {
             commit.journal.set_tail(journal_start);
         } else {
-            commit.journal =
-                commit
-                    .journal
-                    .continued_at(&self.sb, journal_start, journal_seq, journal_chain);
+            commit
+                .journal
+                .restart_at(journal_start, journal_seq, journal_chain);
         }
         // From here on, losing the new checkpoint is damage, not a torn
         // write: the mark on the record before it tells the next mount so.

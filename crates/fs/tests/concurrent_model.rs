@@ -39,7 +39,7 @@ use std::time::Instant;
 
 use blockdev::memory::MemDevice;
 use blockdev::{AlignedBuf, BlockDevice};
-use common::dev::{try_fsck_clean, MIB};
+use common::dev::{try_fsck_clean, uring_volume_device, MIB};
 use common::history::{find_marker, tagged, MARKER};
 use common::{env_u64, run_case, watchdog, Rng, SeedableRng, Seeds, SmallRng, Stats};
 use iomapfs_fs::{File, FormatOptions, OpenFlags, Volume};
@@ -677,22 +677,9 @@ fn memory_case(seed: u64, stats: &Stats) {
 
 fn uring_case(seed: u64, stats: &Stats) -> bool {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("vol.img");
-    let file = std::fs::File::create(&path).unwrap();
-    file.set_len(64 * MIB).unwrap();
-    drop(file);
-    let dev = match blockdev::open_device(&path, false, blockdev::Backend::Uring) {
-        Ok((dev, _)) => dev,
-        Err(e) => {
-            if std::env::var_os("IOMAPFS_REQUIRE_PRIVILEGED").is_some() {
-                panic!("io_uring unavailable: {e}");
-            }
-            eprintln!("concurrent_model: io_uring case skipped: io_uring unavailable here: {e}");
-            return false;
-        }
+    let Some(dev) = uring_volume_device(dir.path(), 64 * MIB) else {
+        return false;
     };
-    assert_eq!(dev.backend_name(), "uring");
-    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
     let vol = Volume::open(dev.clone()).unwrap();
     let (models, _, shared) = run_threads(seed, vol, None, stats);
     // A killed process: no unmount, no sync. Everything that completed is
