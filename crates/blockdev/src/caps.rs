@@ -69,9 +69,14 @@ pub struct RequestLimits {
     /// one for a start inside a segment. Used instead of `max_pages` for
     /// such buffers ([`crate::AlignedBuf::is_huge_page_mapping`]).
     pub max_contiguous_bytes: Option<usize>,
-    /// A request must not cross a multiple of this many device bytes
+    /// A request must not cross a multiple of this many bytes of the disk
     /// (`queue/chunk_sectors`: RAID stripes, zones).
     pub boundary_bytes: Option<u64>,
+    /// Where this device's byte 0 lies on the disk whose boundaries
+    /// `boundary_bytes` counts: a partition's start (`/sys/dev/block/M:N/
+    /// start`, in bytes), 0 for a whole disk. The kernel measures chunk
+    /// boundaries from the disk's start, not the partition's.
+    pub boundary_offset: u64,
 }
 
 impl RequestLimits {
@@ -81,5 +86,6 @@ impl RequestLimits {
         max_pages: None,
         max_contiguous_bytes: None,
         boundary_bytes: None,
+        boundary_offset: 0,
     };
 }

@@ -367,13 +367,32 @@ pub(crate) fn request_limits(rdev: u64) -> RequestLimits {
         };
     };
     let number = |attr: &str| queue_number(&queue, attr);
-    limits_from(
+    let limits = limits_from(
         number("max_sectors_kb"),
         number("max_segments"),
         number("max_segment_size"),
         number("chunk_sectors"),
         page_size() as u64,
-    )
+    );
+    RequestLimits {
+        boundary_offset: partition_start_bytes(rdev),
+        ..limits
+    }
+}
+
+/// Bytes from its disk's start to partition `rdev`'s first byte (`start`,
+/// in 512-byte sectors, exists only for partitions); 0 for a whole disk or
+/// where sysfs does not say.
+fn partition_start_bytes(rdev: u64) -> u64 {
+    let dev = PathBuf::from(format!(
+        "/sys/dev/block/{}:{}",
+        libc::major(rdev),
+        libc::minor(rdev)
+    ));
+    std::fs::read_to_string(dev.join("start"))
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .map_or(0, |sectors| sectors.saturating_mul(512))
 }
 
 /// [`request_limits`] from the queue's attributes (`None`: absent).
@@ -400,6 +419,7 @@ fn limits_from(
         max_pages: Some(max_pages),
         max_contiguous_bytes: max_contiguous_bytes.filter(|&n| n > 0),
         boundary_bytes: chunk_sectors.map(|s| s.saturating_mul(512)),
+        boundary_offset: 0,
     }
 }
 

@@ -92,6 +92,46 @@ fn queue_attr(dev: &std::path::Path, attr: &str) -> u64 {
     text.trim().parse().unwrap()
 }
 
+/// On a partition, chunk boundaries are counted from its disk's start, so
+/// the probe gives the partition's start on the disk; a whole disk's is 0.
+#[test]
+fn a_partitions_limits_give_its_start_on_the_disk() {
+    if !is_root() {
+        return skip_privileged("not root");
+    }
+    const START_SECTOR: u32 = 2048;
+    const SECTORS: u32 = 8192;
+    // One MBR entry: a Linux partition of 4 MiB starting 1 MiB in.
+    let img = image(16 << 20, |_| 0);
+    let mut mbr = [0u8; 512];
+    let entry = &mut mbr[446..462];
+    entry[4] = 0x83;
+    entry[8..12].copy_from_slice(&START_SECTOR.to_le_bytes());
+    entry[12..16].copy_from_slice(&SECTORS.to_le_bytes());
+    mbr[510] = 0x55;
+    mbr[511] = 0xaa;
+    std::os::unix::fs::FileExt::write_all_at(img.as_file(), &mbr, 0).unwrap();
+    let lo = match LoopDev::attach_partitioned(img.path()) {
+        Ok(lo) => lo,
+        Err(e) => return skip_privileged(&format!("no loop device: {e}")),
+    };
+    let partition = std::path::PathBuf::from(format!("{}p1", lo.path.display()));
+    assert!(
+        partition.exists(),
+        "{} after --partscan",
+        partition.display()
+    );
+    let disk = SyncDevice::open(&lo.path, SyncOpenOptions::default()).unwrap();
+    assert_eq!(disk.request_limits().boundary_offset, 0);
+    // Opened exclusively: the partition is busy while the disk is open.
+    drop(disk);
+    let part = SyncDevice::open(&partition, SyncOpenOptions::default()).unwrap();
+    assert_eq!(
+        part.request_limits().boundary_offset,
+        u64::from(START_SECTOR) * 512
+    );
+}
+
 /// The limits probed on a loop device are its queue's, and a 2 MiB write
 /// and read through io_uring go in pieces that fit them (no piece larger
 /// than `max_sectors_kb`, nor touching more pages than `max_segments`).

@@ -92,7 +92,8 @@ impl Split {
             }
         }
         if let Some(boundary) = self.limits.boundary_bytes.filter(|&b| b > 0) {
-            let to_boundary = boundary - at % boundary;
+            let on_disk = at.wrapping_add(self.limits.boundary_offset);
+            let to_boundary = boundary - on_disk % boundary;
             len = len.min(usize::try_from(to_boundary).unwrap_or(usize::MAX));
         }
         if len < rest {
@@ -542,6 +543,7 @@ mod tests {
             max_pages: Some(128),
             max_contiguous_bytes: Some(127 * 64 * KIB),
             boundary_bytes: None,
+            boundary_offset: 0,
         };
         let split = Split::new(bed, 4096, 512, 8);
         assert_eq!(split.piece_len(0, 0, 2 << 20, false), 512 * KIB);
@@ -559,6 +561,17 @@ mod tests {
         };
         let split = Split::new(chunks, 4096, 512, 8);
         assert_eq!(split.piece_len(0, 60 * KIB as u64, 1 << 20, false), 4 * KIB);
+        // On a partition that starts 8 KiB into its disk, the same device
+        // offset is 4 KiB past a boundary of the disk.
+        let partition = RequestLimits {
+            boundary_offset: 8 * KIB as u64,
+            ..chunks
+        };
+        let split = Split::new(partition, 4096, 512, 8);
+        assert_eq!(
+            split.piece_len(0, 60 * KIB as u64, 1 << 20, false),
+            60 * KIB
+        );
         // A limit that is not a block multiple rounds down; one below a
         // block still moves a block.
         let split = Split::new(limits(3000), 4096, 1024, 8);

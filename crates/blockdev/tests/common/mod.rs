@@ -62,6 +62,26 @@ pub struct LoopDev {
 }
 
 impl LoopDev {
+    /// A loop device over `image` with the partitions of its table:
+    /// partition N is `{path}pN`. `partx --add` adds them where the
+    /// kernel's own scan does not (a kernel built without the table's
+    /// parser).
+    #[allow(dead_code)]
+    pub fn attach_partitioned(image: &Path) -> Result<LoopDev, String> {
+        run("losetup", &["--version"])?;
+        let dev = run(
+            "losetup",
+            &["--find", "--show", "--partscan", image.to_str().unwrap()],
+        )?;
+        let lo = LoopDev {
+            path: PathBuf::from(dev),
+        };
+        if !Path::new(&format!("{}p1", lo.path.display())).exists() {
+            run("partx", &["--add", &lo.path.to_string_lossy()])?;
+        }
+        Ok(lo)
+    }
+
     pub fn attach(image: &Path) -> Result<LoopDev, String> {
         run("losetup", &["--version"])?;
         let dev = run(
