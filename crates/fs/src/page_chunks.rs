@@ -216,3 +216,179 @@ fn outside_every_span(e: &Extent) -> String {
         e.file_off
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::ExtentState;
+    use proptest::prelude::*;
+
+    const BS: u64 = 4096;
+
+    /// One-block extent at block `key`, mapped to block `addr`.
+    fn ext(key: u64, blocks: u64, addr: u64) -> Extent {
+        Extent {
+            file_off: key * BS,
+            len: blocks * BS,
+            addr: addr * BS,
+            state: ExtentState::Written,
+        }
+    }
+
+    /// A made-up page reference, told apart by `n`.
+    fn page(n: u64) -> PageRef {
+        PageRef {
+            addr: n * BS,
+            crc: n as u32,
+            count: 1,
+            first_key: 0,
+            allocated: BS,
+        }
+    }
+
+    fn chunk(keys: &[u64], n: u64) -> PageChunk {
+        PageChunk {
+            extents: keys.iter().map(|&k| ext(k, 1, 1000 + k)).collect(),
+            page: Some(page(n)),
+        }
+    }
+
+    fn flat(chunks: &[PageChunk]) -> Vec<Extent> {
+        chunks.iter().flat_map(|c| c.extents.clone()).collect()
+    }
+
+    fn merged(chunks: &[PageChunk], spans: &[KeySpan], new: &[Extent]) -> Vec<PageChunk> {
+        let mut maps = PagedMaps::default();
+        maps.push_file(9, chunks.to_vec()).unwrap();
+        let merge = plan_merge(chunks, spans, new).unwrap();
+        maps.apply(9, merge);
+        maps.get(9).unwrap().to_vec()
+    }
+
+    /// A span inside the middle chunk changes only it; the chunks before
+    /// and after keep their pages. A span over the gap between two chunks
+    /// reaches only the chunk that owns the gap (the one before it).
+    #[test]
+    fn a_span_changes_only_the_chunks_owning_its_keys() {
+        let chunks = [chunk(&[0, 2], 1), chunk(&[4, 6], 2), chunk(&[10, 12], 3)];
+        let got = merged(&chunks, &[(5 * BS, 7 * BS)], &[ext(5, 1, 50)]);
+        assert_eq!(got[0], chunks[0]);
+        assert_eq!(got[2], chunks[2]);
+        assert_eq!(got[1].page, None);
+        assert_eq!(got[1].extents, [ext(4, 1, 1004), ext(5, 1, 50)]);
+
+        let got = merged(&chunks, &[(7 * BS, 9 * BS)], &[ext(8, 1, 60)]);
+        assert_eq!(
+            (got[0].page, got[1].page, got[2].page),
+            (Some(page(1)), None, Some(page(3)))
+        );
+        assert_eq!(
+            got[1].extents,
+            [ext(4, 1, 1004), ext(6, 1, 1006), ext(8, 1, 60)]
+        );
+
+        // Spans reaching two chunks that meet merge them into one.
+        let got = merged(&chunks, &[(2 * BS, 5 * BS)], &[]);
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].page, got[1].page), (None, Some(page(3))));
+        assert_eq!(got[0].extents, [ext(0, 1, 1000), ext(6, 1, 1006)]);
+
+        // A span emptying a chunk drops it; one below the first key
+        // belongs to the first chunk.
+        let got = merged(&chunks, &[(4 * BS, 8 * BS)], &[]);
+        assert_eq!(got, [chunks[0].clone(), chunks[2].clone()]);
+    }
+
+    /// Where a changed run meets a kept chunk is checked: an extent a
+    /// delta adds may not overlap the next chunk's first extent, nor the
+    /// previous chunk's last.
+    #[test]
+    fn a_merge_overlapping_a_kept_chunk_is_refused() {
+        let chunks = [chunk(&[0, 2], 1), chunk(&[4, 6], 2), chunk(&[10, 12], 3)];
+        let err = plan_merge(&chunks, &[(8 * BS, 9 * BS)], &[ext(8, 3, 70)]).unwrap_err();
+        assert!(err.contains("overlaps"), "{err}");
+        let err = plan_merge(&chunks, &[(4 * BS, 5 * BS)], &[ext(4, 1, 70)])
+            .map(|_| ())
+            .and_then(|()| plan_merge(&chunks, &[(13 * BS, 14 * BS)], &[ext(13, 1, 70)]).map(drop))
+            .and_then(|()| {
+                plan_merge(&chunks, &[(6 * BS, 8 * BS)], &[ext(6, 1, 1), ext(7, 4, 70)]).map(drop)
+            })
+            .unwrap_err();
+        assert!(err.contains("overlaps"), "{err}");
+        let err = plan_merge(&chunks, &[(8 * BS, 9 * BS)], &[ext(20, 1, 70)]).unwrap_err();
+        assert!(err.contains("outside every key span"), "{err}");
+    }
+
+    fn case() -> impl Strategy<Value = (Vec<PageChunk>, Vec<KeySpan>, Vec<Extent>)> {
+        (
+            prop::collection::btree_set(0u64..60, 0..24),
+            prop::collection::vec(1usize..5, 24),
+            prop::collection::btree_set(0u64..64, 0..8),
+            prop::collection::vec((0u64..64, 1u64..3), 0..8),
+        )
+            .prop_map(|(keys, sizes, cuts, adds)| {
+                let keys: Vec<u64> = keys.into_iter().map(|k| 2 * k).collect();
+                let mut chunks = Vec::new();
+                let mut rest = &keys[..];
+                for (n, size) in sizes.into_iter().enumerate() {
+                    if rest.is_empty() {
+                        break;
+                    }
+                    let take = size.min(rest.len());
+                    chunks.push(chunk(&rest[..take], n as u64));
+                    rest = &rest[take..];
+                }
+                // Spans between consecutive cut points, every other pair;
+                // an odd count leaves the last open to the end.
+                let cuts: Vec<u64> = cuts.into_iter().map(|c| 2 * c * BS).collect();
+                let spans: Vec<KeySpan> = cuts
+                    .chunks(2)
+                    .map(|p| (p[0], p.get(1).copied().unwrap_or(u64::MAX)))
+                    .collect();
+                let mut adds: Vec<(u64, u64)> = adds;
+                adds.sort_unstable();
+                adds.dedup_by_key(|a| a.0);
+                // Each inside a span, as the delta decoder requires.
+                let new = adds
+                    .into_iter()
+                    .map(|(k, len)| ext(2 * k + 1, len, 500 + k))
+                    .filter(|n| spans.iter().any(|&(s, e)| (s..e).contains(&n.file_off)))
+                    .collect();
+                (chunks, spans, new)
+            })
+    }
+
+    proptest! {
+        /// Laid over chunks, a delta gives the map it gives laid over the
+        /// whole map (and fails where that fails); every chunk owning no
+        /// key in a span is kept as it was, page and all, and every chunk
+        /// that changed names no page.
+        #[test]
+        fn chunk_merges_match_a_whole_map_merge((chunks, spans, new) in case()) {
+            let whole = flat(&chunks);
+            let want = SpanMerge::plan(&whole, &spans, &new).map(|m| {
+                let mut w = whole.clone();
+                m.apply(&mut w, &new);
+                w
+            });
+            let got = plan_merge(&chunks, &spans, &new);
+            prop_assert_eq!(got.is_ok(), want.is_ok(), "{:?} / {:?}", got.as_ref().err(), want.as_ref().err());
+            let (Ok(merge), Ok(want)) = (got, want) else { return Ok(()) };
+            prop_assert_eq!(merge.merged_len, want.len());
+            let mut maps = PagedMaps::default();
+            maps.push_file(3, chunks.clone()).unwrap();
+            maps.apply(3, merge);
+            let after = maps.get(3).unwrap();
+            prop_assert_eq!(flat(after), want);
+            prop_assert!(after.iter().all(|c| !c.extents.is_empty()));
+            let reached = |j: usize| {
+                let low = if j == 0 { 0 } else { chunks[j].first_key() };
+                let high = chunks.get(j + 1).map_or(u64::MAX, PageChunk::first_key);
+                spans.iter().any(|&(s, e)| s < high && low < e)
+            };
+            let kept: Vec<&PageChunk> = (0..chunks.len()).filter(|&j| !reached(j)).map(|j| &chunks[j]).collect();
+            let paged: Vec<&PageChunk> = after.iter().filter(|c| c.page.is_some()).collect();
+            prop_assert_eq!(paged, kept);
+        }
+    }
+}
