@@ -177,8 +177,10 @@ pub fn plan_merge(
                 .map(|&(s, e)| (s.max(low), e.min(high))),
         );
         let kept = &chunks[run.clone()];
-        let mut extents: Vec<Extent> =
-            Vec::with_capacity(kept.iter().map(|c| c.extents.len()).sum());
+        // Room for what the merge adds: growing a run of a large file in
+        // place would copy all of it again.
+        let room = kept.iter().map(|c| c.extents.len()).sum::<usize>() + (new_end - new_start);
+        let mut extents: Vec<Extent> = Vec::with_capacity(room);
         for c in kept {
             extents.extend_from_slice(&c.extents);
         }
