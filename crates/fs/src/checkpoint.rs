@@ -1351,7 +1351,9 @@ pub struct NewestCheckpoint {
 /// generation, its slot, and (if that slot is marked superseded) the newer
 /// checkpoint that was lost. A slot that does not verify is skipped; if
 /// neither verifies the error names both reasons. Device errors are returned
-/// as they are: a slot that cannot be read might be the newer one.
+/// as they are: a slot that cannot be read might be the newer one. The
+/// extents of files kept in extent pages are in [`NewestCheckpoint::paged`],
+/// not in the image.
 pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<NewestCheckpoint> {
     let mut best: Option<(usize, SlotContents)> = None;
     let mut reasons: Vec<Option<String>> = vec![None; CHECKPOINT_SLOTS];
@@ -1490,7 +1492,7 @@ fn read_root(
 }
 
 /// [`read_checkpoints`], refusing (as [`Error::Corrupt`]) a volume whose
-/// newest durable checkpoint is lost.
+/// newest durable checkpoint is lost; the image is whole.
 pub fn read_newest_checkpoint(
     dev: &dyn BlockDevice,
     sb: &Superblock,
