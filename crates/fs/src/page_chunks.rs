@@ -125,7 +125,7 @@ impl PagedMaps {
 /// with `new` (each under a key in a span), as a delta does: the chunks
 /// owning a key in a span are merged by runs, the rest kept with their
 /// pages. Checks what `SpanMerge::plan` checks on a whole map, including
-/// where a changed run meets the kept chunks around it.
+/// where a changed run meets the kept chunk after it.
 pub fn plan_merge(
     chunks: &[PageChunk],
     spans: &[KeySpan],
@@ -188,14 +188,9 @@ pub fn plan_merge(
         let merge = SpanMerge::plan(&extents, &clipped, &new[new_start..new_end])?;
         let merged = merge.merged_len;
         merge.apply(&mut extents, &new[new_start..new_end]);
-        if let (Some(first), Some(before)) = (
-            extents.first(),
-            run.start
-                .checked_sub(1)
-                .and_then(|b| chunks[b].extents.last()),
-        ) {
-            codec::check_extent(first, Some(before))?;
-        }
+        // Only the kept chunk after the run needs a check: every key in the
+        // run is at least its first chunk's first key, where the kept
+        // chunk before it ends (the map was sorted and disjoint).
         if let (Some(last), Some(after)) = (extents.last(), chunks.get(run.end)) {
             codec::check_extent(&after.extents[0], Some(last))?;
         }
