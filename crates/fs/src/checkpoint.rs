@@ -56,12 +56,13 @@ use blockdev::{BlockDevice, WriteMode};
 
 use crate::codec::{self, Decoder, DeltaLink, Encoder, PageArea, PageTable};
 use crate::error::{Error, Result};
-use crate::extent_map::search::first_key_at_or_after;
+use crate::extent_map::span_merge::SpanMerge;
+use crate::page_chunks::{ChunkMerge, PagedMaps};
 use crate::superblock::{
     is_aligned, Region, Superblock, CHECKPOINT_SLOTS, COMPAT_SUPERSEDE_MARKS,
     INCOMPAT_DELTA_CHECKPOINTS, INCOMPAT_EXTENT_PAGES, INCOMPAT_SPILLED_CHECKPOINTS,
 };
-use crate::types::{Extent, InodeImage, KeySpan, MetaDelta, MetaImage};
+use crate::types::{Extent, InodeImage, MetaDelta, MetaImage};
 
 /// First 8 bytes of a valid checkpoint slot: a whole image (the base).
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"IOMAPCP1";
@@ -728,11 +729,12 @@ pub struct SlotContents {
     /// the slot).
     pub spill: Vec<SpillExtent>,
     /// With [`INCOMPAT_EXTENT_PAGES`]: the extent pages the base's root
-    /// lists (every one read and verified into `checkpoint.image`).
+    /// lists (every one read and verified).
     pub pages: PageTable,
-    /// Inodes whose extents (or existence) the chain's deltas changed,
-    /// sorted: their maps no longer match the pages the base lists.
-    pub touched: Vec<crate::types::Ino>,
+    /// The extents of the files the base keeps in pages, with the chain's
+    /// deltas applied chunk by chunk: their inodes in `checkpoint.image`
+    /// have none ([`read_slot`] puts them there).
+    pub paged: PagedMaps,
 }
 
 /// Reads and verifies the checkpoint in `slot`.
@@ -910,13 +912,23 @@ fn base_magics(sb: &Superblock) -> Vec<[u8; 8]> {
 
 /// Reads and verifies the checkpoint in `slot` (its base and every delta
 /// chained to it), and whether the chain's last record is marked
-/// superseded.
+/// superseded. The image is whole: [`SlotContents::paged`] is empty.
 pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<SlotContents> {
+    let mut contents = read_slot_chunks(dev, sb, slot)?;
+    std::mem::take(&mut contents.paged)
+        .fill_image(&mut contents.checkpoint.image)
+        .map_err(|reason| Error::invalid("reading extent pages", reason))?;
+    Ok(contents)
+}
+
+/// [`read_slot`], leaving the extents of files kept in pages as the
+/// pages' chunks ([`SlotContents::paged`]): what mount builds maps from.
+fn read_slot_chunks(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<SlotContents> {
     let region = slot_region(sb, slot)?;
     let bs = sb.block_size();
     let base = read_record(dev, sb, slot, 0, &base_magics(sb))?;
     let payload_at = region.start + CHECKPOINT_HEADER_LEN as u64;
-    let ((mut image, pages), spill, base_bytes) = if base.magic == SPILLED_MAGIC {
+    let ((mut image, pages, mut paged), spill, base_bytes) = if base.magic == SPILLED_MAGIC {
         let table = decode_spill_table(sb, &base.payload, payload_at)?;
         let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
         let at = table.extents.first().map_or(payload_at, |e| e.0);
@@ -944,7 +956,6 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
     let mut superseded = base.mark != 0;
     let mut beyond = None;
     let mut unapplied = false;
-    let mut touched = Vec::new();
     if sb.features_incompat & INCOMPAT_DELTA_CHECKPOINTS != 0 {
         while chain.next_offset + bs <= region.len {
             match read_linked_delta(
@@ -953,8 +964,8 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
                 slot,
                 &chain,
                 &mut image,
+                &mut paged,
                 &mut unapplied,
-                &mut touched,
             ) {
                 Ok(delta) => {
                     let bytes = (CHECKPOINT_HEADER_LEN + delta.payload.len()) as u64;
@@ -992,11 +1003,7 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
         unapplied,
         spill,
         pages,
-        touched: {
-            touched.sort_unstable();
-            touched.dedup();
-            touched
-        },
+        paged,
     })
 }
 
@@ -1022,43 +1029,44 @@ pub fn page_area(sb: &Superblock) -> PageArea {
 
 /// A base's image from its payload `bytes` (read from device byte `at`):
 /// the image itself, or with [`INCOMPAT_EXTENT_PAGES`] a root, whose pages
-/// are then read and verified (the page table returned beside).
+/// are then read and verified (the page table and the pages' chunks
+/// returned beside).
 fn decode_base(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     bytes: &[u8],
     at: u64,
     what: &'static str,
-) -> Result<(MetaImage, PageTable)> {
+) -> Result<(MetaImage, PageTable, PagedMaps)> {
     if sb.features_incompat & INCOMPAT_EXTENT_PAGES == 0 {
-        return Ok((codec::decode_image_at(bytes, at, what)?, Vec::new()));
+        let image = codec::decode_image_at(bytes, at, what)?;
+        return Ok((image, Vec::new(), PagedMaps::default()));
     }
-    let codec::Root { mut image, pages } = codec::decode_root_at(bytes, at, what, page_area(sb))?;
-    read_pages(dev, sb, &mut image, &pages)?;
-    Ok((image, pages))
+    let codec::Root { image, pages } = codec::decode_root_at(bytes, at, what, page_area(sb))?;
+    let paged = read_pages(dev, sb, &image, &pages)?;
+    Ok((image, pages, paged))
 }
 
-/// Reads every page of `pages` and puts its extents into `image` (whose
-/// inodes have none; the root's checks put each file of `pages` in it).
-/// Checks, beyond each page, that the pages of a file follow each other:
-/// the whole map is sorted and disjoint, as an image's decoder checks.
+/// Reads every page of `pages` (each file's in `image`, where it has no
+/// extents; the root's checks put it there) and returns their extents,
+/// one chunk per page naming it. Checks, beyond each page, that the pages
+/// of a file follow each other: the whole map is sorted and disjoint, as
+/// an image's decoder checks.
 pub fn read_pages(
     dev: &dyn BlockDevice,
     sb: &Superblock,
-    image: &mut MetaImage,
+    image: &MetaImage,
     pages: &PageTable,
-) -> Result<()> {
+) -> Result<PagedMaps> {
     let seed = sb.crc_seed();
     let mut buf = Vec::new();
+    let mut paged = PagedMaps::default();
+    let invalid = |reason: String| Error::invalid("reading extent pages", reason);
     for (ino, list) in pages {
-        let Ok(i) = image.inodes.binary_search_by_key(ino, |i| i.ino) else {
-            return Err(Error::invalid(
-                "reading extent pages",
-                format!("inode {ino} is not in the image"),
-            ));
-        };
-        let extents = &mut image.inodes[i].extents;
-        extents.reserve(list.iter().map(|p| p.count as usize).sum());
+        if image.inodes.binary_search_by_key(ino, |i| i.ino).is_err() {
+            return Err(invalid(format!("inode {ino} is not in the image")));
+        }
+        let mut chunks: Vec<crate::page_chunks::PageChunk> = Vec::with_capacity(list.len());
         for page in list {
             buf.resize(
                 codec::page_len(page.count as usize, sb.block_size()) as usize,
@@ -1074,12 +1082,17 @@ pub fn read_pages(
                 )
             })?;
             let got = codec::decode_page(seed, &buf, *ino, page)?;
-            codec::check_extent(&got[0], extents.last())
+            let before = chunks.last().and_then(|c| c.extents.last());
+            codec::check_extent(&got[0], before)
                 .map_err(|reason| codec::page_lost(*ino, page, page.addr, reason))?;
-            extents.extend_from_slice(&got);
+            chunks.push(crate::page_chunks::PageChunk {
+                extents: got,
+                page: Some(*page),
+            });
         }
+        paged.push_file(*ino, chunks).map_err(invalid)?;
     }
-    Ok(())
+    Ok(paged)
 }
 
 /// Writes `pages` (`(device byte, bytes)`, each from `codec::encode_page`,
@@ -1096,17 +1109,17 @@ pub fn write_pages(dev: &dyn BlockDevice, pages: &[(u64, Vec<u8>)]) -> Result<()
 }
 
 /// Reads the delta after `chain` in `slot`, checks it links to the chain's
-/// last record and applies it to `image` (which it leaves as it was on any
-/// error). Sets `unapplied` when it verifies but does not decode, or links
-/// but does not apply.
+/// last record and applies it to `image` and `paged` (which it leaves as
+/// they were on any error). Sets `unapplied` when it verifies but does not
+/// decode, or links but does not apply.
 fn read_linked_delta(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     slot: usize,
     chain: &ChainEnd,
     image: &mut MetaImage,
+    paged: &mut PagedMaps,
     unapplied: &mut bool,
-    touched: &mut Vec<crate::types::Ino>,
 ) -> Result<RawRecord> {
     let offset = chain.next_offset;
     let at = sb.layout.checkpoint_slots[slot].start + offset;
@@ -1128,7 +1141,7 @@ fn read_linked_delta(
             ),
         ));
     }
-    apply_delta(image, &delta).map_err(|reason| {
+    apply_delta_over_pages(image, paged, &delta).map_err(|reason| {
         *unapplied = true;
         Error::corrupt(
             WHAT,
@@ -1139,16 +1152,6 @@ fn read_linked_delta(
             ),
         )
     })?;
-    // An inode whose extents or existence the delta changed no longer
-    // matches the pages its base lists.
-    touched.extend(delta.removed.iter().copied());
-    touched.extend(
-        delta
-            .changed
-            .iter()
-            .filter(|c| !c.spans.is_empty())
-            .map(|c| c.inode.ino),
-    );
     Ok(raw)
 }
 
@@ -1161,6 +1164,26 @@ fn read_linked_delta(
 /// extents: 32 MB of fresh memory faulted in, then copied) cost more than
 /// reading the image.
 pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Result<(), String> {
+    apply_delta_over_pages(image, &mut PagedMaps::default(), delta)
+}
+
+/// How one changed inode's extents change under a delta.
+enum Merge {
+    /// Its whole map, kept in the image.
+    Image(SpanMerge),
+    /// Its chunks, kept in a [`PagedMaps`].
+    Chunks(ChunkMerge),
+}
+
+/// [`apply_delta`] to an image whose files kept in pages have their
+/// extents in `paged` (as chunks, not in the image): their extents change
+/// there, chunk by chunk, and a removed one leaves it. Checks everything
+/// first and changes neither on error.
+pub fn apply_delta_over_pages(
+    image: &mut MetaImage,
+    paged: &mut PagedMaps,
+    delta: &MetaDelta,
+) -> std::result::Result<(), String> {
     let find =
         |inodes: &[InodeImage], ino| inodes.binary_search_by_key(&ino, |i: &InodeImage| i.ino);
     for &ino in &delta.removed {
@@ -1170,11 +1193,8 @@ pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Res
     }
     // (position in the image, the new inode without its extents, how its
     // extents change; `None`: it keeps the old ones)
-    let mut staged: Vec<(
-        std::result::Result<usize, usize>,
-        InodeImage,
-        Option<SpanMerge>,
-    )> = Vec::with_capacity(delta.changed.len());
+    let mut staged: Vec<(std::result::Result<usize, usize>, InodeImage, Option<Merge>)> =
+        Vec::with_capacity(delta.changed.len());
     for (i, c) in delta.changed.iter().enumerate() {
         // Each change is planned against the map as it is now: an inode
         // named twice would have its second plan applied to the first's
@@ -1194,17 +1214,20 @@ pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Res
             ..c.inode.clone()
         };
         codec::check_inode(&inode).map_err(|r| format!("inode {}: {r}", inode.ino))?;
-        let merge = if c.spans.is_empty() {
-            None
-        } else {
-            Some(
-                SpanMerge::plan(old, &c.spans, &c.inode.extents)
-                    .map_err(|r| format!("inode {}: {r}", inode.ino))?,
-            )
-        };
+        let chunks = paged.get(inode.ino);
+        let (spans, new) = (&c.spans, &c.inode.extents);
+        let merge = match chunks {
+            _ if spans.is_empty() => Ok(None),
+            None => SpanMerge::plan(old, spans, new).map(|m| Some(Merge::Image(m))),
+            Some(chunks) => {
+                crate::page_chunks::plan_merge(chunks, spans, new).map(|m| Some(Merge::Chunks(m)))
+            }
+        }
+        .map_err(|r| format!("inode {}: {r}", inode.ino))?;
         let has_extents = match &merge {
-            None => !old.is_empty(),
-            Some(m) => m.merged_len > 0,
+            None => !old.is_empty() || chunks.is_some_and(|c| !c.is_empty()),
+            Some(Merge::Image(m)) => m.merged_len > 0,
+            Some(Merge::Chunks(m)) => m.merged_len > 0,
         };
         if has_extents && inode.kind != crate::types::FileKind::Regular {
             return Err(format!("{:?} {} has extents", inode.kind, inode.ino));
@@ -1236,8 +1259,10 @@ pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Res
             Ok(i) => std::mem::take(&mut image.inodes[i].extents),
             Err(_) => Vec::new(),
         };
-        if let Some(merge) = merge {
-            merge.apply(&mut extents, &c.inode.extents);
+        match merge {
+            None => {}
+            Some(Merge::Image(merge)) => merge.apply(&mut extents, &c.inode.extents),
+            Some(Merge::Chunks(merge)) => paged.apply(inode.ino, merge),
         }
         inode.extents = extents;
         match pos {
@@ -1258,118 +1283,11 @@ pub fn apply_delta(image: &mut MetaImage, delta: &MetaDelta) -> std::result::Res
         }
         image.inodes.extend(new);
     }
+    for &ino in &delta.removed {
+        paged.remove(ino);
+    }
     image.next_ino = delta.next_ino;
     Ok(())
-}
-
-/// How one map changes under a delta: `old` without the extents stored
-/// under keys in `spans`, with `new` (each stored under a key in `spans`)
-/// in their place, sorted by key. Planned (and checked) without changing
-/// anything, then applied in place.
-///
-/// The result is runs in order: kept\[0\], new\[0\], kept\[1\], new\[1\],
-/// ..., kept\[n\], where kept\[j\] is the old extents between span j-1
-/// and span j and new\[j\] the delta's extents in span j.
-struct SpanMerge {
-    /// Per span: where its old extents start and end in `old`, and where
-    /// its new ones end in `new` (each starts where the previous ended).
-    spans: Vec<SpanRuns>,
-    merged_len: usize,
-}
-
-#[derive(Clone, Copy)]
-struct SpanRuns {
-    old_start: usize,
-    old_end: usize,
-    new_end: usize,
-}
-
-impl SpanMerge {
-    /// Both inputs are sorted and non-overlapping already (the image and
-    /// the delta decoders check that), so only where runs of one meet runs
-    /// of the other is checked.
-    fn plan(
-        old: &[Extent],
-        spans: &[KeySpan],
-        new: &[Extent],
-    ) -> std::result::Result<SpanMerge, String> {
-        // The extent before each run in the result: the last of the
-        // nearest non-empty run before it.
-        let mut last: Option<&Extent> = None;
-        let mut runs = Vec::with_capacity(spans.len());
-        let (mut kept, mut added) = (0, 0);
-        let mut merged_len = 0;
-        for &(start, end) in spans {
-            // Galloping from the previous span: a bisection of the rest of a
-            // large map per span was most of a delta's cost at mount.
-            let old_start = first_key_at_or_after(old, kept, start);
-            let old_end = first_key_at_or_after(old, old_start, end);
-            let new_end = first_key_at_or_after(new, added, end);
-            for run in [&old[kept..old_start], &new[added..new_end]] {
-                if let Some(first) = run.first() {
-                    codec::check_extent(first, last)?;
-                    last = run.last();
-                }
-                merged_len += run.len();
-            }
-            runs.push(SpanRuns {
-                old_start,
-                old_end,
-                new_end,
-            });
-            (kept, added) = (old_end, new_end);
-        }
-        if let Some(first) = old.get(kept) {
-            codec::check_extent(first, last)?;
-        }
-        merged_len += old.len() - kept;
-        if added < new.len() {
-            return Err(format!(
-                "extent at file offset {} is outside every key span",
-                new[added].file_off
-            ));
-        }
-        Ok(SpanMerge {
-            spans: runs,
-            merged_len,
-        })
-    }
-
-    /// Turns `extents` (the `old` of [`SpanMerge::plan`]) into the merged
-    /// map in place. Each kept run moves by the net count of extents the
-    /// spans before it add: runs moving left are moved first, front to
-    /// back, then runs moving right, back to front, so that no run lands
-    /// on one not yet moved; the new runs go into the gaps last.
-    fn apply(self, extents: &mut Vec<Extent>, new: &[Extent]) {
-        let old_len = extents.len();
-        // Per kept run: where it starts in `old`, its length, where it goes.
-        let mut kept = Vec::with_capacity(self.spans.len() + 1);
-        let (mut from, mut to, mut added) = (0, 0, 0);
-        for s in &self.spans {
-            kept.push((from, s.old_start - from, to));
-            to += s.old_start - from + (s.new_end - added);
-            (from, added) = (s.old_end, s.new_end);
-        }
-        kept.push((from, old_len - from, to));
-        if self.merged_len > old_len {
-            // Placeholders, all overwritten below: growing means the delta
-            // has extents.
-            extents.resize(self.merged_len, new[0]);
-        }
-        for &(from, len, to) in kept.iter().filter(|&&(from, _, to)| to < from) {
-            extents.copy_within(from..from + len, to);
-        }
-        for &(from, len, to) in kept.iter().rev().filter(|&&(from, _, to)| to > from) {
-            extents.copy_within(from..from + len, to);
-        }
-        extents.truncate(self.merged_len);
-        let mut added = 0;
-        for (s, &(_, len, to)) in self.spans.iter().zip(&kept) {
-            let at = to + len;
-            extents[at..at + s.new_end - added].copy_from_slice(&new[added..s.new_end]);
-            added = s.new_end;
-        }
-    }
 }
 
 /// A durable checkpoint that no longer verifies: the other slot is marked
@@ -1423,15 +1341,19 @@ pub struct NewestCheckpoint {
     /// base lists, if it verifies: in use for the same reason. The two
     /// lists share every page neither base rewrote.
     pub pages: [PageTable; CHECKPOINT_SLOTS],
-    /// [`SlotContents::touched`] of the newest checkpoint's chain.
-    pub touched: Vec<crate::types::Ino>,
+    /// [`SlotContents::paged`] of the newest checkpoint: the extents of
+    /// its files kept in pages, which `checkpoint.image` does not hold
+    /// ([`read_newest_checkpoint`] puts them there).
+    pub paged: PagedMaps,
 }
 
 /// Reads both slots and returns the valid checkpoint with the highest
 /// generation, its slot, and (if that slot is marked superseded) the newer
 /// checkpoint that was lost. A slot that does not verify is skipped; if
 /// neither verifies the error names both reasons. Device errors are returned
-/// as they are: a slot that cannot be read might be the newer one.
+/// as they are: a slot that cannot be read might be the newer one. The
+/// extents of files kept in extent pages are in [`NewestCheckpoint::paged`],
+/// not in the image.
 pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<NewestCheckpoint> {
     let mut best: Option<(usize, SlotContents)> = None;
     let mut reasons: Vec<Option<String>> = vec![None; CHECKPOINT_SLOTS];
@@ -1474,7 +1396,7 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
             }
             continue;
         }
-        match read_slot(dev, sb, slot) {
+        match read_slot_chunks(dev, sb, slot) {
             Ok(mut c) => {
                 spills[slot].clone_from(&c.spill);
                 pages[slot] = std::mem::take(&mut c.pages);
@@ -1542,7 +1464,7 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
         lost,
         spills,
         pages,
-        touched: contents.touched,
+        paged: contents.paged,
     })
 }
 
@@ -1570,15 +1492,19 @@ fn read_root(
 }
 
 /// [`read_checkpoints`], refusing (as [`Error::Corrupt`]) a volume whose
-/// newest durable checkpoint is lost.
+/// newest durable checkpoint is lost; the image is whole.
 pub fn read_newest_checkpoint(
     dev: &dyn BlockDevice,
     sb: &Superblock,
 ) -> Result<(usize, Checkpoint)> {
-    let newest = read_checkpoints(dev, sb)?;
+    let mut newest = read_checkpoints(dev, sb)?;
     if let Some(lost) = newest.lost {
         return Err(lost_error(sb, &lost));
     }
+    newest
+        .paged
+        .fill_image(&mut newest.checkpoint.image)
+        .map_err(|reason| Error::invalid("reading extent pages", reason))?;
     Ok((newest.slot, newest.checkpoint))
 }
 
@@ -1768,7 +1694,7 @@ mod tests {
         proptest!(|((old_blocks, cuts, new_blocks) in strategy)| {
             let old: Vec<Extent> = old_blocks.iter().map(|&b| extent(b * 2, 1, b)).collect();
             let cuts: Vec<u64> = cuts.into_iter().collect();
-            let spans: Vec<KeySpan> = cuts
+            let spans: Vec<crate::types::KeySpan> = cuts
                 .chunks_exact(2)
                 .map(|p| (p[0] * 4096, p[1] * 4096))
                 .collect();
@@ -2589,11 +2515,24 @@ mod tests {
         let second = ckpt(2, 30);
         let table1 = write_paged_base(&dev, &sb, 1, &second, |i| page_addr(&sb, 400 + i));
         assert!(!table0.is_empty() && !table1.is_empty());
-        let newest = read_checkpoints(&dev, &sb).unwrap();
+        let mut newest = read_checkpoints(&dev, &sb).unwrap();
         assert_eq!(newest.slot, 1);
+        assert!(newest
+            .checkpoint
+            .image
+            .inodes
+            .iter()
+            .all(|i| i.extents.is_empty()));
+        std::mem::take(&mut newest.paged)
+            .fill_image(&mut newest.checkpoint.image)
+            .unwrap();
         assert_eq!(
             newest.checkpoint, second,
             "every extent came back from its page"
+        );
+        assert_eq!(
+            read_newest_checkpoint(&dev, &sb).unwrap(),
+            (1, second.clone())
         );
         assert_eq!(
             newest.pages,

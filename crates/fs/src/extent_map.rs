@@ -20,6 +20,7 @@
 
 mod chunks;
 pub mod search;
+pub mod span_merge;
 
 use crate::codec::PageRef;
 use crate::types::{Extent, ExtentState, KeySpan};
@@ -92,8 +93,9 @@ impl ExtentMap {
     }
 
     /// A map holding the extents of `pages` in order, one chunk per page,
-    /// each chunk naming its page (`None`: not on disk), as a checkpoint's
-    /// extent pages store them. Checked as [`ExtentMap::from_extents`]
+    /// each chunk naming its page, as a checkpoint's extent pages store
+    /// them; extents with no page (`None`: changed since it was written)
+    /// go into chunks of their own. Checked as [`ExtentMap::from_extents`]
     /// checks, and each page must hold 1..=`CHUNK_MAX` extents (512; a page is
     /// written from one chunk and read back as one).
     pub fn from_pages(
@@ -106,7 +108,7 @@ impl ExtentMap {
         let mut m = ExtentMap::new(block_size);
         let (mut i, mut prev_end) = (0, 0);
         for (p, (extents, page)) in pages.into_iter().enumerate() {
-            if extents.is_empty() || extents.len() > CHUNK_MAX {
+            if extents.is_empty() || (page.is_some() && extents.len() > CHUNK_MAX) {
                 return Err(format!(
                     "page #{p} holds {} extents, not 1..={CHUNK_MAX}",
                     extents.len()
@@ -117,7 +119,13 @@ impl ExtentMap {
                 (i, prev_end) = (i + 1, e.file_end());
                 m.allocated += e.len;
             }
-            m.map.push_chunk(extents, page);
+            if extents.len() <= CHUNK_MAX {
+                m.map.push_chunk(extents, page);
+            } else {
+                for piece in extents.chunks(CHUNK_MAX) {
+                    m.map.push_chunk(piece.to_vec(), None);
+                }
+            }
         }
         Ok(m)
     }
@@ -660,7 +668,41 @@ mod tests {
         let too_many: Vec<Extent> = (0..=CHUNK_MAX as u64)
             .map(|i| ext(2 * i, 1, i, W))
             .collect();
-        assert!(ExtentMap::from_pages(BS as u32, vec![(too_many, None)]).is_err());
+        let named = vec![(too_many.clone(), Some(page(0, too_many.len() as u32)))];
+        let err = ExtentMap::from_pages(BS as u32, named).unwrap_err();
+        assert!(err.contains("page #0 holds 9 extents"), "{err}");
+        // Extents no page holds (a delta changed them at mount) go into
+        // chunks of their own, after the paged chunk before them.
+        let before = (vec![ext(100, 1, 50, W)], Some(page(100 * BS, 1)));
+        let later: Vec<Extent> = too_many
+            .iter()
+            .map(|e| ext(e.file_off / BS + 200, 1, 60 + e.addr / BS, W))
+            .collect();
+        let m = ExtentMap::from_pages(
+            BS as u32,
+            vec![
+                (too_many.clone(), None),
+                before.clone(),
+                (later.clone(), None),
+            ],
+        )
+        .unwrap();
+        m.check().unwrap();
+        let read: Vec<(usize, Option<PageRef>)> = m
+            .chunk_pages()
+            .map(|c| (c.extents().len(), c.page()))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                (CHUNK_MAX, None),
+                (1, None),
+                (1, before.1),
+                (CHUNK_MAX, None),
+                (1, None)
+            ]
+        );
+        assert_eq!(m.len(), 2 * too_many.len() + 1);
     }
 
     // ---- model test -------------------------------------------------------

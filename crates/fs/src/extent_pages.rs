@@ -193,7 +193,10 @@ mod tests {
         };
         let mut decoded = codec::decode_root_at(&root, 0, "root", area).unwrap();
         assert_eq!(decoded.pages, plan.table);
-        read_pages(dev, sb, &mut decoded.image, &decoded.pages).unwrap();
+        read_pages(dev, sb, &decoded.image, &decoded.pages)
+            .unwrap()
+            .fill_image(&mut decoded.image)
+            .unwrap();
         assert_eq!(decoded.image, state.to_image());
     }
 

@@ -23,6 +23,7 @@ pub mod limits;
 mod mount;
 mod mount_state;
 mod namespace;
+pub mod page_chunks;
 pub mod signature;
 pub mod state;
 pub mod superblock;

@@ -253,10 +253,8 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
     );
     let slot_start = sb.layout.checkpoint_slots[slot].start;
     let block_size = sb.layout.block_size;
-    let mut state = MetaState::from_image(&ckpt.image, block_size)
+    let mut state = MetaState::from_image_and_pages(&ckpt.image, newest.paged, block_size)
         .map_err(|reason| Error::corrupt("checkpoint image", slot_start, reason))?;
-    attach_pages(&mut state, &pages[slot], &newest.touched)
-        .map_err(|reason| Error::corrupt("checkpoint root", slot_start, reason))?;
     if strictness == Strictness::Mount {
         state
             .check_links_and_kinds()
@@ -322,40 +320,6 @@ pub(crate) fn clean_mark_for(ckpt: &Checkpoint) -> superblock::CleanMark {
         journal_seq: ckpt.journal_seq,
         journal_chain: ckpt.journal_chain,
     }
-}
-
-/// Rebuilds the extent map of each file of `pages` that no delta of the
-/// chain `touched`, one chunk per page, each naming its page: the next
-/// base then writes only the chunks that change from here on.
-fn attach_pages(
-    state: &mut MetaState,
-    pages: &crate::codec::PageTable,
-    touched: &[Ino],
-) -> std::result::Result<(), String> {
-    let block_size = state.block_size;
-    for (ino, list) in pages {
-        if touched.binary_search(ino).is_ok() {
-            continue;
-        }
-        let Some(inode) = state.inodes.get_mut(ino) else {
-            return Err(format!(
-                "the page table names inode {ino}, which is not there"
-            ));
-        };
-        let mut extents = inode.extents.iter().copied();
-        let mut chunks = Vec::with_capacity(list.len());
-        for page in list {
-            let chunk: Vec<_> = extents.by_ref().take(page.count as usize).collect();
-            chunks.push((chunk, Some(*page)));
-        }
-        if extents.next().is_some() {
-            return Err(format!("inode {ino} has more extents than its pages hold"));
-        }
-        drop(extents);
-        inode.extents = crate::extent_map::ExtentMap::from_pages(block_size, chunks)
-            .map_err(|reason| format!("inode {ino}: {reason}"))?;
-    }
-    Ok(())
 }
 
 /// The device ranges of the extent pages both slots' bases list, each

@@ -14,6 +14,7 @@ use imbl::OrdMap;
 use crate::codec;
 use crate::extent_map::ExtentMap;
 use crate::limits::{MAX_FILE_SIZE, MAX_INO, MAX_LINKS, MAX_XATTR_BYTES_PER_INODE};
+use crate::page_chunks::PagedMaps;
 use crate::types::{
     ChangedInodes, DirEntryImage, Extent, FileKind, Ino, InoMap, InodeAttrs, InodeDelta,
     InodeImage, InodeTable, KeySpan, MetaDelta, MetaImage, Record, Timestamp, XattrImage, ROOT_INO,
@@ -182,16 +183,44 @@ impl MetaState {
 
     /// Loads a checkpoint image, validating what the image alone can tell.
     pub fn from_image(image: &MetaImage, block_size: u32) -> Result<MetaState, ApplyError> {
+        MetaState::from_image_and_pages(image, PagedMaps::default(), block_size)
+    }
+
+    /// [`MetaState::from_image`] of an image whose files kept in extent
+    /// pages have their extents in `paged`: each such map is built from
+    /// its chunks as they are, one chunk per page, each naming its page
+    /// (so the next base writes only the chunks that change from here on).
+    pub fn from_image_and_pages(
+        image: &MetaImage,
+        paged: PagedMaps,
+        block_size: u32,
+    ) -> Result<MetaState, ApplyError> {
         let mut inodes = InodeTable::default();
+        let mut paged = paged.into_files().peekable();
         for img in &image.inodes {
+            if let Some((ino, _)) = paged.next_if(|&(ino, _)| ino < img.ino) {
+                return Err(format!(
+                    "the page table names inode {ino}, which is not there"
+                ));
+            }
+            let chunks = paged.next_if(|&(ino, _)| ino == img.ino).map(|(_, c)| c);
             if img.ino == 0 || img.ino >= image.next_ino {
                 return Err(format!(
                     "inode {} out of range (next inode {})",
                     img.ino, image.next_ino
                 ));
             }
-            let extents = ExtentMap::from_extents(block_size, img.extents.clone())
-                .map_err(|e| format!("inode {}: {e}", img.ino))?;
+            let extents = match chunks {
+                None => ExtentMap::from_extents(block_size, img.extents.clone()),
+                Some(_) if !img.extents.is_empty() => {
+                    Err("it has extents both in the image and in pages".to_string())
+                }
+                Some(chunks) => ExtentMap::from_pages(
+                    block_size,
+                    chunks.into_iter().map(|c| (c.extents, c.page)),
+                ),
+            }
+            .map_err(|e| format!("inode {}: {e}", img.ino))?;
             let mut entries = BTreeMap::new();
             for e in &img.entries {
                 if entries.insert(e.name.clone(), e.ino).is_some() {
@@ -223,6 +252,11 @@ impl MetaState {
             if inodes.insert(img.ino, state).is_some() {
                 return Err(format!("inode {} appears twice", img.ino));
             }
+        }
+        if let Some((ino, _)) = paged.next() {
+            return Err(format!(
+                "the page table names inode {ino}, which is not there"
+            ));
         }
         match inodes.get(&ROOT_INO) {
             Some(root) if root.kind == FileKind::Directory => {}

@@ -567,6 +567,7 @@ mod tests {
 
     use crate::checkpoint::read_checkpoint;
     use crate::limits::COMMIT_BACKPRESSURE_THRESHOLDS;
+    use crate::types::Extent;
     use crate::{FormatOptions, OpenFlags, Volume};
 
     fn write_file(vol: &Volume, path: &str) {
@@ -980,6 +981,69 @@ mod tests {
             .pread(&mut buf, 0)
             .unwrap();
         assert_eq!(buf, vec![5u8; 4096]);
+    }
+
+    /// After a remount, a delta costs the next base the chunks its spans
+    /// reach, not the whole file: of a file of several pages, one extent
+    /// changed by a delta, the base after the remount replaces only the
+    /// page of the chunk holding it and lists the others again.
+    #[test]
+    fn after_a_remount_a_base_rewrites_only_the_chunks_a_delta_changed() {
+        let dev = Arc::new(MemDevice::new(16 << 20, 512));
+        let vol = paged_volume(&dev);
+        let create = OpenFlags {
+            create: true,
+            ..OpenFlags::default()
+        };
+        let f = vol.open_file("/big", create).unwrap();
+        // 40 one-block extents, every other block: pages of up to 8
+        // extents (the unit tests' chunks).
+        for i in 0..40u64 {
+            f.fallocate(2 * i * 4096, 4096, false).unwrap();
+        }
+        let x = checkpoint_a_base(&vol, "a");
+        let before = pages_of(&vol, x);
+        assert!(before.len() >= 5, "{} pages", before.len());
+        // A delta: the hole after the 20th extent.
+        f.fallocate(41 * 4096, 4096, false).unwrap();
+        f.fsync().unwrap();
+        vol.checkpoint().unwrap();
+        assert!(
+            vol.inner.commit.lock().chain.deltas > 0,
+            "a delta, not a base"
+        );
+        let ino = f.ino();
+        let map: Vec<Extent> = vol.inner.meta.read().state.inodes[&ino]
+            .extents
+            .iter()
+            .copied()
+            .collect();
+        drop(f);
+        vol.unmount().unwrap();
+
+        let vol = Volume::open(dev.clone()).unwrap();
+        let remounted: Vec<Extent> = vol.inner.meta.read().state.inodes[&ino]
+            .extents
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(remounted, map);
+        let y = checkpoint_a_base(&vol, "b");
+        let after = pages_of(&vol, y);
+        assert_eq!(
+            before.difference(&after).count(),
+            1,
+            "only the page of the chunk the delta reached is replaced"
+        );
+        assert!(after.difference(&before).count() >= 1);
+        drop(vol);
+        let vol = Volume::open(dev.clone()).unwrap();
+        let again: Vec<Extent> = vol.inner.meta.read().state.inodes[&ino]
+            .extents
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(again, map);
     }
 
     /// The delta policy weighs a chain's deltas against what a base costs,

@@ -1,0 +1,391 @@
+//! Extent maps as mount reads them from extent pages: per file, the chunks
+//! its pages hold, each still naming its page, with the chain's deltas laid
+//! over them chunk by chunk (issue 13, item 4).
+//!
+//! Mount builds each file's map from these chunks as they are, one chunk
+//! per page ([`crate::extent_map::ExtentMap::from_pages`]), without a flat
+//! copy of the extents between. A delta replaces a file's extents in key
+//! spans; only the chunks whose keys a span reaches change (and lose their
+//! page), so the first base after mount writes pages for the chunks the
+//! chain changed, not for every file a delta named.
+//!
+//! Which chunk a key belongs to: chunk `j` owns the keys from its first
+//! extent's key up to the next chunk's first key (chunk 0 from key 0, the
+//! last up to the end). An extent a delta adds lands in the chunk owning
+//! its key, so every key is some chunk's and a span changes exactly the
+//! chunks owning a key inside it.
+
+use std::ops::Range;
+
+use crate::codec::{self, PageRef};
+use crate::extent_map::search::first_key_at_or_after;
+use crate::extent_map::span_merge::SpanMerge;
+use crate::types::{Extent, Ino, KeySpan, MetaImage};
+
+/// Extents in key order (non-empty), and the page that holds exactly them
+/// (`None`: a delta changed them since the page was written).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageChunk {
+    pub extents: Vec<Extent>,
+    pub page: Option<PageRef>,
+}
+
+impl PageChunk {
+    fn first_key(&self) -> u64 {
+        self.extents[0].file_off
+    }
+}
+
+/// Per file a checkpoint's base keeps in pages, sorted by inode number:
+/// its chunks in key order, sorted and disjoint across chunks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PagedMaps {
+    files: Vec<(Ino, Vec<PageChunk>)>,
+}
+
+/// How a delta changes one paged file's chunks, planned (and checked)
+/// against them without changing them: each run of chunks a span reaches
+/// becomes one chunk (or none) without a page.
+#[derive(Debug)]
+pub struct ChunkMerge {
+    /// Chunk index ranges, in order and apart, and what replaces each.
+    runs: Vec<(Range<usize>, Vec<Extent>)>,
+    /// Extents the file has after the merge.
+    pub merged_len: usize,
+}
+
+impl PagedMaps {
+    /// Adds `ino`'s chunks; `ino` must be above every file added so far
+    /// (a page table is sorted).
+    pub fn push_file(&mut self, ino: Ino, chunks: Vec<PageChunk>) -> Result<(), String> {
+        if self.files.last().is_some_and(|&(last, _)| last >= ino) {
+            return Err(format!("inode {ino}'s pages are out of order"));
+        }
+        self.files.push((ino, chunks));
+        Ok(())
+    }
+
+    fn position(&self, ino: Ino) -> Option<usize> {
+        self.files.binary_search_by_key(&ino, |&(i, _)| i).ok()
+    }
+
+    /// `ino`'s chunks, if its extents are kept here.
+    pub fn get(&self, ino: Ino) -> Option<&[PageChunk]> {
+        self.position(ino).map(|i| &self.files[i].1[..])
+    }
+
+    /// Forgets `ino` (a delta removed it).
+    pub fn remove(&mut self, ino: Ino) {
+        if let Some(i) = self.position(ino) {
+            self.files.remove(i);
+        }
+    }
+
+    /// Applies `merge`, planned by [`plan_merge`] against `ino`'s chunks as
+    /// they are.
+    pub fn apply(&mut self, ino: Ino, merge: ChunkMerge) {
+        let Some(i) = self.position(ino) else {
+            debug_assert!(false, "a merge for inode {ino}, which has no chunks");
+            return;
+        };
+        let chunks = &mut self.files[i].1;
+        // Back to front: each run's indices stay valid.
+        for (run, extents) in merge.runs.into_iter().rev() {
+            let chunk = (!extents.is_empty()).then_some(PageChunk {
+                extents,
+                page: None,
+            });
+            chunks.splice(run, chunk);
+        }
+    }
+
+    /// The files and their chunks, by inode number.
+    pub fn into_files(self) -> impl Iterator<Item = (Ino, Vec<PageChunk>)> {
+        self.files.into_iter()
+    }
+
+    /// Puts each file's extents into its inode of `image` (where it has
+    /// none): the whole image, for callers that want one.
+    pub fn fill_image(self, image: &mut MetaImage) -> Result<(), String> {
+        for (ino, chunks) in self.files {
+            let Ok(i) = image.inodes.binary_search_by_key(&ino, |i| i.ino) else {
+                return Err(format!("inode {ino} has pages and is not in the image"));
+            };
+            let extents = &mut image.inodes[i].extents;
+            extents.reserve(chunks.iter().map(|c| c.extents.len()).sum());
+            for c in chunks {
+                extents.extend_from_slice(&c.extents);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Plans replacing the extents of `chunks` stored under keys in `spans`
+/// with `new` (each under a key in a span), as a delta does: the chunks
+/// owning a key in a span are merged by runs, the rest kept with their
+/// pages. Checks what `SpanMerge::plan` checks on a whole map, including
+/// where a changed run meets the kept chunk after it.
+pub fn plan_merge(
+    chunks: &[PageChunk],
+    spans: &[KeySpan],
+    new: &[Extent],
+) -> Result<ChunkMerge, String> {
+    // The chunk owning `key` (0 for keys below the first chunk's).
+    let owner = |key: u64| {
+        chunks
+            .partition_point(|c| c.first_key() <= key)
+            .saturating_sub(1)
+    };
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    for &(start, end) in spans.iter().filter(|(s, e)| s < e) {
+        // Clamped: a file whose chunks a delta emptied has none, and the
+        // run of its (absent) chunk 0 is the empty range 0..0.
+        let reached = owner(start)..(owner(end - 1) + 1).min(chunks.len());
+        match runs.last_mut() {
+            // Runs that meet are one: each run is merged apart from the
+            // others, so a kept chunk must lie between any two.
+            Some(last) if reached.start <= last.end => last.end = last.end.max(reached.end),
+            _ => runs.push(reached),
+        }
+    }
+    let owned = |run: &Range<usize>| -> (u64, u64) {
+        let low = if run.start == 0 {
+            0
+        } else {
+            chunks[run.start].first_key()
+        };
+        let high = chunks.get(run.end).map_or(u64::MAX, PageChunk::first_key);
+        (low, high)
+    };
+    let mut merged_len: usize = chunks.iter().map(|c| c.extents.len()).sum();
+    let mut planned = Vec::with_capacity(runs.len());
+    let mut added = 0;
+    let mut clipped = Vec::new();
+    for run in runs {
+        let (low, high) = owned(&run);
+        let new_start = first_key_at_or_after(new, added, low);
+        if new_start > added {
+            return Err(outside_every_span(&new[added]));
+        }
+        let new_end = first_key_at_or_after(new, added, high);
+        clipped.clear();
+        clipped.extend(
+            spans
+                .iter()
+                .filter(|&&(s, e)| s < high && low < e)
+                .map(|&(s, e)| (s.max(low), e.min(high))),
+        );
+        let kept = &chunks[run.clone()];
+        // Room for what the merge adds: growing a run of a large file in
+        // place would copy all of it again.
+        let room = kept.iter().map(|c| c.extents.len()).sum::<usize>() + (new_end - new_start);
+        let mut extents: Vec<Extent> = Vec::with_capacity(room);
+        for c in kept {
+            extents.extend_from_slice(&c.extents);
+        }
+        let old_len = extents.len();
+        let merge = SpanMerge::plan(&extents, &clipped, &new[new_start..new_end])?;
+        let merged = merge.merged_len;
+        merge.apply(&mut extents, &new[new_start..new_end]);
+        // Only the kept chunk after the run needs a check: every key in the
+        // run is at least its first chunk's first key, where the kept
+        // chunk before it ends (the map was sorted and disjoint).
+        if let (Some(last), Some(after)) = (extents.last(), chunks.get(run.end)) {
+            codec::check_extent(&after.extents[0], Some(last))?;
+        }
+        merged_len = merged_len - old_len + merged;
+        added = new_end;
+        planned.push((run, extents));
+    }
+    if let Some(e) = new.get(added) {
+        return Err(outside_every_span(e));
+    }
+    Ok(ChunkMerge {
+        runs: planned,
+        merged_len,
+    })
+}
+
+fn outside_every_span(e: &Extent) -> String {
+    format!(
+        "extent at file offset {} is outside every key span",
+        e.file_off
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::ExtentState;
+    use proptest::prelude::*;
+
+    const BS: u64 = 4096;
+
+    /// One-block extent at block `key`, mapped to block `addr`.
+    fn ext(key: u64, blocks: u64, addr: u64) -> Extent {
+        Extent {
+            file_off: key * BS,
+            len: blocks * BS,
+            addr: addr * BS,
+            state: ExtentState::Written,
+        }
+    }
+
+    /// A made-up page reference, told apart by `n`.
+    fn page(n: u64) -> PageRef {
+        PageRef {
+            addr: n * BS,
+            crc: n as u32,
+            count: 1,
+            first_key: 0,
+            allocated: BS,
+        }
+    }
+
+    fn chunk(keys: &[u64], n: u64) -> PageChunk {
+        PageChunk {
+            extents: keys.iter().map(|&k| ext(k, 1, 1000 + k)).collect(),
+            page: Some(page(n)),
+        }
+    }
+
+    fn flat(chunks: &[PageChunk]) -> Vec<Extent> {
+        chunks.iter().flat_map(|c| c.extents.clone()).collect()
+    }
+
+    fn merged(chunks: &[PageChunk], spans: &[KeySpan], new: &[Extent]) -> Vec<PageChunk> {
+        let mut maps = PagedMaps::default();
+        maps.push_file(9, chunks.to_vec()).unwrap();
+        let merge = plan_merge(chunks, spans, new).unwrap();
+        maps.apply(9, merge);
+        maps.get(9).unwrap().to_vec()
+    }
+
+    /// A span inside the middle chunk changes only it; the chunks before
+    /// and after keep their pages. A span over the gap between two chunks
+    /// reaches only the chunk that owns the gap (the one before it).
+    #[test]
+    fn a_span_changes_only_the_chunks_owning_its_keys() {
+        let chunks = [chunk(&[0, 2], 1), chunk(&[4, 6], 2), chunk(&[10, 12], 3)];
+        let got = merged(&chunks, &[(5 * BS, 7 * BS)], &[ext(5, 1, 50)]);
+        assert_eq!(got[0], chunks[0]);
+        assert_eq!(got[2], chunks[2]);
+        assert_eq!(got[1].page, None);
+        assert_eq!(got[1].extents, [ext(4, 1, 1004), ext(5, 1, 50)]);
+
+        let got = merged(&chunks, &[(7 * BS, 9 * BS)], &[ext(8, 1, 60)]);
+        assert_eq!(
+            (got[0].page, got[1].page, got[2].page),
+            (Some(page(1)), None, Some(page(3)))
+        );
+        assert_eq!(
+            got[1].extents,
+            [ext(4, 1, 1004), ext(6, 1, 1006), ext(8, 1, 60)]
+        );
+
+        // Spans reaching two chunks that meet merge them into one.
+        let got = merged(&chunks, &[(2 * BS, 5 * BS)], &[]);
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].page, got[1].page), (None, Some(page(3))));
+        assert_eq!(got[0].extents, [ext(0, 1, 1000), ext(6, 1, 1006)]);
+
+        // A span emptying a chunk drops it; one below the first key
+        // belongs to the first chunk.
+        let got = merged(&chunks, &[(4 * BS, 8 * BS)], &[]);
+        assert_eq!(got, [chunks[0].clone(), chunks[2].clone()]);
+    }
+
+    /// Where a changed run meets a kept chunk is checked: an extent a
+    /// delta adds may not overlap the next chunk's first extent, nor the
+    /// previous chunk's last.
+    #[test]
+    fn a_merge_overlapping_a_kept_chunk_is_refused() {
+        let chunks = [chunk(&[0, 2], 1), chunk(&[4, 6], 2), chunk(&[10, 12], 3)];
+        let err = plan_merge(&chunks, &[(8 * BS, 9 * BS)], &[ext(8, 3, 70)]).unwrap_err();
+        assert!(err.contains("overlaps"), "{err}");
+        let err = plan_merge(&chunks, &[(4 * BS, 5 * BS)], &[ext(4, 1, 70)])
+            .map(|_| ())
+            .and_then(|()| plan_merge(&chunks, &[(13 * BS, 14 * BS)], &[ext(13, 1, 70)]).map(drop))
+            .and_then(|()| {
+                plan_merge(&chunks, &[(6 * BS, 8 * BS)], &[ext(6, 1, 1), ext(7, 4, 70)]).map(drop)
+            })
+            .unwrap_err();
+        assert!(err.contains("overlaps"), "{err}");
+        let err = plan_merge(&chunks, &[(8 * BS, 9 * BS)], &[ext(20, 1, 70)]).unwrap_err();
+        assert!(err.contains("outside every key span"), "{err}");
+    }
+
+    fn case() -> impl Strategy<Value = (Vec<PageChunk>, Vec<KeySpan>, Vec<Extent>)> {
+        (
+            prop::collection::btree_set(0u64..60, 0..24),
+            prop::collection::vec(1usize..5, 24),
+            prop::collection::btree_set(0u64..64, 0..8),
+            prop::collection::vec((0u64..64, 1u64..3), 0..8),
+        )
+            .prop_map(|(keys, sizes, cuts, adds)| {
+                let keys: Vec<u64> = keys.into_iter().map(|k| 2 * k).collect();
+                let mut chunks = Vec::new();
+                let mut rest = &keys[..];
+                for (n, size) in sizes.into_iter().enumerate() {
+                    if rest.is_empty() {
+                        break;
+                    }
+                    let take = size.min(rest.len());
+                    chunks.push(chunk(&rest[..take], n as u64));
+                    rest = &rest[take..];
+                }
+                // Spans between consecutive cut points, every other pair;
+                // an odd count leaves the last open to the end.
+                let cuts: Vec<u64> = cuts.into_iter().map(|c| 2 * c * BS).collect();
+                let spans: Vec<KeySpan> = cuts
+                    .chunks(2)
+                    .map(|p| (p[0], p.get(1).copied().unwrap_or(u64::MAX)))
+                    .collect();
+                let mut adds: Vec<(u64, u64)> = adds;
+                adds.sort_unstable();
+                adds.dedup_by_key(|a| a.0);
+                // Each inside a span, as the delta decoder requires.
+                let new = adds
+                    .into_iter()
+                    .map(|(k, len)| ext(2 * k + 1, len, 500 + k))
+                    .filter(|n| spans.iter().any(|&(s, e)| (s..e).contains(&n.file_off)))
+                    .collect();
+                (chunks, spans, new)
+            })
+    }
+
+    proptest! {
+        /// Laid over chunks, a delta gives the map it gives laid over the
+        /// whole map (and fails where that fails); every chunk owning no
+        /// key in a span is kept as it was, page and all, and every chunk
+        /// that changed names no page.
+        #[test]
+        fn chunk_merges_match_a_whole_map_merge((chunks, spans, new) in case()) {
+            let whole = flat(&chunks);
+            let want = SpanMerge::plan(&whole, &spans, &new).map(|m| {
+                let mut w = whole.clone();
+                m.apply(&mut w, &new);
+                w
+            });
+            let got = plan_merge(&chunks, &spans, &new);
+            prop_assert_eq!(got.is_ok(), want.is_ok(), "{:?} / {:?}", got.as_ref().err(), want.as_ref().err());
+            let (Ok(merge), Ok(want)) = (got, want) else { return Ok(()) };
+            prop_assert_eq!(merge.merged_len, want.len());
+            let mut maps = PagedMaps::default();
+            maps.push_file(3, chunks.clone()).unwrap();
+            maps.apply(3, merge);
+            let after = maps.get(3).unwrap();
+            prop_assert_eq!(flat(after), want);
+            prop_assert!(after.iter().all(|c| !c.extents.is_empty()));
+            let reached = |j: usize| {
+                let low = if j == 0 { 0 } else { chunks[j].first_key() };
+                let high = chunks.get(j + 1).map_or(u64::MAX, PageChunk::first_key);
+                spans.iter().any(|&(s, e)| s < high && low < e)
+            };
+            let kept: Vec<&PageChunk> = (0..chunks.len()).filter(|&j| !reached(j)).map(|j| &chunks[j]).collect();
+            let paged: Vec<&PageChunk> = after.iter().filter(|c| c.page.is_some()).collect();
+            prop_assert_eq!(paged, kept);
+        }
+    }
+}
