@@ -220,7 +220,8 @@ pub enum BufferedVariant {
     /// read again and again (no work between passes).
     Warm,
     /// Reads from the device: before every pass, untimed, the cache is
-    /// emptied (iomapfs: the volume is unmounted and mounted again; kernel:
+    /// emptied (iomapfs: `Volume::drop_caches`, the memory kept for new
+    /// folios; kernel:
     /// fio `invalidate=1`, `POSIX_FADV_DONTNEED` of the file at each open,
     /// one per loop). Sequential, so read-ahead is part of the figure.
     Cold,
@@ -272,7 +273,7 @@ impl BufferedVariant {
         match self {
             BufferedVariant::Warm => "from the cache: the file read once before the window",
             BufferedVariant::Cold => {
-                "from the device: the cache emptied before every pass (iomapfs remounted, \
+                "from the device: the cache emptied before every pass (iomapfs drop_caches, \
                  fio invalidate=1)"
             }
             BufferedVariant::Overwrite { fsync: false } => {

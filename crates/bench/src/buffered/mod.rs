@@ -378,7 +378,8 @@ fn iomapfs_command(
     let arrangement = match variant {
         BufferedVariant::Warm => "the file read once before the window".to_string(),
         BufferedVariant::Cold => {
-            "the volume unmounted and mounted again before every pass (untimed)".to_string()
+            "the volume's cached folios dropped (Volume::drop_caches) before every pass (untimed)"
+                .to_string()
         }
         BufferedVariant::Overwrite { fsync } => format!(
             "passes over the written file{}",
