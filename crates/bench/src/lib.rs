@@ -447,12 +447,13 @@ fn steps(w: &Workload) -> u64 {
     }
 }
 
-/// The engine driver for a device's chosen backend.
+/// The engine driver for a device's chosen backend: a queue on the
+/// backends with queues of their own (io_uring, the worker pool), threads
+/// making synchronous calls on the sync backend.
 pub(crate) fn driver_for(dev: &BedDevice) -> Driver {
-    if dev.backend.backend == Backend::Uring {
-        Driver::Queue
-    } else {
-        Driver::Threads
+    match dev.backend.backend {
+        Backend::Uring | Backend::Pool => Driver::Queue,
+        Backend::Sync | Backend::Auto => Driver::Threads,
     }
 }
 
@@ -479,7 +480,14 @@ pub(crate) fn engine_command(
 ) -> String {
     let depth = match driver_for(dev) {
         Driver::Threads => format!("threads={} (sync backend)", pattern.queue_depth),
-        Driver::Queue => format!("iodepth={} (io_uring queue, 1 thread)", pattern.queue_depth),
+        Driver::Queue => format!(
+            "iodepth={} ({} queue, 1 thread)",
+            pattern.queue_depth,
+            match dev.backend.backend {
+                Backend::Pool => "worker-pool",
+                _ => "io_uring",
+            }
+        ),
     };
     let rw = pattern.fio_rw();
     let size = if pattern.min_size == pattern.max_size {
