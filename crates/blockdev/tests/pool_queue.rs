@@ -22,7 +22,7 @@ const LBS: usize = 512;
 const BLOCKS: usize = 64;
 /// Longest a test waits for something that must happen before calling it
 /// a hang (a failure, never a way to synchronise).
-const WATCHDOG: Duration = Duration::from_secs(60);
+const WATCHDOG: Duration = Duration::from_secs(20);
 
 fn memory() -> Arc<MemDevice> {
     Arc::new(MemDevice::new((BLOCKS * LBS) as u64, LBS as u32))
