@@ -262,18 +262,19 @@ fn reap_waits_for_min_and_never_for_what_cannot_come() {
     assert_eq!(q.reap(5, &mut out).unwrap(), 0, "nothing in flight");
     let held = hold_write(&mem, 0);
     q.push(1, write(0, 1)).unwrap();
+    q.submit().unwrap();
+    // A worker holds it (a waiting reap could run it itself).
+    held.wait_reached();
     q.push(2, write(1, 2)).unwrap();
     q.push(3, write(2, 3)).unwrap();
-    // Not submitted, not waiting: nothing runs.
+    // Not submitted, not waiting: nothing more runs.
     assert_eq!(q.reap(0, &mut out).unwrap(), 0);
     assert_eq!(mem.counters().snapshot().writes, 0);
     // Waiting for two submits first; the held one cannot be among them.
-    let n = q.reap(2, &mut out).unwrap();
-    assert_eq!(n, 2);
+    assert_eq!(q.reap(2, &mut out).unwrap(), 2);
     let mut tokens: Vec<_> = out.iter().map(|c| c.token).collect();
     tokens.sort();
     assert_eq!(tokens, [2, 3]);
-    held.wait_reached();
     assert_eq!(q.reap(0, &mut out).unwrap(), 0, "reap(0) does not wait");
     assert_eq!(q.in_flight(), 1);
     held.resume();

@@ -16,7 +16,11 @@
 //! shares its workers, which take submitted requests in submission order
 //! (first come, first run; a queue's requests may finish in any order).
 //! An idle worker sleeps on a condition variable; a queue wakes one per
-//! request it submits, and only idle ones.
+//! request it submits, and only idle ones. A thread that waits for its
+//! queue's completions first runs the queue's requests no worker has taken
+//! yet itself, and sleeps only once all of them are taken: for short
+//! requests the hand-offs cost more than the requests, and a deep queue
+//! then keeps the workers and its own thread busy.
 //!
 //! # Within the queue contract
 //!
@@ -214,6 +218,16 @@ impl PoolShared {
         queue.post(completion);
     }
 
+    /// The oldest job of `queue` no worker has taken yet, if any.
+    fn take_job_of(&self, queue: &Arc<Completions>) -> Option<Job> {
+        let mut state = self.state.lock();
+        let at = state
+            .jobs
+            .iter()
+            .position(|job| Arc::ptr_eq(&job.queue, queue))?;
+        state.jobs.remove(at)
+    }
+
     /// Hands `jobs` to the workers, waking as many idle ones as there are
     /// new jobs.
     fn enqueue(&self, jobs: impl Iterator<Item = Job>) {
@@ -275,13 +289,11 @@ impl Completions {
         }
     }
 
-    /// Waits until `done` holds at least `n` completions; `n` must be
-    /// reachable (at most what is done and running).
-    fn wait_for<'a>(
-        &'a self,
-        mut state: MutexGuard<'a, CompletionState>,
-        n: usize,
-    ) -> MutexGuard<'a, CompletionState> {
+    /// Sleeps until `done` holds at least `n` completions; only once every
+    /// request needed for that is running (`n` at most what is done and
+    /// running).
+    fn sleep_until_done(&self, n: usize) {
+        let mut state = self.state.lock();
         if state.done.len() < n {
             debug_assert!(state.done.len() + state.running >= n);
             state.wake_at = n;
@@ -290,7 +302,10 @@ impl Completions {
             }
             state.wake_at = 0;
         }
-        state
+    }
+
+    fn done(&self) -> usize {
+        self.state.lock().done.len()
     }
 }
 
@@ -304,6 +319,23 @@ pub struct PoolQueue {
     /// Pushed and not yet reaped.
     in_flight: usize,
     completions: Arc<Completions>,
+}
+
+impl PoolQueue {
+    /// Waits until `n` of the submitted requests are done (`n` at most
+    /// what is in flight, all of it submitted). While some of this queue's
+    /// requests wait for a worker, the calling thread runs them itself
+    /// instead of sleeping: it would only wait for them, and a request it
+    /// runs needs no wake-up of a worker or of itself.
+    fn wait_until_done(&self, n: usize) {
+        let shared = &self.pool.shared;
+        while self.completions.done() < n {
+            match shared.take_job_of(&self.completions) {
+                Some(job) => shared.run(job),
+                None => return self.completions.sleep_until_done(n),
+            }
+        }
+    }
 }
 
 impl DeviceQueue for PoolQueue {
@@ -338,14 +370,11 @@ impl DeviceQueue for PoolQueue {
 
     fn reap(&mut self, min: usize, out: &mut Vec<DeviceCompletion>) -> Result<usize, DeviceError> {
         let wait_for = min.min(self.in_flight);
-        let mut state = self.completions.state.lock();
-        if state.done.len() < wait_for {
-            drop(state);
+        if self.completions.done() < wait_for {
             self.submit()?;
-            state = self
-                .completions
-                .wait_for(self.completions.state.lock(), wait_for);
+            self.wait_until_done(wait_for);
         }
+        let mut state = self.completions.state.lock();
         let n = state.done.len();
         out.append(&mut state.done);
         drop(state);
@@ -363,9 +392,7 @@ impl Drop for PoolQueue {
         // As an io_uring queue does: what was pushed goes to the device,
         // and the buffers go only once no worker holds any of them.
         let _ = self.submit();
-        let state = self.completions.state.lock();
-        let all = state.done.len() + state.running;
-        drop(self.completions.wait_for(state, all));
+        self.wait_until_done(self.in_flight);
     }
 }
 
