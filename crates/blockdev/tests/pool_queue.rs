@@ -357,3 +357,34 @@ fn a_panic_in_the_device_fails_the_request_not_the_pool() {
     assert!(err.to_string().contains("panicked"), "{err}");
     assert_eq!(*out[1].result.as_ref().unwrap(), LBS);
 }
+
+/// A reap that has to wait runs its queue's requests no worker took yet
+/// itself: with the only worker held in the device, a second request
+/// still completes, on the reaping thread.
+#[test]
+fn a_waiting_reap_runs_requests_no_worker_has_taken() {
+    let mem = memory();
+    let dev = pool_device(&mem, 1);
+    let mut q = queue(&dev, 4);
+    let held = hold_write(&mem, 0);
+    q.push(1, write(0, 1)).unwrap();
+    q.submit().unwrap();
+    held.wait_reached();
+    q.push(2, write(1, 2)).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let reaper = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let n = q.reap(1, &mut out).unwrap();
+        tx.send((n, out)).unwrap();
+        q
+    });
+    // The one worker is held: only the reaping thread can have run it.
+    let got = rx.recv_timeout(WATCHDOG);
+    held.resume();
+    let (n, out) = got.expect("the reap waited for the held worker");
+    assert_eq!((n, out[0].token), (1, 2));
+    assert_eq!(*out[0].result.as_ref().unwrap(), LBS);
+    assert_eq!(block_of(&mem, 1), 2);
+    drop(reaper.join().unwrap());
+    assert_eq!(block_of(&mem, 0), 1);
+}
