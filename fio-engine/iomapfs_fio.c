@@ -6,7 +6,7 @@
  * fio (see COPYING in this directory); libiomapfs keeps its own licence.
  *
  *   fio --thread --ioengine=external:PATH/libiomapfs_fio.so \
- *       --iomapfs_volume=/dev/zram0 [--iomapfs_backend=auto|sync|uring] \
+ *       --iomapfs_volume=/dev/zram0 [--iomapfs_backend=auto|sync|uring|pool] \
  *       [--iomapfs_cache_size=256m] [--iomapfs_mkfs=1] --filename=/bench.dat ...
  *
  * Model:
@@ -77,7 +77,7 @@ static struct fio_option options[] = {
 		.lname	= "iomapfs backend",
 		.type	= FIO_OPT_STR_STORE,
 		.off1	= offsetof(struct iomapfs_fio_options, backend),
-		.help	= "Device backend: auto (default), sync or uring",
+		.help	= "Device backend: auto (default), sync, uring or pool",
 		.category = FIO_OPT_C_ENGINE,
 		.group	= FIO_OPT_G_INVALID,
 	},
@@ -158,6 +158,8 @@ static int backend_code(const char *name, uint32_t *out)
 		*out = IOMAPFS_BACKEND_SYNC;
 	else if (!strcmp(name, "uring"))
 		*out = IOMAPFS_BACKEND_URING;
+	else if (!strcmp(name, "pool"))
+		*out = IOMAPFS_BACKEND_POOL;
 	else
 		return 1;
 	return 0;
@@ -186,7 +188,7 @@ static struct mounted *get_volume(struct thread_data *td, int hold)
 		return NULL;
 	}
 	if (backend_code(o->backend, &vo.backend)) {
-		log_err("iomapfs: iomapfs_backend=%s: use auto, sync or uring\n", o->backend);
+		log_err("iomapfs: iomapfs_backend=%s: use auto, sync, uring or pool\n", o->backend);
 		td_verror(td, EINVAL, "iomapfs_backend");
 		return NULL;
 	}

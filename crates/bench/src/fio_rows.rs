@@ -5,7 +5,8 @@
 //! - `raw`: the device itself, fio's `io_uring` (or `psync`) engine;
 //! - `iomapfs`: a fresh volume on the device, through the fio engine
 //!   `iomapfs` (`fio-engine/`, `--ioengine=external:...`), on the backend
-//!   of the raw device's fio engine (io_uring, or sync for psync);
+//!   of the raw device's fio engine (io_uring, or sync for psync), or the
+//!   worker pool where the device got it (see `iomapfs_backend`);
 //! - `xfs`, `ext4`: a file on the kernel file system made on the device,
 //!   fio's `io_uring` (or `psync`) engine (mkfs and mount: [`kernel`]).
 //!
@@ -35,8 +36,8 @@ use crate::{recorded, skip, span_for, Backend, BenchError, BenchOptions, Progres
 /// Said once in the report of a run with fio rows.
 pub const NOTE: &str = "fio rows (fio-*): every target measured by fio with the same job \
      line: raw (the device, fio io_uring or psync), iomapfs (the fio engine iomapfs on a fresh \
-     volume, on iomapfs's io_uring backend for io_uring rows and its sync one for psync, as \
-     raw; at iodepth 1 it makes synchronous calls either way), xfs and ext4 (a file, fio io_uring or psync). Files are laid out by a separate \
+     volume, on iomapfs's io_uring backend for io_uring rows, or its worker pool where the \
+     device got it (no NOWAIT: zram), and its sync one for psync, as raw; at iodepth 1 it makes synchronous calls either way), xfs and ext4 (a file, fio io_uring or psync). Files are laid out by a separate \
      fio run first (create_only=1; raw: its span written once), and the measured run has no \
      ramp_time, so cpu µs/IO, the fio process's CPU time (wait4: all its threads, the \
      engine's completion worker and io_uring's io-wq workers too) per I/O, covers the I/Os \
@@ -298,16 +299,20 @@ fn measure(
     Ok(Measured::of(ran, vec![prepared]))
 }
 
-/// The iomapfs backend of a fio row: the raw device's I/O model, so the
-/// two run the same way: io_uring rows use iomapfs's io_uring queues
-/// (where a device takes no NOWAIT submission, such as zram, both punt to
-/// io_uring's workers alike), the psync row its synchronous calls. Jobs at
-/// `iodepth=1` make synchronous calls on either backend (the engine's
+/// The iomapfs backend of a fio row, given the one the device got
+/// (`device`: Auto's choice, or `--backend`): the raw device's I/O model,
+/// so the two run the same way: io_uring rows use iomapfs's queues, the
+/// psync row its synchronous calls. The queues are io_uring's, except on
+/// a device that got the worker pool (Auto gives it where the device
+/// refuses NOWAIT, such as zram: io_uring would punt every request to its
+/// kernel workers there, and the pool is iomapfs's answer to that). Jobs
+/// at `iodepth=1` make synchronous calls on any backend (the engine's
 /// pread/pwrite path).
-fn iomapfs_backend(engine: FioEngine) -> Backend {
-    match engine {
-        FioEngine::IoUring => Backend::Uring,
-        FioEngine::Psync => Backend::Sync,
+fn iomapfs_backend(engine: FioEngine, device: Backend) -> Backend {
+    match (engine, device) {
+        (FioEngine::IoUring, Backend::Pool) => Backend::Pool,
+        (FioEngine::IoUring, _) => Backend::Uring,
+        (FioEngine::Psync, _) => Backend::Sync,
     }
 }
 
@@ -361,7 +366,7 @@ pub fn run_workload(
         let target = FioTarget::Iomapfs {
             engine,
             device: dev.path.clone(),
-            backend: iomapfs_backend(job.engine),
+            backend: iomapfs_backend(job.engine, dev.backend.backend),
         };
         measure("iomapfs", w.name, job, &target, span, timing.runtime)
     });
@@ -381,7 +386,7 @@ pub fn run_workload(
             if let Some(m) = recorded(result, report, w.name, "iomapfs")? {
                 let backend = format!(
                     "fio engine iomapfs ({})",
-                    iomapfs_backend(job.engine).as_str()
+                    iomapfs_backend(job.engine, dev.backend.backend).as_str()
                 );
                 rows.push(("iomapfs", m, backend));
             }
@@ -613,11 +618,14 @@ mod tests {
     fn iomapfs_runs_on_the_raw_devices_io_model() {
         for w in FIO_WORKLOADS {
             let Kind::Fio(j) = w.kind else { panic!() };
-            let want = match j.engine {
-                FioEngine::IoUring => Backend::Uring,
-                FioEngine::Psync => Backend::Sync,
-            };
-            assert_eq!(iomapfs_backend(j.engine), want, "{}", w.name);
+            for device in [Backend::Sync, Backend::Uring, Backend::Pool] {
+                let want = match (j.engine, device) {
+                    (FioEngine::IoUring, Backend::Pool) => Backend::Pool,
+                    (FioEngine::IoUring, _) => Backend::Uring,
+                    (FioEngine::Psync, _) => Backend::Sync,
+                };
+                assert_eq!(iomapfs_backend(j.engine, device), want, "{}", w.name);
+            }
         }
         assert_eq!(job("fio-dsync-overwrite-4k-psync").engine, FioEngine::Psync);
     }

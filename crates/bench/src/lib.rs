@@ -266,8 +266,9 @@ fn run_inner(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport
         settings: Settings {
             runtime_s: timing.runtime.as_secs_f64(),
             warmup_s: timing.warmup.as_secs_f64(),
-            queue_model: "sync backend: queue depth N = N threads with one synchronous I/O \
-                          each (fio psync, numjobs=N); io_uring backend: one thread with N \
+            queue_model: "sync and pool backends: queue depth N = N threads with one \
+                          synchronous I/O each (fio psync, numjobs=N); io_uring backend: one \
+                          thread with N \
                           requests in flight (fio io_uring, iodepth=N)"
                 .into(),
         },
@@ -447,7 +448,10 @@ fn steps(w: &Workload) -> u64 {
     }
 }
 
-/// The engine driver for a device's chosen backend.
+/// The engine driver for a device's chosen backend. The worker-pool
+/// backend gets threads, as sync: on the devices it is chosen for, N
+/// threads with one synchronous call each already keep N requests in the
+/// device, and the kernel targets keep fio's psync model beside them.
 pub(crate) fn driver_for(dev: &BedDevice) -> Driver {
     if dev.backend.backend == Backend::Uring {
         Driver::Queue
@@ -478,7 +482,11 @@ pub(crate) fn engine_command(
     dev: &BedDevice,
 ) -> String {
     let depth = match driver_for(dev) {
-        Driver::Threads => format!("threads={} (sync backend)", pattern.queue_depth),
+        Driver::Threads => format!(
+            "threads={} ({} backend)",
+            pattern.queue_depth,
+            dev.backend.backend.as_str()
+        ),
         Driver::Queue => format!("iodepth={} (io_uring queue, 1 thread)", pattern.queue_depth),
     };
     let rw = pattern.fio_rw();

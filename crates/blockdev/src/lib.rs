@@ -10,6 +10,11 @@
 //!   image file, driven by `pread`/`pwritev2`.
 //! - [`uring::UringDevice`]: the same descriptor driven through io_uring by
 //!   per-thread [`DeviceQueue`]s (one ring each, batched submission).
+//! - [`pool_backend::PoolDevice`]: the synchronous calls of a device, with
+//!   queues ([`PoolQueue`]) whose requests run on a bounded pool of worker
+//!   threads: for devices that refuse NOWAIT and do each request's work in
+//!   the submitting thread (zram), where io_uring would hand every request
+//!   to a kernel worker and an [`InlineQueue`] keeps one core busy.
 //! - [`memory::MemDevice`]: RAM-backed, for tests. Counts requests, injects
 //!   errors, simulates power cuts, and on request completes queued requests
 //!   out of order ([`OutOfOrderQueue`]).
@@ -27,6 +32,7 @@ pub mod counters;
 pub mod error;
 pub mod log_writes;
 pub mod memory;
+pub mod pool_backend;
 mod probe;
 pub mod queue;
 mod request;
@@ -41,9 +47,10 @@ pub use counters::{DeviceCounters, RequestCounts};
 pub use error::DeviceError;
 pub use log_writes::{LogEntry, LogReader, LogWritesDevice};
 pub use memory::{FaultOp, FaultRule, MemDevice, PausedRequest, PendingWrite, Survival};
+pub use pool_backend::{PoolDevice, PoolOptions};
 pub use queue::{
     new_queue, new_thread_queue, DeviceCompletion, DeviceQueue, DeviceRequest, InlineQueue,
-    OutOfOrderQueue, QueueFull, Token, MAX_QUEUE_DEPTH,
+    OutOfOrderQueue, PoolQueue, QueueFull, Token, WorkerPool, MAX_QUEUE_DEPTH,
 };
 pub use sync_backend::{SyncDevice, SyncOpenOptions};
 pub use uring::{FixedBufferOptions, UringDevice, UringOptions, UringQueue};

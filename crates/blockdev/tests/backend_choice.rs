@@ -1,5 +1,6 @@
 //! `open_device` on real block devices (root only): a loop device, and zram,
-//! which refuses NOWAIT and so must get the sync backend from Auto.
+//! which refuses NOWAIT and so must get the worker pool (the sync backend
+//! on one CPU) from Auto.
 //!
 //! Skipped with a printed reason when not root; failed instead when
 //! `IOMAPFS_REQUIRE_PRIVILEGED=1` (CI).
@@ -73,10 +74,16 @@ fn loop_device_choice_and_queues() {
     let (dev, choice) = open_device(&lo.path, false, Backend::Auto).unwrap();
     eprintln!("{}: {choice}", lo.path.display());
     assert_ne!(choice.backend, Backend::Auto);
+    // A loop device takes NOWAIT: io_uring where it works, never the pool.
+    if choice.backend == Backend::Sync {
+        assert!(choice.reason.contains("io_uring"), "{choice}");
+    } else {
+        assert_eq!(choice.reason, "io_uring: device accepts NOWAIT");
+    }
     assert_eq!(dev.backend_name(), choice.backend.as_str());
     exercise(&dev, 11);
     drop(dev);
-    for backend in [Backend::Sync, Backend::Uring] {
+    for backend in [Backend::Sync, Backend::Uring, Backend::Pool] {
         let (dev, choice) = open_device(&lo.path, false, backend).unwrap();
         assert_eq!(choice.backend, backend, "{choice}");
         exercise(&dev, 21);
@@ -239,7 +246,7 @@ fn loop_device_requests_are_cut_to_its_queue_limits() {
 }
 
 #[test]
-fn zram_gets_the_sync_backend_from_auto() {
+fn zram_gets_the_worker_pool_from_auto() {
     if !is_root() {
         return skip_privileged("not root");
     }
@@ -249,15 +256,19 @@ fn zram_gets_the_sync_backend_from_auto() {
     };
     let (dev, choice) = open_device(&zram.path, false, Backend::Auto).unwrap();
     eprintln!("zram0 auto: {choice}");
-    assert_eq!(choice.backend, Backend::Sync, "{choice}");
-    assert_eq!(dev.backend_name(), "sync");
-    // Whichever way io_uring failed, the reason names it: NOWAIT here, or
-    // io_uring itself on a kernel that has it off.
     assert!(
-        choice.reason.contains("zram0 does not support NOWAIT")
-            || choice.reason.contains("io_uring"),
+        choice.reason.contains("zram0 does not support NOWAIT"),
         "{choice}"
     );
+    let cpus = blockdev::pool_backend::default_workers().get();
+    if cpus > 1 {
+        assert_eq!(choice.backend, Backend::Pool, "{choice}");
+        let workers = format!("queued requests run on {cpus} worker threads");
+        assert!(choice.reason.ends_with(&workers), "{choice}");
+    } else {
+        assert_eq!(choice.backend, Backend::Sync, "{choice}");
+    }
+    assert_eq!(dev.backend_name(), choice.backend.as_str());
     exercise(&dev, 31);
     drop(dev);
 

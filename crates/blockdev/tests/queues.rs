@@ -1,5 +1,6 @@
-//! Device queues: the io_uring queue, the inline queue and the out-of-order
-//! queue keep the same contract and give the same results. Tests that do
+//! Device queues: the io_uring queue, the inline queue, the worker-pool
+//! queue and the out-of-order queue keep the same contract and give the
+//! same results. Tests that do
 //! not depend on a backend's completion order run on every queue (see
 //! [`subjects`]).
 
@@ -10,8 +11,8 @@ use std::sync::Arc;
 use blockdev::error::IoOp;
 use blockdev::{
     new_queue, open_device, AlignedBuf, Backend, BlockDevice, DeviceError, DeviceQueue,
-    DeviceRequest, MemDevice, RequestLimits, SyncDevice, SyncOpenOptions, UringDevice,
-    UringOptions, WriteMode,
+    DeviceRequest, MemDevice, PoolDevice, PoolOptions, RequestLimits, SyncDevice, SyncOpenOptions,
+    UringDevice, UringOptions, WriteMode,
 };
 use common::{image, initial, random_mix, reap_all};
 
@@ -40,6 +41,15 @@ fn split_uring(path: &std::path::Path, max_bytes: usize) -> Arc<UringDevice> {
 
 fn open_sync(path: &std::path::Path) -> Arc<dyn BlockDevice> {
     Arc::new(SyncDevice::open(path, SyncOpenOptions::default()).unwrap())
+}
+
+/// The worker-pool backend over `inner`, with more workers than the test
+/// machine may have CPUs, so requests really overlap.
+fn pooled(inner: Arc<dyn BlockDevice>) -> Arc<dyn BlockDevice> {
+    let opts = PoolOptions {
+        workers: std::num::NonZeroUsize::new(3),
+    };
+    Arc::new(PoolDevice::new(inner, opts))
 }
 
 fn buf(len: usize, fill: u8) -> AlignedBuf {
@@ -91,15 +101,28 @@ impl Subject {
             _image: None,
         }
     }
+
+    fn pooled_memory() -> Subject {
+        let mem = memory(None);
+        Subject {
+            name: "memory, worker-pool queue".into(),
+            dev: pooled(mem.clone()),
+            contents: Box::new(move || mem.snapshot()),
+            _image: None,
+        }
+    }
 }
 
-/// Every kind of queue: io_uring and the inline queue on image files, the
-/// inline queue on the memory device, and out-of-order queues on it.
+/// Every kind of queue: io_uring, the inline queue and the worker-pool
+/// queue on image files, the inline and worker-pool queues on the memory
+/// device, and out-of-order queues on it.
 fn subjects() -> Vec<Subject> {
     let mut all = vec![
         Subject::file("uring", |p| open_uring(p, UringOptions::default())),
         Subject::file("sync, inline queue", open_sync),
+        Subject::file("sync, worker-pool queue", |p| pooled(open_sync(p))),
         Subject::memory("memory, inline queue".into(), None),
+        Subject::pooled_memory(),
     ];
     for seed in OUT_OF_ORDER_SEEDS {
         all.push(Subject::memory(
@@ -111,8 +134,9 @@ fn subjects() -> Vec<Subject> {
 }
 
 /// The heart of it: for every depth, the same seeded mix of reads, writes,
-/// FUA writes and flushes through io_uring, through the inline queue on the
-/// sync backend, through the inline queue on the memory device, and through
+/// FUA writes and flushes through io_uring, through the inline queue and
+/// the worker-pool queue on the sync backend, through the inline queue on
+/// the memory device, and through
 /// out-of-order queues on it, gives the same completions and leaves the same
 /// bytes. (The mix never has a write in flight with an overlapping request,
 /// so completion order cannot change an answer.)
@@ -156,6 +180,14 @@ fn uring_and_inline_queues_agree_on_random_mixes() {
         let sync_log = random_mix(q.as_mut(), &mut sync_model, lbs, align, seed, ops);
         drop(q);
 
+        let pool_img = image(IMAGE_BYTES, initial);
+        let pool = pooled(open_sync(pool_img.path()));
+        assert_eq!(pool.backend_name(), "pool");
+        let mut pool_model: Vec<u8> = (0..size).map(initial).collect();
+        let mut q = new_queue(&pool, depth).unwrap();
+        let pool_log = random_mix(q.as_mut(), &mut pool_model, lbs, align, seed, ops);
+        drop(q);
+
         let mem = Arc::new(MemDevice::new(size as u64, lbs as u32));
         let initial_bytes: Vec<u8> = (0..size).map(initial).collect();
         mem.write_at(&initial_bytes, 0, WriteMode::Normal).unwrap();
@@ -167,8 +199,9 @@ fn uring_and_inline_queues_agree_on_random_mixes() {
 
         assert_eq!(uring_log.len(), ops);
         assert_eq!(uring_log, sync_log, "depth {depth}: uring vs sync");
+        assert_eq!(uring_log, pool_log, "depth {depth}: uring vs worker pool");
         assert_eq!(uring_log, mem_log, "depth {depth}: uring vs memory");
-        assert!(model == sync_model && model == mem_model);
+        assert!(model == sync_model && model == pool_model && model == mem_model);
 
         for ooo_seed in OUT_OF_ORDER_SEEDS {
             let bytes = initial_bytes.clone();
@@ -189,8 +222,9 @@ fn uring_and_inline_queues_agree_on_random_mixes() {
         }
 
         // What reached the files: the model, byte for byte.
-        drop((uring, sync));
+        drop((uring, sync, pool));
         assert!(std::fs::read(uring_img.path()).unwrap()[..size] == model[..]);
+        assert!(std::fs::read(pool_img.path()).unwrap()[..size] == model[..]);
         drop(split);
         assert!(std::fs::read(split_img.path()).unwrap()[..size] == model[..]);
         assert!(std::fs::read(sync_img.path()).unwrap()[..size] == model[..]);
@@ -457,6 +491,16 @@ fn dropping_a_queue_with_split_requests_in_flight_is_safe() {
             let dev: Arc<dyn BlockDevice> = split_uring(path, lbs);
             dev
         },
+        |dev| new_queue(dev, 256).unwrap(),
+    );
+}
+
+/// The same on the worker pool: workers run the requests, and the drop
+/// waits for them.
+#[test]
+fn dropping_a_pool_queue_with_requests_in_flight_is_safe() {
+    drop_on(
+        |path| pooled(open_sync(path)),
         |dev| new_queue(dev, 256).unwrap(),
     );
 }

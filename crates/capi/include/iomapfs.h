@@ -76,9 +76,10 @@
 // Deepest queue: more requests in flight than any device takes at once.
 #define IOMAPFS_MAX_QUEUE_DEPTH 32768
 
-// Backend choice: io_uring where the device takes NOWAIT submission,
-// else synchronous system calls (zram, for one, would punt every io_uring
-// request to a kernel worker).
+// Backend choice: io_uring where the device takes NOWAIT submission;
+// where it does not (zram, for one, would punt every io_uring request to
+// a kernel worker), the worker pool on more than one CPU, else
+// synchronous system calls.
 #define IOMAPFS_BACKEND_AUTO 0
 
 // Synchronous `pread`/`pwrite` system calls.
@@ -86,6 +87,10 @@
 
 // io_uring.
 #define IOMAPFS_BACKEND_URING 2
+
+// Synchronous system calls; a queue's requests run on a pool of worker
+// threads, one per CPU.
+#define IOMAPFS_BACKEND_POOL 3
 
 // A regular file (`iomapfs_stat.kind`, readdir callbacks).
 #define IOMAPFS_KIND_REGULAR 1

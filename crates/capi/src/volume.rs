@@ -10,14 +10,18 @@ use iomapfs_fs::{FileKind, FormatOptions, MountOptions, Stat, Volume};
 use crate::error::{guard_int, Failure, Outcome};
 use crate::handles::{self, HandleKind};
 
-/// Backend choice: io_uring where the device takes NOWAIT submission,
-/// else synchronous system calls (zram, for one, would punt every io_uring
-/// request to a kernel worker).
+/// Backend choice: io_uring where the device takes NOWAIT submission;
+/// where it does not (zram, for one, would punt every io_uring request to
+/// a kernel worker), the worker pool on more than one CPU, else
+/// synchronous system calls.
 pub const IOMAPFS_BACKEND_AUTO: u32 = 0;
 /// Synchronous `pread`/`pwrite` system calls.
 pub const IOMAPFS_BACKEND_SYNC: u32 = 1;
 /// io_uring.
 pub const IOMAPFS_BACKEND_URING: u32 = 2;
+/// Synchronous system calls; a queue's requests run on a pool of worker
+/// threads, one per CPU.
+pub const IOMAPFS_BACKEND_POOL: u32 = 3;
 
 /// A regular file (`iomapfs_stat.kind`, readdir callbacks).
 pub const IOMAPFS_KIND_REGULAR: u32 = 1;
@@ -146,8 +150,9 @@ fn backend_of(code: u32) -> Outcome<Backend> {
         IOMAPFS_BACKEND_AUTO => Ok(Backend::Auto),
         IOMAPFS_BACKEND_SYNC => Ok(Backend::Sync),
         IOMAPFS_BACKEND_URING => Ok(Backend::Uring),
+        IOMAPFS_BACKEND_POOL => Ok(Backend::Pool),
         other => Err(Failure::invalid(format!(
-            "backend {other} is not one of IOMAPFS_BACKEND_AUTO/SYNC/URING (0/1/2)"
+            "backend {other} is not one of IOMAPFS_BACKEND_AUTO/SYNC/URING/POOL (0/1/2/3)"
         ))),
     }
 }

@@ -403,7 +403,10 @@ fn mistakes_get_clear_errors() {
         "--size=1m",
         "--rw=read",
     ]);
-    assert!(!ok && text.contains("use auto, sync or uring"), "{text}");
+    assert!(
+        !ok && text.contains("use auto, sync, uring or pool"),
+        "{text}"
+    );
     // Not formatted: the library's message reaches the user.
     let (ok, text) = bed.fio(&["--thread", "--name=p", "--filename=/f", "--size=1m"]);
     assert!(!ok && text.contains("cannot mount"), "{text}");

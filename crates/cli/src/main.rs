@@ -82,9 +82,12 @@ Exit status: 0 success; 1 an operation failed or fsck found problems;
 #[command(name = "iomapfs", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
 struct Cli {
     /// I/O backend for the target: `sync` (pread/pwritev2), `uring`
-    /// (io_uring), or `auto` — io_uring only when the device accepts NOWAIT
-    /// submission (zram, for one, does not: io_uring would punt every request
-    /// to a kernel worker). `stat` in `iomapfs io` shows the choice and why.
+    /// (io_uring), `pool` (pread/pwritev2; queued requests run on one worker
+    /// thread per CPU), or `auto` — io_uring when the device accepts NOWAIT
+    /// submission; where it does not (zram: io_uring would punt every
+    /// request to a kernel worker, and the device works in the submitting
+    /// thread), the pool on more than one CPU, else sync. `stat` in
+    /// `iomapfs io` shows the choice and why.
     #[arg(long, global = true, value_name = "BACKEND", default_value = "auto")]
     backend: blockdev::Backend,
     /// Page cache of non-direct (buffered) handles: its size in bytes (k, m,

@@ -7,8 +7,9 @@
 //! comment.
 //!
 //! Every device has a queue: [`new_queue`] asks the backend for its native
-//! one (io_uring: [`crate::uring::UringQueue`]) and otherwise builds an
-//! [`InlineQueue`], which runs each request synchronously at
+//! one (io_uring: [`crate::uring::UringQueue`]; the worker-pool backend: a
+//! [`PoolQueue`], whose requests run on a few worker threads) and otherwise
+//! builds an [`InlineQueue`], which runs each request synchronously at
 //! [`DeviceQueue::submit`]. All follow the same contract, so code written
 //! against [`DeviceQueue`] runs unchanged on the memory device in tests. The
 //! inline queue completes in push order, which no real queue promises; tests
@@ -33,9 +34,11 @@ use crate::{AlignedBuf, BlockDevice, DeviceError, WriteMode};
 
 mod inline;
 pub mod out_of_order;
+pub mod pool;
 
 pub use inline::InlineQueue;
 pub use out_of_order::OutOfOrderQueue;
+pub use pool::{PoolQueue, WorkerPool};
 
 /// Caller-chosen identity of a request, returned with its completion.
 pub type Token = u64;
