@@ -384,8 +384,9 @@ impl MetaState {
     }
 
     /// A checkpoint root of this state (see `codec::root`) after `room`
-    /// bytes: the image without extents, and `pages`, the page table of
-    /// the state's extent maps (see `extent_pages::plan_pages`).
+    /// bytes: the image with the extents of the files `pages` does not
+    /// list inline, and `pages`, the page table of the other files' extent
+    /// maps (see `extent_pages::plan_pages`).
     pub fn encode_root_after(
         &self,
         room: usize,
@@ -393,12 +394,28 @@ impl MetaState {
     ) -> crate::error::Result<Vec<u8>> {
         let mut inos: Vec<Ino> = self.inodes.keys().copied().collect();
         inos.sort_unstable();
+        let mut paged = pages.iter().map(|(ino, _)| *ino).peekable();
         let heads: Vec<InodeImage> = inos
             .iter()
-            .map(|ino| inode_image(&self.inodes[ino], Vec::new()))
+            .map(|ino| {
+                let i = &self.inodes[ino];
+                while paged.next_if(|p| p < ino).is_some() {}
+                let inline = if paged.peek() == Some(ino) {
+                    Vec::new()
+                } else {
+                    i.extents.iter().copied().collect()
+                };
+                inode_image(i, inline)
+            })
             .collect();
         let heads: Vec<&InodeImage> = heads.iter().collect();
-        codec::encode_root_after(room, self.next_ino, &heads, pages)
+        codec::encode_root_after(
+            room,
+            self.next_ino,
+            &heads,
+            pages,
+            u64::from(self.block_size),
+        )
     }
 
     pub fn to_image(&self) -> MetaImage {

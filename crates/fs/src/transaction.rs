@@ -291,7 +291,13 @@ impl VolumeInner {
                 };
                 let slot = checkpoint::other_slot(older_slot);
                 if self.sb.features_incompat & crate::superblock::INCOMPAT_EXTENT_PAGES != 0 {
-                    self.write_paged_base(&snapshot, slot, header)
+                    // `checkpointing` keeps the tables as they are until
+                    // this base is durable.
+                    let listed = match &held {
+                        Some(commit) => extent_pages::listed_in(&commit.pages),
+                        None => extent_pages::listed_in(&self.commit.lock().pages),
+                    };
+                    self.write_paged_base(&snapshot, slot, header, &listed)
                         .map(|(chain, spill, plan)| (slot, chain, Some(spill), Some(plan)))
                 } else {
                     snapshot
@@ -425,7 +431,8 @@ impl VolumeInner {
     }
 
     /// Writes a base with extent pages to `slot`: a page for each chunk of
-    /// `snapshot` that names none (then a flush), then the root listing
+    /// `snapshot`'s paged files that names none `listed` holds (then a
+    /// flush), then the root listing
     /// them and the pages the other chunks name, spilled if it does not fit
     /// the slot. Returns the chain, the spill extents and the plan (whose
     /// new pages the caller records once the base is durable). Refused
@@ -436,9 +443,11 @@ impl VolumeInner {
         snapshot: &crate::state::MetaState,
         slot: usize,
         header: RecordHeader,
+        listed: &std::collections::HashSet<crate::codec::PageRef>,
     ) -> Result<(ChainEnd, Vec<SpillExtent>, PagePlan)> {
         let mut placed: Vec<(u64, u64)> = Vec::new();
-        let written = extent_pages::plan_pages(snapshot, self.sb.crc_seed(), |len| {
+        let listed = |page: &crate::codec::PageRef| listed.contains(page);
+        let written = extent_pages::plan_pages(snapshot, self.sb.crc_seed(), listed, |len| {
             let hint = placed.last().map(|&(addr, len)| addr + len);
             let addr = self.allocate_page(len, hint)?;
             placed.push((addr, len));
@@ -567,7 +576,7 @@ mod tests {
 
     use crate::checkpoint::read_checkpoint;
     use crate::limits::COMMIT_BACKPRESSURE_THRESHOLDS;
-    use crate::types::Extent;
+    use crate::types::{Extent, Ino};
     use crate::{FormatOptions, OpenFlags, Volume};
 
     fn write_file(vol: &Volume, path: &str) {
@@ -885,6 +894,45 @@ mod tests {
         crate::extent_pages::page_ranges(&vol.inner.commit.lock().pages[slot], 4096)
     }
 
+    /// Extents of [`write_paged_file`]'s files: past the inline bound.
+    const PAGED_FILE_EXTENTS: u64 = 170;
+
+    /// Writes `path` as [`PAGED_FILE_EXTENTS`] blocks of `fill`, a hole
+    /// after each (an extent each: more than the root keeps inline).
+    fn write_paged_file(vol: &Volume, path: &str, fill: u8) -> Ino {
+        let f = vol
+            .open_file(
+                path,
+                OpenFlags {
+                    create: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        f.truncate(0).unwrap();
+        for k in 0..PAGED_FILE_EXTENTS {
+            f.pwrite(&[fill; 4096], 2 * k * 4096).unwrap();
+        }
+        f.fsync().unwrap();
+        let ino = vol.stat(path).unwrap().ino;
+        assert!(
+            vol.inner.meta.read().state.inodes[&ino].extents.len() as u64
+                > crate::codec::inline_extents_max(4096) as u64
+        );
+        ino
+    }
+
+    /// The pages `slot`'s base lists for `ino`.
+    fn file_pages(vol: &Volume, slot: usize, ino: Ino) -> std::collections::BTreeSet<(u64, u64)> {
+        let commit = vol.inner.commit.lock();
+        let table: crate::codec::PageTable = commit.pages[slot]
+            .iter()
+            .filter(|(i, _)| *i == ino)
+            .cloned()
+            .collect();
+        crate::extent_pages::page_ranges(&table, 4096)
+    }
+
     /// A base writes pages only for what changed, lists the rest as the
     /// base before it did, and frees a page only once neither slot's base
     /// lists it: a page the other slot's base still lists stays in use,
@@ -894,24 +942,31 @@ mod tests {
     fn extent_pages_stay_in_use_while_either_slot_lists_them() {
         let dev = Arc::new(MemDevice::new(16 << 20, 512));
         let vol = paged_volume(&dev);
-        write_file(&vol, "/one");
-        write_file(&vol, "/two");
+        let one_ino = write_paged_file(&vol, "/one", 7);
+        let two_ino = write_paged_file(&vol, "/two", 7);
         let x = checkpoint_a_base(&vol, "a");
         let first = pages_of(&vol, x);
-        assert_eq!(first.len(), 2, "a page per file");
+        let two = file_pages(&vol, x, two_ino);
+        assert!(!two.is_empty() && !file_pages(&vol, x, one_ino).is_empty());
+        assert_eq!(first.len(), two.len() + file_pages(&vol, x, one_ino).len());
         let y = checkpoint_a_base(&vol, "b");
         assert_ne!(x, y);
         assert_eq!(pages_of(&vol, y), first, "nothing changed: the same pages");
 
-        // "/one" gets other extents: its page is rewritten at the next base
-        // (in slot x again), while slot y's base still lists the old one.
+        // "/one" gets other extents: its pages are rewritten at the next
+        // base (in slot x again), while slot y's base still lists the old.
+        write_paged_file(&vol, "/one", 9);
         let one = vol.open_file("/one", OpenFlags::default()).unwrap();
-        one.truncate(0).unwrap();
-        one.pwrite(&[9u8; 5000], 0).unwrap();
-        one.fsync().unwrap();
         assert_eq!(checkpoint_a_base(&vol, "c"), x);
         let third = pages_of(&vol, x);
-        assert_eq!(third.intersection(&first).count(), 1, "/two's page is kept");
+        assert_eq!(
+            third
+                .intersection(&first)
+                .copied()
+                .collect::<std::collections::BTreeSet<_>>(),
+            two,
+            "/two's pages are kept, /one's new"
+        );
         let listed: std::collections::BTreeSet<_> = first.union(&third).copied().collect();
         assert_eq!(
             vol.inner.meta.read().spilled_bytes,
@@ -926,12 +981,13 @@ mod tests {
         drop(one);
         drop(vol);
         let vol = Volume::open(dev.clone()).unwrap();
-        let mut buf = vec![0u8; 5000];
-        vol.open_file("/one", OpenFlags::default())
-            .unwrap()
-            .pread(&mut buf, 0)
-            .unwrap();
-        assert_eq!(buf, vec![9u8; 5000]);
+        let mut buf = vec![0u8; 4096];
+        let one = vol.open_file("/one", OpenFlags::default()).unwrap();
+        for k in [0, PAGED_FILE_EXTENTS - 1] {
+            one.pread(&mut buf, 2 * k * 4096).unwrap();
+            assert_eq!(buf, vec![9u8; 4096]);
+        }
+        drop(one);
         vol.unmount().unwrap();
         let report = crate::fsck::check(dev.clone()).unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
@@ -944,16 +1000,16 @@ mod tests {
     fn after_a_remount_a_base_rewrites_only_the_files_deltas_changed() {
         let dev = Arc::new(MemDevice::new(16 << 20, 512));
         let vol = paged_volume(&dev);
-        for name in ["/one", "/two", "/three"] {
-            write_file(&vol, name);
-        }
+        let inos: Vec<Ino> = ["/one", "/two", "/three"]
+            .iter()
+            .map(|name| write_paged_file(&vol, name, 7))
+            .collect();
         let x = checkpoint_a_base(&vol, "a");
         let before = pages_of(&vol, x);
-        assert_eq!(before.len(), 3);
-        // A delta changes "/two"'s extents.
+        let two_before = file_pages(&vol, x, inos[1]);
+        // A delta changes one extent of "/two".
         let two = vol.open_file("/two", OpenFlags::default()).unwrap();
-        two.truncate(0).unwrap();
-        two.pwrite(&[5u8; 4096], 0).unwrap();
+        two.pwrite(&[5u8; 4096], 4096).unwrap();
         two.fsync().unwrap();
         drop(two);
         vol.checkpoint().unwrap();
@@ -967,18 +1023,28 @@ mod tests {
         assert_eq!(pages_of(&vol, x), before);
         let y = checkpoint_a_base(&vol, "b");
         let after = pages_of(&vol, y);
-        assert_eq!(after.len(), 3);
-        assert_eq!(
-            after.intersection(&before).count(),
-            2,
-            "only the changed file's page is new"
+        for ino in [inos[0], inos[2]] {
+            assert_eq!(
+                file_pages(&vol, y, ino),
+                file_pages(&vol, x, ino),
+                "files no delta changed keep their pages"
+            );
+        }
+        let two_after = file_pages(&vol, y, inos[1]);
+        assert!(
+            !two_after.is_subset(&two_before),
+            "the changed chunk's page"
+        );
+        assert!(
+            after.difference(&before).all(|p| two_after.contains(p)),
+            "only the changed file's pages are new"
         );
         drop(vol);
         let vol = Volume::open(dev.clone()).unwrap();
         let mut buf = vec![0u8; 4096];
         vol.open_file("/two", OpenFlags::default())
             .unwrap()
-            .pread(&mut buf, 0)
+            .pread(&mut buf, 4096)
             .unwrap();
         assert_eq!(buf, vec![5u8; 4096]);
     }
@@ -996,9 +1062,9 @@ mod tests {
             ..OpenFlags::default()
         };
         let f = vol.open_file("/big", create).unwrap();
-        // 40 one-block extents, every other block: pages of up to 8
-        // extents (the unit tests' chunks).
-        for i in 0..40u64 {
+        // 200 one-block extents, every other block (past the 162 a root
+        // keeps inline): pages of up to 8 extents (the unit tests' chunks).
+        for i in 0..200u64 {
             f.fallocate(2 * i * 4096, 4096, false).unwrap();
         }
         let x = checkpoint_a_base(&vol, "a");
