@@ -993,6 +993,61 @@ mod tests {
         assert!(report.problems.is_empty(), "{:?}", report.problems);
     }
 
+    /// Files of a few extents stay inline in the root: a volume of many
+    /// spends no page blocks (metadata bytes 0), before and after a
+    /// remount. A file that grows past the bound is paged at the next
+    /// base; truncated back, it is inline again and, once both slots'
+    /// bases are past it, its pages are free.
+    #[test]
+    fn small_files_spend_no_page_blocks_and_a_file_changes_form_at_the_bound() {
+        let dev = Arc::new(MemDevice::new(32 << 20, 512));
+        let vol = paged_volume(&dev);
+        for i in 0..200 {
+            write_file(&vol, &format!("/small{i}"));
+        }
+        let x = checkpoint_a_base(&vol, "a");
+        let y = checkpoint_a_base(&vol, "b");
+        assert_ne!(x, y);
+        assert!(pages_of(&vol, x).is_empty() && pages_of(&vol, y).is_empty());
+        assert_eq!(vol.statfs().metadata_bytes, 0, "no page blocks");
+        vol.unmount().unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        assert_eq!(vol.statfs().metadata_bytes, 0);
+
+        let big = write_paged_file(&vol, "/big", 3);
+        let z = checkpoint_a_base(&vol, "c");
+        let paged = file_pages(&vol, z, big);
+        assert!(!paged.is_empty(), "paged at the next base");
+        assert_eq!(
+            vol.statfs().metadata_bytes,
+            paged.iter().map(|&(_, len)| len).sum::<u64>()
+        );
+        let max = crate::codec::inline_extents_max(4096) as u64;
+        let f = vol.open_file("/big", OpenFlags::default()).unwrap();
+        // Blocks at 2k * 4096: `max` extents end at (2 * max - 1) blocks.
+        f.truncate((2 * max - 1) * 4096).unwrap();
+        f.fsync().unwrap();
+        drop(f);
+        assert_eq!(
+            vol.inner.meta.read().state.inodes[&big].extents.len() as u64,
+            max
+        );
+        checkpoint_a_base(&vol, "d");
+        checkpoint_a_base(&vol, "e");
+        assert!(pages_of(&vol, 0).is_empty() && pages_of(&vol, 1).is_empty());
+        assert_eq!(vol.statfs().metadata_bytes, 0, "its pages are free");
+        vol.unmount().unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let f = vol.open_file("/big", OpenFlags::default()).unwrap();
+        f.pread(&mut buf, 2 * (max - 1) * 4096).unwrap();
+        assert_eq!(buf, vec![3u8; 4096], "the inline extents read back");
+        drop(f);
+        vol.unmount().unwrap();
+        let report = crate::fsck::check(dev.clone()).unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+    }
+
     /// After a remount, the chunks of the files no delta changed name the
     /// pages they were read from: the first base writes a page only for
     /// the file a delta changed after the last base.
