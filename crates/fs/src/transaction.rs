@@ -1105,6 +1105,57 @@ mod tests {
         vol.unmount().unwrap();
     }
 
+    /// The write refused is the one that would take the room: with a
+    /// little free space left, a one-block write that makes a file at the
+    /// inline bound paged (its every chunk then needs room for a page) is
+    /// refused with ENOSPC when it is written, not at writeback, while a
+    /// write to a small file still fits; the volume then syncs and
+    /// checkpoints a base.
+    #[test]
+    fn the_write_that_would_page_a_file_is_refused_when_the_room_is_short() {
+        let dev = Arc::new(MemDevice::new(8 << 20, 512));
+        let vol = paged_volume(&dev);
+        let create = OpenFlags {
+            create: true,
+            ..OpenFlags::default()
+        };
+        let max = crate::codec::inline_extents_max(4096) as u64;
+        let big = vol.open_file("/big", create).unwrap();
+        for k in 0..max {
+            big.pwrite(&[1u8; 4096], 2 * k * 4096).unwrap();
+        }
+        big.fsync().unwrap();
+        let fill = vol.open_file("/fill", create).unwrap();
+        let mut size = 0u64;
+        for len in [1 << 20, 4096] {
+            while fill.pwrite(&vec![2u8; len], size).is_ok() {
+                size += len as u64;
+            }
+        }
+        fill.fsync().unwrap();
+        // Free 64 KiB: less than the pages /big would need once paged.
+        fill.truncate(size - (64 << 10)).unwrap();
+        fill.fsync().unwrap();
+        vol.checkpoint().unwrap();
+        let (free, reserve) = {
+            let m = vol.inner.meta.read();
+            (m.unreserved_bytes(), m.spill_reserve_for(0))
+        };
+        assert!(free >= 64 << 10, "{free} bytes free");
+        assert_eq!(reserve, 0, "no paged file yet");
+
+        let err = big.pwrite(&[3u8; 4096], 2 * max * 4096).unwrap_err();
+        assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+        let small = vol.open_file("/small", create).unwrap();
+        small.pwrite(&[4u8; 4096], 0).unwrap();
+        vol.sync().unwrap();
+        checkpoint_a_base(&vol, "a");
+        drop((big, fill, small));
+        vol.unmount().unwrap();
+        let report = crate::fsck::check(dev.clone()).unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+    }
+
     /// After a remount, the chunks of the files no delta changed name the
     /// pages they were read from: the first base writes a page only for
     /// the file a delta changed after the last base.
