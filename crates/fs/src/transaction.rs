@@ -890,6 +890,11 @@ mod tests {
         unreachable!()
     }
 
+    fn assert_fsck_clean(dev: &Arc<MemDevice>) {
+        let report = crate::fsck::check(dev.clone()).unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+    }
+
     fn pages_of(vol: &Volume, slot: usize) -> std::collections::BTreeSet<(u64, u64)> {
         crate::extent_pages::page_ranges(&vol.inner.commit.lock().pages[slot], 4096)
     }
@@ -989,8 +994,7 @@ mod tests {
         }
         drop(one);
         vol.unmount().unwrap();
-        let report = crate::fsck::check(dev.clone()).unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_fsck_clean(&dev);
     }
 
     /// Files of a few extents stay inline in the root: a volume of many
@@ -1044,8 +1048,7 @@ mod tests {
         assert_eq!(buf, vec![3u8; 4096], "the inline extents read back");
         drop(f);
         vol.unmount().unwrap();
-        let report = crate::fsck::check(dev.clone()).unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_fsck_clean(&dev);
     }
 
     /// Data writes leave free the room the next base needs (a page per
@@ -1092,8 +1095,7 @@ mod tests {
         let slot = checkpoint_a_base(&vol, "z");
         assert!(!pages_of(&vol, slot).is_empty());
         vol.unmount().unwrap();
-        let report = crate::fsck::check(dev.clone()).unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_fsck_clean(&dev);
         let vol = Volume::open(dev.clone()).unwrap();
         let mut buf = vec![0u8; 4096];
         for (path, k) in written.iter().step_by(97) {
@@ -1152,8 +1154,7 @@ mod tests {
         checkpoint_a_base(&vol, "a");
         drop((big, fill, small));
         vol.unmount().unwrap();
-        let report = crate::fsck::check(dev.clone()).unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_fsck_clean(&dev);
     }
 
     /// After a remount, the chunks of the files no delta changed name the
