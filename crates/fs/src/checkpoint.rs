@@ -2495,12 +2495,35 @@ mod tests {
             table.push((inode.ino, list));
         }
         write_pages(dev, &written).unwrap();
-        let heads: Vec<&InodeImage> = ckpt.image.inodes.iter().collect();
-        let root =
-            codec::encode_root_after(CHECKPOINT_HEADER_LEN, ckpt.image.next_ino, &heads, &table)
-                .unwrap();
-        write_base_record(dev, sb, slot, RecordHeader::of(ckpt), root).unwrap();
+        write_base_record(
+            dev,
+            sb,
+            slot,
+            RecordHeader::of(ckpt),
+            paged_root(sb, ckpt, &table),
+        )
+        .unwrap();
         table
+    }
+
+    /// The root of `ckpt` with `table`: the files it lists without their
+    /// extents, the others' inline.
+    fn paged_root(sb: &Superblock, ckpt: &Checkpoint, table: &PageTable) -> Vec<u8> {
+        let mut image = ckpt.image.clone();
+        for inode in &mut image.inodes {
+            if table.iter().any(|(ino, _)| *ino == inode.ino) {
+                inode.extents.clear();
+            }
+        }
+        let heads: Vec<&InodeImage> = image.inodes.iter().collect();
+        codec::encode_root_after(
+            CHECKPOINT_HEADER_LEN,
+            image.next_ino,
+            &heads,
+            table,
+            sb.block_size(),
+        )
+        .unwrap()
     }
 
     fn page_addr(sb: &Superblock, i: usize) -> u64 {
@@ -2619,13 +2642,8 @@ mod tests {
             list.push(page);
         }
         write_pages(&dev, &bytes).unwrap();
-        // The other files' extents are left out of the root: only this
-        // file has pages.
-        let heads: Vec<&InodeImage> = ckpt.image.inodes.iter().collect();
         let table: PageTable = vec![(ino, list)];
-        let root =
-            codec::encode_root_after(CHECKPOINT_HEADER_LEN, ckpt.image.next_ino, &heads, &table)
-                .unwrap();
+        let root = paged_root(&sb, &ckpt, &table);
         write_base_record(&dev, &sb, 0, RecordHeader::of(&ckpt), root).unwrap();
         let err = read_slot(&dev, &sb, 0).unwrap_err().to_string();
         assert!(

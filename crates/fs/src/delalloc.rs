@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::mount_state::Meta;
+use crate::mount_state::{BaseGrowth, Meta};
 use crate::types::Ino;
 use crate::{Error, Result};
 
@@ -22,13 +22,20 @@ use crate::{Error, Result};
 pub(crate) type Ranges = BTreeMap<u64, u64>;
 
 impl Meta {
-    /// Free bytes neither a delayed allocation nor the next checkpoint's
-    /// spilled image (see [`Meta::spill_reserve_for`]) has reserved.
+    /// Free bytes neither a delayed allocation nor the next checkpoint
+    /// base (its spilled image, or its extent pages and spilled root: see
+    /// [`Meta::base_reserve_for`]) has reserved.
     pub(crate) fn unreserved_bytes(&self) -> u64 {
+        self.unreserved_bytes_after(BaseGrowth::default())
+    }
+
+    /// [`Meta::unreserved_bytes`] once the next base has grown by
+    /// `growth`: what a change that grows it that much may take.
+    pub(crate) fn unreserved_bytes_after(&self, growth: BaseGrowth) -> u64 {
         self.alloc
             .free_bytes()
             .saturating_sub(self.delalloc_reserved)
-            .saturating_sub(self.spill_reserve_for(0))
+            .saturating_sub(self.base_reserve_for(growth))
     }
 
     /// The delalloc range holding `pos`, as its end.
@@ -83,7 +90,10 @@ impl Meta {
         if needed == 0 {
             return Ok(());
         }
-        let available = self.unreserved_bytes();
+        // The ranges become extents at writeback: the room the next base
+        // needs for them stays free now, so that this write is the one
+        // refused rather than its writeback.
+        let available = self.unreserved_bytes_after(self.growth_for_holes(ino, new.len()));
         if needed > available {
             return Err(Error::NoSpace {
                 what: format!("inode {ino} buffered write of file range {start}..{end}"),

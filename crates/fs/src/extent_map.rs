@@ -153,6 +153,12 @@ impl ExtentMap {
         self.map.pages()
     }
 
+    /// How many chunks hold the extents: each is one page when written
+    /// (what the space kept for the next base is counted in).
+    pub fn chunk_count(&self) -> usize {
+        self.map.chunk_count()
+    }
+
     pub fn block_size(&self) -> u32 {
         // Built from a `u32` in `new`.
         self.block_size as u32

@@ -5,9 +5,9 @@
 //! recorded in the snapshot's chunks (which the live maps share while
 //! unchanged). See `docs/EXTENT_PAGES.md`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
-use crate::codec::{self, PageTable};
+use crate::codec::{self, PageRef, PageTable};
 use crate::error::{Error, Result};
 use crate::state::MetaState;
 use crate::types::{FileKind, Ino};
@@ -25,20 +25,33 @@ pub struct PagePlan {
     new: Vec<(usize, usize)>,
 }
 
-/// Plans the pages of `state`'s extent maps: a page for each chunk that
-/// names none, placed at the device byte `place` returns for its length
-/// (the caller allocates from free space; a failure ends the plan), and
-/// encoded with the volume's crc `seed`.
+/// Plans the pages of `state`'s extent maps: a page for each chunk of a
+/// file with more than [`codec::inline_extents_max`] extents (the others
+/// stay inline in the root) that names no page `listed` holds, placed at
+/// the device byte `place` returns for its length (the caller allocates
+/// from free space; a failure ends the plan), and encoded with the
+/// volume's crc `seed`.
+///
+/// `listed` says whether either slot's base lists a page: only those are
+/// still on disk. A chunk can name a page neither lists when its file was
+/// inline at a base since (its pages were freed) and a chunk that change
+/// did not touch is paged again; such a chunk gets a new page that is not
+/// recorded in it (it already names one), so it is written again at each
+/// base until it changes. With chunks of at least 128 extents unless
+/// alone, a file at the inline bound has one chunk, which every change
+/// that makes it grow touches, so this does not happen outside tests.
 pub fn plan_pages(
     state: &MetaState,
     seed: u32,
+    listed: impl Fn(&PageRef) -> bool,
     mut place: impl FnMut(u64) -> Result<u64>,
 ) -> Result<PagePlan> {
     let block_size = u64::from(state.block_size);
+    let inline_max = codec::inline_extents_max(block_size);
     let mut inos: Vec<Ino> = state
         .inodes
         .iter()
-        .filter(|(_, i)| i.kind == FileKind::Regular && !i.extents.is_empty())
+        .filter(|(_, i)| i.kind == FileKind::Regular && i.extents.len() > inline_max)
         .map(|(&ino, _)| ino)
         .collect();
     inos.sort_unstable();
@@ -51,14 +64,16 @@ pub fn plan_pages(
         let mut list = Vec::new();
         for chunk in state.inodes[&ino].extents.chunk_pages() {
             let page = match chunk.page() {
-                Some(page) => page,
-                None => {
+                Some(page) if listed(&page) => page,
+                named => {
                     let len = codec::page_len(chunk.extents().len(), block_size);
                     let addr = place(len)?;
                     let (bytes, page) =
                         codec::encode_page(seed, ino, chunk.extents(), block_size, addr)?;
                     plan.writes.push((addr, bytes));
-                    plan.new.push((plan.table.len(), list.len()));
+                    if named.is_none() {
+                        plan.new.push((plan.table.len(), list.len()));
+                    }
                     page
                 }
             };
@@ -67,6 +82,15 @@ pub fn plan_pages(
         plan.table.push((ino, list));
     }
     Ok(plan)
+}
+
+/// Whether a page is listed by one of `tables` (both slots' bases): what
+/// [`plan_pages`] may refer to without writing it again.
+pub fn listed_in<'a>(tables: impl IntoIterator<Item = &'a PageTable>) -> HashSet<PageRef> {
+    tables
+        .into_iter()
+        .flat_map(|t| t.iter().flat_map(|(_, list)| list.iter().copied()))
+        .collect()
 }
 
 impl PagePlan {
@@ -150,8 +174,13 @@ mod tests {
 
     const BS: u64 = 4096;
 
-    /// A state of random inodes, one regular file with 40 extents (many
-    /// chunks), and that file's inode number.
+    /// Extents of the big file: past the inline bound (162 at 4 KiB), in
+    /// many chunks.
+    const BIG: u64 = 200;
+
+    /// A state of random inodes (their few extents inline), one regular
+    /// file with [`BIG`] extents (paged, many chunks), and that file's
+    /// inode number.
     fn state() -> (MetaState, Ino) {
         let mut image = random_image(&mut SmallRng::seed_from_u64(13), 30);
         let root = MetaState::new_empty(BS as u32, Default::default(), 0, 0).to_image();
@@ -168,7 +197,7 @@ mod tests {
             .iter_mut()
             .find(|i| i.kind == FileKind::Regular)
             .unwrap();
-        big.extents = (0..40)
+        big.extents = (0..BIG)
             .map(|i| Extent {
                 file_off: 2 * i * BS,
                 len: BS,
@@ -176,7 +205,7 @@ mod tests {
                 state: ExtentState::Written,
             })
             .collect();
-        big.size = 80 * BS;
+        big.size = 2 * BIG * BS;
         let ino = big.ino;
         (MetaState::from_image(&image, BS as u32).unwrap(), ino)
     }
@@ -214,31 +243,32 @@ mod tests {
             Ok(next - len)
         };
         let (mut live, big) = state();
-        let chunks: usize = live
-            .inodes
-            .values()
-            .map(|i| i.extents.chunk_pages().count())
-            .sum();
-        assert!(live.inodes[&big].extents.chunk_pages().count() >= 5);
+        let chunks = live.inodes[&big].extents.chunk_pages().count();
+        assert!(chunks >= 5);
 
         let first = live.clone();
-        let plan1 = plan_pages(&first, sb.crc_seed(), &mut place).unwrap();
+        let plan1 = plan_pages(&first, sb.crc_seed(), |_| false, &mut place).unwrap();
         assert_eq!(plan1.writes.len(), chunks, "nothing was written before");
         round_trip(&dev, &sb, &first, &plan1);
         plan1.record_written(&first).unwrap();
         drop(first);
         assert!(
-            live.inodes
-                .values()
-                .all(|i| i.extents.chunk_pages().all(|c| c.page().is_some())),
-            "the live maps see the pages in the chunks they share"
+            live.inodes[&big]
+                .extents
+                .chunk_pages()
+                .all(|c| c.page().is_some()),
+            "the live map sees the pages in the chunks it shares"
         );
+        let listed = |table: &PageTable| {
+            let set = listed_in([table]);
+            move |p: &PageRef| set.contains(p)
+        };
 
         // One extent of the big file, in its third chunk, punched.
         let inode = live.inodes.get_mut(&big).unwrap();
         inode.extents.remove_range(2 * 20 * BS, BS);
         let second = live.clone();
-        let plan2 = plan_pages(&second, sb.crc_seed(), &mut place).unwrap();
+        let plan2 = plan_pages(&second, sb.crc_seed(), listed(&plan1.table), &mut place).unwrap();
         assert_eq!(plan2.writes.len(), 1, "one chunk changed");
         round_trip(&dev, &sb, &second, &plan2);
         let old = page_ranges(&plan1.table, BS);
@@ -250,10 +280,94 @@ mod tests {
         // The other slot's base still lists it: nothing is freed.
         assert!(pages_freed(&plan1.table, &plan2.table, &plan1.table, BS).is_empty());
         plan2.record_written(&second).unwrap();
-        assert!(plan_pages(&second, sb.crc_seed(), &mut place)
-            .unwrap()
-            .writes
-            .is_empty());
+        assert!(
+            plan_pages(&second, sb.crc_seed(), listed(&plan2.table), &mut place)
+                .unwrap()
+                .writes
+                .is_empty()
+        );
+    }
+
+    /// Files of at most a block's worth of extents stay inline in the root
+    /// (no page); a file that grows past it is paged at the next base, one
+    /// that shrinks back goes inline again, and its chunks' pages, freed
+    /// meanwhile, are written again rather than referred to.
+    #[test]
+    fn small_files_stay_inline_and_a_file_crossing_the_bound_changes_form() {
+        const DEV: u64 = 16 << 20;
+        let dev = VecDevice::new(DEV, 512);
+        let sb = Superblock::new(Layout::compute(DEV, 512, BS as u32, None, None).unwrap());
+        let mut next = sb.layout.data.start;
+        let mut place = |len: u64| {
+            next += len;
+            Ok(next - len)
+        };
+        let max = codec::inline_extents_max(BS) as u64;
+        let (mut live, big) = state();
+        let small = live
+            .inodes
+            .values()
+            .filter(|i| i.kind == FileKind::Regular && !i.extents.is_empty())
+            .count();
+        assert!(small >= 3, "random files with a few extents");
+        let first = live.clone();
+        let plan = plan_pages(&first, sb.crc_seed(), |_| false, &mut place).unwrap();
+        assert_eq!(
+            plan.table.iter().map(|(ino, _)| *ino).collect::<Vec<_>>(),
+            [big],
+            "only the big file has pages"
+        );
+        round_trip(&dev, &sb, &first, &plan);
+        plan.record_written(&first).unwrap();
+        drop(first);
+
+        // Shrink the big file to the bound by truncating: inline, no page.
+        let inode = live.inodes.get_mut(&big).unwrap();
+        inode.extents.truncate_blocks_from(2 * max * BS);
+        assert_eq!(inode.extents.len() as u64, max);
+        let old_pages: Vec<_> = inode
+            .extents
+            .chunk_pages()
+            .filter_map(|c| c.page())
+            .collect();
+        let at_bound = live.clone();
+        let inline = plan_pages(&at_bound, sb.crc_seed(), |_| false, &mut place).unwrap();
+        assert!(inline.table.is_empty() && inline.writes.is_empty());
+        round_trip(&dev, &sb, &at_bound, &inline);
+
+        // One more extent: paged again at the next base. The chunks the
+        // truncation left name pages neither base lists any more (the
+        // table of `inline` is empty): each is written again, and stays
+        // unrecorded since its chunk names the old one.
+        assert!(!old_pages.is_empty(), "untouched chunks keep their pages");
+        let inode = live.inodes.get_mut(&big).unwrap();
+        inode
+            .extents
+            .insert(Extent {
+                file_off: 2 * max * BS,
+                len: BS,
+                addr: 1 << 20,
+                state: ExtentState::Written,
+            })
+            .unwrap();
+        let grown = live.clone();
+        let listed_now = listed_in([&inline.table]);
+        let paged = plan_pages(
+            &grown,
+            sb.crc_seed(),
+            |p| listed_now.contains(p),
+            &mut place,
+        )
+        .unwrap();
+        assert_eq!(paged.table.len(), 1);
+        assert_eq!(
+            paged.writes.len(),
+            grown.inodes[&big].extents.chunk_pages().count(),
+            "every chunk written, the stale pages too"
+        );
+        assert!(paged.table[0].1.iter().all(|p| !old_pages.contains(p)));
+        round_trip(&dev, &sb, &grown, &paged);
+        paged.record_written(&grown).unwrap();
     }
 
     /// A placement that fails ends the plan with its error, and nothing
@@ -262,17 +376,22 @@ mod tests {
     fn a_page_that_cannot_be_placed_fails_the_plan() {
         let (state, _) = state();
         let mut left = 2;
-        let err = plan_pages(&state, 0, |_| {
-            if left == 0 {
-                return Err(Error::NoSpace {
-                    what: "extent pages".into(),
-                    needed: BS,
-                    available: 0,
-                });
-            }
-            left -= 1;
-            Ok(1 << 30)
-        })
+        let err = plan_pages(
+            &state,
+            0,
+            |_| false,
+            |_| {
+                if left == 0 {
+                    return Err(Error::NoSpace {
+                        what: "extent pages".into(),
+                        needed: BS,
+                        available: 0,
+                    });
+                }
+                left -= 1;
+                Ok(1 << 30)
+            },
+        )
         .unwrap_err();
         assert!(matches!(err, Error::NoSpace { .. }), "{err}");
         assert!(state

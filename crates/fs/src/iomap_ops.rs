@@ -7,8 +7,7 @@ use iomap::sharded_rwlock::ShardedWriteGuard;
 use iomap::{EndIo, Iomap, IomapError, IomapFlags, IomapKind, IomapOpFlags, IomapOps};
 
 use crate::extent_map::Lookup;
-use crate::limits::EXTENTS_PER_HOLE_ESTIMATE;
-use crate::mount_state::{image_bytes_for_extents, Meta, OpenInode, VolumeInner};
+use crate::mount_state::{Meta, OpenInode, VolumeInner};
 use crate::types::{ExtentState, Ino, Record};
 use crate::{Error, Result};
 
@@ -54,8 +53,11 @@ pub(crate) fn allocate_holes(
         return Ok(false);
     }
     let needed: u64 = holes.iter().map(|&(_, len)| len).sum();
+    // The room the next base needs once these extents are in the map
+    // stays free.
+    let growth = meta.growth_for_holes(ino, holes.len());
     // Space a buffered write reserved in this range is this allocation's.
-    let available = meta.unreserved_bytes() + meta.delalloc_within(ino, start, end);
+    let available = meta.unreserved_bytes_after(growth) + meta.delalloc_within(ino, start, end);
     if needed > available {
         return Err(Error::NoSpace {
             what: format!("inode {ino} file range {start}..{end}"),
@@ -63,10 +65,7 @@ pub(crate) fn allocate_holes(
             available,
         });
     }
-    meta.reserve_image(
-        &vol.sb,
-        image_bytes_for_extents(holes.len() as u64 * EXTENTS_PER_HOLE_ESTIMATE),
-    )?;
+    meta.reserve_base(&vol.sb, growth)?;
     meta.release_delalloc(ino, start, end);
     let block = u64::from(vol.block_size);
     for (hole_start, hole_len) in holes {

@@ -140,6 +140,7 @@ pub(crate) fn mount(
     if sb.features_incompat & superblock::INCOMPAT_SPILLED_CHECKPOINTS != 0 {
         meta.spill_slot_bytes = Some(checkpoint::slot_capacity(&sb));
     }
+    meta.extent_pages = sb.features_incompat & superblock::INCOMPAT_EXTENT_PAGES != 0;
     meta.spilled_bytes = spills.iter().flatten().map(|&(_, len)| len).sum::<u64>()
         + used_pages(&sb, &pages)
             .iter()

@@ -104,8 +104,22 @@ pub(crate) struct Meta {
     /// image must fit its slot).
     pub(crate) spill_slot_bytes: Option<u64>,
     /// Bytes of the spill extents checkpoints hold (both slots', and those
-    /// of a checkpoint being written).
+    /// of a checkpoint being written), and of the extent pages either
+    /// slot's base lists.
     pub(crate) spilled_bytes: u64,
+    /// Bases are roots with extent pages (`INCOMPAT_EXTENT_PAGES`): the
+    /// space kept for the next base covers its pages too.
+    pub(crate) extent_pages: bool,
+}
+
+/// What a change may add to the next base, for the space kept for it:
+/// `image` bytes to the image (extents included), and `file`, a regular
+/// file's map (its size now) gaining up to that many extents, each of
+/// which may split a chunk.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct BaseGrowth {
+    pub(crate) image: u64,
+    pub(crate) file: Option<(crate::state::MapSize, u64)>,
 }
 
 /// The journal writer and the newest checkpoint: what the `commit` lock
@@ -247,7 +261,9 @@ pub(crate) fn now_ns() -> u64 {
 
 impl Meta {
     /// The metadata as loaded: every record up to `next_seq` is durable.
-    pub(crate) fn new(state: MetaState, alloc: Allocator, next_seq: u64) -> Meta {
+    pub(crate) fn new(mut state: MetaState, alloc: Allocator, next_seq: u64) -> Meta {
+        // A mount may have rebuilt maps from extent pages.
+        state.recount();
         Meta {
             state,
             alloc,
@@ -262,6 +278,7 @@ impl Meta {
             size_in_core: InoMap::default(),
             spill_slot_bytes: None,
             spilled_bytes: 0,
+            extent_pages: false,
         }
     }
 
@@ -350,28 +367,46 @@ impl Meta {
 
     /// Refuses a change that could grow the checkpoint image past its slot
     /// or, on volumes whose images spill, past the data-area space kept
-    /// for it ([`Meta::spill_reserve_for`]).
+    /// for it ([`Meta::base_reserve_for`]).
     pub fn reserve_image(&self, sb: &Superblock, extra: u64) -> Result<()> {
+        self.reserve_base(
+            sb,
+            BaseGrowth {
+                image: extra,
+                file: None,
+            },
+        )
+    }
+
+    /// Refuses a change that could grow the next base's payload (image or
+    /// root) past its slot, when images do not spill, or the space that
+    /// base needs past the free space delayed allocations leave.
+    pub(crate) fn reserve_base(&self, sb: &Superblock, growth: BaseGrowth) -> Result<()> {
         let slot = sb.layout.checkpoint_slots[0].len;
-        let needed = self.state.image_bytes_estimate() + extra + CHECKPOINT_HEADROOM;
-        if needed <= slot {
-            return Ok(());
-        }
-        if self.spill_slot_bytes.is_none() {
+        let needed = self.base_payload_estimate(growth) + CHECKPOINT_HEADROOM;
+        if needed > slot && self.spill_slot_bytes.is_none() {
             return Err(Error::NoSpace {
                 what: "metadata (checkpoint slot)".to_string(),
                 needed,
                 available: slot,
             });
         }
-        let reserve = self.spill_reserve_for(extra);
+        let reserve = self.base_reserve_for(growth);
+        if reserve == 0 {
+            return Ok(());
+        }
         let available = self
             .alloc
             .free_bytes()
             .saturating_sub(self.delalloc_reserved);
         if reserve > available {
             return Err(Error::NoSpace {
-                what: "metadata (checkpoint image spilled to the data area)".to_string(),
+                what: if self.extent_pages {
+                    "metadata (the next checkpoint base's extent pages and spilled root)"
+                } else {
+                    "metadata (checkpoint image spilled to the data area)"
+                }
+                .to_string(),
                 needed: reserve,
                 available,
             });
@@ -379,24 +414,94 @@ impl Meta {
         Ok(())
     }
 
-    /// Free data-area bytes kept for the next checkpoint's image to spill
-    /// into, were the image to grow by `extra` bytes: the image's
-    /// estimate, in whole blocks, when it does not fit its slot (0 when it
-    /// does). Data allocations leave them free ([`Meta::unreserved_bytes`]),
-    /// so that a checkpoint finds the space, and `statfs` does not count
-    /// them as free. The spill extents of the checkpoints on disk are used
-    /// space besides.
+    /// Free data-area bytes kept for the next base (see
+    /// [`Meta::base_reserve_for`]), were its image to grow by `extra`
+    /// bytes.
     pub(crate) fn spill_reserve_for(&self, extra: u64) -> u64 {
-        let Some(slot) = self.spill_slot_bytes else {
-            return 0;
+        self.base_reserve_for(BaseGrowth {
+            image: extra,
+            file: None,
+        })
+    }
+
+    /// Free data-area bytes kept for the next base, were it to grow by
+    /// `growth`: its payload (the image, or with extent pages the root),
+    /// in whole blocks, when that does not fit the slot, and with extent
+    /// pages a new page for every chunk of every paged file (at worst the
+    /// next base rewrites them all, while the pages the slots list stay
+    /// in use until it is durable). Data allocations leave them free
+    /// ([`Meta::unreserved_bytes`]), so that a checkpoint finds the space,
+    /// and `statfs` does not count them as free. The spill extents and
+    /// pages of the checkpoints on disk are used space besides.
+    pub(crate) fn base_reserve_for(&self, growth: BaseGrowth) -> u64 {
+        let block_size = u64::from(self.state.block_size);
+        let payload = match self.spill_slot_bytes {
+            Some(slot) => {
+                let needed = self.base_payload_estimate(growth) + CHECKPOINT_HEADROOM;
+                if needed <= slot {
+                    0
+                } else {
+                    needed.next_multiple_of(block_size)
+                }
+            }
+            None => 0,
         };
-        let needed = self.state.image_bytes_estimate() + extra + CHECKPOINT_HEADROOM;
-        if needed <= slot {
-            return 0;
+        if !self.extent_pages {
+            return payload;
         }
-        needed.next_multiple_of(u64::from(self.state.block_size))
+        let paged = self.paged_after(growth);
+        // A page of n extents takes (32 + 25 n) bytes rounded up to a
+        // block: less than 32 + 25 n + a block.
+        let pages = paged.extents * IMAGE_BYTES_PER_EXTENT
+            + paged.chunks * (crate::codec::PAGE_HEADER_LEN as u64 + block_size);
+        payload + pages.next_multiple_of(block_size)
+    }
+
+    /// The bytes of the next base's payload, were it to grow by `growth`:
+    /// the image, or with extent pages the root (the image less the paged
+    /// files' extents, plus their page table).
+    fn base_payload_estimate(&self, growth: BaseGrowth) -> u64 {
+        let image = self.state.image_bytes_estimate() + growth.image;
+        if !self.extent_pages {
+            return image;
+        }
+        let paged = self.paged_after(growth);
+        (image + paged.files * ROOT_BYTES_PER_PAGED_FILE + paged.chunks * ROOT_BYTES_PER_PAGE)
+            .saturating_sub(paged.extents * IMAGE_BYTES_PER_EXTENT)
+    }
+
+    /// What `holes` new ranges of `ino`'s map may add to the next base:
+    /// [`crate::limits::EXTENTS_PER_HOLE_ESTIMATE`] extents each.
+    pub(crate) fn growth_for_holes(&self, ino: Ino, holes: usize) -> BaseGrowth {
+        let extents = holes as u64 * crate::limits::EXTENTS_PER_HOLE_ESTIMATE;
+        BaseGrowth {
+            image: image_bytes_for_extents(extents),
+            file: self
+                .state
+                .inode(ino)
+                .map(|i| (crate::state::MapSize::of(&i.extents), extents)),
+        }
+    }
+
+    /// [`MetaState::paged_size`] after `growth`.
+    fn paged_after(&self, growth: BaseGrowth) -> crate::state::PagedSize {
+        let now = self.state.paged_size();
+        let Some((size, extra)) = growth.file else {
+            return now;
+        };
+        let block_size = u64::from(self.state.block_size);
+        let grown = crate::state::MapSize {
+            extents: size.extents + extra,
+            chunks: size.chunks + extra,
+        };
+        now.minus(size.paged(block_size))
+            .plus(grown.paged(block_size))
     }
 }
+
+/// Bytes a root's page table spends per paged file and per page.
+const ROOT_BYTES_PER_PAGED_FILE: u64 = 8 + 4;
+const ROOT_BYTES_PER_PAGE: u64 = crate::codec::PAGE_REF_ENCODED_LEN as u64;
 
 /// The regular file whose data mapping a record changes, if any.
 fn record_inode(record: &Record) -> Option<Ino> {

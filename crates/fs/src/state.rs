@@ -90,6 +90,10 @@ pub struct MetaState {
     pub inodes: InodeTable<InodeState>,
     /// Encoded size of the checkpoint image's inodes, kept incrementally.
     image_bytes: u64,
+    /// Extents and chunks of the files a base with extent pages pages
+    /// (those past [`codec::inline_extents_max`]), kept incrementally:
+    /// what bounds that base's pages.
+    paged: PagedSize,
     /// Inodes a record changed (created, changed or deleted) since the
     /// last [`MetaState::take_changed`], with the extent-map key spans the
     /// records touched: what a delta checkpoint must write. Filled by
@@ -175,9 +179,10 @@ impl MetaState {
             next_ino: ROOT_INO + 1,
             inodes,
             image_bytes: 0,
+            paged: PagedSize::default(),
             changed: ChangedInodes::default(),
         };
-        state.image_bytes = state.compute_image_bytes();
+        state.recount();
         state
     }
 
@@ -270,10 +275,11 @@ impl MetaState {
             next_ino: image.next_ino,
             inodes,
             image_bytes: 0,
+            paged: PagedSize::default(),
             changed: ChangedInodes::default(),
         };
         state.rebuild_parents()?;
-        state.image_bytes = state.compute_image_bytes();
+        state.recount();
         Ok(state)
     }
 
@@ -384,8 +390,9 @@ impl MetaState {
     }
 
     /// A checkpoint root of this state (see `codec::root`) after `room`
-    /// bytes: the image without extents, and `pages`, the page table of
-    /// the state's extent maps (see `extent_pages::plan_pages`).
+    /// bytes: the image with the extents of the files `pages` does not
+    /// list inline, and `pages`, the page table of the other files' extent
+    /// maps (see `extent_pages::plan_pages`).
     pub fn encode_root_after(
         &self,
         room: usize,
@@ -393,12 +400,28 @@ impl MetaState {
     ) -> crate::error::Result<Vec<u8>> {
         let mut inos: Vec<Ino> = self.inodes.keys().copied().collect();
         inos.sort_unstable();
+        let mut paged = pages.iter().map(|(ino, _)| *ino).peekable();
         let heads: Vec<InodeImage> = inos
             .iter()
-            .map(|ino| inode_image(&self.inodes[ino], Vec::new()))
+            .map(|ino| {
+                let i = &self.inodes[ino];
+                while paged.next_if(|p| p < ino).is_some() {}
+                let inline = if paged.peek() == Some(ino) {
+                    Vec::new()
+                } else {
+                    i.extents.iter().copied().collect()
+                };
+                inode_image(i, inline)
+            })
             .collect();
         let heads: Vec<&InodeImage> = heads.iter().collect();
-        codec::encode_root_after(room, self.next_ino, &heads, pages)
+        codec::encode_root_after(
+            room,
+            self.next_ino,
+            &heads,
+            pages,
+            u64::from(self.block_size),
+        )
     }
 
     pub fn to_image(&self) -> MetaImage {
@@ -457,8 +480,23 @@ impl MetaState {
         delta
     }
 
-    fn compute_image_bytes(&self) -> u64 {
-        self.inodes.values().map(InodeState::image_bytes).sum()
+    /// Computes the sizes kept incrementally ([`MetaState::image_bytes_estimate`],
+    /// [`MetaState::paged_size`]) from the inodes: after the maps were
+    /// replaced rather than changed by records (a mount building them from
+    /// extent pages).
+    pub fn recount(&mut self) {
+        self.image_bytes = self.inodes.values().map(InodeState::image_bytes).sum();
+        let block_size = u64::from(self.block_size);
+        self.paged = self
+            .inodes
+            .values()
+            .map(|i| PagedSize::of(&i.extents, block_size))
+            .fold(PagedSize::default(), PagedSize::plus);
+    }
+
+    /// Extents and chunks of the files a base with extent pages pages.
+    pub fn paged_size(&self) -> PagedSize {
+        self.paged
     }
 
     /// Upper bound of the encoded checkpoint image in bytes.
@@ -652,7 +690,7 @@ impl MetaState {
                 addr,
             } => {
                 let inode = self.regular_mut(*ino)?;
-                let before = inode.extents.len();
+                let before = MapSize::of(&inode.extents);
                 inode
                     .extents
                     .insert(Extent {
@@ -662,7 +700,7 @@ impl MetaState {
                         state: crate::types::ExtentState::Unwritten,
                     })
                     .map_err(|e| format!("inode {ino}: map unwritten: {e}"))?;
-                let after = inode.extents.len();
+                let after = MapSize::of(&inode.extents);
                 self.adjust_extents(before, after);
                 Ok(())
             }
@@ -674,7 +712,7 @@ impl MetaState {
                 mtime_ns,
             } => {
                 let inode = self.regular_mut(*ino)?;
-                let before = inode.extents.len();
+                let before = MapSize::of(&inode.extents);
                 if *len > 0 {
                     inode.extents.convert_written(*file_off, *len);
                 }
@@ -682,7 +720,7 @@ impl MetaState {
                 if *mtime_ns != 0 {
                     inode.set_data_changed(*mtime_ns);
                 }
-                let after = inode.extents.len();
+                let after = MapSize::of(&inode.extents);
                 self.adjust_extents(before, after);
                 Ok(())
             }
@@ -693,7 +731,7 @@ impl MetaState {
             } => {
                 let block = u64::from(self.block_size);
                 let inode = self.regular_mut(*ino)?;
-                let before = inode.extents.len();
+                let before = MapSize::of(&inode.extents);
                 let keep_to = size
                     .checked_next_multiple_of(block)
                     .ok_or_else(|| format!("inode {ino}: size {size} too large"))?;
@@ -702,7 +740,7 @@ impl MetaState {
                 }
                 inode.size = *size;
                 inode.set_data_changed(*mtime_ns);
-                let after = inode.extents.len();
+                let after = MapSize::of(&inode.extents);
                 self.adjust_extents(before, after);
                 Ok(())
             }
@@ -713,10 +751,10 @@ impl MetaState {
                 mtime_ns,
             } => {
                 let inode = self.regular_mut(*ino)?;
-                let before = inode.extents.len();
+                let before = MapSize::of(&inode.extents);
                 freed.extend(inode.extents.remove_range(*file_off, *len));
                 inode.set_data_changed(*mtime_ns);
-                let after = inode.extents.len();
+                let after = MapSize::of(&inode.extents);
                 self.adjust_extents(before, after);
                 Ok(())
             }
@@ -822,9 +860,14 @@ impl MetaState {
         }
     }
 
-    fn adjust_extents(&mut self, before: usize, after: usize) {
-        self.image_bytes = (self.image_bytes + after as u64 * IMAGE_BYTES_PER_EXTENT)
-            .saturating_sub(before as u64 * IMAGE_BYTES_PER_EXTENT);
+    fn adjust_extents(&mut self, before: MapSize, after: MapSize) {
+        self.image_bytes = (self.image_bytes + after.extents * IMAGE_BYTES_PER_EXTENT)
+            .saturating_sub(before.extents * IMAGE_BYTES_PER_EXTENT);
+        let block_size = u64::from(self.block_size);
+        self.paged = self
+            .paged
+            .plus(after.paged(block_size))
+            .minus(before.paged(block_size));
     }
 
     fn inode_mut(&mut self, ino: Ino) -> Result<&mut InodeState, ApplyError> {
@@ -1133,7 +1176,70 @@ impl MetaState {
         let inode = self.inodes.remove(&ino).expect("checked above");
         freed.extend(inode.extents.iter().map(|e| (e.addr, e.len)));
         self.image_bytes = self.image_bytes.saturating_sub(inode.image_bytes());
+        self.paged = self
+            .paged
+            .minus(PagedSize::of(&inode.extents, u64::from(self.block_size)));
         Ok(())
+    }
+}
+
+/// An extent map's size: extents and chunks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapSize {
+    pub extents: u64,
+    pub chunks: u64,
+}
+
+impl MapSize {
+    pub fn of(map: &ExtentMap) -> MapSize {
+        MapSize {
+            extents: map.len() as u64,
+            chunks: map.chunk_count() as u64,
+        }
+    }
+
+    /// What a base with extent pages pages of a map this size: all of it
+    /// past [`codec::inline_extents_max`], nothing below.
+    pub fn paged(self, block_size: u64) -> PagedSize {
+        if self.extents > codec::inline_extents_max(block_size) as u64 {
+            PagedSize {
+                files: 1,
+                extents: self.extents,
+                chunks: self.chunks,
+            }
+        } else {
+            PagedSize::default()
+        }
+    }
+}
+
+/// Files, extents and chunks a base with extent pages pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PagedSize {
+    pub files: u64,
+    pub extents: u64,
+    pub chunks: u64,
+}
+
+impl PagedSize {
+    fn of(map: &ExtentMap, block_size: u64) -> PagedSize {
+        MapSize::of(map).paged(block_size)
+    }
+
+    pub fn plus(self, other: PagedSize) -> PagedSize {
+        PagedSize {
+            files: self.files + other.files,
+            extents: self.extents + other.extents,
+            chunks: self.chunks + other.chunks,
+        }
+    }
+
+    pub fn minus(self, other: PagedSize) -> PagedSize {
+        PagedSize {
+            files: self.files.saturating_sub(other.files),
+            extents: self.extents.saturating_sub(other.extents),
+            chunks: self.chunks.saturating_sub(other.chunks),
+        }
     }
 }
 

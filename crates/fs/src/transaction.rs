@@ -291,7 +291,13 @@ impl VolumeInner {
                 };
                 let slot = checkpoint::other_slot(older_slot);
                 if self.sb.features_incompat & crate::superblock::INCOMPAT_EXTENT_PAGES != 0 {
-                    self.write_paged_base(&snapshot, slot, header)
+                    // `checkpointing` keeps the tables as they are until
+                    // this base is durable.
+                    let listed = match &held {
+                        Some(commit) => extent_pages::listed_in(&commit.pages),
+                        None => extent_pages::listed_in(&self.commit.lock().pages),
+                    };
+                    self.write_paged_base(&snapshot, slot, header, &listed)
                         .map(|(chain, spill, plan)| (slot, chain, Some(spill), Some(plan)))
                 } else {
                     snapshot
@@ -425,7 +431,8 @@ impl VolumeInner {
     }
 
     /// Writes a base with extent pages to `slot`: a page for each chunk of
-    /// `snapshot` that names none (then a flush), then the root listing
+    /// `snapshot`'s paged files that names none `listed` holds (then a
+    /// flush), then the root listing
     /// them and the pages the other chunks name, spilled if it does not fit
     /// the slot. Returns the chain, the spill extents and the plan (whose
     /// new pages the caller records once the base is durable). Refused
@@ -436,9 +443,11 @@ impl VolumeInner {
         snapshot: &crate::state::MetaState,
         slot: usize,
         header: RecordHeader,
+        listed: &std::collections::HashSet<crate::codec::PageRef>,
     ) -> Result<(ChainEnd, Vec<SpillExtent>, PagePlan)> {
         let mut placed: Vec<(u64, u64)> = Vec::new();
-        let written = extent_pages::plan_pages(snapshot, self.sb.crc_seed(), |len| {
+        let listed = |page: &crate::codec::PageRef| listed.contains(page);
+        let written = extent_pages::plan_pages(snapshot, self.sb.crc_seed(), listed, |len| {
             let hint = placed.last().map(|&(addr, len)| addr + len);
             let addr = self.allocate_page(len, hint)?;
             placed.push((addr, len));
@@ -567,7 +576,7 @@ mod tests {
 
     use crate::checkpoint::read_checkpoint;
     use crate::limits::COMMIT_BACKPRESSURE_THRESHOLDS;
-    use crate::types::Extent;
+    use crate::types::{Extent, Ino};
     use crate::{FormatOptions, OpenFlags, Volume};
 
     fn write_file(vol: &Volume, path: &str) {
@@ -881,8 +890,52 @@ mod tests {
         unreachable!()
     }
 
+    fn assert_fsck_clean(dev: &Arc<MemDevice>) {
+        let report = crate::fsck::check(dev.clone()).unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+    }
+
     fn pages_of(vol: &Volume, slot: usize) -> std::collections::BTreeSet<(u64, u64)> {
         crate::extent_pages::page_ranges(&vol.inner.commit.lock().pages[slot], 4096)
+    }
+
+    /// Extents of [`write_paged_file`]'s files: past the inline bound.
+    const PAGED_FILE_EXTENTS: u64 = 170;
+
+    /// Writes `path` as [`PAGED_FILE_EXTENTS`] blocks of `fill`, a hole
+    /// after each (an extent each: more than the root keeps inline).
+    fn write_paged_file(vol: &Volume, path: &str, fill: u8) -> Ino {
+        let f = vol
+            .open_file(
+                path,
+                OpenFlags {
+                    create: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        f.truncate(0).unwrap();
+        for k in 0..PAGED_FILE_EXTENTS {
+            f.pwrite(&[fill; 4096], 2 * k * 4096).unwrap();
+        }
+        f.fsync().unwrap();
+        let ino = vol.stat(path).unwrap().ino;
+        assert!(
+            vol.inner.meta.read().state.inodes[&ino].extents.len() as u64
+                > crate::codec::inline_extents_max(4096) as u64
+        );
+        ino
+    }
+
+    /// The pages `slot`'s base lists for `ino`.
+    fn file_pages(vol: &Volume, slot: usize, ino: Ino) -> std::collections::BTreeSet<(u64, u64)> {
+        let commit = vol.inner.commit.lock();
+        let table: crate::codec::PageTable = commit.pages[slot]
+            .iter()
+            .filter(|(i, _)| *i == ino)
+            .cloned()
+            .collect();
+        crate::extent_pages::page_ranges(&table, 4096)
     }
 
     /// A base writes pages only for what changed, lists the rest as the
@@ -894,24 +947,31 @@ mod tests {
     fn extent_pages_stay_in_use_while_either_slot_lists_them() {
         let dev = Arc::new(MemDevice::new(16 << 20, 512));
         let vol = paged_volume(&dev);
-        write_file(&vol, "/one");
-        write_file(&vol, "/two");
+        let one_ino = write_paged_file(&vol, "/one", 7);
+        let two_ino = write_paged_file(&vol, "/two", 7);
         let x = checkpoint_a_base(&vol, "a");
         let first = pages_of(&vol, x);
-        assert_eq!(first.len(), 2, "a page per file");
+        let two = file_pages(&vol, x, two_ino);
+        assert!(!two.is_empty() && !file_pages(&vol, x, one_ino).is_empty());
+        assert_eq!(first.len(), two.len() + file_pages(&vol, x, one_ino).len());
         let y = checkpoint_a_base(&vol, "b");
         assert_ne!(x, y);
         assert_eq!(pages_of(&vol, y), first, "nothing changed: the same pages");
 
-        // "/one" gets other extents: its page is rewritten at the next base
-        // (in slot x again), while slot y's base still lists the old one.
+        // "/one" gets other extents: its pages are rewritten at the next
+        // base (in slot x again), while slot y's base still lists the old.
+        write_paged_file(&vol, "/one", 9);
         let one = vol.open_file("/one", OpenFlags::default()).unwrap();
-        one.truncate(0).unwrap();
-        one.pwrite(&[9u8; 5000], 0).unwrap();
-        one.fsync().unwrap();
         assert_eq!(checkpoint_a_base(&vol, "c"), x);
         let third = pages_of(&vol, x);
-        assert_eq!(third.intersection(&first).count(), 1, "/two's page is kept");
+        assert_eq!(
+            third
+                .intersection(&first)
+                .copied()
+                .collect::<std::collections::BTreeSet<_>>(),
+            two,
+            "/two's pages are kept, /one's new"
+        );
         let listed: std::collections::BTreeSet<_> = first.union(&third).copied().collect();
         assert_eq!(
             vol.inner.meta.read().spilled_bytes,
@@ -926,15 +986,175 @@ mod tests {
         drop(one);
         drop(vol);
         let vol = Volume::open(dev.clone()).unwrap();
-        let mut buf = vec![0u8; 5000];
-        vol.open_file("/one", OpenFlags::default())
-            .unwrap()
-            .pread(&mut buf, 0)
-            .unwrap();
-        assert_eq!(buf, vec![9u8; 5000]);
+        let mut buf = vec![0u8; 4096];
+        let one = vol.open_file("/one", OpenFlags::default()).unwrap();
+        for k in [0, PAGED_FILE_EXTENTS - 1] {
+            one.pread(&mut buf, 2 * k * 4096).unwrap();
+            assert_eq!(buf, vec![9u8; 4096]);
+        }
+        drop(one);
         vol.unmount().unwrap();
-        let report = crate::fsck::check(dev.clone()).unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_fsck_clean(&dev);
+    }
+
+    /// Files of a few extents stay inline in the root: a volume of many
+    /// spends no page blocks (metadata bytes 0), before and after a
+    /// remount. A file that grows past the bound is paged at the next
+    /// base; truncated back, it is inline again and, once both slots'
+    /// bases are past it, its pages are free.
+    #[test]
+    fn small_files_spend_no_page_blocks_and_a_file_changes_form_at_the_bound() {
+        let dev = Arc::new(MemDevice::new(32 << 20, 512));
+        let vol = paged_volume(&dev);
+        for i in 0..200 {
+            write_file(&vol, &format!("/small{i}"));
+        }
+        let x = checkpoint_a_base(&vol, "a");
+        let y = checkpoint_a_base(&vol, "b");
+        assert_ne!(x, y);
+        assert!(pages_of(&vol, x).is_empty() && pages_of(&vol, y).is_empty());
+        assert_eq!(vol.statfs().metadata_bytes, 0, "no page blocks");
+        vol.unmount().unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        assert_eq!(vol.statfs().metadata_bytes, 0);
+
+        let big = write_paged_file(&vol, "/big", 3);
+        let z = checkpoint_a_base(&vol, "c");
+        let paged = file_pages(&vol, z, big);
+        assert!(!paged.is_empty(), "paged at the next base");
+        assert_eq!(
+            vol.inner.meta.read().spilled_bytes,
+            paged.iter().map(|&(_, len)| len).sum::<u64>()
+        );
+        let max = crate::codec::inline_extents_max(4096) as u64;
+        let f = vol.open_file("/big", OpenFlags::default()).unwrap();
+        // Blocks at 2k * 4096: `max` extents end at (2 * max - 1) blocks.
+        f.truncate((2 * max - 1) * 4096).unwrap();
+        f.fsync().unwrap();
+        drop(f);
+        assert_eq!(
+            vol.inner.meta.read().state.inodes[&big].extents.len() as u64,
+            max
+        );
+        checkpoint_a_base(&vol, "d");
+        checkpoint_a_base(&vol, "e");
+        assert!(pages_of(&vol, 0).is_empty() && pages_of(&vol, 1).is_empty());
+        assert_eq!(vol.statfs().metadata_bytes, 0, "its pages are free");
+        vol.unmount().unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let f = vol.open_file("/big", OpenFlags::default()).unwrap();
+        f.pread(&mut buf, 2 * (max - 1) * 4096).unwrap();
+        assert_eq!(buf, vec![3u8; 4096], "the inline extents read back");
+        drop(f);
+        vol.unmount().unwrap();
+        assert_fsck_clean(&dev);
+    }
+
+    /// Data writes leave free the room the next base needs (a page per
+    /// chunk of every paged file, and its root): a volume filled to ENOSPC
+    /// by fragmented files still checkpoints a base, unmounts, mounts and
+    /// checks clean, with every block written before the ENOSPC intact.
+    #[test]
+    fn a_paged_volume_filled_to_enospc_still_checkpoints_a_base() {
+        let dev = Arc::new(MemDevice::new(8 << 20, 512));
+        let vol = paged_volume(&dev);
+        checkpoint_a_base(&vol, "a");
+        let mut written: Vec<(String, u64)> = Vec::new();
+        'fill: for n in 0.. {
+            let path = format!("/f{n}");
+            let f = vol
+                .open_file(
+                    &path,
+                    OpenFlags {
+                        create: true,
+                        ..OpenFlags::default()
+                    },
+                )
+                .unwrap();
+            for k in 0..2 * PAGED_FILE_EXTENTS {
+                match f.pwrite(&[n as u8; 4096], 2 * k * 4096) {
+                    Ok(_) => written.push((path.clone(), k)),
+                    Err(err) if err.errno() == libc::ENOSPC => break 'fill,
+                    Err(err) => panic!("{err}"),
+                }
+            }
+            f.fsync().unwrap();
+        }
+        let extents: u64 = vol
+            .inner
+            .meta
+            .read()
+            .state
+            .inodes
+            .values()
+            .map(|i| i.extents.len() as u64)
+            .sum();
+        assert!(extents > 1000, "{extents} extents: a page's worth of files");
+        vol.sync().unwrap();
+        let slot = checkpoint_a_base(&vol, "z");
+        assert!(!pages_of(&vol, slot).is_empty());
+        vol.unmount().unwrap();
+        assert_fsck_clean(&dev);
+        let vol = Volume::open(dev.clone()).unwrap();
+        let mut buf = vec![0u8; 4096];
+        for (path, k) in written.iter().step_by(97) {
+            let f = vol.open_file(path, OpenFlags::default()).unwrap();
+            f.pread(&mut buf, 2 * k * 4096).unwrap();
+            let n: u8 = path[2..].parse::<u64>().unwrap() as u8;
+            assert_eq!(buf, vec![n; 4096], "{path} block {k}");
+        }
+        vol.unmount().unwrap();
+    }
+
+    /// The write refused is the one that would take the room: with a
+    /// little free space left, a one-block write that makes a file at the
+    /// inline bound paged (its every chunk then needs room for a page) is
+    /// refused with ENOSPC when it is written, not at writeback, while a
+    /// write to a small file still fits; the volume then syncs and
+    /// checkpoints a base.
+    #[test]
+    fn the_write_that_would_page_a_file_is_refused_when_the_room_is_short() {
+        let dev = Arc::new(MemDevice::new(8 << 20, 512));
+        let vol = paged_volume(&dev);
+        let create = OpenFlags {
+            create: true,
+            ..OpenFlags::default()
+        };
+        let max = crate::codec::inline_extents_max(4096) as u64;
+        let big = vol.open_file("/big", create).unwrap();
+        for k in 0..max {
+            big.pwrite(&[1u8; 4096], 2 * k * 4096).unwrap();
+        }
+        big.fsync().unwrap();
+        let fill = vol.open_file("/fill", create).unwrap();
+        let mut size = 0u64;
+        for len in [1 << 20, 4096] {
+            while fill.pwrite(&vec![2u8; len], size).is_ok() {
+                size += len as u64;
+            }
+        }
+        fill.fsync().unwrap();
+        // Free 64 KiB: less than the pages /big would need once paged.
+        fill.truncate(size - (64 << 10)).unwrap();
+        fill.fsync().unwrap();
+        vol.checkpoint().unwrap();
+        let (free, reserve) = {
+            let m = vol.inner.meta.read();
+            (m.unreserved_bytes(), m.spill_reserve_for(0))
+        };
+        assert!(free >= 64 << 10, "{free} bytes free");
+        assert_eq!(reserve, 0, "no paged file yet");
+
+        let err = big.pwrite(&[3u8; 4096], 2 * max * 4096).unwrap_err();
+        assert_eq!(err.errno(), libc::ENOSPC, "{err}");
+        let small = vol.open_file("/small", create).unwrap();
+        small.pwrite(&[4u8; 4096], 0).unwrap();
+        vol.sync().unwrap();
+        checkpoint_a_base(&vol, "a");
+        drop((big, fill, small));
+        vol.unmount().unwrap();
+        assert_fsck_clean(&dev);
     }
 
     /// After a remount, the chunks of the files no delta changed name the
@@ -944,16 +1164,16 @@ mod tests {
     fn after_a_remount_a_base_rewrites_only_the_files_deltas_changed() {
         let dev = Arc::new(MemDevice::new(16 << 20, 512));
         let vol = paged_volume(&dev);
-        for name in ["/one", "/two", "/three"] {
-            write_file(&vol, name);
-        }
+        let inos: Vec<Ino> = ["/one", "/two", "/three"]
+            .iter()
+            .map(|name| write_paged_file(&vol, name, 7))
+            .collect();
         let x = checkpoint_a_base(&vol, "a");
         let before = pages_of(&vol, x);
-        assert_eq!(before.len(), 3);
-        // A delta changes "/two"'s extents.
+        let two_before = file_pages(&vol, x, inos[1]);
+        // A delta changes one extent of "/two".
         let two = vol.open_file("/two", OpenFlags::default()).unwrap();
-        two.truncate(0).unwrap();
-        two.pwrite(&[5u8; 4096], 0).unwrap();
+        two.pwrite(&[5u8; 4096], 4096).unwrap();
         two.fsync().unwrap();
         drop(two);
         vol.checkpoint().unwrap();
@@ -967,18 +1187,28 @@ mod tests {
         assert_eq!(pages_of(&vol, x), before);
         let y = checkpoint_a_base(&vol, "b");
         let after = pages_of(&vol, y);
-        assert_eq!(after.len(), 3);
-        assert_eq!(
-            after.intersection(&before).count(),
-            2,
-            "only the changed file's page is new"
+        for ino in [inos[0], inos[2]] {
+            assert_eq!(
+                file_pages(&vol, y, ino),
+                file_pages(&vol, x, ino),
+                "files no delta changed keep their pages"
+            );
+        }
+        let two_after = file_pages(&vol, y, inos[1]);
+        assert!(
+            !two_after.is_subset(&two_before),
+            "the changed chunk's page"
+        );
+        assert!(
+            after.difference(&before).all(|p| two_after.contains(p)),
+            "only the changed file's pages are new"
         );
         drop(vol);
         let vol = Volume::open(dev.clone()).unwrap();
         let mut buf = vec![0u8; 4096];
         vol.open_file("/two", OpenFlags::default())
             .unwrap()
-            .pread(&mut buf, 0)
+            .pread(&mut buf, 4096)
             .unwrap();
         assert_eq!(buf, vec![5u8; 4096]);
     }
@@ -996,9 +1226,9 @@ mod tests {
             ..OpenFlags::default()
         };
         let f = vol.open_file("/big", create).unwrap();
-        // 40 one-block extents, every other block: pages of up to 8
-        // extents (the unit tests' chunks).
-        for i in 0..40u64 {
+        // 200 one-block extents, every other block (past the 162 a root
+        // keeps inline): pages of up to 8 extents (the unit tests' chunks).
+        for i in 0..200u64 {
             f.fallocate(2 * i * 4096, 4096, false).unwrap();
         }
         let x = checkpoint_a_base(&vol, "a");

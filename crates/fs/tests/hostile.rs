@@ -109,6 +109,16 @@ fn build_image(opts: &FormatOptions) -> Image {
     g.pwrite(&tagged(9, 70_000, 10_000), 70_000).unwrap();
     g.fallocate(200_000, 50_000, false).unwrap();
     drop(g);
+    if opts.extent_pages {
+        // Past the extents a root keeps inline: a file with pages.
+        let bs = u64::from(l.block_size);
+        let paged = vol.open_file("/paged", cf()).unwrap();
+        for k in 0..iomapfs_fs::codec::inline_extents_max(bs) as u64 + 8 {
+            paged
+                .pwrite(&tagged(30 + k, 2 * k * bs, bs as usize), 2 * k * bs)
+                .unwrap();
+        }
+    }
     vol.checkpoint().unwrap();
     states.push(read_volume(&vol, u64::MAX).unwrap());
     vol.unlink("/f0").unwrap();

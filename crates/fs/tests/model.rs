@@ -1673,11 +1673,16 @@ impl Case {
                 report.used_bytes, alloc
             ));
         }
+        // Metadata bytes: the checkpoints' spilled images and extent pages,
+        // and the room kept free for the next base (with extent pages, a
+        // page per chunk of every paged file, pages on disk or not yet).
         let sf = self.vol().statfs();
-        if sf.data_bytes != report.data_bytes || sf.free_bytes + alloc != sf.data_bytes {
+        if sf.data_bytes != report.data_bytes
+            || sf.free_bytes + alloc + sf.metadata_bytes != sf.data_bytes
+        {
             self.fail(format!(
-                "{ctx}: statfs {sf:?}: free + allocated ({} + {alloc}) != data bytes; fsck data_bytes {}",
-                sf.free_bytes, report.data_bytes
+                "{ctx}: statfs {sf:?}: free + allocated + metadata ({} + {alloc} + {}) != data bytes; fsck data_bytes {}",
+                sf.free_bytes, sf.metadata_bytes, report.data_bytes
             ));
         }
     }

@@ -47,7 +47,7 @@ pub use primitive::{
     Measure, Sink, ATTRS_ENCODED_LEN,
 };
 pub use record::{decode_record, encode_record, record_encoded_len, RECORD_MIN_ENCODED_LEN};
-pub use root::{decode_root_at, encode_root_after, PageArea, PageTable, Root};
+pub use root::{decode_root_at, encode_root_after, inline_extents_max, PageArea, PageTable, Root};
 
 #[cfg(test)]
 pub(crate) use image::tests::random_image;

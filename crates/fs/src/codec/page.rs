@@ -45,7 +45,7 @@ const WHAT: &str = "extent page";
 /// Where a page is and what it must hold: what a checkpoint root lists per
 /// page, enough to check the page without trusting it and to account for
 /// the file's space without reading it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct PageRef {
     /// Device byte of the page (block-aligned, in the data area).
     pub addr: u64,

@@ -147,6 +147,10 @@ impl Chunks {
         self.len
     }
 
+    pub(super) fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+
     pub(super) fn iter(&self) -> impl Iterator<Item = &Extent> + '_ {
         self.chunks.iter().flat_map(|c| c.extents.iter())
     }
