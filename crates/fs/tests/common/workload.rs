@@ -39,6 +39,10 @@ pub struct WorkloadCfg {
     pub live_check: f64,
     /// Allow remounts that drop the volume without unmount or sync.
     pub crash_remounts: bool,
+    /// Share of writes that are strided: one block at every other block,
+    /// so a file gets an extent per block written (files with many
+    /// extents, which volumes with extent pages page).
+    pub strided_writes: f64,
 }
 
 impl Default for WorkloadCfg {
@@ -49,6 +53,7 @@ impl Default for WorkloadCfg {
             max_handles: 6,
             live_check: 0.1,
             crash_remounts: !super::skip("eof-tail"),
+            strided_writes: 0.0,
         }
     }
 }
@@ -156,6 +161,7 @@ impl Workload {
         let roll = self.rng.gen_range(0..100);
         match roll {
             0..=9 => self.op_create(),
+            10..=44 if self.rng.gen_bool(self.cfg.strided_writes) => self.op_strided_write(),
             10..=44 => self.op_write(),
             45..=49 => self.op_truncate(),
             50..=53 => self.op_fallocate(),
@@ -250,6 +256,27 @@ impl Workload {
         Some(self.handles.len() - 1)
     }
 
+    /// Writes one block at every other block of a range of one file, on
+    /// one handle: up to 32 writes, each an extent of its own (the blocks
+    /// between stay holes, or keep their own extents).
+    pub fn op_strided_write(&mut self) {
+        let Some(hi) = self.handle_for_write() else {
+            if self.failed.is_none() {
+                self.op_create();
+            }
+            return;
+        };
+        let lbs = self.lbs;
+        let blocks = self.cfg.max_file / lbs;
+        let writes = (blocks / 2).min(32);
+        let first = self.rng.gen_range(0..=blocks - 2 * writes) * lbs;
+        for k in 0..writes {
+            if !self.write_range(hi, first + 2 * k * lbs, lbs) {
+                return;
+            }
+        }
+    }
+
     pub fn op_write(&mut self) {
         let Some(hi) = self.handle_for_write() else {
             if self.failed.is_none() {
@@ -257,10 +284,7 @@ impl Workload {
             }
             return;
         };
-        let (id, direct, dsync, orphan) = {
-            let h = &self.handles[hi];
-            (h.id, h.direct, h.dsync, h.orphan)
-        };
+        let direct = self.handles[hi].direct;
         let lbs = self.lbs;
         // Direct handles mostly write whole device blocks; some writes of
         // every handle are byte-granular (edge read-modify-write).
@@ -272,6 +296,17 @@ impl Workload {
             let off = self.rng.gen_range(0..self.cfg.max_file);
             let len = self.rng.gen_range(1..=self.cfg.max_write);
             (off, len.min(self.cfg.max_file - off).max(1))
+        };
+        self.write_range(hi, off, len);
+    }
+
+    /// One `pwrite` of `len` bytes at `off` through handle `hi`, recorded
+    /// in the model. `false` when the workload cannot go on with that
+    /// handle: it was dropped (its file is gone) or the write failed.
+    fn write_range(&mut self, hi: usize, off: u64, len: u64) -> bool {
+        let (id, direct, dsync, orphan) = {
+            let h = &self.handles[hi];
+            (h.id, h.direct, h.dsync, h.orphan)
         };
         let wid = self.new_wid();
         let data = tagged(wid, off, len as usize);
@@ -289,7 +324,7 @@ impl Workload {
         {
             self.h.end();
             self.handles.remove(hi);
-            return;
+            return false;
         }
         let r = match r {
             Ok(n) if n as u64 != len => {
@@ -308,7 +343,7 @@ impl Workload {
         if dsync {
             self.h.mark_dsync(id, off, off + len);
         }
-        self.finish("pwrite", r);
+        self.finish("pwrite", r).is_some()
     }
 
     /// A batch of asynchronous reads and writes on one handle through an
