@@ -1283,9 +1283,7 @@ pub fn apply_delta_over_pages(
         }
         image.inodes.extend(new);
     }
-    for &ino in &delta.removed {
-        paged.remove(ino);
-    }
+    paged.remove_files(&delta.removed);
     image.next_ino = delta.next_ino;
     Ok(())
 }

@@ -74,11 +74,15 @@ impl PagedMaps {
         self.position(ino).map(|i| &self.files[i].1[..])
     }
 
-    /// Forgets `ino` (a delta removed it).
-    pub fn remove(&mut self, ino: Ino) {
-        if let Some(i) = self.position(ino) {
-            self.files.remove(i);
+    /// Forgets the files of `removed` (sorted; a delta removed them), in
+    /// one pass: one `Vec::remove` per file would move the files after it
+    /// each time, quadratic in a delta removing many paged files.
+    pub fn remove_files(&mut self, removed: &[Ino]) {
+        if removed.is_empty() {
+            return;
         }
+        self.files
+            .retain(|(ino, _)| removed.binary_search(ino).is_err());
     }
 
     /// Applies `merge`, planned by [`plan_merge`] against `ino`'s chunks as
@@ -88,15 +92,25 @@ impl PagedMaps {
             debug_assert!(false, "a merge for inode {ino}, which has no chunks");
             return;
         };
-        let chunks = &mut self.files[i].1;
-        // Back to front: each run's indices stay valid.
-        for (run, extents) in merge.runs.into_iter().rev() {
-            let chunk = (!extents.is_empty()).then_some(PageChunk {
-                extents,
-                page: None,
-            });
-            chunks.splice(run, chunk);
+        // Rebuilt in one pass: splicing each run in place would move the
+        // chunks after it once per run whose length changes.
+        let old = std::mem::take(&mut self.files[i].1);
+        let mut chunks = Vec::with_capacity(old.len());
+        let mut old = old.into_iter().enumerate().peekable();
+        for (run, extents) in merge.runs {
+            while let Some((_, chunk)) = old.next_if(|&(j, _)| j < run.start) {
+                chunks.push(chunk);
+            }
+            while old.next_if(|&(j, _)| j < run.end).is_some() {}
+            if !extents.is_empty() {
+                chunks.push(PageChunk {
+                    extents,
+                    page: None,
+                });
+            }
         }
+        chunks.extend(old.map(|(_, chunk)| chunk));
+        self.files[i].1 = chunks;
     }
 
     /// The files and their chunks, by inode number.
@@ -137,16 +151,21 @@ pub fn plan_merge(
             .partition_point(|c| c.first_key() <= key)
             .saturating_sub(1)
     };
-    let mut runs: Vec<Range<usize>> = Vec::new();
-    for &(start, end) in spans.iter().filter(|(s, e)| s < e) {
+    // Per run, the chunks it covers and the spans reaching them (spans are
+    // sorted, and each reaches the chunks of one run only).
+    let mut runs: Vec<(Range<usize>, Range<usize>)> = Vec::new();
+    for (i, &(start, end)) in spans.iter().enumerate().filter(|(_, (s, e))| s < e) {
         // Clamped: a file whose chunks a delta emptied has none, and the
         // run of its (absent) chunk 0 is the empty range 0..0.
         let reached = owner(start)..(owner(end - 1) + 1).min(chunks.len());
         match runs.last_mut() {
             // Runs that meet are one: each run is merged apart from the
             // others, so a kept chunk must lie between any two.
-            Some(last) if reached.start <= last.end => last.end = last.end.max(reached.end),
-            _ => runs.push(reached),
+            Some((last, its_spans)) if reached.start <= last.end => {
+                last.end = last.end.max(reached.end);
+                its_spans.end = i + 1;
+            }
+            _ => runs.push((reached, i..i + 1)),
         }
     }
     let owned = |run: &Range<usize>| -> (u64, u64) {
@@ -162,7 +181,7 @@ pub fn plan_merge(
     let mut planned = Vec::with_capacity(runs.len());
     let mut added = 0;
     let mut clipped = Vec::new();
-    for run in runs {
+    for (run, its_spans) in runs {
         let (low, high) = owned(&run);
         let new_start = first_key_at_or_after(new, added, low);
         if new_start > added {
@@ -171,7 +190,7 @@ pub fn plan_merge(
         let new_end = first_key_at_or_after(new, added, high);
         clipped.clear();
         clipped.extend(
-            spans
+            spans[its_spans]
                 .iter()
                 .filter(|&&(s, e)| s < high && low < e)
                 .map(|&(s, e)| (s.max(low), e.min(high))),
@@ -314,6 +333,22 @@ mod tests {
         assert!(err.contains("overlaps"), "{err}");
         let err = plan_merge(&chunks, &[(8 * BS, 9 * BS)], &[ext(20, 1, 70)]).unwrap_err();
         assert!(err.contains("outside every key span"), "{err}");
+    }
+
+    /// A delta's removed files leave, the others stay with their pages.
+    #[test]
+    fn removed_files_leave_the_others_stay() {
+        let mut maps = PagedMaps::default();
+        for ino in 2..8 {
+            maps.push_file(ino, vec![chunk(&[ino], ino)]).unwrap();
+        }
+        maps.remove_files(&[2, 5, 7, 9]);
+        let left: Vec<(Ino, Vec<PageChunk>)> = maps.into_files().collect();
+        let want: Vec<(Ino, Vec<PageChunk>)> = [3, 4, 6]
+            .iter()
+            .map(|&i| (i, vec![chunk(&[i], i)]))
+            .collect();
+        assert_eq!(left, want);
     }
 
     fn case() -> impl Strategy<Value = (Vec<PageChunk>, Vec<KeySpan>, Vec<Extent>)> {
