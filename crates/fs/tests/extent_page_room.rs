@@ -1,0 +1,78 @@
+//! The room data writes leave for the next base's extent pages (room34):
+//! counted in bytes, while each page is one contiguous allocation.
+
+mod common;
+
+use std::sync::Arc;
+
+use blockdev::memory::MemDevice;
+use common::dev::{dynd, fsck_clean};
+use iomapfs_fs::{FormatOptions, OpenFlags, Result, Volume};
+
+fn create() -> OpenFlags {
+    OpenFlags {
+        create: true,
+        ..OpenFlags::default()
+    }
+}
+
+fn enospc(r: Result<()>) -> bool {
+    match r {
+        Ok(()) => false,
+        Err(err) if err.errno() == libc::ENOSPC => true,
+        Err(err) => panic!("{err}"),
+    }
+}
+
+/// Free space in single blocks: one-block files fill the volume, every
+/// other one is deleted, a file of 300 one-block extents (past the inline
+/// bound: paged, a page of two blocks) takes singles, and another takes
+/// every larger run with 8 KiB writes, then singles down to the room kept.
+/// Every write was accepted, so the bases that follow must find their
+/// pages.
+#[test]
+fn a_base_finds_its_pages_when_free_space_is_in_single_blocks() {
+    let dev = Arc::new(MemDevice::new(8 << 20, 512));
+    let opts = FormatOptions {
+        extent_pages: true,
+        ..FormatOptions::default()
+    };
+    Volume::format(dynd(&dev), &opts).unwrap();
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    let mut files = 0u64;
+    while !enospc(
+        vol.open_file(&format!("/s{files}"), create())
+            .and_then(|f| f.pwrite(&[1u8; 4096], 0).and_then(|_| f.fsync())),
+    ) {
+        files += 1;
+    }
+    assert!(files > 1000, "{files} files");
+    for n in (0..files).step_by(2) {
+        vol.unlink(&format!("/s{n}")).unwrap();
+    }
+    vol.checkpoint().unwrap();
+    let big = vol.open_file("/big", create()).unwrap();
+    let tail = vol.open_file("/tail", create()).unwrap();
+    let mut extents = 0u64;
+    while extents < 300
+        && !enospc(
+            big.pwrite(&[2u8; 4096], 2 * extents * 4096)
+                .and_then(|_| big.fsync()),
+        )
+    {
+        extents += 1;
+    }
+    assert!(extents > 200, "{extents} extents: a page of two blocks");
+    let mut size = 0u64;
+    while !enospc(tail.pwrite(&[3u8; 8192], size).and_then(|_| tail.fsync())) {
+        size += 8192;
+    }
+    drop((big, tail));
+    // The chain holds at most 16 deltas: one of these is a base.
+    for i in 0..20 {
+        vol.mkdir(&format!("/d{i}")).unwrap();
+        vol.checkpoint().unwrap();
+    }
+    vol.unmount().unwrap();
+    fsck_clean(dynd(&dev), "after the bases");
+}
