@@ -20,9 +20,10 @@ pub struct PagePlan {
     pub table: PageTable,
     /// The new pages: `(device byte, bytes)`.
     pub writes: Vec<(u64, Vec<u8>)>,
-    /// Where the new pages are in `table`: `(file index, page index)`,
-    /// in order.
-    new: Vec<(usize, usize)>,
+    /// The new pages to record in their chunks: `(file index in table,
+    /// chunk index, page index in the file's list)`, in order. A chunk
+    /// written as several one-block pages records none.
+    new: Vec<(usize, usize, usize)>,
 }
 
 /// Plans the pages of `state`'s extent maps: a page for each chunk of a
@@ -62,22 +63,40 @@ pub fn plan_pages(
     };
     for ino in inos {
         let mut list = Vec::new();
-        for chunk in state.inodes[&ino].extents.chunk_pages() {
-            let page = match chunk.page() {
-                Some(page) if listed(&page) => page,
+        for (index, chunk) in state.inodes[&ino].extents.chunk_pages().enumerate() {
+            match chunk.page() {
+                Some(page) if listed(&page) => list.push(page),
                 named => {
-                    let len = codec::page_len(chunk.extents().len(), block_size);
-                    let addr = place(len)?;
-                    let (bytes, page) =
-                        codec::encode_page(seed, ino, chunk.extents(), block_size, addr)?;
-                    plan.writes.push((addr, bytes));
-                    if named.is_none() {
-                        plan.new.push((plan.table.len(), list.len()));
+                    let extents = chunk.extents();
+                    let len = codec::page_len(extents.len(), block_size);
+                    match place(len) {
+                        Ok(addr) => {
+                            let (bytes, page) =
+                                codec::encode_page(seed, ino, extents, block_size, addr)?;
+                            plan.writes.push((addr, bytes));
+                            if named.is_none() {
+                                plan.new.push((plan.table.len(), index, list.len()));
+                            }
+                            list.push(page);
+                        }
+                        // Free space in pieces smaller than the page: one
+                        // page per block, which any free block takes (the
+                        // room data writes leave counts them so). The
+                        // chunk names none of them and is written again
+                        // at the next base.
+                        Err(Error::NoSpace { .. }) if len > block_size => {
+                            for piece in extents.chunks(inline_max) {
+                                let addr = place(block_size)?;
+                                let (bytes, page) =
+                                    codec::encode_page(seed, ino, piece, block_size, addr)?;
+                                plan.writes.push((addr, bytes));
+                                list.push(page);
+                            }
+                        }
+                        Err(err) => return Err(err),
                     }
-                    page
                 }
-            };
-            list.push(page);
+            }
         }
         plan.table.push((ino, list));
     }
@@ -99,14 +118,14 @@ impl PagePlan {
     /// change, those chunks are not written again.
     pub fn record_written(&self, state: &MetaState) -> Result<()> {
         let mut new = self.new.iter().peekable();
-        while let Some(&&(file, _)) = new.peek() {
+        while let Some(&&(file, _, _)) = new.peek() {
             let (ino, list) = &self.table[file];
             let inode = state.inodes.get(ino).ok_or_else(|| {
                 Error::invalid("recording extent pages", format!("inode {ino} is gone"))
             })?;
             for (i, chunk) in inode.extents.chunk_pages().enumerate() {
-                if new.next_if(|&&(f, p)| f == file && p == i).is_some() {
-                    chunk.record_written(list[i]).map_err(|other| {
+                if let Some(&(_, _, page)) = new.next_if(|&&(f, c, _)| f == file && c == i) {
+                    chunk.record_written(list[page]).map_err(|other| {
                         Error::invalid(
                             "recording extent pages",
                             format!("inode {ino}'s chunk {i} already names page {other:?}"),
@@ -114,7 +133,7 @@ impl PagePlan {
                     })?;
                 }
             }
-            if new.peek().is_some_and(|&&(f, _)| f == file) {
+            if new.peek().is_some_and(|&&(f, _, _)| f == file) {
                 return Err(Error::invalid(
                     "recording extent pages",
                     format!("inode {ino} has fewer chunks than its plan"),

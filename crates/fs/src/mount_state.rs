@@ -451,10 +451,14 @@ impl Meta {
         }
         let paged = self.paged_after(growth);
         // A page of n extents takes (32 + 25 n) bytes rounded up to a
-        // block: less than 32 + 25 n + a block.
-        let pages = paged.extents * IMAGE_BYTES_PER_EXTENT
+        // block: less than 32 + 25 n + a block. Where free space has no
+        // run that long, the chunk goes as one-block pages of at most
+        // `per_block` extents each: fewer than n / per_block + 1 blocks.
+        let whole_pages = paged.extents * IMAGE_BYTES_PER_EXTENT
             + paged.chunks * (crate::codec::PAGE_HEADER_LEN as u64 + block_size);
-        payload + pages.next_multiple_of(block_size)
+        let per_block = crate::codec::inline_extents_max(block_size).max(1) as u64;
+        let block_pages = (paged.extents.div_ceil(per_block) + paged.chunks) * block_size;
+        payload + whole_pages.max(block_pages).next_multiple_of(block_size)
     }
 
     /// The bytes of the next base's payload, were it to grow by `growth`:

@@ -75,4 +75,13 @@ fn a_base_finds_its_pages_when_free_space_is_in_single_blocks() {
     }
     vol.unmount().unwrap();
     fsck_clean(dynd(&dev), "after the bases");
+    // The big file's map comes back from its pages whole.
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    let big = vol.open_file("/big", OpenFlags::default()).unwrap();
+    let mut block = vec![0u8; 4096];
+    for k in 0..extents {
+        big.pread(&mut block, 2 * k * 4096).unwrap();
+        assert!(block.iter().all(|&b| b == 2), "extent {k} of /big");
+    }
+    vol.unmount().unwrap();
 }
