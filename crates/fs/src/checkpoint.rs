@@ -1099,11 +1099,23 @@ pub fn read_pages(
 /// to blocks no checkpoint lists), then flushes: a root written after it
 /// that verifies names pages that are durable.
 pub fn write_pages(dev: &dyn BlockDevice, pages: &[(u64, Vec<u8>)]) -> Result<()> {
+    write_pages_unflushed(dev, pages)?;
+    flush_pages(dev)
+}
+
+/// Writes `pages` as [`write_pages`] does, without the flush: a base
+/// writes its pages in batches, then flushes once ([`flush_pages`]).
+pub fn write_pages_unflushed(dev: &dyn BlockDevice, pages: &[(u64, Vec<u8>)]) -> Result<()> {
     for (addr, bytes) in pages {
         dev.write_at(bytes, *addr, WriteMode::Normal).map_err(|e| {
             Error::device(format!("writing an extent page at device byte {addr}"), e)
         })?;
     }
+    Ok(())
+}
+
+/// The flush between a base's pages and its root.
+pub fn flush_pages(dev: &dyn BlockDevice) -> Result<()> {
     dev.flush()
         .map_err(|e| Error::device("flushing extent pages", e))
 }

@@ -18,8 +18,9 @@ pub struct PagePlan {
     /// Every regular file with extents, sorted by inode number, with its
     /// pages in key order: the ones its chunks name and the new ones.
     pub table: PageTable,
-    /// The new pages: `(device byte, bytes)`.
-    pub writes: Vec<(u64, Vec<u8>)>,
+    /// The new pages, handed to the plan's writer: `(device byte,
+    /// length)`.
+    pub written: Vec<(u64, u64)>,
     /// The new pages to record in their chunks: `(file index in table,
     /// chunk index, page index in the file's list)`, in order. A chunk
     /// written as several one-block pages records none.
@@ -46,6 +47,7 @@ pub fn plan_pages(
     seed: u32,
     listed: impl Fn(&PageRef) -> bool,
     mut place: impl FnMut(u64) -> Result<u64>,
+    mut write: impl FnMut(&[(u64, Vec<u8>)]) -> Result<()>,
 ) -> Result<PagePlan> {
     let block_size = u64::from(state.block_size);
     let inline_max = codec::inline_extents_max(block_size);
@@ -58,9 +60,13 @@ pub fn plan_pages(
     inos.sort_unstable();
     let mut plan = PagePlan {
         table: Vec::with_capacity(inos.len()),
-        writes: Vec::new(),
+        written: Vec::new(),
         new: Vec::new(),
     };
+    // Encoded pages go to `write` a batch at a time: a base of every page
+    // at once would hold the whole extent list encoded again (~250 MB at
+    // 10M extents).
+    let mut batch = PageBatch::default();
     for ino in inos {
         let mut list = Vec::new();
         for (index, chunk) in state.inodes[&ino].extents.chunk_pages().enumerate() {
@@ -73,7 +79,8 @@ pub fn plan_pages(
                         Ok(addr) => {
                             let (bytes, page) =
                                 codec::encode_page(seed, ino, extents, block_size, addr)?;
-                            plan.writes.push((addr, bytes));
+                            plan.written.push((addr, bytes.len() as u64));
+                            batch.push(addr, bytes, &mut write)?;
                             if named.is_none() {
                                 plan.new.push((plan.table.len(), index, list.len()));
                             }
@@ -89,7 +96,8 @@ pub fn plan_pages(
                                 let addr = place(block_size)?;
                                 let (bytes, page) =
                                     codec::encode_page(seed, ino, piece, block_size, addr)?;
-                                plan.writes.push((addr, bytes));
+                                plan.written.push((addr, bytes.len() as u64));
+                                batch.push(addr, bytes, &mut write)?;
                                 list.push(page);
                             }
                         }
@@ -100,7 +108,42 @@ pub fn plan_pages(
         }
         plan.table.push((ino, list));
     }
+    batch.write_out(&mut write)?;
     Ok(plan)
+}
+
+/// Bytes of encoded pages [`plan_pages`] holds before handing them over.
+const PAGE_BATCH_BYTES: usize = 4 << 20;
+
+#[derive(Default)]
+struct PageBatch {
+    pages: Vec<(u64, Vec<u8>)>,
+    bytes: usize,
+}
+
+impl PageBatch {
+    fn push(
+        &mut self,
+        addr: u64,
+        bytes: Vec<u8>,
+        write: &mut impl FnMut(&[(u64, Vec<u8>)]) -> Result<()>,
+    ) -> Result<()> {
+        self.bytes += bytes.len();
+        self.pages.push((addr, bytes));
+        if self.bytes >= PAGE_BATCH_BYTES {
+            self.write_out(write)?;
+        }
+        Ok(())
+    }
+
+    fn write_out(&mut self, write: &mut impl FnMut(&[(u64, Vec<u8>)]) -> Result<()>) -> Result<()> {
+        if !self.pages.is_empty() {
+            write(&self.pages)?;
+            self.pages.clear();
+            self.bytes = 0;
+        }
+        Ok(())
+    }
 }
 
 /// Whether a page is listed by one of `tables` (both slots' bases): what
@@ -145,7 +188,7 @@ impl PagePlan {
 
     /// Device bytes of the new pages.
     pub fn written_bytes(&self) -> u64 {
-        self.writes.iter().map(|(_, b)| b.len() as u64).sum()
+        self.written.iter().map(|&(_, len)| len).sum()
     }
 }
 
@@ -201,6 +244,11 @@ mod tests {
     /// file with [`BIG`] extents (paged, many chunks), and that file's
     /// inode number.
     fn state() -> (MetaState, Ino) {
+        state_with(BIG)
+    }
+
+    /// [`state`] with a big file of `extents` extents.
+    fn state_with(extents: u64) -> (MetaState, Ino) {
         let mut image = random_image(&mut SmallRng::seed_from_u64(13), 30);
         let root = MetaState::new_empty(BS as u32, Default::default(), 0, 0).to_image();
         image.inodes.retain(|i| i.ino != crate::types::ROOT_INO);
@@ -216,7 +264,7 @@ mod tests {
             .iter_mut()
             .find(|i| i.kind == FileKind::Regular)
             .unwrap();
-        big.extents = (0..BIG)
+        big.extents = (0..extents)
             .map(|i| Extent {
                 file_off: 2 * i * BS,
                 len: BS,
@@ -224,15 +272,16 @@ mod tests {
                 state: ExtentState::Written,
             })
             .collect();
-        big.size = 2 * BIG * BS;
+        big.size = 2 * extents * BS;
         let ino = big.ino;
         (MetaState::from_image(&image, BS as u32).unwrap(), ino)
     }
 
     /// Writes `plan`'s pages and a root of `state` to `dev`, reads them
     /// back as mount does, and checks the image is `state`'s.
-    fn round_trip(dev: &VecDevice, sb: &Superblock, state: &MetaState, plan: &PagePlan) {
-        crate::checkpoint::write_pages(dev, &plan.writes).unwrap();
+    fn round_trip(dev: &VecDevice, sb: &Superblock, state: &MetaState, planned: &Planned) {
+        let (plan, pages) = planned;
+        crate::checkpoint::write_pages(dev, pages).unwrap();
         let root = state.encode_root_after(0, &plan.table).unwrap();
         let area = PageArea {
             start: sb.layout.data.start,
@@ -246,6 +295,24 @@ mod tests {
             .fill_image(&mut decoded.image)
             .unwrap();
         assert_eq!(decoded.image, state.to_image());
+    }
+
+    /// A plan and the pages it wrote.
+    type Planned = (PagePlan, Vec<(u64, Vec<u8>)>);
+
+    /// [`plan_pages`], keeping the pages it writes.
+    fn plan_kept(
+        state: &MetaState,
+        seed: u32,
+        listed: impl Fn(&PageRef) -> bool,
+        place: impl FnMut(u64) -> Result<u64>,
+    ) -> Result<Planned> {
+        let mut pages = Vec::new();
+        let plan = plan_pages(state, seed, listed, place, |batch| {
+            pages.extend_from_slice(batch);
+            Ok(())
+        })?;
+        Ok((plan, pages))
     }
 
     /// The first base writes every chunk; after one change, the next
@@ -266,9 +333,10 @@ mod tests {
         assert!(chunks >= 5);
 
         let first = live.clone();
-        let plan1 = plan_pages(&first, sb.crc_seed(), |_| false, &mut place).unwrap();
-        assert_eq!(plan1.writes.len(), chunks, "nothing was written before");
-        round_trip(&dev, &sb, &first, &plan1);
+        let planned_plan1 = plan_kept(&first, sb.crc_seed(), |_| false, &mut place).unwrap();
+        let plan1 = &planned_plan1.0;
+        assert_eq!(plan1.written.len(), chunks, "nothing was written before");
+        round_trip(&dev, &sb, &first, &planned_plan1);
         plan1.record_written(&first).unwrap();
         drop(first);
         assert!(
@@ -287,9 +355,11 @@ mod tests {
         let inode = live.inodes.get_mut(&big).unwrap();
         inode.extents.remove_range(2 * 20 * BS, BS);
         let second = live.clone();
-        let plan2 = plan_pages(&second, sb.crc_seed(), listed(&plan1.table), &mut place).unwrap();
-        assert_eq!(plan2.writes.len(), 1, "one chunk changed");
-        round_trip(&dev, &sb, &second, &plan2);
+        let planned_plan2 =
+            plan_kept(&second, sb.crc_seed(), listed(&plan1.table), &mut place).unwrap();
+        let plan2 = &planned_plan2.0;
+        assert_eq!(plan2.written.len(), 1, "one chunk changed");
+        round_trip(&dev, &sb, &second, &planned_plan2);
         let old = page_ranges(&plan1.table, BS);
         let kept = page_ranges(&plan2.table, BS);
         assert_eq!(kept.difference(&old).count(), 1);
@@ -300,9 +370,10 @@ mod tests {
         assert!(pages_freed(&plan1.table, &plan2.table, &plan1.table, BS).is_empty());
         plan2.record_written(&second).unwrap();
         assert!(
-            plan_pages(&second, sb.crc_seed(), listed(&plan2.table), &mut place)
+            plan_kept(&second, sb.crc_seed(), listed(&plan2.table), &mut place)
                 .unwrap()
-                .writes
+                .0
+                .written
                 .is_empty()
         );
     }
@@ -330,13 +401,14 @@ mod tests {
             .count();
         assert!(small >= 3, "random files with a few extents");
         let first = live.clone();
-        let plan = plan_pages(&first, sb.crc_seed(), |_| false, &mut place).unwrap();
+        let planned_plan = plan_kept(&first, sb.crc_seed(), |_| false, &mut place).unwrap();
+        let plan = &planned_plan.0;
         assert_eq!(
             plan.table.iter().map(|(ino, _)| *ino).collect::<Vec<_>>(),
             [big],
             "only the big file has pages"
         );
-        round_trip(&dev, &sb, &first, &plan);
+        round_trip(&dev, &sb, &first, &planned_plan);
         plan.record_written(&first).unwrap();
         drop(first);
 
@@ -350,9 +422,10 @@ mod tests {
             .filter_map(|c| c.page())
             .collect();
         let at_bound = live.clone();
-        let inline = plan_pages(&at_bound, sb.crc_seed(), |_| false, &mut place).unwrap();
-        assert!(inline.table.is_empty() && inline.writes.is_empty());
-        round_trip(&dev, &sb, &at_bound, &inline);
+        let planned_inline = plan_kept(&at_bound, sb.crc_seed(), |_| false, &mut place).unwrap();
+        let inline = &planned_inline.0;
+        assert!(inline.table.is_empty() && inline.written.is_empty());
+        round_trip(&dev, &sb, &at_bound, &planned_inline);
 
         // One more extent: paged again at the next base. The chunks the
         // truncation left name pages neither base lists any more (the
@@ -371,22 +444,60 @@ mod tests {
             .unwrap();
         let grown = live.clone();
         let listed_now = listed_in([&inline.table]);
-        let paged = plan_pages(
+        let planned_paged = plan_kept(
             &grown,
             sb.crc_seed(),
             |p| listed_now.contains(p),
             &mut place,
         )
         .unwrap();
+        let paged = &planned_paged.0;
         assert_eq!(paged.table.len(), 1);
         assert_eq!(
-            paged.writes.len(),
+            paged.written.len(),
             grown.inodes[&big].extents.chunk_pages().count(),
             "every chunk written, the stale pages too"
         );
         assert!(paged.table[0].1.iter().all(|p| !old_pages.contains(p)));
-        round_trip(&dev, &sb, &grown, &paged);
+        round_trip(&dev, &sb, &grown, &planned_paged);
         paged.record_written(&grown).unwrap();
+    }
+
+    /// A base hands its pages to the writer in batches of about
+    /// [`PAGE_BATCH_BYTES`], never holding them all encoded at once.
+    #[test]
+    fn pages_are_written_in_bounded_batches() {
+        let (state, _) = state_with(20_000);
+        let mut next = 1 << 30;
+        let mut batches = Vec::new();
+        let plan = plan_pages(
+            &state,
+            0,
+            |_| false,
+            |len| {
+                next += len;
+                Ok(next - len)
+            },
+            |batch| {
+                batches.push(batch.iter().map(|(_, b)| b.len()).sum::<usize>());
+                Ok(())
+            },
+        )
+        .unwrap();
+        let page = plan.written.iter().map(|&(_, len)| len).max().unwrap() as usize;
+        assert!(batches.len() >= 2, "{batches:?}");
+        let (last, full) = batches.split_last().unwrap();
+        assert!(
+            full.iter()
+                .all(|&b| (PAGE_BATCH_BYTES..PAGE_BATCH_BYTES + page).contains(&b)),
+            "{batches:?}"
+        );
+        assert!(*last > 0 && *last < PAGE_BATCH_BYTES + page);
+        assert_eq!(
+            batches.iter().sum::<usize>() as u64,
+            plan.written_bytes(),
+            "every page once"
+        );
     }
 
     /// A placement that fails ends the plan with its error, and nothing
@@ -395,7 +506,7 @@ mod tests {
     fn a_page_that_cannot_be_placed_fails_the_plan() {
         let (state, _) = state();
         let mut left = 2;
-        let err = plan_pages(
+        let err = plan_kept(
             &state,
             0,
             |_| false,

@@ -447,14 +447,20 @@ impl VolumeInner {
     ) -> Result<(ChainEnd, Vec<SpillExtent>, PagePlan)> {
         let mut placed: Vec<(u64, u64)> = Vec::new();
         let listed = |page: &crate::codec::PageRef| listed.contains(page);
-        let written = extent_pages::plan_pages(snapshot, self.sb.crc_seed(), listed, |len| {
-            let hint = placed.last().map(|&(addr, len)| addr + len);
-            let addr = self.allocate_page(len, hint)?;
-            placed.push((addr, len));
-            Ok(addr)
-        })
+        let written = extent_pages::plan_pages(
+            snapshot,
+            self.sb.crc_seed(),
+            listed,
+            |len| {
+                let hint = placed.last().map(|&(addr, len)| addr + len);
+                let addr = self.allocate_page(len, hint)?;
+                placed.push((addr, len));
+                Ok(addr)
+            },
+            |pages| checkpoint::write_pages_unflushed(&*self.dev, pages),
+        )
         .and_then(|plan| {
-            checkpoint::write_pages(&*self.dev, &plan.writes)?;
+            checkpoint::flush_pages(&*self.dev)?;
             let root =
                 snapshot.encode_root_after(checkpoint::CHECKPOINT_HEADER_LEN, &plan.table)?;
             let (mut chain, spill) = self.write_base(slot, header, root)?;
