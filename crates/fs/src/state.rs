@@ -1377,6 +1377,41 @@ mod tests {
         }
     }
 
+    /// The sizes kept incrementally, which the room kept for the next base
+    /// is counted from, are what a recount from the inodes gives, after
+    /// any run of records: the paged files' extents and chunks exactly,
+    /// the image bytes never below (an estimate may only err high).
+    #[test]
+    fn sizes_kept_incrementally_match_a_recount() {
+        for seed in 0..30 {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            // 512-byte blocks: files past 19 extents are paged.
+            let mut state = MetaState::new_empty(512, now(1), 0, 0);
+            let mut freed = Vec::new();
+            let mut paged_files = 0;
+            for t in 2..1500 {
+                if let Some(r) = random_record(&state, &mut rng, t) {
+                    let _ = state.apply(&r, &mut freed);
+                }
+                if t % 25 == 0 {
+                    let mut recounted = state.clone();
+                    recounted.recount();
+                    assert_eq!(
+                        state.paged_size(),
+                        recounted.paged_size(),
+                        "seed {seed} after record {t}"
+                    );
+                    assert!(
+                        state.image_bytes_estimate() >= recounted.image_bytes_estimate(),
+                        "seed {seed} after record {t}"
+                    );
+                    paged_files = paged_files.max(state.paged_size().files);
+                }
+            }
+            assert!(paged_files > 0, "seed {seed}: no file was ever paged");
+        }
+    }
+
     /// A whole checkpoint encodes the live state straight from its extent
     /// maps: the same bytes as encoding the image `to_image` copies out,
     /// after the room asked for.
