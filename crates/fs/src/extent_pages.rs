@@ -202,6 +202,16 @@ pub fn page_ranges(table: &PageTable, block_size: u64) -> BTreeSet<(u64, u64)> {
         .collect()
 }
 
+/// Bytes of the pages both `a` and `b` list (the two slots' bases share
+/// every page neither rewrote).
+pub fn shared_page_bytes(a: &PageTable, b: &PageTable, block_size: u64) -> u64 {
+    let b = page_ranges(b, block_size);
+    page_ranges(a, block_size)
+        .intersection(&b)
+        .map(|&(_, len)| len)
+        .sum()
+}
+
 /// The pages to free once a base listing `new` is durable in the slot
 /// where a base listing `replaced` was, while the other slot's base lists
 /// `other`: those `replaced` lists that neither lists. Pages are in use

@@ -141,6 +141,8 @@ pub(crate) fn mount(
         meta.spill_slot_bytes = Some(checkpoint::slot_capacity(&sb));
     }
     meta.extent_pages = sb.features_incompat & superblock::INCOMPAT_EXTENT_PAGES != 0;
+    meta.shared_page_bytes =
+        crate::extent_pages::shared_page_bytes(&pages[0], &pages[1], sb.block_size());
     meta.spilled_bytes = spills.iter().flatten().map(|&(_, len)| len).sum::<u64>()
         + used_pages(&sb, &pages)
             .iter()

@@ -110,6 +110,12 @@ pub(crate) struct Meta {
     /// Bases are roots with extent pages (`INCOMPAT_EXTENT_PAGES`): the
     /// space kept for the next base covers its pages too.
     pub(crate) extent_pages: bool,
+    /// Bytes of the extent pages both slots' bases list. A base frees only
+    /// pages neither the other slot nor itself lists, so these stay in use
+    /// through the next base whatever it rewrites, and are freed at the
+    /// earliest by the one after: until then the room for a base must be
+    /// found besides them ([`Meta::base_reserve_for`]).
+    pub(crate) shared_page_bytes: u64,
 }
 
 /// What a change may add to the next base, for the space kept for it:
@@ -279,6 +285,7 @@ impl Meta {
             spill_slot_bytes: None,
             spilled_bytes: 0,
             extent_pages: false,
+            shared_page_bytes: 0,
         }
     }
 
@@ -458,7 +465,10 @@ impl Meta {
             + paged.chunks * (crate::codec::PAGE_HEADER_LEN as u64 + block_size);
         let per_block = crate::codec::inline_extents_max(block_size).max(1) as u64;
         let block_pages = (paged.extents.div_ceil(per_block) + paged.chunks) * block_size;
-        payload + whole_pages.max(block_pages).next_multiple_of(block_size)
+        // The pages both slots list are freed at the earliest by the base
+        // after the next: were the next to rewrite every chunk, the one
+        // after would need a whole set again before they are.
+        payload + whole_pages.max(block_pages).next_multiple_of(block_size) + self.shared_page_bytes
     }
 
     /// The bytes of the next base's payload, were it to grow by `growth`:

@@ -338,15 +338,22 @@ impl VolumeInner {
             new_spill.map(|spill| std::mem::replace(&mut commit.spills[slot], spill));
         // Pages the base this one replaced listed, that neither it nor the
         // other slot's base lists.
-        let freed_pages = new_pages.map_or_else(Vec::new, |plan| {
-            let replaced = std::mem::replace(&mut commit.pages[slot], plan.table);
-            extent_pages::pages_freed(
-                &replaced,
-                &commit.pages[slot],
-                &commit.pages[checkpoint::other_slot(slot)],
-                self.sb.block_size(),
-            )
-        });
+        let (freed_pages, shared_page_bytes) = match new_pages {
+            Some(plan) => {
+                let replaced = std::mem::replace(&mut commit.pages[slot], plan.table);
+                let other = &commit.pages[checkpoint::other_slot(slot)];
+                let block_size = self.sb.block_size();
+                (
+                    extent_pages::pages_freed(&replaced, &commit.pages[slot], other, block_size),
+                    Some(extent_pages::shared_page_bytes(
+                        &commit.pages[slot],
+                        other,
+                        block_size,
+                    )),
+                )
+            }
+            None => (Vec::new(), None),
+        };
         if journaled {
             commit.journal.set_tail(journal_start);
         } else {
@@ -368,6 +375,9 @@ impl VolumeInner {
         {
             let mut meta = self.meta.write();
             meta.mark_committed(journal_seq - 1);
+            if let Some(shared) = shared_page_bytes {
+                meta.shared_page_bytes = shared;
+            }
             // The checkpoint the new base replaced in its slot was
             // superseded before this one began, and its record is gone:
             // its spill extents are free for good.
@@ -1053,6 +1063,106 @@ mod tests {
         f.pread(&mut buf, 2 * (max - 1) * 4096).unwrap();
         assert_eq!(buf, vec![3u8; 4096], "the inline extents read back");
         drop(f);
+        vol.unmount().unwrap();
+        assert_fsck_clean(&dev);
+    }
+
+    /// Checkpoints, each after renaming `/x` to `/y` or back (a change
+    /// that does not grow the metadata), until one is a base; returns its
+    /// slot.
+    fn rename_until_a_base(vol: &Volume) -> usize {
+        loop {
+            let (from, to) = if vol.stat("/x").is_ok() {
+                ("/x", "/y")
+            } else {
+                ("/y", "/x")
+            };
+            vol.rename(from, to).unwrap();
+            vol.checkpoint().unwrap();
+            let commit = vol.inner.commit.lock();
+            if commit.chain.deltas == 0 {
+                return commit.slot;
+            }
+        }
+    }
+
+    /// Both slots' bases can list the same pages (nothing changed between
+    /// them): a base that then rewrites every chunk frees none of them, so
+    /// the base after it needs a whole new set again before any is freed.
+    /// The room data writes leave covers that: after a fill to ENOSPC, a
+    /// base rewriting every chunk, then a change to every chunk (punches,
+    /// which must not be refused) and another base all succeed, also when
+    /// the pages came from a mount.
+    #[test]
+    fn shared_pages_are_room_until_a_base_frees_them() {
+        let dev = Arc::new(MemDevice::new(8 << 20, 512));
+        let vol = paged_volume(&dev);
+        write_file(&vol, "/x");
+        // Past the inline bound (162 extents) even after two punches in
+        // every chunk.
+        const EXTENTS: u64 = 400;
+        let f = vol
+            .open_file(
+                "/big",
+                OpenFlags {
+                    create: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        for k in 0..EXTENTS {
+            f.pwrite(&[1u8; 4096], 2 * k * 4096).unwrap();
+        }
+        f.fsync().unwrap();
+        drop(f);
+        let big = vol.stat("/big").unwrap().ino;
+        let a = checkpoint_a_base(&vol, "a");
+        let b = checkpoint_a_base(&vol, "b");
+        assert_ne!(a, b);
+        assert!(!file_pages(&vol, a, big).is_empty());
+        assert_eq!(file_pages(&vol, a, big), file_pages(&vol, b, big));
+        // Mount finds the pages both slots list, as the writer knew them.
+        vol.unmount().unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        let chunks = vol.inner.meta.read().state.inodes[&big]
+            .extents
+            .chunk_pages()
+            .count() as u64;
+        let punch_every_chunk = |round: u64| {
+            let f = vol.open_file("/big", OpenFlags::default()).unwrap();
+            let per_chunk = EXTENTS / chunks;
+            for k in (round..EXTENTS).step_by(per_chunk as usize) {
+                f.punch_hole(2 * k * 4096, 4096)
+                    .unwrap_or_else(|e| panic!("punch of extent {k} in round {round}: {e}"));
+            }
+            f.fsync().unwrap();
+        };
+        punch_every_chunk(0);
+        let filler = vol
+            .open_file(
+                "/filler",
+                OpenFlags {
+                    create: true,
+                    ..OpenFlags::default()
+                },
+            )
+            .unwrap();
+        let mut size = 0;
+        for step in [65536, 4096] {
+            loop {
+                match filler.pwrite(&vec![7u8; step], size) {
+                    Ok(_) => size += step as u64,
+                    Err(err) if err.errno() == libc::ENOSPC => break,
+                    Err(err) => panic!("{err}"),
+                }
+            }
+        }
+        filler.fsync().unwrap();
+        assert!(size > 1 << 20, "{size} bytes of filler");
+        let c = rename_until_a_base(&vol);
+        assert!(file_pages(&vol, c, big).is_disjoint(&file_pages(&vol, 1 - c, big)));
+        punch_every_chunk(1);
+        rename_until_a_base(&vol);
         vol.unmount().unwrap();
         assert_fsck_clean(&dev);
     }
