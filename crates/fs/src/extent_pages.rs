@@ -205,32 +205,40 @@ pub fn page_ranges(table: &PageTable, block_size: u64) -> BTreeSet<(u64, u64)> {
 /// Bytes of the pages both `a` and `b` list (the two slots' bases share
 /// every page neither rewrote).
 pub fn shared_page_bytes(a: &PageTable, b: &PageTable, block_size: u64) -> u64 {
-    let b = page_ranges(b, block_size);
-    page_ranges(a, block_size)
-        .intersection(&b)
-        .map(|&(_, len)| len)
-        .sum()
+    bytes_in_both(&page_ranges(a, block_size), &page_ranges(b, block_size))
 }
 
-/// The pages to free once a base listing `new` is durable in the slot
-/// where a base listing `replaced` was, while the other slot's base lists
-/// `other`: those `replaced` lists that neither lists. Pages are in use
-/// while either slot's base lists them, and the two share every page
-/// neither rewrote.
-pub fn pages_freed(
+fn bytes_in_both(a: &BTreeSet<(u64, u64)>, b: &BTreeSet<(u64, u64)>) -> u64 {
+    a.intersection(b).map(|&(_, len)| len).sum()
+}
+
+/// What a base listing `new`, durable in the slot where a base listing
+/// `replaced` was while the other slot's base lists `other`, leaves to
+/// account: the pages to free (those `replaced` lists that neither
+/// lists: pages are in use while either slot's base lists them, and the
+/// two share every page neither rewrote), and the bytes of the pages
+/// both slots now list ([`shared_page_bytes`]).
+pub struct AfterBase {
+    pub freed: Vec<(u64, u64)>,
+    pub shared_bytes: u64,
+}
+
+pub fn after_base(
     replaced: &PageTable,
     new: &PageTable,
     other: &PageTable,
     block_size: u64,
-) -> Vec<(u64, u64)> {
-    let keep: BTreeSet<(u64, u64)> = page_ranges(new, block_size)
-        .union(&page_ranges(other, block_size))
-        .copied()
+) -> AfterBase {
+    let new = page_ranges(new, block_size);
+    let other = page_ranges(other, block_size);
+    let freed = page_ranges(replaced, block_size)
+        .into_iter()
+        .filter(|range| !new.contains(range) && !other.contains(range))
         .collect();
-    page_ranges(replaced, block_size)
-        .difference(&keep)
-        .copied()
-        .collect()
+    AfterBase {
+        freed,
+        shared_bytes: bytes_in_both(&new, &other),
+    }
 }
 
 #[cfg(test)]
@@ -325,19 +333,29 @@ mod tests {
         Ok((plan, pages))
     }
 
+    /// A 16 MiB device and the superblock of a volume on it.
+    fn bed() -> (VecDevice, Superblock) {
+        const DEV: u64 = 16 << 20;
+        let sb = Superblock::new(Layout::compute(DEV, 512, BS as u32, None, None).unwrap());
+        (VecDevice::new(DEV, 512), sb)
+    }
+
+    /// Places pages one after another from the start of `sb`'s data area.
+    fn placer(sb: &Superblock) -> impl FnMut(u64) -> Result<u64> {
+        let mut next = sb.layout.data.start;
+        move |len| {
+            next += len;
+            Ok(next - len)
+        }
+    }
+
     /// The first base writes every chunk; after one change, the next
     /// writes only the chunks that change touched, lists the same pages
     /// for the rest, and frees only the pages it replaced.
     #[test]
     fn a_base_after_a_change_writes_only_the_changed_chunks() {
-        const DEV: u64 = 16 << 20;
-        let dev = VecDevice::new(DEV, 512);
-        let sb = Superblock::new(Layout::compute(DEV, 512, BS as u32, None, None).unwrap());
-        let mut next = sb.layout.data.start;
-        let mut place = |len: u64| {
-            next += len;
-            Ok(next - len)
-        };
+        let (dev, sb) = bed();
+        let mut place = placer(&sb);
         let (mut live, big) = state();
         let chunks = live.inodes[&big].extents.chunk_pages().count();
         assert!(chunks >= 5);
@@ -373,11 +391,13 @@ mod tests {
         let old = page_ranges(&plan1.table, BS);
         let kept = page_ranges(&plan2.table, BS);
         assert_eq!(kept.difference(&old).count(), 1);
-        let freed = pages_freed(&plan1.table, &plan2.table, &Vec::new(), BS);
+        let freed = after_base(&plan1.table, &plan2.table, &Vec::new(), BS).freed;
         assert_eq!(freed.len(), 1, "the page of the changed chunk");
         assert!(!kept.contains(&freed[0]));
         // The other slot's base still lists it: nothing is freed.
-        assert!(pages_freed(&plan1.table, &plan2.table, &plan1.table, BS).is_empty());
+        assert!(after_base(&plan1.table, &plan2.table, &plan1.table, BS)
+            .freed
+            .is_empty());
         plan2.record_written(&second).unwrap();
         assert!(
             plan_kept(&second, sb.crc_seed(), listed(&plan2.table), &mut place)
@@ -394,14 +414,8 @@ mod tests {
     /// meanwhile, are written again rather than referred to.
     #[test]
     fn small_files_stay_inline_and_a_file_crossing_the_bound_changes_form() {
-        const DEV: u64 = 16 << 20;
-        let dev = VecDevice::new(DEV, 512);
-        let sb = Superblock::new(Layout::compute(DEV, 512, BS as u32, None, None).unwrap());
-        let mut next = sb.layout.data.start;
-        let mut place = |len: u64| {
-            next += len;
-            Ok(next - len)
-        };
+        let (dev, sb) = bed();
+        let mut place = placer(&sb);
         let max = codec::inline_extents_max(BS) as u64;
         let (mut live, big) = state();
         let small = live

@@ -341,16 +341,13 @@ impl VolumeInner {
         let (freed_pages, shared_page_bytes) = match new_pages {
             Some(plan) => {
                 let replaced = std::mem::replace(&mut commit.pages[slot], plan.table);
-                let other = &commit.pages[checkpoint::other_slot(slot)];
-                let block_size = self.sb.block_size();
-                (
-                    extent_pages::pages_freed(&replaced, &commit.pages[slot], other, block_size),
-                    Some(extent_pages::shared_page_bytes(
-                        &commit.pages[slot],
-                        other,
-                        block_size,
-                    )),
-                )
+                let after = extent_pages::after_base(
+                    &replaced,
+                    &commit.pages[slot],
+                    &commit.pages[checkpoint::other_slot(slot)],
+                    self.sb.block_size(),
+                );
+                (after.freed, Some(after.shared_bytes))
             }
             None => (Vec::new(), None),
         };
@@ -596,15 +593,7 @@ mod tests {
     use crate::{FormatOptions, OpenFlags, Volume};
 
     fn write_file(vol: &Volume, path: &str) {
-        let f = vol
-            .open_file(
-                path,
-                OpenFlags {
-                    create: true,
-                    ..OpenFlags::default()
-                },
-            )
-            .unwrap();
+        let f = create_file(vol, path);
         f.pwrite(&[7u8; 5000], 0).unwrap();
         f.fsync().unwrap();
     }
@@ -895,15 +884,36 @@ mod tests {
     /// Checkpoints (a directory made before each) until one is a base;
     /// returns its slot.
     fn checkpoint_a_base(vol: &Volume, tag: &str) -> usize {
-        for i in 0.. {
+        let mut i = 0;
+        checkpoint_until_a_base(vol, || {
             vol.mkdir(&format!("/{tag}{i}")).unwrap();
+            i += 1;
+        })
+    }
+
+    /// Checkpoints, each after `change`, until one is a base; returns its
+    /// slot.
+    fn checkpoint_until_a_base(vol: &Volume, mut change: impl FnMut()) -> usize {
+        loop {
+            change();
             vol.checkpoint().unwrap();
             let commit = vol.inner.commit.lock();
             if commit.chain.deltas == 0 {
                 return commit.slot;
             }
         }
-        unreachable!()
+    }
+
+    /// `path` created (or opened) for writing.
+    fn create_file(vol: &Volume, path: &str) -> crate::File {
+        vol.open_file(
+            path,
+            OpenFlags {
+                create: true,
+                ..OpenFlags::default()
+            },
+        )
+        .unwrap()
     }
 
     fn assert_fsck_clean(dev: &Arc<MemDevice>) {
@@ -921,15 +931,7 @@ mod tests {
     /// Writes `path` as [`PAGED_FILE_EXTENTS`] blocks of `fill`, a hole
     /// after each (an extent each: more than the root keeps inline).
     fn write_paged_file(vol: &Volume, path: &str, fill: u8) -> Ino {
-        let f = vol
-            .open_file(
-                path,
-                OpenFlags {
-                    create: true,
-                    ..OpenFlags::default()
-                },
-            )
-            .unwrap();
+        let f = create_file(vol, path);
         f.truncate(0).unwrap();
         for k in 0..PAGED_FILE_EXTENTS {
             f.pwrite(&[fill; 4096], 2 * k * 4096).unwrap();
@@ -1071,19 +1073,14 @@ mod tests {
     /// that does not grow the metadata), until one is a base; returns its
     /// slot.
     fn rename_until_a_base(vol: &Volume) -> usize {
-        loop {
+        checkpoint_until_a_base(vol, || {
             let (from, to) = if vol.stat("/x").is_ok() {
                 ("/x", "/y")
             } else {
                 ("/y", "/x")
             };
             vol.rename(from, to).unwrap();
-            vol.checkpoint().unwrap();
-            let commit = vol.inner.commit.lock();
-            if commit.chain.deltas == 0 {
-                return commit.slot;
-            }
-        }
+        })
     }
 
     /// Both slots' bases can list the same pages (nothing changed between
@@ -1101,15 +1098,7 @@ mod tests {
         // Past the inline bound (162 extents) even after two punches in
         // every chunk.
         const EXTENTS: u64 = 400;
-        let f = vol
-            .open_file(
-                "/big",
-                OpenFlags {
-                    create: true,
-                    ..OpenFlags::default()
-                },
-            )
-            .unwrap();
+        let f = create_file(&vol, "/big");
         for k in 0..EXTENTS {
             f.pwrite(&[1u8; 4096], 2 * k * 4096).unwrap();
         }
@@ -1138,15 +1127,7 @@ mod tests {
             f.fsync().unwrap();
         };
         punch_every_chunk(0);
-        let filler = vol
-            .open_file(
-                "/filler",
-                OpenFlags {
-                    create: true,
-                    ..OpenFlags::default()
-                },
-            )
-            .unwrap();
+        let filler = create_file(&vol, "/filler");
         let mut size = 0;
         for step in [65536, 4096] {
             loop {
@@ -1179,15 +1160,7 @@ mod tests {
         let mut written: Vec<(String, u64)> = Vec::new();
         'fill: for n in 0.. {
             let path = format!("/f{n}");
-            let f = vol
-                .open_file(
-                    &path,
-                    OpenFlags {
-                        create: true,
-                        ..OpenFlags::default()
-                    },
-                )
-                .unwrap();
+            let f = create_file(&vol, &path);
             for k in 0..2 * PAGED_FILE_EXTENTS {
                 match f.pwrite(&[n as u8; 4096], 2 * k * 4096) {
                     Ok(_) => written.push((path.clone(), k)),
@@ -1233,17 +1206,13 @@ mod tests {
     fn the_write_that_would_page_a_file_is_refused_when_the_room_is_short() {
         let dev = Arc::new(MemDevice::new(8 << 20, 512));
         let vol = paged_volume(&dev);
-        let create = OpenFlags {
-            create: true,
-            ..OpenFlags::default()
-        };
         let max = crate::codec::inline_extents_max(4096) as u64;
-        let big = vol.open_file("/big", create).unwrap();
+        let big = create_file(&vol, "/big");
         for k in 0..max {
             big.pwrite(&[1u8; 4096], 2 * k * 4096).unwrap();
         }
         big.fsync().unwrap();
-        let fill = vol.open_file("/fill", create).unwrap();
+        let fill = create_file(&vol, "/fill");
         let mut size = 0u64;
         for len in [1 << 20, 4096] {
             while fill.pwrite(&vec![2u8; len], size).is_ok() {
@@ -1264,7 +1233,7 @@ mod tests {
 
         let err = big.pwrite(&[3u8; 4096], 2 * max * 4096).unwrap_err();
         assert_eq!(err.errno(), libc::ENOSPC, "{err}");
-        let small = vol.open_file("/small", create).unwrap();
+        let small = create_file(&vol, "/small");
         small.pwrite(&[4u8; 4096], 0).unwrap();
         vol.sync().unwrap();
         checkpoint_a_base(&vol, "a");
@@ -1337,11 +1306,7 @@ mod tests {
     fn after_a_remount_a_base_rewrites_only_the_chunks_a_delta_changed() {
         let dev = Arc::new(MemDevice::new(16 << 20, 512));
         let vol = paged_volume(&dev);
-        let create = OpenFlags {
-            create: true,
-            ..OpenFlags::default()
-        };
-        let f = vol.open_file("/big", create).unwrap();
+        let f = create_file(&vol, "/big");
         // 200 one-block extents, every other block (past the 162 a root
         // keeps inline): pages of up to 8 extents (the unit tests' chunks).
         for i in 0..200u64 {
@@ -1400,15 +1365,7 @@ mod tests {
     fn with_extent_pages_a_delta_is_weighed_against_the_pages() {
         let dev = Arc::new(MemDevice::new(64 << 20, 512));
         let vol = paged_volume(&dev);
-        let f = vol
-            .open_file(
-                "/big",
-                OpenFlags {
-                    create: true,
-                    ..OpenFlags::default()
-                },
-            )
-            .unwrap();
+        let f = create_file(&vol, "/big");
         // 3000 one-block extents, every other block, in pages of 8.
         for i in 0..3000u64 {
             f.fallocate(2 * i * 4096, 4096, false).unwrap();

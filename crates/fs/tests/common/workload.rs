@@ -232,6 +232,15 @@ impl Workload {
     }
 
     /// A live handle of a random existing file, opening one if needed.
+    /// `found`, or, when there is no handle to work on, a new file made
+    /// instead (the op's turn is not lost) and `None`.
+    fn or_create(&mut self, found: Option<usize>) -> Option<usize> {
+        if found.is_none() && self.failed.is_none() {
+            self.op_create();
+        }
+        found
+    }
+
     fn handle_for_write(&mut self) -> Option<usize> {
         let live: Vec<usize> = (0..self.handles.len())
             .filter(|&i| !self.handles[i].orphan || self.rng.gen_bool(0.3))
@@ -260,10 +269,8 @@ impl Workload {
     /// one handle: up to 32 writes, each an extent of its own (the blocks
     /// between stay holes, or keep their own extents).
     pub fn op_strided_write(&mut self) {
-        let Some(hi) = self.handle_for_write() else {
-            if self.failed.is_none() {
-                self.op_create();
-            }
+        let found = self.handle_for_write();
+        let Some(hi) = self.or_create(found) else {
             return;
         };
         let lbs = self.lbs;
@@ -278,10 +285,8 @@ impl Workload {
     }
 
     pub fn op_write(&mut self) {
-        let Some(hi) = self.handle_for_write() else {
-            if self.failed.is_none() {
-                self.op_create();
-            }
+        let found = self.handle_for_write();
+        let Some(hi) = self.or_create(found) else {
             return;
         };
         let direct = self.handles[hi].direct;
@@ -354,10 +359,8 @@ impl Workload {
     /// byte). Reads cover bytes inside the size the file had before the
     /// batch, which no write of the batch touches, and must match the model.
     pub fn op_async(&mut self) {
-        let Some(hi) = self.live_file_handle() else {
-            if self.failed.is_none() {
-                self.op_create();
-            }
+        let found = self.live_file_handle();
+        let Some(hi) = self.or_create(found) else {
             return;
         };
         let (id, direct, dsync) = {
@@ -514,10 +517,8 @@ impl Workload {
     }
 
     pub fn op_truncate(&mut self) {
-        let Some(hi) = self.live_file_handle() else {
-            if self.failed.is_none() {
-                self.op_create();
-            }
+        let found = self.live_file_handle();
+        let Some(hi) = self.or_create(found) else {
             return;
         };
         let id = self.handles[hi].id;
@@ -533,10 +534,8 @@ impl Workload {
     }
 
     pub fn op_fallocate(&mut self) {
-        let Some(hi) = self.live_file_handle() else {
-            if self.failed.is_none() {
-                self.op_create();
-            }
+        let found = self.live_file_handle();
+        let Some(hi) = self.or_create(found) else {
             return;
         };
         let id = self.handles[hi].id;
@@ -558,10 +557,8 @@ impl Workload {
     }
 
     pub fn op_punch(&mut self) {
-        let Some(hi) = self.live_file_handle() else {
-            if self.failed.is_none() {
-                self.op_create();
-            }
+        let found = self.live_file_handle();
+        let Some(hi) = self.or_create(found) else {
             return;
         };
         let id = self.handles[hi].id;
