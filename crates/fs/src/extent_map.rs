@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use crate::codec::PageRef;
 use crate::types::{Extent, ExtentState, KeySpan};
-pub use chunks::{ChunkPage, PageLoader, PageSource};
+pub use chunks::{ChunkPage, LoadPurpose, PageLoader, PageSource};
 use chunks::{Chunks, CHUNK_MAX};
 
 /// What is at one file offset.
@@ -213,11 +213,14 @@ impl ExtentMap {
 
     /// Passes every extent to `f` in order without keeping an absent
     /// chunk's extents: each such page is read, passed and dropped.
-    pub fn try_for_each_unkept(
+    /// A page that fails to load goes to `lost` (its extents skipped),
+    /// which may stop the pass by returning the error.
+    pub fn for_each_unkept(
         &self,
-        f: impl FnMut(&Extent) -> crate::error::Result<()>,
+        f: impl FnMut(&Extent),
+        lost: impl FnMut(crate::Error) -> crate::error::Result<()>,
     ) -> crate::error::Result<()> {
-        self.map.try_for_each_unkept(f)
+        self.map.for_each_unkept(f, lost)
     }
 
     /// Checks `e`, extent #`i` of a map being read in order, against the
@@ -912,7 +915,7 @@ mod tests {
             }
             // Whole: every chunk loads to what was written.
             let mut seen = Vec::new();
-            lazy.try_for_each_unkept(|e| { seen.push(*e); Ok(()) }).unwrap();
+            lazy.for_each_unkept(|e| seen.push(*e), Err).unwrap();
             prop_assert!(seen.iter().eq(full.iter()));
             lazy.load_all().unwrap();
             prop_assert_eq!(store.unplanned.load(Ordering::Relaxed), 0);

@@ -85,13 +85,23 @@ pub trait PageLoader: Send + Sync {
     /// checked as a map's extent is; `Error::Corrupt` naming the inode,
     /// the page's keys and device byte if not, `Error::Device` if the read
     /// failed (a later access tries again).
-    fn load(&self, ino: Ino, page: &PageRef) -> Result<Vec<Extent>>;
+    fn load(&self, ino: Ino, page: &PageRef, purpose: LoadPurpose) -> Result<Vec<Extent>>;
 
     /// A chunk was loaded outside the fallible entry points
     /// ([`super::ExtentMap::load_keys`] and the like): a path that should
     /// have loaded it first did not. Counted by the loader so tests can
     /// assert none happens on the paths they drive.
     fn note_unplanned(&self) {}
+}
+
+/// Why a page is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadPurpose {
+    /// Its chunk keeps the extents (a lookup or a change needs them).
+    Keep,
+    /// A pass over every extent reads it and drops the extents
+    /// ([`Chunks::for_each_unkept`]); the chunk stays absent.
+    Scan,
 }
 
 /// Where one file's absent chunks are read from.
@@ -160,6 +170,10 @@ impl ChunkExtents {
     /// The extents, reading the page of an absent chunk (under whatever
     /// lock the caller holds on the map: a shared one suffices).
     fn load(&self) -> Result<&Vec<Extent>> {
+        self.load_for(LoadPurpose::Keep)
+    }
+
+    fn load_for(&self, purpose: LoadPurpose) -> Result<&Vec<Extent>> {
         if let Some(v) = self.extents.get() {
             return Ok(v);
         }
@@ -170,7 +184,7 @@ impl ChunkExtents {
             ));
         };
         let ino = absent.source.ino;
-        let got = absent.source.loader.load(ino, page)?;
+        let got = absent.source.loader.load(ino, page, purpose)?;
         if let Some(last) = got.last().filter(|e| e.file_end() > absent.limit) {
             return Err(crate::codec::page_lost(
                 ino,
@@ -360,21 +374,27 @@ impl Chunks {
 
     /// Passes every extent to `f` in order, reading the page of each
     /// absent chunk into a buffer that is dropped after: the chunk stays
-    /// absent, so a pass over every extent keeps none of them.
-    pub(super) fn try_for_each_unkept(
+    /// absent, so a pass over every extent keeps none of them. A page that
+    /// fails to load goes to `lost` (its extents skipped), which may stop
+    /// the pass by returning the error.
+    pub(super) fn for_each_unkept(
         &self,
-        mut f: impl FnMut(&Extent) -> Result<()>,
+        mut f: impl FnMut(&Extent),
+        mut lost: impl FnMut(crate::Error) -> Result<()>,
     ) -> Result<()> {
         for c in self.chunks.iter() {
             match c.extents.extents.get() {
-                Some(v) => v.iter().try_for_each(&mut f)?,
+                Some(v) => v.iter().for_each(&mut f),
                 None => {
                     let probe = ChunkExtents {
                         extents: OnceLock::new(),
                         page: c.extents.page.clone(),
                         source: c.extents.source.clone(),
                     };
-                    probe.load()?.iter().try_for_each(&mut f)?;
+                    match probe.load_for(LoadPurpose::Scan) {
+                        Ok(v) => v.iter().for_each(&mut f),
+                        Err(e) => lost(e)?,
+                    }
                 }
             }
         }
@@ -687,9 +707,14 @@ fn rebalance(chunks: &mut Vec<Chunk>, at: usize) {
 pub(super) mod testing {
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
-    use super::*;
+    // Named in full: the module graph test reads `super` here as the
+    // parent module, which imports this one.
+    use crate::codec::PageRef;
+    use crate::error::Result;
+    use crate::extent_map::chunks::{Chunks, LoadPurpose, PageLoader, PageSource};
+    use crate::types::{Extent, Ino};
 
     #[derive(Default)]
     pub struct PageStore {
@@ -701,8 +726,10 @@ pub(super) mod testing {
     }
 
     impl PageLoader for PageStore {
-        fn load(&self, ino: Ino, page: &PageRef) -> Result<Vec<Extent>> {
-            self.loads.fetch_add(1, Ordering::Relaxed);
+        fn load(&self, ino: Ino, page: &PageRef, purpose: LoadPurpose) -> Result<Vec<Extent>> {
+            if purpose == LoadPurpose::Keep {
+                self.loads.fetch_add(1, Ordering::Relaxed);
+            }
             if self.damaged.lock().unwrap().contains(&page.addr) {
                 return Err(crate::codec::page_lost(ino, page, page.addr, "damaged"));
             }
