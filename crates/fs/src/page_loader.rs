@@ -11,6 +11,10 @@
 //! and no other chunk or file is affected. A device error is returned as
 //! it is and a later access reads again.
 //!
+//! A page found damaged stays so until unmount: free space was rebuilt
+//! without its extents (`mount::build_allocator`), so its blocks may be
+//! another file's by the time the page would read well again.
+//!
 //! A page is never freed while a chunk can still load it: a chunk names
 //! its page until it changes (and a changed chunk is loaded), and a base
 //! frees only pages neither slot's base lists, which no live chunk names
@@ -90,6 +94,24 @@ impl DevicePages {
 
 impl PageLoader for DevicePages {
     fn load(&self, ino: Ino, page: &PageRef, purpose: LoadPurpose) -> Result<Vec<Extent>> {
+        // Found damaged once, damaged for the session: free space was
+        // built without its extents, so a read that verified later (a
+        // device that returned bad bytes once) must not bring back a map
+        // over blocks that may belong to another file since.
+        if let Some((_, why)) = self
+            .damaged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|&&(addr, _)| addr == page.addr)
+        {
+            return Err(crate::codec::page_lost(
+                ino,
+                page,
+                page.addr,
+                format!("found damaged earlier in this session ({why})"),
+            ));
+        }
         match purpose {
             LoadPurpose::Keep => &self.loads,
             LoadPurpose::Scan => &self.scans,
