@@ -126,6 +126,11 @@ pub struct MetadataScaleResult {
     /// The process's resident set (`VmRSS`) right after that read, in
     /// bytes: unlike `max_rss_bytes`, not a high-water mark of the build.
     pub rss_after_mount_bytes: u64,
+    /// Extent chunks in memory right after that mount (before the read),
+    /// and all chunks (`Volume::extent_page_loads`; 0 and 0 without extent
+    /// pages): mount loads only the chunks its delta chain reaches.
+    pub mount_chunks_loaded: u64,
+    pub mount_chunks: u64,
     /// The first commit after that mount (a file created, then
     /// `sync_metadata`): it clears the clean-unmount mark first.
     pub first_commit_ns: u64,
@@ -260,6 +265,9 @@ fn run_size(
     let started = Instant::now();
     let vol = mount(dev.clone())?;
     let mount_ns = started.elapsed().as_nanos() as u64;
+    let (mount_chunks_loaded, mount_chunks) = vol
+        .extent_page_loads()
+        .map_or((0, 0), |l| (l.chunks_loaded, l.chunks));
     let first_read_ns = timed_first_read(&vol, &dev, extents)?;
     let rss_after_mount_bytes = rss_bytes();
     check_extents(&vol, extents)?;
@@ -286,6 +294,8 @@ fn run_size(
         mount_ns,
         first_read_ns,
         rss_after_mount_bytes,
+        mount_chunks_loaded,
+        mount_chunks,
         first_commit_ns,
         second_commit_ns,
         max_rss_bytes: max_rss_bytes(),
