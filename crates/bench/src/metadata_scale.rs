@@ -131,6 +131,13 @@ pub struct MetadataScaleResult {
     /// pages): mount loads only the chunks its delta chain reaches.
     pub mount_chunks_loaded: u64,
     pub mount_chunks: u64,
+    /// The same four after checkpoints until one was a base (a file
+    /// created before each), unmount and mount: a chain that reaches no
+    /// chunk of the large file, so mount leaves all of them on disk.
+    pub base_mount_ns: u64,
+    pub base_first_read_ns: u64,
+    pub base_rss_after_mount_bytes: u64,
+    pub base_mount_chunks_loaded: u64,
     /// The first commit after that mount (a file created, then
     /// `sync_metadata`): it clears the clean-unmount mark first.
     pub first_commit_ns: u64,
@@ -274,6 +281,27 @@ fn run_size(
     say("first commits after the mount");
     let first_commit_ns = timed_create_commit(&vol, "/first-commit")?;
     let second_commit_ns = timed_create_commit(&vol, "/second-commit")?;
+    say("checkpoints until a base, unmount and mount");
+    // A chain holds at most MAX_CHAIN_DELTAS deltas: one of these is a
+    // base, and the deltas after it change no chunk of the large file.
+    for i in 0..=iomapfs_fs::limits::MAX_CHAIN_DELTAS {
+        let create = OpenFlags {
+            create: true,
+            ..OpenFlags::default()
+        };
+        vol.open_file(&format!("/base-{i}"), create)
+            .map_err(|e| BenchError::fs("iomapfs create", e))?;
+        vol.checkpoint()
+            .map_err(|e| BenchError::fs("iomapfs checkpoint", e))?;
+    }
+    vol.unmount()
+        .map_err(|e| BenchError::fs("iomapfs unmount", e))?;
+    let started = Instant::now();
+    let vol = mount(dev.clone())?;
+    let base_mount_ns = started.elapsed().as_nanos() as u64;
+    let base_mount_chunks_loaded = vol.extent_page_loads().map_or(0, |l| l.chunks_loaded);
+    let base_first_read_ns = timed_first_read(&vol, &dev, extents)?;
+    let base_rss_after_mount_bytes = rss_bytes();
     vol.unmount()
         .map_err(|e| BenchError::fs("iomapfs unmount", e))?;
 
@@ -296,6 +324,10 @@ fn run_size(
         rss_after_mount_bytes,
         mount_chunks_loaded,
         mount_chunks,
+        base_mount_ns,
+        base_first_read_ns,
+        base_rss_after_mount_bytes,
+        base_mount_chunks_loaded,
         first_commit_ns,
         second_commit_ns,
         max_rss_bytes: max_rss_bytes(),
