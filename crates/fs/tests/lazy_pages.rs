@@ -212,6 +212,11 @@ fn a_damaged_page_fails_only_its_chunk() {
         );
         assert_eq!(err.errno(), libc::EUCLEAN, "{text}");
         assert!(text.contains("found damaged earlier"), "{text}");
+        let next = pages[3].first_key;
+        assert!(
+            text.contains(&format!("file offsets {}..{next}", damaged.first_key)),
+            "the key range: {text}"
+        );
     }
     assert_eq!(loads(&vol).loads, reads, "not read again");
     let stats = loads(&vol);

@@ -184,7 +184,27 @@ impl ChunkExtents {
             ));
         };
         let ino = absent.source.ino;
-        let got = absent.source.loader.load(ino, page, purpose)?;
+        // The keys the chunk owns (up to the next page's first key): what
+        // cannot be read while the page is lost.
+        let got = absent
+            .source
+            .loader
+            .load(ino, page, purpose)
+            .map_err(|e| match e {
+                crate::Error::Corrupt {
+                    what,
+                    offset,
+                    reason,
+                } => crate::Error::Corrupt {
+                    what,
+                    offset,
+                    reason: format!(
+                        "{reason}; file offsets {}..{} of inode {ino} cannot be mapped",
+                        page.first_key, absent.limit
+                    ),
+                },
+                other => other,
+            })?;
         if let Some(last) = got.last().filter(|e| e.file_end() > absent.limit) {
             return Err(crate::codec::page_lost(
                 ino,
