@@ -22,9 +22,13 @@
 //!   after a checkpoint's snapshot pays for copying what the snapshot
 //!   shares): p99 and worst latency of those writes. The holes filled are
 //!   punched again after the window, so the file keeps its N extents;
-//! - mount time after a clean unmount, and the time of the first two
-//!   commits after it (one file created each): the first also clears the
-//!   superblock's clean-unmount mark;
+//! - mount time after a clean unmount, then the first 4 KiB direct read
+//!   after it (open included: with extent pages, mount keeps no page in
+//!   memory and that read loads the one it needs, so mount alone would
+//!   hide the work it moved), the process's resident set right after that
+//!   read, and the time of the first two commits after it (one file
+//!   created each): the first also clears the superblock's clean-unmount
+//!   mark;
 //! - the process's max RSS (`ru_maxrss`) after the size is done. It is a
 //!   high-water mark of the whole run, so sizes run smallest first.
 //!
@@ -116,6 +120,24 @@ pub struct MetadataScaleResult {
     /// the extents changed.
     pub checkpoint_1pct_changed_ns: u64,
     pub mount_ns: u64,
+    /// The first 4 KiB direct read after that mount, the file's open
+    /// included (a block in the middle of the file).
+    pub first_read_ns: u64,
+    /// The process's resident set (`VmRSS`) right after that read, in
+    /// bytes: unlike `max_rss_bytes`, not a high-water mark of the build.
+    pub rss_after_mount_bytes: u64,
+    /// Extent chunks in memory right after that mount (before the read),
+    /// and all chunks (`Volume::extent_page_loads`; 0 and 0 without extent
+    /// pages): mount loads only the chunks its delta chain reaches.
+    pub mount_chunks_loaded: u64,
+    pub mount_chunks: u64,
+    /// The same four after checkpoints until one was a base (a file
+    /// created before each), unmount and mount: a chain that reaches no
+    /// chunk of the large file, so mount leaves all of them on disk.
+    pub base_mount_ns: u64,
+    pub base_first_read_ns: u64,
+    pub base_rss_after_mount_bytes: u64,
+    pub base_mount_chunks_loaded: u64,
     /// The first commit after that mount (a file created, then
     /// `sync_metadata`): it clears the clean-unmount mark first.
     pub first_commit_ns: u64,
@@ -250,10 +272,36 @@ fn run_size(
     let started = Instant::now();
     let vol = mount(dev.clone())?;
     let mount_ns = started.elapsed().as_nanos() as u64;
+    let (mount_chunks_loaded, mount_chunks) = vol
+        .extent_page_loads()
+        .map_or((0, 0), |l| (l.chunks_loaded, l.chunks));
+    let first_read_ns = timed_first_read(&vol, &dev, extents)?;
+    let rss_after_mount_bytes = rss_bytes();
     check_extents(&vol, extents)?;
     say("first commits after the mount");
     let first_commit_ns = timed_create_commit(&vol, "/first-commit")?;
     let second_commit_ns = timed_create_commit(&vol, "/second-commit")?;
+    say("checkpoints until a base, unmount and mount");
+    // A chain holds at most MAX_CHAIN_DELTAS deltas: one of these is a
+    // base, and the deltas after it change no chunk of the large file.
+    for i in 0..=iomapfs_fs::limits::MAX_CHAIN_DELTAS {
+        let create = OpenFlags {
+            create: true,
+            ..OpenFlags::default()
+        };
+        vol.open_file(&format!("/base-{i}"), create)
+            .map_err(|e| BenchError::fs("iomapfs create", e))?;
+        vol.checkpoint()
+            .map_err(|e| BenchError::fs("iomapfs checkpoint", e))?;
+    }
+    vol.unmount()
+        .map_err(|e| BenchError::fs("iomapfs unmount", e))?;
+    let started = Instant::now();
+    let vol = mount(dev.clone())?;
+    let base_mount_ns = started.elapsed().as_nanos() as u64;
+    let base_mount_chunks_loaded = vol.extent_page_loads().map_or(0, |l| l.chunks_loaded);
+    let base_first_read_ns = timed_first_read(&vol, &dev, extents)?;
+    let base_rss_after_mount_bytes = rss_bytes();
     vol.unmount()
         .map_err(|e| BenchError::fs("iomapfs unmount", e))?;
 
@@ -272,6 +320,14 @@ fn run_size(
         checkpoint_max_ns: *times.last().expect("timed at least one"),
         checkpoint_1pct_changed_ns,
         mount_ns,
+        first_read_ns,
+        rss_after_mount_bytes,
+        mount_chunks_loaded,
+        mount_chunks,
+        base_mount_ns,
+        base_first_read_ns,
+        base_rss_after_mount_bytes,
+        base_mount_chunks_loaded,
         first_commit_ns,
         second_commit_ns,
         max_rss_bytes: max_rss_bytes(),
@@ -354,6 +410,37 @@ fn build_extents(
 }
 
 /// Fails unless [`FILE`] has exactly `extents` extents (none merged).
+/// Opens the file and reads one 4 KiB block in the middle of it, direct:
+/// the time from the call to the data.
+fn timed_first_read(
+    vol: &Volume,
+    dev: &Arc<dyn BlockDevice>,
+    extents: u64,
+) -> Result<u64, BenchError> {
+    let mut buf = AlignedBuf::new(BLOCK as usize, alignment_of(&**dev))
+        .map_err(|e| BenchError::setup("read buffer", e.to_string()))?;
+    let started = Instant::now();
+    let file = vol
+        .open_file(FILE, direct_flags())
+        .map_err(|e| BenchError::fs("iomapfs open", e))?;
+    file.pread(&mut buf, extents / 2 * 2 * BLOCK)
+        .map_err(|e| BenchError::fs("iomapfs read", e))?;
+    Ok(started.elapsed().as_nanos() as u64)
+}
+
+/// The process's resident set now (`/proc/self/statm`), 0 if unknown.
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    pages * u64::try_from(page).unwrap_or(4096)
+}
+
 fn check_extents(vol: &Volume, extents: u64) -> Result<(), BenchError> {
     let file = vol
         .open_file(FILE, direct_flags())

@@ -54,7 +54,7 @@
 
 use blockdev::{BlockDevice, WriteMode};
 
-use crate::codec::{self, Decoder, DeltaLink, Encoder, PageArea, PageTable};
+use crate::codec::{self, Decoder, DeltaLink, Encoder, PageArea, PageRef, PageTable};
 use crate::error::{Error, Result};
 use crate::extent_map::span_merge::SpanMerge;
 use crate::page_chunks::{ChunkMerge, PagedMaps};
@@ -62,7 +62,7 @@ use crate::superblock::{
     is_aligned, Region, Superblock, CHECKPOINT_SLOTS, COMPAT_SUPERSEDE_MARKS,
     INCOMPAT_DELTA_CHECKPOINTS, INCOMPAT_EXTENT_PAGES, INCOMPAT_SPILLED_CHECKPOINTS,
 };
-use crate::types::{Extent, InodeImage, MetaDelta, MetaImage};
+use crate::types::{Extent, Ino, InodeImage, MetaDelta, MetaImage};
 
 /// First 8 bytes of a valid checkpoint slot: a whole image (the base).
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"IOMAPCP1";
@@ -914,7 +914,7 @@ fn base_magics(sb: &Superblock) -> Vec<[u8; 8]> {
 /// chained to it), and whether the chain's last record is marked
 /// superseded. The image is whole: [`SlotContents::paged`] is empty.
 pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<SlotContents> {
-    let mut contents = read_slot_chunks(dev, sb, slot)?;
+    let mut contents = read_slot_chunks(dev, sb, slot, PageReading::Every)?;
     std::mem::take(&mut contents.paged)
         .fill_image(&mut contents.checkpoint.image)
         .map_err(|reason| Error::invalid("reading extent pages", reason))?;
@@ -923,7 +923,12 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<
 
 /// [`read_slot`], leaving the extents of files kept in pages as the
 /// pages' chunks ([`SlotContents::paged`]): what mount builds maps from.
-fn read_slot_chunks(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<SlotContents> {
+fn read_slot_chunks(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    reading: PageReading,
+) -> Result<SlotContents> {
     let region = slot_region(sb, slot)?;
     let bs = sb.block_size();
     let base = read_record(dev, sb, slot, 0, &base_magics(sb))?;
@@ -932,11 +937,18 @@ fn read_slot_chunks(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Resu
         let table = decode_spill_table(sb, &base.payload, payload_at)?;
         let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
         let at = table.extents.first().map_or(payload_at, |e| e.0);
-        let image = decode_base(dev, sb, &bytes, at, "spilled checkpoint image")?;
+        let image = decode_base(dev, sb, &bytes, at, "spilled checkpoint image", reading)?;
         let base_bytes = (CHECKPOINT_HEADER_LEN + bytes.len()) as u64;
         (image, table.extents, base_bytes)
     } else {
-        let image = decode_base(dev, sb, &base.payload, payload_at, "checkpoint image")?;
+        let image = decode_base(
+            dev,
+            sb,
+            &base.payload,
+            payload_at,
+            "checkpoint image",
+            reading,
+        )?;
         (
             image,
             Vec::new(),
@@ -1037,13 +1049,17 @@ fn decode_base(
     bytes: &[u8],
     at: u64,
     what: &'static str,
+    reading: PageReading,
 ) -> Result<(MetaImage, PageTable, PagedMaps)> {
     if sb.features_incompat & INCOMPAT_EXTENT_PAGES == 0 {
         let image = codec::decode_image_at(bytes, at, what)?;
         return Ok((image, Vec::new(), PagedMaps::default()));
     }
     let codec::Root { image, pages } = codec::decode_root_at(bytes, at, what, page_area(sb))?;
-    let paged = read_pages(dev, sb, &image, &pages)?;
+    let paged = match reading {
+        PageReading::Every => read_pages(dev, sb, &image, &pages)?,
+        PageReading::OnDemand => absent_pages(&image, &pages)?,
+    };
     Ok((image, pages, paged))
 }
 
@@ -1058,8 +1074,6 @@ pub fn read_pages(
     image: &MetaImage,
     pages: &PageTable,
 ) -> Result<PagedMaps> {
-    let seed = sb.crc_seed();
-    let mut buf = Vec::new();
     let mut paged = PagedMaps::default();
     let invalid = |reason: String| Error::invalid("reading extent pages", reason);
     for (ino, list) in pages {
@@ -1068,20 +1082,7 @@ pub fn read_pages(
         }
         let mut chunks: Vec<crate::page_chunks::PageChunk> = Vec::with_capacity(list.len());
         for page in list {
-            buf.resize(
-                codec::page_len(page.count as usize, sb.block_size()) as usize,
-                0,
-            );
-            dev.read_at(&mut buf, page.addr).map_err(|e| {
-                Error::device(
-                    format!(
-                        "reading inode {ino}'s extent page at device byte {}",
-                        page.addr
-                    ),
-                    e,
-                )
-            })?;
-            let got = codec::decode_page(seed, &buf, *ino, page)?;
+            let got = read_page(dev, sb, *ino, page)?;
             let before = chunks.last().and_then(|c| c.extents.last());
             codec::check_extent(&got[0], before)
                 .map_err(|reason| codec::page_lost(*ino, page, page.addr, reason))?;
@@ -1093,6 +1094,66 @@ pub fn read_pages(
         paged.push_file(*ino, chunks).map_err(invalid)?;
     }
     Ok(paged)
+}
+
+/// [`read_pages`] without reading a page: each file's chunks absent
+/// (`PageChunk::absent`), for mount to read on demand. The root's checks
+/// (counts, first keys strictly increasing, pages in the data area) are
+/// all a reference allows before its page is read.
+fn absent_pages(image: &MetaImage, pages: &PageTable) -> Result<PagedMaps> {
+    let mut paged = PagedMaps::default();
+    let invalid = |reason: String| Error::invalid("reading extent pages", reason);
+    for (ino, list) in pages {
+        if image.inodes.binary_search_by_key(ino, |i| i.ino).is_err() {
+            return Err(invalid(format!("inode {ino} is not in the image")));
+        }
+        let chunks = list
+            .iter()
+            .map(|&page| crate::page_chunks::PageChunk::absent(page))
+            .collect();
+        paged.push_file(*ino, chunks).map_err(invalid)?;
+    }
+    Ok(paged)
+}
+
+/// Reads and verifies inode `ino`'s extent page `page`: what
+/// `codec::decode_page` checks, and each extent aligned to the block size
+/// (as a map's extents must be). A damaged page is `Error::Corrupt` naming
+/// the inode, the page's keys and its device byte; a failed read is
+/// `Error::Device`.
+pub fn read_page(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    ino: Ino,
+    page: &PageRef,
+) -> Result<Vec<Extent>> {
+    let bs = sb.block_size();
+    let mut buf = vec![0u8; codec::page_len(page.count as usize, bs) as usize];
+    dev.read_at(&mut buf, page.addr).map_err(|e| {
+        Error::device(
+            format!(
+                "reading inode {ino}'s extent page at device byte {}",
+                page.addr
+            ),
+            e,
+        )
+    })?;
+    let got = codec::decode_page(sb.crc_seed(), &buf, ino, page)?;
+    if let Some(e) = got
+        .iter()
+        .find(|e| !(e.file_off % bs == 0 && e.len % bs == 0 && e.addr % bs == 0))
+    {
+        return Err(codec::page_lost(
+            ino,
+            page,
+            page.addr,
+            format!(
+                "its extent at file offset {} is not aligned to the block size {bs}",
+                e.file_off
+            ),
+        ));
+    }
+    Ok(got)
 }
 
 /// Writes `pages` (`(device byte, bytes)`, each from `codec::encode_page`,
@@ -1153,6 +1214,25 @@ fn read_linked_delta(
             ),
         ));
     }
+    // The chunks the delta's spans reach, read now (the rest stay absent):
+    // a delta that links but does not apply is found here, at mount.
+    paged
+        .load_reached(&delta, |ino, page| read_page(dev, sb, ino, page))
+        .map_err(|e| match e {
+            Error::Corrupt { offset, reason, .. } => {
+                *unapplied = true;
+                Error::corrupt(
+                    WHAT,
+                    offset,
+                    format!(
+                        "slot {slot}: the delta of generation {} reaches a page that does not \
+                         load: {reason}",
+                        raw.header.generation
+                    ),
+                )
+            }
+            other => other,
+        })?;
     apply_delta_over_pages(image, paged, &delta).map_err(|reason| {
         *unapplied = true;
         Error::corrupt(
@@ -1365,6 +1445,28 @@ pub struct NewestCheckpoint {
 /// extents of files kept in extent pages are in [`NewestCheckpoint::paged`],
 /// not in the image.
 pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<NewestCheckpoint> {
+    read_checkpoints_reading(dev, sb, PageReading::Every)
+}
+
+/// How a paged base's pages are read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageReading {
+    /// Every page read and verified (fsck, and callers wanting an image).
+    Every,
+    /// None read: each paged file's chunks left absent
+    /// ([`crate::page_chunks::PageChunk::absent`]) except those the
+    /// chain's deltas reach. The root verified, so its pages were durable
+    /// (the flush between them); a page that does not verify later is
+    /// damage, found by whoever needs it (mount).
+    OnDemand,
+}
+
+/// [`read_checkpoints`], reading the newest base's pages as `reading` says.
+pub fn read_checkpoints_reading(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    reading: PageReading,
+) -> Result<NewestCheckpoint> {
     let mut best: Option<(usize, SlotContents)> = None;
     let mut reasons: Vec<Option<String>> = vec![None; CHECKPOINT_SLOTS];
     let mut spills: [Vec<SpillExtent>; CHECKPOINT_SLOTS] = Default::default();
@@ -1406,7 +1508,7 @@ pub fn read_checkpoints(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Newest
             }
             continue;
         }
-        match read_slot_chunks(dev, sb, slot) {
+        match read_slot_chunks(dev, sb, slot, reading) {
             Ok(mut c) => {
                 spills[slot].clone_from(&c.spill);
                 pages[slot] = std::mem::take(&mut c.pages);

@@ -66,6 +66,7 @@ impl Meta {
     /// no extent and no reservation covers yet; all or nothing.
     pub(crate) fn reserve_delalloc(&mut self, ino: Ino, start: u64, end: u64) -> Result<()> {
         let inode = self.state.inode(ino).ok_or(Error::Stale { ino })?;
+        inode.extents.load_for_change(start, end)?;
         let mut new = Vec::new();
         for (hole, len) in inode.extents.holes_in(start, end - start) {
             let mut cur = hole;

@@ -22,9 +22,11 @@ mod chunks;
 pub mod search;
 pub mod span_merge;
 
+use std::sync::Arc;
+
 use crate::codec::PageRef;
 use crate::types::{Extent, ExtentState, KeySpan};
-pub use chunks::ChunkPage;
+pub use chunks::{ChunkPage, LoadPurpose, PageLoader, PageSource};
 use chunks::{Chunks, CHUNK_MAX};
 
 /// What is at one file offset.
@@ -102,12 +104,55 @@ impl ExtentMap {
         block_size: u32,
         pages: impl IntoIterator<Item = (Vec<Extent>, Option<PageRef>)>,
     ) -> Result<Self, String> {
+        Self::from_pages_lazy(block_size, pages, None)
+    }
+
+    /// [`ExtentMap::from_pages`], where a page given without extents
+    /// (`(vec![], Some(page))`) becomes an *absent* chunk, read from
+    /// `source` when an entry point first needs it ([`ExtentMap::load_keys`],
+    /// [`ExtentMap::load_for_change`], [`ExtentMap::load_all`]): what mount
+    /// builds a paged file's map with, reading none of its pages. What the
+    /// reference alone tells is checked here (count, first keys in order);
+    /// the extents when the page is read.
+    pub fn from_pages_lazy(
+        block_size: u32,
+        pages: impl IntoIterator<Item = (Vec<Extent>, Option<PageRef>)>,
+        source: Option<Arc<PageSource>>,
+    ) -> Result<Self, String> {
         if block_size == 0 {
             return Err("extent map: block size is 0".to_string());
         }
         let mut m = ExtentMap::new(block_size);
         let (mut i, mut prev_end) = (0, 0);
-        for (p, (extents, page)) in pages.into_iter().enumerate() {
+        let mut pages = pages.into_iter().enumerate().peekable();
+        while let Some((p, (extents, page))) = pages.next() {
+            if let (true, Some(page), Some(source)) = (extents.is_empty(), page, &source) {
+                let n = page.count as usize;
+                if n == 0 || n > CHUNK_MAX {
+                    return Err(format!("page #{p} holds {n} extents, not 1..={CHUNK_MAX}"));
+                }
+                if (i > 0 && page.first_key < prev_end) || !m.aligned(page.first_key) {
+                    return Err(format!(
+                        "page #{p} from file offset {} overlaps the extents before it or is \
+                         not aligned",
+                        page.first_key
+                    ));
+                }
+                let limit = match pages.peek() {
+                    Some((_, (next, next_page))) => next
+                        .first()
+                        .map(|e| e.file_off)
+                        .or(next_page.map(|np| np.first_key))
+                        .unwrap_or(u64::MAX),
+                    None => u64::MAX,
+                };
+                // The page's extents start at its first key: the next
+                // chunk must start past it.
+                (i, prev_end) = (i + n, page.first_key + 1);
+                m.allocated += page.allocated;
+                m.map.push_absent(page, source.clone(), limit);
+                continue;
+            }
             if extents.is_empty() || (page.is_some() && extents.len() > CHUNK_MAX) {
                 return Err(format!(
                     "page #{p} holds {} extents, not 1..={CHUNK_MAX}",
@@ -128,6 +173,54 @@ impl ExtentMap {
             }
         }
         Ok(m)
+    }
+
+    /// Loads the absent chunks owning a key in `[off, end)`: what a
+    /// lookup of any offset in it reads (a hole's end is the next chunk's
+    /// first key, known without loading). Returns how many pages it read.
+    /// The map's other methods then answer in that range without I/O.
+    pub fn load_keys(&self, off: u64, end: u64) -> crate::error::Result<usize> {
+        let (Some(a), Some(b)) = (self.map.owner(off), self.map.owner(end.max(off + 1) - 1)) else {
+            return Ok(0);
+        };
+        self.map.load_chunks(a..=b)
+    }
+
+    /// Loads the absent chunks a change of `[off, end)` may read or
+    /// change: those owning a key in it, the one holding the extent before
+    /// it and the one after it (a change merges with both neighbours).
+    /// Every mutator's range must be loaded so first (the journal record's
+    /// range: `MetaState::load_for_record`); a change that reaches an
+    /// absent chunk anyway loads it outside any fallible path (see
+    /// [`PageLoader::note_unplanned`]).
+    pub fn load_for_change(&self, off: u64, end: u64) -> crate::error::Result<usize> {
+        let (Some(a), Some(b)) = (self.map.owner(off.saturating_sub(1)), self.map.owner(end))
+        else {
+            return Ok(0);
+        };
+        self.map.load_chunks(a..=b.saturating_add(1))
+    }
+
+    /// Loads every absent chunk (a change or a pass over the whole file).
+    pub fn load_all(&self) -> crate::error::Result<usize> {
+        self.map.load_chunks(0..=usize::MAX)
+    }
+
+    /// Chunks whose extents are in memory (the rest are absent).
+    pub fn loaded_chunks(&self) -> usize {
+        self.map.loaded_chunks()
+    }
+
+    /// Passes every extent to `f` in order without keeping an absent
+    /// chunk's extents: each such page is read, passed and dropped.
+    /// A page that fails to load goes to `lost` (its extents skipped),
+    /// which may stop the pass by returning the error.
+    pub fn for_each_unkept(
+        &self,
+        f: impl FnMut(&Extent),
+        lost: impl FnMut(crate::Error) -> crate::error::Result<()>,
+    ) -> crate::error::Result<()> {
+        self.map.for_each_unkept(f, lost)
     }
 
     /// Checks `e`, extent #`i` of a map being read in order, against the
@@ -214,7 +307,7 @@ impl ExtentMap {
             None => self.map.first_after(pos),
         };
         Lookup::Hole {
-            end: next.map(|p| self.map.get(p).file_off),
+            end: next.map(|p| self.map.key(p)),
         }
     }
 
@@ -709,6 +802,164 @@ mod tests {
             ]
         );
         assert_eq!(m.len(), 2 * too_many.len() + 1);
+    }
+
+    // ---- absent chunks ----------------------------------------------------
+
+    use chunks::testing::PageStore;
+    use std::sync::atomic::Ordering;
+
+    #[derive(Clone, Debug)]
+    enum LazyOp {
+        Change(Op),
+        Lookup(u64),
+        Unload,
+    }
+
+    /// Many short extents over a file of 160 blocks: chunks of 8 (in
+    /// tests) with many neighbours, so that changes meet chunk ends.
+    fn lazy_op() -> impl Strategy<Value = LazyOp> {
+        const BLOCKS: u64 = 160;
+        let change = prop_oneof![
+            8 => (0..BLOCKS, 1..3u64, prop::option::of(0..400u64), any::<bool>()).prop_map(
+                |(blk, nblk, addr_blk, written)| Op::Insert { blk, nblk, addr_blk, written }
+            ),
+            3 => (0..BLOCKS, 0..6u64).prop_map(|(blk, nblk)| Op::Remove { blk, nblk }),
+            3 => (0..BLOCKS, 0..12u64).prop_map(|(blk, nblk)| Op::Convert { blk, nblk }),
+            1 => (BLOCKS / 2..BLOCKS + 2).prop_map(|blk| Op::Truncate { blk }),
+        ];
+        prop_oneof![
+            8 => change.prop_map(LazyOp::Change),
+            4 => (0..(BLOCKS + 8) * BS).prop_map(LazyOp::Lookup),
+            1 => Just(LazyOp::Unload),
+        ]
+    }
+
+    /// The same change on a map whose chunks are all loaded and on one
+    /// whose chunks are absent until an entry point loads them: the entry
+    /// points load exactly what the map operations then read (no chunk is
+    /// loaded outside them), and the two maps answer alike.
+    fn apply_both(
+        full: &mut ExtentMap,
+        lazy: &mut ExtentMap,
+        op: &Op,
+    ) -> Result<(), TestCaseError> {
+        match *op {
+            Op::Insert {
+                blk,
+                nblk,
+                addr_blk,
+                written,
+            } => {
+                let e = ext(
+                    blk,
+                    nblk,
+                    addr_blk.unwrap_or(1000 + blk),
+                    if written { W } else { U },
+                );
+                lazy.load_for_change(e.file_off, e.file_end()).unwrap();
+                prop_assert_eq!(full.insert(e).is_ok(), lazy.insert(e).is_ok());
+            }
+            Op::Remove { blk, nblk } => {
+                lazy.load_for_change(blk * BS, (blk + nblk) * BS).unwrap();
+                prop_assert_eq!(
+                    full.remove_range(blk * BS, nblk * BS),
+                    lazy.remove_range(blk * BS, nblk * BS)
+                );
+            }
+            Op::Convert { blk, nblk } => {
+                lazy.load_for_change(blk * BS, (blk + nblk) * BS).unwrap();
+                prop_assert_eq!(
+                    full.convert_written(blk * BS, nblk * BS),
+                    lazy.convert_written(blk * BS, nblk * BS)
+                );
+            }
+            Op::Truncate { blk } => {
+                lazy.load_for_change(blk * BS, u64::MAX).unwrap();
+                prop_assert_eq!(
+                    full.truncate_blocks_from(blk * BS),
+                    lazy.truncate_blocks_from(blk * BS)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn absent_chunks_answer_as_a_loaded_map(
+            ops in prop::collection::vec(lazy_op(), 1..200)
+        ) {
+            let store = std::sync::Arc::new(PageStore::default());
+            let mut full = ExtentMap::new(BS as u32);
+            let mut lazy = ExtentMap::new(BS as u32);
+            for op in &ops {
+                match op {
+                    LazyOp::Change(op) => apply_both(&mut full, &mut lazy, op)?,
+                    LazyOp::Lookup(pos) => {
+                        let before = store.loads.load(Ordering::Relaxed);
+                        let read = lazy.load_keys(*pos, pos + 1).unwrap();
+                        prop_assert!(read <= 1, "a lookup read {} pages", read);
+                        prop_assert_eq!(store.loads.load(Ordering::Relaxed) - before, read);
+                        prop_assert_eq!(lazy.lookup(*pos), full.lookup(*pos));
+                    }
+                    LazyOp::Unload => {
+                        lazy.map.write_and_unload(&store);
+                        prop_assert_eq!(lazy.loaded_chunks(), 0);
+                    }
+                }
+                prop_assert_eq!(store.unplanned.load(Ordering::Relaxed), 0, "after {:?}", op);
+                lazy.map.check().map_err(TestCaseError::fail)?;
+                prop_assert_eq!(lazy.len(), full.len());
+                prop_assert_eq!(lazy.allocated_bytes(), full.allocated_bytes());
+            }
+            // Whole: every chunk loads to what was written.
+            let mut seen = Vec::new();
+            lazy.for_each_unkept(|e| seen.push(*e), Err).unwrap();
+            prop_assert!(seen.iter().eq(full.iter()));
+            lazy.load_all().unwrap();
+            prop_assert_eq!(store.unplanned.load(Ordering::Relaxed), 0);
+            lazy.check().map_err(TestCaseError::fail)?;
+            prop_assert!(lazy.iter().eq(full.iter()));
+        }
+    }
+
+    /// A chunk whose page fails to load: the entry point fails with the
+    /// loader's error, the chunk stays absent (a later access tries
+    /// again), and the other chunks answer.
+    #[test]
+    fn a_page_that_fails_to_load_fails_the_entry_point_only() {
+        let store = std::sync::Arc::new(PageStore::default());
+        let mut m = ExtentMap::new(BS as u32);
+        for b in 0..40 {
+            m.insert(ext(2 * b, 1, 7 * b + 3, W)).unwrap();
+        }
+        let want = m.clone();
+        m.map.write_and_unload(&store);
+        let chunks = m.chunk_count();
+        assert!(chunks > 3);
+        let second = m.chunk_pages().nth(1).unwrap().page().unwrap();
+        store.damaged.lock().unwrap().push(second.addr);
+        let err = m
+            .load_keys(second.first_key, second.first_key + 1)
+            .unwrap_err();
+        assert!(matches!(err, crate::Error::Corrupt { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .contains(&format!("from file offset {}", second.first_key)),
+            "{err}"
+        );
+        assert_eq!(m.loaded_chunks(), 0, "the damaged chunk stays absent");
+        assert_eq!(m.load_keys(0, 1).unwrap(), 1);
+        assert_eq!(m.lookup(0), want.lookup(0));
+        store.damaged.lock().unwrap().clear();
+        assert_eq!(
+            m.load_keys(second.first_key, second.first_key + 1).unwrap(),
+            1,
+            "retried"
+        );
+        assert_eq!(m.lookup(second.first_key), want.lookup(second.first_key));
+        assert_eq!(store.unplanned.load(Ordering::Relaxed), 0);
     }
 
     // ---- model test -------------------------------------------------------

@@ -483,6 +483,9 @@ impl File {
             .ok_or(Error::Stale {
                 ino: self.handle.inode.ino,
             })?;
+        // The whole map: every absent chunk read (a damaged page fails
+        // the call).
+        inode.extents.load_all()?;
         let mut out = Vec::new();
         let mut cursor = 0u64;
         for ext in inode.extents.iter() {

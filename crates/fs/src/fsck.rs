@@ -61,7 +61,7 @@ impl FsckReport {
 /// overlapping extents, a journal record that does not apply, device error);
 /// every other inconsistency is a line in the report.
 pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
-    let loaded = load(&*device, Strictness::Fsck)?;
+    let loaded = load(&device, Strictness::Fsck)?;
     let mut report = FsckReport {
         data_bytes: loaded.sb.layout.data.len,
         journal_records: loaded.replay_end.records,

@@ -48,6 +48,8 @@ pub(crate) fn allocate_holes(
     end: u64,
 ) -> Result<bool> {
     let inode = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
+    // What the holes' search, the hints and the records read and change.
+    inode.extents.load_for_change(start, end)?;
     let holes = inode.extents.holes_in(start, end - start);
     if holes.is_empty() {
         return Ok(false);
@@ -198,6 +200,12 @@ impl IomapOps for VolumeInner {
         };
         let dirty_inode = meta.is_dirty(ino);
         let state = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
+        // The lookup at `pos` reads the one chunk owning it (a hole's end
+        // is the next chunk's first key, known without reading); an
+        // overwrite's check reads the whole range. Loaded under the shared
+        // lock, through the chunk's shared cell.
+        let keys_end = if writing && overwrite_only { len } else { 1 };
+        state.extents.load_keys(pos, pos.saturating_add(keys_end))?;
         let size = state.size;
         // How far an overwrite may map: EOF, or the end of EOF's device
         // block for a read-modify-write's padding (which is not data: the
@@ -263,6 +271,8 @@ impl IomapOps for VolumeInner {
         if pos.checked_add(len)? > state.size {
             return None;
         }
+        // A chunk that does not load: the generic path reports it.
+        state.extents.load_keys(pos, pos + len).ok()?;
         match state.extents.lookup(pos) {
             Lookup::Extent(e) if e.state == ExtentState::Written && pos + len <= e.file_end() => {
                 Some(e.addr + (pos - e.file_off))

@@ -24,6 +24,7 @@ mod mount;
 mod mount_state;
 mod namespace;
 pub mod page_chunks;
+pub mod page_loader;
 pub mod signature;
 pub mod state;
 pub mod superblock;

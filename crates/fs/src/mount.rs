@@ -11,6 +11,7 @@ use crate::checkpoint::{self, Checkpoint};
 use crate::journal::{self, JournalWriter};
 use crate::limits::COMMIT_THRESHOLD_DIVISOR;
 use crate::mount_state::{now, CommitState, Meta, VolumeInner};
+use crate::page_loader::DevicePages;
 use crate::state::MetaState;
 use crate::superblock::{self, Layout, Superblock};
 use crate::types::{Ino, Record};
@@ -99,7 +100,7 @@ pub(crate) fn mount(
     device: Arc<dyn BlockDevice>,
     cache: iomap::FolioCache,
 ) -> Result<Arc<VolumeInner>> {
-    let loaded = load(&*device, Strictness::Mount)?;
+    let loaded = load(&device, Strictness::Mount)?;
     let Loaded {
         sb,
         slot,
@@ -116,6 +117,7 @@ pub(crate) fn mount(
         clean_mark_names_newest: _,
         spills,
         pages,
+        page_loader,
     } = loaded;
     for (seq, addr, len) in replay_freed {
         alloc
@@ -159,6 +161,12 @@ pub(crate) fn mount(
     };
     let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
     inner.mount_warnings = from_backup.iter().map(|b| b.to_string()).collect();
+    if let Some(loader) = &page_loader {
+        // Pages found damaged while free space was rebuilt: their files
+        // mount, the chunks give EIO when read.
+        inner.mount_warnings.extend(loader.stats().damaged);
+    }
+    inner.page_loader = page_loader;
     inner.mounted_from_backup = from_backup.is_some();
     if deltas {
         *inner.checkpointing.get_mut() = Some(chain_state);
@@ -220,11 +228,16 @@ pub(crate) struct Loaded {
     pub spills: [Vec<checkpoint::SpillExtent>; superblock::CHECKPOINT_SLOTS],
     /// Per slot, the extent pages its base lists (in use likewise).
     pub pages: [crate::codec::PageTable; superblock::CHECKPOINT_SLOTS],
+    /// Reads the pages of the chunks mount left absent (mount only: fsck
+    /// reads every page).
+    pub page_loader: Option<Arc<DevicePages>>,
 }
 
 /// Reads the superblock and newest checkpoint, replays the journal and
 /// rebuilds free space. Shared by mount and fsck.
-pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<Loaded> {
+pub(crate) fn load(device: &Arc<dyn BlockDevice>, strictness: Strictness) -> Result<Loaded> {
+    let dev_arc = device;
+    let device: &dyn BlockDevice = &**device;
     let backup_use = match strictness {
         Strictness::Mount => superblock::BackupUse::IfDamaged,
         Strictness::Fsck => superblock::BackupUse::Always,
@@ -236,7 +249,15 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
     if strictness == Strictness::Mount {
         sb.check_writable()?;
     }
-    let newest = checkpoint::read_checkpoints(device, &sb)?;
+    // Mount reads no page of the newest base (only those its chain's
+    // deltas reach); fsck reads and checks every one.
+    let reading = match strictness {
+        Strictness::Mount => checkpoint::PageReading::OnDemand,
+        Strictness::Fsck => checkpoint::PageReading::Every,
+    };
+    let newest = checkpoint::read_checkpoints_reading(device, &sb, reading)?;
+    let page_loader = (reading == checkpoint::PageReading::OnDemand)
+        .then(|| Arc::new(DevicePages::new(dev_arc.clone(), sb.clone())));
     let mut damage = Vec::new();
     if let Some(lost) = &newest.lost {
         if strictness == Strictness::Mount {
@@ -256,8 +277,15 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
     );
     let slot_start = sb.layout.checkpoint_slots[slot].start;
     let block_size = sb.layout.block_size;
-    let mut state = MetaState::from_image_and_pages(&ckpt.image, newest.paged, block_size)
-        .map_err(|reason| Error::corrupt("checkpoint image", slot_start, reason))?;
+    let mut state = MetaState::from_image_and_pages(
+        &ckpt.image,
+        newest.paged,
+        block_size,
+        page_loader
+            .clone()
+            .map(|l| l as Arc<dyn crate::extent_map::PageLoader>),
+    )
+    .map_err(|reason| Error::corrupt("checkpoint image", slot_start, reason))?;
     if strictness == Strictness::Mount {
         state
             .check_links_and_kinds()
@@ -284,6 +312,9 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         ckpt.journal_chain,
         later,
         &mut |seq, record| {
+            // The chunks the record changes, read first (a damaged one
+            // fails the mount, naming the page: the record cannot apply).
+            state.load_for_record(&record)?;
             state.apply(&record, &mut freed).map_err(|reason| {
                 Error::corrupt(
                     "journal record",
@@ -312,6 +343,7 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         clean_mark_names_newest,
         spills,
         pages,
+        page_loader,
     })
 }
 
@@ -337,10 +369,66 @@ pub(crate) fn used_pages(
     used.into_iter().collect()
 }
 
-/// Free space = the data area minus every extent and the spill extents and
-/// extent pages (`pages`, from [`used_pages`]) of both slots' checkpoints
-/// (the older is the fallback while the newer is not durable). An extent
-/// outside the data area or overlapping another is corruption.
+/// What uses a device range (see [`for_each_used_range`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UsedBy {
+    /// The extent of inode `ino` at `file_off`.
+    Extent { ino: Ino, file_off: u64 },
+    /// A spill extent of the checkpoint in `slot`.
+    Spill { slot: usize },
+    /// An extent page either slot's base lists.
+    Page,
+}
+
+/// Passes every device range durable metadata uses to `f` (inodes in
+/// order, extents in file order, then both slots' spill extents, then
+/// `pages` from [`used_pages`]). The extents of an absent chunk come from
+/// its page, read, passed and dropped: the chunk stays absent, so a pass
+/// at mount leaves no map in memory. A page that does not verify is passed
+/// to `lost`, which decides (`Err` stops the pass); a device error stops it.
+pub(crate) fn for_each_used_range(
+    state: &MetaState,
+    spills: &[Vec<checkpoint::SpillExtent>],
+    pages: &[(u64, u64)],
+    mut f: impl FnMut(UsedBy, u64, u64),
+    mut lost: impl FnMut(Error) -> Result<()>,
+) -> Result<()> {
+    let mut inos: Vec<&Ino> = state.inodes.keys().collect();
+    inos.sort_unstable();
+    for ino in inos {
+        state.inodes[ino].extents.for_each_unkept(
+            |e| {
+                f(
+                    UsedBy::Extent {
+                        ino: *ino,
+                        file_off: e.file_off,
+                    },
+                    e.addr,
+                    e.len,
+                )
+            },
+            &mut lost,
+        )?;
+    }
+    for (slot, spill) in spills.iter().enumerate() {
+        for &(addr, len) in spill {
+            f(UsedBy::Spill { slot }, addr, len);
+        }
+    }
+    for &(addr, len) in pages {
+        f(UsedBy::Page, addr, len);
+    }
+    Ok(())
+}
+
+/// Free space = the data area minus every range [`for_each_used_range`]
+/// gives: every extent, and the spill extents and extent pages (`pages`,
+/// from [`used_pages`]) of both slots' checkpoints (the older is the
+/// fallback while the newer is not durable). An extent outside the data
+/// area or overlapping another is corruption. A page that does not verify
+/// is left out (listed by the loader as damage: its chunk gives EIO when
+/// read, and the blocks its extents map count as free, since nothing can
+/// reach them); fsck refuses it earlier, reading every page.
 pub(crate) fn build_allocator(
     sb: &Superblock,
     state: &MetaState,
@@ -348,48 +436,54 @@ pub(crate) fn build_allocator(
     pages: &[(u64, u64)],
 ) -> Result<Allocator> {
     let data = &sb.layout.data;
-    let mut inos: Vec<&Ino> = state.inodes.keys().collect();
-    inos.sort_unstable();
-    let owners: Vec<(Ino, &crate::types::Extent)> = inos
-        .into_iter()
-        .flat_map(|ino| state.inodes[ino].extents.iter().map(move |e| (*ino, e)))
-        .collect();
-    let spilled: Vec<(usize, checkpoint::SpillExtent)> = spills
-        .iter()
-        .enumerate()
-        .flat_map(|(slot, s)| s.iter().map(move |&e| (slot, e)))
-        .collect();
-    let used: Vec<(u64, u64)> = owners
-        .iter()
-        .map(|(_, e)| (e.addr, e.len))
-        .chain(spilled.iter().map(|&(_, e)| e))
-        .chain(pages.iter().copied())
-        .collect();
+    let skip_damaged = |e: Error| match e {
+        Error::Corrupt { .. } => Ok(()),
+        other => Err(other),
+    };
+    let mut used: Vec<(u64, u64)> = Vec::new();
+    for_each_used_range(
+        state,
+        spills,
+        pages,
+        |_, addr, len| used.push((addr, len)),
+        skip_damaged,
+    )?;
     Allocator::with_used(data.start, data.len, sb.layout.block_size, &used).map_err(
-        |(i, reason)| match owners.get(i) {
-            Some(&(ino, ext)) => Error::corrupt(
-                "extent map",
-                ext.addr,
-                format!(
-                    "inode {ino} extent at file offset {}: {reason}",
-                    ext.file_off
+        |(i, reason)| {
+            drop(std::mem::take(&mut used));
+            // Who owns range #i: the same pass again (a rare path, so
+            // the common one keeps no owner per range).
+            let mut n = 0;
+            let mut owner = None;
+            let _ = for_each_used_range(
+                state,
+                spills,
+                pages,
+                |by, addr, _| {
+                    if n == i {
+                        owner = Some((by, addr));
+                    }
+                    n += 1;
+                },
+                skip_damaged,
+            );
+            match owner {
+                Some((UsedBy::Extent { ino, file_off }, addr)) => Error::corrupt(
+                    "extent map",
+                    addr,
+                    format!("inode {ino} extent at file offset {file_off}: {reason}"),
                 ),
-            ),
-            None if i < owners.len() + spilled.len() => {
-                let (slot, (addr, _)) = spilled[i - owners.len()];
-                Error::corrupt(
+                Some((UsedBy::Spill { slot }, addr)) => Error::corrupt(
                     "spill table",
                     addr,
                     format!("checkpoint slot {slot}'s spill extent: {reason}"),
-                )
-            }
-            None => {
-                let (addr, _) = pages[i - owners.len() - spilled.len()];
-                Error::corrupt(
+                ),
+                Some((UsedBy::Page, addr)) => Error::corrupt(
                     "extent page",
                     addr,
                     format!("a checkpoint's extent page: {reason}"),
-                )
+                ),
+                None => Error::corrupt("free space", data.start, reason),
             }
         },
     )

@@ -179,6 +179,9 @@ pub struct VolumeInner {
     /// Damage mount worked around, for the caller to show (e.g. the primary
     /// superblock was unusable and the backup was read).
     pub(crate) mount_warnings: Vec<String>,
+    /// Reads the extent pages of chunks mount left absent (`None`: a
+    /// volume without extent pages, or nothing left absent).
+    pub(crate) page_loader: Option<Arc<crate::page_loader::DevicePages>>,
     /// Block 0 was unusable and the backup superblock was read: block 0 is
     /// left as it is (for `fsck --repair`), so no clean-unmount mark goes
     /// there.
@@ -213,6 +216,7 @@ impl VolumeInner {
             is_shut_down: AtomicBool::new(false),
             commit_threshold,
             mount_warnings: Vec::new(),
+            page_loader: None,
             mounted_from_backup: false,
             flush_coalescer: Arc::new(FlushCoalescer::new()),
             device_slots,
@@ -329,6 +333,9 @@ impl Meta {
     /// Applies `record` to memory and queues it for the journal. Space it
     /// releases stays busy until a checkpoint holding the record is durable.
     pub fn log(&mut self, record: Record) -> Result<u64> {
+        // Absent chunks the record changes, read before anything changes:
+        // a damaged page fails this operation only (EIO), not the volume.
+        self.state.load_for_record(&record)?;
         let mut freed = Vec::new();
         self.state
             .apply(&record, &mut freed)

@@ -23,7 +23,10 @@ use crate::extent_map::span_merge::SpanMerge;
 use crate::types::{Extent, Ino, KeySpan, MetaImage};
 
 /// Extents in key order (non-empty), and the page that holds exactly them
-/// (`None`: a delta changed them since the page was written).
+/// (`None`: a delta changed them since the page was written). *Absent*
+/// ([`PageChunk::absent`]): no extents yet and a page, which holds them
+/// (mount reads pages on demand; only the chunks a delta reaches are
+/// read while it applies the chain).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PageChunk {
     pub extents: Vec<Extent>,
@@ -31,9 +34,48 @@ pub struct PageChunk {
 }
 
 impl PageChunk {
-    fn first_key(&self) -> u64 {
-        self.extents[0].file_off
+    /// A chunk whose extents are still in `page` only.
+    pub fn absent(page: PageRef) -> Self {
+        PageChunk {
+            extents: Vec::new(),
+            page: Some(page),
+        }
     }
+
+    pub fn is_absent(&self) -> bool {
+        self.extents.is_empty()
+    }
+
+    fn first_key(&self) -> u64 {
+        match (self.extents.first(), self.page) {
+            (Some(e), _) => e.file_off,
+            (None, Some(p)) => p.first_key,
+            (None, None) => 0,
+        }
+    }
+
+    /// Extents it holds, without reading an absent one.
+    fn len(&self) -> usize {
+        match (self.extents.len(), self.page) {
+            (0, Some(p)) => p.count as usize,
+            (n, _) => n,
+        }
+    }
+}
+
+/// The chunk indices of `chunks` the spans reach: chunk `j` owns the keys
+/// from its first key up to the next chunk's (chunk 0 from key 0).
+fn reached(chunks: &[PageChunk], spans: &[KeySpan]) -> Vec<Range<usize>> {
+    let owner = |key: u64| {
+        chunks
+            .partition_point(|c| c.first_key() <= key)
+            .saturating_sub(1)
+    };
+    spans
+        .iter()
+        .filter(|(s, e)| s < e)
+        .map(|&(start, end)| owner(start)..(owner(end - 1) + 1).min(chunks.len()))
+        .collect()
 }
 
 /// Per file a checkpoint's base keeps in pages, sorted by inode number:
@@ -72,6 +114,32 @@ impl PagedMaps {
     /// `ino`'s chunks, if its extents are kept here.
     pub fn get(&self, ino: Ino) -> Option<&[PageChunk]> {
         self.position(ino).map(|i| &self.files[i].1[..])
+    }
+
+    /// Reads the absent chunks the spans of `delta` reach (with `read`),
+    /// so that [`plan_merge`] can lay the delta over them; the others
+    /// stay absent. Returns how many it read.
+    pub fn load_reached(
+        &mut self,
+        delta: &crate::types::MetaDelta,
+        mut read: impl FnMut(Ino, &PageRef) -> crate::error::Result<Vec<Extent>>,
+    ) -> crate::error::Result<usize> {
+        let mut loaded = 0;
+        for c in &delta.changed {
+            let Some(i) = self.position(c.inode.ino) else {
+                continue;
+            };
+            let (ino, chunks) = &mut self.files[i];
+            for run in reached(chunks, &c.spans) {
+                for chunk in &mut chunks[run] {
+                    if let (true, Some(page)) = (chunk.is_absent(), chunk.page) {
+                        chunk.extents = read(*ino, &page)?;
+                        loaded += 1;
+                    }
+                }
+            }
+        }
+        Ok(loaded)
     }
 
     /// Forgets the files of `removed` (sorted; a delta removed them), in
@@ -125,6 +193,9 @@ impl PagedMaps {
             let Ok(i) = image.inodes.binary_search_by_key(&ino, |i| i.ino) else {
                 return Err(format!("inode {ino} has pages and is not in the image"));
             };
+            if chunks.iter().any(PageChunk::is_absent) {
+                return Err(format!("inode {ino}'s pages were not read"));
+            }
             let extents = &mut image.inodes[i].extents;
             extents.reserve(chunks.iter().map(|c| c.extents.len()).sum());
             for c in chunks {
@@ -177,7 +248,7 @@ pub fn plan_merge(
         let high = chunks.get(run.end).map_or(u64::MAX, PageChunk::first_key);
         (low, high)
     };
-    let mut merged_len: usize = chunks.iter().map(|c| c.extents.len()).sum();
+    let mut merged_len: usize = chunks.iter().map(PageChunk::len).sum();
     let mut planned = Vec::with_capacity(runs.len());
     let mut added = 0;
     let mut clipped = Vec::new();
@@ -196,6 +267,11 @@ pub fn plan_merge(
                 .map(|&(s, e)| (s.max(low), e.min(high))),
         );
         let kept = &chunks[run.clone()];
+        if kept.iter().any(PageChunk::is_absent) {
+            return Err(format!(
+                "a span reaches chunks {run:?}, not read first (PagedMaps::load_reached)"
+            ));
+        }
         // Room for what the merge adds: growing a run of a large file in
         // place would copy all of it again.
         let room = kept.iter().map(|c| c.extents.len()).sum::<usize>() + (new_end - new_start);
@@ -211,7 +287,18 @@ pub fn plan_merge(
         // run is at least its first chunk's first key, where the kept
         // chunk before it ends (the map was sorted and disjoint).
         if let (Some(last), Some(after)) = (extents.last(), chunks.get(run.end)) {
-            codec::check_extent(&after.extents[0], Some(last))?;
+            match after.extents.first() {
+                Some(first) => codec::check_extent(first, Some(last))?,
+                // Its extents start at its first key (checked when read).
+                None if after.first_key() < last.file_end() => {
+                    return Err(format!(
+                        "extent at file offset {} overlaps the page from file offset {}",
+                        last.file_off,
+                        after.first_key()
+                    ))
+                }
+                None => {}
+            }
         }
         merged_len = merged_len - old_len + merged;
         added = new_end;

@@ -188,17 +188,22 @@ impl MetaState {
 
     /// Loads a checkpoint image, validating what the image alone can tell.
     pub fn from_image(image: &MetaImage, block_size: u32) -> Result<MetaState, ApplyError> {
-        MetaState::from_image_and_pages(image, PagedMaps::default(), block_size)
+        MetaState::from_image_and_pages(image, PagedMaps::default(), block_size, None)
     }
 
     /// [`MetaState::from_image`] of an image whose files kept in extent
     /// pages have their extents in `paged`: each such map is built from
     /// its chunks as they are, one chunk per page, each naming its page
     /// (so the next base writes only the chunks that change from here on).
+    ///
+    /// An absent chunk (`PageChunk::absent`) stays absent in its map, read
+    /// through `loader` when an entry point first needs it; `loader` must
+    /// be given if `paged` has any.
     pub fn from_image_and_pages(
         image: &MetaImage,
         paged: PagedMaps,
         block_size: u32,
+        loader: Option<Arc<dyn crate::extent_map::PageLoader>>,
     ) -> Result<MetaState, ApplyError> {
         let mut inodes = InodeTable::default();
         let mut paged = paged.into_files().peekable();
@@ -220,9 +225,15 @@ impl MetaState {
                 Some(_) if !img.extents.is_empty() => {
                     Err("it has extents both in the image and in pages".to_string())
                 }
-                Some(chunks) => ExtentMap::from_pages(
+                Some(chunks) => ExtentMap::from_pages_lazy(
                     block_size,
                     chunks.into_iter().map(|c| (c.extents, c.page)),
+                    loader.clone().map(|loader| {
+                        Arc::new(crate::extent_map::PageSource {
+                            ino: img.ino,
+                            loader,
+                        })
+                    }),
                 ),
             }
             .map_err(|e| format!("inode {}: {e}", img.ino))?;
@@ -533,6 +544,36 @@ impl MetaState {
     /// extent before its range (which a split shortens or a merge
     /// lengthens) through its end (where a split or a merge adds or removes
     /// a key).
+    /// Loads the absent extent chunks `record` would read or change (see
+    /// `ExtentMap::load_for_change`), so that [`MetaState::apply`] runs
+    /// without I/O; a page that does not load fails here, before anything
+    /// changed. Returns how many pages it read.
+    pub fn load_for_record(&self, record: &Record) -> crate::error::Result<usize> {
+        let (ino, off, end) = match record {
+            Record::MapUnwritten {
+                ino, file_off, len, ..
+            }
+            | Record::CompleteWrite {
+                ino, file_off, len, ..
+            }
+            | Record::Punch {
+                ino, file_off, len, ..
+            } => (*ino, *file_off, file_off.saturating_add(*len)),
+            Record::SetSize { ino, size, .. } => (
+                *ino,
+                size.next_multiple_of(u64::from(self.block_size.max(1))),
+                u64::MAX,
+            ),
+            Record::FreeInode { ino } => {
+                return self.inodes.get(ino).map_or(Ok(0), |i| i.extents.load_all())
+            }
+            _ => return Ok(0),
+        };
+        self.inodes
+            .get(&ino)
+            .map_or(Ok(0), |i| i.extents.load_for_change(off, end))
+    }
+
     fn extent_keys_touched_by(&self, record: &Record) -> Option<(Ino, KeySpan)> {
         let (ino, off, end) = match record {
             Record::MapUnwritten {

@@ -1357,6 +1357,58 @@ mod tests {
         assert_eq!(again, map);
     }
 
+    /// As above, with the maps left as a lazy mount leaves them: after the
+    /// remount only the chunk the delta reached is in memory, a base
+    /// writes a page for it alone and reads no other (the absent chunks
+    /// keep the pages they name), and the map reads back whole.
+    #[test]
+    fn after_a_lazy_remount_a_base_reads_and_rewrites_only_the_changed_chunk() {
+        let dev = Arc::new(MemDevice::new(16 << 20, 512));
+        let vol = paged_volume(&dev);
+        let f = create_file(&vol, "/big");
+        for i in 0..200u64 {
+            f.fallocate(2 * i * 4096, 4096, false).unwrap();
+        }
+        let x = checkpoint_a_base(&vol, "a");
+        let before = pages_of(&vol, x);
+        f.fallocate(41 * 4096, 4096, false).unwrap();
+        f.fsync().unwrap();
+        vol.checkpoint().unwrap();
+        assert!(vol.inner.commit.lock().chain.deltas > 0);
+        let ino = f.ino();
+        let map: Vec<Extent> = vol.inner.meta.read().state.inodes[&ino]
+            .extents
+            .iter()
+            .copied()
+            .collect();
+        drop(f);
+        vol.unmount().unwrap();
+
+        let vol = Volume::open(dev.clone()).unwrap();
+        let loaded = |vol: &Volume| {
+            let meta = vol.inner.meta.read();
+            let m = &meta.state.inodes[&ino].extents;
+            (m.loaded_chunks(), m.chunk_count())
+        };
+        let (at_mount, chunks) = loaded(&vol);
+        assert_eq!(at_mount, 1, "the chunk the delta reached, of {chunks}");
+        let y = checkpoint_a_base(&vol, "b");
+        let after = pages_of(&vol, y);
+        assert_eq!(before.difference(&after).count(), 1, "one page replaced");
+        assert_eq!(loaded(&vol).0, 1, "the base read no absent chunk");
+        let stats = vol.extent_page_loads().unwrap();
+        assert_eq!((stats.loads, stats.unplanned), (0, 0), "{stats:?}");
+        drop(vol);
+        let vol = Volume::open(dev.clone()).unwrap();
+        assert_eq!(loaded(&vol).0, 0, "after the base: nothing to replay");
+        let again: Vec<Extent> = vol.inner.meta.read().state.inodes[&ino]
+            .extents
+            .iter()
+            .copied()
+            .collect();
+        assert_eq!(again, map);
+    }
+
     /// The delta policy weighs a chain's deltas against what a base costs,
     /// and with extent pages that is its pages, not its root alone (which
     /// holds no extents): a change of a few percent of a large file is a

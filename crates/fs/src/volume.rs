@@ -125,6 +125,20 @@ impl Volume {
         &self.inner.mount_warnings
     }
 
+    /// What reading extent pages on demand did since mount: pages read,
+    /// chunks loaded outside a fallible path (a bug if not 0), and the
+    /// damaged pages found (each also an EIO to the operation that needed
+    /// it). `None` when mount left no chunk absent to read.
+    pub fn extent_page_loads(&self) -> Option<crate::page_loader::PageLoads> {
+        let mut stats = self.inner.page_loader.as_ref()?.stats();
+        let meta = self.inner.meta.read();
+        for inode in meta.state.inodes.values() {
+            stats.chunks_loaded += inode.extents.loaded_chunks() as u64;
+            stats.chunks += inode.extents.chunk_count() as u64;
+        }
+        Some(stats)
+    }
+
     /// The volume's page cache (its size, use and dirty bytes).
     pub fn cache(&self) -> &iomap::FolioCache {
         &self.inner.cache

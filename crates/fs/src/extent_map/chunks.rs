@@ -20,7 +20,8 @@ use std::sync::{Arc, OnceLock};
 
 use super::search::first_key_at_or_after;
 use crate::codec::PageRef;
-use crate::types::Extent;
+use crate::error::Result;
+use crate::types::{Extent, Ino};
 
 /// Most extents in one chunk: what the first change after a snapshot copies
 /// (16 KiB of extents). Small in unit tests, so that their few extents
@@ -35,9 +36,8 @@ const _: () = assert!(CHUNK_MAX <= crate::codec::PAGE_MAX_EXTENTS);
 
 #[derive(Clone, Debug)]
 struct Chunk {
-    /// `extents[0].file_off`.
+    /// `extents[0].file_off` (for an absent chunk, its page's first key).
     first: u64,
-    /// Sorted, non-empty, at most [`CHUNK_MAX`].
     extents: Arc<ChunkExtents>,
 }
 
@@ -46,11 +46,81 @@ impl Chunk {
         Chunk {
             first: extents[0].file_off,
             extents: Arc::new(ChunkExtents {
-                extents,
+                extents: OnceLock::from(extents),
                 page: OnceLock::new(),
+                source: None,
             }),
         }
     }
+
+    /// A chunk whose extents are in `page` only, read from `source` when
+    /// first needed; its extents must end by `limit` (the next chunk's
+    /// first key when the page was named: pages are sorted and disjoint).
+    fn absent(page: PageRef, source: Arc<PageSource>, limit: u64) -> Self {
+        Chunk {
+            first: page.first_key,
+            extents: Arc::new(ChunkExtents {
+                extents: OnceLock::new(),
+                page: OnceLock::from(page),
+                source: Some(AbsentSource { source, limit }),
+            }),
+        }
+    }
+
+    /// Extents without loading: the page's count for an absent chunk.
+    fn count(&self) -> usize {
+        self.extents.count()
+    }
+
+    fn is_loaded(&self) -> bool {
+        self.extents.extents.get().is_some()
+    }
+}
+
+/// Reads the extent page of one file's chunk: the device behind an absent
+/// chunk. Implemented by the volume (`mount`), and by tests.
+pub trait PageLoader: Send + Sync {
+    /// The extents `page` of inode `ino` holds, verified against `page`
+    /// (magic, inode, first key, count, crc, bytes mapped) and each one
+    /// checked as a map's extent is; `Error::Corrupt` naming the inode,
+    /// the page's keys and device byte if not, `Error::Device` if the read
+    /// failed (a later access tries again).
+    fn load(&self, ino: Ino, page: &PageRef, purpose: LoadPurpose) -> Result<Vec<Extent>>;
+
+    /// A chunk was loaded outside the fallible entry points
+    /// ([`super::ExtentMap::load_keys`] and the like): a path that should
+    /// have loaded it first did not. Counted by the loader so tests can
+    /// assert none happens on the paths they drive.
+    fn note_unplanned(&self) {}
+}
+
+/// Why a page is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LoadPurpose {
+    /// Its chunk keeps the extents (a lookup or a change needs them).
+    Keep,
+    /// A pass over every extent reads it and drops the extents
+    /// ([`Chunks::for_each_unkept`]); the chunk stays absent.
+    Scan,
+}
+
+/// Where one file's absent chunks are read from.
+pub struct PageSource {
+    pub ino: Ino,
+    pub loader: Arc<dyn PageLoader>,
+}
+
+impl std::fmt::Debug for PageSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PageSource {{ ino: {} }}", self.ino)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct AbsentSource {
+    source: Arc<PageSource>,
+    /// No extent of the page may reach past this key.
+    limit: u64,
 }
 
 /// A chunk's extents, and the extent page on disk that holds exactly them,
@@ -62,30 +132,131 @@ impl Chunk {
 /// holds, however the chunk was changed, and the chunks without one are
 /// what the next checkpoint must write. A copy keeps the page: it holds
 /// the same extents until it is changed.
+///
+/// A chunk can be *absent* (mount leaves a paged file's chunks so): its
+/// extents unset, its page set, and a source to read the page from.
+/// Loading sets the extents through a shared reference, so a snapshot
+/// sharing the chunk sees them too; the page stays named, since the
+/// extents are what it holds. An absent chunk is never changed: the
+/// fallible entry points of [`super::ExtentMap`] load the chunks a change
+/// reaches first; `Deref` and `DerefMut` load what a path forgot (counted,
+/// [`PageLoader::note_unplanned`]), and panic rather than answer with
+/// extents a chunk does not hold if that load fails.
 // `repr(C)`, extents first: a lookup reads the vector's pointer and
 // length right after the `Arc`'s counts, in the allocation's first cache
-// line, as before the page was added (rustc put the page first).
+// line.
 #[derive(Clone, Debug)]
 #[repr(C)]
 struct ChunkExtents {
-    extents: Vec<Extent>,
+    /// Unset while the chunk is absent.
+    extents: OnceLock<Vec<Extent>>,
     /// Set through a shared reference: the checkpoint writer records the
     /// page in its snapshot's chunk, which the live map shares while the
     /// chunk is unchanged.
     page: OnceLock<PageRef>,
+    /// Set for a chunk made absent (see [`Chunk::absent`]).
+    source: Option<AbsentSource>,
+}
+
+impl ChunkExtents {
+    fn count(&self) -> usize {
+        match (self.extents.get(), self.page.get()) {
+            (Some(v), _) => v.len(),
+            (None, Some(p)) => p.count as usize,
+            (None, None) => 0,
+        }
+    }
+
+    /// The extents, reading the page of an absent chunk (under whatever
+    /// lock the caller holds on the map: a shared one suffices).
+    fn load(&self) -> Result<&Vec<Extent>> {
+        self.load_for(LoadPurpose::Keep)
+    }
+
+    fn load_for(&self, purpose: LoadPurpose) -> Result<&Vec<Extent>> {
+        if let Some(v) = self.extents.get() {
+            return Ok(v);
+        }
+        let (Some(page), Some(absent)) = (self.page.get(), &self.source) else {
+            return Err(crate::Error::invalid(
+                "loading an extent chunk",
+                "an absent chunk has no page or no source (a bug)",
+            ));
+        };
+        let ino = absent.source.ino;
+        // The keys the chunk owns (up to the next page's first key): what
+        // cannot be read while the page is lost.
+        let got = absent
+            .source
+            .loader
+            .load(ino, page, purpose)
+            .map_err(|e| match e {
+                crate::Error::Corrupt {
+                    what,
+                    offset,
+                    reason,
+                } => crate::Error::Corrupt {
+                    what,
+                    offset,
+                    reason: format!(
+                        "{reason}; file offsets {}..{} of inode {ino} cannot be mapped",
+                        page.first_key, absent.limit
+                    ),
+                },
+                other => other,
+            })?;
+        if let Some(last) = got.last().filter(|e| e.file_end() > absent.limit) {
+            return Err(crate::codec::page_lost(
+                ino,
+                page,
+                page.addr,
+                format!(
+                    "its last extent ends at file offset {}, past the next page's first key {}",
+                    last.file_end(),
+                    absent.limit
+                ),
+            ));
+        }
+        // Another reader may have loaded it meanwhile: the same extents.
+        Ok(self.extents.get_or_init(|| got))
+    }
+
+    #[cold]
+    fn load_unplanned(&self) -> &Vec<Extent> {
+        if let Some(a) = &self.source {
+            a.source.loader.note_unplanned();
+        }
+        match self.load() {
+            Ok(v) => v,
+            // No answer would be right: an empty chunk would be silent
+            // wrong data (a hole over written blocks).
+            Err(e) => panic!("an extent chunk needed outside a fallible path is lost: {e}"),
+        }
+    }
 }
 
 impl Deref for ChunkExtents {
     type Target = Vec<Extent>;
     fn deref(&self) -> &Vec<Extent> {
-        &self.extents
+        match self.extents.get() {
+            Some(v) => v,
+            None => self.load_unplanned(),
+        }
     }
 }
 
 impl DerefMut for ChunkExtents {
     fn deref_mut(&mut self) -> &mut Vec<Extent> {
+        debug_assert!(
+            self.extents.get().is_some(),
+            "changing an absent extent chunk: the change's entry point must load it first"
+        );
+        if self.extents.get().is_none() {
+            self.load_unplanned();
+        }
         self.page.take();
-        &mut self.extents
+        self.source = None;
+        self.extents.get_mut().expect("loaded above")
     }
 }
 
@@ -96,8 +267,20 @@ pub struct ChunkPage<'a> {
 }
 
 impl ChunkPage<'_> {
+    /// The extents (loading an absent chunk, see [`ChunkExtents`]).
     pub fn extents(&self) -> &[Extent] {
-        &self.chunk.extents
+        &self.chunk[..]
+    }
+
+    /// Whether the extents are in memory (see [`ChunkExtents`]); an absent
+    /// chunk always names its page.
+    pub fn is_loaded(&self) -> bool {
+        self.chunk.extents.get().is_some()
+    }
+
+    /// Extents the chunk holds, without loading it.
+    pub fn count(&self) -> usize {
+        self.chunk.count()
     }
 
     /// The page holding exactly [`ChunkPage::extents`], if one was written.
@@ -167,6 +350,75 @@ impl Chunks {
 
     pub(super) fn get(&self, pos: Pos) -> &Extent {
         &self.chunks[pos.chunk].extents[pos.idx]
+    }
+
+    /// The file offset of the extent at `pos`, without loading its chunk
+    /// when it is the chunk's first (a hole's end is the next chunk's
+    /// first key).
+    pub(super) fn key(&self, pos: Pos) -> u64 {
+        match pos.idx {
+            0 => self.chunks[pos.chunk].first,
+            _ => self.get(pos).file_off,
+        }
+    }
+
+    /// The index of the chunk owning `key`: the last whose first key is at
+    /// most `key`, or 0 (chunk `j` owns the keys from its first up to the
+    /// next chunk's). `None` if there are no chunks.
+    pub(super) fn owner(&self, key: u64) -> Option<usize> {
+        (!self.chunks.is_empty()).then(|| {
+            self.chunks
+                .partition_point(|c| c.first <= key)
+                .saturating_sub(1)
+        })
+    }
+
+    /// Loads the absent chunks among `range` (chunk indices, clamped);
+    /// returns how many it read.
+    pub(super) fn load_chunks(&self, range: std::ops::RangeInclusive<usize>) -> Result<usize> {
+        let mut loaded = 0;
+        let end = (*range.end()).min(self.chunks.len().saturating_sub(1));
+        for c in self.chunks.get(*range.start()..=end).into_iter().flatten() {
+            if !c.is_loaded() {
+                c.extents.load()?;
+                loaded += 1;
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// Chunks whose extents are in memory.
+    pub(super) fn loaded_chunks(&self) -> usize {
+        self.chunks.iter().filter(|c| c.is_loaded()).count()
+    }
+
+    /// Passes every extent to `f` in order, reading the page of each
+    /// absent chunk into a buffer that is dropped after: the chunk stays
+    /// absent, so a pass over every extent keeps none of them. A page that
+    /// fails to load goes to `lost` (its extents skipped), which may stop
+    /// the pass by returning the error.
+    pub(super) fn for_each_unkept(
+        &self,
+        mut f: impl FnMut(&Extent),
+        mut lost: impl FnMut(crate::Error) -> Result<()>,
+    ) -> Result<()> {
+        for c in self.chunks.iter() {
+            match c.extents.extents.get() {
+                Some(v) => v.iter().for_each(&mut f),
+                None => {
+                    let probe = ChunkExtents {
+                        extents: OnceLock::new(),
+                        page: c.extents.page.clone(),
+                        source: c.extents.source.clone(),
+                    };
+                    match probe.load_for(LoadPurpose::Scan) {
+                        Ok(v) => v.iter().for_each(&mut f),
+                        Err(e) => lost(e)?,
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The extent at `pos`, to change in place (its chunk copied first if
@@ -285,6 +537,17 @@ impl Chunks {
         Arc::make_mut(&mut self.chunks).push(chunk);
     }
 
+    /// Appends an absent chunk held by `page`, read from `source` when
+    /// first needed, whose extents end by `limit` (the next page's first
+    /// key, or `u64::MAX`): how mount builds a paged file's map without
+    /// reading its pages. `page` must be above every stored offset and
+    /// hold 1..=[`CHUNK_MAX`] extents (the caller checks).
+    pub(super) fn push_absent(&mut self, page: PageRef, source: Arc<PageSource>, limit: u64) {
+        debug_assert!(page.count >= 1 && page.count as usize <= CHUNK_MAX);
+        self.len += page.count as usize;
+        Arc::make_mut(&mut self.chunks).push(Chunk::absent(page, source, limit));
+    }
+
     /// The chunks in order, with their pages.
     pub(super) fn pages(&self) -> impl Iterator<Item = ChunkPage<'_>> + '_ {
         self.chunks.iter().map(|c| ChunkPage { chunk: &c.extents })
@@ -382,7 +645,19 @@ impl Chunks {
         let mut count = 0;
         let mut prev: Option<u64> = None;
         for (i, c) in self.chunks.iter().enumerate() {
-            let n = c.extents.len();
+            let n = c.count();
+            if !c.is_loaded() {
+                // Checked when loaded; only what is known without it here.
+                if c.extents.page.get().map(|p| p.first_key) != Some(c.first) || n == 0 {
+                    return Err(format!("absent extent chunk #{i} does not match its page"));
+                }
+                if prev.is_some_and(|p| p >= c.first) {
+                    return Err(format!("absent extent chunk #{i} is out of order"));
+                }
+                prev = Some(c.first);
+                count += n;
+                continue;
+            }
             if n == 0 || n > CHUNK_MAX {
                 return Err(format!("extent chunk #{i} holds {n} extents"));
             }
@@ -429,6 +704,11 @@ fn rebalance(chunks: &mut Vec<Chunk>, at: usize) {
         chunks.insert(at + 1, Chunk::new(tail));
     } else if n < CHUNK_MIN && chunks.len() > 1 {
         let left = if at + 1 < chunks.len() { at } else { at - 1 };
+        // Merging would read an absent neighbour and rewrite its page:
+        // a small chunk beside one costs a page, not a read.
+        if !(chunks[left].is_loaded() && chunks[left + 1].is_loaded()) {
+            return;
+        }
         let right = chunks.remove(left + 1);
         let merged = Arc::make_mut(&mut chunks[left].extents);
         merged.extend_from_slice(&right.extents);
@@ -436,6 +716,93 @@ fn rebalance(chunks: &mut Vec<Chunk>, at: usize) {
         if n > CHUNK_MAX {
             let tail = merged.split_off(n / 2);
             chunks.insert(left + 1, Chunk::new(tail));
+        }
+    }
+}
+
+/// A store of pages in memory standing in for the device, and a way to
+/// make a map's chunks absent as mount leaves them: for the tests of the
+/// chunks and of [`super::ExtentMap`] across absent and loaded chunks.
+#[cfg(test)]
+pub(super) mod testing {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    // Named in full: the module graph test reads `super` here as the
+    // parent module, which imports this one.
+    use crate::codec::PageRef;
+    use crate::error::Result;
+    use crate::extent_map::chunks::{Chunks, LoadPurpose, PageLoader, PageSource};
+    use crate::types::{Extent, Ino};
+
+    #[derive(Default)]
+    pub struct PageStore {
+        pages: Mutex<HashMap<u64, Vec<Extent>>>,
+        pub loads: AtomicUsize,
+        pub unplanned: AtomicUsize,
+        /// Pages that fail to load (as a damaged page does).
+        pub damaged: Mutex<Vec<u64>>,
+    }
+
+    impl PageLoader for PageStore {
+        fn load(&self, ino: Ino, page: &PageRef, purpose: LoadPurpose) -> Result<Vec<Extent>> {
+            if purpose == LoadPurpose::Keep {
+                self.loads.fetch_add(1, Ordering::Relaxed);
+            }
+            if self.damaged.lock().unwrap().contains(&page.addr) {
+                return Err(crate::codec::page_lost(ino, page, page.addr, "damaged"));
+            }
+            Ok(self.pages.lock().unwrap()[&page.addr].clone())
+        }
+        fn note_unplanned(&self) {
+            self.unplanned.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The page a checkpoint would write for `extents`: its address a
+    /// fingerprint of them.
+    pub fn page_of(extents: &[Extent]) -> PageRef {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        extents.hash(&mut h);
+        PageRef {
+            addr: h.finish(),
+            crc: 0,
+            count: extents.len() as u32,
+            first_key: extents[0].file_off,
+            allocated: extents.iter().map(|e| e.len).sum(),
+        }
+    }
+
+    impl Chunks {
+        /// A checkpoint (a page for each chunk naming none, kept in
+        /// `store`), then a remount: every chunk absent, reading `store`.
+        pub fn write_and_unload(&mut self, store: &Arc<PageStore>) {
+            let source = Arc::new(PageSource {
+                ino: 1,
+                loader: store.clone(),
+            });
+            let mut rebuilt = Chunks::default();
+            let n = self.chunks.len();
+            for i in 0..n {
+                let c = &self.chunks[i];
+                let page = match c.extents.page.get() {
+                    Some(p) => *p,
+                    None => {
+                        let p = page_of(&c.extents);
+                        store
+                            .pages
+                            .lock()
+                            .unwrap()
+                            .insert(p.addr, c.extents.to_vec());
+                        p
+                    }
+                };
+                let limit = self.chunks.get(i + 1).map_or(u64::MAX, |c| c.first);
+                rebuilt.push_absent(page, source.clone(), limit);
+            }
+            *self = rebuilt;
         }
     }
 }

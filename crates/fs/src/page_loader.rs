@@ -1,0 +1,133 @@
+//! The device behind absent extent chunks (issue 13, step 2: lazy pages).
+//!
+//! Mount leaves every paged file's chunks absent (`extent_map` keeps the
+//! page reference only) and reads a page when an entry point first needs
+//! its chunk. The root that lists the pages verified, and a base flushes
+//! its pages before its root, so the pages were durable: a page that does
+//! not verify now is damage, not a torn write, and no older slot stands in
+//! for it. The operation that needed it fails (`Error::Corrupt` naming the
+//! inode, the page's keys and device byte: EIO at the API), the chunk stays
+//! absent, the damage is listed here for the user ([`PageLoads::damaged`]),
+//! and no other chunk or file is affected. A device error is returned as
+//! it is and a later access reads again.
+//!
+//! A page found damaged stays so until unmount: free space was rebuilt
+//! without its extents (`mount::build_allocator`), so its blocks may be
+//! another file's by the time the page would read well again.
+//!
+//! A page is never freed while a chunk can still load it: a chunk names
+//! its page until it changes (and a changed chunk is loaded), and a base
+//! frees only pages neither slot's base lists, which no live chunk names
+//! (`extent_pages::after_base`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use blockdev::BlockDevice;
+
+use crate::codec::PageRef;
+use crate::error::{Error, Result};
+use crate::extent_map::{LoadPurpose, PageLoader};
+use crate::superblock::Superblock;
+use crate::types::{Extent, Ino};
+
+/// Reads extent pages for a mounted volume's absent chunks, and counts.
+pub(crate) struct DevicePages {
+    dev: Arc<dyn BlockDevice>,
+    sb: Superblock,
+    loads: AtomicU64,
+    scans: AtomicU64,
+    unplanned: AtomicU64,
+    /// One line per damaged page found, in the order found.
+    damaged: Mutex<Vec<(u64, String)>>,
+}
+
+/// What [`DevicePages`] did since mount.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PageLoads {
+    /// Pages read for absent chunks that keep their extents (including
+    /// the reads that failed).
+    pub loads: u64,
+    /// Pages read and dropped by a pass over every extent (free space at
+    /// mount): their chunks stay absent.
+    pub scans: u64,
+    /// Chunks of every file's map with their extents in memory, and all
+    /// chunks (filled by `Volume::extent_page_loads`).
+    pub chunks_loaded: u64,
+    pub chunks: u64,
+    /// Chunks loaded outside a fallible entry point (a path that did not
+    /// load what it reads first); each is a bug to fix, not a failure.
+    pub unplanned: u64,
+    /// The damaged pages found: inode, keys, device byte and why.
+    pub damaged: Vec<String>,
+}
+
+impl DevicePages {
+    pub(crate) fn new(dev: Arc<dyn BlockDevice>, sb: Superblock) -> Self {
+        DevicePages {
+            dev,
+            sb,
+            loads: AtomicU64::new(0),
+            scans: AtomicU64::new(0),
+            unplanned: AtomicU64::new(0),
+            damaged: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn stats(&self) -> PageLoads {
+        PageLoads {
+            loads: self.loads.load(Ordering::Relaxed),
+            scans: self.scans.load(Ordering::Relaxed),
+            chunks_loaded: 0,
+            chunks: 0,
+            unplanned: self.unplanned.load(Ordering::Relaxed),
+            damaged: self
+                .damaged
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(_, why)| why.clone())
+                .collect(),
+        }
+    }
+}
+
+impl PageLoader for DevicePages {
+    fn load(&self, ino: Ino, page: &PageRef, purpose: LoadPurpose) -> Result<Vec<Extent>> {
+        // Found damaged once, damaged for the session: free space was
+        // built without its extents, so a read that verified later (a
+        // device that returned bad bytes once) must not bring back a map
+        // over blocks that may belong to another file since.
+        if let Some((_, why)) = self
+            .damaged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|&&(addr, _)| addr == page.addr)
+        {
+            return Err(crate::codec::page_lost(
+                ino,
+                page,
+                page.addr,
+                format!("found damaged earlier in this session ({why})"),
+            ));
+        }
+        match purpose {
+            LoadPurpose::Keep => &self.loads,
+            LoadPurpose::Scan => &self.scans,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        crate::checkpoint::read_page(&*self.dev, &self.sb, ino, page).inspect_err(|e| {
+            if let Error::Corrupt { .. } = e {
+                let mut damaged = self.damaged.lock().unwrap_or_else(|e| e.into_inner());
+                if !damaged.iter().any(|&(addr, _)| addr == page.addr) {
+                    damaged.push((page.addr, e.to_string()));
+                }
+            }
+        })
+    }
+
+    fn note_unplanned(&self) {
+        self.unplanned.fetch_add(1, Ordering::Relaxed);
+    }
+}

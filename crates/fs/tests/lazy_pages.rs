@@ -1,0 +1,236 @@
+//! Extent pages read on demand (issue 13, step 2): mount keeps no paged
+//! file's extents in memory, a read loads the one chunk it needs, deltas
+//! and the journal load the chunks they change, and a damaged page fails
+//! only the operations that need it.
+
+mod common;
+
+use std::sync::Arc;
+
+use blockdev::memory::MemDevice;
+use blockdev::{BlockDevice, WriteMode};
+use common::dev::{dynd, fsck_clean};
+use iomapfs_fs::{checkpoint, superblock, FormatOptions, OpenFlags, Volume};
+
+const BLOCK: u64 = 4096;
+/// Extents of /big: one per other block, so none merge. 512 extents per
+/// chunk: at least four chunks, each a page.
+const EXTENTS: u64 = 2000;
+
+fn create() -> OpenFlags {
+    OpenFlags {
+        create: true,
+        ..OpenFlags::default()
+    }
+}
+
+/// The byte block `k` of /big holds.
+fn fill(k: u64) -> u8 {
+    (k % 251) as u8 + 1
+}
+
+/// A volume with extent pages holding /big (EXTENTS one-block extents,
+/// paged) and /small (one extent, inline), unmounted after a base.
+fn volume() -> Arc<MemDevice> {
+    let dev = Arc::new(MemDevice::new(64 << 20, 512));
+    let opts = FormatOptions {
+        extent_pages: true,
+        ..FormatOptions::default()
+    };
+    Volume::format(dynd(&dev), &opts).unwrap();
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    let big = vol.open_file("/big", create()).unwrap();
+    for k in 0..EXTENTS {
+        big.pwrite(&[fill(k); BLOCK as usize], 2 * k * BLOCK)
+            .unwrap();
+    }
+    big.fsync().unwrap();
+    let small = vol.open_file("/small", create()).unwrap();
+    small.pwrite(&[7u8; BLOCK as usize], 0).unwrap();
+    small.fsync().unwrap();
+    drop((big, small));
+    base(&vol);
+    vol.unmount().unwrap();
+    dev
+}
+
+/// Checkpoints until one is a base: a chain holds at most 16 deltas.
+fn base(vol: &Volume) {
+    for i in 0..20 {
+        let (from, to) = if i % 2 == 0 {
+            ("/small", "/llams")
+        } else {
+            ("/llams", "/small")
+        };
+        vol.rename(from, to).unwrap();
+        vol.checkpoint().unwrap();
+    }
+}
+
+fn read_big(vol: &Volume, k: u64) -> iomapfs_fs::Result<Vec<u8>> {
+    let big = vol.open_file("/big", OpenFlags::default())?;
+    let mut block = vec![0u8; BLOCK as usize];
+    big.pread(&mut block, 2 * k * BLOCK)?;
+    Ok(block)
+}
+
+fn loads(vol: &Volume) -> iomapfs_fs::page_loader::PageLoads {
+    vol.extent_page_loads().expect("a volume with extent pages")
+}
+
+/// The pages the newest base lists for /big, in key order.
+fn pages_of_big(dev: &Arc<MemDevice>, ino: u64) -> Vec<iomapfs_fs::codec::PageRef> {
+    let sb = superblock::read_superblock(&**dev).unwrap();
+    let newest = checkpoint::read_checkpoints(&**dev, &sb).unwrap();
+    newest.pages[newest.slot]
+        .iter()
+        .find(|(i, _)| *i == ino)
+        .map(|(_, list)| list.clone())
+        .expect("/big is paged")
+}
+
+#[test]
+fn mount_keeps_no_page_and_a_read_loads_one_chunk() {
+    let dev = volume();
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    let at_mount = loads(&vol);
+    // /small's one chunk is inline (in the root, not a page).
+    let inline = 1;
+    assert!(at_mount.chunks >= 4, "{at_mount:?}");
+    assert_eq!(at_mount.loads, 0, "mount loaded no chunk: {at_mount:?}");
+    assert_eq!(at_mount.chunks_loaded, inline, "{at_mount:?}");
+    // Free space was rebuilt from every page, none kept.
+    assert_eq!(at_mount.scans, at_mount.chunks - inline, "{at_mount:?}");
+
+    // One 4 KiB read in the middle of the file: one page.
+    let k = EXTENTS / 2 + 3;
+    assert_eq!(read_big(&vol, k).unwrap(), vec![fill(k); BLOCK as usize]);
+    let after = loads(&vol);
+    assert_eq!(
+        (after.loads, after.chunks_loaded),
+        (1, inline + 1),
+        "{after:?}"
+    );
+    // Another block of the same chunk: nothing more.
+    assert_eq!(
+        read_big(&vol, k + 1).unwrap(),
+        vec![fill(k + 1); BLOCK as usize]
+    );
+    assert_eq!(loads(&vol).loads, 1);
+
+    // A write into a hole of the last chunk: its chunk and neighbours.
+    let big = vol.open_file("/big", OpenFlags::default()).unwrap();
+    big.pwrite(&[0xee; BLOCK as usize], (2 * (EXTENTS - 5) + 1) * BLOCK)
+        .unwrap();
+    big.fsync().unwrap();
+    let after = loads(&vol);
+    assert!(after.loads <= 3, "{after:?}");
+    assert!(after.chunks_loaded < after.chunks, "{after:?}");
+    assert_eq!(after.unplanned, 0, "{after:?}");
+    drop(big);
+    // A delta holds the write; the chain after remount applies it,
+    // loading the one chunk it reaches.
+    vol.checkpoint().unwrap();
+    vol.unmount().unwrap();
+
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    let at_mount = loads(&vol);
+    assert_eq!(at_mount.loads, 0, "{at_mount:?}");
+    assert_eq!(
+        at_mount.chunks_loaded,
+        inline + 1,
+        "only the chunk the delta reaches: {at_mount:?}"
+    );
+    let big = vol.open_file("/big", OpenFlags::default()).unwrap();
+    let mut block = vec![0u8; BLOCK as usize];
+    big.pread(&mut block, (2 * (EXTENTS - 5) + 1) * BLOCK)
+        .unwrap();
+    assert_eq!(block, vec![0xee; BLOCK as usize]);
+    drop(big);
+    for k in 0..EXTENTS {
+        assert_eq!(read_big(&vol, k).unwrap()[0], fill(k), "block {k}");
+    }
+    let done = loads(&vol);
+    assert_eq!(done.chunks_loaded, done.chunks, "{done:?}");
+    assert_eq!(
+        done.unplanned, 0,
+        "every load through an entry point: {done:?}"
+    );
+    assert!(done.damaged.is_empty());
+    vol.unmount().unwrap();
+    fsck_clean(dynd(&dev), "after lazy mounts");
+}
+
+/// A byte flipped in one of /big's pages after unmount: mount succeeds and
+/// says so, reads of other chunks and files work, a read in the damaged
+/// chunk fails naming the inode, the page's keys and its device byte, and
+/// fsck reports the page.
+#[test]
+fn a_damaged_page_fails_only_its_chunk() {
+    let dev = volume();
+    let ino = {
+        let vol = Volume::open(dynd(&dev)).unwrap();
+        let ino = vol.open_file("/big", OpenFlags::default()).unwrap().ino();
+        vol.unmount().unwrap();
+        ino
+    };
+    let pages = pages_of_big(&dev, ino);
+    assert!(pages.len() >= 4);
+    let damaged = pages[2];
+    let mut bytes = vec![0u8; BLOCK as usize];
+    dev.read_at(&mut bytes, damaged.addr).unwrap();
+    bytes[100] ^= 0x40; // inside the extents: the crc no longer matches
+    dev.write_at(&bytes, damaged.addr, WriteMode::Normal)
+        .unwrap();
+    dev.flush().unwrap();
+
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    let warned = vol.mount_warnings().join("\n");
+    assert!(
+        warned.contains(&format!("inode {ino}")) && warned.contains("crc"),
+        "{warned}"
+    );
+    // Before and after the damaged chunk, and another file: fine.
+    assert_eq!(read_big(&vol, 0).unwrap()[0], fill(0));
+    assert_eq!(read_big(&vol, EXTENTS - 1).unwrap()[0], fill(EXTENTS - 1));
+    let small = vol.open_file("/small", OpenFlags::default()).unwrap();
+    let mut block = vec![0u8; BLOCK as usize];
+    small.pread(&mut block, 0).unwrap();
+    assert_eq!(block, vec![7u8; BLOCK as usize]);
+    // In it: an error naming where, every time (the chunk stays absent);
+    // the page is not read again (free space was built without it).
+    let k = damaged.first_key / BLOCK / 2 + 1;
+    let reads = loads(&vol).loads;
+    for _ in 0..2 {
+        let err = read_big(&vol, k).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("inode {ino}"))
+                && text.contains(&format!("from file offset {}", damaged.first_key))
+                && text.contains(&damaged.addr.to_string()),
+            "{text}"
+        );
+        assert_eq!(err.errno(), libc::EUCLEAN, "{text}");
+        assert!(text.contains("found damaged earlier"), "{text}");
+        let next = pages[3].first_key;
+        assert!(
+            text.contains(&format!("file offsets {}..{next}", damaged.first_key)),
+            "the key range: {text}"
+        );
+    }
+    assert_eq!(loads(&vol).loads, reads, "not read again");
+    let stats = loads(&vol);
+    assert_eq!(stats.damaged.len(), 1, "{stats:?}");
+    assert_eq!(stats.unplanned, 0, "{stats:?}");
+    vol.unmount().unwrap();
+
+    let report = iomapfs_fs::fsck::check(dynd(&dev));
+    let text = match report {
+        Ok(r) => r.problems.join("\n"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        text.contains(&format!("inode {ino}")) && text.contains(&damaged.first_key.to_string()),
+        "fsck: {text}"
+    );
+}
