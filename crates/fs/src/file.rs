@@ -383,6 +383,8 @@ impl File {
             }
             self.zero_inside_eof_locked(offset, inner_start)?;
             self.zero_inside_eof_locked(inner_end, end)?;
+            // The room check for the split this punch may make.
+            self.handle.vol.wait_free_space_for_room();
             let mut meta = self.handle.vol.meta.write();
             meta.reserve_image(
                 &self.handle.vol.sb,

@@ -15,6 +15,7 @@ pub mod extent_map;
 pub mod extent_pages;
 pub mod file;
 mod flusher;
+mod free_space;
 pub mod fsck;
 mod handles;
 mod iomap_ops;
@@ -35,6 +36,7 @@ mod xattr;
 
 pub use attributes::{SetAttr, TimeSet};
 pub use error::{Error, Result};
+pub use free_space::{ScanHook, ScanPoint};
 pub use file::{FiemapExtent, FiemapKind, File, OpenFlags, SeekFor, Stat};
 pub use namespace::{NewNode, RenameFlags};
 pub use types::{FileKind, Ino, Timestamp, ROOT_INO};

@@ -2,15 +2,18 @@
 //! free space rebuilt from the extents, orphans freed), and the loading
 //! that fsck shares with mount.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use blockdev::BlockDevice;
 
 use crate::alloc::Allocator;
 use crate::checkpoint::{self, Checkpoint};
+use crate::free_space::{Claim, FreeSpace, FreeSpaceGate, ScanInput, ScanPoint};
 use crate::journal::{self, JournalWriter};
 use crate::limits::COMMIT_THRESHOLD_DIVISOR;
 use crate::mount_state::{now, CommitState, Meta, VolumeInner};
+use iomap::sharded_rwlock::ShardedWriteGuard;
 use crate::state::MetaState;
 use crate::superblock::{self, Layout, Superblock};
 use crate::types::{Ino, Record};
@@ -94,12 +97,17 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
 }
 
 /// Mounts the volume on `device`: reads the newest valid checkpoint,
-/// replays the journal after it and frees orphans.
+/// replays the journal after it and frees orphans. Free space is not
+/// rebuilt yet: the returned volume holds the scan's input, which
+/// [`crate::volume::Volume`] hands to a background thread
+/// ([`crate::free_space`]). A layout whose extents overlap is therefore
+/// found by that scan, after mount: allocations then fail with its
+/// [`Error::Corrupt`] (fsck reports it as ever).
 pub(crate) fn mount(
     device: Arc<dyn BlockDevice>,
     cache: iomap::FolioCache,
 ) -> Result<Arc<VolumeInner>> {
-    let loaded = load(&*device, Strictness::Mount)?;
+    let loaded = load_unscanned(&*device, Strictness::Mount)?;
     let Loaded {
         sb,
         slot,
@@ -107,7 +115,7 @@ pub(crate) fn mount(
         chain,
         chain_state,
         state,
-        mut alloc,
+        alloc: (),
         replay_end,
         journal_tail,
         replay_freed,
@@ -117,6 +125,15 @@ pub(crate) fn mount(
         spills,
         pages,
     } = loaded;
+    // O(1) copies (maps are copy-on-write): the state the scan reads
+    // while the volume changes its own.
+    let scan_input = ScanInput {
+        sb: sb.clone(),
+        state: state.clone(),
+        spills: spills.clone(),
+        pages: pages.clone(),
+    };
+    let mut alloc = FreeSpace::Scanning(Vec::new());
     for (seq, addr, len) in replay_freed {
         alloc
             .hold_busy(addr, len, seq)
@@ -158,6 +175,7 @@ pub(crate) fn mount(
         pages,
     };
     let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
+    inner.free_space_gate = FreeSpaceGate::scanning(scan_input);
     inner.mount_warnings = from_backup.iter().map(|b| b.to_string()).collect();
     inner.mounted_from_backup = from_backup.is_some();
     if deltas {
@@ -183,6 +201,113 @@ pub(crate) fn mount(
     Ok(inner)
 }
 
+impl VolumeInner {
+    /// Returns once mount's scan has installed the allocator, or failed
+    /// (the allocator's calls then give its error). Never call it holding
+    /// the metadata lock: the install takes it. Runs the scan itself when
+    /// no thread does (see [`crate::free_space`]).
+    pub(crate) fn wait_free_space(&self) {
+        if self.free_space_gate.is_done() {
+            return;
+        }
+        let never = AtomicBool::new(false);
+        while let Some(Claim::Scan(input)) = self.free_space_gate.claim(true) {
+            self.scan_free_space(&input, &never);
+        }
+    }
+
+    /// The metadata lock, once free space can be allocated from (or the
+    /// scan failed).
+    pub(crate) fn meta_for_allocation(&self) -> ShardedWriteGuard<'_, Meta> {
+        self.wait_free_space();
+        self.meta.write()
+    }
+
+    /// Before a change whose room check for the next base reads free
+    /// space (volumes whose bases take data-area space: spilled images or
+    /// extent pages), wait for it outside the metadata lock.
+    pub(crate) fn wait_free_space_for_room(&self) {
+        let takes_space = superblock::INCOMPAT_EXTENT_PAGES | superblock::INCOMPAT_SPILLED_CHECKPOINTS;
+        if self.sb.features_incompat & takes_space != 0 {
+            self.wait_free_space();
+        }
+    }
+
+    /// Builds the allocator from `input` as [`build_allocator`] does and
+    /// installs it, with the frees made since mount; gives up, leaving the
+    /// scan to whoever claims it next, once `cancel` is set.
+    fn scan_free_space(&self, input: &ScanInput, cancel: &AtomicBool) {
+        let gate = &self.free_space_gate;
+        gate.hook(ScanPoint::Start);
+        let built = build_allocator_unless(
+            &input.sb,
+            &input.state,
+            &input.spills,
+            &used_pages(&input.sb, &input.pages),
+            cancel,
+        );
+        let built = match built {
+            Ok(None) => return gate.abandon(),
+            Ok(Some(alloc)) => Ok(alloc),
+            Err(err) => Err(err),
+        };
+        gate.hook(ScanPoint::BeforeInstall);
+        let failure = self.meta.write().alloc.install(built);
+        gate.finish(failure);
+    }
+}
+
+/// The thread that rebuilds free space after mount; dropping it stops
+/// and joins it (what it has not installed, the next waiter scans).
+pub(crate) struct FreeSpaceScan {
+    cancel: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FreeSpaceScan {
+    /// Starts the scan of a volume [`mount`] returned. Should the thread
+    /// not start, the first allocation scans in its caller's thread.
+    pub(crate) fn start(vol: &Arc<VolumeInner>) -> FreeSpaceScan {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let Some(Claim::Scan(input)) = vol.free_space_gate.claim(false) else {
+            return FreeSpaceScan {
+                cancel,
+                thread: None,
+            };
+        };
+        let (weak, stop) = (Arc::downgrade(vol), cancel.clone());
+        let thread = std::thread::Builder::new()
+            .name("iomapfs-free-space".to_string())
+            .spawn(move || {
+                if let Some(vol) = weak.upgrade() {
+                    vol.scan_free_space(&input, &stop);
+                }
+            });
+        match thread {
+            Ok(thread) => FreeSpaceScan {
+                cancel,
+                thread: Some(thread),
+            },
+            Err(_) => {
+                vol.free_space_gate.abandon();
+                FreeSpaceScan {
+                    cancel,
+                    thread: None,
+                }
+            }
+        }
+    }
+}
+
+impl Drop for FreeSpaceScan {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
 /// How much inconsistency loading tolerates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Strictness {
@@ -193,8 +318,9 @@ pub(crate) enum Strictness {
     Fsck,
 }
 
-/// What mount and fsck read from a device.
-pub(crate) struct Loaded {
+/// What mount and fsck read from a device: with `A` the allocator, or
+/// `()` before free space is rebuilt ([`load_unscanned`]).
+pub(crate) struct Loaded<A = Allocator> {
     pub sb: Superblock,
     pub slot: usize,
     pub generation: u64,
@@ -203,7 +329,7 @@ pub(crate) struct Loaded {
     /// The state the newest checkpoint holds, before journal replay.
     pub chain_state: MetaState,
     pub state: MetaState,
-    pub alloc: Allocator,
+    pub alloc: A,
     pub replay_end: journal::ReplayEnd,
     pub journal_tail: u64,
     /// `(seq, addr, len)`: space the replayed records freed. Only the
@@ -223,8 +349,64 @@ pub(crate) struct Loaded {
 }
 
 /// Reads the superblock and newest checkpoint, replays the journal and
-/// rebuilds free space. Shared by mount and fsck.
+/// rebuilds free space, synchronously: fsck's loading (mount rebuilds
+/// free space in the background, see [`crate::free_space`]).
 pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<Loaded> {
+    let loaded = load_unscanned(device, strictness)?;
+    let alloc = build_allocator(
+        &loaded.sb,
+        &loaded.state,
+        &loaded.spills,
+        &used_pages(&loaded.sb, &loaded.pages),
+    )?;
+    Ok(loaded.with_alloc(alloc))
+}
+
+impl Loaded<()> {
+    fn with_alloc(self, alloc: Allocator) -> Loaded {
+        let Loaded {
+            sb,
+            slot,
+            generation,
+            chain,
+            chain_state,
+            state,
+            alloc: (),
+            replay_end,
+            journal_tail,
+            replay_freed,
+            damage,
+            from_backup,
+            clean_mark_names_newest,
+            spills,
+            pages,
+        } = self;
+        Loaded {
+            sb,
+            slot,
+            generation,
+            chain,
+            chain_state,
+            state,
+            alloc,
+            replay_end,
+            journal_tail,
+            replay_freed,
+            damage,
+            from_backup,
+            clean_mark_names_newest,
+            spills,
+            pages,
+        }
+    }
+}
+
+/// [`load`] without free space: the superblock, the newest checkpoint and
+/// the journal replayed on it.
+pub(crate) fn load_unscanned(
+    device: &dyn BlockDevice,
+    strictness: Strictness,
+) -> Result<Loaded<()>> {
     let backup_use = match strictness {
         Strictness::Mount => superblock::BackupUse::IfDamaged,
         Strictness::Fsck => superblock::BackupUse::Always,
@@ -295,7 +477,6 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
             Ok(())
         },
     )?;
-    let alloc = build_allocator(&sb, &state, &spills, &used_pages(&sb, &pages))?;
     Ok(Loaded {
         sb,
         slot,
@@ -303,7 +484,7 @@ pub(crate) fn load(device: &dyn BlockDevice, strictness: Strictness) -> Result<L
         chain,
         chain_state,
         state,
-        alloc,
+        alloc: (),
         replay_end,
         journal_tail: ckpt.journal_start,
         replay_freed,
@@ -337,6 +518,56 @@ pub(crate) fn used_pages(
     used.into_iter().collect()
 }
 
+/// Who uses a device range, for the error that names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UsedBy {
+    Extent { ino: Ino, file_off: u64 },
+    Spill { slot: usize },
+    Page,
+}
+
+/// Calls `each` with every device range the volume uses: every extent of
+/// every file (inodes in number order), both slots' spill extents, then
+/// `pages` (from [`used_pages`]). Stops early, returning `false`, when
+/// `each` does. The one enumeration of used space that the allocator is
+/// built from, at mount and by fsck.
+pub(crate) fn for_each_used_range(
+    state: &MetaState,
+    spills: &[Vec<checkpoint::SpillExtent>],
+    pages: &[(u64, u64)],
+    each: &mut dyn FnMut(UsedBy, u64, u64) -> bool,
+) -> Result<bool> {
+    let mut inos: Vec<&Ino> = state.inodes.keys().collect();
+    inos.sort_unstable();
+    for ino in inos {
+        for e in state.inodes[ino].extents.iter() {
+            let by = UsedBy::Extent {
+                ino: *ino,
+                file_off: e.file_off,
+            };
+            if !each(by, e.addr, e.len) {
+                return Ok(false);
+            }
+        }
+    }
+    for (slot, spill) in spills.iter().enumerate() {
+        for &(addr, len) in spill {
+            if !each(UsedBy::Spill { slot }, addr, len) {
+                return Ok(false);
+            }
+        }
+    }
+    for &(addr, len) in pages {
+        if !each(UsedBy::Page, addr, len) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// How often (in ranges) the scan looks whether it is to stop.
+const RANGES_PER_CANCEL_CHECK: usize = 1 << 16;
+
 /// Free space = the data area minus every extent and the spill extents and
 /// extent pages (`pages`, from [`used_pages`]) of both slots' checkpoints
 /// (the older is the fallback while the newer is not durable). An extent
@@ -347,50 +578,60 @@ pub(crate) fn build_allocator(
     spills: &[Vec<checkpoint::SpillExtent>],
     pages: &[(u64, u64)],
 ) -> Result<Allocator> {
+    let never = AtomicBool::new(false);
+    build_allocator_unless(sb, state, spills, pages, &never)
+        .map(|built| built.expect("never cancelled"))
+}
+
+/// [`build_allocator`], or `None` once `cancel` is set.
+pub(crate) fn build_allocator_unless(
+    sb: &Superblock,
+    state: &MetaState,
+    spills: &[Vec<checkpoint::SpillExtent>],
+    pages: &[(u64, u64)],
+    cancel: &AtomicBool,
+) -> Result<Option<Allocator>> {
     let data = &sb.layout.data;
-    let mut inos: Vec<&Ino> = state.inodes.keys().collect();
-    inos.sort_unstable();
-    let owners: Vec<(Ino, &crate::types::Extent)> = inos
-        .into_iter()
-        .flat_map(|ino| state.inodes[ino].extents.iter().map(move |e| (*ino, e)))
-        .collect();
-    let spilled: Vec<(usize, checkpoint::SpillExtent)> = spills
-        .iter()
-        .enumerate()
-        .flat_map(|(slot, s)| s.iter().map(move |&e| (slot, e)))
-        .collect();
-    let used: Vec<(u64, u64)> = owners
-        .iter()
-        .map(|(_, e)| (e.addr, e.len))
-        .chain(spilled.iter().map(|&(_, e)| e))
-        .chain(pages.iter().copied())
-        .collect();
-    Allocator::with_used(data.start, data.len, sb.layout.block_size, &used).map_err(
-        |(i, reason)| match owners.get(i) {
-            Some(&(ino, ext)) => Error::corrupt(
-                "extent map",
-                ext.addr,
-                format!(
-                    "inode {ino} extent at file offset {}: {reason}",
-                    ext.file_off
-                ),
-            ),
-            None if i < owners.len() + spilled.len() => {
-                let (slot, (addr, _)) = spilled[i - owners.len()];
-                Error::corrupt(
-                    "spill table",
-                    addr,
-                    format!("checkpoint slot {slot}'s spill extent: {reason}"),
-                )
-            }
-            None => {
-                let (addr, _) = pages[i - owners.len() - spilled.len()];
-                Error::corrupt(
-                    "extent page",
-                    addr,
-                    format!("a checkpoint's extent page: {reason}"),
-                )
-            }
-        },
-    )
+    let mut used: Vec<(u64, u64)> = Vec::new();
+    let complete = for_each_used_range(state, spills, pages, &mut |_, addr, len| {
+        used.push((addr, len));
+        !(used.len().is_multiple_of(RANGES_PER_CANCEL_CHECK) && cancel.load(Ordering::Relaxed))
+    })?;
+    if !complete {
+        return Ok(None);
+    }
+    let built = Allocator::with_used(data.start, data.len, sb.layout.block_size, &used);
+    drop(used);
+    let (i, reason) = match built {
+        Ok(alloc) => return Ok(Some(alloc)),
+        Err(refused) => refused,
+    };
+    // Only on corruption: enumerate again to name the range's owner.
+    let mut seen = 0;
+    let mut owner = None;
+    for_each_used_range(state, spills, pages, &mut |by, addr, _| {
+        if seen == i {
+            owner = Some((by, addr));
+        }
+        seen += 1;
+        owner.is_none()
+    })?;
+    Err(match owner {
+        Some((UsedBy::Extent { ino, file_off }, addr)) => Error::corrupt(
+            "extent map",
+            addr,
+            format!("inode {ino} extent at file offset {file_off}: {reason}"),
+        ),
+        Some((UsedBy::Spill { slot }, addr)) => Error::corrupt(
+            "spill table",
+            addr,
+            format!("checkpoint slot {slot}'s spill extent: {reason}"),
+        ),
+        Some((UsedBy::Page, addr)) => Error::corrupt(
+            "extent page",
+            addr,
+            format!("a checkpoint's extent page: {reason}"),
+        ),
+        None => Error::corrupt("free space", data.start, reason),
+    })
 }

@@ -180,6 +180,8 @@ impl VolumeInner {
         target: &[u8],
     ) -> Result<Stat> {
         self.check_live()?;
+        // The room check for the next base reads free space.
+        self.wait_free_space_for_room();
         let stat = {
             let mut meta = self.meta.write();
             let ino = self.make_node_locked(&mut meta, parent, name, node, target)?;
@@ -242,6 +244,7 @@ impl VolumeInner {
     /// A new name `parent/name` for `ino` (a hard link).
     pub(crate) fn link(&self, ino: Ino, parent: Ino, name: &str) -> Result<Stat> {
         self.check_live()?;
+        self.wait_free_space_for_room();
         let stat = {
             let mut meta = self.meta.write();
             let what = || format!("inode {parent}/{name}");
@@ -392,6 +395,7 @@ impl VolumeInner {
         flags: RenameFlags,
     ) -> Result<()> {
         self.check_live()?;
+        self.wait_free_space_for_room();
         {
             let mut meta = self.meta.write();
             let from = || format!("inode {src_parent}/{src_name}");

@@ -70,6 +70,7 @@ impl VolumeInner {
                 max: MAX_XATTR_VALUE_LEN as u64,
             });
         }
+        self.wait_free_space_for_room();
         {
             let mut meta = self.meta.write();
             let inode = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
