@@ -302,6 +302,15 @@ impl Allocator {
         self.free.iter().map(|(&a, &l)| (a, l)).collect()
     }
 
+    /// Busy ranges `(addr, len, seq of the record that freed them)` in
+    /// address order.
+    pub fn busy_ranges(&self) -> Vec<(u64, u64, u64)> {
+        self.busy
+            .iter()
+            .map(|(&a, &(l, seq))| (a, l, seq))
+            .collect()
+    }
+
     /// Checks the invariants: free extents aligned, inside the data area,
     /// non-empty, sorted and coalesced; busy ranges aligned, inside, and
     /// disjoint from each other and from free space; both indexes mirror

@@ -93,15 +93,15 @@ pub(crate) fn allocate_holes(
             } else {
                 None
             };
-            let (addr, len) =
-                meta.alloc
-                    .allocator_mut()?
-                    .alloc(hole_end - cur, hint)
-                    .ok_or_else(|| Error::NoSpace {
-                        what: format!("inode {ino} file offset {cur}"),
-                        needed: hole_end - cur,
-                        available: 0,
-                    })?;
+            let (addr, len) = meta
+                .alloc
+                .allocator_mut()?
+                .alloc(hole_end - cur, hint)
+                .ok_or_else(|| Error::NoSpace {
+                    what: format!("inode {ino} file offset {cur}"),
+                    needed: hole_end - cur,
+                    available: 0,
+                })?;
             meta.log(Record::MapUnwritten {
                 ino,
                 file_off: cur,

@@ -13,11 +13,11 @@ use crate::free_space::{Claim, FreeSpace, FreeSpaceGate, ScanInput, ScanPoint};
 use crate::journal::{self, JournalWriter};
 use crate::limits::COMMIT_THRESHOLD_DIVISOR;
 use crate::mount_state::{now, CommitState, Meta, VolumeInner};
-use iomap::sharded_rwlock::ShardedWriteGuard;
 use crate::state::MetaState;
 use crate::superblock::{self, Layout, Superblock};
 use crate::types::{Ino, Record};
 use crate::{Error, Result};
+use iomap::sharded_rwlock::ShardedWriteGuard;
 
 /// Choices made at format time.
 #[derive(Clone, Debug)]
@@ -223,20 +223,32 @@ impl VolumeInner {
         self.meta.write()
     }
 
-    /// Before a change whose room check for the next base reads free
-    /// space (volumes whose bases take data-area space: spilled images or
-    /// extent pages), wait for it outside the metadata lock.
-    pub(crate) fn wait_free_space_for_room(&self) {
-        let takes_space = superblock::INCOMPAT_EXTENT_PAGES | superblock::INCOMPAT_SPILLED_CHECKPOINTS;
-        if self.sb.features_incompat & takes_space != 0 {
-            self.wait_free_space();
+    /// Runs `change` under the metadata write lock. A change whose room
+    /// check for the next base reads free space while the scan runs gets
+    /// [`Error::FreeSpacePending`] from it before changing anything: the
+    /// lock is dropped, the scan waited for, and `change` run again.
+    /// Changes that need no free space (most, on a volume whose bases take
+    /// no data-area space) never wait.
+    pub(crate) fn with_free_space<T>(
+        &self,
+        mut change: impl FnMut(&mut Meta) -> Result<T>,
+    ) -> Result<T> {
+        loop {
+            let mut meta = self.meta.write();
+            match change(&mut meta) {
+                Err(e) if matches!(e.root(), Error::FreeSpacePending) => {
+                    drop(meta);
+                    self.wait_free_space();
+                }
+                done => return done,
+            }
         }
     }
 
     /// Builds the allocator from `input` as [`build_allocator`] does and
     /// installs it, with the frees made since mount; gives up, leaving the
     /// scan to whoever claims it next, once `cancel` is set.
-    fn scan_free_space(&self, input: &ScanInput, cancel: &AtomicBool) {
+    pub(crate) fn scan_free_space(&self, input: &ScanInput, cancel: &AtomicBool) {
         let gate = &self.free_space_gate;
         gate.hook(ScanPoint::Start);
         let built = build_allocator_unless(
@@ -592,6 +604,9 @@ pub(crate) fn build_allocator_unless(
     cancel: &AtomicBool,
 ) -> Result<Option<Allocator>> {
     let data = &sb.layout.data;
+    if cancel.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
     let mut used: Vec<(u64, u64)> = Vec::new();
     let complete = for_each_used_range(state, spills, pages, &mut |_, addr, len| {
         used.push((addr, len));

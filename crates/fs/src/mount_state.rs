@@ -21,10 +21,10 @@ use iomap::sharded_rwlock::ShardedRwLock;
 use iomap::{FlushCoalescer, FolioCache, InodeIoLock, Mapping};
 use parking_lot::Mutex;
 
-use crate::free_space::{FreeSpace, FreeSpaceGate};
 use crate::background_request::BackgroundRequest;
 use crate::checkpoint::CHECKPOINT_HEADER_LEN;
 use crate::codec::RECORD_MIN_ENCODED_LEN;
+use crate::free_space::{FreeSpace, FreeSpaceGate};
 use crate::journal::JournalWriter;
 use crate::limits::{CHECKPOINT_HEADROOM, RECORD_BYTES_ESTIMATE};
 use crate::state::{MetaState, IMAGE_BYTES_PER_EXTENT};

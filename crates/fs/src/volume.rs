@@ -176,18 +176,12 @@ impl Volume {
         if flags.read_only && flags.truncate {
             return Err(Error::invalid(path, "truncate on a read-only open"));
         }
-        let inode = loop {
-            let mut meta = self.inner.meta.write();
-            match self.inner.lookup_or_create(&mut meta, path, flags) {
-                // A create's room check needs free space; an open of an
-                // existing file never waits for it.
-                Err(Error::FreeSpacePending) => {
-                    drop(meta);
-                    self.inner.wait_free_space();
-                }
-                ino => break meta.open_handle(ino?, &self.inner.cache),
-            }
-        };
+        // A create's room check may wait for free space; an open of an
+        // existing file never does.
+        let inode = self.inner.with_free_space(|meta| {
+            let ino = self.inner.lookup_or_create(meta, path, flags)?;
+            Ok(meta.open_handle(ino, &self.inner.cache))
+        })?;
         self.inner.commit_if_due()?;
         let file = File::new(self.inner.clone(), inode, flags, path);
         if flags.truncate {
@@ -611,7 +605,16 @@ mod tests {
         drop(a);
         vol.unlink("a").unwrap();
         // Freed but busy until a checkpoint holds the unlink; statfs counts it.
-        assert_eq!(vol.inner.meta.read().alloc.allocator().unwrap().free_bytes(), 0);
+        assert_eq!(
+            vol.inner
+                .meta
+                .read()
+                .alloc
+                .allocator()
+                .unwrap()
+                .free_bytes(),
+            0
+        );
         assert_eq!(vol.statfs().free_bytes, free);
         let b = vol.open_file("b", create).unwrap();
         b.fallocate(0, free, false).unwrap();

@@ -70,9 +70,7 @@ impl VolumeInner {
                 max: MAX_XATTR_VALUE_LEN as u64,
             });
         }
-        self.wait_free_space_for_room();
-        {
-            let mut meta = self.meta.write();
+        self.with_free_space(|meta| {
             let inode = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
             if !matches!(inode.kind, FileKind::Regular | FileKind::Directory) {
                 return Err(Error::NotPermitted {
@@ -114,7 +112,8 @@ impl VolumeInner {
                 value: value.to_vec(),
                 ctime: now(),
             })?;
-        }
+            Ok(())
+        })?;
         self.commit_if_due()
     }
 

@@ -273,7 +273,9 @@ fn a_spill_extent_over_a_file_extent_is_refused() {
     checkpoint::write_spilled_base(&*dev, &sb, other, &forged, &[(first, want)]).unwrap();
     let before = dev.snapshot();
     let vol = Volume::open(dynd(&dev)).expect("mount leaves the layout to the scan");
-    let err = vol.wait_free_space().expect_err("the scan finds the overlap");
+    let err = vol
+        .wait_free_space()
+        .expect_err("the scan finds the overlap");
     assert!(matches!(err, Error::Corrupt { .. }), "{err}");
     let msg = err.to_string();
     assert!(
@@ -299,8 +301,14 @@ fn a_spill_extent_over_a_file_extent_is_refused() {
         ("fallocate", f.fallocate(hole, BS as u64, true)),
         (
             "buffered write",
-            vol.open_file("/g", OpenFlags { direct: false, ..DIRECT })
-                .and_then(|g| g.pwrite(&[9u8; BS], 0).and_then(|_| g.fsync())),
+            vol.open_file(
+                "/g",
+                OpenFlags {
+                    direct: false,
+                    ..DIRECT
+                },
+            )
+            .and_then(|g| g.pwrite(&[9u8; BS], 0).and_then(|_| g.fsync())),
         ),
     ] {
         let err = result.expect_err(what);
