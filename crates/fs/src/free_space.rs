@@ -240,6 +240,10 @@ pub enum ScanPoint {
     Start,
     /// Built, before the install takes the metadata lock.
     BeforeInstall,
+    /// Called by the thread that stops the scan (the last `Volume` handle
+    /// dropped), after it asked the scan to stop and before it joins it:
+    /// a test holding the scan lets it go here.
+    Cancelled,
 }
 
 /// Called by the scan at each [`ScanPoint`]: tests block it there to

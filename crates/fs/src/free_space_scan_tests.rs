@@ -52,12 +52,14 @@ impl Held {
     fn new() -> Held {
         let (tx, rx) = mpsc::channel::<()>();
         let rx = Mutex::new(rx);
+        let on_cancel = Mutex::new(tx.clone());
         let installing = Arc::new(AtomicBool::new(false));
         let seen = installing.clone();
         let hook = ScanHook(Arc::new(move |point| match point {
-            // Returns once released (or the sender is gone).
+            // Returns once released, or cancelled.
             ScanPoint::Start => drop(rx.lock().unwrap().recv()),
             ScanPoint::BeforeInstall => seen.store(true, Ordering::SeqCst),
+            ScanPoint::Cancelled => drop(on_cancel.lock().unwrap().send(())),
         }));
         Held {
             opts: MountOptions {
@@ -70,7 +72,9 @@ impl Held {
     }
 
     fn release(&self) {
-        self.release.lock().unwrap().take();
+        if let Some(tx) = self.release.lock().unwrap().take() {
+            let _ = tx.send(());
+        }
     }
 }
 
@@ -290,9 +294,40 @@ fn frees_during_the_scan_land_once_and_allocations_wait_for_it() {
     }
 }
 
-/// Unmount while the scan is held: the unmount's checkpoint (which, with
-/// extent pages, allocates its pages) waits for it, the thread is joined,
-/// and the volume is clean after.
+/// Unmount while the scan is held (released only by the cancel): the
+/// unmount, which allocates nothing here, completes; dropping the volume
+/// cancels the scan and joins its thread, which installs nothing; the
+/// volume is clean and mounts again with the free space a synchronous
+/// mount builds.
+#[test]
+fn unmount_during_the_scan_cancels_and_joins_it() {
+    let dev = Arc::new(MemDevice::new(8 << 20, 512));
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone()).unwrap();
+    vol.open_file("/f", DIRECT)
+        .unwrap()
+        .pwrite(&[5u8; 8192], 0)
+        .unwrap();
+    vol.unmount().unwrap();
+    let held = Held::new();
+    let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
+    let inner = vol.inner.clone();
+    vol.unmount().unwrap();
+    assert!(
+        !inner.free_space_gate.is_done(),
+        "the scan was cancelled, not finished"
+    );
+    drop(inner);
+    let report = crate::fsck::check(dev.clone()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let want = synchronous(&dev);
+    let vol = Volume::open(dev.clone()).unwrap();
+    assert_eq!(installed(&vol).free_extents(), want.free_extents());
+}
+
+/// Unmount while the scan is held, released from the test: whatever the
+/// unmount's checkpoint needs (with extent pages, its pages may take
+/// space) waits for it, and the volume is clean after.
 #[test]
 fn unmount_during_the_scan_joins_it() {
     for extent_pages in [false, true] {

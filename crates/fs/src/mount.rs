@@ -272,6 +272,7 @@ impl VolumeInner {
 /// The thread that rebuilds free space after mount; dropping it stops
 /// and joins it (what it has not installed, the next waiter scans).
 pub(crate) struct FreeSpaceScan {
+    vol: std::sync::Weak<VolumeInner>,
     cancel: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -283,6 +284,7 @@ impl FreeSpaceScan {
         let cancel = Arc::new(AtomicBool::new(false));
         let Some(Claim::Scan(input)) = vol.free_space_gate.claim(false) else {
             return FreeSpaceScan {
+                vol: Arc::downgrade(vol),
                 cancel,
                 thread: None,
             };
@@ -297,12 +299,14 @@ impl FreeSpaceScan {
             });
         match thread {
             Ok(thread) => FreeSpaceScan {
+                vol: Arc::downgrade(vol),
                 cancel,
                 thread: Some(thread),
             },
             Err(_) => {
                 vol.free_space_gate.abandon();
                 FreeSpaceScan {
+                    vol: Arc::downgrade(vol),
                     cancel,
                     thread: None,
                 }
@@ -315,6 +319,9 @@ impl Drop for FreeSpaceScan {
     fn drop(&mut self) {
         self.cancel.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
+            if let Some(vol) = self.vol.upgrade() {
+                vol.free_space_gate.hook(ScanPoint::Cancelled);
+            }
             let _ = thread.join();
         }
     }
