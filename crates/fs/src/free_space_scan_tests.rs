@@ -95,14 +95,12 @@ fn synchronous(dev: &Arc<MemDevice>) -> Allocator {
         .map(|i| i.ino)
         .collect();
     orphans.sort_unstable();
-    let mut seq = loaded.replay_end.next_seq;
-    for ino in orphans {
+    for (seq, ino) in (loaded.replay_end.next_seq..).zip(orphans) {
         let mut freed = Vec::new();
         state.apply(&Record::FreeInode { ino }, &mut freed).unwrap();
         for (addr, len) in freed {
             alloc.free(addr, len, seq).unwrap();
         }
-        seq += 1;
     }
     alloc
 }
