@@ -1,6 +1,7 @@
 //! Bringing a volume up: format, mount (newest checkpoint, journal replay,
-//! free space rebuilt from the extents, orphans freed), and the loading
-//! that fsck shares with mount.
+//! orphans freed; free space rebuilt from the extents by a background
+//! scan, see [`crate::free_space`]), and the loading that fsck shares with
+//! mount (which builds free space synchronously).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
