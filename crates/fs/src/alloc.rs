@@ -1,8 +1,9 @@
 //! Free space of the data area.
 //!
-//! Free space is not stored on disk: at mount it is the data area minus every
-//! file's extents ([`Allocator::mark_used`]), which also detects two extents
-//! claiming the same block. After that, the allocator is pure memory.
+//! Free space is not stored on disk: after mount it is the data area minus
+//! every file's extents ([`Allocator::with_used`], built by a background
+//! scan: see `free_space`), which also detects two extents claiming the
+//! same block. After that, the allocator is pure memory.
 //!
 //! Fault model: a power cut may lose every metadata change after the last
 //! durable journal record. If space freed by a not-yet-durable record (a
@@ -300,6 +301,15 @@ impl Allocator {
     /// Free extents `(addr, len)` in address order, coalesced.
     pub fn free_extents(&self) -> Vec<(u64, u64)> {
         self.free.iter().map(|(&a, &l)| (a, l)).collect()
+    }
+
+    /// Busy ranges `(addr, len, seq of the record that freed them)` in
+    /// address order.
+    pub fn busy_ranges(&self) -> Vec<(u64, u64, u64)> {
+        self.busy
+            .iter()
+            .map(|(&a, &(l, seq))| (a, l, seq))
+            .collect()
     }
 
     /// Checks the invariants: free extents aligned, inside the data area,

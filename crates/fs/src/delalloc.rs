@@ -25,17 +25,20 @@ impl Meta {
     /// Free bytes neither a delayed allocation nor the next checkpoint
     /// base (its spilled image, or its extent pages and spilled root: see
     /// [`Meta::base_reserve_for`]) has reserved.
-    pub(crate) fn unreserved_bytes(&self) -> u64 {
+    pub(crate) fn unreserved_bytes(&self) -> Result<u64> {
         self.unreserved_bytes_after(BaseGrowth::default())
     }
 
     /// [`Meta::unreserved_bytes`] once the next base has grown by
     /// `growth`: what a change that grows it that much may take.
-    pub(crate) fn unreserved_bytes_after(&self, growth: BaseGrowth) -> u64 {
-        self.alloc
+    /// [`Error::FreeSpacePending`] while mount's scan runs.
+    pub(crate) fn unreserved_bytes_after(&self, growth: BaseGrowth) -> Result<u64> {
+        Ok(self
+            .alloc
+            .allocator()?
             .free_bytes()
             .saturating_sub(self.delalloc_reserved)
-            .saturating_sub(self.base_reserve_for(growth))
+            .saturating_sub(self.base_reserve_for(growth)))
     }
 
     /// The delalloc range holding `pos`, as its end.
@@ -94,7 +97,7 @@ impl Meta {
         // The ranges become extents at writeback: the room the next base
         // needs for them stays free now, so that this write is the one
         // refused rather than its writeback.
-        let available = self.unreserved_bytes_after(self.growth_for_holes(ino, new.len()));
+        let available = self.unreserved_bytes_after(self.growth_for_holes(ino, new.len()))?;
         if needed > available {
             return Err(Error::NoSpace {
                 what: format!("inode {ino} buffered write of file range {start}..{end}"),

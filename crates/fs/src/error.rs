@@ -91,6 +91,17 @@ pub enum Error {
     },
     #[error("volume was shut down after an I/O error; remount to recover: {reason}")]
     Shutdown { reason: String },
+    /// Free space is still being rebuilt after mount (see
+    /// `free_space`). Internal: a caller that gets it under the metadata
+    /// lock drops the lock, waits for the scan and retries; it reaches
+    /// nobody outside the crate.
+    #[error("free space is still being rebuilt after mount")]
+    FreeSpacePending,
+    /// The scan that rebuilds free space after mount failed for a reason
+    /// other than corruption (which is [`Error::Corrupt`]): nothing can be
+    /// allocated until a remount.
+    #[error("free space could not be rebuilt after mount, so nothing can be allocated until a remount: {reason}")]
+    FreeSpaceUnavailable { reason: String },
 }
 
 impl iomap::EngineError for Error {
@@ -158,7 +169,8 @@ impl Error {
             Error::IsSymlink { .. } => libc::ELOOP,
             Error::Device { source, .. } => source.errno(),
             Error::Iomap(e) => e.errno(),
-            Error::Shutdown { .. } => libc::EIO,
+            Error::Shutdown { .. } | Error::FreeSpaceUnavailable { .. } => libc::EIO,
+            Error::FreeSpacePending => libc::EAGAIN,
             Error::At { source, .. } => source.errno(),
         }
     }

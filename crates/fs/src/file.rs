@@ -383,16 +383,17 @@ impl File {
             }
             self.zero_inside_eof_locked(offset, inner_start)?;
             self.zero_inside_eof_locked(inner_end, end)?;
-            let mut meta = self.handle.vol.meta.write();
-            meta.reserve_image(
-                &self.handle.vol.sb,
-                crate::mount_state::image_bytes_for_extents(1),
-            )?;
-            meta.log(Record::Punch {
-                ino: self.handle.inode.ino,
-                file_off: inner_start,
-                len: inner_end - inner_start,
-                mtime_ns: now_ns(),
+            self.handle.vol.with_free_space(|meta| {
+                meta.reserve_image(
+                    &self.handle.vol.sb,
+                    crate::mount_state::image_bytes_for_extents(1),
+                )?;
+                meta.log(Record::Punch {
+                    ino: self.handle.inode.ino,
+                    file_off: inner_start,
+                    len: inner_end - inner_start,
+                    mtime_ns: now_ns(),
+                })
             })?;
             Ok(())
         })();

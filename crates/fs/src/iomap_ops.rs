@@ -18,12 +18,24 @@ impl VolumeInner {
     /// tail); when an allocation fails while space is busy, checkpoint to
     /// release it and try once more. Returns
     /// the lock still held, so the caller sees the state it allocated in.
+    ///
+    /// While mount's scan rebuilds free space, `allocate` gets
+    /// [`Error::FreeSpacePending`] before it changes anything if it needs
+    /// the allocator (an overwrite does not): the lock is dropped, the
+    /// scan waited for, and `allocate` run again.
     pub(crate) fn with_busy_retry<T>(
         &self,
         mut allocate: impl FnMut(&mut Meta) -> Result<T>,
     ) -> Result<(ShardedWriteGuard<'_, Meta>, T)> {
         let mut meta = self.meta.write();
-        match allocate(&mut meta) {
+        let mut attempt = allocate(&mut meta);
+        while matches!(&attempt, Err(e) if matches!(e.root(), Error::FreeSpacePending)) {
+            drop(meta);
+            self.wait_free_space();
+            meta = self.meta.write();
+            attempt = allocate(&mut meta);
+        }
+        match attempt {
             Err(e) if matches!(e.root(), Error::NoSpace { .. }) && meta.alloc.busy_bytes() > 0 => {
                 drop(meta);
                 self.checkpoint()?;
@@ -59,7 +71,7 @@ pub(crate) fn allocate_holes(
     // stays free.
     let growth = meta.growth_for_holes(ino, holes.len());
     // Space a buffered write reserved in this range is this allocation's.
-    let available = meta.unreserved_bytes_after(growth) + meta.delalloc_within(ino, start, end);
+    let available = meta.unreserved_bytes_after(growth)? + meta.delalloc_within(ino, start, end);
     if needed > available {
         return Err(Error::NoSpace {
             what: format!("inode {ino} file range {start}..{end}"),
@@ -83,14 +95,15 @@ pub(crate) fn allocate_holes(
             } else {
                 None
             };
-            let (addr, len) =
-                meta.alloc
-                    .alloc(hole_end - cur, hint)
-                    .ok_or_else(|| Error::NoSpace {
-                        what: format!("inode {ino} file offset {cur}"),
-                        needed: hole_end - cur,
-                        available: 0,
-                    })?;
+            let (addr, len) = meta
+                .alloc
+                .allocator_mut()?
+                .alloc(hole_end - cur, hint)
+                .ok_or_else(|| Error::NoSpace {
+                    what: format!("inode {ino} file offset {cur}"),
+                    needed: hole_end - cur,
+                    available: 0,
+                })?;
             meta.log(Record::MapUnwritten {
                 ino,
                 file_off: cur,

@@ -15,6 +15,9 @@ pub mod extent_map;
 pub mod extent_pages;
 pub mod file;
 mod flusher;
+mod free_space;
+#[cfg(test)]
+mod free_space_scan_tests;
 pub mod fsck;
 mod handles;
 mod iomap_ops;
@@ -37,6 +40,7 @@ mod xattr;
 pub use attributes::{SetAttr, TimeSet};
 pub use error::{Error, Result};
 pub use file::{FiemapExtent, FiemapKind, File, OpenFlags, SeekFor, Stat};
+pub use free_space::{ScanHook, ScanPoint};
 pub use namespace::{NewNode, RenameFlags};
 pub use types::{FileKind, Ino, Timestamp, ROOT_INO};
 pub use volume::{DirEntry, FormatOptions, MountOptions, StatFs, Volume};

@@ -1,13 +1,16 @@
 //! Bringing a volume up: format, mount (newest checkpoint, journal replay,
-//! free space rebuilt from the extents, orphans freed), and the loading
-//! that fsck shares with mount.
+//! orphans freed; free space rebuilt from the extents by a background
+//! scan, see [`crate::free_space`]), and the loading that fsck shares with
+//! mount (which builds free space synchronously).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use blockdev::BlockDevice;
 
 use crate::alloc::Allocator;
 use crate::checkpoint::{self, Checkpoint};
+use crate::free_space::{Claim, FreeSpace, FreeSpaceGate, ScanInput, ScanPoint};
 use crate::journal::{self, JournalWriter};
 use crate::limits::COMMIT_THRESHOLD_DIVISOR;
 use crate::mount_state::{now, CommitState, Meta, VolumeInner};
@@ -16,6 +19,7 @@ use crate::state::MetaState;
 use crate::superblock::{self, Layout, Superblock};
 use crate::types::{Ino, Record};
 use crate::{Error, Result};
+use iomap::sharded_rwlock::ShardedWriteGuard;
 
 /// Choices made at format time.
 #[derive(Clone, Debug)]
@@ -95,12 +99,17 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
 }
 
 /// Mounts the volume on `device`: reads the newest valid checkpoint,
-/// replays the journal after it and frees orphans.
+/// replays the journal after it and frees orphans. Free space is not
+/// rebuilt yet: the returned volume holds the scan's input, which
+/// [`crate::volume::Volume`] hands to a background thread
+/// ([`crate::free_space`]). A layout whose extents overlap is therefore
+/// found by that scan, after mount: allocations then fail with its
+/// [`Error::Corrupt`] (fsck reports it as ever).
 pub(crate) fn mount(
     device: Arc<dyn BlockDevice>,
     cache: iomap::FolioCache,
 ) -> Result<Arc<VolumeInner>> {
-    let loaded = load(&device, Strictness::Mount)?;
+    let loaded = load_unscanned(&device, Strictness::Mount)?;
     let Loaded {
         sb,
         slot,
@@ -108,7 +117,7 @@ pub(crate) fn mount(
         chain,
         chain_state,
         state,
-        mut alloc,
+        alloc: (),
         replay_end,
         journal_tail,
         replay_freed,
@@ -119,6 +128,15 @@ pub(crate) fn mount(
         pages,
         page_loader,
     } = loaded;
+    // O(1) copies (maps are copy-on-write): the state the scan reads
+    // while the volume changes its own.
+    let scan_input = ScanInput {
+        sb: sb.clone(),
+        state: state.clone(),
+        spills: spills.clone(),
+        pages: pages.clone(),
+    };
+    let mut alloc = FreeSpace::Scanning(Vec::new());
     for (seq, addr, len) in replay_freed {
         alloc
             .hold_busy(addr, len, seq)
@@ -160,12 +178,8 @@ pub(crate) fn mount(
         pages,
     };
     let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
+    inner.free_space_gate = FreeSpaceGate::scanning(scan_input);
     inner.mount_warnings = from_backup.iter().map(|b| b.to_string()).collect();
-    if let Some(loader) = &page_loader {
-        // Pages found damaged while free space was rebuilt: their files
-        // mount, the chunks give EIO when read.
-        inner.mount_warnings.extend(loader.stats().damaged);
-    }
     inner.page_loader = page_loader;
     inner.mounted_from_backup = from_backup.is_some();
     if deltas {
@@ -191,6 +205,132 @@ pub(crate) fn mount(
     Ok(inner)
 }
 
+impl VolumeInner {
+    /// Returns once mount's scan has installed the allocator, or failed
+    /// (the allocator's calls then give its error). Never call it holding
+    /// the metadata lock: the install takes it. Runs the scan itself when
+    /// no thread does (see [`crate::free_space`]).
+    pub(crate) fn wait_free_space(&self) {
+        if self.free_space_gate.is_done() {
+            return;
+        }
+        let never = AtomicBool::new(false);
+        while let Some(Claim::Scan(input)) = self.free_space_gate.claim(true) {
+            self.scan_free_space(&input, &never);
+        }
+    }
+
+    /// The metadata lock, once free space can be allocated from (or the
+    /// scan failed).
+    pub(crate) fn meta_for_allocation(&self) -> ShardedWriteGuard<'_, Meta> {
+        self.wait_free_space();
+        self.meta.write()
+    }
+
+    /// Runs `change` under the metadata write lock. A change whose room
+    /// check for the next base reads free space while the scan runs gets
+    /// [`Error::FreeSpacePending`] from it before changing anything: the
+    /// lock is dropped, the scan waited for, and `change` run again.
+    /// Changes that need no free space (most, on a volume whose bases take
+    /// no data-area space) never wait.
+    pub(crate) fn with_free_space<T>(
+        &self,
+        mut change: impl FnMut(&mut Meta) -> Result<T>,
+    ) -> Result<T> {
+        loop {
+            let mut meta = self.meta.write();
+            match change(&mut meta) {
+                Err(e) if matches!(e.root(), Error::FreeSpacePending) => {
+                    drop(meta);
+                    self.wait_free_space();
+                }
+                done => return done,
+            }
+        }
+    }
+
+    /// Builds the allocator from `input` as [`build_allocator`] does and
+    /// installs it, with the frees made since mount; gives up, leaving the
+    /// scan to whoever claims it next, once `cancel` is set.
+    pub(crate) fn scan_free_space(&self, input: &ScanInput, cancel: &AtomicBool) {
+        let gate = &self.free_space_gate;
+        gate.hook(ScanPoint::Start);
+        let built = build_allocator_unless(
+            &input.sb,
+            &input.state,
+            &input.spills,
+            &used_pages(&input.sb, &input.pages),
+            cancel,
+        );
+        let built = match built {
+            Ok(None) => return gate.abandon(),
+            Ok(Some(alloc)) => Ok(alloc),
+            Err(err) => Err(err),
+        };
+        gate.hook(ScanPoint::BeforeInstall);
+        let failure = self.meta.write().alloc.install(built);
+        gate.finish(failure);
+    }
+}
+
+/// The thread that rebuilds free space after mount; dropping it stops
+/// and joins it (what it has not installed, the next waiter scans).
+pub(crate) struct FreeSpaceScan {
+    vol: std::sync::Weak<VolumeInner>,
+    cancel: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl FreeSpaceScan {
+    /// Starts the scan of a volume [`mount`] returned. Should the thread
+    /// not start, the first allocation scans in its caller's thread.
+    pub(crate) fn start(vol: &Arc<VolumeInner>) -> FreeSpaceScan {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let Some(Claim::Scan(input)) = vol.free_space_gate.claim(false) else {
+            return FreeSpaceScan {
+                vol: Arc::downgrade(vol),
+                cancel,
+                thread: None,
+            };
+        };
+        let (weak, stop) = (Arc::downgrade(vol), cancel.clone());
+        let thread = std::thread::Builder::new()
+            .name("iomapfs-free-space".to_string())
+            .spawn(move || {
+                if let Some(vol) = weak.upgrade() {
+                    vol.scan_free_space(&input, &stop);
+                }
+            });
+        match thread {
+            Ok(thread) => FreeSpaceScan {
+                vol: Arc::downgrade(vol),
+                cancel,
+                thread: Some(thread),
+            },
+            Err(_) => {
+                vol.free_space_gate.abandon();
+                FreeSpaceScan {
+                    vol: Arc::downgrade(vol),
+                    cancel,
+                    thread: None,
+                }
+            }
+        }
+    }
+}
+
+impl Drop for FreeSpaceScan {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            if let Some(vol) = self.vol.upgrade() {
+                vol.free_space_gate.hook(ScanPoint::Cancelled);
+            }
+            let _ = thread.join();
+        }
+    }
+}
+
 /// How much inconsistency loading tolerates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Strictness {
@@ -201,8 +341,9 @@ pub(crate) enum Strictness {
     Fsck,
 }
 
-/// What mount and fsck read from a device.
-pub(crate) struct Loaded {
+/// What mount and fsck read from a device: with `A` the allocator, or
+/// `()` before free space is rebuilt ([`load_unscanned`]).
+pub(crate) struct Loaded<A = Allocator> {
     pub sb: Superblock,
     pub slot: usize,
     pub generation: u64,
@@ -211,7 +352,7 @@ pub(crate) struct Loaded {
     /// The state the newest checkpoint holds, before journal replay.
     pub chain_state: MetaState,
     pub state: MetaState,
-    pub alloc: Allocator,
+    pub alloc: A,
     pub replay_end: journal::ReplayEnd,
     pub journal_tail: u64,
     /// `(seq, addr, len)`: space the replayed records freed. Only the
@@ -234,8 +375,66 @@ pub(crate) struct Loaded {
 }
 
 /// Reads the superblock and newest checkpoint, replays the journal and
-/// rebuilds free space. Shared by mount and fsck.
+/// rebuilds free space, synchronously: fsck's loading (mount rebuilds
+/// free space in the background, see [`crate::free_space`]).
 pub(crate) fn load(device: &Arc<dyn BlockDevice>, strictness: Strictness) -> Result<Loaded> {
+    let loaded = load_unscanned(device, strictness)?;
+    let alloc = build_allocator(
+        &loaded.sb,
+        &loaded.state,
+        &loaded.spills,
+        &used_pages(&loaded.sb, &loaded.pages),
+    )?;
+    Ok(loaded.with_alloc(alloc))
+}
+
+impl Loaded<()> {
+    fn with_alloc(self, alloc: Allocator) -> Loaded {
+        let Loaded {
+            sb,
+            slot,
+            generation,
+            chain,
+            chain_state,
+            state,
+            alloc: (),
+            replay_end,
+            journal_tail,
+            replay_freed,
+            damage,
+            from_backup,
+            clean_mark_names_newest,
+            spills,
+            pages,
+            page_loader,
+        } = self;
+        Loaded {
+            sb,
+            slot,
+            generation,
+            chain,
+            chain_state,
+            state,
+            alloc,
+            replay_end,
+            journal_tail,
+            replay_freed,
+            damage,
+            from_backup,
+            clean_mark_names_newest,
+            spills,
+            pages,
+            page_loader,
+        }
+    }
+}
+
+/// [`load`] without free space: the superblock, the newest checkpoint and
+/// the journal replayed on it.
+pub(crate) fn load_unscanned(
+    device: &Arc<dyn BlockDevice>,
+    strictness: Strictness,
+) -> Result<Loaded<()>> {
     let dev_arc = device;
     let device: &dyn BlockDevice = &**device;
     let backup_use = match strictness {
@@ -326,7 +525,6 @@ pub(crate) fn load(device: &Arc<dyn BlockDevice>, strictness: Strictness) -> Res
             Ok(())
         },
     )?;
-    let alloc = build_allocator(&sb, &state, &spills, &used_pages(&sb, &pages))?;
     Ok(Loaded {
         sb,
         slot,
@@ -334,7 +532,7 @@ pub(crate) fn load(device: &Arc<dyn BlockDevice>, strictness: Strictness) -> Res
         chain,
         chain_state,
         state,
-        alloc,
+        alloc: (),
         replay_end,
         journal_tail: ckpt.journal_start,
         replay_freed,
@@ -380,111 +578,121 @@ pub(crate) enum UsedBy {
     Page,
 }
 
-/// Passes every device range durable metadata uses to `f` (inodes in
-/// order, extents in file order, then both slots' spill extents, then
-/// `pages` from [`used_pages`]). The extents of an absent chunk come from
-/// its page, read, passed and dropped: the chunk stays absent, so a pass
-/// at mount leaves no map in memory. A page that does not verify is passed
-/// to `lost`, which decides (`Err` stops the pass); a device error stops it.
+/// Calls `each` with every device range the volume uses: every extent of
+/// every file (inodes in number order, extents in file order), both slots'
+/// spill extents, then `pages` (from [`used_pages`]). Stops early,
+/// returning `false`, when `each` does. The extents of an absent chunk
+/// come from its page, read, passed and dropped: the chunk stays absent,
+/// so the scan after mount leaves no map in memory. A page that does not
+/// verify (or cannot be read) stops the pass with its error: free space
+/// cannot be known without its extents. The one enumeration of used space
+/// that the allocator is built from, at mount and by fsck.
 pub(crate) fn for_each_used_range(
     state: &MetaState,
     spills: &[Vec<checkpoint::SpillExtent>],
     pages: &[(u64, u64)],
-    mut f: impl FnMut(UsedBy, u64, u64),
-    mut lost: impl FnMut(Error) -> Result<()>,
-) -> Result<()> {
+    each: &mut dyn FnMut(UsedBy, u64, u64) -> bool,
+) -> Result<bool> {
     let mut inos: Vec<&Ino> = state.inodes.keys().collect();
     inos.sort_unstable();
     for ino in inos {
-        state.inodes[ino].extents.for_each_unkept(
-            |e| {
-                f(
-                    UsedBy::Extent {
-                        ino: *ino,
-                        file_off: e.file_off,
-                    },
-                    e.addr,
-                    e.len,
-                )
-            },
-            &mut lost,
-        )?;
+        let complete = state.inodes[ino].extents.for_each_unkept(|e| {
+            let by = UsedBy::Extent {
+                ino: *ino,
+                file_off: e.file_off,
+            };
+            each(by, e.addr, e.len)
+        })?;
+        if !complete {
+            return Ok(false);
+        }
     }
     for (slot, spill) in spills.iter().enumerate() {
         for &(addr, len) in spill {
-            f(UsedBy::Spill { slot }, addr, len);
+            if !each(UsedBy::Spill { slot }, addr, len) {
+                return Ok(false);
+            }
         }
     }
     for &(addr, len) in pages {
-        f(UsedBy::Page, addr, len);
+        if !each(UsedBy::Page, addr, len) {
+            return Ok(false);
+        }
     }
-    Ok(())
+    Ok(true)
 }
 
-/// Free space = the data area minus every range [`for_each_used_range`]
-/// gives: every extent, and the spill extents and extent pages (`pages`,
-/// from [`used_pages`]) of both slots' checkpoints (the older is the
-/// fallback while the newer is not durable). An extent outside the data
-/// area or overlapping another is corruption. A page that does not verify
-/// is left out (listed by the loader as damage: its chunk gives EIO when
-/// read, and the blocks its extents map count as free, since nothing can
-/// reach them); fsck refuses it earlier, reading every page.
+/// How often (in ranges) the scan looks whether it is to stop.
+const RANGES_PER_CANCEL_CHECK: usize = 1 << 16;
+
+/// Free space = the data area minus every extent and the spill extents and
+/// extent pages (`pages`, from [`used_pages`]) of both slots' checkpoints
+/// (the older is the fallback while the newer is not durable). An extent
+/// outside the data area or overlapping another is corruption, and so is
+/// an extent page that does not verify (its extents' blocks are unknown).
 pub(crate) fn build_allocator(
     sb: &Superblock,
     state: &MetaState,
     spills: &[Vec<checkpoint::SpillExtent>],
     pages: &[(u64, u64)],
 ) -> Result<Allocator> {
+    let never = AtomicBool::new(false);
+    build_allocator_unless(sb, state, spills, pages, &never)
+        .map(|built| built.expect("never cancelled"))
+}
+
+/// [`build_allocator`], or `None` once `cancel` is set.
+pub(crate) fn build_allocator_unless(
+    sb: &Superblock,
+    state: &MetaState,
+    spills: &[Vec<checkpoint::SpillExtent>],
+    pages: &[(u64, u64)],
+    cancel: &AtomicBool,
+) -> Result<Option<Allocator>> {
     let data = &sb.layout.data;
-    let skip_damaged = |e: Error| match e {
-        Error::Corrupt { .. } => Ok(()),
-        other => Err(other),
-    };
+    if cancel.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
     let mut used: Vec<(u64, u64)> = Vec::new();
-    for_each_used_range(
-        state,
-        spills,
-        pages,
-        |_, addr, len| used.push((addr, len)),
-        skip_damaged,
-    )?;
-    Allocator::with_used(data.start, data.len, sb.layout.block_size, &used).map_err(
-        |(i, reason)| {
-            drop(std::mem::take(&mut used));
-            // Who owns range #i: the same pass again (a rare path, so
-            // the common one keeps no owner per range).
-            let mut n = 0;
-            let mut owner = None;
-            let _ = for_each_used_range(
-                state,
-                spills,
-                pages,
-                |by, addr, _| {
-                    if n == i {
-                        owner = Some((by, addr));
-                    }
-                    n += 1;
-                },
-                skip_damaged,
-            );
-            match owner {
-                Some((UsedBy::Extent { ino, file_off }, addr)) => Error::corrupt(
-                    "extent map",
-                    addr,
-                    format!("inode {ino} extent at file offset {file_off}: {reason}"),
-                ),
-                Some((UsedBy::Spill { slot }, addr)) => Error::corrupt(
-                    "spill table",
-                    addr,
-                    format!("checkpoint slot {slot}'s spill extent: {reason}"),
-                ),
-                Some((UsedBy::Page, addr)) => Error::corrupt(
-                    "extent page",
-                    addr,
-                    format!("a checkpoint's extent page: {reason}"),
-                ),
-                None => Error::corrupt("free space", data.start, reason),
-            }
-        },
-    )
+    let complete = for_each_used_range(state, spills, pages, &mut |_, addr, len| {
+        used.push((addr, len));
+        !(used.len().is_multiple_of(RANGES_PER_CANCEL_CHECK) && cancel.load(Ordering::Relaxed))
+    })?;
+    if !complete {
+        return Ok(None);
+    }
+    let built = Allocator::with_used(data.start, data.len, sb.layout.block_size, &used);
+    drop(used);
+    let (i, reason) = match built {
+        Ok(alloc) => return Ok(Some(alloc)),
+        Err(refused) => refused,
+    };
+    // Only on corruption: enumerate again to name the range's owner.
+    let mut seen = 0;
+    let mut owner = None;
+    for_each_used_range(state, spills, pages, &mut |by, addr, _| {
+        if seen == i {
+            owner = Some((by, addr));
+        }
+        seen += 1;
+        owner.is_none()
+    })?;
+    Err(match owner {
+        Some((UsedBy::Extent { ino, file_off }, addr)) => Error::corrupt(
+            "extent map",
+            addr,
+            format!("inode {ino} extent at file offset {file_off}: {reason}"),
+        ),
+        Some((UsedBy::Spill { slot }, addr)) => Error::corrupt(
+            "spill table",
+            addr,
+            format!("checkpoint slot {slot}'s spill extent: {reason}"),
+        ),
+        Some((UsedBy::Page, addr)) => Error::corrupt(
+            "extent page",
+            addr,
+            format!("a checkpoint's extent page: {reason}"),
+        ),
+        None => Error::corrupt("free space", data.start, reason),
+    })
 }

@@ -21,10 +21,10 @@ use iomap::sharded_rwlock::ShardedRwLock;
 use iomap::{FlushCoalescer, FolioCache, InodeIoLock, Mapping};
 use parking_lot::Mutex;
 
-use crate::alloc::Allocator;
 use crate::background_request::BackgroundRequest;
 use crate::checkpoint::CHECKPOINT_HEADER_LEN;
 use crate::codec::RECORD_MIN_ENCODED_LEN;
+use crate::free_space::{FreeSpace, FreeSpaceGate};
 use crate::journal::JournalWriter;
 use crate::limits::{CHECKPOINT_HEADROOM, RECORD_BYTES_ESTIMATE};
 use crate::state::{MetaState, IMAGE_BYTES_PER_EXTENT};
@@ -80,7 +80,9 @@ pub(crate) struct OpenEntry {
 
 pub(crate) struct Meta {
     pub state: MetaState,
-    pub alloc: Allocator,
+    /// The allocator, once mount's scan has built it (see
+    /// [`crate::free_space`]).
+    pub alloc: FreeSpace,
     /// Applied but not yet journaled, in sequence order.
     pub(crate) pending: Vec<Record>,
     /// Sequence number the next record gets.
@@ -192,6 +194,10 @@ pub struct VolumeInner {
     /// Changes whose records reach the commit threshold ask here for a
     /// background commit (see [`crate::background_thread`]).
     pub(crate) commit_request: Arc<BackgroundRequest>,
+    /// Opens when mount's scan has installed the allocator in `meta`
+    /// (see [`crate::free_space`]): what allocating calls wait on,
+    /// without the metadata lock.
+    pub(crate) free_space_gate: FreeSpaceGate,
 }
 
 impl VolumeInner {
@@ -224,6 +230,7 @@ impl VolumeInner {
             lost_writeback: Mutex::new(Vec::new()),
             checkpoint_request: Arc::default(),
             commit_request: Arc::default(),
+            free_space_gate: FreeSpaceGate::done(),
         }
     }
 
@@ -271,7 +278,7 @@ pub(crate) fn now_ns() -> u64 {
 
 impl Meta {
     /// The metadata as loaded: every record up to `next_seq` is durable.
-    pub(crate) fn new(mut state: MetaState, alloc: Allocator, next_seq: u64) -> Meta {
+    pub(crate) fn new(mut state: MetaState, alloc: FreeSpace, next_seq: u64) -> Meta {
         // A mount may have rebuilt maps from extent pages.
         state.recount();
         Meta {
@@ -411,6 +418,7 @@ impl Meta {
         }
         let available = self
             .alloc
+            .allocator()?
             .free_bytes()
             .saturating_sub(self.delalloc_reserved);
         if reserve > available {

@@ -180,11 +180,10 @@ impl VolumeInner {
         target: &[u8],
     ) -> Result<Stat> {
         self.check_live()?;
-        let stat = {
-            let mut meta = self.meta.write();
-            let ino = self.make_node_locked(&mut meta, parent, name, node, target)?;
-            self.stat_locked(&meta, ino)
-        };
+        let stat = self.with_free_space(|meta| {
+            let ino = self.make_node_locked(meta, parent, name, node, target)?;
+            Ok(self.stat_locked(meta, ino))
+        })?;
         self.commit_if_due()?;
         Ok(stat)
     }
@@ -242,8 +241,7 @@ impl VolumeInner {
     /// A new name `parent/name` for `ino` (a hard link).
     pub(crate) fn link(&self, ino: Ino, parent: Ino, name: &str) -> Result<Stat> {
         self.check_live()?;
-        let stat = {
-            let mut meta = self.meta.write();
+        let stat = self.with_free_space(|meta| {
             let what = || format!("inode {parent}/{name}");
             let inode = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
             if inode.kind == FileKind::Directory {
@@ -273,8 +271,8 @@ impl VolumeInner {
                 name: name.to_string(),
                 time: now(),
             })?;
-            self.stat_locked(&meta, ino)
-        };
+            Ok(self.stat_locked(meta, ino))
+        })?;
         self.commit_if_due()?;
         Ok(stat)
     }
@@ -392,8 +390,7 @@ impl VolumeInner {
         flags: RenameFlags,
     ) -> Result<()> {
         self.check_live()?;
-        {
-            let mut meta = self.meta.write();
+        self.with_free_space(|meta| {
             let from = || format!("inode {src_parent}/{src_name}");
             let to = || format!("inode {dst_parent}/{dst_name}");
             if flags.exchange && flags.no_replace {
@@ -471,7 +468,8 @@ impl VolumeInner {
                     }
                 }
             }
-        }
+            Ok(())
+        })?;
         self.commit_if_due()
     }
 

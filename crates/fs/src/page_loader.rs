@@ -11,9 +11,11 @@
 //! and no other chunk or file is affected. A device error is returned as
 //! it is and a later access reads again.
 //!
-//! A page found damaged stays so until unmount: free space was rebuilt
-//! without its extents (`mount::build_allocator`), so its blocks may be
-//! another file's by the time the page would read well again.
+//! A page found damaged stays so until unmount, so that every access
+//! answers alike. Free space cannot be known without its extents: the
+//! scan that rebuilds it after mount (`mount::for_each_used_range`) stops
+//! at the page with its error, and nothing is allocated this session, so
+//! the blocks the page maps never go to another file.
 //!
 //! A page is never freed while a chunk can still load it: a chunk names
 //! its page until it changes (and a changed chunk is loaded), and a base

@@ -484,8 +484,8 @@ impl VolumeInner {
     /// space (never busy space, as [`VolumeInner::allocate_spill`]), near
     /// `hint`. Counted as metadata bytes.
     fn allocate_page(&self, len: u64, hint: Option<u64>) -> Result<u64> {
-        let mut meta = self.meta.write();
-        match meta.alloc.alloc(len, hint) {
+        let mut meta = self.meta_for_allocation();
+        match meta.alloc.allocator_mut()?.alloc(len, hint) {
             Some((addr, got)) if got == len => {
                 meta.spilled_bytes += len;
                 Ok(addr)
@@ -499,7 +499,7 @@ impl VolumeInner {
                 Err(Error::NoSpace {
                     what: format!("metadata (an extent page of {len} bytes)"),
                     needed: len,
-                    available: meta.alloc.free_bytes(),
+                    available: meta.alloc.allocator()?.free_bytes(),
                 })
             }
         }
@@ -514,11 +514,11 @@ impl VolumeInner {
         let max_extents = checkpoint::max_spill_extents(&self.sb);
         let mut spill: Vec<SpillExtent> = Vec::new();
         let mut left = want;
-        let mut meta = self.meta.write();
+        let mut meta = self.meta_for_allocation();
         while left > 0 {
             let hint = spill.last().map(|&(addr, len)| addr + len);
             let got = if spill.len() < max_extents {
-                meta.alloc.alloc(left, hint)
+                meta.alloc.allocator_mut()?.alloc(left, hint)
             } else {
                 None
             };
@@ -528,7 +528,7 @@ impl VolumeInner {
                     left -= len;
                 }
                 None => {
-                    let available = meta.alloc.free_bytes() + (want - left);
+                    let available = meta.alloc.allocator()?.free_bytes() + (want - left);
                     for &(addr, len) in &spill {
                         meta.alloc
                             .free_now(addr, len)
@@ -1226,7 +1226,7 @@ mod tests {
         vol.checkpoint().unwrap();
         let (free, reserve) = {
             let m = vol.inner.meta.read();
-            (m.unreserved_bytes(), m.spill_reserve_for(0))
+            (m.unreserved_bytes().unwrap(), m.spill_reserve_for(0))
         };
         assert!(free >= 64 << 10, "{free} bytes free");
         assert_eq!(reserve, 0, "no paged file yet");

@@ -13,7 +13,7 @@ use crate::attributes::SetAttr;
 use crate::background_thread::BackgroundThread;
 use crate::file::{File, OpenFlags, Stat};
 use crate::flusher::{Flusher, Pass};
-use crate::mount;
+use crate::mount::{self, FreeSpaceScan};
 use crate::mount_state::VolumeInner;
 use crate::namespace::{check_openable, NewNode, RenameFlags};
 use crate::superblock::Superblock;
@@ -57,6 +57,11 @@ pub struct MountOptions {
     /// threshold commits in its caller's thread (see
     /// `background_checkpoints` for why a test turns it off).
     pub background_commits: bool,
+    /// Called by the thread that rebuilds free space after mount, at each
+    /// [`crate::ScanPoint`]: tests hold the scan there. `None` in
+    /// production.
+    #[doc(hidden)]
+    pub free_space_scan_hook: Option<crate::ScanHook>,
 }
 
 impl Default for MountOptions {
@@ -65,6 +70,7 @@ impl Default for MountOptions {
             cache: iomap::CacheConfig::default(),
             background_checkpoints: true,
             background_commits: true,
+            free_space_scan_hook: None,
         }
     }
 }
@@ -79,6 +85,7 @@ pub struct Volume {
     _flusher: Arc<Flusher>,
     _checkpointer: Option<Arc<BackgroundThread>>,
     _committer: Option<Arc<BackgroundThread>>,
+    _free_space_scan: Arc<FreeSpaceScan>,
 }
 
 impl Volume {
@@ -99,6 +106,8 @@ impl Volume {
         let cache = iomap::FolioCache::new(opts.cache.clone())
             .map_err(|reason| Error::invalid("cache configuration", reason))?;
         let inner = mount::mount(device, cache)?;
+        *inner.free_space_gate.hook.lock() = opts.free_space_scan_hook.clone();
+        let free_space_scan = Arc::new(FreeSpaceScan::start(&inner));
         let flusher = Arc::new(Flusher::start(&inner)?);
         let checkpointer = if opts.background_checkpoints {
             Some(Arc::new(BackgroundThread::checkpoints(&inner)?))
@@ -115,14 +124,43 @@ impl Volume {
             _flusher: flusher,
             _checkpointer: checkpointer,
             _committer: committer,
+            _free_space_scan: free_space_scan,
         })
     }
 
-    /// Damage the mount worked around and the user should hear of (for now:
-    /// the primary superblock was unusable and the backup was read). Empty
-    /// on a healthy volume.
-    pub fn mount_warnings(&self) -> &[String] {
-        &self.inner.mount_warnings
+    /// Damage the mount worked around and the user should hear of: the
+    /// primary superblock was unusable and the backup was read; the scan
+    /// that rebuilds free space after mount failed (corruption: extents
+    /// that overlap, an extent page that does not verify), so nothing can
+    /// be allocated; damaged extent pages found since mount. Empty on a
+    /// healthy volume. (A scan still running has found nothing yet.)
+    pub fn mount_warnings(&self) -> Vec<String> {
+        let mut warnings = self.inner.mount_warnings.clone();
+        // Damaged extent pages found since mount (by the free-space scan
+        // or a read): their chunks answer with the damage.
+        if let Some(loader) = &self.inner.page_loader {
+            warnings.extend(loader.stats().damaged);
+        }
+        if let Some(failure) = self.inner.free_space_gate.failure() {
+            warnings.push(format!(
+                "free space was not rebuilt, nothing can be allocated: {}",
+                failure.error()
+            ));
+        }
+        warnings
+    }
+
+    /// Waits until free space, which mount rebuilds in the background, is
+    /// ready (allocating calls wait for it themselves; reads and
+    /// overwrites never do). Returns the error of a rebuild that failed
+    /// (the volume's extents overlap: corruption), which every allocation
+    /// then returns too.
+    pub fn wait_free_space(&self) -> Result<()> {
+        self.inner.wait_free_space();
+        match self.inner.free_space_gate.failure() {
+            Some(failure) => Err(failure.error()),
+            None => Ok(()),
+        }
     }
 
     /// What reading extent pages on demand did since mount: pages read,
@@ -158,11 +196,12 @@ impl Volume {
         if flags.read_only && flags.truncate {
             return Err(Error::invalid(path, "truncate on a read-only open"));
         }
-        let inode = {
-            let mut meta = self.inner.meta.write();
-            let ino = self.inner.lookup_or_create(&mut meta, path, flags)?;
-            meta.open_handle(ino, &self.inner.cache)
-        };
+        // A create's room check may wait for free space; an open of an
+        // existing file never does.
+        let inode = self.inner.with_free_space(|meta| {
+            let ino = self.inner.lookup_or_create(meta, path, flags)?;
+            Ok(meta.open_handle(ino, &self.inner.cache))
+        })?;
         self.inner.commit_if_due()?;
         let file = File::new(self.inner.clone(), inode, flags, path);
         if flags.truncate {
@@ -342,18 +381,26 @@ impl Volume {
         self.inner.stat(path)
     }
 
+    /// Waits for free space to be rebuilt after mount; if that failed,
+    /// reports nothing free.
     pub fn statfs(&self) -> StatFs {
+        self.inner.wait_free_space();
         let meta = self.inner.meta.read();
+        let (unreserved, free) = match meta.alloc.allocator() {
+            Ok(alloc) => (
+                meta.unreserved_bytes().unwrap_or(0) + alloc.busy_bytes(),
+                alloc.free_bytes(),
+            ),
+            Err(_) => (0, 0),
+        };
         StatFs {
             block_size: self.inner.block_size,
             data_bytes: self.inner.sb.layout.data.len,
-            free_bytes: meta.unreserved_bytes() + meta.alloc.busy_bytes(),
+            free_bytes: unreserved,
             metadata_bytes: meta.spilled_bytes
-                + meta.spill_reserve_for(0).min(
-                    meta.alloc
-                        .free_bytes()
-                        .saturating_sub(meta.delalloc_reserved),
-                ),
+                + meta
+                    .spill_reserve_for(0)
+                    .min(free.saturating_sub(meta.delalloc_reserved)),
             inodes: meta.state.inodes.len() as u64,
         }
     }
@@ -478,7 +525,8 @@ mod tests {
         f.truncate(30_000).unwrap();
         let inner = &vol.inner;
         let inode = &inner.meta.read().open[&f.ino()].inode.clone();
-        let free_before = inner.meta.read().alloc.free_bytes();
+        vol.wait_free_space().unwrap();
+        let free_before = inner.meta.read().alloc.allocator().unwrap().free_bytes();
         let write = IomapOpFlags::WRITE | IomapOpFlags::DIRECT;
         for guard in [IomapOpFlags::OVERWRITE_ONLY, IomapOpFlags::NOWAIT] {
             let flags = write | guard;
@@ -499,7 +547,7 @@ mod tests {
             }
         }
         assert_eq!(
-            inner.meta.read().alloc.free_bytes(),
+            inner.meta.read().alloc.allocator().unwrap().free_bytes(),
             free_before,
             "a WouldBlock answer allocated space"
         );
@@ -577,7 +625,16 @@ mod tests {
         drop(a);
         vol.unlink("a").unwrap();
         // Freed but busy until a checkpoint holds the unlink; statfs counts it.
-        assert_eq!(vol.inner.meta.read().alloc.free_bytes(), 0);
+        assert_eq!(
+            vol.inner
+                .meta
+                .read()
+                .alloc
+                .allocator()
+                .unwrap()
+                .free_bytes(),
+            0
+        );
         assert_eq!(vol.statfs().free_bytes, free);
         let b = vol.open_file("b", create).unwrap();
         b.fallocate(0, free, false).unwrap();

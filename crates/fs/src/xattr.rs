@@ -70,8 +70,7 @@ impl VolumeInner {
                 max: MAX_XATTR_VALUE_LEN as u64,
             });
         }
-        {
-            let mut meta = self.meta.write();
+        self.with_free_space(|meta| {
             let inode = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
             if !matches!(inode.kind, FileKind::Regular | FileKind::Directory) {
                 return Err(Error::NotPermitted {
@@ -113,7 +112,8 @@ impl VolumeInner {
                 value: value.to_vec(),
                 ctime: now(),
             })?;
-        }
+            Ok(())
+        })?;
         self.commit_if_due()
     }
 

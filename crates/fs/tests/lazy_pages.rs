@@ -93,6 +93,8 @@ fn pages_of_big(dev: &Arc<MemDevice>, ino: u64) -> Vec<iomapfs_fs::codec::PageRe
 fn mount_keeps_no_page_and_a_read_loads_one_chunk() {
     let dev = volume();
     let vol = Volume::open(dynd(&dev)).unwrap();
+    // The background scan that rebuilds free space reads every page.
+    vol.wait_free_space().unwrap();
     let at_mount = loads(&vol);
     // /small's one chunk is inline (in the root, not a page).
     let inline = 1;
@@ -185,10 +187,33 @@ fn a_damaged_page_fails_only_its_chunk() {
     dev.flush().unwrap();
 
     let vol = Volume::open(dynd(&dev)).unwrap();
+    // Free space cannot be known without the page's extents: the scan
+    // fails with the damage, and nothing is allocated this session (the
+    // blocks the page maps must not go to another file).
+    let scan = vol.wait_free_space().unwrap_err().to_string();
+    assert!(
+        scan.contains(&format!("inode {ino}")) && scan.contains("crc"),
+        "{scan}"
+    );
     let warned = vol.mount_warnings().join("\n");
     assert!(
-        warned.contains(&format!("inode {ino}")) && warned.contains("crc"),
+        warned.contains(&format!("inode {ino}"))
+            && warned.contains("crc")
+            && warned.contains("nothing can be allocated"),
         "{warned}"
+    );
+    let other = vol
+        .open_file(
+            "/new",
+            OpenFlags {
+                create: true,
+                ..OpenFlags::default()
+            },
+        )
+        .and_then(|f| f.pwrite(&[1; BLOCK as usize], 0).map(drop));
+    assert!(
+        matches!(&other, Err(e) if e.to_string().contains("crc")),
+        "an allocation on a volume whose free space is unknown: {other:?}"
     );
     // Before and after the damaged chunk, and another file: fine.
     assert_eq!(read_big(&vol, 0).unwrap()[0], fill(0));
@@ -198,7 +223,7 @@ fn a_damaged_page_fails_only_its_chunk() {
     small.pread(&mut block, 0).unwrap();
     assert_eq!(block, vec![7u8; BLOCK as usize]);
     // In it: an error naming where, every time (the chunk stays absent);
-    // the page is not read again (free space was built without it).
+    // the page is not read again (the scan found it damaged).
     let k = damaged.first_key / BLOCK / 2 + 1;
     let reads = loads(&vol).loads;
     for _ in 0..2 {

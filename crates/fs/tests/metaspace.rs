@@ -230,8 +230,11 @@ fn spill_space_exhaustion_is_enospc_never_corruption() {
 }
 
 /// A spill table that lists a file's extent (crc and all valid, as a
-/// forger would write it) is refused at mount as overlapping, naming the
-/// slot's spill extent; fsck says the same.
+/// forger would write it) is found by the scan that rebuilds free space
+/// after mount, naming the slot's spill extent: mount itself succeeds,
+/// reads go on, every allocation fails with that corruption error and
+/// writes nothing over the overlapped blocks, `mount_warnings` says it;
+/// fsck says the same as ever.
 #[test]
 fn a_spill_extent_over_a_file_extent_is_refused() {
     const BS: usize = 4096;
@@ -268,12 +271,60 @@ fn a_spill_extent_over_a_file_extent_is_refused() {
     };
     let other = checkpoint::other_slot(newest.slot);
     checkpoint::write_spilled_base(&*dev, &sb, other, &forged, &[(first, want)]).unwrap();
-    let err = Volume::open(dynd(&dev)).err().expect("mount refuses");
+    let before = dev.snapshot();
+    let vol = Volume::open(dynd(&dev)).expect("mount leaves the layout to the scan");
+    let err = vol
+        .wait_free_space()
+        .expect_err("the scan finds the overlap");
     assert!(matches!(err, Error::Corrupt { .. }), "{err}");
     let msg = err.to_string();
     assert!(
         msg.contains("spill extent") && msg.contains("already used"),
         "{msg}"
+    );
+    let warnings = vol.mount_warnings();
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("spill extent"),
+        "{warnings:?}"
+    );
+    // Reads go on (block 0: the forged spill holds block 1 on).
+    let f = vol.open_file("/f0", DIRECT).unwrap();
+    let mut block = vec![0u8; BS];
+    f.pread(&mut block, 0).unwrap();
+    assert!(block == pattern(0, 0, 0, BS), "block 0 reads back");
+    // Every allocation (a direct write into a hole, a buffered write, a
+    // fallocate) fails with the scan's error; nothing reaches the device
+    // but the journal.
+    let hole = 4 * 400 * BS as u64;
+    for (what, result) in [
+        ("direct write", f.pwrite(&[9u8; BS], hole).map(drop)),
+        ("fallocate", f.fallocate(hole, BS as u64, true)),
+        (
+            "buffered write",
+            vol.open_file(
+                "/g",
+                OpenFlags {
+                    direct: false,
+                    ..DIRECT
+                },
+            )
+            .and_then(|g| g.pwrite(&[9u8; BS], 0).and_then(|_| g.fsync())),
+        ),
+    ] {
+        let err = result.expect_err(what);
+        assert!(
+            matches!(err.root(), Error::Corrupt { .. }) && err.to_string().contains("spill extent"),
+            "{what}: {err}"
+        );
+    }
+    assert_eq!(vol.statfs().free_bytes, 0, "nothing is free to allocate");
+    drop((f, vol));
+    let data = &sb.layout.data;
+    let after = dev.snapshot();
+    let (start, end) = (data.start as usize, (data.start + data.len) as usize);
+    assert!(
+        before[start..end] == after[start..end],
+        "the data area was written after a failed scan"
     );
     let err = iomapfs_fs::fsck::check(dynd(&dev)).expect_err("fsck refuses");
     assert!(err.to_string().contains("spill extent"), "{err}");

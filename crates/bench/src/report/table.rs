@@ -172,7 +172,7 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     let us = |ns: u64| format!("{:.0} µs", ns as f64 / 1e3);
     let _ = writeln!(
         out,
-        "\n{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "\n{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "metadata workload",
         "extents",
         "build",
@@ -180,6 +180,8 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
         "ckpt max",
         "ckpt 1%",
         "mount",
+        "free ready",
+        "1st alloc",
         "max RSS",
         "p99 quiet",
         "p99.9 q",
@@ -211,7 +213,7 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>5} MiB {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1}×",
+            "{:<20} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>5} MiB {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1}×",
             r.workload,
             r.extents,
             r.build,
@@ -219,6 +221,8 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
             ms(r.checkpoint_max_ns),
             ms(r.checkpoint_1pct_changed_ns),
             ms(r.mount_ns),
+            ms(r.free_space_ready_ns),
+            ms(r.first_allocating_write_ns),
             r.max_rss_bytes >> 20,
             us(r.quiet_read_p99_ns),
             us(r.quiet_read_p999_ns),
@@ -272,7 +276,7 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
          checkpoint running, ckpt = while checkpoints run back to back ({} during the window of the last \
          row); ckpt 1% = the median of {} checkpoints, each after 1% of the extents changed; max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
          the quiet max shows what preemption alone costs); late q/c = the most a thread that only sleeps 1 ms at a time \
-         woke late in each window (what scheduling, the bench's own threads included, costs a thread that holds no lock); commit 1/2 = the first and second commit after the mount (a file created each; the first clears the clean-unmount mark); 1st read = the first 4 KiB direct read after the mount, open included (with extent pages it reads the page mount left on disk: mount + 1st read is what a mount that loads every map did at once); RSS mnt = resident set right after it; chunks mnt = extent chunks in memory after the mount / all (extent pages read on demand: the chunks the delta chain reaches); mount after a base = the same after checkpoints until one was a base, whose chain then reaches no chunk of the file; max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
+         woke late in each window (what scheduling, the bench's own threads included, costs a thread that holds no lock); mount = until the mount returns (free space is rebuilt in the background since); free ready = from the mount's start until free space is ready; 1st alloc = the first allocating 4 KiB write right after the mount returns (it waits for free space); commit 1/2 = the first and second commit after the mount (a file created each; the first clears the clean-unmount mark); 1st read = the first 4 KiB direct read after the mount, open included (with extent pages it reads the page mount left on disk: mount + 1st read is what a mount that loads every map did at once); RSS mnt = resident set right after it; chunks mnt = extent chunks in memory after the mount / all (extent pages read on demand: the chunks the delta chain reaches); mount after a base = the same after checkpoints until one was a base, whose chain then reaches no chunk of the file; max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
         rows.last().map_or(0, |r| r.checkpoints_during_reads),
         crate::metadata_scale::ONE_PERCENT_ROUNDS,
         rows.last().map_or(0.0, |r| r.build_ns as f64 / 1e9),

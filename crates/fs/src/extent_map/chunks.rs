@@ -394,31 +394,27 @@ impl Chunks {
 
     /// Passes every extent to `f` in order, reading the page of each
     /// absent chunk into a buffer that is dropped after: the chunk stays
-    /// absent, so a pass over every extent keeps none of them. A page that
-    /// fails to load goes to `lost` (its extents skipped), which may stop
-    /// the pass by returning the error.
-    pub(super) fn for_each_unkept(
-        &self,
-        mut f: impl FnMut(&Extent),
-        mut lost: impl FnMut(crate::Error) -> Result<()>,
-    ) -> Result<()> {
+    /// absent, so a pass over every extent keeps none of them. Stops
+    /// (`Ok(false)`) when `f` returns `false`, and at a page that fails to
+    /// load (its error).
+    pub(super) fn for_each_unkept(&self, mut f: impl FnMut(&Extent) -> bool) -> Result<bool> {
         for c in self.chunks.iter() {
-            match c.extents.extents.get() {
-                Some(v) => v.iter().for_each(&mut f),
+            let more = match c.extents.extents.get() {
+                Some(v) => v.iter().all(&mut f),
                 None => {
                     let probe = ChunkExtents {
                         extents: OnceLock::new(),
                         page: c.extents.page.clone(),
                         source: c.extents.source.clone(),
                     };
-                    match probe.load_for(LoadPurpose::Scan) {
-                        Ok(v) => v.iter().for_each(&mut f),
-                        Err(e) => lost(e)?,
-                    }
+                    probe.load_for(LoadPurpose::Scan)?.iter().all(&mut f)
                 }
+            };
+            if !more {
+                return Ok(false);
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// The extent at `pos`, to change in place (its chunk copied first if

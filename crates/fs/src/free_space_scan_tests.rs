@@ -1,0 +1,524 @@
+//! Tests of free space rebuilt after mount by a background scan
+//! ([`crate::free_space`]): what it installs equals the synchronous build,
+//! frees while it runs are applied once, allocations wait for it, it
+//! joins at unmount, a power cut while it runs loses nothing, and a scan
+//! that finds corruption refuses allocations.
+//!
+//! Here rather than in `free_space` or `mount`: they drive whole volumes,
+//! and `volume` imports `mount`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use blockdev::memory::MemDevice;
+use blockdev::BlockDevice;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+use crate::alloc::Allocator;
+use crate::free_space::{Claim, ScanHook, ScanPoint};
+use crate::mount::{self, build_allocator, used_pages, Strictness};
+use crate::types::Record;
+use crate::volume::{FormatOptions, MountOptions, Volume};
+use crate::{Error, OpenFlags};
+
+const DIRECT: OpenFlags = OpenFlags {
+    create: true,
+    exclusive: false,
+    truncate: false,
+    direct: true,
+    dsync: false,
+    sync: false,
+    read_only: false,
+};
+
+fn quiet() -> MountOptions {
+    MountOptions {
+        background_checkpoints: false,
+        background_commits: false,
+        ..MountOptions::default()
+    }
+}
+
+/// A scan held at [`ScanPoint::Start`] until `release`; `installing` is
+/// set when it reaches [`ScanPoint::BeforeInstall`].
+struct Held {
+    opts: MountOptions,
+    release: Mutex<Option<mpsc::Sender<()>>>,
+    installing: Arc<AtomicBool>,
+}
+
+impl Held {
+    fn new() -> Held {
+        let (tx, rx) = mpsc::channel::<()>();
+        let rx = Mutex::new(rx);
+        let on_cancel = Mutex::new(tx.clone());
+        let installing = Arc::new(AtomicBool::new(false));
+        let seen = installing.clone();
+        let hook = ScanHook(Arc::new(move |point| match point {
+            // Returns once released, or cancelled.
+            ScanPoint::Start => drop(rx.lock().unwrap().recv()),
+            ScanPoint::BeforeInstall => seen.store(true, Ordering::SeqCst),
+            ScanPoint::Cancelled => drop(on_cancel.lock().unwrap().send(())),
+        }));
+        Held {
+            opts: MountOptions {
+                free_space_scan_hook: Some(hook),
+                ..quiet()
+            },
+            release: Mutex::new(Some(tx)),
+            installing,
+        }
+    }
+
+    fn release(&self) {
+        if let Some(tx) = self.release.lock().unwrap().take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// The allocator a synchronous mount of `dev` would have: fsck's load
+/// (which builds it with `build_allocator`), space replay freed held busy,
+/// orphans freed as mount frees them.
+fn synchronous(dev: &Arc<MemDevice>) -> Allocator {
+    let dev: Arc<dyn BlockDevice> = dev.clone();
+    let loaded = mount::load(&dev, Strictness::Mount).unwrap();
+    let mut alloc = loaded.alloc;
+    for &(seq, addr, len) in &loaded.replay_freed {
+        alloc.hold_busy(addr, len, seq).unwrap();
+    }
+    let mut state = loaded.state;
+    let mut orphans: Vec<_> = state
+        .inodes
+        .values()
+        .filter(|i| i.nlink == 0)
+        .map(|i| i.ino)
+        .collect();
+    orphans.sort_unstable();
+    for (seq, ino) in (loaded.replay_end.next_seq..).zip(orphans) {
+        let mut freed = Vec::new();
+        state.apply(&Record::FreeInode { ino }, &mut freed).unwrap();
+        for (addr, len) in freed {
+            alloc.free(addr, len, seq).unwrap();
+        }
+    }
+    alloc
+}
+
+/// The installed allocator, once the scan is done.
+fn installed(vol: &Volume) -> Allocator {
+    vol.wait_free_space().unwrap();
+    let meta = vol.inner.meta.read();
+    let alloc = meta.alloc.allocator().unwrap().clone();
+    alloc.check().unwrap();
+    alloc
+}
+
+/// Free space as the volume's current layout says: data area minus every
+/// extent, spill extent and page in use now.
+fn rebuilt_now(vol: &Volume) -> Allocator {
+    let commit = vol.inner.commit.lock();
+    let meta = vol.inner.meta.read();
+    build_allocator(
+        &vol.inner.sb,
+        &meta.state,
+        &commit.spills,
+        &used_pages(&vol.inner.sb, &commit.pages),
+    )
+    .unwrap()
+}
+
+/// Free and busy space together, coalesced: what `rebuilt_now` calls free.
+fn free_or_busy(alloc: &Allocator) -> Vec<(u64, u64)> {
+    let mut ranges: Vec<(u64, u64)> = alloc.free_extents();
+    ranges.extend(alloc.busy_ranges().into_iter().map(|(a, l, _)| (a, l)));
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for (a, l) in ranges {
+        match out.last_mut() {
+            Some((pa, pl)) if *pa + *pl == a => *pl += l,
+            _ => out.push((a, l)),
+        }
+    }
+    out
+}
+
+/// A random volume left without unmount: files written in scattered
+/// blocks, some punched, truncated or unlinked (one of them while open:
+/// an orphan), checkpoints now and then, everything fsynced, so the next
+/// mount replays a journal with frees. Half with extent pages, some with
+/// slots small enough to spill.
+fn random_volume(seed: u64) -> Arc<MemDevice> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let block_size = if rng.gen_bool(0.5) { 512 } else { 4096 };
+    let dev = Arc::new(MemDevice::new(16 << 20, 512));
+    let opts = FormatOptions {
+        block_size,
+        extent_pages: rng.gen_bool(0.5),
+        checkpoint_slot_bytes: rng.gen_bool(0.3).then_some(64 << 10),
+        ..FormatOptions::default()
+    };
+    Volume::format(dev.clone(), &opts).unwrap();
+    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+    let bs = u64::from(block_size);
+    let mut files = Vec::new();
+    for i in 0..rng.gen_range(2..6) {
+        let f = vol.open_file(&format!("/f{i}"), DIRECT).unwrap();
+        let blocks = rng.gen_range(20..400u64);
+        for _ in 0..blocks {
+            let at = rng.gen_range(0..2 * blocks) * bs;
+            f.pwrite(&vec![i as u8 + 1; bs as usize], at).unwrap();
+        }
+        files.push(f);
+        if rng.gen_bool(0.3) {
+            vol.checkpoint().unwrap();
+        }
+    }
+    for (i, f) in files.iter().enumerate() {
+        let size = f.stat().unwrap().size;
+        match rng.gen_range(0..4) {
+            0 => f.punch_hole(rng.gen_range(0..size / 2), size / 3).unwrap(),
+            1 => f.truncate(size / 2).unwrap(),
+            2 => vol.unlink(&format!("/f{i}")).unwrap(),
+            _ => {}
+        }
+        f.fsync().unwrap();
+    }
+    vol.sync().unwrap();
+    // Not unmounted: the open, unlinked files are orphans at the next
+    // mount, and the frees since the last checkpoint are replayed.
+    drop(files);
+    drop(vol);
+    dev
+}
+
+/// What the background scan installs is the allocator a synchronous mount
+/// builds, busy ranges and all, on random volumes (journal replay with
+/// frees, orphans, extent pages, spilled images).
+#[test]
+fn the_background_scan_installs_what_a_synchronous_mount_builds() {
+    for seed in 0..24 {
+        let dev = random_volume(seed);
+        let want = synchronous(&dev);
+        let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+        let got = installed(&vol);
+        assert_eq!(got.free_extents(), want.free_extents(), "seed {seed}");
+        assert_eq!(got.busy_ranges(), want.busy_ranges(), "seed {seed}");
+        assert!(
+            seed > 0 || !got.busy_ranges().is_empty(),
+            "replay frees something"
+        );
+        assert_eq!(free_or_busy(&got), rebuilt_now(&vol).free_extents());
+    }
+}
+
+/// Punch, truncate, unlink and a checkpoint while the scan is held: mount
+/// returned, reads and overwrites go on, an allocating write waits and
+/// succeeds once the scan is released, and every freed block ends up
+/// free (or busy) exactly once: the installed allocator is consistent and
+/// free ∪ busy is what the layout after the frees leaves.
+#[test]
+fn frees_during_the_scan_land_once_and_allocations_wait_for_it() {
+    for extent_pages in [false, true] {
+        let dev = Arc::new(MemDevice::new(16 << 20, 512));
+        let opts = FormatOptions {
+            extent_pages,
+            ..FormatOptions::default()
+        };
+        Volume::format(dev.clone(), &opts).unwrap();
+        let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+        for name in ["/a", "/b", "/c"] {
+            let f = vol.open_file(name, DIRECT).unwrap();
+            for i in 0..64u64 {
+                f.pwrite(&[i as u8; 4096], 2 * i * 4096).unwrap();
+            }
+        }
+        vol.unmount().unwrap();
+
+        let held = Held::new();
+        let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
+        let a = vol.open_file("/a", DIRECT).unwrap();
+        // Reads and overwrites of allocated space do not wait.
+        let mut buf = [0u8; 4096];
+        a.pread(&mut buf, 2 * 4096).unwrap();
+        assert_eq!(buf, [1u8; 4096]);
+        a.pwrite(&[0xaa; 4096], 2 * 4096).unwrap();
+        // The frees: their room checks need free space on a volume with
+        // extent pages, so there they come after the release.
+        let free_all = |vol: &Volume, a: &crate::File| {
+            a.punch_hole(8 * 4096, 16 * 4096).unwrap();
+            vol.open_file("/b", DIRECT)
+                .unwrap()
+                .truncate(10 * 4096)
+                .unwrap();
+            vol.unlink("/c").unwrap();
+            a.fsync().unwrap();
+            vol.checkpoint().unwrap();
+        };
+        if !extent_pages {
+            free_all(&vol, &a);
+            assert!(
+                !vol.inner.free_space_gate.is_done(),
+                "the frees did not wait for the scan"
+            );
+        }
+        let installing = held.installing.clone();
+        let writer = {
+            let a = vol.open_file("/a", DIRECT).unwrap();
+            std::thread::spawn(move || {
+                // A hole: allocates.
+                a.pwrite(&[7u8; 4096], 200 * 4096).unwrap();
+                installing.load(Ordering::SeqCst)
+            })
+        };
+        held.release();
+        assert!(
+            writer.join().unwrap(),
+            "the allocating write completed before the scan"
+        );
+        if extent_pages {
+            free_all(&vol, &a);
+        }
+        let alloc = installed(&vol);
+        assert_eq!(free_or_busy(&alloc), rebuilt_now(&vol).free_extents());
+        vol.checkpoint().unwrap();
+        let alloc = installed(&vol);
+        assert_eq!(alloc.busy_bytes(), 0);
+        assert_eq!(alloc.free_extents(), rebuilt_now(&vol).free_extents());
+        drop(a);
+        vol.unmount().unwrap();
+        let report = crate::fsck::check(dev.clone()).unwrap();
+        assert!(report.is_clean(), "{report:?}");
+    }
+}
+
+/// Unmount while the scan is held (released only by the cancel): the
+/// unmount, which allocates nothing here, completes; dropping the volume
+/// cancels the scan and joins its thread, which installs nothing; the
+/// volume is clean and mounts again with the free space a synchronous
+/// mount builds.
+#[test]
+fn unmount_during_the_scan_cancels_and_joins_it() {
+    let dev = Arc::new(MemDevice::new(8 << 20, 512));
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone()).unwrap();
+    vol.open_file("/f", DIRECT)
+        .unwrap()
+        .pwrite(&[5u8; 8192], 0)
+        .unwrap();
+    vol.unmount().unwrap();
+    let held = Held::new();
+    let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
+    let inner = vol.inner.clone();
+    vol.unmount().unwrap();
+    assert!(
+        !inner.free_space_gate.is_done(),
+        "the scan was cancelled, not finished"
+    );
+    drop(inner);
+    let report = crate::fsck::check(dev.clone()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    let want = synchronous(&dev);
+    let vol = Volume::open(dev.clone()).unwrap();
+    assert_eq!(installed(&vol).free_extents(), want.free_extents());
+}
+
+/// Unmount while the scan is held, released from the test: whatever the
+/// unmount's checkpoint needs (with extent pages, its pages may take
+/// space) waits for it, and the volume is clean after.
+#[test]
+fn unmount_during_the_scan_joins_it() {
+    for extent_pages in [false, true] {
+        let dev = Arc::new(MemDevice::new(8 << 20, 512));
+        let opts = FormatOptions {
+            extent_pages,
+            ..FormatOptions::default()
+        };
+        Volume::format(dev.clone(), &opts).unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        vol.open_file("/f", DIRECT)
+            .unwrap()
+            .pwrite(&[5u8; 8192], 0)
+            .unwrap();
+        vol.unmount().unwrap();
+        let held = Arc::new(Held::new());
+        let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
+        let unmount = std::thread::spawn(move || vol.unmount());
+        held.release();
+        unmount.join().unwrap().unwrap();
+        let report = crate::fsck::check(dev.clone()).unwrap();
+        assert!(report.is_clean(), "{report:?}");
+    }
+}
+
+/// A scan stopped before it installs (the last `Volume` handle dropped)
+/// is run by the next caller that waits, in its own thread: a handle that
+/// outlives its volume still allocates.
+#[test]
+fn an_abandoned_scan_is_run_by_the_next_waiter() {
+    let dev = Arc::new(MemDevice::new(8 << 20, 512));
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let cache = iomap::FolioCache::new(iomap::CacheConfig::default()).unwrap();
+    let inner = mount::mount(dev.clone(), cache).unwrap();
+    let Some(Claim::Scan(input)) = inner.free_space_gate.claim(false) else {
+        panic!("nobody scans yet");
+    };
+    inner.scan_free_space(&input, &AtomicBool::new(true));
+    assert!(
+        !inner.free_space_gate.is_done(),
+        "a cancelled scan installs nothing"
+    );
+    assert!(matches!(
+        inner.meta.read().alloc.allocator(),
+        Err(Error::FreeSpacePending)
+    ));
+    inner.wait_free_space();
+    assert!(inner.free_space_gate.is_done());
+    let meta = inner.meta.read();
+    let alloc = meta.alloc.allocator().unwrap();
+    assert_eq!(alloc.free_extents(), synchronous(&dev).free_extents());
+}
+
+/// A power cut while the scan is held, after frees made durable then:
+/// the cut device mounts with those frees, its free space is what a
+/// synchronous mount builds, and fsck is clean.
+#[test]
+fn a_power_cut_during_the_scan_loses_nothing() {
+    for seed in 0..8u64 {
+        let dev = Arc::new(MemDevice::new(8 << 20, 512));
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+        let f = vol.open_file("/f", DIRECT).unwrap();
+        for i in 0..32u64 {
+            f.pwrite(&[i as u8 + 1; 4096], 2 * i * 4096).unwrap();
+        }
+        vol.open_file("/g", DIRECT)
+            .unwrap()
+            .pwrite(&[9u8; 4096], 0)
+            .unwrap();
+        drop(f);
+        vol.unmount().unwrap();
+
+        let held = Held::new();
+        let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
+        let f = vol.open_file("/f", DIRECT).unwrap();
+        f.punch_hole(0, 8 * 4096).unwrap();
+        f.truncate(40 * 4096).unwrap();
+        vol.unlink("/g").unwrap();
+        f.fsync().unwrap();
+        vol.sync().unwrap();
+        let cut = Arc::new(dev.power_cut_seeded(seed));
+        held.release();
+        drop(f);
+        drop(vol);
+
+        let want = synchronous(&cut);
+        let vol = Volume::open_with(cut.clone(), &quiet()).unwrap();
+        let got = installed(&vol);
+        assert_eq!(got.free_extents(), want.free_extents(), "seed {seed}");
+        assert_eq!(got.busy_ranges(), want.busy_ranges(), "seed {seed}");
+        let f = vol.open_file("/f", DIRECT).unwrap();
+        assert_eq!(f.stat().unwrap().size, 40 * 4096, "seed {seed}");
+        let mut buf = [0u8; 4096];
+        f.pread(&mut buf, 0).unwrap();
+        assert_eq!(buf, [0u8; 4096], "seed {seed}: the punch is durable");
+        f.pread(&mut buf, 10 * 4096).unwrap();
+        assert_eq!(buf, [6u8; 4096], "seed {seed}");
+        assert!(vol.open_file("/g", OpenFlags::default()).is_err());
+        drop(f);
+        vol.unmount().unwrap();
+        let report = crate::fsck::check(cut.clone()).unwrap();
+        assert!(report.is_clean(), "seed {seed}: {report:?}");
+    }
+}
+
+/// Two files whose extents share blocks (a forged but valid checkpoint):
+/// mount succeeds, the scan finds the overlap and names the inode, every
+/// allocation fails with that error, nothing is written over the shared
+/// blocks (nor anywhere in the data area), reads go on, fsck reports it.
+#[test]
+fn an_overlapping_extent_is_found_by_the_scan_and_refuses_allocations() {
+    let dev = Arc::new(MemDevice::new(8 << 20, 512));
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone()).unwrap();
+    for (name, byte) in [("/a", 1u8), ("/b", 2u8)] {
+        vol.open_file(name, DIRECT)
+            .unwrap()
+            .pwrite(&[byte; 8192], 0)
+            .unwrap();
+    }
+    vol.unmount().unwrap();
+    let sb = crate::superblock::read_superblock(&*dev).unwrap();
+    let newest = crate::checkpoint::read_checkpoints(&*dev, &sb).unwrap();
+    let mut ckpt = newest.checkpoint.clone();
+    let addr_a = ckpt
+        .image
+        .inodes
+        .iter()
+        .find(|i| !i.extents.is_empty())
+        .unwrap()
+        .extents[0]
+        .addr;
+    let b = ckpt
+        .image
+        .inodes
+        .iter_mut()
+        .filter(|i| !i.extents.is_empty())
+        .nth(1)
+        .unwrap();
+    let ino_b = b.ino;
+    b.extents[0].addr = addr_a;
+    ckpt.generation += 1;
+    let other = crate::checkpoint::other_slot(newest.slot);
+    crate::checkpoint::write_checkpoint(&*dev, &sb, other, &ckpt).unwrap();
+    dev.flush().unwrap();
+
+    let before = dev.snapshot();
+    let vol = Volume::open(dev.clone()).expect("mount leaves the layout to the scan");
+    let err = vol
+        .wait_free_space()
+        .expect_err("the scan finds the overlap");
+    assert!(
+        matches!(&err, Error::Corrupt { what: "extent map", offset, .. } if *offset == addr_a)
+            && err.to_string().contains(&format!("inode {ino_b}")),
+        "{err}"
+    );
+    assert_eq!(vol.mount_warnings().len(), 1, "{:?}", vol.mount_warnings());
+    let a = vol.open_file("/a", DIRECT).unwrap();
+    let mut buf = [0u8; 4096];
+    a.pread(&mut buf, 4096).unwrap();
+    assert_eq!(buf, [1u8; 4096], "reads go on");
+    for (what, result) in [
+        ("direct write", a.pwrite(&[3u8; 4096], 64 * 4096).map(drop)),
+        ("fallocate", a.fallocate(64 * 4096, 4096, false)),
+        (
+            "buffered write",
+            vol.open_file("/a", OpenFlags::default())
+                .and_then(|f| f.pwrite(&[3u8; 4096], 80 * 4096).map(drop)),
+        ),
+    ] {
+        let err = result.expect_err(what);
+        assert!(
+            matches!(
+                err.root(),
+                Error::Corrupt {
+                    what: "extent map",
+                    ..
+                }
+            ),
+            "{what}: {err}"
+        );
+    }
+    drop(a);
+    drop(vol);
+    let after = dev.snapshot();
+    let data = &sb.layout.data;
+    let (start, end) = (data.start as usize, (data.start + data.len) as usize);
+    assert!(
+        before[start..end] == after[start..end],
+        "the data area was written"
+    );
+    let err = crate::fsck::check(dev.clone()).expect_err("fsck reports the overlap");
+    assert!(err.to_string().contains("already used"), "{err}");
+}
