@@ -39,8 +39,11 @@ pub struct FsckReport {
     /// Extended attributes, and the bytes of their names and values.
     pub xattrs: u64,
     pub xattr_bytes: u64,
-    /// Bytes of the data area used by extents.
+    /// Bytes of the data area in use: files' extents and `metadata_bytes`.
     pub used_bytes: u64,
+    /// Of `used_bytes`, what checkpoints use: both slots' spilled images
+    /// and the extent pages their bases list.
+    pub metadata_bytes: u64,
     pub data_bytes: u64,
     /// Journal records replayed on top of the checkpoint.
     pub journal_records: u64,
@@ -84,6 +87,7 @@ pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
     for (slot, spill) in loaded.spills.iter().enumerate() {
         if !spill.is_empty() {
             let bytes: u64 = spill.iter().map(|&(_, len)| len).sum();
+            report.metadata_bytes += bytes;
             report.notes.push(format!(
                 "checkpoint slot {slot}'s image is spilled to {} extents ({bytes} bytes) of the data area, counted as used",
                 spill.len()
@@ -93,6 +97,7 @@ pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
     let pages = crate::mount::used_pages(&loaded.sb, &loaded.pages);
     if !pages.is_empty() {
         let bytes: u64 = pages.iter().map(|&(_, len)| len).sum();
+        report.metadata_bytes += bytes;
         report.notes.push(format!(
             "the two slots' bases list {} extent pages ({bytes} bytes) of the data area, each read and verified for the newest, counted as used",
             pages.len()

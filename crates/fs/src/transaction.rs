@@ -125,14 +125,25 @@ impl VolumeInner {
     /// Writes a checkpoint and trims the journal. One checkpoint at a time;
     /// commits go on meanwhile (see [`VolumeInner::write_checkpoint`]).
     pub(crate) fn checkpoint(&self) -> Result<()> {
-        self.checkpoint_unless_done(|| false)
+        self.checkpoint_unless_done(|| false, false)
+    }
+
+    /// The final checkpoint of a clean unmount. With extent pages it is a
+    /// base, never a delta: the next mount then has no chain to apply and
+    /// loads no chunk (pages are read on demand), so its time does not
+    /// follow how much the session changed. The base writes pages only for
+    /// the chunks changed since the last one, which the next base would
+    /// write anyway.
+    pub(crate) fn checkpoint_for_unmount(&self) -> Result<()> {
+        let base = self.sb.features_incompat & crate::superblock::INCOMPAT_EXTENT_PAGES != 0;
+        self.checkpoint_unless_done(|| false, base)
     }
 
     /// The background checkpoint: skipped when, once its turn comes, the
     /// journal is no longer half full (a checkpoint that ran meanwhile
     /// freed it).
     pub(crate) fn checkpoint_if_half_full(&self) -> Result<()> {
-        self.checkpoint_unless_done(|| !self.commit.lock().journal.is_half_full())
+        self.checkpoint_unless_done(|| !self.commit.lock().journal.is_half_full(), false)
     }
 
     /// After the final checkpoint of a clean unmount: sets the superblock's
@@ -170,14 +181,14 @@ impl VolumeInner {
         Ok(())
     }
 
-    fn checkpoint_unless_done(&self, done: impl FnOnce() -> bool) -> Result<()> {
+    fn checkpoint_unless_done(&self, done: impl FnOnce() -> bool, base: bool) -> Result<()> {
         self.check_live()?;
         let mut newest = self.checkpointing.lock();
         self.check_live()?;
         if done() {
             return Ok(());
         }
-        let result = self.write_checkpoint(&mut newest);
+        let result = self.write_checkpoint(&mut newest, base);
         match &result {
             // Refused before anything was written: the newest checkpoint
             // and the journal on disk are as they were, and memory holds
@@ -217,11 +228,12 @@ impl VolumeInner {
     ///
     /// With `newest` (the state the newest checkpoint holds), the checkpoint
     /// is a delta from it when [`delta_is_due`] says so: appended to the
-    /// chain in the current slot instead of a whole image in the other.
+    /// chain in the current slot instead of a whole image in the other
+    /// (never with `base`).
     /// Either way the snapshot becomes `newest`, kept for the next delta: the
     /// first change to each extent chunk after it copies that chunk, which a
     /// whole checkpoint's snapshot costs too while it is written.
-    fn write_checkpoint(&self, newest: &mut Option<MetaState>) -> Result<()> {
+    fn write_checkpoint(&self, newest: &mut Option<MetaState>, base: bool) -> Result<()> {
         let mut commit = self.commit.lock();
         let (snapshot, changed, journal_seq, records) = {
             let mut meta = self.meta.write();
@@ -267,7 +279,7 @@ impl VolumeInner {
         let delta = newest
             .take()
             .map(|base| snapshot.delta_since(&base, &changed))
-            .filter(|delta| delta_is_due(&self.sb, &older_chain, delta));
+            .filter(|delta| !base && delta_is_due(&self.sb, &older_chain, delta));
         // `Some(spill)` for a new base: the spill extents that replace the
         // slot's old ones; and with extent pages, the pages it wrote.
         let written = match delta {
@@ -1382,7 +1394,8 @@ mod tests {
             .copied()
             .collect();
         drop(f);
-        vol.unmount().unwrap();
+        // Dropped: a clean unmount would write a base instead.
+        drop(vol);
 
         let vol = Volume::open(dev.clone()).unwrap();
         let loaded = |vol: &Volume| {

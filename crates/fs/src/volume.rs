@@ -464,9 +464,16 @@ impl Volume {
     /// Writes back every file's cached data, writes a checkpoint and trims
     /// the journal: afterwards everything is durable.
     pub fn checkpoint(&self) -> Result<()> {
+        self.write_back_and_checkpoint(|inner| inner.checkpoint())
+    }
+
+    fn write_back_and_checkpoint(
+        &self,
+        checkpoint: impl FnOnce(&VolumeInner) -> Result<()>,
+    ) -> Result<()> {
         self.inner.check_live()?;
         let written = self.inner.write_back_all(Pass::All);
-        let checkpointed = self.inner.checkpoint();
+        let checkpointed = checkpoint(&self.inner);
         if let Some(e) = written.into_iter().next() {
             return Err(e);
         }
@@ -478,11 +485,12 @@ impl Volume {
     /// background writeback since the last `sync` (a FUSE mount gets no
     /// `sync`: the kernel does not pass `syncfs` on to it). Dropping a
     /// volume without unmounting loses cached data not written back and
-    /// leaves the rest to journal recovery at the next open. Once the final
-    /// checkpoint is durable, sets the superblock's clean-unmount mark: the
+    /// leaves the rest to journal recovery at the next open. With extent
+    /// pages the final checkpoint is a base, so the next mount loads no
+    /// extent chunk. Once the final checkpoint is durable, sets the superblock's clean-unmount mark: the
     /// next open then skips scanning the journal for later batches.
     pub fn unmount(self) -> Result<()> {
-        self.checkpoint()?;
+        self.write_back_and_checkpoint(|inner| inner.checkpoint_for_unmount())?;
         self.inner.mark_clean_unmount()?;
         self.take_lost_writeback().map_or(Ok(()), Err)
     }

@@ -131,9 +131,10 @@ fn mount_keeps_no_page_and_a_read_loads_one_chunk() {
     assert_eq!(after.unplanned, 0, "{after:?}");
     drop(big);
     // A delta holds the write; the chain after remount applies it,
-    // loading the one chunk it reaches.
+    // loading the one chunk it reaches. (Dropped, not unmounted: a clean
+    // unmount writes a base, below.)
     vol.checkpoint().unwrap();
-    vol.unmount().unwrap();
+    drop(vol);
 
     let vol = Volume::open(dynd(&dev)).unwrap();
     let at_mount = loads(&vol);
@@ -159,6 +160,23 @@ fn mount_keeps_no_page_and_a_read_loads_one_chunk() {
         "every load through an entry point: {done:?}"
     );
     assert!(done.damaged.is_empty());
+    // A write, then a clean unmount: its final checkpoint is a base, so
+    // the next mount has no chain to apply and loads no chunk.
+    let big = vol.open_file("/big", OpenFlags::default()).unwrap();
+    big.pwrite(&[0xdd; BLOCK as usize], 3 * BLOCK).unwrap();
+    drop(big);
+    vol.unmount().unwrap();
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    let at_mount = loads(&vol);
+    assert_eq!(
+        (at_mount.loads, at_mount.chunks_loaded),
+        (0, inline),
+        "after a clean unmount: {at_mount:?}"
+    );
+    let big = vol.open_file("/big", OpenFlags::default()).unwrap();
+    big.pread(&mut block, 3 * BLOCK).unwrap();
+    assert_eq!(block, vec![0xdd; BLOCK as usize]);
+    drop(big);
     vol.unmount().unwrap();
     fsck_clean(dynd(&dev), "after lazy mounts");
 }

@@ -1667,10 +1667,10 @@ impl Case {
                 Err(e) => self.fail(format!("{ctx}: stat {p}: {e}")),
             }
         }
-        if report.used_bytes != alloc {
+        if report.used_bytes != alloc + report.metadata_bytes {
             self.fail(format!(
-                "{ctx}: fsck used_bytes {} != {} allocated by the files (leak?)",
-                report.used_bytes, alloc
+                "{ctx}: fsck used_bytes {} != {} allocated by the files + {} of checkpoint metadata (leak?)",
+                report.used_bytes, alloc, report.metadata_bytes
             ));
         }
         // Metadata bytes: the checkpoints' spilled images and extent pages,
