@@ -287,6 +287,11 @@ impl Allocator {
         self.free_bytes
     }
 
+    /// How many free ranges there are (busy ones not counted).
+    pub fn free_extent_count(&self) -> usize {
+        self.by_size.len()
+    }
+
     /// Bytes freed but waiting for their journal record to be durable.
     pub fn busy_bytes(&self) -> u64 {
         self.busy_bytes

@@ -11,11 +11,39 @@
 //! Ranges are file-system-block aligned, kept per inode in memory; every
 //! reserved byte is counted once in [`Meta::delalloc_reserved`], which the
 //! allocator's free space is reduced by for every other allocation.
+//!
+//! With extent pages, the room for the next base ([`Meta::base_reserve_for`])
+//! must also cover the extents that pending work adds to a map later,
+//! when it may no longer fail (issue 10: ENOSPC is reported by the write
+//! that causes it, never lost at writeback). So the call that creates the
+//! work *holds* them ([`Meta::hold_extents`], per file, counted in the
+//! room as if already in the map) and gets ENOSPC when they do not fit:
+//!
+//! - a buffered write, [`crate::limits::EXTENTS_PER_HOLE_ESTIMATE`] per new
+//!   delayed range: writeback places a whole range at once (one extent,
+//!   more only where it takes whole free ranges, which the room counts
+//!   apart: `Meta::fragmentation_extents`) and converts it folio by folio
+//!   in file order (one more while part of it is converted);
+//! - a write (buffered or direct) whose block range ends inside unwritten
+//!   extents, one per such end: converting a range splits only the
+//!   unwritten extents its ends fall in (the space a write allocates
+//!   itself is exactly its range). Writeback converts a dirty run folio
+//!   by folio in file order, each merging with the written one before, so
+//!   the splits are those at the ends of the runs, i.e. of the writes.
+//!
+//! Holds are released only when nothing of the file is pending: no dirty
+//! folio, no delayed range, no direct I/O in flight, under the inode's
+//! exclusive I/O lock ([`Meta::release_holds`]; at fsync, fallocate,
+//! punch, truncate, a checkpoint's writeback, last close). Meanwhile the
+//! extents added count twice (in the map and held): the room errs large,
+//! never small.
 
 use std::collections::BTreeMap;
 
-use crate::mount_state::{BaseGrowth, Meta};
-use crate::types::Ino;
+use crate::extent_map::Lookup;
+use crate::mount_state::{BaseGrowth, Meta, OpenInode, VolumeInner};
+use crate::superblock::Superblock;
+use crate::types::{ExtentState, Ino};
 use crate::{Error, Result};
 
 /// One inode's delalloc ranges: start → end, disjoint, not adjacent.
@@ -45,6 +73,13 @@ impl Meta {
         (pos < end).then_some(end)
     }
 
+    /// The delalloc range holding `pos`.
+    pub(crate) fn delalloc_around(&self, ino: Ino, pos: u64) -> Option<(u64, u64)> {
+        let ranges = self.delalloc.get(&ino)?;
+        let (&start, &end) = ranges.range(..=pos).next_back()?;
+        (pos < end).then_some((start, end))
+    }
+
     /// Where the first delalloc range starting after `pos` starts.
     pub(crate) fn delalloc_start_after(&self, ino: Ino, pos: u64) -> Option<u64> {
         let ranges = self.delalloc.get(&ino)?;
@@ -62,9 +97,72 @@ impl Meta {
             .sum()
     }
 
+    /// Holds room for `extents` more extents of `ino`'s map (see the
+    /// module's header), or refuses with ENOSPC when the room for the next
+    /// base would then pass the free space; no-op without extent pages.
+    pub(crate) fn hold_extents(&mut self, sb: &Superblock, ino: Ino, extents: u64) -> Result<()> {
+        if extents == 0 || !self.extent_pages {
+            return Ok(());
+        }
+        self.add_hold(ino, extents);
+        self.reserve_base(sb, BaseGrowth::default())
+            .inspect_err(|_| self.remove_hold(ino, extents))
+    }
+
+    fn add_hold(&mut self, ino: Ino, extents: u64) {
+        *self.held.entry(ino).or_default() += extents;
+        self.held_extents += extents;
+    }
+
+    fn remove_hold(&mut self, ino: Ino, extents: u64) {
+        if let Some(held) = self.held.get_mut(&ino) {
+            let n = extents.min(*held);
+            *held -= n;
+            self.held_extents -= n;
+            if *held == 0 {
+                self.held.remove(&ino);
+            }
+        }
+    }
+
+    /// Drops every hold of `ino`. Only when nothing of it is pending (see
+    /// the module's header), or the inode is gone.
+    pub(crate) fn release_holds(&mut self, ino: Ino) {
+        if let Some(held) = self.held.remove(&ino) {
+            self.held_extents -= held;
+        }
+    }
+
+    /// The unwritten extents of `ino` that `[start, end)` (block-aligned)
+    /// starts or ends strictly inside: converting the range splits each
+    /// once (twice the same one when it holds the whole range).
+    pub(crate) fn unwritten_straddles(&self, ino: Ino, start: u64, end: u64) -> u64 {
+        let Some(inode) = self.state.inode(ino) else {
+            return 0;
+        };
+        let inside = |pos: u64, at_start: bool| match inode.extents.lookup(pos) {
+            Lookup::Extent(e) if e.state == ExtentState::Unwritten => {
+                if at_start {
+                    e.file_off < start
+                } else {
+                    e.file_end() > end
+                }
+            }
+            _ => false,
+        };
+        u64::from(inside(start, true)) + u64::from(end > start && inside(end - 1, false))
+    }
+
     /// Reserves space for the holes of `[start, end)` (block-aligned) that
-    /// no extent and no reservation covers yet; all or nothing.
-    pub(crate) fn reserve_delalloc(&mut self, ino: Ino, start: u64, end: u64) -> Result<()> {
+    /// no extent and no reservation covers yet; all or nothing. With extent
+    /// pages, also holds the extents the range's writeback will add.
+    pub(crate) fn reserve_delalloc(
+        &mut self,
+        sb: &Superblock,
+        ino: Ino,
+        start: u64,
+        end: u64,
+    ) -> Result<()> {
         let inode = self.state.inode(ino).ok_or(Error::Stale { ino })?;
         let mut new = Vec::new();
         for (hole, len) in inode.extents.holes_in(start, end - start) {
@@ -87,19 +185,49 @@ impl Meta {
             }
         }
         let needed: u64 = new.iter().map(|(s, e)| e - s).sum();
+        let what = || format!("inode {ino} buffered write of file range {start}..{end}");
+        if self.extent_pages {
+            // Held until nothing of the file is pending: what writeback
+            // adds for these ranges, and the splits of unwritten extents
+            // the range ends in.
+            let hold = new.len() as u64 * crate::limits::EXTENTS_PER_HOLE_ESTIMATE
+                + self.unwritten_straddles(ino, start, end);
+            if hold == 0 {
+                return Ok(());
+            }
+            self.add_hold(ino, hold);
+            let available = self.unreserved_bytes();
+            let refused = if needed > available {
+                Err(Error::NoSpace {
+                    what: what(),
+                    needed,
+                    available,
+                })
+            } else {
+                self.reserve_base(sb, BaseGrowth::default())
+            };
+            if let Err(e) = refused {
+                self.remove_hold(ino, hold);
+                return Err(e);
+            }
+        } else {
+            if needed == 0 {
+                return Ok(());
+            }
+            // The ranges become extents at writeback: the room the next
+            // base needs for them stays free now, so that this write is
+            // the one refused rather than its writeback.
+            let available = self.unreserved_bytes_after(self.growth_for_holes(ino, new.len()));
+            if needed > available {
+                return Err(Error::NoSpace {
+                    what: what(),
+                    needed,
+                    available,
+                });
+            }
+        }
         if needed == 0 {
             return Ok(());
-        }
-        // The ranges become extents at writeback: the room the next base
-        // needs for them stays free now, so that this write is the one
-        // refused rather than its writeback.
-        let available = self.unreserved_bytes_after(self.growth_for_holes(ino, new.len()));
-        if needed > available {
-            return Err(Error::NoSpace {
-                what: format!("inode {ino} buffered write of file range {start}..{end}"),
-                needed,
-                available,
-            });
         }
         let ranges = self.delalloc.entry(ino).or_default();
         for (s, e) in new {
@@ -133,6 +261,36 @@ impl Meta {
         }
         self.delalloc_reserved -= released;
         released
+    }
+}
+
+impl VolumeInner {
+    /// Drops `inode`'s holds when nothing of it is pending: under its
+    /// exclusive I/O lock (no buffered write or writeback pass runs; both
+    /// take it shared) with direct I/O drained, no dirty folio and no
+    /// delayed range. `locked`: the caller holds that lock and drained
+    /// already; else the lock is only tried, and a busy file keeps its
+    /// holds until a later call.
+    pub(crate) fn release_holds_if_idle(&self, inode: &OpenInode, locked: bool) {
+        if !self.meta.read().held.contains_key(&inode.ino) {
+            return;
+        }
+        let _exclusive = if locked {
+            None
+        } else {
+            let Some(lock) = inode.io_lock.try_lock_exclusive() else {
+                return;
+            };
+            inode.io_lock.drain_dio();
+            Some(lock)
+        };
+        if inode.mapping.is_dirty() {
+            return;
+        }
+        let mut meta = self.meta.write();
+        if !meta.delalloc.contains_key(&inode.ino) {
+            meta.release_holds(inode.ino);
+        }
     }
 }
 

@@ -266,7 +266,11 @@ impl File {
             .vol
             .log_write_time(&self.handle.inode)
             .map_err(|e| self.at(0, e))?;
-        file_io::fsync(self).map_err(|e| self.at(0, e))
+        file_io::fsync(self).map_err(|e| self.at(0, e))?;
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, false);
+        Ok(())
     }
 
     /// Makes this file's data and the metadata needed to read it durable,
@@ -274,7 +278,11 @@ impl File {
     /// overwrite's `fdatasync` stays one device flush).
     pub fn fdatasync(&self) -> Result<()> {
         self.handle.vol.check_live().map_err(|e| self.at(0, e))?;
-        file_io::fsync(self).map_err(|e| self.at(0, e))
+        file_io::fsync(self).map_err(|e| self.at(0, e))?;
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, false);
+        Ok(())
     }
 
     /// Writes back and drops this file's cached folios before an operation
@@ -294,6 +302,9 @@ impl File {
         self.flush_cache(offset)?;
         let _exclusive = self.handle.inode.io_lock.lock_exclusive();
         self.handle.inode.io_lock.drain_dio();
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, true);
         let block = self.block();
         let end = offset + len;
         if !keep_size {
@@ -309,6 +320,7 @@ impl File {
                     self.handle.inode.ino,
                     align_down(offset, block),
                     end.next_multiple_of(block),
+                    false,
                 )
             })
             .map_err(|e| self.at(offset, e))
@@ -372,6 +384,9 @@ impl File {
         self.flush_cache(offset)?;
         let _exclusive = self.handle.inode.io_lock.lock_exclusive();
         self.handle.inode.io_lock.drain_dio();
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, true);
         let block = self.block();
         let end = offset + len;
         let inner_start = offset.next_multiple_of(block);
@@ -384,10 +399,10 @@ impl File {
             self.zero_inside_eof_locked(offset, inner_start)?;
             self.zero_inside_eof_locked(inner_end, end)?;
             let mut meta = self.handle.vol.meta.write();
-            meta.reserve_image(
-                &self.handle.vol.sb,
-                crate::mount_state::image_bytes_for_extents(1),
-            )?;
+            // A punch inside an extent splits it: one more extent, which
+            // with extent pages may be a paged file's.
+            let growth = meta.growth_for_extents(self.handle.inode.ino, 1);
+            meta.reserve_base(&self.handle.vol.sb, growth)?;
             meta.log(Record::Punch {
                 ino: self.handle.inode.ino,
                 file_off: inner_start,
@@ -411,6 +426,9 @@ impl File {
         self.flush_cache(size)?;
         let _exclusive = self.handle.inode.io_lock.lock_exclusive();
         self.handle.inode.io_lock.drain_dio();
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, true);
         let block = self.block();
         let result = (|| {
             let old = self.size()?;

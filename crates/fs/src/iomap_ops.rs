@@ -40,66 +40,109 @@ impl VolumeInner {
 /// Places unwritten space in every hole of `[start, end)` (block-aligned),
 /// all or nothing: the free-space and metadata checks come before any change.
 /// Returns whether anything was allocated.
+///
+/// `writeback`: the holes are a buffered write's delayed ranges, which hold
+/// their room already ([`crate::delalloc`]); the whole delayed range around
+/// the request is placed at once (its extents then number one per range
+/// but where whole free ranges are taken, as the room counts), and nothing
+/// is refused that the reservation covers.
 pub(crate) fn allocate_holes(
     vol: &VolumeInner,
     meta: &mut Meta,
     ino: Ino,
-    start: u64,
-    end: u64,
+    mut start: u64,
+    mut end: u64,
+    writeback: bool,
 ) -> Result<bool> {
+    if writeback {
+        if let Some((s, _)) = meta.delalloc_around(ino, start) {
+            start = start.min(s);
+        }
+        if let Some((_, e)) = meta.delalloc_around(ino, end - 1) {
+            end = end.max(e);
+        }
+    }
     let inode = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
     let holes = inode.extents.holes_in(start, end - start);
     if holes.is_empty() {
         return Ok(false);
     }
     let needed: u64 = holes.iter().map(|&(_, len)| len).sum();
-    // The room the next base needs once these extents are in the map
-    // stays free.
-    let growth = meta.growth_for_holes(ino, holes.len());
     // Space a buffered write reserved in this range is this allocation's.
-    let available = meta.unreserved_bytes_after(growth) + meta.delalloc_within(ino, start, end);
-    if needed > available {
-        return Err(Error::NoSpace {
-            what: format!("inode {ino} file range {start}..{end}"),
-            needed,
-            available,
-        });
+    let reserved = meta.delalloc_within(ino, start, end);
+    let held = writeback && meta.extent_pages && reserved == needed;
+    if !held {
+        // The room the next base needs once these extents are in the map
+        // stays free.
+        let growth = meta.growth_for_holes(ino, holes.len());
+        let available = meta.unreserved_bytes_after(growth) + reserved;
+        if needed > available {
+            return Err(Error::NoSpace {
+                what: format!("inode {ino} file range {start}..{end}"),
+                needed,
+                available,
+            });
+        }
+        meta.reserve_base(&vol.sb, growth)?;
     }
-    meta.reserve_base(&vol.sb, growth)?;
-    meta.release_delalloc(ino, start, end);
     let block = u64::from(vol.block_size);
+    let mut pieces = Vec::new();
     for (hole_start, hole_len) in holes {
         let hole_end = hole_start + hole_len;
         let mut cur = hole_start;
         while cur < hole_end {
             // Keep the file contiguous on the device when the space allows.
-            let hint = if cur >= block {
+            let hint = if cur == hole_start && cur >= block {
                 match meta.state.inode(ino).map(|i| i.extents.lookup(cur - block)) {
                     Some(Lookup::Extent(e)) => Some(e.addr + (cur - e.file_off)),
                     _ => None,
                 }
             } else {
-                None
+                pieces
+                    .last()
+                    .map(|&(_, addr, len): &(u64, u64, u64)| addr + len)
             };
-            let (addr, len) =
-                meta.alloc
-                    .alloc(hole_end - cur, hint)
-                    .ok_or_else(|| Error::NoSpace {
-                        what: format!("inode {ino} file offset {cur}"),
-                        needed: hole_end - cur,
-                        available: 0,
-                    })?;
-            meta.log(Record::MapUnwritten {
-                ino,
-                file_off: cur,
-                len,
-                addr,
-            })?;
+            let Some((addr, len)) = meta.alloc.alloc(hole_end - cur, hint) else {
+                give_back(meta, &pieces);
+                return Err(Error::NoSpace {
+                    what: format!("inode {ino} file offset {cur}"),
+                    needed: hole_end - cur,
+                    available: 0,
+                });
+            };
+            pieces.push((cur, addr, len));
             cur += len;
         }
     }
+    if !held && meta.extent_pages {
+        // The estimate above assumed a few extents per hole; free space in
+        // small pieces can make more, which the room must cover too.
+        let growth = meta.growth_for_extents(ino, pieces.len() as u64);
+        if let Err(e) = meta.reserve_base(&vol.sb, growth) {
+            give_back(meta, &pieces);
+            return Err(e);
+        }
+    }
+    meta.release_delalloc(ino, start, end);
+    for (file_off, addr, len) in pieces {
+        meta.log(Record::MapUnwritten {
+            ino,
+            file_off,
+            len,
+            addr,
+        })?;
+    }
     vol.ask_commit_if_due(meta);
     Ok(true)
+}
+
+/// Returns pieces allocated but not logged to free space.
+fn give_back(meta: &mut Meta, pieces: &[(u64, u64, u64)]) {
+    for &(_, addr, len) in pieces {
+        meta.alloc
+            .free_now(addr, len)
+            .expect("a piece just allocated is used space");
+    }
 }
 
 /// Every byte of `[pos, pos+len)` is written data before `limit`.
@@ -150,7 +193,8 @@ impl VolumeInner {
         let ino = inode.ino;
         let start = align_down(pos, block);
         let end = (pos + len).next_multiple_of(block);
-        let (meta, ()) = self.with_busy_retry(|meta| meta.reserve_delalloc(ino, start, end))?;
+        let (meta, ()) =
+            self.with_busy_retry(|meta| meta.reserve_delalloc(&self.sb, ino, start, end))?;
         let state = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
         Ok(match state.extents.lookup(pos) {
             Lookup::Extent(e) => Iomap {
@@ -189,8 +233,18 @@ impl IomapOps for VolumeInner {
         let meta = if writing && !overwrite_only {
             let start = align_down(pos, block);
             let end = (pos + len).next_multiple_of(block);
-            let (meta, allocated) =
-                self.with_busy_retry(|meta| allocate_holes(self, meta, ino, start, end))?;
+            let writeback = flags.contains(IomapOpFlags::WRITEBACK);
+            let (meta, allocated) = self.with_busy_retry(|meta| {
+                if !writeback {
+                    // This write's completion splits the unwritten extents
+                    // its ends fall in: held now, so that this write is
+                    // refused rather than the completion left unchecked
+                    // (writeback's were held by the buffered write).
+                    let splits = meta.unwritten_straddles(ino, start, end);
+                    meta.hold_extents(&self.sb, ino, splits)?;
+                }
+                allocate_holes(self, meta, ino, start, end, writeback)
+            })?;
             new = allocated;
             meta.downgrade()
         } else {

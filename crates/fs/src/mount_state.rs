@@ -116,6 +116,13 @@ pub(crate) struct Meta {
     /// earliest by the one after: until then the room for a base must be
     /// found besides them ([`Meta::base_reserve_for`]).
     pub(crate) shared_page_bytes: u64,
+    /// Per regular file, extents its pending work may still add to its map
+    /// (see [`crate::delalloc`]: the room held for writeback and for
+    /// splits at I/O completion), and their sum. The room for the next
+    /// base counts them as if already in the maps, so the call that takes
+    /// them is the one refused, never a writeback or a completion.
+    pub(crate) held: InoMap<u64>,
+    pub(crate) held_extents: u64,
 }
 
 /// What a change may add to the next base, for the space kept for it:
@@ -286,6 +293,8 @@ impl Meta {
             spilled_bytes: 0,
             extent_pages: false,
             shared_page_bytes: 0,
+            held: InoMap::default(),
+            held_extents: 0,
         }
     }
 
@@ -315,6 +324,7 @@ impl Meta {
             Record::FreeInode { ino } => {
                 self.size_in_core.remove(&ino);
                 self.release_delalloc(ino, 0, u64::MAX);
+                self.release_holds(ino);
             }
             Record::CompleteWrite { ino, .. } => {
                 let disk = self.state.inode(ino).map_or(0, |i| i.size);
@@ -475,7 +485,9 @@ impl Meta {
     /// the image, or with extent pages the root (the image less the paged
     /// files' extents, plus their page table).
     fn base_payload_estimate(&self, growth: BaseGrowth) -> u64 {
-        let image = self.state.image_bytes_estimate() + growth.image;
+        let image = self.state.image_bytes_estimate()
+            + growth.image
+            + image_bytes_for_extents(self.held_extents + self.fragmentation_extents());
         if !self.extent_pages {
             return image;
         }
@@ -487,7 +499,11 @@ impl Meta {
     /// What `holes` new ranges of `ino`'s map may add to the next base:
     /// [`crate::limits::EXTENTS_PER_HOLE_ESTIMATE`] extents each.
     pub(crate) fn growth_for_holes(&self, ino: Ino, holes: usize) -> BaseGrowth {
-        let extents = holes as u64 * crate::limits::EXTENTS_PER_HOLE_ESTIMATE;
+        self.growth_for_extents(ino, holes as u64 * crate::limits::EXTENTS_PER_HOLE_ESTIMATE)
+    }
+
+    /// What `extents` more extents of `ino`'s map may add to the next base.
+    pub(crate) fn growth_for_extents(&self, ino: Ino, extents: u64) -> BaseGrowth {
         BaseGrowth {
             image: image_bytes_for_extents(extents),
             file: self
@@ -499,7 +515,7 @@ impl Meta {
 
     /// [`MetaState::paged_size`] after `growth`.
     fn paged_after(&self, growth: BaseGrowth) -> crate::state::PagedSize {
-        let now = self.state.paged_size();
+        let now = self.state.paged_size().plus(self.pending_paged());
         let Some((size, extra)) = growth.file else {
             return now;
         };
@@ -510,6 +526,39 @@ impl Meta {
         };
         now.minus(size.paged(block_size))
             .plus(grown.paged(block_size))
+    }
+}
+
+impl Meta {
+    /// What the held extents may add to the paged maps, at worst: each
+    /// its own chunk (an insert splits at most one), and each file with
+    /// holds paged by them, its inline extents too (a file that grows past
+    /// the inline bound is paged whole).
+    fn pending_paged(&self) -> crate::state::PagedSize {
+        let files = self.held.len() as u64;
+        if files == 0 {
+            return crate::state::PagedSize::default();
+        }
+        let inline = crate::codec::inline_extents_max(u64::from(self.state.block_size)) as u64;
+        let extents = self.held_extents + self.fragmentation_extents();
+        crate::state::PagedSize {
+            files,
+            extents: extents + files * inline,
+            chunks: extents + files,
+        }
+    }
+
+    /// Extents writeback of the delayed allocations may add beyond one per
+    /// range (held): the allocator returns a piece shorter than asked only
+    /// when it takes a whole free range, the largest, so the pieces past
+    /// the first of each allocation are at most the free ranges, and at
+    /// most the blocks reserved.
+    fn fragmentation_extents(&self) -> u64 {
+        if self.delalloc_reserved == 0 {
+            return 0;
+        }
+        let blocks = self.delalloc_reserved / u64::from(self.state.block_size);
+        blocks.min(self.alloc.free_extent_count() as u64)
     }
 }
 
