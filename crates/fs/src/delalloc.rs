@@ -19,11 +19,12 @@
 //! work *holds* them ([`Meta::hold_extents`], per file, counted in the
 //! room as if already in the map) and gets ENOSPC when they do not fit:
 //!
-//! - a buffered write, [`crate::limits::EXTENTS_PER_HOLE_ESTIMATE`] per new
-//!   delayed range: writeback places a whole range at once (one extent,
-//!   more only where it takes whole free ranges, which the room counts
-//!   apart: `Meta::fragmentation_extents`) and converts it folio by folio
-//!   in file order (one more while part of it is converted);
+//! - a buffered write, per new delayed range: one for the extent writeback
+//!   places it as (the whole range at once; more only where it takes whole
+//!   free ranges, which the room counts apart:
+//!   `Meta::fragmentation_extents`), released when placed; and, unless a
+//!   single block, one for converting it folio by folio in file order
+//!   (written, then unwritten, until the last folio);
 //! - a write (buffered or direct) whose block range ends inside unwritten
 //!   extents, one per such end: converting a range splits only the
 //!   unwritten extents its ends fall in (the space a write allocates
@@ -55,6 +56,16 @@ impl Meta {
     /// [`Meta::base_reserve_for`]) has reserved.
     pub(crate) fn unreserved_bytes(&self) -> u64 {
         self.unreserved_bytes_after(BaseGrowth::default())
+    }
+
+    /// [`Meta::unreserved_bytes`] less nothing for what pending work holds
+    /// (see [`Meta::base_reserve_settled`]): the free space `statfs`
+    /// reports.
+    pub(crate) fn settled_unreserved_bytes(&self) -> u64 {
+        self.alloc
+            .free_bytes()
+            .saturating_sub(self.delalloc_reserved)
+            .saturating_sub(self.base_reserve_settled())
     }
 
     /// [`Meta::unreserved_bytes`] once the next base has grown by
@@ -114,7 +125,7 @@ impl Meta {
         self.held_extents += extents;
     }
 
-    fn remove_hold(&mut self, ino: Ino, extents: u64) {
+    pub(crate) fn remove_hold(&mut self, ino: Ino, extents: u64) {
         if let Some(held) = self.held.get_mut(&ino) {
             let n = extents.min(*held);
             *held -= n;
@@ -123,6 +134,17 @@ impl Meta {
                 self.held.remove(&ino);
             }
         }
+    }
+
+    /// Writeback places the delayed ranges of `ino` inside `[start, end)`:
+    /// their extents are in the map from now on, so the hold for placing
+    /// each is released (see `delayed_range_extents`).
+    pub(crate) fn release_placed_holds(&mut self, ino: Ino, start: u64, end: u64) {
+        let placed = self
+            .delalloc
+            .get(&ino)
+            .map_or(0, |r| overlapping(r, start, end).count() as u64);
+        self.remove_hold(ino, placed);
     }
 
     /// Drops every hold of `ino`. Only when nothing of it is pending (see
@@ -190,7 +212,11 @@ impl Meta {
             // Held until nothing of the file is pending: what writeback
             // adds for these ranges, and the splits of unwritten extents
             // the range ends in.
-            let hold = new.len() as u64 * crate::limits::EXTENTS_PER_HOLE_ESTIMATE
+            let block = u64::from(self.state.block_size);
+            let hold = new
+                .iter()
+                .map(|&(s, e)| delayed_range_extents(e - s, block))
+                .sum::<u64>()
                 + self.unwritten_straddles(ino, start, end);
             if hold == 0 {
                 return Ok(());
@@ -291,6 +317,19 @@ impl VolumeInner {
         if !meta.delalloc.contains_key(&inode.ino) {
             meta.release_holds(inode.ino);
         }
+    }
+}
+
+/// Extents a delayed range of `len` bytes may add while its writeback is
+/// pending: the one it is placed as, and while converted folio by folio
+/// in file order one more (written, then unwritten), unless it is a single
+/// block, converted whole. The first is released when writeback places it
+/// (the extent is then in the map), the second when the file is idle.
+fn delayed_range_extents(len: u64, block: u64) -> u64 {
+    if len > block {
+        2
+    } else {
+        1
     }
 }
 

@@ -302,9 +302,6 @@ impl File {
         self.flush_cache(offset)?;
         let _exclusive = self.handle.inode.io_lock.lock_exclusive();
         self.handle.inode.io_lock.drain_dio();
-        self.handle
-            .vol
-            .release_holds_if_idle(&self.handle.inode, true);
         let block = self.block();
         let end = offset + len;
         if !keep_size {
@@ -343,6 +340,11 @@ impl File {
                 .map_err(|e| self.at(offset, e))?;
             }
         }
+        // Done, under the exclusive lock with direct I/O drained: the
+        // moment to drop the file's holds if nothing else is pending.
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, true);
         self.handle.vol.commit_if_due()
     }
 
@@ -384,9 +386,6 @@ impl File {
         self.flush_cache(offset)?;
         let _exclusive = self.handle.inode.io_lock.lock_exclusive();
         self.handle.inode.io_lock.drain_dio();
-        self.handle
-            .vol
-            .release_holds_if_idle(&self.handle.inode, true);
         let block = self.block();
         let end = offset + len;
         let inner_start = offset.next_multiple_of(block);
@@ -396,13 +395,18 @@ impl File {
                 // No whole block inside: only zeroing to do.
                 return self.zero_inside_eof_locked(offset, end);
             }
+            // A punch inside an extent splits it: one more extent, which
+            // with extent pages may be a paged file's. Checked before the
+            // edges are zeroed too, so that a refused punch changes nothing.
+            let reserve = |meta: &crate::mount_state::Meta| {
+                let growth = meta.growth_for_extents(self.handle.inode.ino, 1);
+                meta.reserve_base(&self.handle.vol.sb, growth)
+            };
+            reserve(&self.handle.vol.meta.read())?;
             self.zero_inside_eof_locked(offset, inner_start)?;
             self.zero_inside_eof_locked(inner_end, end)?;
             let mut meta = self.handle.vol.meta.write();
-            // A punch inside an extent splits it: one more extent, which
-            // with extent pages may be a paged file's.
-            let growth = meta.growth_for_extents(self.handle.inode.ino, 1);
-            meta.reserve_base(&self.handle.vol.sb, growth)?;
+            reserve(&meta)?;
             meta.log(Record::Punch {
                 ino: self.handle.inode.ino,
                 file_off: inner_start,
@@ -416,6 +420,11 @@ impl File {
             self.handle.inode.mapping.punch(offset, end);
         }
         result.map_err(|e| self.at(offset, e))?;
+        // Done, under the exclusive lock with direct I/O drained: the
+        // moment to drop the file's holds if nothing else is pending.
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, true);
         self.handle.vol.commit_if_due()
     }
 
@@ -426,9 +435,6 @@ impl File {
         self.flush_cache(size)?;
         let _exclusive = self.handle.inode.io_lock.lock_exclusive();
         self.handle.inode.io_lock.drain_dio();
-        self.handle
-            .vol
-            .release_holds_if_idle(&self.handle.inode, true);
         let block = self.block();
         let result = (|| {
             let old = self.size()?;
@@ -451,6 +457,11 @@ impl File {
             Ok(())
         })();
         result.map_err(|e| self.at(size, e))?;
+        // Done, under the exclusive lock with direct I/O drained: the
+        // moment to drop the file's holds if nothing else is pending.
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, true);
         self.handle.vol.commit_if_due()
     }
 

@@ -73,8 +73,18 @@ pub(crate) fn allocate_holes(
     let held = writeback && meta.extent_pages && reserved == needed;
     if !held {
         // The room the next base needs once these extents are in the map
-        // stays free.
-        let growth = meta.growth_for_holes(ino, holes.len());
+        // stays free: a few per hole, or where no free range holds them
+        // all, one more per free range each hole may take whole (a piece
+        // shorter than asked is the largest free range, taken whole).
+        let fit = needed <= meta.alloc.largest_free_extent();
+        let pieces = if fit {
+            holes.len() as u64
+        } else {
+            let blocks = needed / u64::from(vol.block_size);
+            holes.len() as u64 + blocks.min(meta.alloc.free_extent_count() as u64)
+        };
+        let estimate = holes.len() as u64 * crate::limits::EXTENTS_PER_HOLE_ESTIMATE;
+        let growth = meta.growth_for_extents(ino, pieces.max(estimate));
         let available = meta.unreserved_bytes_after(growth) + reserved;
         if needed > available {
             return Err(Error::NoSpace {
@@ -114,14 +124,8 @@ pub(crate) fn allocate_holes(
             cur += len;
         }
     }
-    if !held && meta.extent_pages {
-        // The estimate above assumed a few extents per hole; free space in
-        // small pieces can make more, which the room must cover too.
-        let growth = meta.growth_for_extents(ino, pieces.len() as u64);
-        if let Err(e) = meta.reserve_base(&vol.sb, growth) {
-            give_back(meta, &pieces);
-            return Err(e);
-        }
+    if held {
+        meta.release_placed_holds(ino, start, end);
     }
     meta.release_delalloc(ino, start, end);
     for (file_off, addr, len) in pieces {
@@ -242,6 +246,9 @@ impl IomapOps for VolumeInner {
                     // (writeback's were held by the buffered write).
                     let splits = meta.unwritten_straddles(ino, start, end);
                     meta.hold_extents(&self.sb, ino, splits)?;
+                    // A write refused changes nothing, its hold included.
+                    return allocate_holes(self, meta, ino, start, end, false)
+                        .inspect_err(|_| meta.remove_hold(ino, splits));
                 }
                 allocate_holes(self, meta, ino, start, end, writeback)
             })?;

@@ -400,7 +400,7 @@ impl Meta {
     /// base needs past the free space delayed allocations leave.
     pub(crate) fn reserve_base(&self, sb: &Superblock, growth: BaseGrowth) -> Result<()> {
         let slot = sb.layout.checkpoint_slots[0].len;
-        let needed = self.base_payload_estimate(growth) + CHECKPOINT_HEADROOM;
+        let needed = self.base_payload_estimate(growth, true) + CHECKPOINT_HEADROOM;
         if needed > slot && self.spill_slot_bytes.is_none() {
             return Err(Error::NoSpace {
                 what: "metadata (checkpoint slot)".to_string(),
@@ -434,6 +434,7 @@ impl Meta {
     /// Free data-area bytes kept for the next base (see
     /// [`Meta::base_reserve_for`]), were its image to grow by `extra`
     /// bytes.
+    #[cfg(test)]
     pub(crate) fn spill_reserve_for(&self, extra: u64) -> u64 {
         self.base_reserve_for(BaseGrowth {
             image: extra,
@@ -451,10 +452,22 @@ impl Meta {
     /// and `statfs` does not count them as free. The spill extents and
     /// pages of the checkpoints on disk are used space besides.
     pub(crate) fn base_reserve_for(&self, growth: BaseGrowth) -> u64 {
+        self.base_reserve_with(growth, true)
+    }
+
+    /// [`Meta::base_reserve_for`] with no growth and without what pending
+    /// work holds (`pending: false`): what `statfs` reports as metadata.
+    /// Holds are transient (released once the file is idle) and would
+    /// make the free space reported move with writeback.
+    pub(crate) fn base_reserve_settled(&self) -> u64 {
+        self.base_reserve_with(BaseGrowth::default(), false)
+    }
+
+    fn base_reserve_with(&self, growth: BaseGrowth, pending: bool) -> u64 {
         let block_size = u64::from(self.state.block_size);
         let payload = match self.spill_slot_bytes {
             Some(slot) => {
-                let needed = self.base_payload_estimate(growth) + CHECKPOINT_HEADROOM;
+                let needed = self.base_payload_estimate(growth, pending) + CHECKPOINT_HEADROOM;
                 if needed <= slot {
                     0
                 } else {
@@ -466,7 +479,7 @@ impl Meta {
         if !self.extent_pages {
             return payload;
         }
-        let paged = self.paged_after(growth);
+        let paged = self.paged_after(growth, pending);
         // A page of n extents takes (32 + 25 n) bytes rounded up to a
         // block: less than 32 + 25 n + a block. Where free space has no
         // run that long, the chunk goes as one-block pages of at most
@@ -484,14 +497,18 @@ impl Meta {
     /// The bytes of the next base's payload, were it to grow by `growth`:
     /// the image, or with extent pages the root (the image less the paged
     /// files' extents, plus their page table).
-    fn base_payload_estimate(&self, growth: BaseGrowth) -> u64 {
-        let image = self.state.image_bytes_estimate()
-            + growth.image
-            + image_bytes_for_extents(self.held_extents + self.fragmentation_extents());
+    fn base_payload_estimate(&self, growth: BaseGrowth, pending: bool) -> u64 {
+        let held = if pending {
+            self.held_extents + self.fragmentation_extents()
+        } else {
+            0
+        };
+        let image =
+            self.state.image_bytes_estimate() + growth.image + image_bytes_for_extents(held);
         if !self.extent_pages {
             return image;
         }
-        let paged = self.paged_after(growth);
+        let paged = self.paged_after(growth, pending);
         (image + paged.files * ROOT_BYTES_PER_PAGED_FILE + paged.chunks * ROOT_BYTES_PER_PAGE)
             .saturating_sub(paged.extents * IMAGE_BYTES_PER_EXTENT)
     }
@@ -514,8 +531,11 @@ impl Meta {
     }
 
     /// [`MetaState::paged_size`] after `growth`.
-    fn paged_after(&self, growth: BaseGrowth) -> crate::state::PagedSize {
-        let now = self.state.paged_size().plus(self.pending_paged());
+    fn paged_after(&self, growth: BaseGrowth, pending: bool) -> crate::state::PagedSize {
+        let mut now = self.state.paged_size();
+        if pending {
+            now = now.plus(self.pending_paged());
+        }
         let Some((size, extra)) = growth.file else {
             return now;
         };

@@ -333,9 +333,9 @@ impl Volume {
         StatFs {
             block_size: self.inner.block_size,
             data_bytes: self.inner.sb.layout.data.len,
-            free_bytes: meta.unreserved_bytes() + meta.alloc.busy_bytes(),
+            free_bytes: meta.settled_unreserved_bytes() + meta.alloc.busy_bytes(),
             metadata_bytes: meta.spilled_bytes
-                + meta.spill_reserve_for(0).min(
+                + meta.base_reserve_settled().min(
                     meta.alloc
                         .free_bytes()
                         .saturating_sub(meta.delalloc_reserved),
