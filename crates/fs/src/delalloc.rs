@@ -58,16 +58,6 @@ impl Meta {
         self.unreserved_bytes_after(BaseGrowth::default())
     }
 
-    /// [`Meta::unreserved_bytes`] less nothing for what pending work holds
-    /// (see [`Meta::base_reserve_settled`]): the free space `statfs`
-    /// reports.
-    pub(crate) fn settled_unreserved_bytes(&self) -> u64 {
-        self.alloc
-            .free_bytes()
-            .saturating_sub(self.delalloc_reserved)
-            .saturating_sub(self.base_reserve_settled())
-    }
-
     /// [`Meta::unreserved_bytes`] once the next base has grown by
     /// `growth`: what a change that grows it that much may take.
     pub(crate) fn unreserved_bytes_after(&self, growth: BaseGrowth) -> u64 {
@@ -150,9 +140,28 @@ impl Meta {
     /// Drops every hold of `ino`. Only when nothing of it is pending (see
     /// the module's header), or the inode is gone.
     pub(crate) fn release_holds(&mut self, ino: Ino) {
+        self.split_hold.remove(&ino);
         if let Some(held) = self.held.remove(&ino) {
             self.held_extents -= held;
         }
+    }
+
+    /// The splits to hold for a write of `[start, end)` (block-aligned)
+    /// of `ino`: [`Meta::unwritten_straddles`], but none when this is the
+    /// rest of the write that last held them (the engine asks again for
+    /// the rest after each mapping, always up to the write's end; that
+    /// write's data may have moved already, so it must not be refused
+    /// now). [`Meta::held_splits_for`] records the write.
+    pub(crate) fn splits_to_hold(&self, ino: Ino, start: u64, end: u64) -> u64 {
+        match self.split_hold.get(&ino) {
+            Some(&(s, e)) if e == end && s <= start => 0,
+            _ => self.unwritten_straddles(ino, start, end),
+        }
+    }
+
+    /// The write of `[start, end)` of `ino` holds its splits.
+    pub(crate) fn held_splits_for(&mut self, ino: Ino, start: u64, end: u64) {
+        self.split_hold.insert(ino, (start, end));
     }
 
     /// The unwritten extents of `ino` that `[start, end)` (block-aligned)
@@ -217,7 +226,8 @@ impl Meta {
                 .iter()
                 .map(|&(s, e)| delayed_range_extents(e - s, block))
                 .sum::<u64>()
-                + self.unwritten_straddles(ino, start, end);
+                + self.splits_to_hold(ino, start, end);
+            self.held_splits_for(ino, start, end);
             if hold == 0 {
                 return Ok(());
             }

@@ -402,7 +402,9 @@ impl File {
                 let growth = meta.growth_for_extents(self.handle.inode.ino, 1);
                 meta.reserve_base(&self.handle.vol.sb, growth)
             };
-            reserve(&self.handle.vol.meta.read())?;
+            self.handle
+                .vol
+                .retry_if_busy(|| reserve(&self.handle.vol.meta.read()))?;
             self.zero_inside_eof_locked(offset, inner_start)?;
             self.zero_inside_eof_locked(inner_end, end)?;
             let mut meta = self.handle.vol.meta.write();

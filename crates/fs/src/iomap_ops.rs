@@ -37,6 +37,26 @@ impl VolumeInner {
     }
 }
 
+impl VolumeInner {
+    /// Runs a metadata change that refuses, changing nothing, when the
+    /// next base's room is short; when it is and space is busy (freed by
+    /// changes no checkpoint holds yet), checkpoints to release it and
+    /// tries once more, as allocations do ([`VolumeInner::with_busy_retry`]):
+    /// ENOSPC only when space is really short.
+    pub(crate) fn retry_if_busy<T>(&self, mut change: impl FnMut() -> Result<T>) -> Result<T> {
+        match change() {
+            Err(e)
+                if matches!(e.root(), Error::NoSpace { .. })
+                    && self.meta.read().alloc.busy_bytes() > 0 =>
+            {
+                self.checkpoint()?;
+                change()
+            }
+            other => other,
+        }
+    }
+}
+
 /// Places unwritten space in every hole of `[start, end)` (block-aligned),
 /// all or nothing: the free-space and metadata checks come before any change.
 /// Returns whether anything was allocated.
@@ -244,8 +264,9 @@ impl IomapOps for VolumeInner {
                     // its ends fall in: held now, so that this write is
                     // refused rather than the completion left unchecked
                     // (writeback's were held by the buffered write).
-                    let splits = meta.unwritten_straddles(ino, start, end);
+                    let splits = meta.splits_to_hold(ino, start, end);
                     meta.hold_extents(&self.sb, ino, splits)?;
+                    meta.held_splits_for(ino, start, end);
                     // A write refused changes nothing, its hold included.
                     return allocate_holes(self, meta, ino, start, end, false)
                         .inspect_err(|_| meta.remove_hold(ino, splits));

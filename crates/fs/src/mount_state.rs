@@ -123,6 +123,9 @@ pub(crate) struct Meta {
     /// them is the one refused, never a writeback or a completion.
     pub(crate) held: InoMap<u64>,
     pub(crate) held_extents: u64,
+    /// Per file, the block range of the last write that held its splits
+    /// (see [`Meta::splits_to_hold`]).
+    pub(crate) split_hold: InoMap<(u64, u64)>,
 }
 
 /// What a change may add to the next base, for the space kept for it:
@@ -295,6 +298,7 @@ impl Meta {
             shared_page_bytes: 0,
             held: InoMap::default(),
             held_extents: 0,
+            split_hold: InoMap::default(),
         }
     }
 
@@ -453,14 +457,6 @@ impl Meta {
     /// pages of the checkpoints on disk are used space besides.
     pub(crate) fn base_reserve_for(&self, growth: BaseGrowth) -> u64 {
         self.base_reserve_with(growth, true)
-    }
-
-    /// [`Meta::base_reserve_for`] with no growth and without what pending
-    /// work holds (`pending: false`): what `statfs` reports as metadata.
-    /// Holds are transient (released once the file is idle) and would
-    /// make the free space reported move with writeback.
-    pub(crate) fn base_reserve_settled(&self) -> u64 {
-        self.base_reserve_with(BaseGrowth::default(), false)
     }
 
     fn base_reserve_with(&self, growth: BaseGrowth, pending: bool) -> u64 {
