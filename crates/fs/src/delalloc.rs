@@ -222,13 +222,14 @@ impl Meta {
             // adds for these ranges, and the splits of unwritten extents
             // the range ends in.
             let block = u64::from(self.state.block_size);
+            let ranges = self.delalloc.get(&ino);
             let hold = new
                 .iter()
-                .map(|&(s, e)| delayed_range_extents(e - s, block))
+                .map(|&(s, e)| delayed_range_extents(ranges, s, e, block))
                 .sum::<u64>()
                 + self.splits_to_hold(ino, start, end);
             self.held_splits_for(ino, start, end);
-            if hold == 0 {
+            if hold == 0 && needed == 0 {
                 return Ok(());
             }
             self.add_hold(ino, hold);
@@ -330,16 +331,25 @@ impl VolumeInner {
     }
 }
 
-/// Extents a delayed range of `len` bytes may add while its writeback is
-/// pending: the one it is placed as, and while converted folio by folio
+/// Extents a new delayed piece `[s, e)` may add while its writeback is
+/// pending: the one its range is placed as, and while converted folio by folio
 /// in file order one more (written, then unwritten), unless it is a single
 /// block, converted whole. The first is released when writeback places it
 /// (the extent is then in the map), the second when the file is idle.
-fn delayed_range_extents(len: u64, block: u64) -> u64 {
-    if len > block {
-        2
-    } else {
-        1
+///
+/// `[s, e)` joins the ranges of `ranges` it touches: a new range holds
+/// both; one that extends a range holds only the conversion's, and only
+/// when that range was a single block (a longer one holds it already); one
+/// that joins two holds nothing more. So a sequential writer holds a
+/// couple of extents per range, not one per write.
+fn delayed_range_extents(ranges: Option<&Ranges>, s: u64, e: u64, block: u64) -> u64 {
+    let before = ranges.and_then(|r| r.range(..s).next_back().filter(|(_, &pe)| pe == s));
+    let after = ranges.and_then(|r| r.get(&e).map(|&ne| (e, ne)));
+    match (before, after) {
+        (None, None) => 1 + u64::from(e - s > block),
+        (Some((&ps, &pe)), None) => u64::from(pe - ps == block),
+        (None, Some((ns, ne))) => u64::from(ne - ns == block),
+        (Some(_), Some(_)) => 0,
     }
 }
 

@@ -701,7 +701,10 @@ impl Case {
             let size = self.m.data.get(&id).map(|d| d.len() as u64).unwrap_or(0);
             (
                 size.max(2 * MAX_OFF) + self.rng.gen_range(0..8192),
-                free + self.rng.gen_range(64 * 1024..MIB),
+                // Past free + metadata bytes: the room kept for pending
+                // writeback (metadata) becomes free once it is done, which
+                // the fallocate's own flush may do first.
+                self.unused_before.get() + self.rng.gen_range(64 * 1024..MIB),
             )
         } else {
             (
