@@ -274,7 +274,10 @@ impl Target for RawTarget {
 pub fn format_and_mount(dev: Arc<dyn BlockDevice>) -> Result<Volume, BenchError> {
     let opts = FormatOptions {
         block_size: IOMAPFS_BLOCK_SIZE.max(dev.caps().logical_block_size),
-        extent_pages: EXTENT_PAGES.get().copied().unwrap_or(false),
+        extent_pages: EXTENT_PAGES
+            .get()
+            .copied()
+            .unwrap_or(FormatOptions::default().extent_pages),
         ..FormatOptions::default()
     };
     Volume::format(dev.clone(), &opts).map_err(|e| BenchError::fs("iomapfs format", e))?;
@@ -282,7 +285,8 @@ pub fn format_and_mount(dev: Arc<dyn BlockDevice>) -> Result<Volume, BenchError>
 }
 
 /// Whether iomapfs targets of this run are formatted with extent pages
-/// (`--extent-pages`), set once by [`crate::run`].
+/// (the default; `--no-extent-pages` turns it off), set once by
+/// [`crate::run`].
 static EXTENT_PAGES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
 /// Records whether every later [`format_and_mount`] uses extent pages.

@@ -60,6 +60,14 @@ pub struct MkfsArgs {
     /// partition table, and allow --size to resize an existing image.
     #[arg(long, short = 'f')]
     pub force: bool,
+
+    /// Keep each base checkpoint's extents in one image instead of extent
+    /// pages (the default: a base then writes only the extent chunks
+    /// changed since the last one, and the volume keeps free the room its
+    /// next base's pages need). The volume is then readable by iomapfs
+    /// builds that predate extent pages (incompat bit 2).
+    #[arg(long)]
+    pub no_extent_pages: bool,
 }
 
 pub fn run(args: &MkfsArgs) -> Result<u8, Failure> {
@@ -221,6 +229,7 @@ fn format(path: &Path, args: &MkfsArgs, block_size: u32) -> Result<u8, Failure> 
     let opts = FormatOptions {
         block_size,
         journal_bytes: args.journal_size,
+        extent_pages: !args.no_extent_pages,
         ..FormatOptions::default()
     };
     Volume::format(dev.clone(), &opts)
@@ -250,6 +259,14 @@ fn format(path: &Path, args: &MkfsArgs, block_size: u32) -> Result<u8, Failure> 
             let l = &sb.layout;
             let uuid: String = sb.uuid.iter().map(|b| format!("{b:02x}")).collect();
             println!("  format        version {}, uuid {uuid}", sb.version);
+            println!(
+                "  extent pages  {}",
+                if sb.features_incompat & iomapfs_fs::superblock::INCOMPAT_EXTENT_PAGES != 0 {
+                    "on"
+                } else {
+                    "off"
+                }
+            );
             println!("  layout        (device byte ranges)");
             println!("    superblock  {}", region(0, u64::from(l.block_size)));
             for (i, slot) in l.checkpoint_slots.iter().enumerate() {

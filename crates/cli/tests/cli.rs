@@ -681,7 +681,17 @@ fn rewrite_checkpoint(img: &Path, edit: impl FnOnce(&mut iomapfs_fs::types::Meta
 #[test]
 fn fsck_lists_problems_in_a_well_formed_but_inconsistent_volume() {
     let dir = scratch();
-    let img = formatted(&dir);
+    // `rewrite_checkpoint` edits a whole-image checkpoint: the layout
+    // without extent pages.
+    let img = dir.path().join("vol.img");
+    let r = iomapfs([
+        "mkfs",
+        img.to_str().unwrap(),
+        "--size",
+        IMAGE_SIZE,
+        "--no-extent-pages",
+    ]);
+    assert_eq!(r.code, 0, "mkfs failed:\n{}{}", r.stdout, r.stderr);
     assert_ok(&io(&img, &["open -c /f", "pwrite 0 64k"]), "io");
     rewrite_checkpoint(&img, |image| {
         let file = image

@@ -288,6 +288,16 @@ impl Allocator {
         self.free_bytes
     }
 
+    /// The length of the largest free range (0: none).
+    pub fn largest_free_extent(&self) -> u64 {
+        self.by_size.last().map_or(0, |&(len, _)| len)
+    }
+
+    /// How many free ranges there are (busy ones not counted).
+    pub fn free_extent_count(&self) -> usize {
+        self.by_size.len()
+    }
+
     /// Bytes freed but waiting for their journal record to be durable.
     pub fn busy_bytes(&self) -> u64 {
         self.busy_bytes

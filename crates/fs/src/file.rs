@@ -266,7 +266,11 @@ impl File {
             .vol
             .log_write_time(&self.handle.inode)
             .map_err(|e| self.at(0, e))?;
-        file_io::fsync(self).map_err(|e| self.at(0, e))
+        file_io::fsync(self).map_err(|e| self.at(0, e))?;
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, false);
+        Ok(())
     }
 
     /// Makes this file's data and the metadata needed to read it durable,
@@ -274,7 +278,11 @@ impl File {
     /// overwrite's `fdatasync` stays one device flush).
     pub fn fdatasync(&self) -> Result<()> {
         self.handle.vol.check_live().map_err(|e| self.at(0, e))?;
-        file_io::fsync(self).map_err(|e| self.at(0, e))
+        file_io::fsync(self).map_err(|e| self.at(0, e))?;
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, false);
+        Ok(())
     }
 
     /// Writes back and drops this file's cached folios before an operation
@@ -309,6 +317,7 @@ impl File {
                     self.handle.inode.ino,
                     align_down(offset, block),
                     end.next_multiple_of(block),
+                    false,
                 )
             })
             .map_err(|e| self.at(offset, e))
@@ -331,6 +340,11 @@ impl File {
                 .map_err(|e| self.at(offset, e))?;
             }
         }
+        // Done, under the exclusive lock with direct I/O drained: the
+        // moment to drop the file's holds if nothing else is pending.
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, true);
         self.handle.vol.commit_if_due()
     }
 
@@ -381,13 +395,20 @@ impl File {
                 // No whole block inside: only zeroing to do.
                 return self.zero_inside_eof_locked(offset, end);
             }
+            // A punch inside an extent splits it: one more extent, which
+            // with extent pages may be a paged file's. Checked before the
+            // edges are zeroed too, so that a refused punch changes nothing.
+            let reserve = |meta: &crate::mount_state::Meta| {
+                let growth = meta.growth_for_extents(self.handle.inode.ino, 1);
+                meta.reserve_base(&self.handle.vol.sb, growth)
+            };
+            self.handle
+                .vol
+                .retry_if_busy(|| self.handle.vol.with_free_space(|meta| reserve(meta)))?;
             self.zero_inside_eof_locked(offset, inner_start)?;
             self.zero_inside_eof_locked(inner_end, end)?;
             self.handle.vol.with_free_space(|meta| {
-                meta.reserve_image(
-                    &self.handle.vol.sb,
-                    crate::mount_state::image_bytes_for_extents(1),
-                )?;
+                reserve(meta)?;
                 meta.log(Record::Punch {
                     ino: self.handle.inode.ino,
                     file_off: inner_start,
@@ -402,6 +423,11 @@ impl File {
             self.handle.inode.mapping.punch(offset, end);
         }
         result.map_err(|e| self.at(offset, e))?;
+        // Done, under the exclusive lock with direct I/O drained: the
+        // moment to drop the file's holds if nothing else is pending.
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, true);
         self.handle.vol.commit_if_due()
     }
 
@@ -434,6 +460,11 @@ impl File {
             Ok(())
         })();
         result.map_err(|e| self.at(size, e))?;
+        // Done, under the exclusive lock with direct I/O drained: the
+        // moment to drop the file's holds if nothing else is pending.
+        self.handle
+            .vol
+            .release_holds_if_idle(&self.handle.inode, true);
         self.handle.vol.commit_if_due()
     }
 

@@ -77,6 +77,7 @@ impl VolumeInner {
             if let Err(e) = iomap::writeback::write_back(&file, 0, u64::MAX) {
                 errors.push(e);
             }
+            self.release_holds_if_idle(&inode, false);
             // Dropping the handle closes a file kept only for its dirty data.
         }
         errors

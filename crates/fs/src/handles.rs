@@ -81,6 +81,8 @@ impl VolumeInner {
             let _ = meta.log_write_time(inode);
         }
         meta.open.remove(&inode.ino);
+        // No handle: no I/O in flight (a request holds one), nothing dirty.
+        meta.release_holds(inode.ino);
         if unlinked && self.check_live().is_ok() {
             // Failure only leaves an orphan that the next mount frees.
             let _ = meta.log(Record::FreeInode { ino: inode.ino });

@@ -49,16 +49,51 @@ impl VolumeInner {
     }
 }
 
+impl VolumeInner {
+    /// Runs a metadata change that refuses, changing nothing, when the
+    /// next base's room is short; when it is and space is busy (freed by
+    /// changes no checkpoint holds yet), checkpoints to release it and
+    /// tries once more, as allocations do ([`VolumeInner::with_busy_retry`]):
+    /// ENOSPC only when space is really short.
+    pub(crate) fn retry_if_busy<T>(&self, mut change: impl FnMut() -> Result<T>) -> Result<T> {
+        match change() {
+            Err(e)
+                if matches!(e.root(), Error::NoSpace { .. })
+                    && self.meta.read().alloc.busy_bytes() > 0 =>
+            {
+                self.checkpoint()?;
+                change()
+            }
+            other => other,
+        }
+    }
+}
+
 /// Places unwritten space in every hole of `[start, end)` (block-aligned),
 /// all or nothing: the free-space and metadata checks come before any change.
 /// Returns whether anything was allocated.
+///
+/// `writeback`: the holes are a buffered write's delayed ranges, which hold
+/// their room already ([`crate::delalloc`]); the whole delayed range around
+/// the request is placed at once (its extents then number one per range
+/// but where whole free ranges are taken, as the room counts), and nothing
+/// is refused that the reservation covers.
 pub(crate) fn allocate_holes(
     vol: &VolumeInner,
     meta: &mut Meta,
     ino: Ino,
-    start: u64,
-    end: u64,
+    mut start: u64,
+    mut end: u64,
+    writeback: bool,
 ) -> Result<bool> {
+    if writeback {
+        if let Some((s, _)) = meta.delalloc_around(ino, start) {
+            start = start.min(s);
+        }
+        if let Some((_, e)) = meta.delalloc_around(ino, end - 1) {
+            end = end.max(e);
+        }
+    }
     let inode = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
     // What the holes' search, the hints and the records read and change.
     inode.extents.load_for_change(start, end)?;
@@ -67,54 +102,85 @@ pub(crate) fn allocate_holes(
         return Ok(false);
     }
     let needed: u64 = holes.iter().map(|&(_, len)| len).sum();
-    // The room the next base needs once these extents are in the map
-    // stays free.
-    let growth = meta.growth_for_holes(ino, holes.len());
     // Space a buffered write reserved in this range is this allocation's.
-    let available = meta.unreserved_bytes_after(growth)? + meta.delalloc_within(ino, start, end);
-    if needed > available {
-        return Err(Error::NoSpace {
-            what: format!("inode {ino} file range {start}..{end}"),
-            needed,
-            available,
-        });
+    let reserved = meta.delalloc_within(ino, start, end);
+    let held = writeback && meta.extent_pages && reserved == needed;
+    if !held {
+        // The room the next base needs once these extents are in the map
+        // stays free: a few per hole, or where no free range holds them
+        // all, one more per free range each hole may take whole (a piece
+        // shorter than asked is the largest free range, taken whole).
+        let fit = needed <= meta.alloc.allocator()?.largest_free_extent();
+        let pieces = if fit {
+            holes.len() as u64
+        } else {
+            let blocks = needed / u64::from(vol.block_size);
+            holes.len() as u64 + blocks.min(meta.alloc.allocator()?.free_extent_count() as u64)
+        };
+        let estimate = holes.len() as u64 * crate::limits::EXTENTS_PER_HOLE_ESTIMATE;
+        let growth = meta.growth_for_extents(ino, pieces.max(estimate));
+        let available = meta.unreserved_bytes_after(growth)? + reserved;
+        if needed > available {
+            return Err(Error::NoSpace {
+                what: format!("inode {ino} file range {start}..{end}"),
+                needed,
+                available,
+            });
+        }
+        meta.reserve_base(&vol.sb, growth)?;
     }
-    meta.reserve_base(&vol.sb, growth)?;
-    meta.release_delalloc(ino, start, end);
     let block = u64::from(vol.block_size);
+    let mut pieces = Vec::new();
     for (hole_start, hole_len) in holes {
         let hole_end = hole_start + hole_len;
         let mut cur = hole_start;
         while cur < hole_end {
             // Keep the file contiguous on the device when the space allows.
-            let hint = if cur >= block {
+            let hint = if cur == hole_start && cur >= block {
                 match meta.state.inode(ino).map(|i| i.extents.lookup(cur - block)) {
                     Some(Lookup::Extent(e)) => Some(e.addr + (cur - e.file_off)),
                     _ => None,
                 }
             } else {
-                None
+                pieces
+                    .last()
+                    .map(|&(_, addr, len): &(u64, u64, u64)| addr + len)
             };
-            let (addr, len) = meta
-                .alloc
-                .allocator_mut()?
-                .alloc(hole_end - cur, hint)
-                .ok_or_else(|| Error::NoSpace {
+            let Some((addr, len)) = meta.alloc.allocator_mut()?.alloc(hole_end - cur, hint) else {
+                give_back(meta, &pieces);
+                return Err(Error::NoSpace {
                     what: format!("inode {ino} file offset {cur}"),
                     needed: hole_end - cur,
                     available: 0,
-                })?;
-            meta.log(Record::MapUnwritten {
-                ino,
-                file_off: cur,
-                len,
-                addr,
-            })?;
+                });
+            };
+            pieces.push((cur, addr, len));
             cur += len;
         }
     }
+    if held {
+        meta.release_placed_holds(ino, start, end);
+    }
+    meta.release_delalloc(ino, start, end);
+    for (file_off, addr, len) in pieces {
+        meta.log(Record::MapUnwritten {
+            ino,
+            file_off,
+            len,
+            addr,
+        })?;
+    }
     vol.ask_commit_if_due(meta);
     Ok(true)
+}
+
+/// Returns pieces allocated but not logged to free space.
+fn give_back(meta: &mut Meta, pieces: &[(u64, u64, u64)]) {
+    for &(_, addr, len) in pieces {
+        meta.alloc
+            .free_now(addr, len)
+            .expect("a piece just allocated is used space");
+    }
 }
 
 /// Every byte of `[pos, pos+len)` is written data before `limit`.
@@ -165,7 +231,8 @@ impl VolumeInner {
         let ino = inode.ino;
         let start = align_down(pos, block);
         let end = (pos + len).next_multiple_of(block);
-        let (meta, ()) = self.with_busy_retry(|meta| meta.reserve_delalloc(ino, start, end))?;
+        let (meta, ()) =
+            self.with_busy_retry(|meta| meta.reserve_delalloc(&self.sb, ino, start, end))?;
         let state = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
         Ok(match state.extents.lookup(pos) {
             Lookup::Extent(e) => Iomap {
@@ -204,8 +271,22 @@ impl IomapOps for VolumeInner {
         let meta = if writing && !overwrite_only {
             let start = align_down(pos, block);
             let end = (pos + len).next_multiple_of(block);
-            let (meta, allocated) =
-                self.with_busy_retry(|meta| allocate_holes(self, meta, ino, start, end))?;
+            let writeback = flags.contains(IomapOpFlags::WRITEBACK);
+            let (meta, allocated) = self.with_busy_retry(|meta| {
+                if !writeback {
+                    // This write's completion splits the unwritten extents
+                    // its ends fall in: held now, so that this write is
+                    // refused rather than the completion left unchecked
+                    // (writeback's were held by the buffered write).
+                    let splits = meta.splits_to_hold(ino, start, end);
+                    meta.hold_extents(&self.sb, ino, splits)?;
+                    meta.held_splits_for(ino, start, end);
+                    // A write refused changes nothing, its hold included.
+                    return allocate_holes(self, meta, ino, start, end, false)
+                        .inspect_err(|_| meta.remove_hold(ino, splits));
+                }
+                allocate_holes(self, meta, ino, start, end, writeback)
+            })?;
             new = allocated;
             meta.downgrade()
         } else {

@@ -118,6 +118,16 @@ pub(crate) struct Meta {
     /// earliest by the one after: until then the room for a base must be
     /// found besides them ([`Meta::base_reserve_for`]).
     pub(crate) shared_page_bytes: u64,
+    /// Per regular file, extents its pending work may still add to its map
+    /// (see [`crate::delalloc`]: the room held for writeback and for
+    /// splits at I/O completion), and their sum. The room for the next
+    /// base counts them as if already in the maps, so the call that takes
+    /// them is the one refused, never a writeback or a completion.
+    pub(crate) held: InoMap<u64>,
+    pub(crate) held_extents: u64,
+    /// Per file, the block range of the last write that held its splits
+    /// (see [`Meta::splits_to_hold`]).
+    pub(crate) split_hold: InoMap<(u64, u64)>,
 }
 
 /// What a change may add to the next base, for the space kept for it:
@@ -297,6 +307,9 @@ impl Meta {
             spilled_bytes: 0,
             extent_pages: false,
             shared_page_bytes: 0,
+            held: InoMap::default(),
+            held_extents: 0,
+            split_hold: InoMap::default(),
         }
     }
 
@@ -326,6 +339,7 @@ impl Meta {
             Record::FreeInode { ino } => {
                 self.size_in_core.remove(&ino);
                 self.release_delalloc(ino, 0, u64::MAX);
+                self.release_holds(ino);
             }
             Record::CompleteWrite { ino, .. } => {
                 let disk = self.state.inode(ino).map_or(0, |i| i.size);
@@ -404,7 +418,7 @@ impl Meta {
     /// base needs past the free space delayed allocations leave.
     pub(crate) fn reserve_base(&self, sb: &Superblock, growth: BaseGrowth) -> Result<()> {
         let slot = sb.layout.checkpoint_slots[0].len;
-        let needed = self.base_payload_estimate(growth) + CHECKPOINT_HEADROOM;
+        let needed = self.base_payload_estimate(growth, true) + CHECKPOINT_HEADROOM;
         if needed > slot && self.spill_slot_bytes.is_none() {
             return Err(Error::NoSpace {
                 what: "metadata (checkpoint slot)".to_string(),
@@ -439,6 +453,7 @@ impl Meta {
     /// Free data-area bytes kept for the next base (see
     /// [`Meta::base_reserve_for`]), were its image to grow by `extra`
     /// bytes.
+    #[cfg(test)]
     pub(crate) fn spill_reserve_for(&self, extra: u64) -> u64 {
         self.base_reserve_for(BaseGrowth {
             image: extra,
@@ -456,10 +471,14 @@ impl Meta {
     /// and `statfs` does not count them as free. The spill extents and
     /// pages of the checkpoints on disk are used space besides.
     pub(crate) fn base_reserve_for(&self, growth: BaseGrowth) -> u64 {
+        self.base_reserve_with(growth, true)
+    }
+
+    fn base_reserve_with(&self, growth: BaseGrowth, pending: bool) -> u64 {
         let block_size = u64::from(self.state.block_size);
         let payload = match self.spill_slot_bytes {
             Some(slot) => {
-                let needed = self.base_payload_estimate(growth) + CHECKPOINT_HEADROOM;
+                let needed = self.base_payload_estimate(growth, pending) + CHECKPOINT_HEADROOM;
                 if needed <= slot {
                     0
                 } else {
@@ -471,7 +490,7 @@ impl Meta {
         if !self.extent_pages {
             return payload;
         }
-        let paged = self.paged_after(growth);
+        let paged = self.paged_after(growth, pending);
         // A page of n extents takes (32 + 25 n) bytes rounded up to a
         // block: less than 32 + 25 n + a block. Where free space has no
         // run that long, the chunk goes as one-block pages of at most
@@ -489,12 +508,18 @@ impl Meta {
     /// The bytes of the next base's payload, were it to grow by `growth`:
     /// the image, or with extent pages the root (the image less the paged
     /// files' extents, plus their page table).
-    fn base_payload_estimate(&self, growth: BaseGrowth) -> u64 {
-        let image = self.state.image_bytes_estimate() + growth.image;
+    fn base_payload_estimate(&self, growth: BaseGrowth, pending: bool) -> u64 {
+        let held = if pending {
+            self.held_extents + self.fragmentation_extents()
+        } else {
+            0
+        };
+        let image =
+            self.state.image_bytes_estimate() + growth.image + image_bytes_for_extents(held);
         if !self.extent_pages {
             return image;
         }
-        let paged = self.paged_after(growth);
+        let paged = self.paged_after(growth, pending);
         (image + paged.files * ROOT_BYTES_PER_PAGED_FILE + paged.chunks * ROOT_BYTES_PER_PAGE)
             .saturating_sub(paged.extents * IMAGE_BYTES_PER_EXTENT)
     }
@@ -502,7 +527,11 @@ impl Meta {
     /// What `holes` new ranges of `ino`'s map may add to the next base:
     /// [`crate::limits::EXTENTS_PER_HOLE_ESTIMATE`] extents each.
     pub(crate) fn growth_for_holes(&self, ino: Ino, holes: usize) -> BaseGrowth {
-        let extents = holes as u64 * crate::limits::EXTENTS_PER_HOLE_ESTIMATE;
+        self.growth_for_extents(ino, holes as u64 * crate::limits::EXTENTS_PER_HOLE_ESTIMATE)
+    }
+
+    /// What `extents` more extents of `ino`'s map may add to the next base.
+    pub(crate) fn growth_for_extents(&self, ino: Ino, extents: u64) -> BaseGrowth {
         BaseGrowth {
             image: image_bytes_for_extents(extents),
             file: self
@@ -513,8 +542,11 @@ impl Meta {
     }
 
     /// [`MetaState::paged_size`] after `growth`.
-    fn paged_after(&self, growth: BaseGrowth) -> crate::state::PagedSize {
-        let now = self.state.paged_size();
+    fn paged_after(&self, growth: BaseGrowth, pending: bool) -> crate::state::PagedSize {
+        let mut now = self.state.paged_size();
+        if pending {
+            now = now.plus(self.pending_paged());
+        }
         let Some((size, extra)) = growth.file else {
             return now;
         };
@@ -525,6 +557,57 @@ impl Meta {
         };
         now.minus(size.paged(block_size))
             .plus(grown.paged(block_size))
+    }
+}
+
+impl Meta {
+    /// What the held extents may add to the paged maps, at worst: each
+    /// its own chunk (an insert splits at most one), and each file with
+    /// holds paged by them, its inline extents too, in the chunks its map
+    /// has now (a file that grows past the inline bound is paged whole,
+    /// a page per chunk; a file paged already is counted in the state).
+    fn pending_paged(&self) -> crate::state::PagedSize {
+        let files = self.held.len() as u64;
+        if files == 0 {
+            return crate::state::PagedSize::default();
+        }
+        let block_size = u64::from(self.state.block_size);
+        let inline = crate::codec::inline_extents_max(block_size) as u64;
+        let extents = self.held_extents + self.fragmentation_extents();
+        let inline_chunks: u64 = self
+            .held
+            .keys()
+            .map(|&ino| {
+                self.state.inode(ino).map_or(1, |inode| {
+                    let size = crate::state::MapSize::of(&inode.extents);
+                    match size.paged(block_size).files {
+                        0 => size.chunks.max(1),
+                        _ => 1,
+                    }
+                })
+            })
+            .sum();
+        crate::state::PagedSize {
+            files,
+            extents: extents + files * inline,
+            chunks: extents + inline_chunks,
+        }
+    }
+
+    /// Extents writeback of the delayed allocations may add beyond one per
+    /// range (held): the allocator returns a piece shorter than asked only
+    /// when it takes a whole free range, the largest, so the pieces past
+    /// the first of each allocation are at most the free ranges, and at
+    /// most the blocks reserved.
+    fn fragmentation_extents(&self) -> u64 {
+        if self.delalloc_reserved == 0 {
+            return 0;
+        }
+        let blocks = self.delalloc_reserved / u64::from(self.state.block_size);
+        // While mount's scan runs, the bound without the free ranges.
+        self.alloc
+            .allocator()
+            .map_or(blocks, |a| blocks.min(a.free_extent_count() as u64))
     }
 }
 

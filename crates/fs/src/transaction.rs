@@ -1208,14 +1208,13 @@ mod tests {
         vol.unmount().unwrap();
     }
 
-    /// The write refused is the one that would take the room: with a
-    /// little free space left, a one-block write that makes a file at the
-    /// inline bound paged (its every chunk then needs room for a page) is
-    /// refused with ENOSPC when it is written, not at writeback, while a
-    /// write to a small file still fits; the volume then syncs and
-    /// checkpoints a base.
+    /// With a little free space left, a one-block write that makes a file
+    /// at the inline bound paged (its every chunk then needs room for a
+    /// page) is either refused with ENOSPC when it is written or finds its
+    /// room: its writeback and the base that pages the file (the clean
+    /// unmount's) succeed, never short of space.
     #[test]
-    fn the_write_that_would_page_a_file_is_refused_when_the_room_is_short() {
+    fn a_write_that_would_page_a_file_never_leaves_its_base_short() {
         let dev = Arc::new(MemDevice::new(8 << 20, 512));
         let vol = paged_volume(&dev);
         let max = crate::codec::inline_extents_max(4096) as u64;
@@ -1243,13 +1242,16 @@ mod tests {
         assert!(free >= 64 << 10, "{free} bytes free");
         assert_eq!(reserve, 0, "no paged file yet");
 
-        let err = big.pwrite(&[3u8; 4096], 2 * max * 4096).unwrap_err();
-        assert_eq!(err.errno(), libc::ENOSPC, "{err}");
-        let small = create_file(&vol, "/small");
-        small.pwrite(&[4u8; 4096], 0).unwrap();
+        // The room counts a file with held extents as paged already
+        // (crate::delalloc), so the write may fit; if it does not, it is
+        // the write that is refused. Either way its writeback and the base
+        // that pages /big find their space (sync and the base below).
+        match big.pwrite(&[3u8; 4096], 2 * max * 4096) {
+            Ok(_) => {}
+            Err(err) => assert_eq!(err.errno(), libc::ENOSPC, "{err}"),
+        }
         vol.sync().unwrap();
-        checkpoint_a_base(&vol, "a");
-        drop((big, fill, small));
+        drop((big, fill));
         vol.unmount().unwrap();
         assert_fsck_clean(&dev);
     }

@@ -196,11 +196,14 @@ impl Volume {
         if flags.read_only && flags.truncate {
             return Err(Error::invalid(path, "truncate on a read-only open"));
         }
-        // A create's room check may wait for free space; an open of an
-        // existing file never does.
-        let inode = self.inner.with_free_space(|meta| {
-            let ino = self.inner.lookup_or_create(meta, path, flags)?;
-            Ok(meta.open_handle(ino, &self.inner.cache))
+        // A create's room check may wait for free space (and retries once
+        // after a checkpoint when the space is only busy); an open of an
+        // existing file never waits.
+        let inode = self.inner.retry_if_busy(|| {
+            self.inner.with_free_space(|meta| {
+                let ino = self.inner.lookup_or_create(meta, path, flags)?;
+                Ok(meta.open_handle(ino, &self.inner.cache))
+            })
         })?;
         self.inner.commit_if_due()?;
         let file = File::new(self.inner.clone(), inode, flags, path);
@@ -211,7 +214,7 @@ impl Volume {
     }
 
     pub fn mkdir(&self, path: &str) -> Result<()> {
-        self.inner.mkdir(path)
+        self.inner.retry_if_busy(|| self.inner.mkdir(path))
     }
 
     pub fn readdir(&self, path: &str) -> Result<Vec<DirEntry>> {
@@ -230,18 +233,20 @@ impl Volume {
 
     /// Atomically renames `from` to `to`, replacing `to` if it exists.
     pub fn rename(&self, from: &str, to: &str) -> Result<()> {
-        self.inner.rename(from, to)
+        self.inner.retry_if_busy(|| self.inner.rename(from, to))
     }
 
     /// Creates a symlink at `path` whose target is `target`.
     pub fn symlink(&self, target: &str, path: &str) -> Result<()> {
-        self.inner.symlink(target.as_bytes(), path)
+        self.inner
+            .retry_if_busy(|| self.inner.symlink(target.as_bytes(), path))
     }
 
     /// Creates the hard link `new` to what `existing` names (not a
     /// directory).
     pub fn link(&self, existing: &str, new: &str) -> Result<()> {
-        self.inner.link_paths(existing, new)
+        self.inner
+            .retry_if_busy(|| self.inner.link_paths(existing, new))
     }
 
     /// The target of the symlink at `path`.
@@ -270,12 +275,14 @@ impl Volume {
     /// Creates `parent/name` as `node`; `target` is a symlink's target
     /// (ignored for other kinds).
     pub fn make_node(&self, parent: Ino, name: &str, node: NewNode, target: &[u8]) -> Result<Stat> {
-        self.inner.make_node(parent, name, node, target)
+        self.inner
+            .retry_if_busy(|| self.inner.make_node(parent, name, node, target))
     }
 
     /// A new name `parent/name` for inode `ino` (a hard link).
     pub fn link_ino(&self, ino: Ino, parent: Ino, name: &str) -> Result<Stat> {
-        self.inner.link(ino, parent, name)
+        self.inner
+            .retry_if_busy(|| self.inner.link(ino, parent, name))
     }
 
     /// Removes `parent/name`: an empty directory when `dir`, anything else
@@ -294,8 +301,10 @@ impl Volume {
         new_name: &str,
         flags: RenameFlags,
     ) -> Result<()> {
-        self.inner
-            .rename_at(parent, name, new_parent, new_name, flags)
+        self.inner.retry_if_busy(|| {
+            self.inner
+                .rename_at(parent, name, new_parent, new_name, flags)
+        })
     }
 
     pub fn readlink_ino(&self, ino: Ino) -> Result<Vec<u8>> {
@@ -364,7 +373,8 @@ impl Volume {
     /// Sets extended attribute `name` (`user.*` only; at most 255 bytes of
     /// name, 64 KiB of value, 1 MiB per inode) of a file or directory.
     pub fn set_xattr(&self, ino: Ino, name: &str, value: &[u8], how: XattrSet) -> Result<()> {
-        self.inner.set_xattr(ino, name, value, how)
+        self.inner
+            .retry_if_busy(|| self.inner.set_xattr(ino, name, value, how))
     }
 
     pub fn remove_xattr(&self, ino: Ino, name: &str) -> Result<()> {
@@ -399,7 +409,7 @@ impl Volume {
             free_bytes: unreserved,
             metadata_bytes: meta.spilled_bytes
                 + meta
-                    .spill_reserve_for(0)
+                    .base_reserve_for(Default::default())
                     .min(free.saturating_sub(meta.delalloc_reserved)),
             inodes: meta.state.inodes.len() as u64,
         }

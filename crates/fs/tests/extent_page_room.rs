@@ -97,3 +97,84 @@ fn a_base_finds_its_pages_when_free_space_is_in_single_blocks() {
     }
     vol.unmount().unwrap();
 }
+
+/// Free space in single blocks (every other one-block file deleted), then
+/// large writes into a paged file until ENOSPC: each takes a piece per
+/// block, far more extents than the few per write the first check
+/// assumes. Direct writes are checked again with the pieces they got;
+/// buffered ones hold, while delayed, room for as many pieces as free
+/// ranges (writeback may take them all). So writeback and every base
+/// after succeed.
+fn fill_fragmented(direct: bool) {
+    let dev = Arc::new(MemDevice::new(4 << 20, 512));
+    let opts = FormatOptions {
+        block_size: 512,
+        extent_pages: true,
+        ..FormatOptions::default()
+    };
+    Volume::format(dynd(&dev), &opts).unwrap();
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    let mut files = 0u64;
+    while !enospc(
+        vol.open_file(&format!("/s{files}"), create())
+            .and_then(|f| f.pwrite(&[1u8; 512], 0).and_then(|_| f.fsync())),
+    ) {
+        files += 1;
+    }
+    for n in (0..files).step_by(2) {
+        vol.unlink(&format!("/s{n}")).unwrap();
+    }
+    vol.checkpoint().unwrap();
+    let flags = OpenFlags { direct, ..create() };
+    let big = vol.open_file("/big", flags).unwrap();
+    // Each write as large as the free space statfs reports (the room not
+    // counted), halved until accepted: the last ones take it all, a piece
+    // per block.
+    let mut size = 0u64;
+    let mut len = vol.statfs().free_bytes / 512 * 512;
+    while len >= 512 {
+        if enospc(big.pwrite(&vec![2u8; len as usize], size).map(drop)) {
+            len = len / 1024 * 512;
+        } else {
+            size += len;
+            len = vol.statfs().free_bytes / 512 * 512;
+        }
+    }
+    assert!(size >= 256 << 10, "{size} bytes written");
+    big.fsync().unwrap();
+    drop(big);
+    // A few singles freed for the renames' changes (a full volume may
+    // refuse those, never a base); the chain holds at most 16 deltas, so
+    // some of these checkpoints are bases.
+    for n in (1..files).step_by(2).take(16) {
+        vol.unlink(&format!("/s{n}")).unwrap();
+    }
+    vol.checkpoint().unwrap();
+    for i in 0..20 {
+        let (from, to) = if i % 2 == 0 {
+            ("/big", "/bgi")
+        } else {
+            ("/bgi", "/big")
+        };
+        vol.rename(from, to).unwrap();
+        vol.checkpoint().unwrap();
+    }
+    vol.unmount().unwrap();
+    fsck_clean(dynd(&dev), "after the bases");
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    let big = vol.open_file("/big", OpenFlags::default()).unwrap();
+    let mut data = vec![0u8; size as usize];
+    big.pread(&mut data, 0).unwrap();
+    assert!(data.iter().all(|&b| b == 2));
+    vol.unmount().unwrap();
+}
+
+#[test]
+fn direct_writes_into_single_blocks_leave_the_room() {
+    fill_fragmented(true);
+}
+
+#[test]
+fn buffered_writes_into_single_blocks_leave_the_room() {
+    fill_fragmented(false);
+}

@@ -30,6 +30,8 @@ fn formatted(size: u64, block_size: u32, slot_bytes: u64) -> Arc<MemDevice> {
         &FormatOptions {
             block_size,
             checkpoint_slot_bytes: Some(slot_bytes),
+            // Spilled images: the layout without extent pages.
+            extent_pages: false,
             ..FormatOptions::default()
         },
     )

@@ -31,6 +31,11 @@ bitflags::bitflags! {
         /// not data, so the mapping may reach to the end of that block
         /// without crossing EOF.
         const PADDED_TAIL = 1 << 6;
+        /// With `WRITE | DIRECT`: writeback of cached data. The buffered
+        /// write that dirtied it was the call that could fail for want of
+        /// space; writeback may not (issue 10), so the file system keeps
+        /// what writeback will need from then on.
+        const WRITEBACK = 1 << 7;
     }
 }
 

@@ -199,7 +199,7 @@ impl<F: IomapFile> Writeback<'_, F> {
         mut state: ArcMutexGuard<RawMutex, FolioState>,
     ) -> Result<Option<ArcMutexGuard<RawMutex, FolioState>>, FileError<F>> {
         let (ops, inode, dev) = (self.file.ops(), self.file.inode(), &**self.file.device());
-        let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT;
+        let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT | IomapOpFlags::WRITEBACK;
         let dsync = self.file.write_sync() == WriteSync::Dsync;
         if dsync {
             flags |= IomapOpFlags::DSYNC;
@@ -414,7 +414,7 @@ fn write_run<F: IomapFile>(
     data: &[u8],
     data_end: u64,
 ) -> Result<DioWriteOutcome, FileError<F>> {
-    let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT;
+    let mut flags = IomapOpFlags::WRITE | IomapOpFlags::DIRECT | IomapOpFlags::WRITEBACK;
     if file.write_sync() == WriteSync::Dsync {
         flags |= IomapOpFlags::DSYNC;
     }
