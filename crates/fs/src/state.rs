@@ -539,43 +539,38 @@ impl MetaState {
         Ok(())
     }
 
-    /// The extent-map keys (file offsets at which extents start) `record`
-    /// may add, remove or change, looked up before it applies: from the
-    /// extent before its range (which a split shortens or a merge
-    /// lengthens) through its end (where a split or a merge adds or removes
-    /// a key).
     /// Loads the absent extent chunks `record` would read or change (see
     /// `ExtentMap::load_for_change`), so that [`MetaState::apply`] runs
     /// without I/O; a page that does not load fails here, before anything
     /// changed. Returns how many pages it read.
     pub fn load_for_record(&self, record: &Record) -> crate::error::Result<usize> {
-        let (ino, off, end) = match record {
-            Record::MapUnwritten {
-                ino, file_off, len, ..
-            }
-            | Record::CompleteWrite {
-                ino, file_off, len, ..
-            }
-            | Record::Punch {
-                ino, file_off, len, ..
-            } => (*ino, *file_off, file_off.saturating_add(*len)),
-            Record::SetSize { ino, size, .. } => (
-                *ino,
-                size.next_multiple_of(u64::from(self.block_size.max(1))),
-                u64::MAX,
-            ),
-            Record::FreeInode { ino } => {
-                return self.inodes.get(ino).map_or(Ok(0), |i| i.extents.load_all())
-            }
-            _ => return Ok(0),
+        if let Record::FreeInode { ino } = record {
+            return self.inodes.get(ino).map_or(Ok(0), |i| i.extents.load_all());
+        }
+        let Some((ino, off, end)) = self.extent_range_of(record) else {
+            return Ok(0);
         };
         self.inodes
             .get(&ino)
             .map_or(Ok(0), |i| i.extents.load_for_change(off, end))
     }
 
+    /// The extent-map keys (file offsets at which extents start) `record`
+    /// may add, remove or change, looked up before it applies: from the
+    /// extent before its range (which a split shortens or a merge
+    /// lengthens) through its end (where a split or a merge adds or removes
+    /// a key).
     fn extent_keys_touched_by(&self, record: &Record) -> Option<(Ino, KeySpan)> {
-        let (ino, off, end) = match record {
+        let (ino, off, end) = self.extent_range_of(record)?;
+        let extents = &self.inodes.get(&ino)?.extents;
+        let from = extents.key_before(off).unwrap_or(off);
+        Some((ino, (from, end.saturating_add(1))))
+    }
+
+    /// The file range `[off, end)` of the map `record` changes, if it
+    /// changes one: a truncate's from its new size (in whole blocks) on.
+    fn extent_range_of(&self, record: &Record) -> Option<(Ino, u64, u64)> {
+        match record {
             Record::MapUnwritten {
                 ino, file_off, len, ..
             }
@@ -584,16 +579,14 @@ impl MetaState {
             }
             | Record::Punch {
                 ino, file_off, len, ..
-            } => (*ino, *file_off, file_off.saturating_add(*len)),
-            Record::SetSize { ino, size, .. } => {
-                let from = size.next_multiple_of(u64::from(self.block_size.max(1)));
-                (*ino, from, u64::MAX - 1)
-            }
-            _ => return None,
-        };
-        let extents = &self.inodes.get(&ino)?.extents;
-        let from = extents.key_before(off).unwrap_or(off);
-        Some((ino, (from, end.saturating_add(1))))
+            } => Some((*ino, *file_off, file_off.saturating_add(*len))),
+            Record::SetSize { ino, size, .. } => Some((
+                *ino,
+                size.next_multiple_of(u64::from(self.block_size.max(1))),
+                u64::MAX,
+            )),
+            _ => None,
+        }
     }
 
     /// The inodes `record` may change (0: none), looked up before it
