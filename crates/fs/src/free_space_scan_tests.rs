@@ -89,13 +89,7 @@ fn synchronous(dev: &Arc<MemDevice>) -> Allocator {
         alloc.hold_busy(addr, len, seq).unwrap();
     }
     let mut state = loaded.state;
-    let mut orphans: Vec<_> = state
-        .inodes
-        .values()
-        .filter(|i| i.nlink == 0)
-        .map(|i| i.ino)
-        .collect();
-    orphans.sort_unstable();
+    let orphans = mount::orphans(&state);
     for (seq, ino) in (loaded.replay_end.next_seq..).zip(orphans) {
         let mut freed = Vec::new();
         state.apply(&Record::FreeInode { ino }, &mut freed).unwrap();

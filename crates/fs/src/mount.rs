@@ -192,15 +192,7 @@ pub(crate) fn mount(
     // reach them any more.
     {
         let mut meta = inner.meta.write();
-        let mut orphans: Vec<Ino> = meta
-            .state
-            .inodes
-            .values()
-            .filter(|i| i.nlink == 0)
-            .map(|i| i.ino)
-            .collect();
-        orphans.sort_unstable();
-        for ino in orphans {
+        for ino in orphans(&meta.state) {
             meta.log(Record::FreeInode { ino })?;
         }
     }
@@ -331,6 +323,19 @@ impl Drop for FreeSpaceScan {
             let _ = thread.join();
         }
     }
+}
+
+/// The inodes no name reaches (unlinked while open when the volume went
+/// down), in number order: mount frees them.
+pub(crate) fn orphans(state: &MetaState) -> Vec<Ino> {
+    let mut orphans: Vec<Ino> = state
+        .inodes
+        .values()
+        .filter(|i| i.nlink == 0)
+        .map(|i| i.ino)
+        .collect();
+    orphans.sort_unstable();
+    orphans
 }
 
 /// How much inconsistency loading tolerates.
