@@ -111,7 +111,7 @@ pub struct BenchOptions {
     /// its figures are not comparable with an unrecorded run.
     pub record: Option<PathBuf>,
     /// Format iomapfs targets with extent pages
-    /// (`FormatOptions::extent_pages`, off by default as for mkfs).
+    /// (`FormatOptions::extent_pages`, on by default as for mkfs).
     pub extent_pages: bool,
 }
 
@@ -130,7 +130,7 @@ impl Default for BenchOptions {
             fio_engine: None,
             fuse: iomapfs_mount::MountConfig::default(),
             record: None,
-            extent_pages: false,
+            extent_pages: true,
         }
     }
 }

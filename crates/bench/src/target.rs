@@ -285,7 +285,7 @@ pub fn format_and_mount(dev: Arc<dyn BlockDevice>) -> Result<Volume, BenchError>
 }
 
 /// Whether iomapfs targets of this run are formatted with extent pages
-/// (`--extent-pages`; off by default), set once by
+/// (the default; `--no-extent-pages` turns it off), set once by
 /// [`crate::run`].
 static EXTENT_PAGES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 

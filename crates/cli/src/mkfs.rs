@@ -61,18 +61,18 @@ pub struct MkfsArgs {
     #[arg(long, short = 'f')]
     pub force: bool,
 
-    /// Keep extents in extent pages (incompat bit 2): a base checkpoint
-    /// then writes only the extent chunks changed since the last one,
-    /// mount reads no page (they are read on demand), and the volume keeps
-    /// free the room its next base's pages need. Not yet the default (see
-    /// docs/EXTENT_PAGES.md); such a volume is not readable by iomapfs
-    /// builds that predate extent pages.
-    #[arg(long, conflicts_with = "no_extent_pages")]
-    pub extent_pages: bool,
-
-    /// Keep each base checkpoint's extents in one image (the default).
+    /// Keep each base checkpoint's extents in one image instead of extent
+    /// pages (the default: a base then writes only the extent chunks
+    /// changed since the last one, and the volume keeps free the room its
+    /// next base's pages need). The volume is then readable by iomapfs
+    /// builds that predate extent pages (incompat bit 2).
     #[arg(long)]
     pub no_extent_pages: bool,
+
+    /// Keep extents in extent pages: the default; kept for scripts that
+    /// name it.
+    #[arg(long, conflicts_with = "no_extent_pages")]
+    pub extent_pages: bool,
 }
 
 pub fn run(args: &MkfsArgs) -> Result<u8, Failure> {
@@ -234,7 +234,7 @@ fn format(path: &Path, args: &MkfsArgs, block_size: u32) -> Result<u8, Failure> 
     let opts = FormatOptions {
         block_size,
         journal_bytes: args.journal_size,
-        extent_pages: args.extent_pages,
+        extent_pages: !args.no_extent_pages,
         ..FormatOptions::default()
     };
     Volume::format(dev.clone(), &opts)

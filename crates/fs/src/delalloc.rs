@@ -37,12 +37,15 @@
 //! exclusive I/O lock ([`Meta::release_holds`]; at fsync, fallocate,
 //! punch, truncate, a checkpoint's writeback, last close). Meanwhile the
 //! extents added count twice (in the map and held): the room errs large,
-//! never small.
+//! never small. One exception: a direct write converts its whole range at
+//! its one completion, so the splits it held go back then
+//! ([`Meta::release_direct_splits`]); writeback converts folio by folio,
+//! and a folio's completion is not the end of the write that held.
 
 use std::collections::BTreeMap;
 
 use crate::extent_map::Lookup;
-use crate::mount_state::{BaseGrowth, Meta, OpenInode, VolumeInner};
+use crate::mount_state::{BaseGrowth, DirectSplits, Meta, OpenInode, VolumeInner};
 use crate::superblock::Superblock;
 use crate::types::{ExtentState, Ino};
 use crate::{Error, Result};
@@ -140,10 +143,74 @@ impl Meta {
         self.remove_hold(ino, placed);
     }
 
+    /// A direct write of `[start, end)` (block-aligned) of `ino` holds
+    /// room for the splits its completion makes: [`Meta::splits_to_hold`],
+    /// or ENOSPC. Released by [`Meta::release_direct_splits`] at its
+    /// completion, or with every hold of the file once it is idle.
+    pub(crate) fn hold_direct_splits(
+        &mut self,
+        sb: &Superblock,
+        ino: Ino,
+        start: u64,
+        end: u64,
+    ) -> Result<DirectSplits> {
+        let extents = self.splits_to_hold(ino, start, end);
+        self.hold_extents(sb, ino, extents)?;
+        self.held_splits_for(ino, start, end);
+        let held = DirectSplits {
+            start,
+            end,
+            extents,
+        };
+        if extents > 0 && self.extent_pages {
+            self.direct_splits.entry(ino).or_default().push(held);
+        }
+        Ok(held)
+    }
+
+    /// Undoes [`Meta::hold_direct_splits`] for a write refused before it
+    /// changed anything.
+    pub(crate) fn unhold_direct_splits(&mut self, ino: Ino, held: DirectSplits) {
+        if self.take_direct_splits(ino, |h| *h == held).is_some() {
+            self.remove_hold(ino, held.extents);
+        }
+    }
+
+    /// The direct write of `ino` that starts at `start` (block-aligned)
+    /// and completed up to `end` at most has converted its range: the
+    /// splits it held are in the map now, or merged away, so their hold
+    /// goes back. Without this, a file laid out by direct writes through
+    /// fallocated space would hold a split per write until it is idle.
+    pub(crate) fn release_direct_splits(&mut self, ino: Ino, start: u64, end: u64) {
+        if let Some(held) = self.take_direct_splits(ino, |h| h.start == start && h.end >= end) {
+            self.remove_hold(ino, held.extents);
+            // The write is over: a later one of the same end is no rest
+            // of it.
+            if matches!(self.split_hold.get(&ino), Some(&(s, e)) if e == held.end && s >= held.start)
+            {
+                self.split_hold.remove(&ino);
+            }
+        }
+    }
+
+    fn take_direct_splits(
+        &mut self,
+        ino: Ino,
+        matches: impl Fn(&DirectSplits) -> bool,
+    ) -> Option<DirectSplits> {
+        let writes = self.direct_splits.get_mut(&ino)?;
+        let held = writes.swap_remove(writes.iter().position(matches)?);
+        if writes.is_empty() {
+            self.direct_splits.remove(&ino);
+        }
+        Some(held)
+    }
+
     /// Drops every hold of `ino`. Only when nothing of it is pending (see
     /// the module's header), or the inode is gone.
     pub(crate) fn release_holds(&mut self, ino: Ino) {
         self.split_hold.remove(&ino);
+        self.direct_splits.remove(&ino);
         if let Some(held) = self.held.remove(&ino) {
             self.held_extents -= held;
         }

@@ -29,6 +29,17 @@ use crate::types::{Extent, ExtentState, KeySpan};
 pub use chunks::{ChunkPage, LoadPurpose, PageLoader, PageSource};
 use chunks::{Chunks, CHUNK_MAX};
 
+/// At most how many chunks `inserts` more extents can add to a map of
+/// `chunks` chunks, whatever else changes meanwhile: a chunk splits only
+/// past [`CHUNK_MAX`], into halves of at least `CHUNK_MAX / 2`, so after
+/// each chunk's first split every further one takes that many inserts
+/// (removals and merges free no more than they cost). The room kept for
+/// the next base counts pending extents in chunks by it.
+pub fn chunks_added_at_most(chunks: u64, inserts: u64) -> u64 {
+    let half = (CHUNK_MAX / 2) as u64;
+    inserts.min(chunks + inserts.div_ceil(half))
+}
+
 /// What is at one file offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lookup {
@@ -1129,6 +1140,59 @@ mod tests {
                 let rebuilt = ExtentMap::from_extents(BS as u32, m.iter().copied().collect())
                     .map_err(TestCaseError::fail)?;
                 prop_assert_eq!(&rebuilt, &m);
+            }
+        }
+
+        /// The room for held extents counts their chunks by
+        /// `chunks_added_at_most`: from full chunks (every one a split
+        /// away), whatever the changes, the chunks added never pass it for
+        /// the extents added.
+        #[test]
+        fn chunks_added_stay_within_the_bound(
+            initial in 1..FILE_BLOCKS / 2,
+            unwritten in 0..FILE_BLOCKS / 2,
+            appends in 0..120u64,
+            ops in prop::collection::vec(op(), 1..200),
+        ) {
+            // Every other block: full chunks of one-block extents, the
+            // first `unwritten` of them unwritten.
+            let extents = (0..initial)
+                .map(|b| ext(2 * b, 1, 5000 + 7 * b, if b < unwritten { U } else { W }))
+                .collect();
+            let mut m = ExtentMap::from_extents(BS as u32, extents).unwrap();
+            let start = m.chunk_count() as u64;
+            let mut added = 0u64;
+            let check = |m: &ExtentMap, added: u64| {
+                let now = m.chunk_count() as u64;
+                prop_assert!(
+                    now <= start + chunks_added_at_most(start, added),
+                    "{} chunks from {} after {} extents added",
+                    now,
+                    start,
+                    added
+                );
+                Ok(())
+            };
+            // Appends split the last chunk every half chunk: the bound's
+            // worst case after the first split.
+            for i in 0..appends {
+                m.insert(ext(2 * (initial + i), 1, 9000 + 3 * i, W)).unwrap();
+                added += 1;
+                check(&m, added)?;
+            }
+            for op in ops {
+                let before = m.len() as u64;
+                match op {
+                    Op::Insert { blk, nblk, addr_blk, written } => {
+                        let addr_blk = addr_blk.unwrap_or(1000 + blk);
+                        let _ = m.insert(ext(blk, nblk, addr_blk, if written { W } else { U }));
+                    }
+                    Op::Remove { blk, nblk } => drop(m.remove_range(blk * BS, nblk * BS)),
+                    Op::Convert { blk, nblk } => drop(m.convert_written(blk * BS, nblk * BS)),
+                    Op::Truncate { blk } => drop(m.truncate_blocks_from(blk * BS)),
+                }
+                added += (m.len() as u64).saturating_sub(before);
+                check(&m, added)?;
             }
         }
     }

@@ -278,12 +278,10 @@ impl IomapOps for VolumeInner {
                     // its ends fall in: held now, so that this write is
                     // refused rather than the completion left unchecked
                     // (writeback's were held by the buffered write).
-                    let splits = meta.splits_to_hold(ino, start, end);
-                    meta.hold_extents(&self.sb, ino, splits)?;
-                    meta.held_splits_for(ino, start, end);
+                    let held = meta.hold_direct_splits(&self.sb, ino, start, end)?;
                     // A write refused changes nothing, its hold included.
                     return allocate_holes(self, meta, ino, start, end, false)
-                        .inspect_err(|_| meta.remove_hold(ino, splits));
+                        .inspect_err(|_| meta.unhold_direct_splits(ino, held));
                 }
                 allocate_holes(self, meta, ino, start, end, writeback)
             })?;
@@ -410,6 +408,7 @@ impl IomapOps for VolumeInner {
             len,
             convert,
             new_size,
+            direct,
         } = *end_io;
         if (!convert && new_size.is_none()) || len == 0 {
             return Ok(());
@@ -434,6 +433,9 @@ impl IomapOps for VolumeInner {
             min_size,
             mtime_ns: write_time.map_or(0, |t| t.as_ns()),
         })?;
+        if direct && convert {
+            meta.release_direct_splits(inode.ino, file_off, file_off + conv_len);
+        }
         self.ask_commit_if_due(&meta);
         Ok(())
     }

@@ -28,6 +28,8 @@ mod mount_state;
 mod namespace;
 pub mod page_chunks;
 pub mod page_loader;
+#[cfg(test)]
+mod room_hold_tests;
 pub mod signature;
 pub mod state;
 pub mod superblock;

@@ -38,9 +38,8 @@ pub struct FormatOptions {
     pub root_owner: Option<(u32, u32)>,
     /// Base checkpoints keep extents in extent pages of the data area
     /// (incompat bit 2, see `docs/EXTENT_PAGES.md`), so a base writes only
-    /// the chunks changed since the last one. Off by default (on it is
-    /// still new: see docs/EXTENT_PAGES.md); off keeps the whole extent
-    /// image in each base (readable by builds without bit 2).
+    /// the chunks changed since the last one. On by default; off keeps the
+    /// whole extent image in each base (readable by builds without bit 2).
     pub extent_pages: bool,
 }
 
@@ -51,7 +50,7 @@ impl Default for FormatOptions {
             journal_bytes: None,
             checkpoint_slot_bytes: None,
             root_owner: None,
-            extent_pages: false,
+            extent_pages: true,
         }
     }
 }

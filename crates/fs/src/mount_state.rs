@@ -128,6 +128,19 @@ pub(crate) struct Meta {
     /// Per file, the block range of the last write that held its splits
     /// (see [`Meta::splits_to_hold`]).
     pub(crate) split_hold: InoMap<(u64, u64)>,
+    /// Per file, the direct writes in flight that hold splits: their block
+    /// range and the extents held, part of `held`, released at the write's
+    /// completion ([`Meta::release_direct_splits`]).
+    pub(crate) direct_splits: InoMap<Vec<DirectSplits>>,
+}
+
+/// The splits one direct write of `[start, end)` holds (see
+/// [`Meta::direct_splits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DirectSplits {
+    pub(crate) start: u64,
+    pub(crate) end: u64,
+    pub(crate) extents: u64,
 }
 
 /// What a change may add to the next base, for the space kept for it:
@@ -310,6 +323,7 @@ impl Meta {
             held: InoMap::default(),
             held_extents: 0,
             split_hold: InoMap::default(),
+            direct_splits: InoMap::default(),
         }
     }
 
@@ -553,7 +567,8 @@ impl Meta {
         let block_size = u64::from(self.state.block_size);
         let grown = crate::state::MapSize {
             extents: size.extents + extra,
-            chunks: size.chunks + extra,
+            chunks: size.chunks
+                + crate::extent_map::chunks_added_at_most(size.chunks.max(1), extra),
         };
         now.minus(size.paged(block_size))
             .plus(grown.paged(block_size))
@@ -561,8 +576,9 @@ impl Meta {
 }
 
 impl Meta {
-    /// What the held extents may add to the paged maps, at worst: each
-    /// its own chunk (an insert splits at most one), and each file with
+    /// What the held extents may add to the paged maps, at worst: the
+    /// chunks a file's holds can add ([`crate::extent_map::chunks_added_at_most`];
+    /// the extents of fragmentation each their own), and each file with
     /// holds paged by them, its inline extents too, in the chunks its map
     /// has now (a file that grows past the inline bound is paged whole,
     /// a page per chunk; a file paged already is counted in the state).
@@ -573,24 +589,29 @@ impl Meta {
         }
         let block_size = u64::from(self.state.block_size);
         let inline = crate::codec::inline_extents_max(block_size) as u64;
-        let extents = self.held_extents + self.fragmentation_extents();
-        let inline_chunks: u64 = self
-            .held
-            .keys()
-            .map(|&ino| {
-                self.state.inode(ino).map_or(1, |inode| {
-                    let size = crate::state::MapSize::of(&inode.extents);
-                    match size.paged(block_size).files {
-                        0 => size.chunks.max(1),
-                        _ => 1,
-                    }
-                })
-            })
-            .sum();
+        let fragmentation = self.fragmentation_extents();
+        let extents = self.held_extents + fragmentation;
+        let mut chunks = fragmentation;
+        for (&ino, &held) in &self.held {
+            let size = self
+                .state
+                .inode(ino)
+                .map_or(crate::state::MapSize::default(), |inode| {
+                    crate::state::MapSize::of(&inode.extents)
+                });
+            let now = size.chunks.max(1);
+            chunks += crate::extent_map::chunks_added_at_most(now, held);
+            // A file paged already is in the state; one more chunk for
+            // it as before, the inline ones whole.
+            chunks += match size.paged(block_size).files {
+                0 => now,
+                _ => 1,
+            };
+        }
         crate::state::PagedSize {
             files,
             extents: extents + files * inline,
-            chunks: extents + inline_chunks,
+            chunks,
         }
     }
 

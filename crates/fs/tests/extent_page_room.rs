@@ -178,3 +178,66 @@ fn direct_writes_into_single_blocks_leave_the_room() {
 fn buffered_writes_into_single_blocks_leave_the_room() {
     fill_fragmented(false);
 }
+
+/// How a database or fio lays a file out: fallocate, then write it once
+/// front to back with direct 4 KiB writes, no fsync between. Each write
+/// ends inside the unwritten extent (a split held at its start) and its
+/// completion merges it into the written run before: the map stays at
+/// two extents, so the room held for those splits must go back as each
+/// write completes, not pile up, a page each, until the file is idle.
+/// The file takes half the device: every write fits.
+#[test]
+fn direct_writes_through_a_fallocated_file_never_meet_enospc() {
+    let dev = Arc::new(MemDevice::new(64 << 20, 512));
+    let opts = FormatOptions {
+        extent_pages: true,
+        ..FormatOptions::default()
+    };
+    Volume::format(dynd(&dev), &opts).unwrap();
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    vol.wait_free_space().unwrap();
+    let size = 32u64 << 20;
+    let file = vol
+        .open_file(
+            "/laid-out",
+            OpenFlags {
+                direct: true,
+                ..create()
+            },
+        )
+        .unwrap();
+    file.fallocate(0, size, false).unwrap();
+    let block = [7u8; 4096];
+    for off in (0..size).step_by(4096) {
+        file.pwrite(&block, off)
+            .unwrap_or_else(|e| panic!("write at {off} of {size}: {e}"));
+    }
+    file.fsync().unwrap();
+    drop(file);
+    vol.unmount().unwrap();
+    fsck_clean(dynd(&dev), "after the layout");
+}
+
+#[test]
+fn buffered_writes_through_a_fallocated_file_never_meet_enospc() {
+    let dev = Arc::new(MemDevice::new(64 << 20, 512));
+    let opts = FormatOptions {
+        extent_pages: true,
+        ..FormatOptions::default()
+    };
+    Volume::format(dynd(&dev), &opts).unwrap();
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    vol.wait_free_space().unwrap();
+    let size = 32u64 << 20;
+    let file = vol.open_file("/laid-out", create()).unwrap();
+    file.fallocate(0, size, false).unwrap();
+    let block = [7u8; 4096];
+    for off in (0..size).step_by(4096) {
+        file.pwrite(&block, off)
+            .unwrap_or_else(|e| panic!("write at {off} of {size}: {e}"));
+    }
+    file.fsync().unwrap();
+    drop(file);
+    vol.unmount().unwrap();
+    fsck_clean(dynd(&dev), "after the layout");
+}

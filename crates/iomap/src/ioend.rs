@@ -280,6 +280,9 @@ pub struct WriteEnd {
     /// Some of the range was unwritten (or new) space.
     pub unwritten: bool,
     pub size: SizeUpdate,
+    /// A direct write's one completion (not writeback's, per folio): what
+    /// the file system held for that write when it mapped it is done with.
+    pub direct: bool,
 }
 
 /// The end-of-I/O work a file system is asked to do for one write.
@@ -291,6 +294,8 @@ pub struct EndIo {
     pub convert: bool,
     /// Raise the on-disk (and in-core) size to at least this.
     pub new_size: Option<u64>,
+    /// As [`WriteEnd::direct`].
+    pub direct: bool,
 }
 
 impl WriteEnd {
@@ -328,6 +333,7 @@ impl WriteEnd {
             len: completed,
             convert: self.unwritten,
             new_size,
+            direct: self.direct,
         }
     }
 
@@ -405,6 +411,7 @@ mod tests {
             completed: 8192,
             unwritten: true,
             size: SizeUpdate::WithinEof,
+            direct: false,
         };
         // Truncated to 10000 while the I/O was in flight.
         assert_eq!(w.end_io(10_000).new_size, Some(10_000));
@@ -422,6 +429,7 @@ mod tests {
             completed: 100,
             unwritten: false,
             size: SizeUpdate::Extend { size_before },
+            direct: true,
         };
         assert_eq!(w(4000).end_io(u64::MAX).new_size, Some(4196));
         assert_eq!(w(8192).end_io(u64::MAX).new_size, None);
@@ -434,6 +442,7 @@ mod tests {
             completed: 4096,
             unwritten: true,
             size: SizeUpdate::ExtendBelow { size_before, limit },
+            direct: false,
         };
         assert_eq!(w(1000, 6000).end_io(u64::MAX).new_size, Some(6000));
         assert_eq!(w(1000, u64::MAX).end_io(u64::MAX).new_size, Some(8192));

@@ -255,6 +255,7 @@ impl<F: IomapFile> Writeback<'_, F> {
             completed: data_end - folio.pos(),
             unwritten: crate::dio::needs_zeroing(&span.iomap),
             size: SizeUpdate::Extend { size_before },
+            direct: false,
         };
         let token = folio.pos();
         if let Err(full) = queue.push(

@@ -299,6 +299,7 @@ pub fn dio_write_padded<O: IomapOps>(
         completed: written.min(data_end.saturating_sub(pos)),
         unwritten,
         size: SizeUpdate::Extend { size_before: size },
+        direct: true,
     }
     .complete(ops, inode);
     // The I/O error comes first: it is the cause; a completion error after it
