@@ -1,0 +1,665 @@
+//! Free blocks as a bitmap (1: free), in groups of [`GROUP_BLOCKS`]
+//! blocks, with what allocation asks of them kept per group and over all
+//! groups.
+//!
+//! Memory is one bit per block of *fragmented* groups only: a group all
+//! free or all used keeps no bitmap, so an unfragmented device costs a few
+//! dozen bytes per group, and the worst case (every other block free) is
+//! the device's size / (8 × block size), whatever the number of free runs.
+//!
+//! Per group, a [`Summary`] (free blocks, runs clipped to the group,
+//! largest clipped run, free blocks at its start and end). Over groups:
+//! an index by largest clipped run (best fit without looking at every
+//! group) and a segment tree of (length, free prefix, free suffix,
+//! longest run) whose root is the longest run of the whole device, runs
+//! crossing group boundaries included, and which finds the first run of
+//! a given length in `O(log groups)`. Runs are never cut at group
+//! boundaries: everything outside this module sees coalesced runs.
+//!
+//! Blocks are indexes from the data area's start; callers check ranges
+//! (this module asserts nothing about ownership, it only flips bits that
+//! its callers found in the other state).
+
+use std::collections::BTreeSet;
+
+/// Blocks per group: a bitmap of 4 KiB, and at most a few thousand groups
+/// per terabyte (4 KiB blocks) for the index and the tree.
+pub const GROUP_BLOCKS: u32 = 32768;
+
+/// What a group holds, in blocks. Runs are clipped to the group: a run
+/// crossing into the next group counts in both (see
+/// [`FreeBitmap::run_count`] for the coalesced count).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Summary {
+    free: u32,
+    runs: u32,
+    largest: u32,
+    /// Free blocks from the group's first block on.
+    prefix: u32,
+    /// Free blocks ending at the group's last block.
+    suffix: u32,
+}
+
+impl Summary {
+    fn uniform(len: u32, free: bool) -> Summary {
+        if free && len > 0 {
+            Summary {
+                free: len,
+                runs: 1,
+                largest: len,
+                prefix: len,
+                suffix: len,
+            }
+        } else {
+            Summary::default()
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Group {
+    /// `None`: all free or all used (`sum.free` says which). Bits past the
+    /// group's length (the last group) are 0.
+    bits: Option<Box<[u64]>>,
+    sum: Summary,
+}
+
+/// A segment tree node over a span of groups, in blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Node {
+    len: u64,
+    prefix: u64,
+    suffix: u64,
+    best: u64,
+}
+
+impl Node {
+    fn join(l: Node, r: Node) -> Node {
+        Node {
+            len: l.len + r.len,
+            prefix: if l.prefix == l.len {
+                l.len + r.prefix
+            } else {
+                l.prefix
+            },
+            suffix: if r.suffix == r.len {
+                r.len + l.suffix
+            } else {
+                r.suffix
+            },
+            best: l.best.max(r.best).max(l.suffix + r.prefix),
+        }
+    }
+}
+
+/// The free blocks of `blocks` blocks.
+#[derive(Clone, Debug)]
+pub struct FreeBitmap {
+    blocks: u64,
+    group_blocks: u32,
+    groups: Vec<Group>,
+    /// `(largest clipped run, group)` of every group with a free block.
+    by_largest: BTreeSet<(u32, u32)>,
+    /// Heap order (root at 1), leaves from `leaves` on, one per group;
+    /// padding leaves are empty.
+    tree: Vec<Node>,
+    leaves: usize,
+    free: u64,
+    /// Sum of the groups' clipped runs.
+    clipped_runs: u64,
+    /// Group boundaries a run crosses (each counted twice in
+    /// `clipped_runs`).
+    joins: u64,
+}
+
+impl FreeBitmap {
+    /// `blocks` blocks, all free.
+    pub fn new(blocks: u64, group_blocks: u32) -> FreeBitmap {
+        let builder = Builder::new(blocks, group_blocks);
+        builder.finish()
+    }
+
+    pub fn free_blocks(&self) -> u64 {
+        self.free
+    }
+
+    /// The longest run of free blocks (0: none).
+    pub fn largest(&self) -> u64 {
+        self.tree[1].best
+    }
+
+    /// Runs of free blocks, coalesced across group boundaries.
+    pub fn run_count(&self) -> u64 {
+        self.clipped_runs - self.joins
+    }
+
+    fn group_len(&self, g: usize) -> u32 {
+        group_len(self.blocks, self.group_blocks, g)
+    }
+
+    fn split(&self, b: u64) -> (usize, u32) {
+        let gb = u64::from(self.group_blocks);
+        ((b / gb) as usize, (b % gb) as u32)
+    }
+
+    fn base(&self, g: usize) -> u64 {
+        g as u64 * u64::from(self.group_blocks)
+    }
+
+    /// The first free block in `[lo, hi)`.
+    pub fn next_free(&self, lo: u64, hi: u64) -> Option<u64> {
+        let hi = hi.min(self.blocks);
+        let mut b = lo;
+        while b < hi {
+            let (g, off) = self.split(b);
+            let group = &self.groups[g];
+            let end = self.group_len(g).min((hi - self.base(g)).min(u64::from(u32::MAX)) as u32);
+            let found = match &group.bits {
+                None => (group.sum.free > 0).then_some(off),
+                Some(bits) => next_one(bits, off, end),
+            };
+            if let Some(i) = found {
+                return Some(self.base(g) + u64::from(i));
+            }
+            b = self.base(g + 1);
+        }
+        None
+    }
+
+    /// The first block in `[lo, hi)` that is not free, or `hi`.
+    pub fn next_used(&self, lo: u64, hi: u64) -> u64 {
+        let hi = hi.min(self.blocks);
+        let mut b = lo;
+        while b < hi {
+            let (g, off) = self.split(b);
+            let group = &self.groups[g];
+            let len = self.group_len(g);
+            let end = len.min((hi - self.base(g)).min(u64::from(u32::MAX)) as u32);
+            let found = match &group.bits {
+                None if group.sum.free == len => end,
+                None => off,
+                Some(bits) => next_zero(bits, off, end),
+            };
+            if found < end {
+                return self.base(g) + u64::from(found);
+            }
+            b = self.base(g + 1);
+        }
+        hi.max(lo)
+    }
+
+    /// The first block of the free run holding free block `b`.
+    pub fn run_start(&self, b: u64) -> u64 {
+        let (mut g, mut off) = self.split(b);
+        loop {
+            let group = &self.groups[g];
+            let used = match &group.bits {
+                None if group.sum.free > 0 => None,
+                None => Some(off.saturating_sub(1)),
+                Some(bits) => prev_zero(bits, off),
+            };
+            if let Some(z) = used {
+                return self.base(g) + u64::from(z) + 1;
+            }
+            if g == 0 {
+                return 0;
+            }
+            g -= 1;
+            off = self.group_len(g);
+        }
+    }
+
+    /// The coalesced free runs `(first block, blocks)` in `[lo, hi)`,
+    /// clipped to it, in order.
+    pub fn runs(&self, lo: u64, hi: u64) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let mut b = lo;
+        std::iter::from_fn(move || {
+            let s = self.next_free(b, hi)?;
+            let e = self.next_used(s, hi);
+            b = e;
+            Some((s, e - s))
+        })
+    }
+
+    /// Marks `[lo, hi)`, all free, used.
+    pub fn set_used(&mut self, lo: u64, hi: u64) {
+        self.set(lo, hi, false);
+    }
+
+    /// Marks `[lo, hi)`, all used, free.
+    pub fn set_free(&mut self, lo: u64, hi: u64) {
+        self.set(lo, hi, true);
+    }
+
+    fn set(&mut self, lo: u64, hi: u64, free: bool) {
+        let mut b = lo;
+        while b < hi {
+            let (g, off) = self.split(b);
+            let end = self
+                .group_len(g)
+                .min((hi - self.base(g)).min(u64::from(u32::MAX)) as u32);
+            self.set_in_group(g, off, end, free);
+            b = self.base(g) + u64::from(end);
+        }
+    }
+
+    /// Flips `[l, h)` of group `g` and brings its summary, the index, the
+    /// counts and the tree up to date, looking at no more of the group than
+    /// the run it changes (and its prefix and suffix), except when it
+    /// takes from the group's longest run.
+    fn set_in_group(&mut self, g: usize, l: u32, h: u32, free: bool) {
+        let len = self.group_len(g);
+        let words = self.group_blocks as usize / 64;
+        let group = &mut self.groups[g];
+        let old = group.sum;
+        let bits = group.bits.get_or_insert_with(|| {
+            let mut bits = vec![0u64; words].into_boxed_slice();
+            if old.free == len {
+                fill(&mut bits, 0, len, true);
+            }
+            bits
+        });
+        let mut sum = old;
+        if free {
+            debug_assert_eq!(next_one(bits, l, h), None, "freeing free blocks");
+            fill(bits, l, h, true);
+            sum.free += h - l;
+            let left = l > 0 && get(bits, l - 1);
+            let right = h < len && get(bits, h);
+            sum.runs = sum.runs + 1 - u32::from(left) - u32::from(right);
+            let run_s = if left { prev_zero(bits, l).map_or(0, |z| z + 1) } else { l };
+            let run_e = if right { next_zero(bits, h, len) } else { h };
+            sum.largest = sum.largest.max(run_e - run_s);
+        } else {
+            debug_assert_eq!(next_zero(bits, l, h), h, "using used blocks");
+            let run_s = prev_zero(bits, l).map_or(0, |z| z + 1);
+            let run_e = next_zero(bits, h, len);
+            fill(bits, l, h, false);
+            sum.free -= h - l;
+            sum.runs = sum.runs - 1 + u32::from(l > run_s) + u32::from(h < run_e);
+            if run_e - run_s == old.largest {
+                sum.largest = largest_run(bits, len);
+            }
+        }
+        sum.prefix = next_zero(bits, 0, len);
+        sum.suffix = len - prev_zero(bits, len).map_or(0, |z| z + 1);
+        if sum.free == 0 || sum.free == len {
+            group.bits = None;
+        }
+        group.sum = sum;
+        self.account(g, old, sum);
+    }
+
+    /// Group `g`'s summary went from `old` to `new`: the index, counts and
+    /// tree follow.
+    fn account(&mut self, g: usize, old: Summary, new: Summary) {
+        if old.largest > 0 {
+            self.by_largest.remove(&(old.largest, g as u32));
+        }
+        if new.largest > 0 {
+            self.by_largest.insert((new.largest, g as u32));
+        }
+        self.free = self.free - u64::from(old.free) + u64::from(new.free);
+        self.clipped_runs = self.clipped_runs - u64::from(old.runs) + u64::from(new.runs);
+        if g > 0 {
+            let before = self.groups[g - 1].sum.suffix > 0;
+            self.joins -= u64::from(before && old.prefix > 0);
+            self.joins += u64::from(before && new.prefix > 0);
+        }
+        if let Some(next) = self.groups.get(g + 1) {
+            let after = next.sum.prefix > 0;
+            self.joins -= u64::from(after && old.suffix > 0);
+            self.joins += u64::from(after && new.suffix > 0);
+        }
+        let mut i = self.leaves + g;
+        self.tree[i] = leaf(self.group_len(g), &new);
+        while i > 1 {
+            i /= 2;
+            self.tree[i] = Node::join(self.tree[2 * i], self.tree[2 * i + 1]);
+        }
+    }
+
+    /// Best fit, approximately: in the group with the smallest largest
+    /// (clipped) run of at least `want` blocks (the lowest such group), the
+    /// smallest such run (the first among equals). `None` when no group
+    /// holds one; a run crossing groups may still (see
+    /// [`FreeBitmap::first_run_of`]).
+    pub fn best_fit(&self, want: u64) -> Option<u64> {
+        let want = u32::try_from(want).ok()?;
+        let &(_, g) = self.by_largest.range((want, 0)..).next()?;
+        let g = g as usize;
+        let len = self.group_len(g);
+        let Some(bits) = &self.groups[g].bits else {
+            return Some(self.base(g));
+        };
+        let mut best: Option<(u32, u32)> = None;
+        let mut i = 0;
+        while let Some(s) = next_one(bits, i, len) {
+            let e = next_zero(bits, s, len);
+            if e - s >= want && best.is_none_or(|(l, _)| e - s < l) {
+                best = Some((e - s, s));
+                if e - s == want {
+                    break;
+                }
+            }
+            i = e;
+        }
+        best.map(|(_, s)| self.base(g) + u64::from(s))
+    }
+
+    /// The first block of the first free run of at least `want` blocks,
+    /// runs crossing groups included.
+    pub fn first_run_of(&self, want: u64) -> Option<u64> {
+        if want == 0 || self.tree[1].best < want {
+            return None;
+        }
+        let (mut node, mut offset) = (1, 0u64);
+        while node < self.leaves {
+            let (l, r) = (self.tree[2 * node], self.tree[2 * node + 1]);
+            if l.best >= want {
+                node *= 2;
+            } else if l.suffix + r.prefix >= want {
+                return Some(offset + l.len - l.suffix);
+            } else {
+                offset += l.len;
+                node = 2 * node + 1;
+            }
+        }
+        // A run inside this group: one reaching into it from the previous
+        // group would have been found at their common ancestor.
+        let g = node - self.leaves;
+        self.runs(self.base(g), self.base(g) + u64::from(self.group_len(g)))
+            .find(|&(_, l)| l >= want)
+            .map(|(s, _)| s)
+    }
+
+    /// Compares everything kept per group and over groups with what the
+    /// bits say.
+    pub fn check(&self) -> Result<(), String> {
+        let mut by_largest = BTreeSet::new();
+        let (mut free, mut runs, mut joins) = (0u64, 0u64, 0u64);
+        for (g, group) in self.groups.iter().enumerate() {
+            let len = self.group_len(g);
+            let want = match &group.bits {
+                None => {
+                    if group.sum.free != 0 && group.sum.free != len {
+                        return Err(format!(
+                            "group {g} has no bitmap but {} of {len} blocks free",
+                            group.sum.free
+                        ));
+                    }
+                    Summary::uniform(len, group.sum.free == len)
+                }
+                Some(bits) => {
+                    if next_one(bits, len, self.group_blocks).is_some() {
+                        return Err(format!("group {g} has free bits past its end"));
+                    }
+                    let sum = summarize(bits, len);
+                    if sum.free == 0 || sum.free == len {
+                        return Err(format!("group {g} keeps a bitmap for uniform space"));
+                    }
+                    sum
+                }
+            };
+            if want != group.sum {
+                return Err(format!(
+                    "group {g} summary {:?}, its blocks say {want:?}",
+                    group.sum
+                ));
+            }
+            if want.largest > 0 {
+                by_largest.insert((want.largest, g as u32));
+            }
+            free += u64::from(want.free);
+            runs += u64::from(want.runs);
+            if g > 0 && self.groups[g - 1].sum.suffix > 0 && want.prefix > 0 {
+                joins += 1;
+            }
+            if self.tree[self.leaves + g] != leaf(len, &want) {
+                return Err(format!("group {g}'s tree leaf is stale"));
+            }
+        }
+        if by_largest != self.by_largest {
+            return Err("index by largest run differs from the groups".into());
+        }
+        if (free, runs, joins) != (self.free, self.clipped_runs, self.joins) {
+            return Err(format!(
+                "counts (free, runs, joins) {:?}, groups say {:?}",
+                (self.free, self.clipped_runs, self.joins),
+                (free, runs, joins)
+            ));
+        }
+        if self.tree[self.leaves + self.groups.len()..]
+            .iter()
+            .any(|n| *n != Node::default())
+        {
+            return Err("a padding leaf of the tree is not empty".into());
+        }
+        for i in (1..self.leaves).rev() {
+            if self.tree[i] != Node::join(self.tree[2 * i], self.tree[2 * i + 1]) {
+                return Err(format!("tree node {i} is stale"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of memory the bitmaps, summaries, index and tree take
+    /// (approximately: the index's nodes counted by entry).
+    pub fn memory_bytes(&self) -> usize {
+        let bitmaps = self.groups.iter().filter(|g| g.bits.is_some()).count();
+        bitmaps * self.group_blocks as usize / 8
+            + self.groups.len() * std::mem::size_of::<Group>()
+            + self.by_largest.len() * 8
+            + self.tree.len() * std::mem::size_of::<Node>()
+    }
+}
+
+/// Builds a [`FreeBitmap`] from used ranges given in any order, without
+/// keeping the summaries up to date until [`Builder::finish`].
+#[derive(Debug)]
+pub struct Builder {
+    blocks: u64,
+    group_blocks: u32,
+    /// `None`: nothing used in the group yet.
+    bits: Vec<Option<Box<[u64]>>>,
+}
+
+impl Builder {
+    /// `blocks` blocks, all free.
+    ///
+    /// # Panics
+    /// If `group_blocks` is not a positive multiple of 64.
+    pub fn new(blocks: u64, group_blocks: u32) -> Builder {
+        assert!(
+            group_blocks > 0 && group_blocks.is_multiple_of(64),
+            "group of {group_blocks} blocks"
+        );
+        let groups = blocks.div_ceil(u64::from(group_blocks)) as usize;
+        Builder {
+            blocks,
+            group_blocks,
+            bits: vec![None; groups],
+        }
+    }
+
+    /// Marks `[lo, hi)` used. Fails, returning the first block of it
+    /// already used, if any is; blocks before that one are then used.
+    pub fn claim(&mut self, lo: u64, hi: u64) -> Result<(), u64> {
+        let gb = u64::from(self.group_blocks);
+        let words = self.group_blocks as usize / 64;
+        let mut b = lo;
+        while b < hi {
+            let g = (b / gb) as usize;
+            let len = group_len(self.blocks, self.group_blocks, g);
+            let l = (b % gb) as u32;
+            let h = (hi - g as u64 * gb).min(u64::from(len)) as u32;
+            let bits = self.bits[g].get_or_insert_with(|| {
+                let mut bits = vec![0u64; words].into_boxed_slice();
+                fill(&mut bits, 0, len, true);
+                bits
+            });
+            let used = next_zero(bits, l, h);
+            fill(bits, l, used, false);
+            if used < h {
+                return Err(g as u64 * gb + u64::from(used));
+            }
+            b = g as u64 * gb + u64::from(h);
+        }
+        Ok(())
+    }
+
+    pub fn finish(self) -> FreeBitmap {
+        let Builder {
+            blocks,
+            group_blocks,
+            bits,
+        } = self;
+        let leaves = bits.len().next_power_of_two().max(2);
+        let mut map = FreeBitmap {
+            blocks,
+            group_blocks,
+            groups: Vec::with_capacity(bits.len()),
+            by_largest: BTreeSet::new(),
+            tree: vec![Node::default(); 2 * leaves],
+            leaves,
+            free: 0,
+            clipped_runs: 0,
+            joins: 0,
+        };
+        for (g, bits) in bits.into_iter().enumerate() {
+            let len = group_len(blocks, group_blocks, g);
+            let (sum, bits) = match bits {
+                None => (Summary::uniform(len, true), None),
+                Some(bits) => {
+                    let sum = summarize(&bits, len);
+                    let mixed = sum.free != 0 && sum.free != len;
+                    (sum, mixed.then_some(bits))
+                }
+            };
+            if sum.largest > 0 {
+                map.by_largest.insert((sum.largest, g as u32));
+            }
+            map.free += u64::from(sum.free);
+            map.clipped_runs += u64::from(sum.runs);
+            if map.groups.last().is_some_and(|p: &Group| p.sum.suffix > 0) && sum.prefix > 0 {
+                map.joins += 1;
+            }
+            map.tree[leaves + g] = leaf(len, &sum);
+            map.groups.push(Group { bits, sum });
+        }
+        for i in (1..leaves).rev() {
+            map.tree[i] = Node::join(map.tree[2 * i], map.tree[2 * i + 1]);
+        }
+        map
+    }
+}
+
+fn group_len(blocks: u64, group_blocks: u32, g: usize) -> u32 {
+    let start = g as u64 * u64::from(group_blocks);
+    blocks.saturating_sub(start).min(u64::from(group_blocks)) as u32
+}
+
+fn leaf(len: u32, sum: &Summary) -> Node {
+    Node {
+        len: u64::from(len),
+        prefix: u64::from(sum.prefix),
+        suffix: u64::from(sum.suffix),
+        best: u64::from(sum.largest),
+    }
+}
+
+/// A group's summary from its bits, in one pass over its words plus one
+/// step per run.
+fn summarize(bits: &[u64], len: u32) -> Summary {
+    let mut runs = 0;
+    let mut carry = 0u64;
+    for &x in bits {
+        runs += (x & !((x << 1) | carry)).count_ones();
+        carry = x >> 63;
+    }
+    Summary {
+        free: bits.iter().map(|x| x.count_ones()).sum(),
+        runs,
+        largest: largest_run(bits, len),
+        prefix: next_zero(bits, 0, len),
+        suffix: len - prev_zero(bits, len).map_or(0, |z| z + 1),
+    }
+}
+
+fn largest_run(bits: &[u64], len: u32) -> u32 {
+    let (mut best, mut i) = (0, 0);
+    while let Some(s) = next_one(bits, i, len) {
+        let e = next_zero(bits, s, len);
+        best = best.max(e - s);
+        i = e;
+    }
+    best
+}
+
+fn get(bits: &[u64], i: u32) -> bool {
+    bits[(i / 64) as usize] >> (i % 64) & 1 == 1
+}
+
+/// Sets bits `[lo, hi)` to `value`.
+fn fill(bits: &mut [u64], lo: u32, hi: u32, value: bool) {
+    let mut i = lo;
+    while i < hi {
+        let w = (i / 64) as usize;
+        let n = (hi - i).min(64 - i % 64);
+        let mask = if n == 64 {
+            !0
+        } else {
+            ((1u64 << n) - 1) << (i % 64)
+        };
+        if value {
+            bits[w] |= mask;
+        } else {
+            bits[w] &= !mask;
+        }
+        i += n;
+    }
+}
+
+/// The first set bit in `[from, to)`.
+fn next_one(bits: &[u64], from: u32, to: u32) -> Option<u32> {
+    next_where(bits, from, to, false)
+}
+
+/// The first clear bit in `[from, to)`, or `to`.
+fn next_zero(bits: &[u64], from: u32, to: u32) -> u32 {
+    next_where(bits, from, to, true).unwrap_or(to)
+}
+
+fn next_where(bits: &[u64], from: u32, to: u32, invert: bool) -> Option<u32> {
+    if from >= to {
+        return None;
+    }
+    let flip = if invert { !0 } else { 0 };
+    let mut w = (from / 64) as usize;
+    let mut x = (bits[w] ^ flip) & (!0u64 << (from % 64));
+    loop {
+        if x != 0 {
+            let i = w as u32 * 64 + x.trailing_zeros();
+            return (i < to).then_some(i);
+        }
+        w += 1;
+        if w as u32 * 64 >= to {
+            return None;
+        }
+        x = bits[w] ^ flip;
+    }
+}
+
+/// The last clear bit before `before`.
+fn prev_zero(bits: &[u64], before: u32) -> Option<u32> {
+    let last = before.checked_sub(1)?;
+    let mut w = (last / 64) as usize;
+    let mut x = !bits[w] & (!0u64 >> (63 - last % 64));
+    loop {
+        if x != 0 {
+            return Some(w as u32 * 64 + 63 - x.leading_zeros());
+        }
+        w = w.checked_sub(1)?;
+        x = !bits[w];
+    }
+}
