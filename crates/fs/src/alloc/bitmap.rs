@@ -113,12 +113,6 @@ pub struct FreeBitmap {
 }
 
 impl FreeBitmap {
-    /// `blocks` blocks, all free.
-    pub fn new(blocks: u64, group_blocks: u32) -> FreeBitmap {
-        let builder = Builder::new(blocks, group_blocks);
-        builder.finish()
-    }
-
     pub fn free_blocks(&self) -> u64 {
         self.free
     }
@@ -153,7 +147,9 @@ impl FreeBitmap {
         while b < hi {
             let (g, off) = self.split(b);
             let group = &self.groups[g];
-            let end = self.group_len(g).min((hi - self.base(g)).min(u64::from(u32::MAX)) as u32);
+            let end = self
+                .group_len(g)
+                .min((hi - self.base(g)).min(u64::from(u32::MAX)) as u32);
             let found = match &group.bits {
                 None => (group.sum.free > 0).then_some(off),
                 Some(bits) => next_one(bits, off, end),
@@ -267,7 +263,11 @@ impl FreeBitmap {
             let left = l > 0 && get(bits, l - 1);
             let right = h < len && get(bits, h);
             sum.runs = sum.runs + 1 - u32::from(left) - u32::from(right);
-            let run_s = if left { prev_zero(bits, l).map_or(0, |z| z + 1) } else { l };
+            let run_s = if left {
+                prev_zero(bits, l).map_or(0, |z| z + 1)
+            } else {
+                l
+            };
             let run_e = if right { next_zero(bits, h, len) } else { h };
             sum.largest = sum.largest.max(run_e - run_s);
         } else {
@@ -278,7 +278,7 @@ impl FreeBitmap {
             sum.free -= h - l;
             sum.runs = sum.runs - 1 + u32::from(l > run_s) + u32::from(h < run_e);
             if run_e - run_s == old.largest {
-                sum.largest = largest_run(bits, len);
+                sum.largest = largest_run(bits);
             }
         }
         sum.prefix = next_zero(bits, 0, len);
@@ -580,20 +580,33 @@ fn summarize(bits: &[u64], len: u32) -> Summary {
     Summary {
         free: bits.iter().map(|x| x.count_ones()).sum(),
         runs,
-        largest: largest_run(bits, len),
+        largest: largest_run(bits),
         prefix: next_zero(bits, 0, len),
         suffix: len - prev_zero(bits, len).map_or(0, |z| z + 1),
     }
 }
 
-fn largest_run(bits: &[u64], len: u32) -> u32 {
-    let (mut best, mut i) = (0, 0);
-    while let Some(s) = next_one(bits, i, len) {
-        let e = next_zero(bits, s, len);
-        best = best.max(e - s);
-        i = e;
+/// The longest run of set bits, a word at a time: a word all set or all
+/// clear is one step, any other as many as its own longest run, so a group
+/// fragmented block by block costs about one step per word, not per run
+/// (this runs whenever an allocation takes from a group's longest run).
+fn largest_run(bits: &[u64]) -> u32 {
+    let (mut best, mut cur) = (0u32, 0u32);
+    for &x in bits {
+        if x == !0 {
+            cur += 64;
+            continue;
+        }
+        best = best.max(cur + x.trailing_ones());
+        let (mut y, mut inside) = (x, 0);
+        while y != 0 {
+            y &= y >> 1;
+            inside += 1;
+        }
+        best = best.max(inside);
+        cur = x.leading_ones();
     }
-    best
+    best.max(cur)
 }
 
 fn get(bits: &[u64], i: u32) -> bool {
