@@ -731,6 +731,15 @@ mod tests {
             "{}",
             empty.free_space_memory()
         );
+        // Large extents, whole groups used: no bitmap kept either.
+        let g = u64::from(GROUP_BLOCKS);
+        let mut b = Allocator::builder(0, blocks * BS, BS as u32);
+        b.mark_used(g * BS, 3 * g * BS).unwrap();
+        b.mark_used(0, g * BS).unwrap();
+        let a = b.finish();
+        a.check().unwrap();
+        assert_eq!(a.free_extents(), vec![(4 * g * BS, (blocks - 4 * g) * BS)]);
+        assert!(a.free_space_memory() < 4096, "{}", a.free_space_memory());
         let mut b = Allocator::builder(0, blocks * BS, BS as u32);
         for blk in (0..blocks / 2).rev().map(|i| 2 * i) {
             b.mark_used(blk * BS, BS).unwrap();

@@ -460,8 +460,11 @@ impl FreeBitmap {
 pub struct Builder {
     blocks: u64,
     group_blocks: u32,
-    /// `None`: nothing used in the group yet.
+    /// Per group: its bits, `None` while all free or all used (`free`
+    /// says which), so that a device of large extents needs no bitmap
+    /// while it is built either.
     bits: Vec<Option<Box<[u64]>>>,
+    free: Vec<u32>,
 }
 
 impl Builder {
@@ -479,6 +482,9 @@ impl Builder {
             blocks,
             group_blocks,
             bits: vec![None; groups],
+            free: (0..groups)
+                .map(|g| group_len(blocks, group_blocks, g))
+                .collect(),
         }
     }
 
@@ -490,20 +496,34 @@ impl Builder {
         let mut b = lo;
         while b < hi {
             let g = (b / gb) as usize;
+            let base = g as u64 * gb;
             let len = group_len(self.blocks, self.group_blocks, g);
             let l = (b % gb) as u32;
-            let h = (hi - g as u64 * gb).min(u64::from(len)) as u32;
-            let bits = self.bits[g].get_or_insert_with(|| {
-                let mut bits = vec![0u64; words].into_boxed_slice();
-                fill(&mut bits, 0, len, true);
-                bits
-            });
-            let used = next_zero(bits, l, h);
-            fill(bits, l, used, false);
-            if used < h {
-                return Err(g as u64 * gb + u64::from(used));
+            let h = (hi - base).min(u64::from(len)) as u32;
+            let free = &mut self.free[g];
+            let used = match &mut self.bits[g] {
+                None if *free == 0 => l,
+                None if h - l == len => h,
+                bits => {
+                    let all_free = *free == len;
+                    let bits = bits.get_or_insert_with(|| {
+                        let mut bits = vec![0u64; words].into_boxed_slice();
+                        fill(&mut bits, 0, len, all_free);
+                        bits
+                    });
+                    let used = next_zero(bits, l, h);
+                    fill(bits, l, used, false);
+                    used
+                }
+            };
+            *free -= used - l;
+            if *free == 0 {
+                self.bits[g] = None;
             }
-            b = g as u64 * gb + u64::from(h);
+            if used < h {
+                return Err(base + u64::from(used));
+            }
+            b = base + u64::from(h);
         }
         Ok(())
     }
@@ -513,6 +533,7 @@ impl Builder {
             blocks,
             group_blocks,
             bits,
+            free,
         } = self;
         let leaves = bits.len().next_power_of_two().max(2);
         let mut map = FreeBitmap {
@@ -526,10 +547,10 @@ impl Builder {
             clipped_runs: 0,
             joins: 0,
         };
-        for (g, bits) in bits.into_iter().enumerate() {
+        for (g, (bits, free)) in bits.into_iter().zip(free).enumerate() {
             let len = group_len(blocks, group_blocks, g);
             let (sum, bits) = match bits {
-                None => (Summary::uniform(len, true), None),
+                None => (Summary::uniform(len, free == len), None),
                 Some(bits) => {
                     let sum = summarize(&bits, len);
                     let mixed = sum.free != 0 && sum.free != len;
