@@ -270,6 +270,12 @@ impl FreeBitmap {
             };
             let run_e = if right { next_zero(bits, h, len) } else { h };
             sum.largest = sum.largest.max(run_e - run_s);
+            if run_s == 0 {
+                sum.prefix = run_e;
+            }
+            if run_e == len {
+                sum.suffix = len - run_s;
+            }
         } else {
             debug_assert_eq!(next_zero(bits, l, h), h, "using used blocks");
             let run_s = prev_zero(bits, l).map_or(0, |z| z + 1);
@@ -278,11 +284,20 @@ impl FreeBitmap {
             sum.free -= h - l;
             sum.runs = sum.runs - 1 + u32::from(l > run_s) + u32::from(h < run_e);
             if run_e - run_s == old.largest {
-                sum.largest = largest_run(bits);
+                // Its pieces, or a run outside it: the run itself needs
+                // no second look.
+                sum.largest = (l - run_s)
+                    .max(run_e - h)
+                    .max(largest_run(bits, 0, run_s))
+                    .max(largest_run(bits, run_e, len));
+            }
+            if run_s == 0 {
+                sum.prefix = l;
+            }
+            if run_e == len {
+                sum.suffix = len - h;
             }
         }
-        sum.prefix = next_zero(bits, 0, len);
-        sum.suffix = len - prev_zero(bits, len).map_or(0, |z| z + 1);
         if sum.free == 0 || sum.free == len {
             group.bits = None;
         }
@@ -601,19 +616,29 @@ fn summarize(bits: &[u64], len: u32) -> Summary {
     Summary {
         free: bits.iter().map(|x| x.count_ones()).sum(),
         runs,
-        largest: largest_run(bits),
+        largest: largest_run(bits, 0, len),
         prefix: next_zero(bits, 0, len),
         suffix: len - prev_zero(bits, len).map_or(0, |z| z + 1),
     }
 }
 
-/// The longest run of set bits, a word at a time: a word all set or all
-/// clear is one step, any other as many as its own longest run, so a group
-/// fragmented block by block costs about one step per word, not per run
-/// (this runs whenever an allocation takes from a group's longest run).
-fn largest_run(bits: &[u64]) -> u32 {
+/// The longest run of set bits in `[lo, hi)`, a word at a time: a word
+/// all set or all clear is one step, any other as many as its own longest
+/// run, so a group fragmented block by block costs about one step per
+/// word, not per run (this runs whenever an allocation takes from a
+/// group's longest run).
+fn largest_run(bits: &[u64], lo: u32, hi: u32) -> u32 {
     let (mut best, mut cur) = (0u32, 0u32);
-    for &x in bits {
+    let mut w = lo / 64;
+    while w * 64 < hi {
+        let mut x = bits[w as usize];
+        if w == lo / 64 {
+            x &= !0u64 << (lo % 64);
+        }
+        if hi - w * 64 < 64 {
+            x &= (1u64 << (hi - w * 64)) - 1;
+        }
+        w += 1;
         if x == !0 {
             cur += 64;
             continue;
