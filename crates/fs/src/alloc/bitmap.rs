@@ -349,9 +349,8 @@ impl FreeBitmap {
         };
         let mut best: Option<(u32, u32)> = None;
         let mut i = 0;
-        while let Some(s) = next_one(bits, i, len) {
-            let e = next_zero(bits, s, len);
-            if e - s >= want && best.is_none_or(|(l, _)| e - s < l) {
+        while let Some((s, e)) = next_run_at_least(bits, i, len, want) {
+            if best.is_none_or(|(l, _)| e - s < l) {
                 best = Some((e - s, s));
                 if e - s == want {
                     break;
@@ -383,9 +382,12 @@ impl FreeBitmap {
         // A run inside this group: one reaching into it from the previous
         // group would have been found at their common ancestor.
         let g = node - self.leaves;
-        self.runs(self.base(g), self.base(g) + u64::from(self.group_len(g)))
-            .find(|&(_, l)| l >= want)
-            .map(|(s, _)| s)
+        let Some(bits) = &self.groups[g].bits else {
+            return Some(self.base(g));
+        };
+        let want = u32::try_from(want).ok()?;
+        next_run_at_least(bits, 0, self.group_len(g), want)
+            .map(|(s, _)| self.base(g) + u64::from(s))
     }
 
     /// Compares everything kept per group and over groups with what the
@@ -653,6 +655,43 @@ fn largest_run(bits: &[u64], lo: u32, hi: u32) -> u32 {
         cur = x.leading_ones();
     }
     best.max(cur)
+}
+
+/// The first run of at least `want` set bits starting in `[from, len)`,
+/// `(start, end)`. A word whose runs from the start point on are all
+/// shorter than `want` and end inside it is passed over in a few steps,
+/// so a fragmented stretch costs about a step per word, not per run.
+fn next_run_at_least(bits: &[u64], from: u32, len: u32, want: u32) -> Option<(u32, u32)> {
+    let mut i = from;
+    loop {
+        let s = next_one(bits, i, len)?;
+        let w = s / 64;
+        let x = bits[w as usize] & (!0u64 << (s % 64));
+        if x >> 63 == 0 && !has_run(x, want) {
+            i = (w + 1) * 64;
+            continue;
+        }
+        let e = next_zero(bits, s, len);
+        if e - s >= want {
+            return Some((s, e));
+        }
+        i = e;
+    }
+}
+
+/// Whether `x` has `want` consecutive set bits.
+fn has_run(x: u64, want: u32) -> bool {
+    if want > 64 {
+        return false;
+    }
+    // After each step, bit i of `m` says bits i..i + k are all set.
+    let (mut m, mut k) = (x, 1);
+    while k < want && m != 0 {
+        let step = k.min(want - k);
+        m &= m >> step;
+        k += step;
+    }
+    m != 0
 }
 
 fn get(bits: &[u64], i: u32) -> bool {
