@@ -62,6 +62,12 @@ struct Group {
     /// group's length (the last group) are 0.
     bits: Option<Box<[u64]>>,
     sum: Summary,
+    /// The longest run lying in blocks `[0, head_end)`, whose last block
+    /// is used (0: nothing known): what an allocation taking from the
+    /// group's longest run need not scan again while the group fills
+    /// from the front. Exact: any change before `head_end` clears it.
+    head_end: u32,
+    head_max: u32,
 }
 
 /// A segment tree node over a span of groups, in blocks.
@@ -248,6 +254,9 @@ impl FreeBitmap {
         let words = self.group_blocks as usize / 64;
         let group = &mut self.groups[g];
         let old = group.sum;
+        if l < group.head_end {
+            (group.head_end, group.head_max) = (0, 0);
+        }
         let bits = group.bits.get_or_insert_with(|| {
             let mut bits = vec![0u64; words].into_boxed_slice();
             if old.free == len {
@@ -286,9 +295,11 @@ impl FreeBitmap {
             if run_e - run_s == old.largest {
                 // Its pieces, or a run outside it: the run itself needs
                 // no second look.
+                let head = group.head_max.max(largest_run(bits, group.head_end, run_s));
+                (group.head_end, group.head_max) = (run_s, head);
                 sum.largest = (l - run_s)
                     .max(run_e - h)
-                    .max(largest_run(bits, 0, run_s))
+                    .max(head)
                     .max(largest_run(bits, run_e, len));
             }
             if run_s == 0 {
@@ -300,6 +311,7 @@ impl FreeBitmap {
         }
         if sum.free == 0 || sum.free == len {
             group.bits = None;
+            (group.head_end, group.head_max) = (0, 0);
         }
         group.sum = sum;
         self.account(g, old, sum);
@@ -414,6 +426,12 @@ impl FreeBitmap {
                     let sum = summarize(bits, len);
                     if sum.free == 0 || sum.free == len {
                         return Err(format!("group {g} keeps a bitmap for uniform space"));
+                    }
+                    let end = group.head_end;
+                    if end > 0
+                        && (get(bits, end - 1) || largest_run(bits, 0, end) != group.head_max)
+                    {
+                        return Err(format!("group {g}'s longest run before {end} is stale"));
                     }
                     sum
                 }
@@ -583,7 +601,12 @@ impl Builder {
                 map.joins += 1;
             }
             map.tree[leaves + g] = leaf(len, &sum);
-            map.groups.push(Group { bits, sum });
+            map.groups.push(Group {
+                bits,
+                sum,
+                head_end: 0,
+                head_max: 0,
+            });
         }
         for i in (1..leaves).rev() {
             map.tree[i] = Node::join(map.tree[2 * i], map.tree[2 * i + 1]);
