@@ -29,7 +29,9 @@ pub struct PagePlan {
 
 /// Plans the pages of `state`'s extent maps: a page for each chunk of a
 /// file with more than [`codec::inline_extents_max`] extents (the others
-/// stay inline in the root) that names no page `listed` holds, placed at
+/// stay inline in the root; their absent chunks are read here, outside
+/// the metadata lock, and a file with one that cannot be read stays
+/// paged: `stays_paged`) that names no page `listed` holds, placed at
 /// the device byte `place` returns for its length (the caller allocates
 /// from free space; a failure ends the plan), and encoded with the
 /// volume's crc `seed`.
@@ -54,7 +56,7 @@ pub fn plan_pages(
     let mut inos: Vec<Ino> = state
         .inodes
         .iter()
-        .filter(|(_, i)| i.kind == FileKind::Regular && i.extents.len() > inline_max)
+        .filter(|(_, i)| i.kind == FileKind::Regular && stays_paged(&i.extents, inline_max))
         .map(|(&ino, _)| ino)
         .collect();
     inos.sort_unstable();
@@ -110,6 +112,17 @@ pub fn plan_pages(
     }
     batch.write_out(&mut write)?;
     Ok(plan)
+}
+
+/// Whether a base pages `map`: past the inline bound; or below it (a
+/// change shrank a paged file) with a chunk that cannot be read now, a
+/// damaged page or a device error: the root could not hold its extents
+/// inline, and its page, listed again, keeps them (a reader accepts a
+/// paged file of any size). Such a file's changed chunks get pages the
+/// room for the next base did not count (it counts pages past the bound
+/// only): a page of at most the inline bound each, for damage only.
+fn stays_paged(map: &crate::extent_map::ExtentMap, inline_max: usize) -> bool {
+    map.len() > inline_max || (map.loaded_chunks() < map.chunk_count() && map.load_all().is_err())
 }
 
 /// Bytes of encoded pages [`plan_pages`] holds before handing them over.

@@ -29,6 +29,8 @@ mod namespace;
 pub mod page_chunks;
 pub mod page_loader;
 #[cfg(test)]
+mod paged_damage_tests;
+#[cfg(test)]
 mod room_hold_tests;
 pub mod signature;
 pub mod state;
