@@ -458,7 +458,7 @@ pub(crate) fn load_unscanned(
     // deltas reach); fsck reads and checks every one.
     let reading = match strictness {
         Strictness::Mount => checkpoint::PageReading::OnDemand,
-        Strictness::Fsck => checkpoint::PageReading::Every,
+        Strictness::Fsck => checkpoint::PageReading::Survey,
     };
     let newest = checkpoint::read_checkpoints_reading(device, &sb, reading)?;
     let page_loader = (reading == checkpoint::PageReading::OnDemand)
@@ -473,6 +473,7 @@ pub(crate) fn load_unscanned(
             lost.left_generation
         ));
     }
+    damage.extend(newest.damaged_pages.iter().map(ToString::to_string));
     let (slot, chain, ckpt, spills, pages) = (
         newest.slot,
         newest.chain,

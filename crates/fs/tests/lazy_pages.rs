@@ -277,3 +277,62 @@ fn a_damaged_page_fails_only_its_chunk() {
         "fsck: {text}"
     );
 }
+
+/// fsck reads every page: each that does not verify is a problem line
+/// naming the inode, the file offsets lost and the device byte, and the
+/// check goes on with the same checkpoint mount uses (not the older
+/// slot), the rest of the file and the other files checked.
+#[test]
+fn fsck_lists_every_damaged_page_and_checks_the_rest() {
+    let dev = volume();
+    let ino = {
+        let vol = Volume::open(dynd(&dev)).unwrap();
+        let ino = vol.open_file("/big", OpenFlags::default()).unwrap().ino();
+        vol.unmount().unwrap();
+        ino
+    };
+    let clean = fsck_clean(dynd(&dev), "before the damage");
+    let pages = pages_of_big(&dev, ino);
+    assert!(pages.len() >= 4);
+    let last = pages.len() - 1;
+    for &i in &[1, last] {
+        let mut bytes = vec![0u8; BLOCK as usize];
+        dev.read_at(&mut bytes, pages[i].addr).unwrap();
+        bytes[100] ^= 0x40;
+        dev.write_at(&bytes, pages[i].addr, WriteMode::Normal)
+            .unwrap();
+    }
+    dev.flush().unwrap();
+    let report = iomapfs_fs::fsck::check(dynd(&dev)).expect("a report, not a refusal");
+    assert_eq!(
+        report.checkpoint_generation, clean.checkpoint_generation,
+        "the checkpoint mount uses"
+    );
+    let damaged: Vec<&String> = report
+        .problems
+        .iter()
+        .filter(|p| p.contains("does not verify"))
+        .collect();
+    assert_eq!(damaged.len(), 2, "{:?}", report.problems);
+    let second = format!(
+        "file offsets {}..{}",
+        pages[1].first_key, pages[2].first_key
+    );
+    let final_ = format!("file offsets {}..its end", pages[last].first_key);
+    for (line, range, page) in [
+        (damaged[0], &second, &pages[1]),
+        (damaged[1], &final_, &pages[last]),
+    ] {
+        assert!(
+            line.contains(&format!("inode {ino}"))
+                && line.contains(range)
+                && line.contains(&format!("device byte {}", page.addr))
+                && line.contains("crc"),
+            "{line}"
+        );
+    }
+    // The rest checked: the pages the others list are in the used bytes,
+    // the lost ones' data space is not.
+    let lost: u64 = pages[1].allocated + pages[last].allocated;
+    assert_eq!(report.used_bytes, clean.used_bytes - lost, "{report:?}");
+}
