@@ -293,6 +293,15 @@ impl Allocator {
         self.by_size.last().map_or(0, |&(len, _)| len)
     }
 
+    /// The `k` largest free ranges `(addr, len)`, largest first (the
+    /// lowest address among equals): what a clean unmount leaves the next
+    /// mount to allocate from while its scan runs.
+    pub fn largest_free(&self, k: usize) -> Vec<(u64, u64)> {
+        let mut by_len: Vec<(u64, u64)> = self.by_size.iter().rev().take(k).copied().collect();
+        by_len.sort_by_key(|&(len, addr)| (std::cmp::Reverse(len), addr));
+        by_len.into_iter().map(|(len, addr)| (addr, len)).collect()
+    }
+
     /// How many free ranges there are (busy ones not counted).
     pub fn free_extent_count(&self) -> usize {
         self.by_size.len()

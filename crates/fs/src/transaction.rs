@@ -155,6 +155,17 @@ impl VolumeInner {
     pub(crate) fn mark_clean_unmount(&self) -> Result<()> {
         self.check_live()?;
         let _no_checkpoint_running = self.checkpointing.lock();
+        // Taken before the journal's lock (the order allocations take
+        // them in). Whatever is allocated after this is logged, and the
+        // append that writes it clears the mark, and the hint with it.
+        let free_hint = if self.sb.features_compat & crate::superblock::COMPAT_FREE_SPACE_HINT != 0
+        {
+            self.meta.read().alloc.allocator().map_or(Vec::new(), |a| {
+                a.largest_free(crate::superblock::FREE_HINT_MAX)
+            })
+        } else {
+            Vec::new()
+        };
         let mut commit = self.commit.lock();
         self.check_live()?;
         if commit.journal.used_bytes() != 0 || self.mounted_from_backup {
@@ -174,6 +185,7 @@ impl VolumeInner {
         };
         let marked = crate::superblock::Superblock {
             clean_mark: Some(mark),
+            free_hint,
             ..self.sb.clone()
         };
         crate::superblock::write_superblock(&*self.dev, &marked)?;
