@@ -207,6 +207,16 @@ impl FreeSpace {
         }
     }
 
+    /// The scan's allocator once installed, never the reserve: for bounds
+    /// on what allocations made later (writeback of delayed ranges) may
+    /// take, which the reserve's few ranges do not bound.
+    pub(crate) fn installed(&self) -> Option<&Allocator> {
+        match self {
+            FreeSpace::Ready(a) => Some(a),
+            _ => None,
+        }
+    }
+
     /// Whether `err` only says the reserve ran short while the scan runs:
     /// the caller then waits for the scan and tries again, as for
     /// [`Error::FreeSpacePending`] (the real free space is larger).

@@ -625,9 +625,10 @@ impl Meta {
             return 0;
         }
         let blocks = self.delalloc_reserved / u64::from(self.state.block_size);
-        // While mount's scan runs, the bound without the free ranges.
+        // While mount's scan runs, the bound without the free ranges (the
+        // reserve's are not those writeback will take from).
         self.alloc
-            .allocator()
+            .installed()
             .map_or(blocks, |a| blocks.min(a.free_extent_count() as u64))
     }
 }
