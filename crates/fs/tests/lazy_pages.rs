@@ -89,6 +89,17 @@ fn pages_of_big(dev: &Arc<MemDevice>, ino: u64) -> Vec<iomapfs_fs::codec::PageRe
         .expect("/big is paged")
 }
 
+/// Flips a bit inside each page's extents: its crc no longer matches.
+fn damage(dev: &Arc<MemDevice>, pages: &[iomapfs_fs::codec::PageRef]) {
+    for page in pages {
+        let mut bytes = vec![0u8; BLOCK as usize];
+        dev.read_at(&mut bytes, page.addr).unwrap();
+        bytes[100] ^= 0x40;
+        dev.write_at(&bytes, page.addr, WriteMode::Normal).unwrap();
+    }
+    dev.flush().unwrap();
+}
+
 #[test]
 fn mount_keeps_no_page_and_a_read_loads_one_chunk() {
     let dev = volume();
@@ -197,12 +208,7 @@ fn a_damaged_page_fails_only_its_chunk() {
     let pages = pages_of_big(&dev, ino);
     assert!(pages.len() >= 4);
     let damaged = pages[2];
-    let mut bytes = vec![0u8; BLOCK as usize];
-    dev.read_at(&mut bytes, damaged.addr).unwrap();
-    bytes[100] ^= 0x40; // inside the extents: the crc no longer matches
-    dev.write_at(&bytes, damaged.addr, WriteMode::Normal)
-        .unwrap();
-    dev.flush().unwrap();
+    damage(&dev, &[damaged]);
 
     let vol = Volume::open(dynd(&dev)).unwrap();
     // Free space cannot be known without the page's extents: the scan
@@ -295,14 +301,7 @@ fn fsck_lists_every_damaged_page_and_checks_the_rest() {
     let pages = pages_of_big(&dev, ino);
     assert!(pages.len() >= 4);
     let last = pages.len() - 1;
-    for &i in &[1, last] {
-        let mut bytes = vec![0u8; BLOCK as usize];
-        dev.read_at(&mut bytes, pages[i].addr).unwrap();
-        bytes[100] ^= 0x40;
-        dev.write_at(&bytes, pages[i].addr, WriteMode::Normal)
-            .unwrap();
-    }
-    dev.flush().unwrap();
+    damage(&dev, &[pages[1], pages[last]]);
     let report = iomapfs_fs::fsck::check(dynd(&dev)).expect("a report, not a refusal");
     assert_eq!(
         report.checkpoint_generation, clean.checkpoint_generation,
