@@ -50,6 +50,19 @@ impl BackgroundThread {
         })
     }
 
+    /// The evictor of extent chunks past the mount's budget, asked through
+    /// the page loader's request (see [`crate::extent_cache`]).
+    pub(crate) fn evictor(vol: &Arc<VolumeInner>) -> Result<BackgroundThread> {
+        let request = match &vol.page_loader {
+            Some(loader) => loader.evict_request.clone(),
+            None => Arc::default(),
+        };
+        BackgroundThread::start(vol, "iomapfs-evict", request, |vol| {
+            vol.evict_extent_chunks();
+            Ok(())
+        })
+    }
+
     fn start(
         vol: &Arc<VolumeInner>,
         name: &str,
