@@ -132,13 +132,15 @@ impl Volume {
         } else {
             None
         };
+        // Only bases with extent pages make chunks clean.
+        let paged = inner.sb.features_incompat & crate::superblock::INCOMPAT_EXTENT_PAGES != 0;
         let evictor = match &inner.page_loader {
-            Some(loader) => {
+            Some(loader) if paged => {
                 let thread = BackgroundThread::evictor(&inner)?;
                 loader.set_budget(opts.metadata_cache_bytes);
                 Some(Arc::new(thread))
             }
-            None => None,
+            _ => None,
         };
         Ok(Volume {
             inner,
@@ -197,6 +199,18 @@ impl Volume {
             stats.chunks += inode.extents.chunk_count() as u64;
         }
         Some(stats)
+    }
+
+    /// Waits until the evictor of extent chunks (a background thread,
+    /// asked when the chunks in memory pass
+    /// [`MountOptions::metadata_cache_bytes`]) has nothing asked or
+    /// running: for benches and tests that look at
+    /// [`Volume::extent_page_loads`] after reading.
+    #[doc(hidden)]
+    pub fn wait_extent_eviction(&self) {
+        if let Some(loader) = &self.inner.page_loader {
+            loader.evict_request.wait_idle();
+        }
     }
 
     /// The volume's page cache (its size, use and dirty bytes).
