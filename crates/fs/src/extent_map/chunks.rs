@@ -1124,6 +1124,57 @@ mod tests {
         written
     }
 
+    /// The evictor's clock: a chunk looked up since the last sweep is
+    /// passed over once (its bit cleared), a changed chunk (no page) never
+    /// goes, the others become absent and read back the same from their
+    /// pages; a snapshot sharing an evicted chunk drops it too.
+    #[test]
+    fn the_clock_passes_over_a_touched_chunk_once_and_keeps_changed_ones() {
+        use testing::PageStore;
+        let store = Arc::new(PageStore::default());
+        let mut live = Chunks::default();
+        for k in 0..(6 * CHUNK_MAX as u64) {
+            live.push(ext(2 * k));
+        }
+        live.write_and_unload(&store);
+        let source = Arc::new(PageSource {
+            ino: 1,
+            loader: store.clone(),
+        });
+        live.load_chunks(0..=usize::MAX).unwrap();
+        let want: Vec<Extent> = live.iter().copied().collect();
+        // Chunk 1 looked up, chunk 3 changed (it names no page now).
+        live.touch(live.last_at_or_before(2 * CHUNK_MAX as u64).unwrap());
+        let at = live.find(2 * 3 * CHUNK_MAX as u64 + 2).unwrap();
+        live.get_mut(at).state = ExtentState::Written;
+        let snapshot = live.clone();
+        let loaded = |c: &Chunks| c.chunks.iter().map(Chunk::is_loaded).collect::<Vec<_>>();
+        let (next, evicted) = live.evict(0, usize::MAX, &source, |_| false);
+        assert_eq!(next, None);
+        assert_eq!(loaded(&live), [false, true, false, true, false, false]);
+        let mut snap = snapshot.clone();
+        drop(snapshot);
+        for e in &evicted {
+            assert!(snap.evict_shared(e), "{e:?}");
+        }
+        assert_eq!(loaded(&snap), loaded(&live));
+        // The next sweep takes the chunk looked up before.
+        let (_, again) = live.evict(0, usize::MAX, &source, |_| false);
+        assert_eq!(again.len(), 1);
+        assert_eq!(loaded(&live), [false, false, false, true, false, false]);
+        let loads = store.loads.load(std::sync::atomic::Ordering::Relaxed);
+        live.load_chunks(0..=usize::MAX).unwrap();
+        assert_eq!(
+            store.loads.load(std::sync::atomic::Ordering::Relaxed) - loads,
+            5,
+            "read again from their pages"
+        );
+        let mut got: Vec<Extent> = live.iter().copied().collect();
+        got[CHUNK_MAX * 3 + 1].state = ExtentState::Unwritten;
+        assert_eq!(got, want);
+        live.check().unwrap();
+    }
+
     #[test]
     fn a_checkpoint_after_a_change_writes_the_changed_chunks_only() {
         let mut live = Chunks::default();
