@@ -227,14 +227,17 @@ fn a_changed_chunk_is_never_evicted() {
     }
 }
 
-/// Chunks changed since the last base past a quarter of the budget: the
-/// next checkpoint is a base (which gives them pages), where a larger
-/// budget leaves it a delta.
+/// Chunks changed since the last base past a quarter of the budget, with
+/// the chunks in memory past all of it: the next checkpoint is a base
+/// (which gives them pages). Past a quarter but within the budget, or
+/// under a quarter, it stays a delta.
 #[test]
 fn changed_chunks_past_a_quarter_of_the_budget_make_a_base() {
-    for (budget, want_base) in [(BUDGET, true), (64 << 20, false)] {
+    // `None`: after a delta and eviction of every clean chunk, twice the
+    // changed chunks.
+    for (budget, want_base) in [(Some(BUDGET), true), (Some(64 << 20), false), (None, false)] {
         let dev = volume();
-        let vol = Volume::open_with(dev.clone(), &opts(budget)).unwrap();
+        let vol = Volume::open_with(dev.clone(), &opts(budget.unwrap_or(64 << 20))).unwrap();
         vol.wait_free_space().unwrap();
         let ino = ino_of_big(&vol);
         let big = vol.open_file("/big", direct()).unwrap();
@@ -247,6 +250,21 @@ fn changed_chunks_past_a_quarter_of_the_budget_make_a_base() {
         big.fsync().unwrap();
         let unpaged_bytes = vol.inner.meta.read().state.unpaged_chunk_bytes();
         assert!(unpaged_bytes > BUDGET / 4, "{unpaged_bytes}");
+        let loader = vol.inner.page_loader.as_ref().unwrap();
+        let budget = budget.unwrap_or_else(|| {
+            vol.checkpoint().unwrap();
+            assert!(vol.inner.commit.lock().chain.deltas > 0);
+            loader.set_budget(1);
+            settle(&vol);
+            loader.set_budget(2 * unpaged_bytes);
+            2 * unpaged_bytes
+        });
+        let in_memory = unpaged_bytes + stats(&vol).cached_bytes;
+        assert!(
+            unpaged_bytes > budget / 4 || budget == 64 << 20,
+            "{in_memory} {budget}"
+        );
+        assert_eq!(in_memory > budget, want_base, "{in_memory} {budget}");
         vol.checkpoint().unwrap();
         let deltas = vol.inner.commit.lock().chain.deltas;
         assert_eq!(deltas == 0, want_base, "budget {budget}: {deltas} deltas");
