@@ -120,7 +120,10 @@ impl VolumeInner {
                         let (next, evicted) = inode
                             .extents
                             .evict(chunk, max, &source, |f| done(before + f));
-                        let seen = next.unwrap_or(inode.extents.chunk_count()) - chunk;
+                        // The hand may be past a map that shrank since.
+                        let seen = next
+                            .unwrap_or(inode.extents.chunk_count())
+                            .saturating_sub(chunk);
                         step += seen.max(1);
                         looked += seen.max(1);
                         if let Some(base) = newest.as_mut().and_then(|s| s.inodes.get_mut(&ino)) {
