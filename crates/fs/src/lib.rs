@@ -11,6 +11,9 @@ pub mod checkpoint;
 pub mod codec;
 mod delalloc;
 pub mod error;
+mod extent_cache;
+#[cfg(test)]
+mod extent_cache_tests;
 pub mod extent_map;
 pub mod extent_pages;
 pub mod file;

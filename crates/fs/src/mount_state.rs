@@ -221,6 +221,9 @@ pub struct VolumeInner {
     /// (see [`crate::free_space`]): what allocating calls wait on,
     /// without the metadata lock.
     pub(crate) free_space_gate: FreeSpaceGate,
+    /// Where the evictor of extent chunks goes on from: an inode and a
+    /// chunk index in its map (see [`crate::extent_cache`]).
+    pub(crate) evict_hand: Mutex<(Ino, usize)>,
 }
 
 impl VolumeInner {
@@ -254,6 +257,7 @@ impl VolumeInner {
             checkpoint_request: Arc::default(),
             commit_request: Arc::default(),
             free_space_gate: FreeSpaceGate::done(),
+            evict_hand: Mutex::new((0, 0)),
         }
     }
 
