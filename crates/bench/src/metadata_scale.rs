@@ -445,7 +445,6 @@ fn build_extents(
     check_extents(vol, extents)
 }
 
-/// Fails unless [`FILE`] has exactly `extents` extents (none merged).
 /// Opens the file and reads one 4 KiB block in the middle of it, direct:
 /// the time from the call to the data.
 fn timed_first_read(
@@ -453,15 +452,7 @@ fn timed_first_read(
     dev: &Arc<dyn BlockDevice>,
     extents: u64,
 ) -> Result<u64, BenchError> {
-    let mut buf = AlignedBuf::new(BLOCK as usize, alignment_of(&**dev))
-        .map_err(|e| BenchError::setup("read buffer", e.to_string()))?;
-    let started = Instant::now();
-    let file = vol
-        .open_file(FILE, direct_flags())
-        .map_err(|e| BenchError::fs("iomapfs open", e))?;
-    file.pread(&mut buf, extents / 2 * 2 * BLOCK)
-        .map_err(|e| BenchError::fs("iomapfs read", e))?;
-    Ok(started.elapsed().as_nanos() as u64)
+    timed_reads(vol, dev, std::iter::once(extents / 2))
 }
 
 /// One 4 KiB direct read every 64th extent of the large file: at least
@@ -472,13 +463,24 @@ fn timed_read_every_chunk(
     dev: &Arc<dyn BlockDevice>,
     extents: u64,
 ) -> Result<u64, BenchError> {
+    timed_reads(vol, dev, (0..extents).step_by(64))
+}
+
+/// Opens [`FILE`] and reads the 4 KiB block of each extent `k` in
+/// `extents` (at `2 k` blocks), direct: the time from the open to the
+/// last read's data.
+fn timed_reads(
+    vol: &Volume,
+    dev: &Arc<dyn BlockDevice>,
+    extents: impl Iterator<Item = u64>,
+) -> Result<u64, BenchError> {
     let mut buf = AlignedBuf::new(BLOCK as usize, alignment_of(&**dev))
         .map_err(|e| BenchError::setup("read buffer", e.to_string()))?;
     let started = Instant::now();
     let file = vol
         .open_file(FILE, direct_flags())
         .map_err(|e| BenchError::fs("iomapfs open", e))?;
-    for k in (0..extents).step_by(64) {
+    for k in extents {
         file.pread(&mut buf, k * 2 * BLOCK)
             .map_err(|e| BenchError::fs("iomapfs read", e))?;
     }
@@ -498,6 +500,7 @@ fn rss_bytes() -> u64 {
     pages * u64::try_from(page).unwrap_or(4096)
 }
 
+/// Fails unless [`FILE`] has exactly `extents` extents (none merged).
 fn check_extents(vol: &Volume, extents: u64) -> Result<(), BenchError> {
     let file = vol
         .open_file(FILE, direct_flags())

@@ -217,12 +217,16 @@ impl FreeSpace {
         }
     }
 
-    /// Whether `err` only says the reserve ran short while the scan runs:
-    /// the caller then waits for the scan and tries again, as for
-    /// [`Error::FreeSpacePending`] (the real free space is larger).
-    pub(crate) fn short_while_scanning(&self, err: &Error) -> bool {
-        matches!(self, FreeSpace::Scanning(_, Some(_)))
-            && matches!(err.root(), Error::NoSpace { .. })
+    /// Whether the caller that got `err` should drop the metadata lock,
+    /// wait for the scan and try again: [`Error::FreeSpacePending`], or
+    /// ENOSPC from the reserve while the scan runs (the real free space
+    /// is larger).
+    pub(crate) fn waits_for_scan(&self, err: &Error) -> bool {
+        match err.root() {
+            Error::FreeSpacePending => true,
+            Error::NoSpace { .. } => matches!(self, FreeSpace::Scanning(_, Some(_))),
+            _ => false,
+        }
     }
 
     /// The allocator, to allocate from.

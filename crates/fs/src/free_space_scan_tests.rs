@@ -33,11 +33,7 @@ const DIRECT: OpenFlags = OpenFlags {
 };
 
 fn quiet() -> MountOptions {
-    MountOptions {
-        background_checkpoints: false,
-        background_commits: false,
-        ..MountOptions::default()
-    }
+    MountOptions::foreground_only()
 }
 
 /// A scan held at [`ScanPoint::Start`] until `release`; `installing` is

@@ -30,9 +30,7 @@ impl VolumeInner {
     ) -> Result<(ShardedWriteGuard<'_, Meta>, T)> {
         let mut meta = self.meta.write();
         let mut attempt = allocate(&mut meta);
-        while matches!(&attempt, Err(e) if matches!(e.root(), Error::FreeSpacePending)
-            || meta.alloc.short_while_scanning(e))
-        {
+        while matches!(&attempt, Err(e) if meta.alloc.waits_for_scan(e)) {
             drop(meta);
             self.wait_free_space();
             meta = self.meta.write();
@@ -61,7 +59,7 @@ impl VolumeInner {
     pub(crate) fn retry_if_busy<T>(&self, mut change: impl FnMut() -> Result<T>) -> Result<T> {
         let mut attempt = change();
         // Short only of the reserve the scan's allocator replaces.
-        while matches!(&attempt, Err(e) if self.meta.read().alloc.short_while_scanning(e)) {
+        while matches!(&attempt, Err(e) if self.meta.read().alloc.waits_for_scan(e)) {
             self.wait_free_space();
             attempt = change();
         }

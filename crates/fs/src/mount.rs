@@ -244,10 +244,7 @@ impl VolumeInner {
         loop {
             let mut meta = self.meta.write();
             match change(&mut meta) {
-                Err(e)
-                    if matches!(e.root(), Error::FreeSpacePending)
-                        || meta.alloc.short_while_scanning(&e) =>
-                {
+                Err(e) if meta.alloc.waits_for_scan(&e) => {
                     drop(meta);
                     self.wait_free_space();
                 }

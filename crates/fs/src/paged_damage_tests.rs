@@ -19,11 +19,7 @@ use crate::{checkpoint, superblock, OpenFlags};
 const BLOCK: u64 = 4096;
 
 fn quiet() -> MountOptions {
-    MountOptions {
-        background_checkpoints: false,
-        background_commits: false,
-        ..MountOptions::default()
-    }
+    MountOptions::foreground_only()
 }
 
 fn read_block(vol: &Volume, k: u64) -> crate::Result<u8> {

@@ -75,6 +75,19 @@ pub struct MountOptions {
 /// [`MountOptions::metadata_cache_bytes`] by default.
 pub const DEFAULT_METADATA_CACHE_BYTES: u64 = 64 << 20;
 
+#[cfg(test)]
+impl MountOptions {
+    /// No background checkpoints or commits: crate tests that drive a
+    /// volume call both themselves.
+    pub(crate) fn foreground_only() -> MountOptions {
+        MountOptions {
+            background_checkpoints: false,
+            background_commits: false,
+            ..MountOptions::default()
+        }
+    }
+}
+
 impl Default for MountOptions {
     fn default() -> MountOptions {
         MountOptions {

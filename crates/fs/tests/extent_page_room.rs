@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use blockdev::memory::MemDevice;
-use common::dev::{dynd, fsck_clean};
+use common::dev::{checkpoint_through_a_base, dynd, fsck_clean};
 use iomapfs_fs::{FormatOptions, OpenFlags, Result, Volume};
 
 fn create() -> OpenFlags {
@@ -76,15 +76,7 @@ fn a_base_finds_its_pages_when_free_space_is_in_single_blocks() {
     }
     vol.checkpoint().unwrap();
     // The chain holds at most 16 deltas: one of these is a base.
-    for i in 0..20 {
-        let (from, to) = if i % 2 == 0 {
-            ("/tail", "/liat")
-        } else {
-            ("/liat", "/tail")
-        };
-        vol.rename(from, to).unwrap();
-        vol.checkpoint().unwrap();
-    }
+    checkpoint_through_a_base(&vol, "/tail", "/liat");
     vol.unmount().unwrap();
     fsck_clean(dynd(&dev), "after the bases");
     // The big file's map comes back from its pages whole.
@@ -150,15 +142,7 @@ fn fill_fragmented(direct: bool) {
         vol.unlink(&format!("/s{n}")).unwrap();
     }
     vol.checkpoint().unwrap();
-    for i in 0..20 {
-        let (from, to) = if i % 2 == 0 {
-            ("/big", "/bgi")
-        } else {
-            ("/bgi", "/big")
-        };
-        vol.rename(from, to).unwrap();
-        vol.checkpoint().unwrap();
-    }
+    checkpoint_through_a_base(&vol, "/big", "/bgi");
     vol.unmount().unwrap();
     fsck_clean(dynd(&dev), "after the bases");
     let vol = Volume::open(dynd(&dev)).unwrap();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use blockdev::memory::MemDevice;
 use blockdev::{BlockDevice, WriteMode};
-use common::dev::{dynd, fsck_clean};
+use common::dev::{checkpoint_through_a_base, dynd, fsck_clean};
 use iomapfs_fs::{checkpoint, superblock, FormatOptions, OpenFlags, Volume};
 
 const BLOCK: u64 = 4096;
@@ -54,17 +54,9 @@ fn volume() -> Arc<MemDevice> {
     dev
 }
 
-/// Checkpoints until one is a base: a chain holds at most 16 deltas.
+/// Checkpoints until one is a base.
 fn base(vol: &Volume) {
-    for i in 0..20 {
-        let (from, to) = if i % 2 == 0 {
-            ("/small", "/llams")
-        } else {
-            ("/llams", "/small")
-        };
-        vol.rename(from, to).unwrap();
-        vol.checkpoint().unwrap();
-    }
+    checkpoint_through_a_base(vol, "/small", "/llams");
 }
 
 fn read_big(vol: &Volume, k: u64) -> iomapfs_fs::Result<Vec<u8>> {
@@ -76,6 +68,14 @@ fn read_big(vol: &Volume, k: u64) -> iomapfs_fs::Result<Vec<u8>> {
 
 fn loads(vol: &Volume) -> iomapfs_fs::page_loader::PageLoads {
     vol.extent_page_loads().expect("a volume with extent pages")
+}
+
+/// /big's inode number (a mount and a clean unmount).
+fn ino_of_big(dev: &Arc<MemDevice>) -> u64 {
+    let vol = Volume::open(dynd(dev)).unwrap();
+    let ino = vol.open_file("/big", OpenFlags::default()).unwrap().ino();
+    vol.unmount().unwrap();
+    ino
 }
 
 /// The pages the newest base lists for /big, in key order.
@@ -199,12 +199,7 @@ fn mount_keeps_no_page_and_a_read_loads_one_chunk() {
 #[test]
 fn a_damaged_page_fails_only_its_chunk() {
     let dev = volume();
-    let ino = {
-        let vol = Volume::open(dynd(&dev)).unwrap();
-        let ino = vol.open_file("/big", OpenFlags::default()).unwrap().ino();
-        vol.unmount().unwrap();
-        ino
-    };
+    let ino = ino_of_big(&dev);
     let pages = pages_of_big(&dev, ino);
     assert!(pages.len() >= 4);
     let damaged = pages[2];
@@ -291,12 +286,7 @@ fn a_damaged_page_fails_only_its_chunk() {
 #[test]
 fn fsck_lists_every_damaged_page_and_checks_the_rest() {
     let dev = volume();
-    let ino = {
-        let vol = Volume::open(dynd(&dev)).unwrap();
-        let ino = vol.open_file("/big", OpenFlags::default()).unwrap().ino();
-        vol.unmount().unwrap();
-        ino
-    };
+    let ino = ino_of_big(&dev);
     let clean = fsck_clean(dynd(&dev), "before the damage");
     let pages = pages_of_big(&dev, ino);
     assert!(pages.len() >= 4);
