@@ -141,6 +141,15 @@ pub struct MetadataScaleResult {
     pub base_first_read_ns: u64,
     pub base_rss_after_mount_bytes: u64,
     pub base_mount_chunks_loaded: u64,
+    /// After that mount and first read: one 4 KiB direct read in every
+    /// chunk of the large file (every 64th extent), timed; then, once the
+    /// evictor is idle, the resident set, the bytes of clean extent chunks
+    /// in memory (`PageLoads::cached_bytes`, bounded by the mount's
+    /// `metadata_cache_bytes`, 64 MiB by default) and the chunks in memory.
+    pub all_chunks_read_ns: u64,
+    pub all_chunks_rss_bytes: u64,
+    pub all_chunks_cached_bytes: u64,
+    pub all_chunks_loaded: u64,
     /// From the start of the mount until free space is ready
     /// (`Volume::wait_free_space` returns): what mount cost before the
     /// scan moved to the background.
@@ -316,6 +325,13 @@ fn run_size(
     let base_mount_chunks_loaded = vol.extent_page_loads().map_or(0, |l| l.chunks_loaded);
     let base_first_read_ns = timed_first_read(&vol, &dev, extents)?;
     let base_rss_after_mount_bytes = rss_bytes();
+    say("reading every chunk");
+    let all_chunks_read_ns = timed_read_every_chunk(&vol, &dev, extents)?;
+    vol.wait_extent_eviction();
+    let all_chunks_rss_bytes = rss_bytes();
+    let (all_chunks_cached_bytes, all_chunks_loaded) = vol
+        .extent_page_loads()
+        .map_or((0, 0), |l| (l.cached_bytes, l.chunks_loaded));
     vol.unmount()
         .map_err(|e| BenchError::fs("iomapfs unmount", e))?;
 
@@ -342,6 +358,10 @@ fn run_size(
         base_first_read_ns,
         base_rss_after_mount_bytes,
         base_mount_chunks_loaded,
+        all_chunks_read_ns,
+        all_chunks_rss_bytes,
+        all_chunks_cached_bytes,
+        all_chunks_loaded,
         free_space_ready_ns,
         first_allocating_write_ns,
         first_commit_ns,
@@ -425,7 +445,6 @@ fn build_extents(
     check_extents(vol, extents)
 }
 
-/// Fails unless [`FILE`] has exactly `extents` extents (none merged).
 /// Opens the file and reads one 4 KiB block in the middle of it, direct:
 /// the time from the call to the data.
 fn timed_first_read(
@@ -433,14 +452,38 @@ fn timed_first_read(
     dev: &Arc<dyn BlockDevice>,
     extents: u64,
 ) -> Result<u64, BenchError> {
+    timed_reads(vol, dev, std::iter::once(extents / 2))
+}
+
+/// One 4 KiB direct read every 64th extent of the large file: at least
+/// one in each of its chunks (a chunk holds 128 to 512 extents unless
+/// alone).
+fn timed_read_every_chunk(
+    vol: &Volume,
+    dev: &Arc<dyn BlockDevice>,
+    extents: u64,
+) -> Result<u64, BenchError> {
+    timed_reads(vol, dev, (0..extents).step_by(64))
+}
+
+/// Opens [`FILE`] and reads the 4 KiB block of each extent `k` in
+/// `extents` (at `2 k` blocks), direct: the time from the open to the
+/// last read's data.
+fn timed_reads(
+    vol: &Volume,
+    dev: &Arc<dyn BlockDevice>,
+    extents: impl Iterator<Item = u64>,
+) -> Result<u64, BenchError> {
     let mut buf = AlignedBuf::new(BLOCK as usize, alignment_of(&**dev))
         .map_err(|e| BenchError::setup("read buffer", e.to_string()))?;
     let started = Instant::now();
     let file = vol
         .open_file(FILE, direct_flags())
         .map_err(|e| BenchError::fs("iomapfs open", e))?;
-    file.pread(&mut buf, extents / 2 * 2 * BLOCK)
-        .map_err(|e| BenchError::fs("iomapfs read", e))?;
+    for k in extents {
+        file.pread(&mut buf, k * 2 * BLOCK)
+            .map_err(|e| BenchError::fs("iomapfs read", e))?;
+    }
     Ok(started.elapsed().as_nanos() as u64)
 }
 
@@ -457,6 +500,7 @@ fn rss_bytes() -> u64 {
     pages * u64::try_from(page).unwrap_or(4096)
 }
 
+/// Fails unless [`FILE`] has exactly `extents` extents (none merged).
 fn check_extents(vol: &Volume, extents: u64) -> Result<(), BenchError> {
     let file = vol
         .open_file(FILE, direct_flags())

@@ -404,6 +404,19 @@ impl Allocator {
         self.free.largest() * self.area.block_size
     }
 
+    /// The `k` largest free ranges `(addr, len)`, largest first (the
+    /// lowest address among equals, also in choosing which of equals
+    /// make the `k`): what a clean unmount leaves the next mount to
+    /// allocate from while its scan runs.
+    pub fn largest_free(&self, k: usize) -> Vec<(u64, u64)> {
+        let bs = self.area.block_size;
+        self.free
+            .largest_runs(k)
+            .into_iter()
+            .map(|(s, n)| (self.area.addr(s), n * bs))
+            .collect()
+    }
+
     /// How many free ranges there are (busy ones not counted).
     pub fn free_extent_count(&self) -> usize {
         self.free.run_count() as usize
@@ -1038,8 +1051,14 @@ mod tests {
                 .iter()
                 .map(|&(i, n)| ((START + i) * BS, n * BS))
                 .collect();
-            prop_assert_eq!(a.free_extents(), bytes);
+            prop_assert_eq!(a.free_extents(), bytes.clone());
             prop_assert_eq!(a.free_extent_count(), runs.len());
+            let mut longest = bytes;
+            longest.sort_by_key(|&(addr, len)| (std::cmp::Reverse(len), addr));
+            for k in [1, 3] {
+                let want: Vec<(u64, u64)> = longest.iter().take(k).copied().collect();
+                prop_assert_eq!(a.largest_free(k), want, "largest_free({})", k);
+            }
             prop_assert_eq!(
                 a.largest_free_extent(),
                 runs.iter().map(|r| r.1).max().unwrap_or(0) * BS

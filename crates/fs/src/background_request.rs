@@ -78,11 +78,11 @@ impl BackgroundRequest {
         self.state.lock().asks
     }
 
-    /// Waits until no ask is pending or running (or the mount stopped).
-    #[cfg(test)]
+    /// Waits until no ask is pending or running (or the mount stopped, or
+    /// no thread answers).
     pub(crate) fn wait_idle(&self) {
         let mut state = self.state.lock();
-        while (state.asked || state.running) && !state.stop {
+        while (state.asked || state.running) && !state.stop && state.served {
             self.changed.wait(&mut state);
         }
     }

@@ -1,4 +1,5 @@
-//! Background threads of a mount: checkpoints and journal commits.
+//! Background threads of a mount: checkpoints, journal commits and the
+//! eviction of extent chunks.
 //!
 //! Only a checkpoint frees journal space. A commit that finds the journal
 //! full runs one itself, so an `fsync` or a DSYNC write would wait for a
@@ -14,6 +15,9 @@
 //! asks the commit thread instead of writing the journal itself; only a
 //! writer that gets ahead of it by another threshold commits in its own
 //! thread (see [`VolumeInner::commit_if_due`]).
+//!
+//! And extent chunks past the mount's budget are evicted by a third
+//! thread, asked by the page loader (see [`crate::extent_cache`]).
 //!
 //! Like the flusher, a thread holds the volume only while it works and
 //! stops, joined, when the last [`crate::Volume`] handle is dropped: after
@@ -47,6 +51,19 @@ impl BackgroundThread {
         let request = vol.commit_request.clone();
         BackgroundThread::start(vol, "iomapfs-commit", request, |vol| {
             vol.commit_if_still_due()
+        })
+    }
+
+    /// The evictor of extent chunks past the mount's budget, asked through
+    /// the page loader's request (see [`crate::extent_cache`]).
+    pub(crate) fn evictor(vol: &Arc<VolumeInner>) -> Result<BackgroundThread> {
+        let request = match &vol.page_loader {
+            Some(loader) => loader.evict_request.clone(),
+            None => Arc::default(),
+        };
+        BackgroundThread::start(vol, "iomapfs-evict", request, |vol| {
+            vol.evict_extent_chunks();
+            Ok(())
         })
     }
 

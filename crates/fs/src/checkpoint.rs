@@ -735,6 +735,9 @@ pub struct SlotContents {
     /// deltas applied chunk by chunk: their inodes in `checkpoint.image`
     /// have none ([`read_slot`] puts them there).
     pub paged: PagedMaps,
+    /// With [`PageReading::Survey`], the base's pages that did not verify
+    /// (their extents are not in `paged`).
+    pub damaged_pages: Vec<DamagedPage>,
 }
 
 /// Reads and verifies the checkpoint in `slot`.
@@ -933,28 +936,29 @@ fn read_slot_chunks(
     let bs = sb.block_size();
     let base = read_record(dev, sb, slot, 0, &base_magics(sb))?;
     let payload_at = region.start + CHECKPOINT_HEADER_LEN as u64;
-    let ((mut image, pages, mut paged), spill, base_bytes) = if base.magic == SPILLED_MAGIC {
-        let table = decode_spill_table(sb, &base.payload, payload_at)?;
-        let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
-        let at = table.extents.first().map_or(payload_at, |e| e.0);
-        let image = decode_base(dev, sb, &bytes, at, "spilled checkpoint image", reading)?;
-        let base_bytes = (CHECKPOINT_HEADER_LEN + bytes.len()) as u64;
-        (image, table.extents, base_bytes)
-    } else {
-        let image = decode_base(
-            dev,
-            sb,
-            &base.payload,
-            payload_at,
-            "checkpoint image",
-            reading,
-        )?;
-        (
-            image,
-            Vec::new(),
-            (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64,
-        )
-    };
+    let ((mut image, pages, mut paged, damaged_pages), spill, base_bytes) =
+        if base.magic == SPILLED_MAGIC {
+            let table = decode_spill_table(sb, &base.payload, payload_at)?;
+            let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
+            let at = table.extents.first().map_or(payload_at, |e| e.0);
+            let image = decode_base(dev, sb, &bytes, at, "spilled checkpoint image", reading)?;
+            let base_bytes = (CHECKPOINT_HEADER_LEN + bytes.len()) as u64;
+            (image, table.extents, base_bytes)
+        } else {
+            let image = decode_base(
+                dev,
+                sb,
+                &base.payload,
+                payload_at,
+                "checkpoint image",
+                reading,
+            )?;
+            (
+                image,
+                Vec::new(),
+                (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64,
+            )
+        };
     let record_bytes = (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64;
     let base_bytes = base_bytes + listed_page_bytes(sb, &pages);
     let mut chain = ChainEnd::of_base(
@@ -1016,6 +1020,7 @@ fn read_slot_chunks(
         spill,
         pages,
         paged,
+        damaged_pages,
     })
 }
 
@@ -1050,17 +1055,19 @@ fn decode_base(
     at: u64,
     what: &'static str,
     reading: PageReading,
-) -> Result<(MetaImage, PageTable, PagedMaps)> {
+) -> Result<(MetaImage, PageTable, PagedMaps, Vec<DamagedPage>)> {
     if sb.features_incompat & INCOMPAT_EXTENT_PAGES == 0 {
         let image = codec::decode_image_at(bytes, at, what)?;
-        return Ok((image, Vec::new(), PagedMaps::default()));
+        return Ok((image, Vec::new(), PagedMaps::default(), Vec::new()));
     }
     let codec::Root { image, pages } = codec::decode_root_at(bytes, at, what, page_area(sb))?;
+    let mut damaged = Vec::new();
     let paged = match reading {
         PageReading::Every => read_pages(dev, sb, &image, &pages)?,
         PageReading::OnDemand => absent_pages(&image, &pages)?,
+        PageReading::Survey => read_pages_surveying(dev, sb, &image, &pages, &mut damaged)?,
     };
-    Ok((image, pages, paged))
+    Ok((image, pages, paged, damaged))
 }
 
 /// Reads every page of `pages` (each file's in `image`, where it has no
@@ -1074,6 +1081,43 @@ pub fn read_pages(
     image: &MetaImage,
     pages: &PageTable,
 ) -> Result<PagedMaps> {
+    read_pages_then(dev, sb, image, pages, |_, _, _, e| Err(e))
+}
+
+/// [`read_pages`], going on past a page that does not verify: listed in
+/// `damaged`, its extents left out (fsck's survey). Device errors still
+/// end it.
+fn read_pages_surveying(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    image: &MetaImage,
+    pages: &PageTable,
+    damaged: &mut Vec<DamagedPage>,
+) -> Result<PagedMaps> {
+    read_pages_then(dev, sb, image, pages, |ino, page, end, e| match e {
+        Error::Corrupt { .. } => {
+            damaged.push(DamagedPage {
+                ino,
+                page: *page,
+                end,
+                reason: e.to_string(),
+            });
+            Ok(())
+        }
+        e => Err(e),
+    })
+}
+
+/// Reads `pages` as [`read_pages`] says; a page that fails goes to
+/// `failed` (the inode, the page, the next page's first key and the
+/// error), which ends the read with an error or leaves the page out.
+fn read_pages_then(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    image: &MetaImage,
+    pages: &PageTable,
+    mut failed: impl FnMut(Ino, &PageRef, Option<u64>, Error) -> Result<()>,
+) -> Result<PagedMaps> {
     let mut paged = PagedMaps::default();
     let invalid = |reason: String| Error::invalid("reading extent pages", reason);
     for (ino, list) in pages {
@@ -1081,17 +1125,27 @@ pub fn read_pages(
             return Err(invalid(format!("inode {ino} is not in the image")));
         }
         let mut chunks: Vec<crate::page_chunks::PageChunk> = Vec::with_capacity(list.len());
-        for page in list {
-            let got = read_page(dev, sb, *ino, page)?;
-            let before = chunks.last().and_then(|c| c.extents.last());
-            codec::check_extent(&got[0], before)
-                .map_err(|reason| codec::page_lost(*ino, page, page.addr, reason))?;
-            chunks.push(crate::page_chunks::PageChunk {
-                extents: got,
-                page: Some(*page),
+        for (index, page) in list.iter().enumerate() {
+            let read = read_page(dev, sb, *ino, page).and_then(|got| {
+                let before = chunks.last().and_then(|c| c.extents.last());
+                codec::check_extent(&got[0], before)
+                    .map_err(|reason| codec::page_lost(*ino, page, page.addr, reason))?;
+                Ok(got)
             });
+            match read {
+                Ok(got) => chunks.push(crate::page_chunks::PageChunk {
+                    extents: got,
+                    page: Some(*page),
+                }),
+                Err(e) => {
+                    let end = list.get(index + 1).map(|next| next.first_key);
+                    failed(*ino, page, end, e)?;
+                }
+            }
         }
-        paged.push_file(*ino, chunks).map_err(invalid)?;
+        if !chunks.is_empty() {
+            paged.push_file(*ino, chunks).map_err(invalid)?;
+        }
     }
     Ok(paged)
 }
@@ -1435,6 +1489,8 @@ pub struct NewestCheckpoint {
     /// its files kept in pages, which `checkpoint.image` does not hold
     /// ([`read_newest_checkpoint`] puts them there).
     pub paged: PagedMaps,
+    /// [`SlotContents::damaged_pages`] of the newest checkpoint.
+    pub damaged_pages: Vec<DamagedPage>,
 }
 
 /// Reads both slots and returns the valid checkpoint with the highest
@@ -1459,6 +1515,39 @@ pub enum PageReading {
     /// (the flush between them); a page that does not verify later is
     /// damage, found by whoever needs it (mount).
     OnDemand,
+    /// Every page read (fsck): one that does not verify is damage to
+    /// report, not a reason to give up the slot (mount, reading on
+    /// demand, would use it): listed in [`NewestCheckpoint::damaged_pages`]
+    /// and its extents left out, the rest checked.
+    Survey,
+}
+
+/// An extent page that did not verify ([`PageReading::Survey`]): the
+/// extents of `ino` from `page.first_key` up to `end` (the next page's
+/// first key; `None`: the file's last) are lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DamagedPage {
+    pub ino: Ino,
+    pub page: PageRef,
+    pub end: Option<u64>,
+    /// The failure, naming the device byte and why.
+    pub reason: String,
+}
+
+impl std::fmt::Display for DamagedPage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let end = self.end.map_or("its end".to_string(), |e| e.to_string());
+        write!(
+            f,
+            "inode {}: the extent page at device byte {} ({} extents mapping {} bytes, file offsets {}..{end}) does not verify; those extents are lost, and the device space they map is counted free here: {}",
+            self.ino,
+            self.page.addr,
+            self.page.count,
+            self.page.allocated,
+            self.page.first_key,
+            self.reason
+        )
+    }
 }
 
 /// [`read_checkpoints`], reading the newest base's pages as `reading` says.
@@ -1577,6 +1666,7 @@ pub fn read_checkpoints_reading(
         spills,
         pages,
         paged: contents.paged,
+        damaged_pages: contents.damaged_pages,
     })
 }
 

@@ -154,6 +154,11 @@ impl Meta {
         start: u64,
         end: u64,
     ) -> Result<DirectSplits> {
+        // What the lookups below and the allocation after read (an evicted
+        // chunk is read here, through the fallible entry point).
+        if let Some(inode) = self.state.inode(ino) {
+            inode.extents.load_for_change(start, end)?;
+        }
         let extents = self.splits_to_hold(ino, start, end);
         self.hold_extents(sb, ino, extents)?;
         self.held_splits_for(ino, start, end);

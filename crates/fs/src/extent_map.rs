@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use crate::codec::PageRef;
 use crate::types::{Extent, ExtentState, KeySpan};
-pub use chunks::{ChunkPage, LoadPurpose, PageLoader, PageSource};
+pub use chunks::{ChunkPage, Evicted, LoadPurpose, PageLoader, PageSource};
 use chunks::{Chunks, CHUNK_MAX};
 
 /// At most how many chunks `inserts` more extents can add to a map of
@@ -222,6 +222,28 @@ impl ExtentMap {
         self.map.loaded_chunks()
     }
 
+    /// One step of the evictor over chunks `from..` (at most `max`): see
+    /// `Chunks::evict`. Clean chunks not looked up since the last sweep
+    /// become absent, read again from their page (through `source` if
+    /// they name none) by the next entry point that needs them; `enough`
+    /// is asked with the bytes freed so far. The extents stay the same, so
+    /// nothing else of the map changes.
+    pub fn evict(
+        &mut self,
+        from: usize,
+        max: usize,
+        source: &Arc<PageSource>,
+        enough: impl FnMut(u64) -> bool,
+    ) -> (Option<usize>, Vec<Evicted>) {
+        self.map.evict(from, max, source, enough)
+    }
+
+    /// Makes a snapshot of this map drop a chunk the live map evicted
+    /// (see `Chunks::evict_shared`).
+    pub fn evict_shared(&mut self, evicted: &Evicted) -> bool {
+        self.map.evict_shared(evicted)
+    }
+
     /// Passes every extent to `f` in order without keeping an absent
     /// chunk's extents: each such page is read, passed and dropped.
     /// Stops (`Ok(false)`) when `f` returns `false`, and at a page that
@@ -303,6 +325,8 @@ impl ExtentMap {
     pub fn lookup(&self, pos: u64) -> Lookup {
         let at = self.map.last_at_or_before(pos);
         if let Some(p) = at {
+            // The evictor's clock bit: this chunk is in use.
+            self.map.touch(p);
             let e = self.map.get(p);
             if pos < e.file_end() {
                 return Lookup::Extent(*e);

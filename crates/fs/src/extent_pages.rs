@@ -6,9 +6,11 @@
 //! unchanged). See `docs/EXTENT_PAGES.md`.
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 
 use crate::codec::{self, PageRef, PageTable};
 use crate::error::{Error, Result};
+use crate::extent_map::{PageLoader, PageSource};
 use crate::state::MetaState;
 use crate::types::{FileKind, Ino};
 
@@ -29,7 +31,9 @@ pub struct PagePlan {
 
 /// Plans the pages of `state`'s extent maps: a page for each chunk of a
 /// file with more than [`codec::inline_extents_max`] extents (the others
-/// stay inline in the root) that names no page `listed` holds, placed at
+/// stay inline in the root; their absent chunks are read here, outside
+/// the metadata lock, and a file with one that cannot be read stays
+/// paged: `stays_paged`) that names no page `listed` holds, placed at
 /// the device byte `place` returns for its length (the caller allocates
 /// from free space; a failure ends the plan), and encoded with the
 /// volume's crc `seed`.
@@ -54,7 +58,7 @@ pub fn plan_pages(
     let mut inos: Vec<Ino> = state
         .inodes
         .iter()
-        .filter(|(_, i)| i.kind == FileKind::Regular && i.extents.len() > inline_max)
+        .filter(|(_, i)| i.kind == FileKind::Regular && stays_paged(&i.extents, inline_max))
         .map(|(&ino, _)| ino)
         .collect();
     inos.sort_unstable();
@@ -112,6 +116,17 @@ pub fn plan_pages(
     Ok(plan)
 }
 
+/// Whether a base pages `map`: past the inline bound; or below it (a
+/// change shrank a paged file) with a chunk that cannot be read now, a
+/// damaged page or a device error: the root could not hold its extents
+/// inline, and its page, listed again, keeps them (a reader accepts a
+/// paged file of any size). Such a file's changed chunks get pages the
+/// room for the next base did not count (it counts pages past the bound
+/// only): a page of at most the inline bound each, for damage only.
+fn stays_paged(map: &crate::extent_map::ExtentMap, inline_max: usize) -> bool {
+    map.len() > inline_max || (map.loaded_chunks() < map.chunk_count() && map.load_all().is_err())
+}
+
 /// Bytes of encoded pages [`plan_pages`] holds before handing them over.
 const PAGE_BATCH_BYTES: usize = 4 << 20;
 
@@ -159,21 +174,36 @@ impl PagePlan {
     /// Records the new pages in the chunks of `state` (the state the plan
     /// was made from) once the base listing them is durable: until they
     /// change, those chunks are not written again.
-    pub fn record_written(&self, state: &MetaState) -> Result<()> {
+    ///
+    /// With `loader` (the volume's), the chunks also learn where to read
+    /// their page again: they are then clean and may be evicted.
+    pub fn record_written(
+        &self,
+        state: &MetaState,
+        loader: Option<&Arc<dyn PageLoader>>,
+    ) -> Result<()> {
         let mut new = self.new.iter().peekable();
         while let Some(&&(file, _, _)) = new.peek() {
             let (ino, list) = &self.table[file];
             let inode = state.inodes.get(ino).ok_or_else(|| {
                 Error::invalid("recording extent pages", format!("inode {ino} is gone"))
             })?;
+            let source = loader.map(|loader| {
+                Arc::new(PageSource {
+                    ino: *ino,
+                    loader: loader.clone(),
+                })
+            });
             for (i, chunk) in inode.extents.chunk_pages().enumerate() {
                 if let Some(&(_, _, page)) = new.next_if(|&&(f, c, _)| f == file && c == i) {
-                    chunk.record_written(list[page]).map_err(|other| {
-                        Error::invalid(
-                            "recording extent pages",
-                            format!("inode {ino}'s chunk {i} already names page {other:?}"),
-                        )
-                    })?;
+                    chunk
+                        .record_written(list[page], source.as_ref())
+                        .map_err(|other| {
+                            Error::invalid(
+                                "recording extent pages",
+                                format!("inode {ino}'s chunk {i} already names page {other:?}"),
+                            )
+                        })?;
                 }
             }
             if new.peek().is_some_and(|&&(f, _, _)| f == file) {
@@ -365,7 +395,7 @@ mod tests {
         let plan1 = &planned_plan1.0;
         assert_eq!(plan1.written.len(), chunks, "nothing was written before");
         round_trip(&dev, &sb, &first, &planned_plan1);
-        plan1.record_written(&first).unwrap();
+        plan1.record_written(&first, None).unwrap();
         drop(first);
         assert!(
             live.inodes[&big]
@@ -398,7 +428,7 @@ mod tests {
         assert!(after_base(&plan1.table, &plan2.table, &plan1.table, BS)
             .freed
             .is_empty());
-        plan2.record_written(&second).unwrap();
+        plan2.record_written(&second, None).unwrap();
         assert!(
             plan_kept(&second, sb.crc_seed(), listed(&plan2.table), &mut place)
                 .unwrap()
@@ -433,7 +463,7 @@ mod tests {
             "only the big file has pages"
         );
         round_trip(&dev, &sb, &first, &planned_plan);
-        plan.record_written(&first).unwrap();
+        plan.record_written(&first, None).unwrap();
         drop(first);
 
         // Shrink the big file to the bound by truncating: inline, no page.
@@ -484,7 +514,7 @@ mod tests {
         );
         assert!(paged.table[0].1.iter().all(|p| !old_pages.contains(p)));
         round_trip(&dev, &sb, &grown, &planned_paged);
-        paged.record_written(&grown).unwrap();
+        paged.record_written(&grown, None).unwrap();
     }
 
     /// A base hands its pages to the writer in batches of about

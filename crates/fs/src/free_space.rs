@@ -12,7 +12,10 @@
 //!   change anything, and their caller drops the lock, waits on the
 //!   [`FreeSpaceGate`] and retries ([`crate::mount_state::VolumeInner`]'s
 //!   `wait_free_space`). The install takes the metadata lock, so a waiter
-//!   that kept it would deadlock; none does.
+//!   that kept it would deadlock; none does. After a clean unmount that
+//!   left a free-space hint, allocations and counts use its [`Reserve`]
+//!   instead, and only what that cannot satisfy waits (ENOSPC from it is
+//!   taken for "pending"); checkpoints, which allocate pages, still wait.
 //! - frees (punch, truncate, unlink, space replay freed, a checkpoint's
 //!   released busy space, spill extents and pages) are recorded in order
 //!   and applied to the scanned allocator at install. Nothing was
@@ -47,10 +50,99 @@ use crate::{Error, Result};
 /// scan runs.
 #[derive(Debug)]
 pub(crate) enum FreeSpace {
-    /// Frees since mount, in call order, for the allocator the scan builds.
-    Scanning(Vec<Deferred>),
+    /// Frees since mount, in call order, for the allocator the scan builds;
+    /// and the reserve, if the clean unmount left a hint ([`Reserve`]).
+    Scanning(Vec<Deferred>, Option<Reserve>),
     Ready(Allocator),
     Failed(ScanFailure),
+}
+
+/// What allocates while the scan runs after a clean unmount: an allocator
+/// whose only free space is the superblock's free-space hint, the largest
+/// free ranges when that session ended. The mark names the newest
+/// checkpoint, so no journal record came after it: those ranges are free
+/// in the state mount loaded. Frees made meanwhile are only recorded (as
+/// without a reserve), so it hands out nothing but hint space; its counts
+/// are a lower bound of the real ones, and a call it cannot satisfy waits
+/// for the scan ([`FreeSpace::short_while_scanning`]). At install, what
+/// it handed out is claimed in the scanned allocator before the recorded
+/// frees: a claim the scan finds used means the hint lied (damage the
+/// crc missed, or forgery), and fails the install like a scan that found
+/// an overlap.
+#[derive(Debug)]
+pub(crate) struct Reserve {
+    hint: Vec<(u64, u64)>,
+    alloc: Allocator,
+}
+
+impl Reserve {
+    /// The reserve of `hint` in `sb`'s data area, or `None` if the hint
+    /// is empty or not a set of disjoint, block-aligned ranges inside the
+    /// data area that no slot's spill extents or extent pages
+    /// (`metadata`) touch: then the mount waits for its scan as without
+    /// one.
+    pub(crate) fn of_hint(
+        sb: &Superblock,
+        hint: &[(u64, u64)],
+        metadata: &[(u64, u64)],
+    ) -> Option<Reserve> {
+        if hint.is_empty() {
+            return None;
+        }
+        let data = &sb.layout.data;
+        let bs = u64::from(sb.layout.block_size);
+        let mut sorted = hint.to_vec();
+        sorted.sort_unstable();
+        let mut used = Vec::with_capacity(sorted.len() + 1);
+        let mut cursor = data.start;
+        for &(addr, len) in &sorted {
+            let end = addr.checked_add(len)?;
+            if len == 0
+                || addr % bs != 0
+                || len % bs != 0
+                || addr < cursor
+                || end > data.start + data.len
+            {
+                return None;
+            }
+            if metadata.iter().any(|&(m, l)| m < end && addr < m + l) {
+                return None;
+            }
+            if addr > cursor {
+                used.push((cursor, addr - cursor));
+            }
+            cursor = end;
+        }
+        if cursor < data.start + data.len {
+            used.push((cursor, data.start + data.len - cursor));
+        }
+        let alloc = Allocator::with_used(data.start, data.len, sb.layout.block_size, &used).ok()?;
+        Some(Reserve {
+            hint: sorted,
+            alloc,
+        })
+    }
+
+    /// The hint ranges it handed out: the hint less what is still free in
+    /// it (frees are not applied to it, so nothing came back).
+    fn handed_out(&self) -> Vec<(u64, u64)> {
+        let free = self.alloc.free_extents();
+        let mut out = Vec::new();
+        for &(addr, len) in &self.hint {
+            let end = addr + len;
+            let mut cursor = addr;
+            for &(f, fl) in free.iter().filter(|&&(f, fl)| f < end && addr < f + fl) {
+                if f > cursor {
+                    out.push((cursor, f - cursor));
+                }
+                cursor = cursor.max(f + fl);
+            }
+            if cursor < end {
+                out.push((cursor, end - cursor));
+            }
+        }
+        out
+    }
 }
 
 /// A call on free space made while the scan runs.
@@ -109,8 +201,31 @@ impl FreeSpace {
     pub(crate) fn allocator(&self) -> Result<&Allocator> {
         match self {
             FreeSpace::Ready(a) => Ok(a),
-            FreeSpace::Scanning(_) => Err(Error::FreeSpacePending),
+            FreeSpace::Scanning(_, Some(reserve)) => Ok(&reserve.alloc),
+            FreeSpace::Scanning(_, None) => Err(Error::FreeSpacePending),
             FreeSpace::Failed(f) => Err(f.error()),
+        }
+    }
+
+    /// The scan's allocator once installed, never the reserve: for bounds
+    /// on what allocations made later (writeback of delayed ranges) may
+    /// take, which the reserve's few ranges do not bound.
+    pub(crate) fn installed(&self) -> Option<&Allocator> {
+        match self {
+            FreeSpace::Ready(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    /// Whether the caller that got `err` should drop the metadata lock,
+    /// wait for the scan and try again: [`Error::FreeSpacePending`], or
+    /// ENOSPC from the reserve while the scan runs (the real free space
+    /// is larger).
+    pub(crate) fn waits_for_scan(&self, err: &Error) -> bool {
+        match err.root() {
+            Error::FreeSpacePending => true,
+            Error::NoSpace { .. } => matches!(self, FreeSpace::Scanning(_, Some(_))),
+            _ => false,
         }
     }
 
@@ -118,7 +233,8 @@ impl FreeSpace {
     pub(crate) fn allocator_mut(&mut self) -> Result<&mut Allocator> {
         match self {
             FreeSpace::Ready(a) => Ok(a),
-            FreeSpace::Scanning(_) => Err(Error::FreeSpacePending),
+            FreeSpace::Scanning(_, Some(reserve)) => Ok(&mut reserve.alloc),
+            FreeSpace::Scanning(_, None) => Err(Error::FreeSpacePending),
             FreeSpace::Failed(f) => Err(f.error()),
         }
     }
@@ -144,7 +260,7 @@ impl FreeSpace {
     pub(crate) fn release_busy_at_most(&mut self, up_to_seq: u64, max_ranges: usize) -> bool {
         match self {
             FreeSpace::Ready(a) => a.release_busy_at_most(up_to_seq, max_ranges),
-            FreeSpace::Scanning(calls) => {
+            FreeSpace::Scanning(calls, _) => {
                 calls.push(Deferred::ReleaseBusy { up_to_seq });
                 false
             }
@@ -160,7 +276,7 @@ impl FreeSpace {
     fn call(&mut self, call: Deferred) -> Result<(), String> {
         match self {
             FreeSpace::Ready(a) => apply(a, call),
-            FreeSpace::Scanning(calls) => {
+            FreeSpace::Scanning(calls, _) => {
                 calls.push(call);
                 Ok(())
             }
@@ -175,11 +291,23 @@ impl FreeSpace {
     /// install like a failed scan. Returns the failure, if any. Does
     /// nothing unless scanning.
     pub(crate) fn install(&mut self, built: Result<Allocator>) -> Option<ScanFailure> {
-        let FreeSpace::Scanning(calls) = self else {
+        let FreeSpace::Scanning(calls, reserve) = self else {
             return None;
         };
         let calls = std::mem::take(calls);
+        let handed_out = reserve.take().map_or(Vec::new(), |r| r.handed_out());
         let installed = built.and_then(|mut alloc| {
+            for (addr, len) in handed_out {
+                alloc.mark_used(addr, len).map_err(|reason| {
+                    Error::corrupt(
+                        "free space",
+                        addr,
+                        format!(
+                            "the clean unmount's free-space hint handed out space the scan finds used: {reason}"
+                        ),
+                    )
+                })?;
+            }
             for call in calls {
                 apply(&mut alloc, call).map_err(|reason| {
                     let addr = match call {
@@ -384,7 +512,7 @@ mod tests {
         let mut direct = Allocator::new(0, 16 * BS, BS as u32);
         direct.mark_used(0, 8 * BS).unwrap();
         let scanned = direct.clone();
-        let mut free_space = FreeSpace::Scanning(Vec::new());
+        let mut free_space = FreeSpace::Scanning(Vec::new(), None);
         let calls = [
             Deferred::HoldBusy {
                 addr: 8 * BS,
@@ -427,7 +555,7 @@ mod tests {
     /// with a corruption error naming it, and allocations get that error.
     #[test]
     fn a_free_that_does_not_apply_fails_the_install() {
-        let mut free_space = FreeSpace::Scanning(Vec::new());
+        let mut free_space = FreeSpace::Scanning(Vec::new(), None);
         free_space.free(3 * BS, BS, 9).unwrap();
         let failure = free_space
             .install(Ok(Allocator::new(0, 16 * BS, BS as u32)))

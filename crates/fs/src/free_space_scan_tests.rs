@@ -33,11 +33,7 @@ const DIRECT: OpenFlags = OpenFlags {
 };
 
 fn quiet() -> MountOptions {
-    MountOptions {
-        background_checkpoints: false,
-        background_commits: false,
-        ..MountOptions::default()
-    }
+    MountOptions::foreground_only()
 }
 
 /// A scan held at [`ScanPoint::Start`] until `release`; `installing` is
@@ -207,14 +203,36 @@ fn the_background_scan_installs_what_a_synchronous_mount_builds() {
     }
 }
 
+/// Clears the free-space hint a clean unmount left, keeping its mark:
+/// mount then has no reserve to allocate from while its scan runs.
+fn drop_free_hint(dev: &Arc<MemDevice>) {
+    let mut sb = crate::superblock::read_superblock(&**dev).unwrap();
+    assert!(
+        sb.clean_mark.is_some() && !sb.free_hint.is_empty(),
+        "{sb:?}"
+    );
+    sb.free_hint.clear();
+    crate::superblock::write_superblock(&**dev, &sb).unwrap();
+}
+
+/// An allocating write of `file` run on another thread, so that a write
+/// that waits for a held scan fails the test instead of hanging it.
+fn allocate_apart(file: crate::File, off: u64) -> mpsc::Receiver<crate::Result<usize>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || drop(tx.send(file.pwrite(&[7u8; 4096], off))));
+    rx
+}
+
 /// Punch, truncate, unlink and a checkpoint while the scan is held: mount
 /// returned, reads and overwrites go on, an allocating write waits and
-/// succeeds once the scan is released, and every freed block ends up
-/// free (or busy) exactly once: the installed allocator is consistent and
-/// free ∪ busy is what the layout after the frees leaves.
+/// succeeds once the scan is released — or, with the free-space hint of
+/// the clean unmount before, succeeds at once from it — and every freed
+/// block ends up free (or busy) exactly once, every block the hint handed
+/// out used: the installed allocator is consistent and free ∪ busy is
+/// what the layout after the frees leaves.
 #[test]
 fn frees_during_the_scan_land_once_and_allocations_wait_for_it() {
-    for extent_pages in [false, true] {
+    for (extent_pages, hint) in [(false, false), (true, false), (false, true), (true, true)] {
         let dev = Arc::new(MemDevice::new(16 << 20, 512));
         let opts = FormatOptions {
             extent_pages,
@@ -229,10 +247,23 @@ fn frees_during_the_scan_land_once_and_allocations_wait_for_it() {
             }
         }
         vol.unmount().unwrap();
+        if !hint {
+            drop_free_hint(&dev);
+        }
 
         let held = Held::new();
         let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
         let a = vol.open_file("/a", DIRECT).unwrap();
+        if hint {
+            // From the reserve, the scan still held: before the frees, so
+            // that the install claims it before applying them.
+            let done = allocate_apart(vol.open_file("/a", DIRECT).unwrap(), 300 * 4096);
+            let wrote = done
+                .recv_timeout(std::time::Duration::from_secs(60))
+                .expect("an allocating write waited for the held scan");
+            assert_eq!(wrote.unwrap(), 4096);
+            assert!(!vol.inner.free_space_gate.is_done());
+        }
         // Reads and overwrites of allocated space do not wait.
         let mut buf = [0u8; 4096];
         a.pread(&mut buf, 2 * 4096).unwrap();
@@ -267,8 +298,10 @@ fn frees_during_the_scan_land_once_and_allocations_wait_for_it() {
             })
         };
         held.release();
+        // With the hint it may have taken reserve space before the scan.
+        let after_the_scan = writer.join().unwrap();
         assert!(
-            writer.join().unwrap(),
+            hint || after_the_scan,
             "the allocating write completed before the scan"
         );
         if extent_pages {
@@ -520,4 +553,89 @@ fn an_overlapping_extent_is_found_by_the_scan_and_refuses_allocations() {
     );
     let err = crate::fsck::check(dev.clone()).expect_err("fsck reports the overlap");
     assert!(err.to_string().contains("already used"), "{err}");
+}
+
+/// A hint that lies (it names a file's blocks; its crc verifies, as a
+/// forged one would): what the reserve handed out meanwhile is claimed
+/// at install, the scan finds it used, and free space fails as for an
+/// overlap: every later allocation gets that error, naming the range;
+/// reads go on. Hints that are not even plausible (misaligned, outside
+/// the data area, over a listed extent page, overlapping) give no
+/// reserve at all.
+#[test]
+fn a_hint_that_lies_fails_the_install() {
+    let dev = Arc::new(MemDevice::new(16 << 20, 512));
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+    let f = vol.open_file("/f", DIRECT).unwrap();
+    f.pwrite(&[5u8; 16 * 4096], 0).unwrap();
+    let data = f.fiemap().unwrap()[0];
+    drop(f);
+    // Past the inline bound: its extents go to pages.
+    let paged = vol.open_file("/paged", DIRECT).unwrap();
+    for k in 0..200u64 {
+        paged.pwrite(&[6u8; 4096], 2 * k * 4096).unwrap();
+    }
+    drop(paged);
+    vol.unmount().unwrap();
+
+    let mut sb = crate::superblock::read_superblock(&*dev).unwrap();
+    let newest = crate::checkpoint::read_checkpoints(&*dev, &sb).unwrap();
+    let pages = used_pages(&sb, &newest.pages);
+    let data_area = (sb.layout.data.start, sb.layout.data.len);
+    let implausible = [
+        vec![(data.addr + 512, 4096)],
+        vec![(data_area.0 + data_area.1 - 4096, 8192)],
+        vec![(data.addr, 8192), (data.addr + 4096, 4096)],
+    ];
+    for hint in implausible {
+        assert!(
+            crate::free_space::Reserve::of_hint(&sb, &hint, &pages).is_none(),
+            "{hint:?}"
+        );
+    }
+    let &(page, len) = pages.first().expect("/paged has pages");
+    assert!(crate::free_space::Reserve::of_hint(&sb, &[(page, len)], &pages).is_none());
+    assert!(crate::free_space::Reserve::of_hint(&sb, &[(data.addr, 4096)], &pages).is_some());
+
+    // The lie first, then what the unmount left: room enough for the
+    // next base's pages beside the writes (the reserve's counts stand in
+    // for free space's), and the lie, the smallest, is the best fit.
+    let left = std::mem::take(&mut sb.free_hint);
+    assert!(!left.is_empty(), "a clean unmount leaves a hint");
+    sb.free_hint = std::iter::once((data.addr, data.length))
+        .chain(left.into_iter().take(crate::superblock::FREE_HINT_MAX - 1))
+        .collect();
+    crate::superblock::write_superblock(&*dev, &sb).unwrap();
+    let held = Held::new();
+    let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
+    let done = allocate_apart(vol.open_file("/g", DIRECT).unwrap(), 0);
+    done.recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the reserve allocates while the scan is held")
+        .unwrap();
+    held.release();
+    let err = vol
+        .wait_free_space()
+        .expect_err("the claim meets /f's blocks");
+    assert!(
+        err.to_string()
+            .contains("free-space hint handed out space the scan finds used"),
+        "{err}"
+    );
+    let again = vol
+        .open_file("/h", DIRECT)
+        .and_then(|h| h.pwrite(&[1u8; 4096], 0));
+    assert!(
+        matches!(&again, Err(e) if e.to_string().contains("free-space hint")),
+        "{again:?}"
+    );
+    let mut buf = [0u8; 4096];
+    vol.open_file("/f", DIRECT)
+        .unwrap()
+        .pread(&mut buf, 4096)
+        .unwrap();
+    assert_eq!(
+        buf, [5u8; 4096],
+        "a block of /f the reserve did not hand out"
+    );
 }

@@ -21,7 +21,8 @@ impl VolumeInner {
     ///
     /// While mount's scan rebuilds free space, `allocate` gets
     /// [`Error::FreeSpacePending`] before it changes anything if it needs
-    /// the allocator (an overwrite does not): the lock is dropped, the
+    /// the allocator (an overwrite does not), or ENOSPC from the clean
+    /// unmount's reserve (`free_space::Reserve`): the lock is dropped, the
     /// scan waited for, and `allocate` run again.
     pub(crate) fn with_busy_retry<T>(
         &self,
@@ -29,7 +30,7 @@ impl VolumeInner {
     ) -> Result<(ShardedWriteGuard<'_, Meta>, T)> {
         let mut meta = self.meta.write();
         let mut attempt = allocate(&mut meta);
-        while matches!(&attempt, Err(e) if matches!(e.root(), Error::FreeSpacePending)) {
+        while matches!(&attempt, Err(e) if meta.alloc.waits_for_scan(e)) {
             drop(meta);
             self.wait_free_space();
             meta = self.meta.write();
@@ -56,7 +57,13 @@ impl VolumeInner {
     /// tries once more, as allocations do ([`VolumeInner::with_busy_retry`]):
     /// ENOSPC only when space is really short.
     pub(crate) fn retry_if_busy<T>(&self, mut change: impl FnMut() -> Result<T>) -> Result<T> {
-        match change() {
+        let mut attempt = change();
+        // Short only of the reserve the scan's allocator replaces.
+        while matches!(&attempt, Err(e) if self.meta.read().alloc.waits_for_scan(e)) {
+            self.wait_free_space();
+            attempt = change();
+        }
+        match attempt {
             Err(e)
                 if matches!(e.root(), Error::NoSpace { .. })
                     && self.meta.read().alloc.busy_bytes() > 0 =>

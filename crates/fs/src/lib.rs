@@ -11,6 +11,9 @@ pub mod checkpoint;
 pub mod codec;
 mod delalloc;
 pub mod error;
+mod extent_cache;
+#[cfg(test)]
+mod extent_cache_tests;
 pub mod extent_map;
 pub mod extent_pages;
 pub mod file;
@@ -28,6 +31,8 @@ mod mount_state;
 mod namespace;
 pub mod page_chunks;
 pub mod page_loader;
+#[cfg(test)]
+mod paged_damage_tests;
 #[cfg(test)]
 mod room_hold_tests;
 pub mod signature;

@@ -124,11 +124,21 @@ pub(crate) fn mount(
         replay_freed,
         damage: _,
         from_backup,
-        clean_mark_names_newest: _,
+        clean_mark_names_newest,
         spills,
         pages,
         page_loader,
     } = loaded;
+    // After a clean unmount (the mark names the newest checkpoint: no
+    // record after it), allocations start from the hint it left while
+    // the scan runs.
+    let reserve = if clean_mark_names_newest && from_backup.is_none() {
+        let mut metadata = used_pages(&sb, &pages);
+        metadata.extend(spills.iter().flatten().map(|s| (s.0, s.1)));
+        crate::free_space::Reserve::of_hint(&sb, &sb.free_hint, &metadata)
+    } else {
+        None
+    };
     // O(1) copies (maps are copy-on-write): the state the scan reads
     // while the volume changes its own.
     let scan_input = ScanInput {
@@ -137,7 +147,7 @@ pub(crate) fn mount(
         spills: spills.clone(),
         pages: pages.clone(),
     };
-    let mut alloc = FreeSpace::Scanning(Vec::new());
+    let mut alloc = FreeSpace::Scanning(Vec::new(), reserve);
     for (seq, addr, len) in replay_freed {
         alloc
             .hold_busy(addr, len, seq)
@@ -222,7 +232,8 @@ impl VolumeInner {
 
     /// Runs `change` under the metadata write lock. A change whose room
     /// check for the next base reads free space while the scan runs gets
-    /// [`Error::FreeSpacePending`] from it before changing anything: the
+    /// [`Error::FreeSpacePending`] from it before changing anything (or,
+    /// with the clean unmount's reserve, ENOSPC when that is short): the
     /// lock is dropped, the scan waited for, and `change` run again.
     /// Changes that need no free space (most, on a volume whose bases take
     /// no data-area space) never wait.
@@ -233,7 +244,7 @@ impl VolumeInner {
         loop {
             let mut meta = self.meta.write();
             match change(&mut meta) {
-                Err(e) if matches!(e.root(), Error::FreeSpacePending) => {
+                Err(e) if meta.alloc.waits_for_scan(&e) => {
                     drop(meta);
                     self.wait_free_space();
                 }
@@ -458,7 +469,7 @@ pub(crate) fn load_unscanned(
     // deltas reach); fsck reads and checks every one.
     let reading = match strictness {
         Strictness::Mount => checkpoint::PageReading::OnDemand,
-        Strictness::Fsck => checkpoint::PageReading::Every,
+        Strictness::Fsck => checkpoint::PageReading::Survey,
     };
     let newest = checkpoint::read_checkpoints_reading(device, &sb, reading)?;
     let page_loader = (reading == checkpoint::PageReading::OnDemand)
@@ -473,6 +484,7 @@ pub(crate) fn load_unscanned(
             lost.left_generation
         ));
     }
+    damage.extend(newest.damaged_pages.iter().map(ToString::to_string));
     let (slot, chain, ckpt, spills, pages) = (
         newest.slot,
         newest.chain,

@@ -221,6 +221,9 @@ pub struct VolumeInner {
     /// (see [`crate::free_space`]): what allocating calls wait on,
     /// without the metadata lock.
     pub(crate) free_space_gate: FreeSpaceGate,
+    /// Where the evictor of extent chunks goes on from: an inode and a
+    /// chunk index in its map (see [`crate::extent_cache`]).
+    pub(crate) evict_hand: Mutex<(Ino, usize)>,
 }
 
 impl VolumeInner {
@@ -254,6 +257,7 @@ impl VolumeInner {
             checkpoint_request: Arc::default(),
             commit_request: Arc::default(),
             free_space_gate: FreeSpaceGate::done(),
+            evict_hand: Mutex::new((0, 0)),
         }
     }
 
@@ -625,9 +629,10 @@ impl Meta {
             return 0;
         }
         let blocks = self.delalloc_reserved / u64::from(self.state.block_size);
-        // While mount's scan runs, the bound without the free ranges.
+        // While mount's scan runs, the bound without the free ranges (the
+        // reserve's are not those writeback will take from).
         self.alloc
-            .allocator()
+            .installed()
             .map_or(blocks, |a| blocks.min(a.free_extent_count() as u64))
     }
 }

@@ -17,6 +17,11 @@
 //! at the page with its error, and nothing is allocated this session, so
 //! the blocks the page maps never go to another file.
 //!
+//! Clean chunks (their extents in memory and on a page: loaded, or
+//! written by a base) are counted here against the mount's budget
+//! (`MountOptions::metadata_cache_bytes`); past it the evictor is asked
+//! (`crate::extent_cache`), which makes some absent again.
+//!
 //! A page is never freed while a chunk can still load it: a chunk names
 //! its page until it changes (and a changed chunk is loaded), and a base
 //! frees only pages neither slot's base lists, which no live chunk names
@@ -27,6 +32,7 @@ use std::sync::{Arc, Mutex};
 
 use blockdev::BlockDevice;
 
+use crate::background_request::BackgroundRequest;
 use crate::codec::PageRef;
 use crate::error::{Error, Result};
 use crate::extent_map::{LoadPurpose, PageLoader};
@@ -42,6 +48,12 @@ pub(crate) struct DevicePages {
     unplanned: AtomicU64,
     /// One line per damaged page found, in the order found.
     damaged: Mutex<Vec<(u64, String)>>,
+    /// Bytes of clean chunks in memory (see `PageLoader::cache_charge`).
+    cached: AtomicU64,
+    /// What `cached` may reach before the evictor is asked.
+    budget: AtomicU64,
+    /// The evictor's (see [`crate::extent_cache`]).
+    pub(crate) evict_request: Arc<BackgroundRequest>,
 }
 
 /// What [`DevicePages`] did since mount.
@@ -62,6 +74,11 @@ pub struct PageLoads {
     pub unplanned: u64,
     /// The damaged pages found: inode, keys, device byte and why.
     pub damaged: Vec<String>,
+    /// Bytes of clean extent chunks in memory (loaded from their page, or
+    /// written to one by a base), and the budget past which they are
+    /// evicted (`MountOptions::metadata_cache_bytes`).
+    pub cached_bytes: u64,
+    pub cache_budget: u64,
 }
 
 impl DevicePages {
@@ -73,6 +90,30 @@ impl DevicePages {
             scans: AtomicU64::new(0),
             unplanned: AtomicU64::new(0),
             damaged: Mutex::new(Vec::new()),
+            cached: AtomicU64::new(0),
+            budget: AtomicU64::new(u64::MAX),
+            evict_request: Arc::default(),
+        }
+    }
+
+    /// Sets the budget of clean chunk bytes (asks the evictor at once if
+    /// they are past it).
+    pub(crate) fn set_budget(&self, bytes: u64) {
+        self.budget.store(bytes, Ordering::Relaxed);
+        self.ask_if_over();
+    }
+
+    pub(crate) fn budget(&self) -> u64 {
+        self.budget.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn cached_bytes(&self) -> u64 {
+        self.cached.load(Ordering::Relaxed)
+    }
+
+    fn ask_if_over(&self) {
+        if self.cached_bytes() > self.budget() {
+            self.evict_request.ask();
         }
     }
 
@@ -83,6 +124,8 @@ impl DevicePages {
             chunks_loaded: 0,
             chunks: 0,
             unplanned: self.unplanned.load(Ordering::Relaxed),
+            cached_bytes: self.cached_bytes(),
+            cache_budget: self.budget(),
             damaged: self
                 .damaged
                 .lock()
@@ -131,5 +174,16 @@ impl PageLoader for DevicePages {
 
     fn note_unplanned(&self) {
         self.unplanned.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn cache_charge(&self, bytes: u64) {
+        self.cached.fetch_add(bytes, Ordering::Relaxed);
+        // Loads run under the shared metadata lock, which eviction cannot
+        // take: it runs in its own thread.
+        self.ask_if_over();
+    }
+
+    fn cache_refund(&self, bytes: u64) {
+        self.cached.fetch_sub(bytes, Ordering::Relaxed);
     }
 }

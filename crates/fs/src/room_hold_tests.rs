@@ -12,11 +12,7 @@ use crate::volume::{FormatOptions, MountOptions, Volume};
 use crate::OpenFlags;
 
 fn quiet() -> MountOptions {
-    MountOptions {
-        background_checkpoints: false,
-        background_commits: false,
-        ..MountOptions::default()
-    }
+    MountOptions::foreground_only()
 }
 
 /// A direct write inside fallocated space holds the splits its completion

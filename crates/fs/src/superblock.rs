@@ -56,12 +56,22 @@ pub const INCOMPAT_SPILLED_CHECKPOINTS: u64 = 1 << 1;
 /// (`FormatOptions::extent_pages`) while the work is in progress.
 pub const INCOMPAT_EXTENT_PAGES: u64 = 1 << 2;
 
+/// Compat feature: a clean-unmount mark may carry a *free-space hint*
+/// ([`Superblock::free_hint`]): the largest free ranges of the data area
+/// when the session ended, so that the next mount can allocate from them
+/// at once while its background scan rebuilds the rest (see
+/// `free_space`). Trusted only with a mark that names the newest
+/// checkpoint; code that does not know it ignores it (and its mark, when
+/// it writes one, carries none).
+pub const COMPAT_FREE_SPACE_HINT: u64 = 1 << 2;
+
 /// Feature bits this code understands: an unknown incompat bit refuses the
 /// mount, an unknown ro_compat bit refuses writes, an unknown compat bit is
 /// ignored. Later changes that keep the version (incremental metadata,
 /// longer inode attributes, new record kinds) each take a bit: see
 /// "Compatibility" in `docs/FORMAT.md`.
-pub const FEATURES_COMPAT_SUPPORTED: u64 = COMPAT_BACKUP_SUPERBLOCK | COMPAT_SUPERSEDE_MARKS;
+pub const FEATURES_COMPAT_SUPPORTED: u64 =
+    COMPAT_BACKUP_SUPERBLOCK | COMPAT_SUPERSEDE_MARKS | COMPAT_FREE_SPACE_HINT;
 pub const FEATURES_INCOMPAT_SUPPORTED: u64 =
     INCOMPAT_DELTA_CHECKPOINTS | INCOMPAT_SPILLED_CHECKPOINTS | INCOMPAT_EXTENT_PAGES;
 pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = RO_COMPAT_CLEAN_UNMOUNT;
@@ -125,6 +135,13 @@ pub const OFF_CLEAN_MARK_CRC: usize = OFF_CLEAN_MARK + 8 + 8 + 8 + 4;
 /// Bytes of a superblock with a clean-unmount mark: within the first
 /// 512-byte logical block, so a rewrite is never torn.
 pub const MARKED_SUPERBLOCK_ENCODED_LEN: usize = OFF_CLEAN_MARK_CRC + 4;
+/// With [`COMPAT_FREE_SPACE_HINT`] and a mark: the hint's range count
+/// (u32), the ranges (device byte u64, length u64) and a crc32c of the
+/// superblock through them (u32), still inside the first 512 bytes.
+pub const OFF_FREE_HINT: usize = MARKED_SUPERBLOCK_ENCODED_LEN;
+/// Most ranges a free-space hint holds.
+pub const FREE_HINT_MAX: usize = 16;
+const _: () = assert!(OFF_FREE_HINT + 4 + FREE_HINT_MAX * 16 + 4 <= 512);
 const _: () = assert!(MARKED_SUPERBLOCK_ENCODED_LEN <= MIN_BLOCK_SIZE as usize);
 
 const UUID_LEN: usize = 16;
@@ -426,6 +443,11 @@ pub struct Superblock {
     /// Format time, nanoseconds since the Unix epoch.
     pub created_ns: u64,
     pub clean_mark: Option<CleanMark>,
+    /// With [`COMPAT_FREE_SPACE_HINT`] and `clean_mark`: free ranges
+    /// `(device byte, length)` of the data area at the clean unmount, at
+    /// most [`FREE_HINT_MAX`], largest first (empty when none, or when
+    /// its crc does not verify: a hint is an optimisation, never needed).
+    pub free_hint: Vec<(u64, u64)>,
 }
 
 impl Superblock {
@@ -441,20 +463,22 @@ impl Superblock {
         Superblock {
             version: FORMAT_VERSION,
             uuid: new_uuid(),
-            features_compat: COMPAT_SUPERSEDE_MARKS | backup,
+            features_compat: COMPAT_SUPERSEDE_MARKS | COMPAT_FREE_SPACE_HINT | backup,
             features_incompat: INCOMPAT_DELTA_CHECKPOINTS | INCOMPAT_SPILLED_CHECKPOINTS,
             features_ro_compat: 0,
             layout,
             created_ns: now_ns(),
             clean_mark: None,
+            free_hint: Vec::new(),
         }
     }
 
-    /// The same superblock without a clean-unmount mark: what the backup
-    /// holds, and what clearing the mark writes.
+    /// The same superblock without a clean-unmount mark (nor its hint):
+    /// what the backup holds, and what clearing the mark writes.
     pub fn without_clean_mark(&self) -> Superblock {
         Superblock {
             clean_mark: None,
+            free_hint: Vec::new(),
             ..self.clone()
         }
     }
@@ -500,6 +524,16 @@ impl Superblock {
             debug_assert_eq!(enc.len(), OFF_CLEAN_MARK_CRC);
             let crc = crc32c::crc32c(enc.as_bytes());
             enc.u32(crc);
+            if self.features_compat & COMPAT_FREE_SPACE_HINT != 0 && !self.free_hint.is_empty() {
+                let hint = &self.free_hint[..self.free_hint.len().min(FREE_HINT_MAX)];
+                enc.u32(hint.len() as u32);
+                for &(addr, len) in hint {
+                    enc.u64(addr);
+                    enc.u64(len);
+                }
+                let crc = crc32c::crc32c(enc.as_bytes());
+                enc.u32(crc);
+            }
         }
         let mut out = enc.into_bytes();
         let block = (self.layout.block_size as usize).max(SUPERBLOCK_ENCODED_LEN);
@@ -597,6 +631,11 @@ impl Superblock {
         } else {
             None
         };
+        let free_hint = if marked && features_compat & COMPAT_FREE_SPACE_HINT != 0 {
+            decode_free_hint(whole)
+        } else {
+            Vec::new()
+        };
         Ok(Superblock {
             version,
             uuid,
@@ -606,6 +645,7 @@ impl Superblock {
             layout,
             created_ns,
             clean_mark,
+            free_hint,
         })
     }
 
@@ -622,6 +662,41 @@ impl Superblock {
         }
         Ok(())
     }
+}
+
+/// The free-space hint after a verified mark at the start of `buf`: empty
+/// when there is none, it is cut short, or its crc does not verify (the
+/// next mount then waits for its scan, as without a hint). Its ranges are
+/// checked against the layout where they are used (`free_space`).
+fn decode_free_hint(buf: &[u8]) -> Vec<(u64, u64)> {
+    let Some(count) = buf
+        .get(OFF_FREE_HINT..OFF_FREE_HINT + 4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
+    else {
+        return Vec::new();
+    };
+    if count == 0 || count > FREE_HINT_MAX {
+        return Vec::new();
+    }
+    let end = OFF_FREE_HINT + 4 + count * 16;
+    let Some(stored) = buf
+        .get(end..end + 4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+    else {
+        return Vec::new();
+    };
+    if crc32c::crc32c(&buf[..end]) != stored {
+        return Vec::new();
+    }
+    buf[OFF_FREE_HINT + 4..end]
+        .chunks_exact(16)
+        .map(|r| {
+            (
+                u64::from_le_bytes(r[..8].try_into().expect("8 bytes")),
+                u64::from_le_bytes(r[8..].try_into().expect("8 bytes")),
+            )
+        })
+        .collect()
 }
 
 /// The clean-unmount mark after a verified superblock at the start of
@@ -1084,6 +1159,56 @@ mod tests {
     /// The clean-unmount mark: after the crc, under ro_compat bit 0, with
     /// a crc of its own over the whole superblock; within one 512-byte
     /// logical block; never in the backup.
+    /// The free-space hint follows the mark under a crc of its own: it
+    /// round-trips, any damage to it leaves the mark and drops the hint
+    /// (it is never needed), at most FREE_HINT_MAX ranges are kept, and
+    /// without the compat bit none is written or read.
+    #[test]
+    fn free_space_hint_round_trip_and_damage() {
+        let mark = CleanMark {
+            generation: 7,
+            journal_start: 8192,
+            journal_seq: 1234,
+            journal_chain: 9,
+        };
+        let hinted = Superblock {
+            features_compat: sample().features_compat | COMPAT_FREE_SPACE_HINT,
+            clean_mark: Some(mark),
+            free_hint: vec![(1 << 20, 1 << 16), (4 << 20, 4096)],
+            ..sample()
+        };
+        let bytes = hinted.encode();
+        assert_eq!(Superblock::decode(&bytes).unwrap(), hinted);
+        let end = OFF_FREE_HINT + 4 + 2 * 16 + 4;
+        assert!(end <= 512 && bytes[end..].iter().all(|&b| b == 0));
+        for i in OFF_FREE_HINT..end {
+            let mut b = bytes.clone();
+            b[i] ^= 0x10;
+            let got = Superblock::decode(&b).unwrap();
+            assert_eq!(got.clean_mark, Some(mark), "byte {i}");
+            assert!(got.free_hint.is_empty(), "byte {i}");
+        }
+        let many = Superblock {
+            free_hint: (0..40u64).map(|i| (i << 20, 4096)).collect(),
+            ..hinted.clone()
+        };
+        assert_eq!(
+            Superblock::decode(&many.encode()).unwrap().free_hint,
+            many.free_hint[..FREE_HINT_MAX]
+        );
+        let old = Superblock {
+            features_compat: hinted.features_compat & !COMPAT_FREE_SPACE_HINT,
+            ..hinted.clone()
+        };
+        let bytes = old.encode();
+        assert!(bytes[OFF_FREE_HINT..].iter().all(|&b| b == 0));
+        let mut with_bit = bytes.clone();
+        // A hint left by a writer that knew the bit, read by one told it
+        // is not there: ignored.
+        with_bit[OFF_FREE_HINT..end].copy_from_slice(&hinted.encode()[OFF_FREE_HINT..end]);
+        assert!(Superblock::decode(&with_bit).unwrap().free_hint.is_empty());
+    }
+
     #[test]
     fn clean_unmount_mark_round_trip_and_damage() {
         let plain = sample();

@@ -62,6 +62,30 @@ pub struct MountOptions {
     /// production.
     #[doc(hidden)]
     pub free_space_scan_hook: Option<crate::ScanHook>,
+    /// Memory for extent chunks that are also on an extent page (read
+    /// from one on demand, or written to one by a base): past it, a
+    /// background thread makes the chunks least recently looked up absent
+    /// again, read from their pages when next needed. Chunks changed since
+    /// the last base are not on a page and not bounded by it; a checkpoint
+    /// writes a base when they pass a quarter of it. Default 64 MiB (about
+    /// 2 M extents). See `docs/EXTENT_PAGES.md`.
+    pub metadata_cache_bytes: u64,
+}
+
+/// [`MountOptions::metadata_cache_bytes`] by default.
+pub const DEFAULT_METADATA_CACHE_BYTES: u64 = 64 << 20;
+
+#[cfg(test)]
+impl MountOptions {
+    /// No background checkpoints or commits: crate tests that drive a
+    /// volume call both themselves.
+    pub(crate) fn foreground_only() -> MountOptions {
+        MountOptions {
+            background_checkpoints: false,
+            background_commits: false,
+            ..MountOptions::default()
+        }
+    }
 }
 
 impl Default for MountOptions {
@@ -71,6 +95,7 @@ impl Default for MountOptions {
             background_checkpoints: true,
             background_commits: true,
             free_space_scan_hook: None,
+            metadata_cache_bytes: DEFAULT_METADATA_CACHE_BYTES,
         }
     }
 }
@@ -85,6 +110,7 @@ pub struct Volume {
     _flusher: Arc<Flusher>,
     _checkpointer: Option<Arc<BackgroundThread>>,
     _committer: Option<Arc<BackgroundThread>>,
+    _evictor: Option<Arc<BackgroundThread>>,
     _free_space_scan: Arc<FreeSpaceScan>,
 }
 
@@ -119,11 +145,22 @@ impl Volume {
         } else {
             None
         };
+        // Only bases with extent pages make chunks clean.
+        let paged = inner.sb.features_incompat & crate::superblock::INCOMPAT_EXTENT_PAGES != 0;
+        let evictor = match &inner.page_loader {
+            Some(loader) if paged => {
+                let thread = BackgroundThread::evictor(&inner)?;
+                loader.set_budget(opts.metadata_cache_bytes);
+                Some(Arc::new(thread))
+            }
+            _ => None,
+        };
         Ok(Volume {
             inner,
             _flusher: flusher,
             _checkpointer: checkpointer,
             _committer: committer,
+            _evictor: evictor,
             _free_space_scan: free_space_scan,
         })
     }
@@ -175,6 +212,18 @@ impl Volume {
             stats.chunks += inode.extents.chunk_count() as u64;
         }
         Some(stats)
+    }
+
+    /// Waits until the evictor of extent chunks (a background thread,
+    /// asked when the chunks in memory pass
+    /// [`MountOptions::metadata_cache_bytes`]) has nothing asked or
+    /// running: for benches and tests that look at
+    /// [`Volume::extent_page_loads`] after reading.
+    #[doc(hidden)]
+    pub fn wait_extent_eviction(&self) {
+        if let Some(loader) = &self.inner.page_loader {
+            loader.evict_request.wait_idle();
+        }
     }
 
     /// The volume's page cache (its size, use and dirty bytes).

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 
 use blockdev::memory::MemDevice;
-use common::dev::{dynd, fsck_clean};
+use common::dev::{checkpoint_through_a_base, dynd, fsck_clean};
 use iomapfs_fs::{FormatOptions, OpenFlags, Result, Volume};
 
 fn create() -> OpenFlags {
@@ -76,15 +76,7 @@ fn a_base_finds_its_pages_when_free_space_is_in_single_blocks() {
     }
     vol.checkpoint().unwrap();
     // The chain holds at most 16 deltas: one of these is a base.
-    for i in 0..20 {
-        let (from, to) = if i % 2 == 0 {
-            ("/tail", "/liat")
-        } else {
-            ("/liat", "/tail")
-        };
-        vol.rename(from, to).unwrap();
-        vol.checkpoint().unwrap();
-    }
+    checkpoint_through_a_base(&vol, "/tail", "/liat");
     vol.unmount().unwrap();
     fsck_clean(dynd(&dev), "after the bases");
     // The big file's map comes back from its pages whole.
@@ -150,15 +142,7 @@ fn fill_fragmented(direct: bool) {
         vol.unlink(&format!("/s{n}")).unwrap();
     }
     vol.checkpoint().unwrap();
-    for i in 0..20 {
-        let (from, to) = if i % 2 == 0 {
-            ("/big", "/bgi")
-        } else {
-            ("/bgi", "/big")
-        };
-        vol.rename(from, to).unwrap();
-        vol.checkpoint().unwrap();
-    }
+    checkpoint_through_a_base(&vol, "/big", "/bgi");
     vol.unmount().unwrap();
     fsck_clean(dynd(&dev), "after the bases");
     let vol = Volume::open(dynd(&dev)).unwrap();
@@ -180,14 +164,14 @@ fn buffered_writes_into_single_blocks_leave_the_room() {
 }
 
 /// How a database or fio lays a file out: fallocate, then write it once
-/// front to back with direct 4 KiB writes, no fsync between. Each write
-/// ends inside the unwritten extent (a split held at its start) and its
-/// completion merges it into the written run before: the map stays at
-/// two extents, so the room held for those splits must go back as each
-/// write completes, not pile up, a page each, until the file is idle.
-/// The file takes half the device: every write fits.
-#[test]
-fn direct_writes_through_a_fallocated_file_never_meet_enospc() {
+/// front to back with 4 KiB writes, no fsync between. Each write ends
+/// inside the unwritten extent (a split held at its start) and its
+/// conversion merges it into the written run before: the map stays at
+/// two extents. A direct write's split holds go back at its completion;
+/// a buffered one's stay until the file is idle, so they must be counted
+/// in the chunks they can fill, not a page each. The file takes half the
+/// device: every write fits.
+fn lay_out_through_fallocated_space(direct: bool) {
     let dev = Arc::new(MemDevice::new(64 << 20, 512));
     let opts = FormatOptions {
         extent_pages: true,
@@ -198,13 +182,7 @@ fn direct_writes_through_a_fallocated_file_never_meet_enospc() {
     vol.wait_free_space().unwrap();
     let size = 32u64 << 20;
     let file = vol
-        .open_file(
-            "/laid-out",
-            OpenFlags {
-                direct: true,
-                ..create()
-            },
-        )
+        .open_file("/laid-out", OpenFlags { direct, ..create() })
         .unwrap();
     file.fallocate(0, size, false).unwrap();
     let block = [7u8; 4096];
@@ -219,25 +197,11 @@ fn direct_writes_through_a_fallocated_file_never_meet_enospc() {
 }
 
 #[test]
+fn direct_writes_through_a_fallocated_file_never_meet_enospc() {
+    lay_out_through_fallocated_space(true);
+}
+
+#[test]
 fn buffered_writes_through_a_fallocated_file_never_meet_enospc() {
-    let dev = Arc::new(MemDevice::new(64 << 20, 512));
-    let opts = FormatOptions {
-        extent_pages: true,
-        ..FormatOptions::default()
-    };
-    Volume::format(dynd(&dev), &opts).unwrap();
-    let vol = Volume::open(dynd(&dev)).unwrap();
-    vol.wait_free_space().unwrap();
-    let size = 32u64 << 20;
-    let file = vol.open_file("/laid-out", create()).unwrap();
-    file.fallocate(0, size, false).unwrap();
-    let block = [7u8; 4096];
-    for off in (0..size).step_by(4096) {
-        file.pwrite(&block, off)
-            .unwrap_or_else(|e| panic!("write at {off} of {size}: {e}"));
-    }
-    file.fsync().unwrap();
-    drop(file);
-    vol.unmount().unwrap();
-    fsck_clean(dynd(&dev), "after the layout");
+    lay_out_through_fallocated_space(false);
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use blockdev::memory::MemDevice;
 use blockdev::{BlockDevice, WriteMode};
-use common::dev::{dynd, fsck_clean};
+use common::dev::{checkpoint_through_a_base, dynd, fsck_clean};
 use iomapfs_fs::{checkpoint, superblock, FormatOptions, OpenFlags, Volume};
 
 const BLOCK: u64 = 4096;
@@ -54,17 +54,9 @@ fn volume() -> Arc<MemDevice> {
     dev
 }
 
-/// Checkpoints until one is a base: a chain holds at most 16 deltas.
+/// Checkpoints until one is a base.
 fn base(vol: &Volume) {
-    for i in 0..20 {
-        let (from, to) = if i % 2 == 0 {
-            ("/small", "/llams")
-        } else {
-            ("/llams", "/small")
-        };
-        vol.rename(from, to).unwrap();
-        vol.checkpoint().unwrap();
-    }
+    checkpoint_through_a_base(vol, "/small", "/llams");
 }
 
 fn read_big(vol: &Volume, k: u64) -> iomapfs_fs::Result<Vec<u8>> {
@@ -78,6 +70,14 @@ fn loads(vol: &Volume) -> iomapfs_fs::page_loader::PageLoads {
     vol.extent_page_loads().expect("a volume with extent pages")
 }
 
+/// /big's inode number (a mount and a clean unmount).
+fn ino_of_big(dev: &Arc<MemDevice>) -> u64 {
+    let vol = Volume::open(dynd(dev)).unwrap();
+    let ino = vol.open_file("/big", OpenFlags::default()).unwrap().ino();
+    vol.unmount().unwrap();
+    ino
+}
+
 /// The pages the newest base lists for /big, in key order.
 fn pages_of_big(dev: &Arc<MemDevice>, ino: u64) -> Vec<iomapfs_fs::codec::PageRef> {
     let sb = superblock::read_superblock(&**dev).unwrap();
@@ -87,6 +87,17 @@ fn pages_of_big(dev: &Arc<MemDevice>, ino: u64) -> Vec<iomapfs_fs::codec::PageRe
         .find(|(i, _)| *i == ino)
         .map(|(_, list)| list.clone())
         .expect("/big is paged")
+}
+
+/// Flips a bit inside each page's extents: its crc no longer matches.
+fn damage(dev: &Arc<MemDevice>, pages: &[iomapfs_fs::codec::PageRef]) {
+    for page in pages {
+        let mut bytes = vec![0u8; BLOCK as usize];
+        dev.read_at(&mut bytes, page.addr).unwrap();
+        bytes[100] ^= 0x40;
+        dev.write_at(&bytes, page.addr, WriteMode::Normal).unwrap();
+    }
+    dev.flush().unwrap();
 }
 
 #[test]
@@ -188,21 +199,11 @@ fn mount_keeps_no_page_and_a_read_loads_one_chunk() {
 #[test]
 fn a_damaged_page_fails_only_its_chunk() {
     let dev = volume();
-    let ino = {
-        let vol = Volume::open(dynd(&dev)).unwrap();
-        let ino = vol.open_file("/big", OpenFlags::default()).unwrap().ino();
-        vol.unmount().unwrap();
-        ino
-    };
+    let ino = ino_of_big(&dev);
     let pages = pages_of_big(&dev, ino);
     assert!(pages.len() >= 4);
     let damaged = pages[2];
-    let mut bytes = vec![0u8; BLOCK as usize];
-    dev.read_at(&mut bytes, damaged.addr).unwrap();
-    bytes[100] ^= 0x40; // inside the extents: the crc no longer matches
-    dev.write_at(&bytes, damaged.addr, WriteMode::Normal)
-        .unwrap();
-    dev.flush().unwrap();
+    damage(&dev, &[damaged]);
 
     let vol = Volume::open(dynd(&dev)).unwrap();
     // Free space cannot be known without the page's extents: the scan
@@ -276,4 +277,51 @@ fn a_damaged_page_fails_only_its_chunk() {
         text.contains(&format!("inode {ino}")) && text.contains(&damaged.first_key.to_string()),
         "fsck: {text}"
     );
+}
+
+/// fsck reads every page: each that does not verify is a problem line
+/// naming the inode, the file offsets lost and the device byte, and the
+/// check goes on with the same checkpoint mount uses (not the older
+/// slot), the rest of the file and the other files checked.
+#[test]
+fn fsck_lists_every_damaged_page_and_checks_the_rest() {
+    let dev = volume();
+    let ino = ino_of_big(&dev);
+    let clean = fsck_clean(dynd(&dev), "before the damage");
+    let pages = pages_of_big(&dev, ino);
+    assert!(pages.len() >= 4);
+    let last = pages.len() - 1;
+    damage(&dev, &[pages[1], pages[last]]);
+    let report = iomapfs_fs::fsck::check(dynd(&dev)).expect("a report, not a refusal");
+    assert_eq!(
+        report.checkpoint_generation, clean.checkpoint_generation,
+        "the checkpoint mount uses"
+    );
+    let damaged: Vec<&String> = report
+        .problems
+        .iter()
+        .filter(|p| p.contains("does not verify"))
+        .collect();
+    assert_eq!(damaged.len(), 2, "{:?}", report.problems);
+    let second = format!(
+        "file offsets {}..{}",
+        pages[1].first_key, pages[2].first_key
+    );
+    let final_ = format!("file offsets {}..its end", pages[last].first_key);
+    for (line, range, page) in [
+        (damaged[0], &second, &pages[1]),
+        (damaged[1], &final_, &pages[last]),
+    ] {
+        assert!(
+            line.contains(&format!("inode {ino}"))
+                && line.contains(range)
+                && line.contains(&format!("device byte {}", page.addr))
+                && line.contains("crc"),
+            "{line}"
+        );
+    }
+    // The rest checked: the pages the others list are in the used bytes,
+    // the lost ones' data space is not.
+    let lost: u64 = pages[1].allocated + pages[last].allocated;
+    assert_eq!(report.used_bytes, clean.used_bytes - lost, "{report:?}");
 }

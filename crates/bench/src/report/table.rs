@@ -255,18 +255,30 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     }
     let _ = writeln!(
         out,
-        "{:<20} {:>10} {:>10} {:>9} {:>13}",
-        "  mount after a base", "mount", "1st read", "RSS mnt", "chunks mnt"
+        "{:<20} {:>10} {:>10} {:>9} {:>13} {:>10} {:>9} {:>9} {:>13}",
+        "  mount after a base",
+        "mount",
+        "1st read",
+        "RSS mnt",
+        "chunks mnt",
+        "read all",
+        "RSS all",
+        "cached",
+        "chunks all"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>10} {:>10} {:>5} MiB {:>13}",
+            "{:<20} {:>10} {:>10} {:>5} MiB {:>13} {:>10} {:>5} MiB {:>5} MiB {:>13}",
             format!("  {}", r.extents),
             ms(r.base_mount_ns),
             us(r.base_first_read_ns),
             r.base_rss_after_mount_bytes >> 20,
             format!("{}/{}", r.base_mount_chunks_loaded, r.mount_chunks),
+            ms(r.all_chunks_read_ns),
+            r.all_chunks_rss_bytes >> 20,
+            r.all_chunks_cached_bytes >> 20,
+            format!("{}/{}", r.all_chunks_loaded, r.mount_chunks),
         );
     }
     let _ = writeln!(
@@ -276,7 +288,7 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
          checkpoint running, ckpt = while checkpoints run back to back ({} during the window of the last \
          row); ckpt 1% = the median of {} checkpoints, each after 1% of the extents changed; max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
          the quiet max shows what preemption alone costs); late q/c = the most a thread that only sleeps 1 ms at a time \
-         woke late in each window (what scheduling, the bench's own threads included, costs a thread that holds no lock); mount = until the mount returns (free space is rebuilt in the background since); free ready = from the mount's start until free space is ready; 1st alloc = the first allocating 4 KiB write right after the mount returns (it waits for free space); commit 1/2 = the first and second commit after the mount (a file created each; the first clears the clean-unmount mark); 1st read = the first 4 KiB direct read after the mount, open included (with extent pages it reads the page mount left on disk: mount + 1st read is what a mount that loads every map did at once); RSS mnt = resident set right after it; chunks mnt = extent chunks in memory after the mount / all (extent pages read on demand: the chunks the delta chain reaches); mount after a base = the same after checkpoints until one was a base, whose chain then reaches no chunk of the file; max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
+         woke late in each window (what scheduling, the bench's own threads included, costs a thread that holds no lock); mount = until the mount returns (free space is rebuilt in the background since); free ready = from the mount's start until free space is ready; 1st alloc = the first allocating 4 KiB write right after the mount returns (it waits for free space); commit 1/2 = the first and second commit after the mount (a file created each; the first clears the clean-unmount mark); 1st read = the first 4 KiB direct read after the mount, open included (with extent pages it reads the page mount left on disk: mount + 1st read is what a mount that loads every map did at once); RSS mnt = resident set right after it; chunks mnt = extent chunks in memory after the mount / all (extent pages read on demand: the chunks the delta chain reaches); mount after a base = the same after checkpoints until one was a base, whose chain then reaches no chunk of the file; read all = then one 4 KiB direct read in every chunk of the file; RSS all, cached and chunks all = once the evictor is idle after it: resident set, clean extent chunks in memory (bounded by the mount's metadata_cache_bytes, 64 MiB by default) and chunks in memory / all; max RSS is the process's high-water mark so far; build = {:.1} s for the last row)",
         rows.last().map_or(0, |r| r.checkpoints_during_reads),
         crate::metadata_scale::ONE_PERCENT_ROUNDS,
         rows.last().map_or(0.0, |r| r.build_ns as f64 / 1e9),

@@ -20,7 +20,8 @@
 //! (this module asserts nothing about ownership, it only flips bits that
 //! its callers found in the other state).
 
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
 
 /// Blocks per group: a bitmap of 4 KiB, and at most a few thousand groups
 /// per terabyte (4 KiB blocks) for the index and the tree.
@@ -221,6 +222,76 @@ impl FreeBitmap {
             b = e;
             Some((s, e - s))
         })
+    }
+
+    /// The `k` longest free runs `(first block, blocks)`, longest first,
+    /// the lowest first block among equals. Visits each group's summary
+    /// once and the bits only of a group whose longest run could make the
+    /// list, so a device fragmented block by block costs one step per
+    /// group once `k` runs are known, not one per run.
+    pub fn largest_runs(&self, k: usize) -> Vec<(u64, u64)> {
+        // A min-heap of the kept runs, the worst on top: shortest, then
+        // the highest start (runs come in address order, so a later run
+        // of equal length never displaces one kept).
+        let mut kept: BinaryHeap<Reverse<(u64, Reverse<u64>)>> = BinaryHeap::new();
+        let offer = |kept: &mut BinaryHeap<_>, start: u64, len: u64| {
+            let run = Reverse((len, Reverse(start)));
+            if kept.len() < k {
+                kept.push(run);
+            } else if kept.peek().is_some_and(|worst| run < *worst) {
+                kept.pop();
+                kept.push(run);
+            }
+        };
+        let shortest_kept = |kept: &BinaryHeap<Reverse<(u64, Reverse<u64>)>>| {
+            if kept.len() < k {
+                0
+            } else {
+                kept.peek().map_or(u64::MAX, |Reverse((len, _))| *len)
+            }
+        };
+        if k == 0 {
+            return Vec::new();
+        }
+        // The start of a free run reaching the current group's first block.
+        let mut open: Option<u64> = None;
+        for (g, group) in self.groups.iter().enumerate() {
+            let (base, len, sum) = (self.base(g), self.group_len(g), group.sum);
+            if sum.free == len {
+                open = open.or(Some(base));
+                continue;
+            }
+            let start = open.take().unwrap_or(base);
+            let end = base + u64::from(sum.prefix);
+            if end > start {
+                offer(&mut kept, start, end - start);
+            }
+            if let Some(bits) = &group.bits {
+                let mut i = sum.prefix;
+                let inner_end = len - sum.suffix;
+                while u64::from(sum.largest) > shortest_kept(&kept) {
+                    // At most `sum.largest`, so within u32.
+                    let want = (shortest_kept(&kept) + 1) as u32;
+                    let Some((s, e)) = next_run_at_least(bits, i, inner_end, want) else {
+                        break;
+                    };
+                    offer(&mut kept, base + u64::from(s), u64::from(e - s));
+                    i = e;
+                }
+            }
+            if sum.suffix > 0 {
+                open = Some(base + u64::from(len - sum.suffix));
+            }
+        }
+        if let Some(start) = open {
+            offer(&mut kept, start, self.blocks - start);
+        }
+        let mut runs: Vec<(u64, u64)> = kept
+            .into_iter()
+            .map(|Reverse((len, Reverse(start)))| (start, len))
+            .collect();
+        runs.sort_by_key(|&(start, len)| (Reverse(len), start));
+        runs
     }
 
     /// Marks `[lo, hi)`, all free, used.

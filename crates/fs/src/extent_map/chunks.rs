@@ -16,6 +16,7 @@
 //! look positions up again after each change.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::search::first_key_at_or_after;
@@ -45,11 +46,11 @@ impl Chunk {
     fn new(extents: Vec<Extent>) -> Self {
         Chunk {
             first: extents[0].file_off,
-            extents: Arc::new(ChunkExtents {
-                extents: OnceLock::from(extents),
-                page: OnceLock::new(),
-                source: None,
-            }),
+            extents: Arc::new(ChunkExtents::with(
+                OnceLock::from(extents),
+                OnceLock::new(),
+                OnceLock::new(),
+            )),
         }
     }
 
@@ -59,11 +60,11 @@ impl Chunk {
     fn absent(page: PageRef, source: Arc<PageSource>, limit: u64) -> Self {
         Chunk {
             first: page.first_key,
-            extents: Arc::new(ChunkExtents {
-                extents: OnceLock::new(),
-                page: OnceLock::from(page),
-                source: Some(AbsentSource { source, limit }),
-            }),
+            extents: Arc::new(ChunkExtents::with(
+                OnceLock::new(),
+                OnceLock::from(page),
+                OnceLock::from(AbsentSource { source, limit }),
+            )),
         }
     }
 
@@ -92,6 +93,15 @@ pub trait PageLoader: Send + Sync {
     /// have loaded it first did not. Counted by the loader so tests can
     /// assert none happens on the paths they drive.
     fn note_unplanned(&self) {}
+
+    /// A chunk now keeps `bytes` of extents in memory that its page holds
+    /// too (loaded from it, or written to it by a base): what eviction
+    /// can give back. Counted by the loader against the volume's budget.
+    fn cache_charge(&self, _bytes: u64) {}
+
+    /// Such a chunk dropped its extents, or changed (and no longer
+    /// matches its page): the bytes [`PageLoader::cache_charge`] added.
+    fn cache_refund(&self, _bytes: u64) {}
 }
 
 /// Why a page is read.
@@ -142,23 +152,104 @@ struct AbsentSource {
 /// reaches first; `Deref` and `DerefMut` load what a path forgot (counted,
 /// [`PageLoader::note_unplanned`]), and panic rather than answer with
 /// extents a chunk does not hold if that load fails.
+///
+/// A chunk whose extents are in memory and that names its page and a
+/// source (loaded from the page, or recorded as written by a base) is
+/// *clean*: its bytes are charged to the loader's count
+/// ([`PageLoader::cache_charge`]) until it drops or changes, and the
+/// evictor may replace it with an absent chunk sharing the page
+/// ([`Chunks::evict`]). A lookup sets `referenced`, the evictor's clock
+/// bit.
 // `repr(C)`, extents first: a lookup reads the vector's pointer and
-// length right after the `Arc`'s counts, in the allocation's first cache
-// line.
-#[derive(Clone, Debug)]
+// length right after the `Arc`'s counts, and the clock bit after them,
+// in the allocation's first cache line.
+#[derive(Debug)]
 #[repr(C)]
 struct ChunkExtents {
     /// Unset while the chunk is absent.
     extents: OnceLock<Vec<Extent>>,
+    /// Set by a lookup, cleared by the evictor's sweep: a chunk found set
+    /// is passed over once (the clock's second chance).
+    referenced: AtomicBool,
     /// Set through a shared reference: the checkpoint writer records the
     /// page in its snapshot's chunk, which the live map shares while the
     /// chunk is unchanged.
     page: OnceLock<PageRef>,
-    /// Set for a chunk made absent (see [`Chunk::absent`]).
-    source: Option<AbsentSource>,
+    /// Where the page is read from: set for a chunk made absent (see
+    /// [`Chunk::absent`]), and by a base that wrote the chunk's page.
+    source: OnceLock<AbsentSource>,
+    /// Bytes charged to the source's loader (0: none): set once the chunk
+    /// is clean with its extents in memory, given back when it drops or
+    /// changes.
+    charged: AtomicU64,
+}
+
+impl Clone for ChunkExtents {
+    /// A copy (`Arc::make_mut` before a change): the same extents and
+    /// page, charged on its own.
+    fn clone(&self) -> Self {
+        let copy = ChunkExtents::with(self.extents.clone(), self.page.clone(), self.source.clone());
+        copy.charge();
+        copy
+    }
+}
+
+impl Drop for ChunkExtents {
+    fn drop(&mut self) {
+        self.refund();
+    }
 }
 
 impl ChunkExtents {
+    fn with(
+        extents: OnceLock<Vec<Extent>>,
+        page: OnceLock<PageRef>,
+        source: OnceLock<AbsentSource>,
+    ) -> Self {
+        ChunkExtents {
+            extents,
+            referenced: AtomicBool::new(false),
+            page,
+            source,
+            charged: AtomicU64::new(0),
+        }
+    }
+
+    /// Sets the clock bit. Read first and written only if clear, so a
+    /// hot chunk's line is not written on every lookup.
+    #[inline]
+    fn touch(&self) {
+        if !self.referenced.load(Ordering::Relaxed) {
+            self.referenced.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Charges a clean chunk's bytes to its loader, once.
+    fn charge(&self) {
+        let (Some(v), Some(_), Some(absent)) =
+            (self.extents.get(), self.page.get(), self.source.get())
+        else {
+            return;
+        };
+        let bytes = (v.capacity() * std::mem::size_of::<Extent>()
+            + std::mem::size_of::<ChunkExtents>()) as u64;
+        // Two readers loading the same chunk: one charges.
+        if self
+            .charged
+            .compare_exchange(0, bytes, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            absent.source.loader.cache_charge(bytes);
+        }
+    }
+
+    fn refund(&mut self) {
+        let bytes = std::mem::take(self.charged.get_mut());
+        if let (true, Some(absent)) = (bytes > 0, self.source.get()) {
+            absent.source.loader.cache_refund(bytes);
+        }
+    }
+
     fn count(&self) -> usize {
         match (self.extents.get(), self.page.get()) {
             (Some(v), _) => v.len(),
@@ -177,7 +268,7 @@ impl ChunkExtents {
         if let Some(v) = self.extents.get() {
             return Ok(v);
         }
-        let (Some(page), Some(absent)) = (self.page.get(), &self.source) else {
+        let (Some(page), Some(absent)) = (self.page.get(), self.source.get()) else {
             return Err(crate::Error::invalid(
                 "loading an extent chunk",
                 "an absent chunk has no page or no source (a bug)",
@@ -218,12 +309,16 @@ impl ChunkExtents {
             ));
         }
         // Another reader may have loaded it meanwhile: the same extents.
-        Ok(self.extents.get_or_init(|| got))
+        let v = self.extents.get_or_init(|| got);
+        if purpose == LoadPurpose::Keep {
+            self.charge();
+        }
+        Ok(v)
     }
 
     #[cold]
     fn load_unplanned(&self) -> &Vec<Extent> {
-        if let Some(a) = &self.source {
+        if let Some(a) = self.source.get() {
             a.source.loader.note_unplanned();
         }
         match self.load() {
@@ -254,8 +349,11 @@ impl DerefMut for ChunkExtents {
         if self.extents.get().is_none() {
             self.load_unplanned();
         }
+        // Changed: no longer what its page holds, so not the loader's to
+        // count (a chunk without a page is never evicted).
+        self.refund();
         self.page.take();
-        self.source = None;
+        self.source.take();
         self.extents.get_mut().expect("loaded above")
     }
 }
@@ -289,15 +387,55 @@ impl ChunkPage<'_> {
     }
 
     /// Records that `page` now holds the chunk's extents (written from
-    /// [`ChunkPage::extents`] and durable). The live map sees it for as
-    /// long as it shares the chunk. Fails if the chunk already names
-    /// another page.
-    pub fn record_written(&self, page: PageRef) -> Result<(), PageRef> {
+    /// [`ChunkPage::extents`] and durable), and `source` (when given) as
+    /// where to read it again: the chunk is then clean, charged to the
+    /// source's loader and evictable. The live map sees it for as long as
+    /// it shares the chunk. Fails if the chunk already names another
+    /// page.
+    pub fn record_written(
+        &self,
+        page: PageRef,
+        source: Option<&Arc<PageSource>>,
+    ) -> Result<(), PageRef> {
         match self.chunk.page.set(page) {
-            Ok(()) => Ok(()),
-            Err(_) if self.page() == Some(page) => Ok(()),
-            Err(_) => Err(self.page().unwrap_or(page)),
+            Ok(()) => {}
+            Err(_) if self.page() == Some(page) => {}
+            Err(_) => return Err(self.page().unwrap_or(page)),
         }
+        if let (Some(source), Some(last)) =
+            (source, self.chunk.extents.get().and_then(|v| v.last()))
+        {
+            // The page holds exactly these extents: none ends past the last.
+            let _ = self.chunk.source.set(AbsentSource {
+                source: source.clone(),
+                limit: last.file_end(),
+            });
+            self.chunk.charge();
+        }
+        Ok(())
+    }
+}
+
+/// A chunk the evictor replaced: its first key, the loaded chunk (freed
+/// when the last map sharing it lets go) and the absent one now in its
+/// place.
+pub struct Evicted {
+    first: u64,
+    old: Arc<ChunkExtents>,
+    new: Arc<ChunkExtents>,
+    charged: u64,
+}
+
+impl Evicted {
+    /// Bytes the chunk was charged (given back once nothing holds it).
+    pub fn charged(&self) -> u64 {
+        self.charged
+    }
+}
+
+impl std::fmt::Debug for Evicted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Evicted {{ first: {} }}", self.first)
     }
 }
 
@@ -392,6 +530,82 @@ impl Chunks {
         self.chunks.iter().filter(|c| c.is_loaded()).count()
     }
 
+    /// Sets the clock bit of the chunk holding `pos` (see
+    /// [`Chunks::evict`]).
+    #[inline]
+    pub(super) fn touch(&self, pos: Pos) {
+        self.chunks[pos.chunk].extents.touch();
+    }
+
+    /// One step of the evictor's clock over chunks `from..` (at most
+    /// `max` of them): a clean chunk (extents in memory, page named)
+    /// whose clock bit is set has it cleared and is passed over; one whose
+    /// bit is clear is replaced with an absent chunk sharing its page, read
+    /// again from its own source or else `source` when next needed. Stops
+    /// early once `enough` says so, asked after each eviction with the
+    /// bytes charged so far. A changed chunk (no page) is never evicted:
+    /// only memory holds its extents. Returns where to go on from (`None`
+    /// past the last chunk) and the chunks replaced with what they were
+    /// charged, in the order replaced.
+    pub(super) fn evict(
+        &mut self,
+        from: usize,
+        max: usize,
+        source: &Arc<PageSource>,
+        mut enough: impl FnMut(u64) -> bool,
+    ) -> (Option<usize>, Vec<Evicted>) {
+        let mut evicted = Vec::new();
+        let mut freed = 0;
+        let end = from.saturating_add(max).min(self.chunks.len());
+        let mut at = from;
+        while at < end {
+            let i = at;
+            at += 1;
+            let c = &self.chunks[i];
+            let Some(page) = c.extents.page.get().copied().filter(|_| c.is_loaded()) else {
+                continue;
+            };
+            if c.extents.referenced.load(Ordering::Relaxed) {
+                c.extents.referenced.store(false, Ordering::Relaxed);
+                continue;
+            }
+            let src = c
+                .extents
+                .source
+                .get()
+                .map_or_else(|| source.clone(), |a| a.source.clone());
+            let limit = self.chunks.get(i + 1).map_or(u64::MAX, |n| n.first);
+            let bytes = c.extents.charged.load(Ordering::Relaxed);
+            let absent = Chunk::absent(page, src, limit);
+            let old = std::mem::replace(&mut Arc::make_mut(&mut self.chunks)[i], absent);
+            evicted.push(Evicted {
+                first: old.first,
+                old: old.extents,
+                new: self.chunks[i].extents.clone(),
+                charged: bytes,
+            });
+            freed += bytes;
+            if enough(freed) {
+                break;
+            }
+        }
+        ((at < self.chunks.len()).then_some(at), evicted)
+    }
+
+    /// Replaces the chunk `evicted.old` with `evicted.new` if this map
+    /// holds it (a snapshot sharing the chunk the live map evicted), so
+    /// that its extents are freed now. Returns whether it did.
+    pub(super) fn evict_shared(&mut self, evicted: &Evicted) -> bool {
+        let Some(i) = self.owner(evicted.first) else {
+            return false;
+        };
+        if !Arc::ptr_eq(&self.chunks[i].extents, &evicted.old) {
+            return false;
+        }
+        Arc::make_mut(&mut self.chunks)[i].extents = evicted.new.clone();
+        true
+    }
+
     /// Passes every extent to `f` in order, reading the page of each
     /// absent chunk into a buffer that is dropped after: the chunk stays
     /// absent, so a pass over every extent keeps none of them. Stops
@@ -402,11 +616,11 @@ impl Chunks {
             let more = match c.extents.extents.get() {
                 Some(v) => v.iter().all(&mut f),
                 None => {
-                    let probe = ChunkExtents {
-                        extents: OnceLock::new(),
-                        page: c.extents.page.clone(),
-                        source: c.extents.source.clone(),
-                    };
+                    let probe = ChunkExtents::with(
+                        OnceLock::new(),
+                        c.extents.page.clone(),
+                        c.extents.source.clone(),
+                    );
                     probe.load_for(LoadPurpose::Scan)?.iter().all(&mut f)
                 }
             };
@@ -901,11 +1115,64 @@ mod tests {
         let mut written = 0;
         for chunk in snapshot.pages() {
             if chunk.page().is_none() {
-                chunk.record_written(page_of(chunk.extents())).unwrap();
+                chunk
+                    .record_written(page_of(chunk.extents()), None)
+                    .unwrap();
                 written += 1;
             }
         }
         written
+    }
+
+    /// The evictor's clock: a chunk looked up since the last sweep is
+    /// passed over once (its bit cleared), a changed chunk (no page) never
+    /// goes, the others become absent and read back the same from their
+    /// pages; a snapshot sharing an evicted chunk drops it too.
+    #[test]
+    fn the_clock_passes_over_a_touched_chunk_once_and_keeps_changed_ones() {
+        use testing::PageStore;
+        let store = Arc::new(PageStore::default());
+        let mut live = Chunks::default();
+        for k in 0..(6 * CHUNK_MAX as u64) {
+            live.push(ext(2 * k));
+        }
+        live.write_and_unload(&store);
+        let source = Arc::new(PageSource {
+            ino: 1,
+            loader: store.clone(),
+        });
+        live.load_chunks(0..=usize::MAX).unwrap();
+        let want: Vec<Extent> = live.iter().copied().collect();
+        // Chunk 1 looked up, chunk 3 changed (it names no page now).
+        live.touch(live.last_at_or_before(2 * CHUNK_MAX as u64).unwrap());
+        let at = live.find(2 * 3 * CHUNK_MAX as u64 + 2).unwrap();
+        live.get_mut(at).state = ExtentState::Written;
+        let snapshot = live.clone();
+        let loaded = |c: &Chunks| c.chunks.iter().map(Chunk::is_loaded).collect::<Vec<_>>();
+        let (next, evicted) = live.evict(0, usize::MAX, &source, |_| false);
+        assert_eq!(next, None);
+        assert_eq!(loaded(&live), [false, true, false, true, false, false]);
+        let mut snap = snapshot.clone();
+        drop(snapshot);
+        for e in &evicted {
+            assert!(snap.evict_shared(e), "{e:?}");
+        }
+        assert_eq!(loaded(&snap), loaded(&live));
+        // The next sweep takes the chunk looked up before.
+        let (_, again) = live.evict(0, usize::MAX, &source, |_| false);
+        assert_eq!(again.len(), 1);
+        assert_eq!(loaded(&live), [false, false, false, true, false, false]);
+        let loads = store.loads.load(std::sync::atomic::Ordering::Relaxed);
+        live.load_chunks(0..=usize::MAX).unwrap();
+        assert_eq!(
+            store.loads.load(std::sync::atomic::Ordering::Relaxed) - loads,
+            5,
+            "read again from their pages"
+        );
+        let mut got: Vec<Extent> = live.iter().copied().collect();
+        got[CHUNK_MAX * 3 + 1].state = ExtentState::Unwritten;
+        assert_eq!(got, want);
+        live.check().unwrap();
     }
 
     #[test]
@@ -951,7 +1218,7 @@ mod tests {
             ..first.page().unwrap()
         };
         assert!(
-            first.record_written(other).is_err(),
+            first.record_written(other, None).is_err(),
             "a chunk names one page"
         );
     }

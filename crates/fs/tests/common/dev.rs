@@ -54,6 +54,17 @@ pub fn format(dev: Arc<dyn BlockDevice>) {
     Volume::format(dev, &FormatOptions::default()).expect("format");
 }
 
+/// Checkpoints until one is a base (a chain holds at most 16 deltas),
+/// each after renaming `a` to `b` or back, so that each has a change.
+/// Leaves the file under its first name.
+pub fn checkpoint_through_a_base(vol: &Volume, a: &str, b: &str) {
+    for i in 0..20 {
+        let (from, to) = if i % 2 == 0 { (a, b) } else { (b, a) };
+        vol.rename(from, to).unwrap();
+        vol.checkpoint().unwrap();
+    }
+}
+
 /// Runs fsck; panics unless it is clean. Returns the report.
 pub fn fsck_clean(dev: Arc<dyn BlockDevice>, ctx: &str) -> fsck::FsckReport {
     try_fsck_clean(dev, ctx).unwrap_or_else(|e| panic!("{e}"))

@@ -1,0 +1,163 @@
+//! Eviction of extent chunks to the mount's budget (issue 13, step 2,
+//! item 5 of `docs/EXTENT_PAGES.md`).
+//!
+//! A chunk whose extents are also on an extent page (loaded from it, or
+//! written to it by a base) is *clean*: its bytes are counted by the page
+//! loader (`crate::page_loader::DevicePages`). Past
+//! `MountOptions::metadata_cache_bytes` the loader asks this evictor, which
+//! replaces clean chunks with absent ones sharing the page; the entry
+//! points that read a map (`ExtentMap::load_keys` and the like) read the
+//! page again when they next need the chunk. A chunk changed since the
+//! last base names no page and is never evicted: memory alone holds it.
+//! A checkpoint writes a base instead of a delta once those pass a quarter
+//! of the budget (`crate::transaction`), which gives them pages.
+//!
+//! The choice is a clock: a lookup sets the chunk's bit (read first, set
+//! only when clear, so a hot chunk's line is not written on every read);
+//! the sweep clears a set bit and evicts a chunk it finds clear. The read
+//! path keeps no list and allocates nothing.
+//!
+//! Where it runs: in its own background thread (`iomapfs-evict`). The
+//! loader runs under the shared metadata lock, which a change to the maps
+//! cannot take; the checkpoint and commit threads run only when the
+//! journal asks, and a read-only session loading a big file never does;
+//! the flusher wakes on a timer. So the loader asks this thread (a
+//! [`crate::background_request::BackgroundRequest`]) as soon as a load
+//! passes the budget. The sweep holds the metadata write lock, which every
+//! reader waits on, for at most [`CHUNKS_PER_LOCK`] chunks at a time and
+//! releases it fairly in between.
+//!
+//! The state of the newest checkpoint (`VolumeInner::checkpointing`, kept
+//! for the next delta) shares the live maps' chunks: the evictor holds
+//! that lock and replaces the chunk there too, so its extents are freed
+//! now rather than at the next checkpoint. (A checkpoint running holds
+//! that lock: the evictor waits for it, and its snapshot, dropped at its
+//! end, frees what it still held.) Inodes changed since the last
+//! checkpoint's snapshot are left alone: the next delta reads their
+//! changed spans from the live map, without a fallible entry point.
+
+use std::sync::Arc;
+
+use crate::extent_map::{PageLoader, PageSource};
+use crate::mount_state::VolumeInner;
+use crate::types::{FileKind, Ino};
+
+/// Chunks the sweep looks at per hold of the metadata write lock: each
+/// eviction frees one chunk (16 KiB of extents), so a step is some tens
+/// of microseconds.
+pub(crate) const CHUNKS_PER_LOCK: usize = 256;
+
+/// The sweep stops at the budget less this fraction of it, so that the
+/// loads after it do not ask again at once.
+const MARGIN_DIVISOR: u64 = 8;
+
+impl VolumeInner {
+    /// The evictor's job: makes clean chunks absent until the clean bytes
+    /// are below the budget (less a margin), in steps of
+    /// [`CHUNKS_PER_LOCK`] chunks per hold of the metadata lock. Gives up
+    /// after two sweeps over every chunk (the first may only clear clock
+    /// bits) when what is left is changed or in use.
+    pub(crate) fn evict_extent_chunks(&self) {
+        let Some(loader) = &self.page_loader else {
+            return;
+        };
+        let budget = loader.budget();
+        let start = loader.cached_bytes();
+        if start <= budget {
+            return;
+        }
+        let target = budget - budget / MARGIN_DIVISOR;
+        let mut newest = self.checkpointing.lock();
+        let as_loader: Arc<dyn PageLoader> = loader.clone();
+        let (inos, chunks) = {
+            let meta = self.meta.read();
+            let inline = crate::codec::inline_extents_max(u64::from(self.block_size));
+            let mut chunks = 0;
+            let mut inos: Vec<Ino> = meta
+                .state
+                .inodes
+                .iter()
+                .filter(|(_, i)| i.kind == FileKind::Regular && i.extents.len() > inline)
+                .map(|(&ino, i)| {
+                    chunks += i.extents.chunk_count();
+                    ino
+                })
+                .collect();
+            inos.sort_unstable();
+            (inos, chunks)
+        };
+        if inos.is_empty() {
+            return;
+        }
+        let mut hand = self.evict_hand.lock();
+        // The file the hand is in (or the next one), from its chunk.
+        let mut file = inos.partition_point(|&ino| ino < hand.0) % inos.len();
+        let mut chunk = if inos[file] == hand.0 { hand.1 } else { 0 };
+        let mut freed = 0u64;
+        let mut looked = 0usize;
+        let done = |freed: u64| {
+            let now = loader.cached_bytes();
+            now <= target || start.saturating_sub(freed) <= target
+        };
+        while !done(freed) && looked <= 2 * chunks {
+            let mut meta = self.meta.write();
+            let mut step = 0;
+            while step < CHUNKS_PER_LOCK && !done(freed) && looked <= 2 * chunks {
+                let ino = inos[file];
+                let changed = meta.state.changed_since_taken(ino);
+                let inode = match changed {
+                    true => None,
+                    false => meta.state.inodes.get_mut(&ino),
+                };
+                let next = match inode {
+                    Some(inode) if inode.kind == FileKind::Regular => {
+                        let source = Arc::new(PageSource {
+                            ino,
+                            loader: as_loader.clone(),
+                        });
+                        let before = freed;
+                        let max = CHUNKS_PER_LOCK - step;
+                        let (next, evicted) = inode
+                            .extents
+                            .evict(chunk, max, &source, |f| done(before + f));
+                        // The hand may be past a map that shrank since.
+                        let seen = next
+                            .unwrap_or(inode.extents.chunk_count())
+                            .saturating_sub(chunk);
+                        step += seen.max(1);
+                        looked += seen.max(1);
+                        if let Some(base) = newest.as_mut().and_then(|s| s.inodes.get_mut(&ino)) {
+                            for e in &evicted {
+                                base.extents.evict_shared(e);
+                            }
+                        }
+                        freed += evicted_bytes(&evicted);
+                        // Dropped here: a chunk nothing else holds is freed
+                        // (and its bytes given back) now.
+                        drop(evicted);
+                        next
+                    }
+                    _ => {
+                        step += 1;
+                        looked += 1;
+                        None
+                    }
+                };
+                match next {
+                    Some(at) => chunk = at,
+                    None => {
+                        file = (file + 1) % inos.len();
+                        chunk = 0;
+                    }
+                }
+            }
+            *hand = (inos[file], chunk);
+            // Fair: readers queued during the step run before the next.
+            meta.unlock_fair();
+        }
+    }
+}
+
+fn evicted_bytes(evicted: &[crate::extent_map::Evicted]) -> u64 {
+    evicted.iter().map(|e| e.charged()).sum()
+}

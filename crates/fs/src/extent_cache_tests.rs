@@ -1,0 +1,452 @@
+//! Tests of the eviction of extent chunks to the mount's budget
+//! ([`crate::extent_cache`]) through whole volumes. Unit tests: chunks hold
+//! at most 8 extents here, so a few hundred extents make many chunks, and
+//! the tests wait on the evictor's request.
+//!
+//! Here rather than in `extent_cache`: they drive whole volumes, and
+//! `volume` reaches `extent_cache` through `background_thread`.
+
+use std::sync::Arc;
+
+use blockdev::memory::{FaultOp, FaultRule, MemDevice};
+use blockdev::{BlockDevice, WriteMode};
+
+use crate::page_loader::PageLoads;
+use crate::types::Ino;
+use crate::volume::{FormatOptions, MountOptions, Volume};
+use crate::{Error, OpenFlags};
+
+const BLOCK: u64 = 4096;
+/// Extents of /big: one per other block, so none merge (about 100
+/// chunks of at most 8).
+const EXTENTS: u64 = 800;
+/// A few chunks' worth (a chunk of 8 extents is under 400 bytes).
+const BUDGET: u64 = 4096;
+/// What one read may add past the budget before the evictor runs: its
+/// one chunk.
+const ONE_CHUNK: u64 = 1024;
+
+fn fill(k: u64) -> u8 {
+    (k % 251) as u8 + 1
+}
+
+fn direct() -> OpenFlags {
+    OpenFlags {
+        direct: true,
+        ..OpenFlags::default()
+    }
+}
+
+fn opts(budget: u64) -> MountOptions {
+    MountOptions {
+        background_checkpoints: false,
+        background_commits: false,
+        metadata_cache_bytes: budget,
+        ..MountOptions::default()
+    }
+}
+
+/// A volume holding /big (EXTENTS one-block extents, paged), unmounted
+/// after a base (a clean unmount writes one).
+fn volume() -> Arc<MemDevice> {
+    let dev = Arc::new(MemDevice::new(64 << 20, 512));
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let vol = Volume::open(dev.clone()).unwrap();
+    let big = vol
+        .open_file(
+            "/big",
+            OpenFlags {
+                create: true,
+                ..direct()
+            },
+        )
+        .unwrap();
+    for k in 0..EXTENTS {
+        big.pwrite(&[fill(k); BLOCK as usize], 2 * k * BLOCK)
+            .unwrap();
+    }
+    big.fsync().unwrap();
+    drop(big);
+    vol.unmount().unwrap();
+    dev
+}
+
+/// The error under the file and offset a read names.
+fn cause(err: &Error) -> &Error {
+    match err {
+        Error::At { source, .. } => cause(source),
+        other => other,
+    }
+}
+
+fn stats(vol: &Volume) -> PageLoads {
+    vol.extent_page_loads().expect("pages read on demand")
+}
+
+/// Waits until the evictor has nothing asked or running.
+fn settle(vol: &Volume) {
+    vol.inner
+        .page_loader
+        .as_ref()
+        .unwrap()
+        .evict_request
+        .wait_idle();
+}
+
+fn read_block(vol: &Volume, k: u64) -> crate::Result<Vec<u8>> {
+    let big = vol.open_file("/big", direct())?;
+    let mut block = vec![0u8; BLOCK as usize];
+    big.pread(&mut block, 2 * k * BLOCK)?;
+    Ok(block)
+}
+
+fn ino_of_big(vol: &Volume) -> Ino {
+    vol.open_file("/big", OpenFlags::default()).unwrap().ino()
+}
+
+/// (chunks without a page, those of them in memory) of `ino`'s map.
+fn unpaged(vol: &Volume, ino: Ino) -> (usize, usize) {
+    let meta = vol.inner.meta.read();
+    let chunks = meta.state.inodes[&ino].extents.chunk_pages();
+    chunks
+        .filter(|c| c.page().is_none())
+        .fold((0, 0), |(n, l), c| (n + 1, l + usize::from(c.is_loaded())))
+}
+
+/// Reading every block of a paged file under a budget of a few chunks:
+/// the clean bytes never pass the budget by more than the chunk one read
+/// loads (the evictor brings them back below before the next), chunks
+/// are read again after eviction, and every block reads back as written,
+/// twice over. No chunk is loaded outside an entry point.
+#[test]
+fn reading_a_whole_paged_file_stays_within_the_budget() {
+    let dev = volume();
+    let vol = Volume::open_with(dev.clone(), &opts(BUDGET)).unwrap();
+    vol.wait_free_space().unwrap();
+    let chunks = stats(&vol).chunks;
+    assert!(chunks > 50, "{:?}", stats(&vol));
+    let mut most = 0;
+    for round in 0..2 {
+        for k in 0..EXTENTS {
+            assert_eq!(
+                read_block(&vol, k).unwrap(),
+                vec![fill(k); BLOCK as usize],
+                "round {round} block {k}"
+            );
+            most = most.max(stats(&vol).cached_bytes);
+            settle(&vol);
+            let s = stats(&vol);
+            assert!(s.cached_bytes <= BUDGET, "after eviction: {s:?}");
+        }
+    }
+    assert!(most <= BUDGET + ONE_CHUNK, "{most} bytes at most");
+    let s = stats(&vol);
+    // Every chunk was read twice (once per round): each was evicted.
+    assert!(s.loads >= 2 * chunks, "{s:?}");
+    assert!(s.chunks_loaded < s.chunks / 4, "few chunks kept: {s:?}");
+    assert_eq!(s.unplanned, 0, "{s:?}");
+    assert_eq!(s.cache_budget, BUDGET);
+    vol.unmount().unwrap();
+}
+
+/// The default budget (64 MiB) keeps every chunk a read loads: nothing is
+/// evicted, nothing read twice.
+#[test]
+fn under_the_default_budget_nothing_is_evicted() {
+    let dev = volume();
+    let vol = Volume::open_with(
+        dev.clone(),
+        &opts(MountOptions::default().metadata_cache_bytes),
+    )
+    .unwrap();
+    for k in 0..EXTENTS {
+        assert_eq!(read_block(&vol, k).unwrap()[0], fill(k));
+    }
+    settle(&vol);
+    let s = stats(&vol);
+    assert_eq!((s.loads, s.chunks_loaded), (s.chunks, s.chunks), "{s:?}");
+    assert!(
+        s.cached_bytes > 0 && s.cached_bytes < s.cache_budget,
+        "{s:?}"
+    );
+    vol.unmount().unwrap();
+}
+
+/// A chunk changed since the last base names no page and only memory
+/// holds it: it is never evicted, however far past the budget, and its
+/// changes read back and survive a remount. (Its inode is out of the
+/// checkpoint's changed set after a delta, so only the chunk's missing
+/// page keeps it.)
+#[test]
+fn a_changed_chunk_is_never_evicted() {
+    // Twice the others' budget: the changed chunks stay under a quarter.
+    let budget = 2 * BUDGET;
+    let dev = volume();
+    let vol = Volume::open_with(dev.clone(), &opts(budget)).unwrap();
+    vol.wait_free_space().unwrap();
+    let ino = ino_of_big(&vol);
+    let big = vol.open_file("/big", direct()).unwrap();
+    // Into the holes between the extents of a few chunks: new extents.
+    let holes = [1u64, 3, 301, 1201];
+    for &h in &holes {
+        big.pwrite(&[0xee; BLOCK as usize], h * BLOCK).unwrap();
+    }
+    big.fsync().unwrap();
+    // A delta (the changed chunks are far under a quarter of the budget):
+    // they keep no page.
+    vol.checkpoint().unwrap();
+    assert!(vol.inner.commit.lock().chain.deltas > 0, "a delta");
+    let (changed, loaded) = unpaged(&vol, ino);
+    assert!(changed >= 3 && loaded == changed, "{changed} {loaded}");
+    // Load everything else, past the budget many times over.
+    for k in 0..EXTENTS {
+        assert_eq!(read_block(&vol, k).unwrap()[0], fill(k), "block {k}");
+        settle(&vol);
+    }
+    let s = stats(&vol);
+    assert!(s.cached_bytes <= budget, "{s:?}");
+    assert!(s.loads > s.chunks, "evicted and read again: {s:?}");
+    assert_eq!(unpaged(&vol, ino), (changed, changed), "never evicted");
+    let mut block = vec![0u8; BLOCK as usize];
+    for &h in &holes {
+        big.pread(&mut block, h * BLOCK).unwrap();
+        assert_eq!(block, vec![0xee; BLOCK as usize], "block {h}");
+    }
+    assert_eq!(stats(&vol).unplanned, 0);
+    drop(big);
+    // A crash (no unmount): the delta and the journal bring them back.
+    drop(vol);
+    let vol = Volume::open_with(dev.clone(), &opts(budget)).unwrap();
+    let big = vol.open_file("/big", direct()).unwrap();
+    for &h in &holes {
+        big.pread(&mut block, h * BLOCK).unwrap();
+        assert_eq!(block, vec![0xee; BLOCK as usize], "block {h} after remount");
+    }
+    for k in 0..EXTENTS {
+        assert_eq!(read_block(&vol, k).unwrap()[0], fill(k), "block {k}");
+    }
+}
+
+/// Chunks changed since the last base past a quarter of the budget, with
+/// the chunks in memory past all of it: the next checkpoint is a base
+/// (which gives them pages). Past a quarter but within the budget, or
+/// under a quarter, it stays a delta.
+#[test]
+fn changed_chunks_past_a_quarter_of_the_budget_make_a_base() {
+    // `None`: after a delta and eviction of every clean chunk, twice the
+    // changed chunks.
+    for (budget, want_base) in [(Some(BUDGET), true), (Some(64 << 20), false), (None, false)] {
+        let dev = volume();
+        let vol = Volume::open_with(dev.clone(), &opts(budget.unwrap_or(64 << 20))).unwrap();
+        vol.wait_free_space().unwrap();
+        let ino = ino_of_big(&vol);
+        let big = vol.open_file("/big", direct()).unwrap();
+        // One new extent in each of many chunks: more than BUDGET / 4
+        // bytes of changed chunks.
+        for k in (0..EXTENTS).step_by(16) {
+            big.pwrite(&[0xee; BLOCK as usize], (2 * k + 1) * BLOCK)
+                .unwrap();
+        }
+        big.fsync().unwrap();
+        let unpaged_bytes = vol.inner.meta.read().state.unpaged_chunk_bytes();
+        assert!(unpaged_bytes > BUDGET / 4, "{unpaged_bytes}");
+        let loader = vol.inner.page_loader.as_ref().unwrap();
+        let budget = budget.unwrap_or_else(|| {
+            vol.checkpoint().unwrap();
+            assert!(vol.inner.commit.lock().chain.deltas > 0);
+            loader.set_budget(1);
+            settle(&vol);
+            loader.set_budget(2 * unpaged_bytes);
+            2 * unpaged_bytes
+        });
+        let in_memory = unpaged_bytes + stats(&vol).cached_bytes;
+        assert!(
+            unpaged_bytes > budget / 4 || budget == 64 << 20,
+            "{in_memory} {budget}"
+        );
+        assert_eq!(in_memory > budget, want_base, "{in_memory} {budget}");
+        vol.checkpoint().unwrap();
+        let deltas = vol.inner.commit.lock().chain.deltas;
+        assert_eq!(deltas == 0, want_base, "budget {budget}: {deltas} deltas");
+        let (changed, _) = unpaged(&vol, ino);
+        assert_eq!(
+            changed == 0,
+            want_base,
+            "budget {budget}: {changed} unpaged"
+        );
+        vol.unmount().unwrap();
+    }
+}
+
+/// A page damaged after its chunk was evicted fails the read that needs
+/// it with the same `Corrupt` a never-loaded chunk gives (no panic), and
+/// only that chunk; a device error on the reload is a device error, and
+/// the next read, with the device healthy again, loads it.
+#[test]
+fn an_evicted_chunk_reloads_with_the_errors_of_a_first_load() {
+    let dev = volume();
+    let vol = Volume::open_with(dev.clone(), &opts(BUDGET)).unwrap();
+    vol.wait_free_space().unwrap();
+    let ino = ino_of_big(&vol);
+    // Chunks 10 and 40 and their pages, loaded then evicted by reading
+    // everything after them.
+    let pages: Vec<_> = {
+        let meta = vol.inner.meta.read();
+        let map = &meta.state.inodes[&ino].extents;
+        map.chunk_pages().map(|c| c.page().unwrap()).collect()
+    };
+    let (damaged, failing) = (pages[10], pages[40]);
+    let first_block = |p: crate::codec::PageRef| p.first_key / BLOCK / 2;
+    for k in 0..EXTENTS {
+        read_block(&vol, k).unwrap();
+        settle(&vol);
+    }
+    let loaded = |p: crate::codec::PageRef| {
+        let meta = vol.inner.meta.read();
+        let map = &meta.state.inodes[&ino].extents;
+        let c = map.chunk_pages().find(|c| c.page() == Some(p)).unwrap();
+        c.is_loaded()
+    };
+    assert!(!loaded(damaged) && !loaded(failing), "both evicted");
+
+    let mut bytes = vec![0u8; BLOCK as usize];
+    dev.read_at(&mut bytes, damaged.addr).unwrap();
+    bytes[100] ^= 0x40;
+    dev.write_at(&bytes, damaged.addr, WriteMode::Normal)
+        .unwrap();
+    let k = first_block(damaged) + 1;
+    for _ in 0..2 {
+        let err = read_block(&vol, k).map(|b| b[0]).unwrap_err();
+        assert!(matches!(cause(&err), Error::Corrupt { .. }), "{err:?}");
+        assert_eq!(err.errno(), libc::EUCLEAN, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains(&format!("inode {ino}")) && text.contains(&damaged.addr.to_string()),
+            "{text}"
+        );
+    }
+    assert!(!loaded(damaged));
+
+    // (The simple-read path retries once on the generic path: every read
+    // of the page fails until the device heals.)
+    dev.inject(FaultRule::new(FaultOp::Read).range(failing.addr..failing.addr + 1));
+    let k = first_block(failing);
+    let err = read_block(&vol, k).map(|b| b[0]).unwrap_err();
+    assert!(matches!(cause(&err), Error::Device { .. }), "{err:?}");
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    assert!(!loaded(failing));
+    dev.clear_faults();
+    assert_eq!(read_block(&vol, k).unwrap()[0], fill(k), "read again");
+    // The chunks around the damaged one still read.
+    assert_eq!(
+        read_block(&vol, first_block(pages[9])).unwrap()[0],
+        fill(first_block(pages[9]))
+    );
+    assert_eq!(
+        read_block(&vol, first_block(pages[11])).unwrap()[0],
+        fill(first_block(pages[11]))
+    );
+    assert_eq!(stats(&vol).unplanned, 0);
+}
+
+/// Readers and a writer run while the evictor works through a budget
+/// of a few chunks: every read returns what was written there (the
+/// writer's blocks included), nothing is loaded outside an entry point,
+/// and the clean bytes come back under the budget once all is done.
+/// Seeded, several seeds.
+#[test]
+fn concurrent_readers_and_a_writer_during_eviction() {
+    use rand::{Rng, SeedableRng};
+    let dev = volume();
+    let opts = MountOptions {
+        background_checkpoints: true,
+        background_commits: true,
+        ..opts(BUDGET)
+    };
+    let vol = Volume::open_with(dev.clone(), &opts).unwrap();
+    vol.wait_free_space().unwrap();
+    // Blocks the writer fills (holes of the layout), decided up front so
+    // that readers know what each reads: old data or, once written, the
+    // new (a hole reads zeros before).
+    let written = Arc::new(
+        (0..EXTENTS)
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect::<Vec<_>>(),
+    );
+    std::thread::scope(|s| {
+        for seed in 0..3u64 {
+            let vol = vol.clone();
+            let written = written.clone();
+            s.spawn(move || {
+                let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+                let big = vol.open_file("/big", direct()).unwrap();
+                let mut block = vec![0u8; BLOCK as usize];
+                for _ in 0..1500 {
+                    // Holes inside EOF only: before the last extent.
+                    let k = rng.gen_range(0..EXTENTS - 1);
+                    if rng.gen_bool(0.5) {
+                        big.pread(&mut block, 2 * k * BLOCK).unwrap();
+                        assert_eq!(
+                            block,
+                            vec![fill(k); BLOCK as usize],
+                            "seed {seed} block {k}"
+                        );
+                    } else {
+                        // A hole block: zeros until the writer's data,
+                        // which it marks only after its write returned.
+                        let was = written[k as usize].load(std::sync::atomic::Ordering::Acquire);
+                        big.pread(&mut block, (2 * k + 1) * BLOCK).unwrap();
+                        let ok = block == vec![0u8; BLOCK as usize]
+                            || block == vec![!fill(k); BLOCK as usize];
+                        assert!(ok, "seed {seed} hole {k}");
+                        if was {
+                            assert_eq!(block[0], !fill(k), "seed {seed} hole {k}");
+                        }
+                    }
+                }
+            });
+        }
+        let vol = vol.clone();
+        let written = written.clone();
+        s.spawn(move || {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(99);
+            let big = vol.open_file("/big", direct()).unwrap();
+            for i in 0..150 {
+                let k = rng.gen_range(0..EXTENTS - 1);
+                big.pwrite(&[!fill(k); BLOCK as usize], (2 * k + 1) * BLOCK)
+                    .unwrap();
+                written[k as usize].store(true, std::sync::atomic::Ordering::Release);
+                if i % 30 == 29 {
+                    big.fsync().unwrap();
+                    vol.checkpoint().unwrap();
+                }
+            }
+        });
+    });
+    assert_eq!(stats(&vol).unplanned, 0, "{:?}", stats(&vol));
+    // A checkpoint ends with the changed chunks paged or under a quarter
+    // of the budget; then everything clean can go.
+    vol.checkpoint().unwrap();
+    for k in 0..EXTENTS {
+        assert_eq!(read_block(&vol, k).unwrap()[0], fill(k), "block {k}");
+        settle(&vol);
+    }
+    let s = stats(&vol);
+    assert!(s.cached_bytes <= BUDGET, "{s:?}");
+    assert!(s.loads > s.chunks, "evicted and read again: {s:?}");
+    assert_eq!(s.unplanned, 0, "{s:?}");
+    vol.unmount().unwrap();
+    // Whatever was written reads back after remount.
+    let vol = Volume::open_with(dev.clone(), &opts).unwrap();
+    let big = vol.open_file("/big", direct()).unwrap();
+    let mut block = vec![0u8; BLOCK as usize];
+    for k in 0..EXTENTS - 1 {
+        big.pread(&mut block, (2 * k + 1) * BLOCK).unwrap();
+        let want = if written[k as usize].load(std::sync::atomic::Ordering::Relaxed) {
+            !fill(k)
+        } else {
+            0
+        };
+        assert_eq!(block[0], want, "hole {k} after remount");
+    }
+}
