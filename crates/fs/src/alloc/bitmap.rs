@@ -272,7 +272,8 @@ impl FreeBitmap {
                 while u64::from(sum.largest) > shortest_kept(&kept) {
                     // At most `sum.largest`, so within u32.
                     let want = (shortest_kept(&kept) + 1) as u32;
-                    let Some((s, e)) = next_run_at_least(bits, i, inner_end, want) else {
+                    let Some((s, e)) = next_run_at_least(bits, i, inner_end, inner_end, want)
+                    else {
                         break;
                     };
                     offer(&mut kept, base + u64::from(s), u64::from(e - s));
@@ -343,12 +344,22 @@ impl FreeBitmap {
             let left = l > 0 && get(bits, l - 1);
             let right = h < len && get(bits, h);
             sum.runs = sum.runs + 1 - u32::from(left) - u32::from(right);
-            let run_s = if left {
-                prev_zero(bits, l).map_or(0, |z| z + 1)
-            } else {
+            // The free prefix and suffix before the change end the walks
+            // over the run the freed blocks join in one step.
+            let run_s = if !left {
                 l
+            } else if l <= old.prefix {
+                0
+            } else {
+                prev_zero(bits, l).map_or(0, |z| z + 1)
             };
-            let run_e = if right { next_zero(bits, h, len) } else { h };
+            let run_e = if !right {
+                h
+            } else if h >= len - old.suffix {
+                len
+            } else {
+                next_zero(bits, h, len)
+            };
             sum.largest = sum.largest.max(run_e - run_s);
             if run_s == 0 {
                 sum.prefix = run_e;
@@ -358,8 +369,18 @@ impl FreeBitmap {
             }
         } else {
             debug_assert_eq!(next_zero(bits, l, h), h, "using used blocks");
-            let run_s = prev_zero(bits, l).map_or(0, |z| z + 1);
-            let run_e = next_zero(bits, h, len);
+            // Taking from the free prefix or suffix (a group filling from
+            // the front takes from its suffix): no walk to its far end.
+            let run_s = if l <= old.prefix {
+                0
+            } else {
+                prev_zero(bits, l).map_or(0, |z| z + 1)
+            };
+            let run_e = if h >= len - old.suffix {
+                len
+            } else {
+                next_zero(bits, h, len)
+            };
             fill(bits, l, h, false);
             sum.free -= h - l;
             sum.runs = sum.runs - 1 + u32::from(l > run_s) + u32::from(h < run_e);
@@ -413,7 +434,12 @@ impl FreeBitmap {
         self.tree[i] = leaf(self.group_len(g), &new);
         while i > 1 {
             i /= 2;
-            self.tree[i] = Node::join(self.tree[2 * i], self.tree[2 * i + 1]);
+            let node = Node::join(self.tree[2 * i], self.tree[2 * i + 1]);
+            // Nothing above an unchanged node changes either.
+            if self.tree[i] == node {
+                break;
+            }
+            self.tree[i] = node;
         }
     }
 
@@ -426,13 +452,21 @@ impl FreeBitmap {
         let want = u32::try_from(want).ok()?;
         let &(_, g) = self.by_largest.range((want, 0)..).next()?;
         let g = g as usize;
-        let len = self.group_len(g);
-        let Some(bits) = &self.groups[g].bits else {
+        let (len, group) = (self.group_len(g), &self.groups[g]);
+        let Some(bits) = &group.bits else {
             return Some(self.base(g));
         };
         let mut best: Option<(u32, u32)> = None;
-        let mut i = 0;
-        while let Some((s, e)) = next_run_at_least(bits, i, len, want) {
+        // No run before `head_end` fits (its last block is used, so none
+        // reaches past it): a group filling from the front is searched
+        // from where it fills, not from its start.
+        let mut i = if group.head_max < want {
+            group.head_end
+        } else {
+            0
+        };
+        let tail = len - group.sum.suffix;
+        while let Some((s, e)) = next_run_at_least(bits, i, len, tail, want) {
             if best.is_none_or(|(l, _)| e - s < l) {
                 best = Some((e - s, s));
                 if e - s == want {
@@ -469,7 +503,8 @@ impl FreeBitmap {
             return Some(self.base(g));
         };
         let want = u32::try_from(want).ok()?;
-        next_run_at_least(bits, 0, self.group_len(g), want)
+        let (len, sum) = (self.group_len(g), self.groups[g].sum);
+        next_run_at_least(bits, 0, len, len - sum.suffix, want)
             .map(|(s, _)| self.base(g) + u64::from(s))
     }
 
@@ -752,13 +787,25 @@ fn largest_run(bits: &[u64], lo: u32, hi: u32) -> u32 {
 }
 
 /// The first run of at least `want` set bits starting in `[from, len)`,
-/// `(start, end)`. A word whose runs from the start point on are all
-/// shorter than `want` and end inside it is passed over in a few steps,
-/// so a fragmented stretch costs about a step per word, not per run.
-fn next_run_at_least(bits: &[u64], from: u32, len: u32, want: u32) -> Option<(u32, u32)> {
+/// `(start, end)`, where `[tail, len)` is known to be set (the group's
+/// free suffix: its end is not looked for, so the run an emptying group
+/// fills from costs no walk over it). A word whose runs from the start
+/// point on are all shorter than `want` and end inside it is passed over
+/// in a few steps, so a fragmented stretch costs about a step per word,
+/// not per run.
+fn next_run_at_least(
+    bits: &[u64],
+    from: u32,
+    len: u32,
+    tail: u32,
+    want: u32,
+) -> Option<(u32, u32)> {
     let mut i = from;
     loop {
         let s = next_one(bits, i, len)?;
+        if s >= tail {
+            return (len - s >= want).then_some((s, len));
+        }
         let w = s / 64;
         let x = bits[w as usize] & (!0u64 << (s % 64));
         if x >> 63 == 0 && !has_run(x, want) {
