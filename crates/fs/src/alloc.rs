@@ -450,10 +450,15 @@ impl Allocator {
             .collect()
     }
 
-    /// Memory the free-space bitmap takes, in bytes (approximate; busy
-    /// ranges not counted).
-    pub fn free_space_memory(&self) -> usize {
+    /// Heap bytes of this allocator, estimated: the free-space bitmap
+    /// with its summaries, index and tree, and the busy ranges' two maps
+    /// (see [`bitmap::btree_heap_bytes`]). What metadata-scale reports
+    /// beside the resident set.
+    pub fn memory_bytes(&self) -> usize {
+        let entry = std::mem::size_of::<(u64, (u64, u64))>();
         self.free.memory_bytes()
+            + bitmap::btree_heap_bytes(self.busy.len(), entry)
+            + bitmap::btree_heap_bytes(self.busy_by_seq.len(), std::mem::size_of::<(u64, u64)>())
     }
 
     /// Checks the invariants: the bitmap's summaries, index and counts
@@ -734,16 +739,20 @@ mod tests {
     }
 
     /// Every other block used (as many free ranges as extents): memory is
-    /// one bit per block, however many free ranges; none when unfragmented.
+    /// one bit per block and a few words per group, however many free
+    /// ranges (a tree of free ranges, as before the bitmap, holds two
+    /// 16-byte entries per range plus its nodes' overhead); none when
+    /// unfragmented. Busy ranges are counted too.
     #[test]
-    fn memory_does_not_grow_with_fragmentation() {
+    fn memory_is_the_bitmap_and_summaries_not_per_range() {
+        // Per group: its summary, two tree nodes and an index entry, with
+        // room to spare (about 140 bytes on x86-64).
+        const PER_GROUP: usize = 256;
         let blocks = 1u64 << 20;
+        let groups = blocks.div_ceil(u64::from(GROUP_BLOCKS)) as usize;
+        let summaries = groups * PER_GROUP;
         let empty = Allocator::new(0, blocks * BS, BS as u32);
-        assert!(
-            empty.free_space_memory() < 4096,
-            "{}",
-            empty.free_space_memory()
-        );
+        assert!(empty.memory_bytes() < summaries, "{}", empty.memory_bytes());
         // Large extents, whole groups used: no bitmap kept either.
         let g = u64::from(GROUP_BLOCKS);
         let mut b = Allocator::builder(0, blocks * BS, BS as u32);
@@ -752,23 +761,39 @@ mod tests {
         let a = b.finish();
         a.check().unwrap();
         assert_eq!(a.free_extents(), vec![(4 * g * BS, (blocks - 4 * g) * BS)]);
-        assert!(a.free_space_memory() < 4096, "{}", a.free_space_memory());
+        assert!(a.memory_bytes() < summaries, "{}", a.memory_bytes());
         let mut b = Allocator::builder(0, blocks * BS, BS as u32);
         for blk in (0..blocks / 2).rev().map(|i| 2 * i) {
             b.mark_used(blk * BS, BS).unwrap();
         }
         let mut a = b.finish();
         a.check().unwrap();
-        assert_eq!(a.free_extent_count() as u64, blocks / 2);
+        let ranges = a.free_extent_count();
+        assert_eq!(ranges as u64, blocks / 2);
         assert_eq!(a.largest_free_extent(), BS);
-        let mem = a.free_space_memory();
+        let bitmap = (blocks / 8) as usize;
+        let mem = a.memory_bytes();
         assert!(
-            mem <= (blocks / 8) as usize + 8192,
-            "{mem} bytes for {blocks} blocks"
+            (bitmap..=bitmap + summaries).contains(&mem),
+            "{mem} bytes for {blocks} blocks: not the bitmap ({bitmap}) plus summaries"
+        );
+        assert!(
+            mem * 100 < ranges * 32,
+            "{mem} bytes: not far below a tree's 32 bytes per free range ({ranges})"
         );
         // Nothing fits two blocks: the largest, shorter.
         assert_eq!(a.alloc(2 * BS, None), Some((BS, BS)));
         a.check().unwrap();
+        // Busy ranges: an entry in each of two maps, per range.
+        let before = a.memory_bytes();
+        for blk in (2..1026u64).step_by(2) {
+            a.free(blk * BS, BS, 1).unwrap();
+        }
+        let busy = a.memory_bytes() - before;
+        assert!(
+            (512 * 40..=512 * 120).contains(&busy),
+            "512 busy ranges counted as {busy} bytes"
+        );
     }
 
     // ---- model test -------------------------------------------------------

@@ -200,6 +200,17 @@ impl Volume {
         }
     }
 
+    /// Heap bytes of the allocator allocating now (estimated,
+    /// [`crate::alloc::Allocator::memory_bytes`]): the scanned one once
+    /// free space is ready, the clean unmount's reserve while the scan
+    /// runs, `None` while there is neither or the scan failed. For the
+    /// metadata-scale bench.
+    #[doc(hidden)]
+    pub fn allocator_memory_bytes(&self) -> Option<u64> {
+        let meta = self.inner.meta.read();
+        meta.alloc.allocator().ok().map(|a| a.memory_bytes() as u64)
+    }
+
     /// What reading extent pages on demand did since mount: pages read,
     /// chunks loaded outside a fallible path (a bug if not 0), and the
     /// damaged pages found (each also an EIO to the operation that needed
