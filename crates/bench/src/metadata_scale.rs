@@ -202,6 +202,14 @@ pub struct MetadataScaleResult {
     /// adds to any latency here, not the cause of a given one.
     pub quiet_wakeup_late_max_ns: u64,
     pub checkpointing_wakeup_late_max_ns: u64,
+    /// The longest time a checkpoint held the metadata lock exclusive in
+    /// the checkpointing window (what any read or write could wait for
+    /// behind it; see `Volume::take_longest_lock_holds`), and the
+    /// evictor of extent chunks likewise.
+    #[serde(default)]
+    pub checkpointing_lock_hold_max_ns: u64,
+    #[serde(default)]
+    pub checkpointing_eviction_hold_max_ns: u64,
     /// `checkpointing_read_max_ns / quiet_read_p99_ns` (issue 13's goal: ≤ 2).
     pub worst_over_quiet_p99: f64,
     pub device: String,
@@ -290,7 +298,9 @@ fn run_size(
     say("reads and writes, quiet");
     let quiet = io_while(&vol, &dev, extents, runtime, false)?;
     say("reads and writes, checkpoints running");
+    vol.take_longest_lock_holds();
     let busy = io_while(&vol, &dev, extents, runtime, true)?;
+    let busy_holds = vol.take_longest_lock_holds();
     let checkpoints = busy.checkpoints;
     let (quiet_late, busy_late) = (quiet.wakeup_late_max_ns, busy.wakeup_late_max_ns);
     let (quiet, quiet_writes) = (quiet.reads, quiet.writes);
@@ -402,6 +412,8 @@ fn run_size(
         checkpoints_during_reads: checkpoints,
         quiet_wakeup_late_max_ns: quiet_late,
         checkpointing_wakeup_late_max_ns: busy_late,
+        checkpointing_lock_hold_max_ns: busy_holds.checkpoint_ns(),
+        checkpointing_eviction_hold_max_ns: busy_holds.eviction_step_ns,
         worst_over_quiet_p99: busy_max as f64 / quiet_p99.max(1) as f64,
         device: format!(
             "{} (sparse image file, {} bytes)",

@@ -101,6 +101,7 @@ impl VolumeInner {
         };
         while !done(freed) && looked <= 2 * chunks {
             let mut meta = self.meta.write();
+            let held = std::time::Instant::now();
             let mut step = 0;
             while step < CHUNKS_PER_LOCK && !done(freed) && looked <= 2 * chunks {
                 let ino = inos[file];
@@ -152,6 +153,8 @@ impl VolumeInner {
                 }
             }
             *hand = (inos[file], chunk);
+            self.lock_holds
+                .record(crate::lock_holds::HoldSite::EvictionStep, held);
             // Fair: readers queued during the step run before the next.
             meta.unlock_fair();
         }

@@ -224,6 +224,8 @@ pub struct VolumeInner {
     /// Where the evictor of extent chunks goes on from: an inode and a
     /// chunk index in its map (see [`crate::extent_cache`]).
     pub(crate) evict_hand: Mutex<(Ino, usize)>,
+    /// The longest holds of `meta` by checkpoints and the evictor.
+    pub(crate) lock_holds: crate::lock_holds::LockHolds,
 }
 
 impl VolumeInner {
@@ -258,6 +260,7 @@ impl VolumeInner {
             commit_request: Arc::default(),
             free_space_gate: FreeSpaceGate::done(),
             evict_hand: Mutex::new((0, 0)),
+            lock_holds: Default::default(),
         }
     }
 

@@ -10,20 +10,26 @@
 //! leaves memory consistent with the disk, so it is reported as ENOSPC and
 //! the volume stays up.
 
+use std::time::Instant;
+
 use crate::checkpoint::{self, ChainEnd, DeltaCheckpoint, RecordHeader, SpillExtent};
 use crate::extent_pages::{self, PagePlan};
 use crate::limits::{
     CHAIN_DELTA_BYTES_DIVISOR, CHAIN_DELTA_BYTES_MIN, COMMIT_BACKPRESSURE_THRESHOLDS,
     MAX_CHAIN_DELTAS,
 };
+use crate::lock_holds::HoldSite;
 use crate::mount_state::{Meta, VolumeInner};
 use crate::state::MetaState;
 use crate::types::MetaDelta;
 use crate::{Error, Result};
 
-/// Busy ranges a checkpoint releases per hold of the metadata lock: about
-/// a millisecond's work.
-const BUSY_RANGES_RELEASED_PER_LOCK: usize = 2048;
+/// How long a checkpoint holds the metadata lock at a time while it gives
+/// space back: about a 4 KiB read's p99 in the metadata-scale bench (a
+/// read waits at most this for it). A range given back costs from a
+/// microsecond to 15 (the free-space maps of a million ranges, out of
+/// cache); 2048 ranges per hold held readers up to 2.7 ms.
+const LOCK_HOLD_STEP: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// A checkpoint writes a base, not a delta, once the chunks changed since
 /// the last base (no page: never evicted) pass 1/this of the budget of
@@ -255,17 +261,20 @@ impl VolumeInner {
         let mut commit = self.commit.lock();
         let (snapshot, changed, journal_seq, records) = {
             let mut meta = self.meta.write();
+            let held = Instant::now();
             // Write times still in core go into the snapshot too.
             meta.log_write_times()?;
             meta.pending_bytes = 0;
             // Taken first, so the clone carries an empty set.
             let changed = meta.state.take_changed();
-            (
+            let taken = (
                 meta.state.clone(),
                 changed,
                 meta.next_seq,
                 std::mem::take(&mut meta.pending),
-            )
+            );
+            self.lock_holds.record(HoldSite::CheckpointSnapshot, held);
+            taken
         };
         // After the snapshot, so it covers the data of every write whose
         // completion the snapshot records (and the journal batch below).
@@ -427,34 +436,56 @@ impl VolumeInner {
         )?;
         {
             let mut meta = self.meta.write();
+            let held = Instant::now();
             meta.mark_committed(journal_seq - 1);
             if let Some(shared) = shared_page_bytes {
                 meta.shared_page_bytes = shared;
             }
-            // The checkpoint the new base replaced in its slot was
-            // superseded before this one began, and its record is gone:
-            // its spill extents are free for good.
-            for (addr, len) in replaced_spill.into_iter().flatten().chain(freed_pages) {
-                meta.alloc
-                    .free_now(addr, len)
-                    .map_err(|reason| Error::corrupt("free space", addr, reason))?;
-                meta.spilled_bytes -= len;
-            }
+            self.lock_holds.record(HoldSite::CheckpointInstall, held);
         }
-        // Space the snapshot's records freed is free for good now. In
-        // bounded steps, the lock released in between: after a mass punch
-        // the backlog is large, and every reader and writer waits while the
-        // lock is held (150 ms for 200k ranges in the metadata-scale bench).
-        // Space still busy meanwhile only makes an allocation wait for it
-        // or fail over to the checkpoint that ends with it released. The
-        // journal is done with: commits need not wait for this.
+        // The journal is done with: commits need not wait for the rest.
         drop(commit);
+        // Then space is given back, in bounded steps with the lock
+        // released in between: every reader and writer waits while it is
+        // held, and the backlog can be large (a base replaced after much
+        // change frees thousands of pages; after a mass punch, the busy
+        // ranges of the metadata-scale bench are 200k: 150 ms in one hold).
+        // Space not yet given back only makes an allocation wait for it or
+        // fail over to the checkpoint that ends with it released.
+        //
+        // First what is free for good now: the spill extents of the
+        // checkpoint the new base replaced in its slot (superseded before
+        // this one began, its record gone), and the pages only it listed.
+        let mut freed = replaced_spill.into_iter().flatten().chain(freed_pages);
+        self.in_short_holds(|meta| {
+            let Some((addr, len)) = freed.next() else {
+                return Ok(false);
+            };
+            meta.alloc
+                .free_now(addr, len)
+                .map_err(|reason| Error::corrupt("free space", addr, reason))?;
+            meta.spilled_bytes -= len;
+            Ok(true)
+        })?;
+        // Then the space the snapshot's records freed.
+        self.in_short_holds(|meta| Ok(meta.alloc.release_busy_at_most(journal_seq - 1, 1)))
+    }
+
+    /// Calls `step` until it returns false, with the metadata lock held
+    /// exclusive for at most about [`LOCK_HOLD_STEP`] at a time and
+    /// released fairly in between (whoever queued meanwhile runs first).
+    /// Timed, not counted: the cost of a step varies a hundredfold with
+    /// the size of what it changes and with the caches.
+    fn in_short_holds(&self, mut step: impl FnMut(&mut Meta) -> Result<bool>) -> Result<()> {
         loop {
             let mut meta = self.meta.write();
-            let more = meta
-                .alloc
-                .release_busy_at_most(journal_seq - 1, BUSY_RANGES_RELEASED_PER_LOCK);
-            // Fair: whoever queued during the step runs before the next one.
+            let held = Instant::now();
+            let mut more = step(&mut meta)?;
+            while more && held.elapsed() < LOCK_HOLD_STEP {
+                more = step(&mut meta)?;
+            }
+            self.lock_holds
+                .record(HoldSite::CheckpointReleaseStep, held);
             meta.unlock_fair();
             if !more {
                 return Ok(());

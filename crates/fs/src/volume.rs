@@ -237,6 +237,15 @@ impl Volume {
         }
     }
 
+    /// The longest times checkpoints and the evictor of extent chunks held
+    /// the metadata lock exclusive since mount or the last call (every read
+    /// and write of every file waits while it is held), by place; starts
+    /// over. Benches set them beside read latencies, which on a loaded
+    /// machine mix that wait with preemption.
+    pub fn take_longest_lock_holds(&self) -> crate::LongestLockHolds {
+        self.inner.lock_holds.take()
+    }
+
     /// The volume's page cache (its size, use and dirty bytes).
     pub fn cache(&self) -> &iomap::FolioCache {
         &self.inner.cache
