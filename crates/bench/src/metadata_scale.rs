@@ -169,6 +169,11 @@ pub struct MetadataScaleResult {
     /// reserve, while the scan runs) and once free space is ready.
     pub alloc_bytes_at_mount: u64,
     pub alloc_bytes_free_ready: u64,
+    /// Free ranges once free space is ready, and what a tree of them
+    /// (the allocator before the bitmap: two B-trees of 16-byte entries)
+    /// would take by the same estimate.
+    pub free_ranges: u64,
+    pub free_range_tree_bytes: u64,
     /// Peak resident set (`VmHWM`) of a fresh process that mounts the
     /// final image and waits for free space (`iomapfs io IMAGE`, command
     /// `statfs`): the memory of a mount and its scan, with nothing of the
@@ -312,7 +317,7 @@ fn run_size(
     let started = Instant::now();
     let vol = mount(dev.clone())?;
     let mount_ns = started.elapsed().as_nanos() as u64;
-    let alloc_bytes_at_mount = vol.allocator_memory_bytes().unwrap_or(0);
+    let alloc_bytes_at_mount = vol.allocator_memory().map_or(0, |(bytes, _)| bytes);
     let (mount_chunks_loaded, mount_chunks) = vol
         .extent_page_loads()
         .map_or((0, 0), |l| (l.chunks_loaded, l.chunks));
@@ -322,7 +327,9 @@ fn run_size(
     vol.wait_free_space()
         .map_err(|e| BenchError::fs("iomapfs free space after mount", e))?;
     let free_space_ready_ns = started.elapsed().as_nanos() as u64;
-    let alloc_bytes_free_ready = vol.allocator_memory_bytes().unwrap_or(0);
+    let (alloc_bytes_free_ready, free_ranges) = vol.allocator_memory().unwrap_or((0, 0));
+    let free_range_tree_bytes =
+        2 * iomapfs_fs::alloc::bitmap::btree_heap_bytes(free_ranges as usize, 16) as u64;
     check_extents(&vol, extents)?;
     say("first commits after the mount");
     let first_commit_ns = timed_create_commit(&vol, "/first-commit")?;
@@ -394,6 +401,8 @@ fn run_size(
         max_rss_bytes: max_rss_bytes(),
         alloc_bytes_at_mount,
         alloc_bytes_free_ready,
+        free_ranges,
+        free_range_tree_bytes,
         child_mount_max_rss_bytes,
         quiet_reads: quiet.count(),
         quiet_read_p99_ns: quiet_p99,

@@ -200,15 +200,19 @@ impl Volume {
         }
     }
 
-    /// Heap bytes of the allocator allocating now (estimated,
-    /// [`crate::alloc::Allocator::memory_bytes`]): the scanned one once
-    /// free space is ready, the clean unmount's reserve while the scan
-    /// runs, `None` while there is neither or the scan failed. For the
-    /// metadata-scale bench.
+    /// The allocator allocating now: its heap bytes (estimated,
+    /// [`crate::alloc::Allocator::memory_bytes`]) and its free ranges;
+    /// the scanned one once free space is ready, the clean unmount's
+    /// reserve while the scan runs, `None` while there is neither or the
+    /// scan failed. For the metadata-scale bench.
     #[doc(hidden)]
-    pub fn allocator_memory_bytes(&self) -> Option<u64> {
+    pub fn allocator_memory(&self) -> Option<(u64, u64)> {
         let meta = self.inner.meta.read();
-        meta.alloc.allocator().ok().map(|a| a.memory_bytes() as u64)
+        let alloc = meta.alloc.allocator().ok()?;
+        Some((
+            alloc.memory_bytes() as u64,
+            alloc.free_extent_count() as u64,
+        ))
     }
 
     /// What reading extent pages on demand did since mount: pages read,
