@@ -13,6 +13,15 @@
 //! 4 KiB blocks, where a tree of free ranges took hundreds of MiB. Free
 //! runs are coalesced across groups everywhere outside [`bitmap`]: a free
 //! range, a count of them, the largest, and an allocation may span groups.
+//! [`Allocator::memory_bytes`] estimates the heap this takes (busy ranges
+//! included); the tree of free ranges it replaced took about 55 bytes per
+//! free range by the same estimate ([`bitmap::btree_heap_bytes`]).
+//!
+//! Cost of an allocation: a write whose file block before is a hole (the
+//! metadata-scale layout: every other block) has no hint, so it is a best
+//! fit; on a group filling from the front that is constant time (the group
+//! remembers the longest run before where it fills from, and its free
+//! suffix ends a run without a walk), not a walk of the group's bitmap.
 //!
 //! Fault model: a power cut may lose every metadata change after the last
 //! durable journal record. If space freed by a not-yet-durable record (a

@@ -16,6 +16,12 @@
 //! a given length in `O(log groups)`. Runs are never cut at group
 //! boundaries: everything outside this module sees coalesced runs.
 //!
+//! Walks over a group's bits are cut short by what its summary knows:
+//! a run that reaches the group's free prefix or suffix ends there, and
+//! best fit starts past the head a group fills from when no run in it
+//! fits (`Group::head_end`), so a group being filled from the front costs
+//! constant time per allocation, whatever its fill.
+//!
 //! Blocks are indexes from the data area's start; callers check ranges
 //! (this module asserts nothing about ownership, it only flips bits that
 //! its callers found in the other state).
