@@ -170,9 +170,43 @@ impl FreeBitmap {
             if let Some(i) = found {
                 return Some(self.base(g) + u64::from(i));
             }
-            b = self.base(g + 1);
+            b = self.base(self.next_group_with_free(g + 1)?);
         }
         None
+    }
+
+    /// The first group from `g` on with a free block, through the tree
+    /// (`O(log groups)`): a hint deep in a used stretch (an extent page
+    /// placed after the block it follows, at 10M extents) would otherwise
+    /// step over every full group after it.
+    fn next_group_with_free(&self, g: usize) -> Option<usize> {
+        if g >= self.groups.len() {
+            return None;
+        }
+        let mut i = self.leaves + g;
+        if self.tree[i].best > 0 {
+            return Some(g);
+        }
+        // Up until a right sibling holds a free block, then down to the
+        // leftmost leaf below it that does.
+        loop {
+            if i == 1 {
+                return None;
+            }
+            if i % 2 == 0 && self.tree[i + 1].best > 0 {
+                i += 1;
+                break;
+            }
+            i /= 2;
+        }
+        while i < self.leaves {
+            i = if self.tree[2 * i].best > 0 {
+                2 * i
+            } else {
+                2 * i + 1
+            };
+        }
+        Some(i - self.leaves)
     }
 
     /// The first block in `[lo, hi)` that is not free, or `hi`.
