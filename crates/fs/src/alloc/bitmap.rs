@@ -193,7 +193,7 @@ impl FreeBitmap {
             if i == 1 {
                 return None;
             }
-            if i % 2 == 0 && self.tree[i + 1].best > 0 {
+            if i.is_multiple_of(2) && self.tree[i + 1].best > 0 {
                 i += 1;
                 break;
             }
