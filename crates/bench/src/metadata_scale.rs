@@ -548,9 +548,9 @@ fn child_mount_max_rss(image: &Path) -> Result<u64, BenchError> {
         stdin
             .write_all(b"statfs\n")
             .map_err(|e| BenchError::io(format!("write to {what}"), e))?;
-        let stdout = std::io::BufReader::new(child.stdout.take().expect("piped"));
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped")).lines();
         let mut answered = false;
-        for line in stdout.lines() {
+        for line in stdout.by_ref() {
             let line = line.map_err(|e| BenchError::io(format!("read from {what}"), e))?;
             if line.starts_with("statfs.inodes") {
                 answered = true;
@@ -570,8 +570,12 @@ fn child_mount_max_rss(image: &Path) -> Result<u64, BenchError> {
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
             .ok_or_else(|| BenchError::failed("metadata-scale", format!("{what}: no VmHWM")))?;
-        // Closing stdin ends it.
+        // Closing stdin ends it; what it still prints is read to the end,
+        // or it would die of SIGPIPE writing it.
         drop(stdin);
+        for line in stdout {
+            line.map_err(|e| BenchError::io(format!("read from {what}"), e))?;
+        }
         Ok(kib * 1024)
     })();
     let exited = child
