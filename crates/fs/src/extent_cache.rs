@@ -24,7 +24,7 @@
 //! the flusher wakes on a timer. So the loader asks this thread (a
 //! [`crate::background_request::BackgroundRequest`]) as soon as a load
 //! passes the budget. The sweep holds the metadata write lock, which every
-//! reader waits on, for at most [`CHUNKS_PER_LOCK`] chunks at a time and
+//! reader waits on, for at most about [`LOCK_HOLD_STEP`] at a time and
 //! releases it fairly in between.
 //!
 //! The state of the newest checkpoint (`VolumeInner::checkpointing`, kept
@@ -39,13 +39,14 @@
 use std::sync::Arc;
 
 use crate::extent_map::{PageLoader, PageSource};
+use crate::lock_holds::{HoldSite, LOCK_HOLD_STEP};
 use crate::mount_state::VolumeInner;
 use crate::types::{FileKind, Ino};
 
-/// Chunks the sweep looks at per hold of the metadata write lock: each
-/// eviction frees one chunk (16 KiB of extents), so a step is some tens
-/// of microseconds.
-pub(crate) const CHUNKS_PER_LOCK: usize = 256;
+/// Chunks the sweep looks at between two looks at the clock: a few
+/// microseconds' work (an eviction drops a chunk of up to 16 KiB of
+/// extents, freed after the lock is released).
+const CHUNKS_PER_CLOCK_READ: usize = 8;
 
 /// The sweep stops at the budget less this fraction of it, so that the
 /// loads after it do not ask again at once.
@@ -54,7 +55,7 @@ const MARGIN_DIVISOR: u64 = 8;
 impl VolumeInner {
     /// The evictor's job: makes clean chunks absent until the clean bytes
     /// are below the budget (less a margin), in steps of
-    /// [`CHUNKS_PER_LOCK`] chunks per hold of the metadata lock. Gives up
+    /// about [`LOCK_HOLD_STEP`] per hold of the metadata lock. Gives up
     /// after two sweeps over every chunk (the first may only clear clock
     /// bits) when what is left is changed or in use.
     pub(crate) fn evict_extent_chunks(&self) {
@@ -102,8 +103,10 @@ impl VolumeInner {
         while !done(freed) && looked <= 2 * chunks {
             let mut meta = self.meta.write();
             let held = std::time::Instant::now();
-            let mut step = 0;
-            while step < CHUNKS_PER_LOCK && !done(freed) && looked <= 2 * chunks {
+            // Freed once the lock is released: dropping a chunk frees its
+            // extents, which readers need not wait for.
+            let mut dropped = Vec::new();
+            while held.elapsed() < LOCK_HOLD_STEP && !done(freed) && looked <= 2 * chunks {
                 let ino = inos[file];
                 let changed = meta.state.changed_since_taken(ino);
                 let inode = match changed {
@@ -117,7 +120,7 @@ impl VolumeInner {
                             loader: as_loader.clone(),
                         });
                         let before = freed;
-                        let max = CHUNKS_PER_LOCK - step;
+                        let max = CHUNKS_PER_CLOCK_READ;
                         let (next, evicted) = inode
                             .extents
                             .evict(chunk, max, &source, |f| done(before + f));
@@ -125,7 +128,6 @@ impl VolumeInner {
                         let seen = next
                             .unwrap_or(inode.extents.chunk_count())
                             .saturating_sub(chunk);
-                        step += seen.max(1);
                         looked += seen.max(1);
                         if let Some(base) = newest.as_mut().and_then(|s| s.inodes.get_mut(&ino)) {
                             for e in &evicted {
@@ -133,13 +135,10 @@ impl VolumeInner {
                             }
                         }
                         freed += evicted_bytes(&evicted);
-                        // Dropped here: a chunk nothing else holds is freed
-                        // (and its bytes given back) now.
-                        drop(evicted);
+                        dropped.push(evicted);
                         next
                     }
                     _ => {
-                        step += 1;
                         looked += 1;
                         None
                     }
@@ -153,10 +152,10 @@ impl VolumeInner {
                 }
             }
             *hand = (inos[file], chunk);
-            self.lock_holds
-                .record(crate::lock_holds::HoldSite::EvictionStep, held);
+            self.lock_holds.record(HoldSite::EvictionStep, held);
             // Fair: readers queued during the step run before the next.
             meta.unlock_fair();
+            drop(dropped);
         }
     }
 }

@@ -18,18 +18,11 @@ use crate::limits::{
     CHAIN_DELTA_BYTES_DIVISOR, CHAIN_DELTA_BYTES_MIN, COMMIT_BACKPRESSURE_THRESHOLDS,
     MAX_CHAIN_DELTAS,
 };
-use crate::lock_holds::HoldSite;
+use crate::lock_holds::{HoldSite, LOCK_HOLD_STEP};
 use crate::mount_state::{Meta, VolumeInner};
 use crate::state::MetaState;
 use crate::types::MetaDelta;
 use crate::{Error, Result};
-
-/// How long a checkpoint holds the metadata lock at a time while it gives
-/// space back: about a 4 KiB read's p99 in the metadata-scale bench (a
-/// read waits at most this for it). A range given back costs from a
-/// microsecond to 15 (the free-space maps of a million ranges, out of
-/// cache); 2048 ranges per hold held readers up to 2.7 ms.
-const LOCK_HOLD_STEP: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// A checkpoint writes a base, not a delta, once the chunks changed since
 /// the last base (no page: never evicted) pass 1/this of the budget of

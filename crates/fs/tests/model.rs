@@ -1043,6 +1043,11 @@ impl Case {
                     self.fail(format!("{what}: {e}"))
                 }
             }
+            // Short of space, the volume may refuse before it looks at the
+            // names (POSIX leaves the order of errors open).
+            (Err(e), Err(_)) if matches!(e.root(), Error::NoSpace { .. }) => {
+                self.check_nospace(&what, &e, 0, free)
+            }
             (Err(e), Err(w)) => self.check_err(&what, &e, w),
         }
     }
@@ -1145,6 +1150,11 @@ impl Case {
                 } else {
                     self.fail(format!("{what}: {e}"))
                 }
+            }
+            // Short of space, the volume may refuse before it looks at the
+            // names (POSIX leaves the order of errors open).
+            (Err(e), Err(_)) if matches!(e.root(), Error::NoSpace { .. }) => {
+                self.check_nospace(&what, &e, 0, free)
             }
             (Err(e), Err(w)) => self.check_err(&what, &e, w),
         }
