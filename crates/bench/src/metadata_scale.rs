@@ -164,6 +164,22 @@ pub struct MetadataScaleResult {
     pub second_commit_ns: u64,
     /// `ru_maxrss` of the process after this size, in bytes.
     pub max_rss_bytes: u64,
+    /// The allocator's own heap bytes (`Volume::allocator_memory_bytes`,
+    /// an estimate) right after the mount returns (the clean unmount's
+    /// reserve, while the scan runs) and once free space is ready.
+    pub alloc_bytes_at_mount: u64,
+    pub alloc_bytes_free_ready: u64,
+    /// Free ranges once free space is ready, and what a tree of them
+    /// (the allocator before the bitmap: two B-trees of 16-byte entries)
+    /// would take by the same estimate.
+    pub free_ranges: u64,
+    pub free_range_tree_bytes: u64,
+    /// Peak resident set (`VmHWM`) of a fresh process that mounts the
+    /// final image and waits for free space (`iomapfs io IMAGE`, command
+    /// `statfs`): the memory of a mount and its scan, with nothing of the
+    /// build in it. The binary is this one, or `$IOMAPFS_BENCH_MOUNT_BIN`
+    /// (another build, for a before/after on the same image).
+    pub child_mount_max_rss_bytes: u64,
     pub quiet_reads: u64,
     pub quiet_read_p99_ns: u64,
     pub quiet_read_p999_ns: u64,
@@ -301,6 +317,7 @@ fn run_size(
     let started = Instant::now();
     let vol = mount(dev.clone())?;
     let mount_ns = started.elapsed().as_nanos() as u64;
+    let alloc_bytes_at_mount = vol.allocator_memory().map_or(0, |(bytes, _)| bytes);
     let (mount_chunks_loaded, mount_chunks) = vol
         .extent_page_loads()
         .map_or((0, 0), |l| (l.chunks_loaded, l.chunks));
@@ -310,6 +327,9 @@ fn run_size(
     vol.wait_free_space()
         .map_err(|e| BenchError::fs("iomapfs free space after mount", e))?;
     let free_space_ready_ns = started.elapsed().as_nanos() as u64;
+    let (alloc_bytes_free_ready, free_ranges) = vol.allocator_memory().unwrap_or((0, 0));
+    let free_range_tree_bytes =
+        2 * iomapfs_fs::alloc::bitmap::btree_heap_bytes(free_ranges as usize, 16) as u64;
     check_extents(&vol, extents)?;
     say("first commits after the mount");
     let first_commit_ns = timed_create_commit(&vol, "/first-commit")?;
@@ -344,6 +364,8 @@ fn run_size(
         .map_or((0, 0), |l| (l.cached_bytes, l.chunks_loaded));
     vol.unmount()
         .map_err(|e| BenchError::fs("iomapfs unmount", e))?;
+    say("mount in a fresh process");
+    let child_mount_max_rss_bytes = child_mount_max_rss(path)?;
 
     let quiet_p99 = quiet.quantile(0.99);
     let busy_max = busy.max().unwrap_or(0);
@@ -377,6 +399,11 @@ fn run_size(
         first_commit_ns,
         second_commit_ns,
         max_rss_bytes: max_rss_bytes(),
+        alloc_bytes_at_mount,
+        alloc_bytes_free_ready,
+        free_ranges,
+        free_range_tree_bytes,
+        child_mount_max_rss_bytes,
         quiet_reads: quiet.count(),
         quiet_read_p99_ns: quiet_p99,
         quiet_read_p999_ns: quiet.quantile(0.999),
@@ -497,6 +524,81 @@ fn timed_reads(
             .map_err(|e| BenchError::fs("iomapfs read", e))?;
     }
     Ok(started.elapsed().as_nanos() as u64)
+}
+
+/// The peak resident set (`VmHWM`) of a fresh `iomapfs io IMAGE` run by
+/// [`mount_binary`], once its `statfs` (which waits for free space) has
+/// answered, in bytes. Read from `/proc` while the process waits for its
+/// next command: `ru_maxrss` would not do, Linux carries the forking
+/// process's high-water mark into the child across exec.
+fn child_mount_max_rss(image: &Path) -> Result<u64, BenchError> {
+    use std::io::{BufRead, Write};
+    let bin = mount_binary()?;
+    let what = format!("{} io {}", bin.display(), image.display());
+    let mut child = std::process::Command::new(&bin)
+        .arg("io")
+        .arg(image)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| BenchError::io(format!("run {what}"), e))?;
+    let measured = (|| {
+        let mut stdin = child.stdin.take().expect("piped");
+        stdin
+            .write_all(b"statfs\n")
+            .map_err(|e| BenchError::io(format!("write to {what}"), e))?;
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+        let mut answered = false;
+        for line in stdout.by_ref() {
+            let line = line.map_err(|e| BenchError::io(format!("read from {what}"), e))?;
+            if line.starts_with("statfs.inodes") {
+                answered = true;
+                break;
+            }
+        }
+        if !answered {
+            return Err(BenchError::failed(
+                "metadata-scale",
+                format!("{what}: no statfs answer"),
+            ));
+        }
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+            .map_err(|e| BenchError::io(format!("read the status of {what}"), e))?;
+        let kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .ok_or_else(|| BenchError::failed("metadata-scale", format!("{what}: no VmHWM")))?;
+        // Closing stdin ends it; what it still prints is read to the end,
+        // or it would die of SIGPIPE writing it.
+        drop(stdin);
+        for line in stdout {
+            line.map_err(|e| BenchError::io(format!("read from {what}"), e))?;
+        }
+        Ok(kib * 1024)
+    })();
+    let exited = child
+        .wait()
+        .map_err(|e| BenchError::io(format!("wait for {what}"), e))?;
+    let rss = measured?;
+    if !exited.success() {
+        return Err(BenchError::failed(
+            "metadata-scale",
+            format!("{what}: {exited}"),
+        ));
+    }
+    Ok(rss)
+}
+
+/// The binary the fresh-process mount runs: `$IOMAPFS_BENCH_MOUNT_BIN`
+/// if set, else this one.
+fn mount_binary() -> Result<PathBuf, BenchError> {
+    match std::env::var_os("IOMAPFS_BENCH_MOUNT_BIN") {
+        Some(bin) => Ok(PathBuf::from(bin)),
+        None => std::env::current_exe()
+            .map_err(|e| BenchError::io("locate the bench binary".to_string(), e)),
+    }
 }
 
 /// The process's resident set now (`/proc/self/statm`), 0 if unknown.

@@ -671,46 +671,38 @@ pub(crate) fn build_allocator_unless(
     if cancel.load(Ordering::Relaxed) {
         return Ok(None);
     }
-    let mut used: Vec<(u64, u64)> = Vec::new();
-    let complete = for_each_used_range(state, spills, pages, &mut |_, addr, len| {
-        used.push((addr, len));
-        !(used.len().is_multiple_of(RANGES_PER_CANCEL_CHECK) && cancel.load(Ordering::Relaxed))
-    })?;
-    if !complete {
-        return Ok(None);
-    }
-    let built = Allocator::with_used(data.start, data.len, sb.layout.block_size, &used);
-    drop(used);
-    let (i, reason) = match built {
-        Ok(alloc) => return Ok(Some(alloc)),
-        Err(refused) => refused,
-    };
-    // Only on corruption: enumerate again to name the range's owner.
-    let mut seen = 0;
-    let mut owner = None;
-    for_each_used_range(state, spills, pages, &mut |by, addr, _| {
-        if seen == i {
-            owner = Some((by, addr));
+    // Claimed as enumerated: no list of the ranges, no sort. An overlap
+    // shows on the second of the two ranges enumerated, named with its
+    // owner there and then.
+    let mut builder = Allocator::builder(data.start, data.len, sb.layout.block_size);
+    let mut refused = None;
+    let mut seen = 0usize;
+    let complete = for_each_used_range(state, spills, pages, &mut |by, addr, len| {
+        if let Err(reason) = builder.mark_used(addr, len) {
+            refused = Some((by, addr, reason));
+            return false;
         }
         seen += 1;
-        owner.is_none()
+        !(seen.is_multiple_of(RANGES_PER_CANCEL_CHECK) && cancel.load(Ordering::Relaxed))
     })?;
-    Err(match owner {
-        Some((UsedBy::Extent { ino, file_off }, addr)) => Error::corrupt(
+    let Some((by, addr, reason)) = refused else {
+        return Ok(complete.then(|| builder.finish()));
+    };
+    Err(match by {
+        UsedBy::Extent { ino, file_off } => Error::corrupt(
             "extent map",
             addr,
             format!("inode {ino} extent at file offset {file_off}: {reason}"),
         ),
-        Some((UsedBy::Spill { slot }, addr)) => Error::corrupt(
+        UsedBy::Spill { slot } => Error::corrupt(
             "spill table",
             addr,
             format!("checkpoint slot {slot}'s spill extent: {reason}"),
         ),
-        Some((UsedBy::Page, addr)) => Error::corrupt(
+        UsedBy::Page => Error::corrupt(
             "extent page",
             addr,
             format!("a checkpoint's extent page: {reason}"),
         ),
-        None => Error::corrupt("free space", data.start, reason),
     })
 }

@@ -200,6 +200,21 @@ impl Volume {
         }
     }
 
+    /// The allocator allocating now: its heap bytes (estimated,
+    /// [`crate::alloc::Allocator::memory_bytes`]) and its free ranges;
+    /// the scanned one once free space is ready, the clean unmount's
+    /// reserve while the scan runs, `None` while there is neither or the
+    /// scan failed. For the metadata-scale bench.
+    #[doc(hidden)]
+    pub fn allocator_memory(&self) -> Option<(u64, u64)> {
+        let meta = self.inner.meta.read();
+        let alloc = meta.alloc.allocator().ok()?;
+        Some((
+            alloc.memory_bytes() as u64,
+            alloc.free_extent_count() as u64,
+        ))
+    }
+
     /// What reading extent pages on demand did since mount: pages read,
     /// chunks loaded outside a fallible path (a bug if not 0), and the
     /// damaged pages found (each also an EIO to the operation that needed
