@@ -47,6 +47,17 @@ fn direct() -> OpenFlags {
     }
 }
 
+fn create_direct(vol: &Volume, path: &str) -> iomapfs_fs::File {
+    vol.open_file(
+        path,
+        OpenFlags {
+            create: true,
+            ..direct()
+        },
+    )
+    .unwrap()
+}
+
 /// What a crash state may hold. `new_data_durable`: the writes made during
 /// the checkpoint were fsync'd before the cut.
 fn check_state(dev: MemDevice, ctx: &str, new_data_durable: bool) {
@@ -107,15 +118,7 @@ fn checkpoint_runs_beside_writers_and_survives_a_power_cut_in_its_middle() {
     let dev: Arc<dyn BlockDevice> = mem.clone();
     Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
     let vol = Volume::open(dev).unwrap();
-    let file = vol
-        .open_file(
-            "/f",
-            OpenFlags {
-                create: true,
-                ..direct()
-            },
-        )
-        .unwrap();
+    let file = create_direct(&vol, "/f");
     for i in 0..SYNCED_BLOCKS {
         file.pwrite(&block(b'A', i), i * BS as u64).unwrap();
     }
@@ -206,15 +209,7 @@ fn a_checkpoint_gives_space_back_in_short_holds_of_the_metadata_lock() {
     let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(512 * MIB, 4096));
     Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
     let vol = Volume::open(dev).unwrap();
-    let f = vol
-        .open_file(
-            "/f",
-            OpenFlags {
-                create: true,
-                ..direct()
-            },
-        )
-        .unwrap();
+    let f = create_direct(&vol, "/f");
     for i in 0..EXTENTS {
         f.fallocate(2 * i * BS as u64, BS as u64, false).unwrap();
     }
