@@ -35,6 +35,13 @@
 //! end, frees what it still held.) Inodes changed since the last
 //! checkpoint's snapshot are left alone: the next delta reads their
 //! changed spans from the live map, without a fallible entry point.
+//!
+//! Any other snapshot that shares a chunk (mount's free-space scan's, for
+//! the scan's length) keeps its extents in memory until it drops: the
+//! sweep counts such a chunk as freed, so that it does not empty the map
+//! of chunks whose memory it cannot give back now. Every such holder drops
+//! its snapshot before it reports its work done (the scan before free
+//! space is ready).
 
 use std::sync::Arc;
 

@@ -6,11 +6,12 @@
 //! Here rather than in `extent_cache`: they drive whole volumes, and
 //! `volume` reaches `extent_cache` through `background_thread`.
 
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Mutex};
 
 use blockdev::memory::{FaultOp, FaultRule, MemDevice};
 use blockdev::{BlockDevice, WriteMode};
 
+use crate::free_space::{ScanHook, ScanPoint};
 use crate::page_loader::PageLoads;
 use crate::types::Ino;
 use crate::volume::{FormatOptions, MountOptions, Volume};
@@ -146,6 +147,41 @@ fn reading_a_whole_paged_file_stays_within_the_budget() {
     assert!(s.chunks_loaded < s.chunks / 4, "few chunks kept: {s:?}");
     assert_eq!(s.unplanned, 0, "{s:?}");
     assert_eq!(s.cache_budget, BUDGET);
+    vol.unmount().unwrap();
+}
+
+/// Free space ready means mount's scan keeps nothing of the maps: its
+/// snapshot shares their chunks, and a chunk a snapshot holds stays in
+/// memory whatever the evictor does. The scan thread is held after it
+/// opened the gate (where a late drop of its snapshot would still hold
+/// every chunk) while a budget of a few chunks is read past many times.
+#[test]
+fn a_finished_free_space_scan_keeps_no_chunk_in_memory() {
+    let dev = volume();
+    let (release, held) = mpsc::channel::<()>();
+    let held = Mutex::new(held);
+    let hook = ScanHook(Arc::new(move |point| {
+        if point == ScanPoint::Finished {
+            // Returns once released, or when the test drops `release`.
+            let _ = held.lock().unwrap().recv();
+        }
+    }));
+    let opts = MountOptions {
+        free_space_scan_hook: Some(hook),
+        ..opts(BUDGET)
+    };
+    let vol = Volume::open_with(dev.clone(), &opts).unwrap();
+    // Declared after `vol`, so dropped before it when an assertion fails:
+    // the scan thread `vol`'s drop joins is let go first.
+    let release = release;
+    vol.wait_free_space().unwrap();
+    for k in 0..EXTENTS {
+        assert_eq!(read_block(&vol, k).unwrap()[0], fill(k), "block {k}");
+        settle(&vol);
+        let s = stats(&vol);
+        assert!(s.cached_bytes <= BUDGET, "block {k}: {s:?}");
+    }
+    release.send(()).unwrap();
     vol.unmount().unwrap();
 }
 

@@ -368,6 +368,9 @@ pub enum ScanPoint {
     Start,
     /// Built, before the install takes the metadata lock.
     BeforeInstall,
+    /// Installed and the gate open, before the scanning thread returns:
+    /// a test holds it here to check that it keeps nothing of the volume.
+    Finished,
     /// Called by the thread that stops the scan (the last `Volume` handle
     /// dropped), after it asked the scan to stop and before it joins it:
     /// a test holding the scan lets it go here.

@@ -56,6 +56,7 @@ impl Held {
             ScanPoint::Start => drop(rx.lock().unwrap().recv()),
             ScanPoint::BeforeInstall => seen.store(true, Ordering::SeqCst),
             ScanPoint::Cancelled => drop(on_cancel.lock().unwrap().send(())),
+            ScanPoint::Finished => {}
         }));
         Held {
             opts: MountOptions {
@@ -391,7 +392,7 @@ fn an_abandoned_scan_is_run_by_the_next_waiter() {
     let Some(Claim::Scan(input)) = inner.free_space_gate.claim(false) else {
         panic!("nobody scans yet");
     };
-    inner.scan_free_space(&input, &AtomicBool::new(true));
+    inner.scan_free_space(input, &AtomicBool::new(true));
     assert!(
         !inner.free_space_gate.is_done(),
         "a cancelled scan installs nothing"

@@ -219,7 +219,7 @@ impl VolumeInner {
         }
         let never = AtomicBool::new(false);
         while let Some(Claim::Scan(input)) = self.free_space_gate.claim(true) {
-            self.scan_free_space(&input, &never);
+            self.scan_free_space(input, &never);
         }
     }
 
@@ -256,7 +256,12 @@ impl VolumeInner {
     /// Builds the allocator from `input` as [`build_allocator`] does and
     /// installs it, with the frees made since mount; gives up, leaving the
     /// scan to whoever claims it next, once `cancel` is set.
-    pub(crate) fn scan_free_space(&self, input: &ScanInput, cancel: &AtomicBool) {
+    ///
+    /// `input` is dropped before the gate opens: its snapshot shares the
+    /// maps' chunks, and a chunk a snapshot holds stays in memory whatever
+    /// the evictor does, so a caller that found free space ready must
+    /// find the snapshot gone too.
+    pub(crate) fn scan_free_space(&self, input: Arc<ScanInput>, cancel: &AtomicBool) {
         let gate = &self.free_space_gate;
         gate.hook(ScanPoint::Start);
         let built = build_allocator_unless(
@@ -266,6 +271,7 @@ impl VolumeInner {
             &used_pages(&input.sb, &input.pages),
             cancel,
         );
+        drop(input);
         let built = match built {
             Ok(None) => return gate.abandon(),
             Ok(Some(alloc)) => Ok(alloc),
@@ -274,6 +280,7 @@ impl VolumeInner {
         gate.hook(ScanPoint::BeforeInstall);
         let failure = self.meta.write().alloc.install(built);
         gate.finish(failure);
+        gate.hook(ScanPoint::Finished);
     }
 }
 
@@ -302,7 +309,7 @@ impl FreeSpaceScan {
             .name("iomapfs-free-space".to_string())
             .spawn(move || {
                 if let Some(vol) = weak.upgrade() {
-                    vol.scan_free_space(&input, &stop);
+                    vol.scan_free_space(input, &stop);
                 }
             });
         match thread {
