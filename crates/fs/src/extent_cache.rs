@@ -27,14 +27,11 @@
 //! reader waits on, for at most about [`LOCK_HOLD_STEP`] at a time and
 //! releases it fairly in between.
 //!
-//! The state of the newest checkpoint (`VolumeInner::checkpointing`, kept
-//! for the next delta) shares the live maps' chunks: the evictor holds
-//! that lock and replaces the chunk there too, so its extents are freed
-//! now rather than at the next checkpoint. (A checkpoint running holds
-//! that lock: the evictor waits for it, and its snapshot, dropped at its
-//! end, frees what it still held.) Inodes changed since the last
-//! checkpoint's snapshot are left alone: the next delta reads their
-//! changed spans from the live map, without a fallible entry point.
+//! A running checkpoint's snapshot shares the live maps' chunks, so the
+//! sweep waits for it (`VolumeInner::checkpointing`): the snapshot,
+//! dropped once written, frees what it held. Inodes changed since the
+//! last checkpoint's snapshot are left alone: the next delta reads their
+//! changed spans from the next snapshot, without a fallible entry point.
 //!
 //! Any other snapshot that shares a chunk (mount's free-space scan's, for
 //! the scan's length) keeps its extents in memory until it drops: the
@@ -75,7 +72,7 @@ impl VolumeInner {
             return;
         }
         let target = budget - budget / MARGIN_DIVISOR;
-        let mut newest = self.checkpointing.lock();
+        let _no_checkpoint_running = self.checkpointing.lock();
         let as_loader: Arc<dyn PageLoader> = loader.clone();
         let (inos, chunks) = {
             let meta = self.meta.read();
@@ -136,11 +133,6 @@ impl VolumeInner {
                             .unwrap_or(inode.extents.chunk_count())
                             .saturating_sub(chunk);
                         looked += seen.max(1);
-                        if let Some(base) = newest.as_mut().and_then(|s| s.inodes.get_mut(&ino)) {
-                            for e in &evicted {
-                                base.extents.evict_shared(e);
-                            }
-                        }
                         freed += evicted_bytes(&evicted);
                         dropped.push(evicted);
                         next

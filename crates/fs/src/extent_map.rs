@@ -238,12 +238,6 @@ impl ExtentMap {
         self.map.evict(from, max, source, enough)
     }
 
-    /// Makes a snapshot of this map drop a chunk the live map evicted
-    /// (see `Chunks::evict_shared`).
-    pub fn evict_shared(&mut self, evicted: &Evicted) -> bool {
-        self.map.evict_shared(evicted)
-    }
-
     /// Passes every extent to `f` in order without keeping an absent
     /// chunk's extents: each such page is read, passed and dropped.
     /// Stops (`Ok(false)`) when `f` returns `false`, and at a page that
@@ -279,6 +273,13 @@ impl ExtentMap {
     /// (what the space kept for the next base is counted in).
     pub fn chunk_count(&self) -> usize {
         self.map.chunk_count()
+    }
+
+    /// Whether a clone of this map (a snapshot) still shares its chunks:
+    /// the next change then copies the list of chunks and the chunk it
+    /// changes.
+    pub fn is_shared(&self) -> bool {
+        self.map.is_shared()
     }
 
     pub fn block_size(&self) -> u32 {

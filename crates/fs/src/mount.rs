@@ -116,7 +116,6 @@ pub(crate) fn mount(
         slot,
         generation,
         chain,
-        chain_state,
         state,
         alloc: (),
         replay_end,
@@ -193,9 +192,7 @@ pub(crate) fn mount(
     inner.mount_warnings = from_backup.iter().map(|b| b.to_string()).collect();
     inner.page_loader = page_loader;
     inner.mounted_from_backup = from_backup.is_some();
-    if deltas {
-        *inner.checkpointing.get_mut() = Some(chain_state);
-    }
+    *inner.checkpointing.get_mut() = deltas;
     let inner = Arc::new(inner);
     // Inodes unlinked while open when the volume went down: nothing can
     // reach them any more.
@@ -373,8 +370,6 @@ pub(crate) struct Loaded<A = Allocator> {
     pub generation: u64,
     /// Where the chain of checkpoints in `slot` ends.
     pub chain: checkpoint::ChainEnd,
-    /// The state the newest checkpoint holds, before journal replay.
-    pub chain_state: MetaState,
     pub state: MetaState,
     pub alloc: A,
     pub replay_end: journal::ReplayEnd,
@@ -419,7 +414,6 @@ impl Loaded<()> {
             slot,
             generation,
             chain,
-            chain_state,
             state,
             alloc: (),
             replay_end,
@@ -437,7 +431,6 @@ impl Loaded<()> {
             slot,
             generation,
             chain,
-            chain_state,
             state,
             alloc,
             replay_end,
@@ -515,8 +508,8 @@ pub(crate) fn load_unscanned(
             .check_links_and_kinds()
             .map_err(|reason| Error::corrupt("checkpoint image", slot_start, reason))?;
     }
-    // O(1): replay below changes `state` copy-on-write.
-    let chain_state = state.clone();
+    // The state lists no change yet: replay's are listed from here, which
+    // is what lets the first checkpoint be a delta from the newest.
     let journal_start = sb.layout.journal.start;
     let clean_mark_names_newest = sb.clean_mark == Some(clean_mark_for(&ckpt));
     // fsck always scans: finding damage is its job, not mounting fast.
@@ -555,7 +548,6 @@ pub(crate) fn load_unscanned(
         slot,
         generation: ckpt.generation,
         chain,
-        chain_state,
         state,
         alloc: (),
         replay_end,

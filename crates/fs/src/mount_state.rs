@@ -182,11 +182,11 @@ pub struct VolumeInner {
     pub(crate) commit: Mutex<CommitState>,
     /// Held by a checkpoint from its snapshot until it is durable (it takes
     /// `commit` only at both ends): one checkpoint at a time. Taken before
-    /// `commit`, never while holding it. Holds the state the newest
-    /// checkpoint holds (an O(1) snapshot, sharing all it did not change
-    /// since), which the next delta checkpoint is the difference from;
-    /// `None` when the next checkpoint must be whole.
-    pub(crate) checkpointing: Mutex<Option<MetaState>>,
+    /// `commit`, never while holding it. Holds whether the changes the
+    /// state lists (`MetaState::take_changed`) are those since the newest
+    /// checkpoint's state, so that the next checkpoint may be a delta from
+    /// it; `false` when the next checkpoint must be whole.
+    pub(crate) checkpointing: Mutex<bool>,
     shutdown: Mutex<Option<String>>,
     /// Set once `shutdown` holds a reason.
     is_shut_down: AtomicBool,
@@ -245,7 +245,7 @@ impl VolumeInner {
             sb,
             meta: ShardedRwLock::new(meta),
             commit: Mutex::new(commit),
-            checkpointing: Mutex::new(None),
+            checkpointing: Mutex::new(false),
             shutdown: Mutex::new(None),
             is_shut_down: AtomicBool::new(false),
             commit_threshold,

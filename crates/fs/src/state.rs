@@ -16,8 +16,9 @@ use crate::extent_map::ExtentMap;
 use crate::limits::{MAX_FILE_SIZE, MAX_INO, MAX_LINKS, MAX_XATTR_BYTES_PER_INODE};
 use crate::page_chunks::PagedMaps;
 use crate::types::{
-    ChangedInodes, DirEntryImage, Extent, FileKind, Ino, InoMap, InodeAttrs, InodeDelta,
-    InodeImage, InodeTable, KeySpan, MetaDelta, MetaImage, Record, Timestamp, XattrImage, ROOT_INO,
+    ChangedInodes, DirEntryImage, Extent, FileKind, Ino, InoMap, InodeAttrs, InodeChanges,
+    InodeDelta, InodeImage, InodeTable, KeySpan, MetaDelta, MetaImage, Record, Timestamp,
+    XattrImage, ROOT_INO,
 };
 
 /// Encoded bytes a checkpoint spends per inode, extent and directory entry
@@ -101,6 +102,15 @@ pub struct MetaState {
     /// takes it before cloning the state, so snapshots carry an empty one
     /// and cloning stays O(1).
     changed: ChangedInodes,
+}
+
+/// The entry of `ino` in `changed`, made with `existed` (whether it
+/// existed before the record that changes it) if it had none.
+fn note_change(changed: &mut ChangedInodes, (ino, existed): (Ino, bool)) -> &mut InodeChanges {
+    changed.entry(ino).or_insert_with(|| InodeChanges {
+        existed,
+        spans: Vec::new(),
+    })
 }
 
 /// `spans` sorted and merged where they overlap or touch.
@@ -480,13 +490,15 @@ impl MetaState {
         std::mem::take(&mut self.changed)
     }
 
-    /// What changed from `base` to `self`, given `changed`: every inode
-    /// that differs between the two, with the key spans its extents may
-    /// differ in (what [`MetaState::take_changed`] returned when `self` was
-    /// taken, `base` being the state of the call before). Costs O(changed
-    /// inodes, records and the extents in their spans): nothing walks what
-    /// did not change.
-    pub fn delta_since(&self, base: &MetaState, changed: &ChangedInodes) -> MetaDelta {
+    /// What changed from the state of one [`MetaState::take_changed`] (the
+    /// base) to `self`, given `changed`, what the next call returned when
+    /// `self` was taken: every inode that differs between the two, with the
+    /// key spans its extents may differ in. Costs O(changed inodes, records
+    /// and the extents in their spans): nothing walks what did not change,
+    /// and nothing of the base is kept for it (a kept base would make the
+    /// first change after each checkpoint copy what it touches, and
+    /// dropping it would free every chunk changed since).
+    pub fn delta_since(&self, changed: &ChangedInodes) -> MetaDelta {
         let mut inos: Vec<Ino> = changed.keys().copied().collect();
         inos.sort_unstable();
         let mut delta = MetaDelta {
@@ -494,15 +506,15 @@ impl MetaState {
             ..MetaDelta::default()
         };
         for ino in inos {
-            match (self.inodes.get(&ino), base.inodes.get(&ino)) {
-                (None, None) => {}
-                (None, Some(_)) => delta.removed.push(ino),
-                (Some(live), None) => delta.changed.push(InodeDelta {
+            match (self.inodes.get(&ino), changed[&ino].existed) {
+                (None, false) => {}
+                (None, true) => delta.removed.push(ino),
+                (Some(live), false) => delta.changed.push(InodeDelta {
                     spans: vec![(0, u64::MAX)],
                     inode: inode_image(live, live.extents.iter().copied().collect()),
                 }),
-                (Some(live), Some(_)) => {
-                    let spans = merged_spans(&changed[&ino]);
+                (Some(live), true) => {
+                    let spans = merged_spans(&changed[&ino].spans);
                     let extents = live.extents.extents_in(&spans);
                     delta.changed.push(InodeDelta {
                         spans,
@@ -552,12 +564,16 @@ impl MetaState {
         self.check_record(record)?;
         let touched = self.touched_by(record);
         let keys = self.extent_keys_touched_by(record);
+        // Before the record applies: whether each inode it changes existed.
+        let existed = |state: &MetaState, ino: Ino| (ino, state.inodes.contains_key(&ino));
+        let touched = touched.map(|ino| existed(self, ino));
+        let keys = keys.map(|(ino, span)| (existed(self, ino), span));
         self.apply_checked(record, freed)?;
-        for ino in touched.into_iter().filter(|&ino| ino != 0) {
-            self.changed.entry(ino).or_default();
+        for changed in touched.into_iter().filter(|&(ino, _)| ino != 0) {
+            note_change(&mut self.changed, changed);
         }
-        if let Some((ino, span)) = keys {
-            self.changed.entry(ino).or_default().push(span);
+        if let Some((changed, span)) = keys {
+            note_change(&mut self.changed, changed).spans.push(span);
         }
         Ok(())
     }
@@ -1524,7 +1540,7 @@ mod tests {
                     }
                 }
                 let changed = state.take_changed();
-                let delta = state.delta_since(&base, &changed);
+                let delta = state.delta_since(&changed);
                 let mut image = base.to_image();
                 apply_delta(&mut image, &delta)
                     .unwrap_or_else(|e| panic!("seed {seed} round {round}: {e}"));

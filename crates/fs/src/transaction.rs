@@ -20,7 +20,6 @@ use crate::limits::{
 };
 use crate::lock_holds::{HoldSite, LOCK_HOLD_STEP};
 use crate::mount_state::{Meta, VolumeInner};
-use crate::state::MetaState;
 use crate::types::MetaDelta;
 use crate::{Error, Result};
 
@@ -200,12 +199,12 @@ impl VolumeInner {
 
     fn checkpoint_unless_done(&self, done: impl FnOnce() -> bool, base: bool) -> Result<()> {
         self.check_live()?;
-        let mut newest = self.checkpointing.lock();
+        let mut delta_ready = self.checkpointing.lock();
         self.check_live()?;
         if done() {
             return Ok(());
         }
-        let result = self.write_checkpoint(&mut newest, base);
+        let result = self.write_checkpoint(&mut delta_ready, base);
         match &result {
             // Refused before anything was written: the newest checkpoint
             // and the journal on disk are as they were, and memory holds
@@ -243,14 +242,13 @@ impl VolumeInner {
     /// checkpoint holds them (`release_busy` below releases only what this
     /// one covers).
     ///
-    /// With `newest` (the state the newest checkpoint holds), the checkpoint
-    /// is a delta from it when [`delta_is_due`] says so: appended to the
-    /// chain in the current slot instead of a whole image in the other
-    /// (never with `base`).
-    /// Either way the snapshot becomes `newest`, kept for the next delta: the
-    /// first change to each extent chunk after it copies that chunk, which a
-    /// whole checkpoint's snapshot costs too while it is written.
-    fn write_checkpoint(&self, newest: &mut Option<MetaState>, base: bool) -> Result<()> {
+    /// With `delta_ready` (the changes taken with the snapshot are those
+    /// since the newest checkpoint's), the checkpoint is a delta from the
+    /// newest when [`delta_is_due`] says so: appended to the chain in the
+    /// current slot instead of a whole image in the other (never with
+    /// `base`). The snapshot is dropped once written: while it lives, the
+    /// first change to each extent chunk copies that chunk.
+    fn write_checkpoint(&self, delta_ready: &mut bool, base: bool) -> Result<()> {
         let mut commit = self.commit.lock();
         let (snapshot, changed, journal_seq, records) = {
             let mut meta = self.meta.write();
@@ -313,13 +311,11 @@ impl VolumeInner {
             })
         };
         // Outside every lock but `checkpointing`: the diff walks only what
-        // changed, but that may be a lot.
-        let delta = newest
-            .take()
-            .map(|base| snapshot.delta_since(&base, &changed))
-            .filter(|delta| {
-                !base && delta_is_due(&self.sb, &older_chain, delta) && !unpaged_over()
-            });
+        // changed, but that may be a lot. Whatever this checkpoint does,
+        // the next is whole unless it ends well (below).
+        let delta = (std::mem::take(delta_ready) && !base)
+            .then(|| snapshot.delta_since(&changed))
+            .filter(|delta| delta_is_due(&self.sb, &older_chain, delta) && !unpaged_over());
         // `Some(spill)` for a new base: the spill extents that replace the
         // slot's old ones; and with extent pages, the pages it wrote.
         let written = match delta {
@@ -365,7 +361,7 @@ impl VolumeInner {
                 // Nothing was written. Records the journal could not take
                 // go back to the queue, in front of those logged since (the
                 // commit lock, still held, kept them out of the journal);
-                // `newest` is gone, so the next checkpoint is whole.
+                // `delta_ready` is cleared, so the next checkpoint is whole.
                 if held.is_some() {
                     self.meta.write().requeue(records);
                 }
@@ -385,9 +381,10 @@ impl VolumeInner {
             plan.record_written(&snapshot, loader.as_ref())?;
         }
         let deltas = self.sb.features_incompat & crate::superblock::INCOMPAT_DELTA_CHECKPOINTS != 0;
-        // Without deltas, dropped before anything else: while it lives,
-        // each change copies what it touches.
-        *newest = deltas.then_some(snapshot);
+        *delta_ready = deltas;
+        // Before anything else: while it lives, each change copies what
+        // it touches.
+        drop(snapshot);
         let mut commit = held.unwrap_or_else(|| self.commit.lock());
         commit.slot = slot;
         commit.generation = generation;
@@ -664,7 +661,7 @@ mod tests {
     use std::sync::Arc;
     use std::thread;
 
-    use blockdev::memory::{FaultOp, FaultRule, MemDevice};
+    use blockdev::memory::{FaultOp, FaultRule, MemDevice, Survival};
     use blockdev::BlockDevice;
 
     use crate::checkpoint::read_checkpoint;
@@ -985,6 +982,52 @@ mod tests {
     }
 
     /// `path` created (or opened) for writing.
+    /// A checkpoint keeps nothing of its snapshot once written, base or
+    /// delta: the maps share no chunk with it, so the first change after
+    /// it copies none. The deltas still hold every change: a remount reads
+    /// each write back.
+    #[test]
+    fn a_written_checkpoint_keeps_nothing_that_shares_the_maps() {
+        let mem = Arc::new(MemDevice::with_caps(64 << 20, 512, true, false));
+        let dev: Arc<dyn BlockDevice> = mem.clone();
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        vol.wait_free_space().unwrap();
+        let ino = write_paged_file(&vol, "/f", 1);
+        let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+        // As a change reaches the map: through the inode table, which
+        // copies the inode first if a snapshot shares the table's node.
+        let shared = |vol: &Volume| {
+            let mut meta = vol.inner.meta.write();
+            meta.state.inodes.get_mut(&ino).unwrap().extents.is_shared()
+        };
+        let mut deltas = 0;
+        for k in 0..6 {
+            // Into the hole after extent 20k: a change every chunk-sized
+            // stretch of the file, so each checkpoint writes something.
+            f.pwrite(&[k as u8 + 2; 4096], (2 * 20 * k + 1) * 4096)
+                .unwrap();
+            f.fsync().unwrap();
+            let before = vol.inner.commit.lock().chain.deltas;
+            vol.checkpoint().unwrap();
+            deltas += usize::from(vol.inner.commit.lock().chain.deltas > before);
+            assert!(!shared(&vol), "after checkpoint {k}");
+        }
+        assert!(deltas >= 4, "{deltas} deltas of 6 checkpoints");
+        // A power cut, not an unmount (whose base would end the chain):
+        // the next mount applies the chain of deltas.
+        let cut = Arc::new(mem.power_cut(&mut |_| Survival::Lost));
+        drop((f, vol));
+        let vol = Volume::open(cut).unwrap();
+        let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+        let mut buf = [0u8; 4096];
+        for k in 0..6u64 {
+            f.pread(&mut buf, (2 * 20 * k + 1) * 4096).unwrap();
+            assert_eq!(buf, [k as u8 + 2; 4096], "write {k}");
+        }
+        vol.unmount().unwrap();
+    }
+
     fn create_file(vol: &Volume, path: &str) -> crate::File {
         vol.open_file(
             path,

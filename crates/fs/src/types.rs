@@ -390,9 +390,22 @@ impl std::hash::Hasher for InoHasher {
 /// A map keyed by inode number.
 pub type InoMap<V> = std::collections::HashMap<Ino, V, std::hash::BuildHasherDefault<InoHasher>>;
 
-/// Inodes changed since some point, each with the extent-map key spans
-/// its changes touched (none: its extents did not change).
-pub type ChangedInodes = InoMap<Vec<KeySpan>>;
+/// Inodes changed since some point, each with what a delta from that
+/// point needs to know of it.
+pub type ChangedInodes = InoMap<InodeChanges>;
+
+/// How one inode changed since some point (see [`ChangedInodes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InodeChanges {
+    /// Whether the inode existed at that point: found before the first
+    /// record that changed it applied. With inode numbers never reused,
+    /// this and whether it exists now tell a delta whether the inode is
+    /// new, changed, removed or neither, without the state of that point.
+    pub existed: bool,
+    /// The extent-map key spans the changes touched (none: its extents did
+    /// not change).
+    pub spans: Vec<KeySpan>,
+}
 
 /// The inode table: a persistent (copy-on-write) hash map keyed by inode
 /// number. Cloning it is O(1), which is what lets a checkpoint take its
