@@ -29,6 +29,13 @@ use crate::{Error, Result};
 /// chunks, all of it: memory then stays within 1 + 1/this of the budget.
 const UNPAGED_BUDGET_DIVISOR: u64 = 4;
 
+/// Changed key spans from which a checkpoint computes its delta in a
+/// thread of its own while it flushes and appends to the journal (below,
+/// a thread costs more than it saves). The delta reads one extent per
+/// span, most of them cache and TLB misses: at 10k spans (1% of a
+/// 1M-extent file changed) about 5 ms, as long as the rest together.
+const PARALLEL_DELTA_SPANS_AT_LEAST: usize = 1024;
+
 impl VolumeInner {
     /// Commits when enough uncommitted metadata has piled up: asks the
     /// commit thread (see [`crate::background_thread`]) at the commit
@@ -267,18 +274,45 @@ impl VolumeInner {
             self.lock_holds.record(HoldSite::CheckpointSnapshot, held);
             taken
         };
-        // After the snapshot, so it covers the data of every write whose
-        // completion the snapshot records (and the journal batch below).
-        self.dev
-            .flush()
-            .map_err(|e| Error::device("checkpoint: flush", e))?;
-        let journaled = records.is_empty()
-            || commit.journal.batch_bytes(&records) <= commit.journal.free_bytes();
-        if !records.is_empty() && journaled {
-            // No flush after: the checkpoint's own flush, or the preflush of
-            // the next commit that appends behind it, makes it durable first.
-            commit.journal.append(&*self.dev, &records)?;
-        }
+        // Outside every lock but `checkpointing` (and `commit`, until the
+        // records are journaled): the diff walks only what changed, but
+        // that may be a lot, so a large one runs while the device flushes
+        // and takes the journal batch. Whatever this checkpoint does, the
+        // next is whole unless it ends well (below).
+        let wants_delta = std::mem::take(delta_ready) && !base;
+        let spans: usize = changed.values().map(|c| c.spans.len()).sum();
+        let (delta, journaled) = std::thread::scope(|scope| -> Result<_> {
+            let beside = (wants_delta && spans >= PARALLEL_DELTA_SPANS_AT_LEAST)
+                .then(|| {
+                    std::thread::Builder::new()
+                        .name("iomapfs-delta".to_string())
+                        .spawn_scoped(scope, || snapshot.delta_since(&changed))
+                        // No thread to be had: computed below instead.
+                        .ok()
+                })
+                .flatten();
+            // After the snapshot, so it covers the data of every write whose
+            // completion the snapshot records (and the journal batch below).
+            self.dev
+                .flush()
+                .map_err(|e| Error::device("checkpoint: flush", e))?;
+            let journaled = records.is_empty()
+                || commit.journal.batch_bytes(&records) <= commit.journal.free_bytes();
+            if !records.is_empty() && journaled {
+                // No flush after: the checkpoint's own flush, or the preflush of
+                // the next commit that appends behind it, makes it durable first.
+                commit.journal.append(&*self.dev, &records)?;
+            }
+            let delta = match beside {
+                Some(thread) => Some(
+                    thread
+                        .join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                ),
+                None => wants_delta.then(|| snapshot.delta_since(&changed)),
+            };
+            Ok((delta, journaled))
+        })?;
         debug_assert!(!journaled || commit.journal.next_seq() == journal_seq);
         let (generation, journal_start, journal_chain) = (
             commit.generation + 1,
@@ -310,12 +344,8 @@ impl VolumeInner {
                     && unpaged.saturating_add(loader.cached_bytes()) > budget
             })
         };
-        // Outside every lock but `checkpointing`: the diff walks only what
-        // changed, but that may be a lot. Whatever this checkpoint does,
-        // the next is whole unless it ends well (below).
-        let delta = (std::mem::take(delta_ready) && !base)
-            .then(|| snapshot.delta_since(&changed))
-            .filter(|delta| delta_is_due(&self.sb, &older_chain, delta) && !unpaged_over());
+        let delta =
+            delta.filter(|delta| delta_is_due(&self.sb, &older_chain, delta) && !unpaged_over());
         // `Some(spill)` for a new base: the spill extents that replace the
         // slot's old ones; and with extent pages, the pages it wrote.
         let written = match delta {
@@ -1024,6 +1054,47 @@ mod tests {
         for k in 0..6u64 {
             f.pread(&mut buf, (2 * 20 * k + 1) * 4096).unwrap();
             assert_eq!(buf, [k as u8 + 2; 4096], "write {k}");
+        }
+        vol.unmount().unwrap();
+    }
+
+    /// A delta of more spans than [`super::PARALLEL_DELTA_SPANS_AT_LEAST`]
+    /// is computed beside the flush and the journal append: after a power
+    /// cut, the chain it ends holds every write it covers.
+    #[test]
+    fn a_delta_computed_beside_the_journal_append_holds_every_change() {
+        let mem = Arc::new(MemDevice::with_caps(256 << 20, 512, true, false));
+        let dev: Arc<dyn BlockDevice> = mem.clone();
+        Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+        let vol = Volume::open(dev).unwrap();
+        let holes = super::PARALLEL_DELTA_SPANS_AT_LEAST as u64 + 100;
+        // Sixteen extents per hole filled below (allocated, unwritten: no
+        // data to keep), so that the delta is a small part of the base.
+        let extents = 16 * holes;
+        let f = create_file(&vol, "/f");
+        for k in 0..extents {
+            f.fallocate(2 * k * 4096, 4096, false).unwrap();
+        }
+        f.fsync().unwrap();
+        vol.checkpoint().unwrap();
+        // One new extent between two others each: a span each.
+        let stride = extents / holes;
+        for k in 0..holes {
+            f.pwrite(&[k as u8 | 2; 4096], (2 * stride * k + 1) * 4096)
+                .unwrap();
+        }
+        let before = vol.inner.commit.lock().chain.deltas;
+        vol.checkpoint().unwrap();
+        assert_eq!(vol.inner.commit.lock().chain.deltas, before + 1);
+        // Lost: what the checkpoint did not make durable (nothing after it).
+        let cut = Arc::new(mem.power_cut(&mut |_| Survival::Lost));
+        drop((f, vol));
+        let vol = Volume::open(cut).unwrap();
+        let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+        let mut buf = [0u8; 4096];
+        for k in 0..holes {
+            f.pread(&mut buf, (2 * stride * k + 1) * 4096).unwrap();
+            assert_eq!(buf, [k as u8 | 2; 4096], "write {k}");
         }
         vol.unmount().unwrap();
     }
