@@ -2541,6 +2541,82 @@ mod tests {
         }
     }
 
+    /// The free-space hint after a record: it round-trips for the chain's
+    /// last record (base, then delta, whose write replaces the base's),
+    /// a reader of the chain takes its block for the chain's end (as code
+    /// that does not know it would), any flipped byte of it drops it
+    /// (never a changed range), and a volume without the compat bit
+    /// writes and reads none.
+    #[test]
+    fn free_space_hint_round_trip_and_damage() {
+        let (dev, sb) = setup();
+        assert_ne!(sb.features_compat & COMPAT_CHECKPOINT_FREE_HINT, 0);
+        let hint = vec![(1 << 20, 64 << 10), (3 << 20, 4096)];
+        let c1 = ckpt(1, 3);
+        let record = codec::encode_image_after(CHECKPOINT_HEADER_LEN, &c1.image).unwrap();
+        let chain = write_base_record(&dev, &sb, 0, RecordHeader::of(&c1), record, &hint).unwrap();
+        assert_eq!(read_free_hint(&dev, &sb, 0, &chain).unwrap(), hint);
+        let got = read_slot(&dev, &sb, 0).unwrap();
+        assert_eq!((&got.checkpoint, got.chain), (&c1, chain));
+        assert!(
+            got.beyond.as_ref().is_some_and(|b| b.contains("bad magic")),
+            "{:?}",
+            got.beyond
+        );
+
+        let mut i2 = c1.image.clone();
+        i2.inodes.pop();
+        let delta_hint = vec![(2 << 20, 8192)];
+        let chain2 = write_delta(
+            &dev,
+            &sb,
+            0,
+            &chain,
+            &delta_ckpt(2, &c1.image, &i2),
+            &delta_hint,
+        )
+        .unwrap();
+        assert_eq!(read_free_hint(&dev, &sb, 0, &chain2).unwrap(), delta_hint);
+        // Where the base's hint was, the delta: the base's hint is gone.
+        assert!(read_free_hint(&dev, &sb, 0, &chain).unwrap().is_empty());
+        let got = read_slot(&dev, &sb, 0).unwrap();
+        assert_eq!((&got.checkpoint.image, got.chain), (&i2, chain2));
+        // Tied to its record: another generation or crc reads none.
+        for other in [
+            ChainEnd {
+                generation: 3,
+                ..chain2
+            },
+            ChainEnd {
+                crc: chain2.crc ^ 1,
+                ..chain2
+            },
+        ] {
+            assert!(read_free_hint(&dev, &sb, 0, &other).unwrap().is_empty());
+        }
+
+        let at = slot_start(&sb, 0) + chain2.next_offset;
+        let hint_len = (FREE_HINT_HEADER_LEN + delta_hint.len() * FREE_HINT_RANGE_LEN + 4) as u64;
+        for i in 0..hint_len {
+            dev.flip(at + i);
+            let got = read_free_hint(&dev, &sb, 0, &chain2).unwrap();
+            assert!(got.is_empty(), "byte {i}: {got:?}");
+            dev.flip(at + i);
+        }
+        assert_eq!(read_free_hint(&dev, &sb, 0, &chain2).unwrap(), delta_hint);
+
+        let (dev, mut sb) = setup();
+        sb.features_compat &= !COMPAT_CHECKPOINT_FREE_HINT;
+        let record = codec::encode_image_after(CHECKPOINT_HEADER_LEN, &c1.image).unwrap();
+        let chain = write_base_record(&dev, &sb, 0, RecordHeader::of(&c1), record, &hint).unwrap();
+        let at = (slot_start(&sb, 0) + chain.next_offset) as usize;
+        assert!(
+            dev.with_bytes(|b| b[at..at + 4096].iter().all(|&x| x == 0)),
+            "no hint block without the bit"
+        );
+        assert!(read_free_hint(&dev, &sb, 0, &chain).unwrap().is_empty());
+    }
+
     /// A base and two deltas: the slot's checkpoint is the last delta's
     /// state and journal position; a damaged last delta ends the chain
     /// before it.
