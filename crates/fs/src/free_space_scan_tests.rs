@@ -693,7 +693,9 @@ fn crashed_after_checkpoint(extent_pages: bool, cut: Option<u64>) -> Crashed {
         early.pwrite(&[i as u8 + 1; 4096], 2 * i * 4096).unwrap();
     }
     early.fsync().unwrap();
-    vol.checkpoint().unwrap();
+    // With extent pages a base (whose pages are placed after its
+    // snapshot, maybe in the hint's ranges); without, a delta.
+    vol.inner.checkpoint_for_unmount().unwrap();
     let hint = checkpoint_hint(&dev);
     assert!(!hint.is_empty(), "the checkpoint carries a hint");
     early.punch_hole(0, 8 * 4096).unwrap();
@@ -722,6 +724,45 @@ fn crashed_after_checkpoint(extent_pages: bool, cut: Option<u64>) -> Crashed {
         dev,
         late: late_extents,
     }
+}
+
+/// Creates `path` and writes `blocks` blocks of `byte` at its start, on
+/// another thread (creating may wait for free space too), so that a
+/// write that waits for a held scan fails the test instead of hanging
+/// it; sends the file's device ranges.
+fn write_apart(
+    vol: &Volume,
+    path: &'static str,
+    blocks: u64,
+) -> mpsc::Receiver<crate::Result<Vec<(u64, u64)>>> {
+    let (tx, rx) = mpsc::channel();
+    let vol = vol.clone();
+    std::thread::spawn(move || {
+        let written = vol.open_file(path, DIRECT).and_then(|f| {
+            (0..blocks).try_for_each(|i| f.pwrite(&[0xee; 4096], i * 4096).map(drop))?;
+            Ok(extents_of(&f))
+        });
+        drop(tx.send(written));
+    });
+    rx
+}
+
+/// Waits for [`write_apart`]'s result while the scan is held, then
+/// releases the scan whatever came (a failure must not leave it held):
+/// the ranges written, and whether the scan was still held when they
+/// came.
+fn written_while_held(
+    vol: &Volume,
+    held: &Held,
+    rx: &mpsc::Receiver<crate::Result<Vec<(u64, u64)>>>,
+) -> (Vec<(u64, u64)>, bool) {
+    let got = rx.recv_timeout(std::time::Duration::from_secs(60));
+    let still_held = !vol.inner.free_space_gate.is_done();
+    held.release();
+    let placed = got
+        .expect("an allocating write waited for the held scan")
+        .unwrap();
+    (placed, still_held)
 }
 
 /// `/late` reads back as written.
@@ -754,13 +795,9 @@ fn after_a_crash_allocations_use_the_checkpoint_hint_while_the_scan_is_held() {
         assert!(!want.busy_ranges().is_empty(), "replay frees the punch");
         let held = Held::new();
         let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
-        let done = allocate_apart(vol.open_file("/new", DIRECT).unwrap(), 0);
-        let wrote = done
-            .recv_timeout(std::time::Duration::from_secs(60))
-            .expect("an allocating write waited for the held scan");
-        assert_eq!(wrote.unwrap(), 4096);
-        assert!(!vol.inner.free_space_gate.is_done());
-        held.release();
+        let rx = write_apart(&vol, "/new", 1);
+        let (placed, still_held) = written_while_held(&vol, &held, &rx);
+        assert!(still_held && !placed.is_empty());
         let alloc = installed(&vol);
         assert!(
             vol.mount_warnings().is_empty(),
@@ -787,27 +824,15 @@ fn space_replay_placed_is_not_handed_out_again() {
         let dev = crashed.dev;
         let held = Held::new();
         let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
-        let (tx, rx) = mpsc::channel();
-        let new = vol.open_file("/new", DIRECT).unwrap();
-        let writer = std::thread::spawn(move || {
-            let result = (0..LATE_BLOCKS)
-                .try_for_each(|i| new.pwrite(&[0xee; 4096], i * 4096).map(drop))
-                .map(|()| extents_of(&new));
-            drop(tx.send(result));
-        });
-        let placed = rx
-            .recv_timeout(std::time::Duration::from_secs(60))
-            .expect("the writes waited for the held scan")
-            .unwrap();
-        writer.join().unwrap();
-        assert!(!vol.inner.free_space_gate.is_done());
+        let rx = write_apart(&vol, "/new", LATE_BLOCKS);
+        let (placed, still_held) = written_while_held(&vol, &held, &rx);
+        assert!(still_held, "the writes came from the reserve");
         assert!(
             !overlap(&placed, &crashed.late),
             "the reserve handed out /late's blocks: {placed:?} {:?}",
             crashed.late
         );
         check_late(&vol);
-        held.release();
         vol.wait_free_space()
             .expect("every claim is free in the scanned layout");
         assert!(
@@ -831,8 +856,9 @@ fn write_waits_for_the_scan(dev: &Arc<MemDevice>) -> bool {
     let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
     let installing = held.installing.clone();
     let writer = {
-        let f = vol.open_file("/new", DIRECT).unwrap();
+        let vol = vol.clone();
         std::thread::spawn(move || {
+            let f = vol.open_file("/new", DIRECT).unwrap();
             f.pwrite(&[7u8; 4096], 0).unwrap();
             installing.load(Ordering::SeqCst)
         })
@@ -872,11 +898,12 @@ fn a_damaged_checkpoint_hint_or_none_makes_mount_wait_for_the_scan() {
     // The undamaged control: the write completes with the scan held.
     let held = Held::new();
     let vol = Volume::open_with(probe.dev.clone(), &held.opts).unwrap();
-    let done = allocate_apart(vol.open_file("/new", DIRECT).unwrap(), 0);
-    done.recv_timeout(std::time::Duration::from_secs(60))
-        .expect("the undamaged hint allocates while the scan is held")
-        .unwrap();
-    held.release();
+    let rx = write_apart(&vol, "/new", 1);
+    let (_, still_held) = written_while_held(&vol, &held, &rx);
+    assert!(
+        still_held,
+        "the undamaged hint allocates while the scan is held"
+    );
     vol.unmount().unwrap();
 
     // Without the bit: format's superblocks lose it before the first

@@ -137,13 +137,12 @@ pub(crate) fn mount(
     // extents the slots list, or it is not used at all.
     let mut metadata = used_pages(&sb, &pages);
     metadata.extend(spills.iter().flatten().map(|s| (s.0, s.1)));
-    let clean_reserve = if clean_mark_names_newest && from_backup.is_none() {
-        crate::free_space::Reserve::of_hint(&sb, &sb.free_hint, &metadata)
+    let hint = if clean_mark_names_newest && from_backup.is_none() {
+        &sb.free_hint
     } else {
-        None
+        &checkpoint_free_hint
     };
-    let reserve = clean_reserve
-        .or_else(|| crate::free_space::Reserve::of_hint(&sb, &checkpoint_free_hint, &metadata));
+    let reserve = crate::free_space::Reserve::of_hint(&sb, hint, &metadata);
     // O(1) copies (maps are copy-on-write): the state the scan reads
     // while the volume changes its own.
     let scan_input = ScanInput {
@@ -393,9 +392,9 @@ pub(crate) struct Loaded<A = Allocator> {
     pub from_backup: Option<superblock::FromBackup>,
     /// The superblock's clean-unmount mark names the newest checkpoint.
     pub clean_mark_names_newest: bool,
-    /// Mount only: the free-space hint of the checkpoint record loaded,
-    /// less every range journal replay placed after it (see
-    /// [`load_unscanned`]); empty without one.
+    /// Mount without a usable clean mark only: the free-space hint of the
+    /// checkpoint record loaded, less every range journal replay placed
+    /// after it (see [`load_unscanned`]); empty without one.
     pub checkpoint_free_hint: Vec<(u64, u64)>,
     /// Per slot, the spill extents of its checkpoint (in use, see
     /// [`build_allocator`]).
@@ -579,11 +578,14 @@ pub(crate) fn load_unscanned(
         };
     let mut freed = Vec::new();
     let mut replay_freed = Vec::new();
-    // Only mount allocates from a hint; fsck builds free space itself.
-    let record_free_hint = match strictness {
-        Strictness::Mount => checkpoint::read_free_hint(device, &sb, slot, &chain)?,
-        Strictness::Fsck => Vec::new(),
-    };
+    // Only a mount without a usable clean mark (whose own hint stands
+    // then) allocates from it; fsck builds free space itself.
+    let record_free_hint =
+        if later == journal::LaterBatches::Scan && strictness == Strictness::Mount {
+            checkpoint::read_free_hint(device, &sb, slot, &chain)?
+        } else {
+            Vec::new()
+        };
     let mut replay_placed = Vec::new();
     let replay_end = journal::replay(
         device,
