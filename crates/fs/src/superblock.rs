@@ -465,7 +465,7 @@ pub struct Superblock {
 
 impl Superblock {
     /// A new superblock for `layout`: current version, fresh random uuid,
-    /// supersede marks, delta and spilled checkpoints, a backup superblock if the layout
+    /// supersede marks, both free-space hints, delta and spilled checkpoints, a backup superblock if the layout
     /// leaves the device's last block free, created now.
     pub fn new(layout: Layout) -> Superblock {
         let backup = if layout.leaves_room_for_backup() {
