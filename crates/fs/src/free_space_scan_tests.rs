@@ -672,16 +672,28 @@ struct Crashed {
 
 const LATE_BLOCKS: u64 = 96;
 
+/// Where the checkpoint [`crashed_after_checkpoint`] takes keeps its
+/// extents: in its image (a delta), in extent pages of a base, or in an
+/// image spilled to the data area (a base).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    Image,
+    Paged,
+    Spilled,
+}
+
 /// A volume that went down without unmount: `/early` written, a
 /// checkpoint taken with free space installed (so its record carries a
 /// hint), then, in the journal only, `/early` punched (a free replay
 /// holds busy) and `/late` written into the hint's ranges, all synced.
 /// With `cut`, the device is what a power cut after the sync keeps;
 /// otherwise the volume is just dropped.
-fn crashed_after_checkpoint(extent_pages: bool, cut: Option<u64>) -> Crashed {
+fn crashed_after_checkpoint(layout: Layout, cut: Option<u64>) -> Crashed {
     let dev = Arc::new(MemDevice::new(16 << 20, 512));
     let opts = FormatOptions {
-        extent_pages,
+        extent_pages: layout == Layout::Paged,
+        // The image of 400 extents does not fit: it spills.
+        checkpoint_slot_bytes: (layout == Layout::Spilled).then_some(8 << 10),
         ..FormatOptions::default()
     };
     Volume::format(dev.clone(), &opts).unwrap();
@@ -689,7 +701,7 @@ fn crashed_after_checkpoint(extent_pages: bool, cut: Option<u64>) -> Crashed {
     vol.wait_free_space().unwrap();
     let early = vol.open_file("/early", DIRECT).unwrap();
     // Past the inline bound with extent pages: a base with pages.
-    for i in 0..200u64 {
+    for i in 0..400u64 {
         early.pwrite(&[i as u8 + 1; 4096], 2 * i * 4096).unwrap();
     }
     early.fsync().unwrap();
@@ -698,6 +710,11 @@ fn crashed_after_checkpoint(extent_pages: bool, cut: Option<u64>) -> Crashed {
     vol.inner.checkpoint_for_unmount().unwrap();
     let hint = checkpoint_hint(&dev);
     assert!(!hint.is_empty(), "the checkpoint carries a hint");
+    if layout == Layout::Spilled {
+        let sb = crate::superblock::read_superblock(&*dev).unwrap();
+        let newest = crate::checkpoint::read_checkpoints(&*dev, &sb).unwrap();
+        assert!(!newest.spills[newest.slot].is_empty(), "the base spills");
+    }
     early.punch_hole(0, 8 * 4096).unwrap();
     let late = vol.open_file("/late", DIRECT).unwrap();
     for i in 0..LATE_BLOCKS {
@@ -780,16 +797,17 @@ fn check_late(vol: &Volume) {
 /// once the scan is released the installed allocator is what a
 /// synchronous mount builds (free ∪ busy as the layout leaves it, the
 /// busy ranges replay's frees), and fsck is clean. With and without
-/// extent pages, dropped or power-cut.
+/// extent pages or a spilled image, dropped or power-cut.
 #[test]
 fn after_a_crash_allocations_use_the_checkpoint_hint_while_the_scan_is_held() {
-    for (extent_pages, cut) in [
-        (false, None),
-        (true, None),
-        (false, Some(3)),
-        (true, Some(7)),
+    for (layout, cut) in [
+        (Layout::Image, None),
+        (Layout::Paged, None),
+        (Layout::Spilled, None),
+        (Layout::Image, Some(3)),
+        (Layout::Paged, Some(7)),
     ] {
-        let crashed = crashed_after_checkpoint(extent_pages, cut);
+        let crashed = crashed_after_checkpoint(layout, cut);
         let dev = crashed.dev;
         let want = synchronous(&dev);
         assert!(!want.busy_ranges().is_empty(), "replay frees the punch");
@@ -819,8 +837,8 @@ fn after_a_crash_allocations_use_the_checkpoint_hint_while_the_scan_is_held() {
 /// `/late`'s blocks: its data stays, the install's claim check passes.
 #[test]
 fn space_replay_placed_is_not_handed_out_again() {
-    for extent_pages in [false, true] {
-        let crashed = crashed_after_checkpoint(extent_pages, None);
+    for layout in [Layout::Image, Layout::Paged, Layout::Spilled] {
+        let crashed = crashed_after_checkpoint(layout, None);
         let dev = crashed.dev;
         let held = Held::new();
         let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
@@ -878,13 +896,13 @@ fn write_waits_for_the_scan(dev: &Arc<MemDevice>) -> bool {
 /// without the compat bit does, which writes no hint block at all.
 #[test]
 fn a_damaged_checkpoint_hint_or_none_makes_mount_wait_for_the_scan() {
-    let probe = crashed_after_checkpoint(false, None);
+    let probe = crashed_after_checkpoint(Layout::Image, None);
     let sb = crate::superblock::read_superblock(&*probe.dev).unwrap();
     let newest = crate::checkpoint::read_checkpoints(&*probe.dev, &sb).unwrap();
     let at = sb.layout.checkpoint_slots[newest.slot].start + newest.chain.next_offset;
     let hint_len = 24 + 16 * checkpoint_hint(&probe.dev).len() as u64 + 4;
     for byte in [0, 9, 17, 21, 24 + 3, 24 + 12, hint_len - 1] {
-        let crashed = crashed_after_checkpoint(false, None);
+        let crashed = crashed_after_checkpoint(Layout::Image, None);
         let mut block = vec![0u8; 512];
         crashed.dev.read_at(&mut block, at).unwrap();
         block[byte as usize] ^= 0x20;

@@ -465,8 +465,9 @@ pub struct Superblock {
 
 impl Superblock {
     /// A new superblock for `layout`: current version, fresh random uuid,
-    /// supersede marks, both free-space hints, delta and spilled checkpoints, a backup superblock if the layout
-    /// leaves the device's last block free, created now.
+    /// supersede marks, both free-space hints, delta and spilled
+    /// checkpoints, a backup superblock if the layout leaves the device's
+    /// last block free, created now.
     pub fn new(layout: Layout) -> Superblock {
         let backup = if layout.leaves_room_for_backup() {
             COMPAT_BACKUP_SUPERBLOCK
