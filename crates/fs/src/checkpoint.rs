@@ -50,6 +50,14 @@
 //! and frees a slot's old ones only once the checkpoint that replaced them
 //! in the slot is durable (see `transaction`).
 //!
+//! Free-space hints (volumes with [`COMPAT_CHECKPOINT_FREE_HINT`]): a
+//! record may be followed, in the same write, by a block holding the
+//! largest free ranges of the data area at its snapshot, tied to the
+//! record by generation and crc ([`read_free_hint`]). It sits where the
+//! next delta goes, so only the chain's last record keeps its hint, which
+//! is the one mount loads; a reader of the chain sees a block with another
+//! magic there, the end of the chain, as it sees an unwritten block.
+//!
 //! Byte layout: see `docs/FORMAT.md`.
 
 use blockdev::{BlockDevice, WriteMode};
@@ -59,10 +67,22 @@ use crate::error::{Error, Result};
 use crate::extent_map::span_merge::SpanMerge;
 use crate::page_chunks::{ChunkMerge, PagedMaps};
 use crate::superblock::{
-    is_aligned, Region, Superblock, CHECKPOINT_SLOTS, COMPAT_SUPERSEDE_MARKS,
-    INCOMPAT_DELTA_CHECKPOINTS, INCOMPAT_EXTENT_PAGES, INCOMPAT_SPILLED_CHECKPOINTS,
+    is_aligned, Region, Superblock, CHECKPOINT_SLOTS, COMPAT_CHECKPOINT_FREE_HINT,
+    COMPAT_SUPERSEDE_MARKS, FREE_HINT_MAX, INCOMPAT_DELTA_CHECKPOINTS, INCOMPAT_EXTENT_PAGES,
+    INCOMPAT_SPILLED_CHECKPOINTS,
 };
 use crate::types::{Extent, Ino, InodeImage, MetaDelta, MetaImage};
+
+/// First 8 bytes of the free-space hint block after a record.
+pub const FREE_HINT_MAGIC: [u8; 8] = *b"IOMAPFH1";
+/// Bytes of a hint block before its ranges: magic, generation, record
+/// crc, range count.
+const FREE_HINT_HEADER_LEN: usize = 8 + 8 + 4 + 4;
+/// Bytes of one range of a hint: device byte, length.
+const FREE_HINT_RANGE_LEN: usize = 16;
+// Within one 512-byte logical sector: a torn write keeps or loses it
+// whole (the crc would refuse a mix anyway).
+const _: () = assert!(FREE_HINT_HEADER_LEN + FREE_HINT_MAX * FREE_HINT_RANGE_LEN + 4 <= 512);
 
 /// First 8 bytes of a valid checkpoint slot: a whole image (the base).
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"IOMAPCP1";
@@ -232,17 +252,21 @@ pub fn write_base(
     ckpt: &Checkpoint,
 ) -> Result<ChainEnd> {
     let record = codec::encode_image_after(CHECKPOINT_HEADER_LEN, &ckpt.image)?;
-    write_base_record(dev, sb, slot, RecordHeader::of(ckpt), record)
+    write_base_record(dev, sb, slot, RecordHeader::of(ckpt), record, &[])
 }
 
 /// [`write_base`] of an image already encoded after
 /// [`CHECKPOINT_HEADER_LEN`] bytes of room (`record`).
+///
+/// `free_hint`: the largest free ranges of the data area at the snapshot,
+/// written after the record (see [`read_free_hint`]); may be empty.
 pub fn write_base_record(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     slot: usize,
     header: RecordHeader,
     record: Vec<u8>,
+    free_hint: &[(u64, u64)],
 ) -> Result<ChainEnd> {
     let region = slot_region(sb, slot)?;
     check_journal_start(sb, header.journal_start)
@@ -256,7 +280,16 @@ pub fn write_base_record(
             available: region.len,
         });
     }
-    let crc = write_record_in(dev, sb, slot, 0, &CHECKPOINT_MAGIC, &header, record)?;
+    let crc = write_record_in(
+        dev,
+        sb,
+        slot,
+        0,
+        &CHECKPOINT_MAGIC,
+        &header,
+        record,
+        free_hint,
+    )?;
     Ok(ChainEnd::of_base(
         sb,
         header.generation,
@@ -314,11 +347,13 @@ pub fn write_spilled_base(
     spill: &[SpillExtent],
 ) -> Result<ChainEnd> {
     let record = codec::encode_image_after(CHECKPOINT_HEADER_LEN, &ckpt.image)?;
-    write_spilled_base_record(dev, sb, slot, RecordHeader::of(ckpt), &record, spill)
+    write_spilled_base_record(dev, sb, slot, RecordHeader::of(ckpt), &record, spill, &[])
 }
 
 /// [`write_spilled_base`] of an image already encoded after
-/// [`CHECKPOINT_HEADER_LEN`] bytes of room (`record`; the room unused).
+/// [`CHECKPOINT_HEADER_LEN`] bytes of room (`record`; the room unused),
+/// with `free_hint` as [`write_base_record`] writes it (never touching
+/// `spill`: the caller leaves the spill extents out).
 pub fn write_spilled_base_record(
     dev: &dyn BlockDevice,
     sb: &Superblock,
@@ -326,6 +361,7 @@ pub fn write_spilled_base_record(
     header: RecordHeader,
     record: &[u8],
     spill: &[SpillExtent],
+    free_hint: &[(u64, u64)],
 ) -> Result<ChainEnd> {
     let region = slot_region(sb, slot)?;
     check_journal_start(sb, header.journal_start)
@@ -378,7 +414,7 @@ pub fn write_spilled_base_record(
     });
     // One flush, after the record: the crcs refuse any mix of old and new
     // blocks a power cut before it leaves.
-    let crc = write_record(dev, sb, slot, 0, &SPILLED_MAGIC, &header, &table)?;
+    let crc = write_record(dev, sb, slot, 0, &SPILLED_MAGIC, &header, &table, free_hint)?;
     let base_bytes = CHECKPOINT_HEADER_LEN as u64 + image.len() as u64;
     Ok(ChainEnd::of_base(
         sb,
@@ -554,13 +590,15 @@ pub fn delta_fits(sb: &Superblock, chain: &ChainEnd, record_len: u64) -> bool {
 /// Appends `ckpt` to the chain in `slot` that ends at `chain`, padded to the
 /// block size, then flushes; returns the chain's new end. Writes nothing
 /// the chain holds. Fails with [`Error::NoSpace`], writing nothing, if it
-/// does not fit after the chain.
+/// does not fit after the chain. `free_hint` as [`write_base_record`]
+/// writes it.
 pub fn write_delta(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     slot: usize,
     chain: &ChainEnd,
     ckpt: &DeltaCheckpoint,
+    free_hint: &[(u64, u64)],
 ) -> Result<ChainEnd> {
     slot_region(sb, slot)?;
     check_journal_start(sb, ckpt.journal_start)
@@ -598,6 +636,7 @@ pub fn write_delta(
         &DELTA_MAGIC,
         &header,
         record,
+        free_hint,
     )?;
     Ok(ChainEnd {
         generation: ckpt.generation,
@@ -633,6 +672,7 @@ impl RecordHeader {
 
 /// Writes a record of `payload` (a small one: a spill table) at `offset`
 /// of `slot`; see [`write_record_in`].
+#[allow(clippy::too_many_arguments)]
 fn write_record(
     dev: &dyn BlockDevice,
     sb: &Superblock,
@@ -641,17 +681,22 @@ fn write_record(
     magic: &[u8; 8],
     header: &RecordHeader,
     payload: &[u8],
+    free_hint: &[(u64, u64)],
 ) -> Result<u32> {
     let mut record = Vec::with_capacity(CHECKPOINT_HEADER_LEN + payload.len());
     record.resize(CHECKPOINT_HEADER_LEN, 0);
     record.extend_from_slice(payload);
-    write_record_in(dev, sb, slot, offset, magic, header, record)
+    write_record_in(dev, sb, slot, offset, magic, header, record, free_hint)
 }
 
 /// Writes `record` at `offset` of `slot`, its first [`CHECKPOINT_HEADER_LEN`]
 /// bytes (room left by the encoder) filled with the header and the crc over
 /// header and payload, padded to the block size, then flushes. Returns the
-/// crc.
+/// crc. With [`COMPAT_CHECKPOINT_FREE_HINT`], a non-empty `free_hint` and
+/// a block of room in the slot, the hint block follows in the same write
+/// (see [`read_free_hint`]); without room the record goes alone: a hint is
+/// never needed.
+#[allow(clippy::too_many_arguments)]
 fn write_record_in(
     dev: &dyn BlockDevice,
     sb: &Superblock,
@@ -660,6 +705,7 @@ fn write_record_in(
     magic: &[u8; 8],
     header: &RecordHeader,
     mut record: Vec<u8>,
+    free_hint: &[(u64, u64)],
 ) -> Result<u32> {
     let region = slot_region(sb, slot)?;
     let payload_len = record.len() - CHECKPOINT_HEADER_LEN;
@@ -675,7 +721,16 @@ fn write_record_in(
     record[..OFF_CRC].copy_from_slice(enc.as_bytes());
     let crc = slot_crc(sb, &record[..OFF_CRC], &record[CHECKPOINT_HEADER_LEN..]);
     record[OFF_CRC..CHECKPOINT_HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
-    record.resize(record.len().next_multiple_of(sb.block_size() as usize), 0);
+    let bs = sb.block_size() as usize;
+    record.resize(record.len().next_multiple_of(bs), 0);
+    let hint_at = offset + record.len() as u64;
+    if sb.features_compat & COMPAT_CHECKPOINT_FREE_HINT != 0
+        && !free_hint.is_empty()
+        && hint_at + bs as u64 <= region.len
+    {
+        record.extend_from_slice(&encode_free_hint(sb, header.generation, crc, free_hint));
+        record.resize(record.len().next_multiple_of(bs), 0);
+    }
     let at = region.start + offset;
     dev.write_at(&record, at, WriteMode::Normal).map_err(|e| {
         Error::device(
@@ -686,6 +741,105 @@ fn write_record_in(
     dev.flush()
         .map_err(|e| Error::device(format!("flushing checkpoint slot {slot}"), e))?;
     Ok(crc)
+}
+
+/// The hint block after the record of `generation` whose crc is
+/// `record_crc`: at most [`FREE_HINT_MAX`] of `ranges` (the first ones),
+/// under a crc seeded with the volume's, so that neither a block of
+/// another volume nor one left by an earlier record reads as this one's.
+fn encode_free_hint(
+    sb: &Superblock,
+    generation: u64,
+    record_crc: u32,
+    ranges: &[(u64, u64)],
+) -> Vec<u8> {
+    let ranges = &ranges[..ranges.len().min(FREE_HINT_MAX)];
+    let mut enc =
+        Encoder::with_capacity(FREE_HINT_HEADER_LEN + ranges.len() * FREE_HINT_RANGE_LEN + 4);
+    enc.bytes(&FREE_HINT_MAGIC);
+    enc.u64(generation);
+    enc.u32(record_crc);
+    enc.u32(ranges.len() as u32);
+    for &(addr, len) in ranges {
+        enc.u64(addr);
+        enc.u64(len);
+    }
+    let crc = crc32c::crc32c_append(sb.crc_seed(), enc.as_bytes());
+    enc.u32(crc);
+    enc.into_bytes()
+}
+
+/// The ranges of a hint block (`bytes`, read where the record of
+/// `generation` and `record_crc` ends) when it is that record's and its
+/// crc verifies; empty otherwise (none written, no room, torn, damaged,
+/// another record's, or the next delta written over it): a hint is never
+/// needed, so nothing here is an error. The ranges are not checked
+/// against the layout: the caller does (`free_space::Reserve`).
+fn decode_free_hint(
+    sb: &Superblock,
+    bytes: &[u8],
+    generation: u64,
+    record_crc: u32,
+) -> Vec<(u64, u64)> {
+    let field = |at: usize, len: usize| bytes.get(at..at + len);
+    let le_u64 = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let le_u32 = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
+    let (Some(magic), Some(gen), Some(crc), Some(count)) =
+        (field(0, 8), field(8, 8), field(16, 4), field(20, 4))
+    else {
+        return Vec::new();
+    };
+    let count = le_u32(count) as usize;
+    if magic != FREE_HINT_MAGIC
+        || le_u64(gen) != generation
+        || le_u32(crc) != record_crc
+        || count == 0
+        || count > FREE_HINT_MAX
+    {
+        return Vec::new();
+    }
+    let end = FREE_HINT_HEADER_LEN + count * FREE_HINT_RANGE_LEN;
+    let Some(stored) = field(end, 4).map(le_u32) else {
+        return Vec::new();
+    };
+    if crc32c::crc32c_append(sb.crc_seed(), &bytes[..end]) != stored {
+        return Vec::new();
+    }
+    bytes[FREE_HINT_HEADER_LEN..end]
+        .chunks_exact(FREE_HINT_RANGE_LEN)
+        .map(|r| (le_u64(&r[..8]), le_u64(&r[8..])))
+        .collect()
+}
+
+/// The free-space hint written with the last record of the chain in
+/// `slot` that ends at `chain` (the record mount loads): the largest free
+/// ranges of the data area at that record's snapshot, or empty when the
+/// volume keeps none ([`COMPAT_CHECKPOINT_FREE_HINT`]), there is none, or
+/// it does not verify. Reads one block, where the next delta would go.
+pub fn read_free_hint(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: usize,
+    chain: &ChainEnd,
+) -> Result<Vec<(u64, u64)>> {
+    let region = slot_region(sb, slot)?;
+    let bs = sb.block_size();
+    if sb.features_compat & COMPAT_CHECKPOINT_FREE_HINT == 0 || chain.next_offset + bs > region.len
+    {
+        return Ok(Vec::new());
+    }
+    let mut block = vec![0u8; bs as usize];
+    dev.read_at(&mut block, region.start + chain.next_offset)
+        .map_err(|e| {
+            Error::device(
+                format!(
+                    "reading checkpoint slot {slot}'s free-space hint at slot byte {}",
+                    chain.next_offset
+                ),
+                e,
+            )
+        })?;
+    Ok(decode_free_hint(sb, &block, chain.generation, chain.crc))
 }
 
 /// The value of the supersede mark of the checkpoint of `generation`: tied
@@ -1937,11 +2091,12 @@ mod tests {
         let header = RecordHeader::of(&ckpt(1, 1));
         let before = dev.counters().snapshot();
         let short = vec![0u8; CHECKPOINT_HEADER_LEN - 1];
-        let err = write_base_record(&dev, &sb, 0, header, short.clone()).unwrap_err();
+        let err = write_base_record(&dev, &sb, 0, header, short.clone(), &[]).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
         let mut spilled = sb.clone();
         spilled.features_incompat |= INCOMPAT_SPILLED_CHECKPOINTS;
-        let err = write_spilled_base_record(&dev, &spilled, 0, header, &short, &[]).unwrap_err();
+        let err =
+            write_spilled_base_record(&dev, &spilled, 0, header, &short, &[], &[]).unwrap_err();
         assert!(matches!(err, Error::InvalidArgument { .. }), "{err}");
         assert_eq!(dev.counters().snapshot().since(&before).writes, 0);
     }
@@ -2206,7 +2361,8 @@ mod tests {
         // A small delta goes after the table, inside the slot.
         let mut i2 = c1.image.clone();
         i2.inodes.pop();
-        let chain2 = write_delta(&dev, &sb, 0, &chain, &delta_ckpt(2, &c1.image, &i2)).unwrap();
+        let chain2 =
+            write_delta(&dev, &sb, 0, &chain, &delta_ckpt(2, &c1.image, &i2), &[]).unwrap();
         assert!(chain2.next_offset <= slot_capacity(&sb));
         let got = read_slot(&dev, &sb, 0).unwrap();
         assert_eq!((&got.checkpoint.image, got.chain), (&i2, chain2));
@@ -2317,14 +2473,14 @@ mod tests {
             (table(data.len * 2, 1, &[(data.start, data.len)]), "not the"),
         ];
         for (i, (payload, why)) in cases.into_iter().enumerate() {
-            write_record(&dev, &sb, 0, 0, &SPILLED_MAGIC, &header, &payload).unwrap();
+            write_record(&dev, &sb, 0, 0, &SPILLED_MAGIC, &header, &payload, &[]).unwrap();
             let err = read_slot(&dev, &sb, 0).unwrap_err();
             assert!(matches!(err, Error::Corrupt { .. }), "case {i}: {err}");
             assert!(err.to_string().contains(why), "case {i}: {err}");
         }
         // A table that checks out but whose image crc does not match.
         let payload = table(bs, 1, &[(ok, bs)]);
-        write_record(&dev, &sb, 0, 0, &SPILLED_MAGIC, &header, &payload).unwrap();
+        write_record(&dev, &sb, 0, 0, &SPILLED_MAGIC, &header, &payload, &[]).unwrap();
         let err = read_slot(&dev, &sb, 0).unwrap_err();
         assert!(err.to_string().contains("spilled image crc32c"), "{err}");
         // Without the feature, a spilled base is no checkpoint at all.
@@ -2385,6 +2541,82 @@ mod tests {
         }
     }
 
+    /// The free-space hint after a record: it round-trips for the chain's
+    /// last record (base, then delta, whose write replaces the base's),
+    /// a reader of the chain takes its block for the chain's end (as code
+    /// that does not know it would), any flipped byte of it drops it
+    /// (never a changed range), and a volume without the compat bit
+    /// writes and reads none.
+    #[test]
+    fn free_space_hint_round_trip_and_damage() {
+        let (dev, sb) = setup();
+        assert_ne!(sb.features_compat & COMPAT_CHECKPOINT_FREE_HINT, 0);
+        let hint = vec![(1 << 20, 64 << 10), (3 << 20, 4096)];
+        let c1 = ckpt(1, 3);
+        let record = codec::encode_image_after(CHECKPOINT_HEADER_LEN, &c1.image).unwrap();
+        let chain = write_base_record(&dev, &sb, 0, RecordHeader::of(&c1), record, &hint).unwrap();
+        assert_eq!(read_free_hint(&dev, &sb, 0, &chain).unwrap(), hint);
+        let got = read_slot(&dev, &sb, 0).unwrap();
+        assert_eq!((&got.checkpoint, got.chain), (&c1, chain));
+        assert!(
+            got.beyond.as_ref().is_some_and(|b| b.contains("bad magic")),
+            "{:?}",
+            got.beyond
+        );
+
+        let mut i2 = c1.image.clone();
+        i2.inodes.pop();
+        let delta_hint = vec![(2 << 20, 8192)];
+        let chain2 = write_delta(
+            &dev,
+            &sb,
+            0,
+            &chain,
+            &delta_ckpt(2, &c1.image, &i2),
+            &delta_hint,
+        )
+        .unwrap();
+        assert_eq!(read_free_hint(&dev, &sb, 0, &chain2).unwrap(), delta_hint);
+        // Where the base's hint was, the delta: the base's hint is gone.
+        assert!(read_free_hint(&dev, &sb, 0, &chain).unwrap().is_empty());
+        let got = read_slot(&dev, &sb, 0).unwrap();
+        assert_eq!((&got.checkpoint.image, got.chain), (&i2, chain2));
+        // Tied to its record: another generation or crc reads none.
+        for other in [
+            ChainEnd {
+                generation: 3,
+                ..chain2
+            },
+            ChainEnd {
+                crc: chain2.crc ^ 1,
+                ..chain2
+            },
+        ] {
+            assert!(read_free_hint(&dev, &sb, 0, &other).unwrap().is_empty());
+        }
+
+        let at = slot_start(&sb, 0) + chain2.next_offset;
+        let hint_len = (FREE_HINT_HEADER_LEN + delta_hint.len() * FREE_HINT_RANGE_LEN + 4) as u64;
+        for i in 0..hint_len {
+            dev.flip(at + i);
+            let got = read_free_hint(&dev, &sb, 0, &chain2).unwrap();
+            assert!(got.is_empty(), "byte {i}: {got:?}");
+            dev.flip(at + i);
+        }
+        assert_eq!(read_free_hint(&dev, &sb, 0, &chain2).unwrap(), delta_hint);
+
+        let (dev, mut sb) = setup();
+        sb.features_compat &= !COMPAT_CHECKPOINT_FREE_HINT;
+        let record = codec::encode_image_after(CHECKPOINT_HEADER_LEN, &c1.image).unwrap();
+        let chain = write_base_record(&dev, &sb, 0, RecordHeader::of(&c1), record, &hint).unwrap();
+        let at = (slot_start(&sb, 0) + chain.next_offset) as usize;
+        assert!(
+            dev.with_bytes(|b| b[at..at + 4096].iter().all(|&x| x == 0)),
+            "no hint block without the bit"
+        );
+        assert!(read_free_hint(&dev, &sb, 0, &chain).unwrap().is_empty());
+    }
+
     /// A base and two deltas: the slot's checkpoint is the last delta's
     /// state and journal position; a damaged last delta ends the chain
     /// before it.
@@ -2394,8 +2626,9 @@ mod tests {
         let c1 = base1();
         let (i2, i3) = (image(2, 25), image(3, 10));
         let chain1 = write_base(&dev, &sb, 0, &c1).unwrap();
-        let chain2 = write_delta(&dev, &sb, 0, &chain1, &delta_ckpt(2, &c1.image, &i2)).unwrap();
-        let chain3 = write_delta(&dev, &sb, 0, &chain2, &delta_ckpt(3, &i2, &i3)).unwrap();
+        let chain2 =
+            write_delta(&dev, &sb, 0, &chain1, &delta_ckpt(2, &c1.image, &i2), &[]).unwrap();
+        let chain3 = write_delta(&dev, &sb, 0, &chain2, &delta_ckpt(3, &i2, &i3), &[]).unwrap();
         assert_eq!((chain3.deltas, chain3.last_offset), (2, chain2.next_offset));
         let got = read_slot(&dev, &sb, 0).unwrap();
         assert_eq!(
@@ -2435,6 +2668,7 @@ mod tests {
             0,
             &chain,
             &delta_ckpt(2, &c1.image, &image(2, 5)),
+            &[],
         )
         .unwrap();
         let c5 = Checkpoint {
@@ -2462,7 +2696,7 @@ mod tests {
         let chain = write_base(&dev, &sb, 0, &c1).unwrap();
         let mut bad = delta_ckpt(2, &c1.image, &image(2, 25));
         bad.delta.removed = vec![9_999];
-        write_delta(&dev, &sb, 0, &chain, &bad).unwrap();
+        write_delta(&dev, &sb, 0, &chain, &bad, &[]).unwrap();
         let got = read_slot(&dev, &sb, 0).unwrap();
         assert_eq!(got.checkpoint, c1);
         assert!(got.unapplied);
@@ -2493,7 +2727,7 @@ mod tests {
         let chain = write_base(&dev, &sb, 0, &c1).unwrap();
         let mut bad = delta_ckpt(2, &c1.image, &image(2, 25));
         bad.delta.removed = vec![9_999];
-        write_delta(&dev, &sb, 0, &chain, &bad).unwrap();
+        write_delta(&dev, &sb, 0, &chain, &bad, &[]).unwrap();
         // The older slot's header still names generation 0: only its image
         // is damaged.
         dev.flip(slot_start(&sb, 1) + encoded_len(&c0.image) / 2);
@@ -2525,6 +2759,7 @@ mod tests {
             0,
             &chain,
             &delta_ckpt(2, &c1.image, &image(2, 25)),
+            &[],
         )
         .unwrap();
         let damage = slot_start(&sb, 0) + chain2.last_offset + 70;
@@ -2703,6 +2938,7 @@ mod tests {
             slot,
             RecordHeader::of(ckpt),
             paged_root(sb, ckpt, &table),
+            &[],
         )
         .unwrap();
         table
@@ -2846,7 +3082,7 @@ mod tests {
         write_pages(&dev, &bytes).unwrap();
         let table: PageTable = vec![(ino, list)];
         let root = paged_root(&sb, &ckpt, &table);
-        write_base_record(&dev, &sb, 0, RecordHeader::of(&ckpt), root).unwrap();
+        write_base_record(&dev, &sb, 0, RecordHeader::of(&ckpt), root, &[]).unwrap();
         let err = read_slot(&dev, &sb, 0).unwrap_err().to_string();
         assert!(
             err.contains(&format!(

@@ -16,6 +16,9 @@
 //!   left a free-space hint, allocations and counts use its [`Reserve`]
 //!   instead, and only what that cannot satisfy waits (ENOSPC from it is
 //!   taken for "pending"); checkpoints, which allocate pages, still wait.
+//!   After a crash, the hint of the checkpoint record mount loaded, less
+//!   what journal replay placed, stands in for it (see
+//!   `mount::load_unscanned`).
 //! - frees (punch, truncate, unlink, space replay freed, a checkpoint's
 //!   released busy space, spill extents and pages) are recorded in order
 //!   and applied to the scanned allocator at install. Nothing was
@@ -43,7 +46,7 @@ use parking_lot::{Condvar, Mutex};
 use crate::alloc::Allocator;
 use crate::checkpoint::SpillExtent;
 use crate::state::MetaState;
-use crate::superblock::{Superblock, CHECKPOINT_SLOTS};
+use crate::superblock::{Superblock, CHECKPOINT_SLOTS, FREE_HINT_MAX};
 use crate::{Error, Result};
 
 /// The allocator of a mounted volume, or what stands in for it while the
@@ -57,11 +60,14 @@ pub(crate) enum FreeSpace {
     Failed(ScanFailure),
 }
 
-/// What allocates while the scan runs after a clean unmount: an allocator
-/// whose only free space is the superblock's free-space hint, the largest
-/// free ranges when that session ended. The mark names the newest
-/// checkpoint, so no journal record came after it: those ranges are free
-/// in the state mount loaded. Frees made meanwhile are only recorded (as
+/// What allocates while the scan runs: an allocator whose only free
+/// space is a free-space hint. After a clean unmount, the superblock's:
+/// the largest free ranges when that session ended; the mark names the
+/// newest checkpoint, so no journal record came after it, and those
+/// ranges are free in the state mount loaded. Otherwise (a crash), the
+/// hint the loaded checkpoint record carries, less every range journal
+/// replay placed after it (`mount::load_unscanned` says why the rest is
+/// free). Frees made meanwhile are only recorded (as
 /// without a reserve), so it hands out nothing but hint space; its counts
 /// are a lower bound of the real ones, and a call it cannot satisfy waits
 /// for the scan ([`FreeSpace::short_while_scanning`]). At install, what
@@ -143,6 +149,42 @@ impl Reserve {
         }
         out
     }
+}
+
+/// `hint` less every byte of `taken` (in any order, overlapping or not),
+/// largest first (the lowest address among equals), at most
+/// [`FREE_HINT_MAX`] ranges: a hint with what is no longer free in it
+/// cut out.
+pub(crate) fn hint_without(hint: &[(u64, u64)], taken: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut taken: Vec<(u64, u64)> = taken.iter().copied().filter(|&(_, l)| l > 0).collect();
+    taken.sort_unstable();
+    // Coalesced, so that their ends are sorted too.
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(taken.len());
+    for (addr, len) in taken {
+        let end = addr.saturating_add(len);
+        match merged.last_mut() {
+            Some((_, last_end)) if addr <= *last_end => *last_end = (*last_end).max(end),
+            _ => merged.push((addr, end)),
+        }
+    }
+    let mut left = Vec::new();
+    for &(addr, len) in hint {
+        let end = addr.saturating_add(len);
+        let mut cursor = addr;
+        let first = merged.partition_point(|&(_, e)| e <= addr);
+        for &(t, t_end) in merged[first..].iter().take_while(|&&(t, _)| t < end) {
+            if t > cursor {
+                left.push((cursor, t - cursor));
+            }
+            cursor = cursor.max(t_end);
+        }
+        if cursor < end {
+            left.push((cursor, end - cursor));
+        }
+    }
+    left.sort_unstable_by_key(|&(addr, len)| (std::cmp::Reverse(len), addr));
+    left.truncate(FREE_HINT_MAX);
+    left
 }
 
 /// A call on free space made while the scan runs.
@@ -303,7 +345,7 @@ impl FreeSpace {
                         "free space",
                         addr,
                         format!(
-                            "the clean unmount's free-space hint handed out space the scan finds used: {reason}"
+                            "the free-space hint handed out space the scan finds used: {reason}"
                         ),
                     )
                 })?;
@@ -552,6 +594,29 @@ mod tests {
         assert_eq!(installed.free_extents(), direct.free_extents());
         assert_eq!(installed.busy_bytes(), direct.busy_bytes());
         assert_eq!(installed.busy_bytes(), 3 * BS);
+    }
+
+    /// A hint less what was taken keeps every byte of the hint outside
+    /// what was taken and none inside, whatever order and overlaps
+    /// `taken` comes in; largest first, at most FREE_HINT_MAX ranges.
+    #[test]
+    fn a_hint_without_what_was_taken() {
+        let hint = [(100 * BS, 50 * BS), (10 * BS, 20 * BS), (400 * BS, BS)];
+        let taken = [
+            (120 * BS, 5 * BS),
+            (5 * BS, 10 * BS),
+            (122 * BS, 10 * BS),
+            (140 * BS, 20 * BS),
+            (400 * BS, BS),
+            (0, 0),
+        ];
+        assert_eq!(
+            hint_without(&hint, &taken),
+            vec![(100 * BS, 20 * BS), (15 * BS, 15 * BS), (132 * BS, 8 * BS),]
+        );
+        assert_eq!(hint_without(&hint, &[]).len(), 3);
+        let many: Vec<(u64, u64)> = (0..40u64).map(|i| (2 * i * BS, BS)).collect();
+        assert_eq!(hint_without(&many, &[]).len(), FREE_HINT_MAX);
     }
 
     /// A free the scanned layout does not have as used fails the install

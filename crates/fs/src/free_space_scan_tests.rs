@@ -640,3 +640,316 @@ fn a_hint_that_lies_fails_the_install() {
         "a block of /f the reserve did not hand out"
     );
 }
+
+/// Device ranges of `file`'s extents.
+fn extents_of(file: &crate::File) -> Vec<(u64, u64)> {
+    file.fiemap()
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.addr != 0)
+        .map(|e| (e.addr, e.length))
+        .collect()
+}
+
+fn overlap(a: &[(u64, u64)], b: &[(u64, u64)]) -> bool {
+    a.iter()
+        .any(|&(x, xl)| b.iter().any(|&(y, yl)| x < y + yl && y < x + xl))
+}
+
+/// The free-space hint the checkpoint record mount would load carries.
+fn checkpoint_hint(dev: &Arc<MemDevice>) -> Vec<(u64, u64)> {
+    let sb = crate::superblock::read_superblock(&**dev).unwrap();
+    let newest = crate::checkpoint::read_checkpoints(&**dev, &sb).unwrap();
+    crate::checkpoint::read_free_hint(&**dev, &sb, newest.slot, &newest.chain).unwrap()
+}
+
+/// What [`crashed_after_checkpoint`] left: the device and the blocks of
+/// `/late`, which only the journal after the checkpoint maps.
+struct Crashed {
+    dev: Arc<MemDevice>,
+    late: Vec<(u64, u64)>,
+}
+
+const LATE_BLOCKS: u64 = 96;
+
+/// Where the checkpoint [`crashed_after_checkpoint`] takes keeps its
+/// extents: in its image (a delta), in extent pages of a base, or in an
+/// image spilled to the data area (a base).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    Image,
+    Paged,
+    Spilled,
+}
+
+/// A volume that went down without unmount: `/early` written, a
+/// checkpoint taken with free space installed (so its record carries a
+/// hint), then, in the journal only, `/early` punched (a free replay
+/// holds busy) and `/late` written into the hint's ranges, all synced.
+/// With `cut`, the device is what a power cut after the sync keeps;
+/// otherwise the volume is just dropped.
+fn crashed_after_checkpoint(layout: Layout, cut: Option<u64>) -> Crashed {
+    let dev = Arc::new(MemDevice::new(16 << 20, 512));
+    let opts = FormatOptions {
+        extent_pages: layout == Layout::Paged,
+        // The image of 400 extents does not fit: it spills.
+        checkpoint_slot_bytes: (layout == Layout::Spilled).then_some(8 << 10),
+        ..FormatOptions::default()
+    };
+    Volume::format(dev.clone(), &opts).unwrap();
+    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+    vol.wait_free_space().unwrap();
+    let early = vol.open_file("/early", DIRECT).unwrap();
+    // Past the inline bound with extent pages: a base with pages.
+    for i in 0..400u64 {
+        early.pwrite(&[i as u8 + 1; 4096], 2 * i * 4096).unwrap();
+    }
+    early.fsync().unwrap();
+    // With extent pages a base (whose pages are placed after its
+    // snapshot, maybe in the hint's ranges); without, a delta.
+    vol.inner.checkpoint_for_unmount().unwrap();
+    let hint = checkpoint_hint(&dev);
+    assert!(!hint.is_empty(), "the checkpoint carries a hint");
+    if layout == Layout::Spilled {
+        let sb = crate::superblock::read_superblock(&*dev).unwrap();
+        let newest = crate::checkpoint::read_checkpoints(&*dev, &sb).unwrap();
+        assert!(!newest.spills[newest.slot].is_empty(), "the base spills");
+    }
+    early.punch_hole(0, 8 * 4096).unwrap();
+    let late = vol.open_file("/late", DIRECT).unwrap();
+    for i in 0..LATE_BLOCKS {
+        late.pwrite(&[0x40 + (i % 64) as u8; 4096], i * 4096)
+            .unwrap();
+    }
+    late.fsync().unwrap();
+    early.fsync().unwrap();
+    vol.sync().unwrap();
+    let late_extents = extents_of(&late);
+    assert!(
+        overlap(&late_extents, &hint),
+        "/late is placed in the hint's ranges: {late_extents:?} {hint:?}"
+    );
+    let dev = match cut {
+        Some(seed) => Arc::new(dev.power_cut_seeded(seed)),
+        None => dev,
+    };
+    drop((early, late));
+    drop(vol);
+    let sb = crate::superblock::read_superblock(&*dev).unwrap();
+    assert!(sb.clean_mark.is_none(), "no clean unmount");
+    Crashed {
+        dev,
+        late: late_extents,
+    }
+}
+
+/// Creates `path` and writes `blocks` blocks of `byte` at its start, on
+/// another thread (creating may wait for free space too), so that a
+/// write that waits for a held scan fails the test instead of hanging
+/// it; sends the file's device ranges.
+fn write_apart(
+    vol: &Volume,
+    path: &'static str,
+    blocks: u64,
+) -> mpsc::Receiver<crate::Result<Vec<(u64, u64)>>> {
+    let (tx, rx) = mpsc::channel();
+    let vol = vol.clone();
+    std::thread::spawn(move || {
+        let written = vol.open_file(path, DIRECT).and_then(|f| {
+            (0..blocks).try_for_each(|i| f.pwrite(&[0xee; 4096], i * 4096).map(drop))?;
+            Ok(extents_of(&f))
+        });
+        drop(tx.send(written));
+    });
+    rx
+}
+
+/// Waits for [`write_apart`]'s result while the scan is held, then
+/// releases the scan whatever came (a failure must not leave it held):
+/// the ranges written, and whether the scan was still held when they
+/// came.
+fn written_while_held(
+    vol: &Volume,
+    held: &Held,
+    rx: &mpsc::Receiver<crate::Result<Vec<(u64, u64)>>>,
+) -> (Vec<(u64, u64)>, bool) {
+    let got = rx.recv_timeout(std::time::Duration::from_secs(60));
+    let still_held = !vol.inner.free_space_gate.is_done();
+    held.release();
+    let placed = got
+        .expect("an allocating write waited for the held scan")
+        .unwrap();
+    (placed, still_held)
+}
+
+/// `/late` reads back as written.
+fn check_late(vol: &Volume) {
+    let late = vol.open_file("/late", DIRECT).unwrap();
+    let mut buf = [0u8; 4096];
+    for i in 0..LATE_BLOCKS {
+        late.pread(&mut buf, i * 4096).unwrap();
+        assert_eq!(buf, [0x40 + (i % 64) as u8; 4096], "/late block {i}");
+    }
+}
+
+/// After a crash (no clean-unmount mark), with the scan held, an
+/// allocating write completes at once from the loaded checkpoint's hint;
+/// once the scan is released the installed allocator is what a
+/// synchronous mount builds (free ∪ busy as the layout leaves it, the
+/// busy ranges replay's frees), and fsck is clean. With and without
+/// extent pages or a spilled image, dropped or power-cut.
+#[test]
+fn after_a_crash_allocations_use_the_checkpoint_hint_while_the_scan_is_held() {
+    for (layout, cut) in [
+        (Layout::Image, None),
+        (Layout::Paged, None),
+        (Layout::Spilled, None),
+        (Layout::Image, Some(3)),
+        (Layout::Paged, Some(7)),
+    ] {
+        let crashed = crashed_after_checkpoint(layout, cut);
+        let dev = crashed.dev;
+        let want = synchronous(&dev);
+        assert!(!want.busy_ranges().is_empty(), "replay frees the punch");
+        let held = Held::new();
+        let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
+        let rx = write_apart(&vol, "/new", 1);
+        let (placed, still_held) = written_while_held(&vol, &held, &rx);
+        assert!(still_held && !placed.is_empty());
+        let alloc = installed(&vol);
+        assert!(
+            vol.mount_warnings().is_empty(),
+            "{:?}",
+            vol.mount_warnings()
+        );
+        assert_eq!(alloc.busy_ranges(), want.busy_ranges());
+        assert_eq!(free_or_busy(&alloc), rebuilt_now(&vol).free_extents());
+        check_late(&vol);
+        vol.unmount().unwrap();
+        let report = crate::fsck::check(dev.clone()).unwrap();
+        assert!(report.is_clean(), "{report:?}");
+    }
+}
+
+/// Journal records after the checkpoint placed `/late` inside the hint's
+/// ranges: mount cuts them out, so writes made from the reserve while the
+/// scan is held (enough to cover what the hint had) never land on
+/// `/late`'s blocks: its data stays, the install's claim check passes.
+#[test]
+fn space_replay_placed_is_not_handed_out_again() {
+    for layout in [Layout::Image, Layout::Paged, Layout::Spilled] {
+        let crashed = crashed_after_checkpoint(layout, None);
+        let dev = crashed.dev;
+        let held = Held::new();
+        let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
+        let rx = write_apart(&vol, "/new", LATE_BLOCKS);
+        let (placed, still_held) = written_while_held(&vol, &held, &rx);
+        assert!(still_held, "the writes came from the reserve");
+        assert!(
+            !overlap(&placed, &crashed.late),
+            "the reserve handed out /late's blocks: {placed:?} {:?}",
+            crashed.late
+        );
+        check_late(&vol);
+        vol.wait_free_space()
+            .expect("every claim is free in the scanned layout");
+        assert!(
+            vol.mount_warnings().is_empty(),
+            "{:?}",
+            vol.mount_warnings()
+        );
+        check_late(&vol);
+        vol.unmount().unwrap();
+        let report = crate::fsck::check(dev.clone()).unwrap();
+        assert!(report.is_clean(), "{report:?}");
+    }
+}
+
+/// An allocating write on a volume whose held scan is then released:
+/// whether it completed only once the scan was installing. True when it
+/// waited for the scan; a write that did not wait may also finish after
+/// the release, so false proves nothing and no caller asks for it.
+fn write_waits_for_the_scan(dev: &Arc<MemDevice>) -> bool {
+    let held = Held::new();
+    let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
+    let installing = held.installing.clone();
+    let writer = {
+        let vol = vol.clone();
+        std::thread::spawn(move || {
+            let f = vol.open_file("/new", DIRECT).unwrap();
+            f.pwrite(&[7u8; 4096], 0).unwrap();
+            installing.load(Ordering::SeqCst)
+        })
+    };
+    held.release();
+    let waited = writer.join().unwrap();
+    vol.wait_free_space().unwrap();
+    check_late(&vol);
+    vol.unmount().unwrap();
+    let report = crate::fsck::check(dev.clone()).unwrap();
+    assert!(report.is_clean(), "{report:?}");
+    waited
+}
+
+/// A checkpoint hint with any one byte flipped (header, a range or its
+/// crc) is not used: the unclean mount waits for its scan, as a volume
+/// without the compat bit does, which writes no hint block at all.
+#[test]
+fn a_damaged_checkpoint_hint_or_none_makes_mount_wait_for_the_scan() {
+    let probe = crashed_after_checkpoint(Layout::Image, None);
+    let sb = crate::superblock::read_superblock(&*probe.dev).unwrap();
+    let newest = crate::checkpoint::read_checkpoints(&*probe.dev, &sb).unwrap();
+    let at = sb.layout.checkpoint_slots[newest.slot].start + newest.chain.next_offset;
+    let hint_len = 24 + 16 * checkpoint_hint(&probe.dev).len() as u64 + 4;
+    for byte in [0, 9, 17, 21, 24 + 3, 24 + 12, hint_len - 1] {
+        let crashed = crashed_after_checkpoint(Layout::Image, None);
+        let mut block = vec![0u8; 512];
+        crashed.dev.read_at(&mut block, at).unwrap();
+        block[byte as usize] ^= 0x20;
+        crashed
+            .dev
+            .write_at(&block, at, blockdev::WriteMode::Normal)
+            .unwrap();
+        assert!(checkpoint_hint(&crashed.dev).is_empty(), "byte {byte}");
+        assert!(write_waits_for_the_scan(&crashed.dev), "byte {byte}");
+    }
+    // The undamaged control: the write completes with the scan held.
+    let held = Held::new();
+    let vol = Volume::open_with(probe.dev.clone(), &held.opts).unwrap();
+    let rx = write_apart(&vol, "/new", 1);
+    let (_, still_held) = written_while_held(&vol, &held, &rx);
+    assert!(
+        still_held,
+        "the undamaged hint allocates while the scan is held"
+    );
+    vol.unmount().unwrap();
+
+    // Without the bit: format's superblocks lose it before the first
+    // mount, and no checkpoint writes a hint.
+    let dev = Arc::new(MemDevice::new(16 << 20, 512));
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let mut sb = crate::superblock::read_superblock(&*dev).unwrap();
+    sb.features_compat &= !crate::superblock::COMPAT_CHECKPOINT_FREE_HINT;
+    crate::superblock::write_superblock(&*dev, &sb).unwrap();
+    crate::superblock::write_backup_superblock(&*dev, &sb).unwrap();
+    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+    vol.wait_free_space().unwrap();
+    let late = vol.open_file("/late", DIRECT).unwrap();
+    for i in 0..LATE_BLOCKS {
+        late.pwrite(&[0x40 + (i % 64) as u8; 4096], i * 4096)
+            .unwrap();
+    }
+    vol.checkpoint().unwrap();
+    late.fsync().unwrap();
+    drop(late);
+    drop(vol);
+    let newest = crate::checkpoint::read_checkpoints(&*dev, &sb).unwrap();
+    let at = (sb.layout.checkpoint_slots[newest.slot].start + newest.chain.next_offset) as usize;
+    let mut block = vec![0u8; 4096];
+    dev.read_at(&mut block, at as u64).unwrap();
+    assert!(
+        !block.starts_with(&crate::checkpoint::FREE_HINT_MAGIC),
+        "a hint block without the bit"
+    );
+    assert!(write_waits_for_the_scan(&dev));
+}

@@ -86,7 +86,7 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
         // No file has extents yet: a root with no pages.
         let root = state.encode_root_after(checkpoint::CHECKPOINT_HEADER_LEN, &Vec::new())?;
         let header = checkpoint::RecordHeader::of(&ckpt);
-        checkpoint::write_base_record(&*device, &sb, 0, header, root)?;
+        checkpoint::write_base_record(&*device, &sb, 0, header, root, &[])?;
     } else {
         checkpoint::write_checkpoint(&*device, &sb, 0, &ckpt)?;
     }
@@ -124,20 +124,24 @@ pub(crate) fn mount(
         damage: _,
         from_backup,
         clean_mark_names_newest,
+        checkpoint_free_hint,
         spills,
         pages,
         page_loader,
     } = loaded;
     // After a clean unmount (the mark names the newest checkpoint: no
     // record after it), allocations start from the hint it left while
-    // the scan runs.
-    let reserve = if clean_mark_names_newest && from_backup.is_none() {
-        let mut metadata = used_pages(&sb, &pages);
-        metadata.extend(spills.iter().flatten().map(|s| (s.0, s.1)));
-        crate::free_space::Reserve::of_hint(&sb, &sb.free_hint, &metadata)
+    // the scan runs; otherwise (a crash) from the loaded checkpoint's,
+    // less what replay placed. Either must keep off the pages and spill
+    // extents the slots list, or it is not used at all.
+    let mut metadata = used_pages(&sb, &pages);
+    metadata.extend(spills.iter().flatten().map(|s| (s.0, s.1)));
+    let hint = if clean_mark_names_newest && from_backup.is_none() {
+        &sb.free_hint
     } else {
-        None
+        &checkpoint_free_hint
     };
+    let reserve = crate::free_space::Reserve::of_hint(&sb, hint, &metadata);
     // O(1) copies (maps are copy-on-write): the state the scan reads
     // while the volume changes its own.
     let scan_input = ScanInput {
@@ -383,6 +387,10 @@ pub(crate) struct Loaded<A = Allocator> {
     pub from_backup: Option<superblock::FromBackup>,
     /// The superblock's clean-unmount mark names the newest checkpoint.
     pub clean_mark_names_newest: bool,
+    /// Mount without a usable clean mark only: the free-space hint of the
+    /// checkpoint record loaded, less every range journal replay placed
+    /// after it (see [`load_unscanned`]); empty without one.
+    pub checkpoint_free_hint: Vec<(u64, u64)>,
     /// Per slot, the spill extents of its checkpoint (in use, see
     /// [`build_allocator`]).
     pub spills: [Vec<checkpoint::SpillExtent>; superblock::CHECKPOINT_SLOTS],
@@ -422,6 +430,7 @@ impl Loaded<()> {
             damage,
             from_backup,
             clean_mark_names_newest,
+            checkpoint_free_hint,
             spills,
             pages,
             page_loader,
@@ -439,6 +448,7 @@ impl Loaded<()> {
             damage,
             from_backup,
             clean_mark_names_newest,
+            checkpoint_free_hint,
             spills,
             pages,
             page_loader,
@@ -447,7 +457,47 @@ impl Loaded<()> {
 }
 
 /// [`load`] without free space: the superblock, the newest checkpoint and
-/// the journal replayed on it.
+/// the journal replayed on it; for mount, also the free-space hint of the
+/// checkpoint record it loaded less what replay placed
+/// ([`Loaded::checkpoint_free_hint`]).
+///
+/// Why every byte of that hint is free in the state loaded here, though
+/// the volume went down without unmount (the mount still checks it is in
+/// the data area and off the listed pages and spill extents, and the
+/// install claims what it handed out against the scan: a lie fails free
+/// space for the session, never silently doubles a block):
+///
+/// - The hint is the largest *free* ranges of the allocator under the
+///   lock the record's snapshot was taken under. The allocator marks
+///   every extent of the state used, and space a record up to the
+///   snapshot freed stays *busy* (not free) until a later checkpoint is
+///   durable; so no hint range is used by the snapshot, which is the
+///   record's state. Both slots' pages and spill extents stay allocated
+///   while either slot lists them, and the pages and spill extents of
+///   this record's own base, allocated after the snapshot, are cut out
+///   before it is written (`transaction`).
+/// - The state here is that snapshot with the journal after it replayed.
+///   Every record that places space (`Record::placed`) is collected as
+///   replay applies it and cut out below; records that convert, resize or
+///   free place nothing new, and frees stay busy at mount (space replay
+///   freed is held busy; the reserve never sees frees).
+/// - Space allocated after the snapshot whose record never reached the
+///   journal (the crash came first), including delayed allocation placed
+///   at writeback, is referenced by nothing here: free.
+/// - Extent pages and spill extents of the *next* checkpoint (a base
+///   written after this record's snapshot) are listed by nothing here:
+///   mount loads that base if it verifies (and then its own hint), and
+///   a torn one verifies nowhere. If the newer slot is torn and mount
+///   falls back to the older one, the hint read is the older record's,
+///   with the journal after it replayed: the same argument holds for it.
+///   Space the newer checkpoint released (busy space, pages its base
+///   replaced) is reused only after the older record is marked
+///   superseded, and a marked record with no newer one refuses the mount.
+/// - The hint block sits where the next delta goes and names its
+///   record's generation and crc: a delta written after the record
+///   overwrites it (and is the record loaded, unless torn, when the old
+///   hint, if it survived, is still its record's), and a block left by
+///   another record never matches.
 pub(crate) fn load_unscanned(
     device: &Arc<dyn BlockDevice>,
     strictness: Strictness,
@@ -521,6 +571,15 @@ pub(crate) fn load_unscanned(
         };
     let mut freed = Vec::new();
     let mut replay_freed = Vec::new();
+    // Only a mount without a usable clean mark (whose own hint stands
+    // then) allocates from it; fsck builds free space itself.
+    let record_free_hint =
+        if later == journal::LaterBatches::Scan && strictness == Strictness::Mount {
+            checkpoint::read_free_hint(device, &sb, slot, &chain)?
+        } else {
+            Vec::new()
+        };
+    let mut replay_placed = Vec::new();
     let replay_end = journal::replay(
         device,
         &sb,
@@ -540,9 +599,13 @@ pub(crate) fn load_unscanned(
                 )
             })?;
             replay_freed.extend(freed.drain(..).map(|(addr, len)| (seq, addr, len)));
+            if !record_free_hint.is_empty() {
+                replay_placed.extend(record.placed());
+            }
             Ok(())
         },
     )?;
+    let checkpoint_free_hint = crate::free_space::hint_without(&record_free_hint, &replay_placed);
     Ok(Loaded {
         sb,
         slot,
@@ -556,6 +619,7 @@ pub(crate) fn load_unscanned(
         damage,
         from_backup,
         clean_mark_names_newest,
+        checkpoint_free_hint,
         spills,
         pages,
         page_loader,

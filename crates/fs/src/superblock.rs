@@ -65,13 +65,26 @@ pub const INCOMPAT_EXTENT_PAGES: u64 = 1 << 2;
 /// it writes one, carries none).
 pub const COMPAT_FREE_SPACE_HINT: u64 = 1 << 2;
 
+/// Compat feature: each checkpoint record may be followed, in its slot,
+/// by a *free-space hint* of its own (`checkpoint::read_free_hint`): the
+/// largest free ranges of the data area at that checkpoint's snapshot, so
+/// that a mount after a crash, which has no clean-unmount mark, can
+/// allocate at once from them (less what journal replay placed) while its
+/// background scan rebuilds the rest (see `free_space`). The block sits
+/// where the next delta would go, which code that does not know the bit
+/// reads as the end of the chain (bad magic), as it reads an unwritten
+/// block; it writes none.
+pub const COMPAT_CHECKPOINT_FREE_HINT: u64 = 1 << 3;
+
 /// Feature bits this code understands: an unknown incompat bit refuses the
 /// mount, an unknown ro_compat bit refuses writes, an unknown compat bit is
 /// ignored. Later changes that keep the version (incremental metadata,
 /// longer inode attributes, new record kinds) each take a bit: see
 /// "Compatibility" in `docs/FORMAT.md`.
-pub const FEATURES_COMPAT_SUPPORTED: u64 =
-    COMPAT_BACKUP_SUPERBLOCK | COMPAT_SUPERSEDE_MARKS | COMPAT_FREE_SPACE_HINT;
+pub const FEATURES_COMPAT_SUPPORTED: u64 = COMPAT_BACKUP_SUPERBLOCK
+    | COMPAT_SUPERSEDE_MARKS
+    | COMPAT_FREE_SPACE_HINT
+    | COMPAT_CHECKPOINT_FREE_HINT;
 pub const FEATURES_INCOMPAT_SUPPORTED: u64 =
     INCOMPAT_DELTA_CHECKPOINTS | INCOMPAT_SPILLED_CHECKPOINTS | INCOMPAT_EXTENT_PAGES;
 pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = RO_COMPAT_CLEAN_UNMOUNT;
@@ -452,8 +465,9 @@ pub struct Superblock {
 
 impl Superblock {
     /// A new superblock for `layout`: current version, fresh random uuid,
-    /// supersede marks, delta and spilled checkpoints, a backup superblock if the layout
-    /// leaves the device's last block free, created now.
+    /// supersede marks, both free-space hints, delta and spilled
+    /// checkpoints, a backup superblock if the layout leaves the device's
+    /// last block free, created now.
     pub fn new(layout: Layout) -> Superblock {
         let backup = if layout.leaves_room_for_backup() {
             COMPAT_BACKUP_SUPERBLOCK
@@ -463,7 +477,10 @@ impl Superblock {
         Superblock {
             version: FORMAT_VERSION,
             uuid: new_uuid(),
-            features_compat: COMPAT_SUPERSEDE_MARKS | COMPAT_FREE_SPACE_HINT | backup,
+            features_compat: COMPAT_SUPERSEDE_MARKS
+                | COMPAT_FREE_SPACE_HINT
+                | COMPAT_CHECKPOINT_FREE_HINT
+                | backup,
             features_incompat: INCOMPAT_DELTA_CHECKPOINTS | INCOMPAT_SPILLED_CHECKPOINTS,
             features_ro_compat: 0,
             layout,

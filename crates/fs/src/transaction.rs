@@ -257,7 +257,7 @@ impl VolumeInner {
     /// first change to each extent chunk copies that chunk.
     fn write_checkpoint(&self, delta_ready: &mut bool, base: bool) -> Result<()> {
         let mut commit = self.commit.lock();
-        let (snapshot, changed, journal_seq, records) = {
+        let (snapshot, changed, journal_seq, records, free_hint) = {
             let mut meta = self.meta.write();
             let held = Instant::now();
             // Write times still in core go into the snapshot too.
@@ -270,6 +270,7 @@ impl VolumeInner {
                 changed,
                 meta.next_seq,
                 std::mem::take(&mut meta.pending),
+                self.free_hint_at_snapshot(&meta),
             );
             self.lock_holds.record(HoldSite::CheckpointSnapshot, held);
             taken
@@ -357,8 +358,15 @@ impl VolumeInner {
                     journal_chain,
                     delta,
                 };
-                checkpoint::write_delta(&*self.dev, &self.sb, older_slot, &older_chain, &ckpt)
-                    .map(|chain| (older_slot, chain, None, None))
+                checkpoint::write_delta(
+                    &*self.dev,
+                    &self.sb,
+                    older_slot,
+                    &older_chain,
+                    &ckpt,
+                    &free_hint,
+                )
+                .map(|chain| (older_slot, chain, None, None))
             }
             None => {
                 let header = RecordHeader {
@@ -375,12 +383,12 @@ impl VolumeInner {
                         Some(commit) => extent_pages::listed_in(&commit.pages),
                         None => extent_pages::listed_in(&self.commit.lock().pages),
                     };
-                    self.write_paged_base(&snapshot, slot, header, &listed)
+                    self.write_paged_base(&snapshot, slot, header, &listed, &free_hint)
                         .map(|(chain, spill, plan)| (slot, chain, Some(spill), Some(plan)))
                 } else {
                     snapshot
                         .encode_image_after(checkpoint::CHECKPOINT_HEADER_LEN)
-                        .and_then(|record| self.write_base(slot, header, record))
+                        .and_then(|record| self.write_base(slot, header, record, &free_hint))
                         .map(|(chain, spill)| (slot, chain, Some(spill), None))
                 }
             }
@@ -491,6 +499,25 @@ impl VolumeInner {
         self.in_short_holds(|meta| Ok(meta.alloc.release_busy_at_most(journal_seq - 1, 1)))
     }
 
+    /// The free-space hint of a checkpoint whose snapshot is taken under
+    /// `meta`'s lock (with [`crate::superblock::COMPAT_CHECKPOINT_FREE_HINT`]):
+    /// the largest free ranges of the installed allocator, none while
+    /// mount's scan runs. Free, not busy: what records up to the snapshot
+    /// freed stays busy until a later checkpoint is durable, so no range
+    /// here is used by the snapshot, nor by either slot's pages and spill
+    /// extents (allocated until neither lists them). The pages and spill
+    /// extents this checkpoint allocates after the snapshot are cut out
+    /// before it is written ([`VolumeInner::write_paged_base`],
+    /// [`VolumeInner::write_base`]).
+    fn free_hint_at_snapshot(&self, meta: &Meta) -> Vec<(u64, u64)> {
+        if self.sb.features_compat & crate::superblock::COMPAT_CHECKPOINT_FREE_HINT == 0 {
+            return Vec::new();
+        }
+        meta.alloc.installed().map_or(Vec::new(), |a| {
+            a.largest_free(crate::superblock::FREE_HINT_MAX)
+        })
+    }
+
     /// Calls `step` until it returns false, with the metadata lock held
     /// exclusive for at most about [`LOCK_HOLD_STEP`] at a time and
     /// released fairly in between (whoever queued meanwhile runs first).
@@ -518,21 +545,28 @@ impl VolumeInner {
     /// extents of the data area when it does not fit the slot; returns the
     /// chain and those extents. Fails with [`Error::NoSpace`], writing
     /// nothing and keeping no space, when the data area cannot hold the
-    /// image (or the slot its table of extents).
+    /// image (or the slot its table of extents). `free_hint` goes with the
+    /// record, less the spill extents.
     fn write_base(
         &self,
         slot: usize,
         header: RecordHeader,
         record: Vec<u8>,
+        free_hint: &[(u64, u64)],
     ) -> Result<(ChainEnd, Vec<SpillExtent>)> {
         let image_len = (record.len() - checkpoint::CHECKPOINT_HEADER_LEN) as u64;
         if !checkpoint::must_spill(&self.sb, image_len) {
-            let chain = checkpoint::write_base_record(&*self.dev, &self.sb, slot, header, record)?;
+            let chain = checkpoint::write_base_record(
+                &*self.dev, &self.sb, slot, header, record, free_hint,
+            )?;
             return Ok((chain, Vec::new()));
         }
         let spill = self.allocate_spill(image_len)?;
+        // Allocated after the snapshot, maybe from the hint's ranges, and
+        // listed by this record: never free while it is the fallback.
+        let free_hint = crate::free_space::hint_without(free_hint, &spill);
         match checkpoint::write_spilled_base_record(
-            &*self.dev, &self.sb, slot, header, &record, &spill,
+            &*self.dev, &self.sb, slot, header, &record, &spill, &free_hint,
         ) {
             Ok(chain) => Ok((chain, spill)),
             Err(err) => {
@@ -552,12 +586,14 @@ impl VolumeInner {
     /// new pages the caller records once the base is durable). Refused
     /// for space ([`Error::NoSpace`]), it gives back what it allocated; the
     /// pages written are in free space, which no checkpoint lists.
+    /// `free_hint` goes with the root, less the pages it lists.
     fn write_paged_base(
         &self,
         snapshot: &crate::state::MetaState,
         slot: usize,
         header: RecordHeader,
         listed: &std::collections::HashSet<crate::codec::PageRef>,
+        free_hint: &[(u64, u64)],
     ) -> Result<(ChainEnd, Vec<SpillExtent>, PagePlan)> {
         let mut placed: Vec<(u64, u64)> = Vec::new();
         let listed = |page: &crate::codec::PageRef| listed.contains(page);
@@ -577,7 +613,16 @@ impl VolumeInner {
             checkpoint::flush_pages(&*self.dev)?;
             let root =
                 snapshot.encode_root_after(checkpoint::CHECKPOINT_HEADER_LEN, &plan.table)?;
-            let (mut chain, spill) = self.write_base(slot, header, root)?;
+            // The pages were planned after the snapshot, maybe in the
+            // hint's ranges; every page the root lists is cut out (those
+            // planned before were not free at the snapshot anyway).
+            let free_hint = crate::free_space::hint_without(
+                free_hint,
+                &extent_pages::page_ranges(&plan.table, self.sb.block_size())
+                    .into_iter()
+                    .collect::<Vec<_>>(),
+            );
+            let (mut chain, spill) = self.write_base(slot, header, root, &free_hint)?;
             chain.base_bytes += checkpoint::listed_page_bytes(&self.sb, &plan.table);
             Ok((chain, spill, plan))
         });

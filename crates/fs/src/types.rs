@@ -362,6 +362,33 @@ pub enum Record {
     },
 }
 
+impl Record {
+    /// The device range `(addr, len)` this record newly maps, if it maps
+    /// one: what mount's free-space hint must not hand out once replay
+    /// has applied it (`free_space::Reserve`). Only
+    /// [`Record::MapUnwritten`] places space: a completion converts
+    /// space some earlier record or the checkpoint placed, and every other
+    /// record maps nothing or releases space. Extent pages and spill
+    /// extents are written by checkpoints, never journaled. No wildcard
+    /// arm: a new record kind must say whether it places space.
+    pub fn placed(&self) -> Option<(u64, u64)> {
+        match self {
+            Record::MapUnwritten { len, addr, .. } => Some((*addr, *len)),
+            Record::Create { .. }
+            | Record::Unlink { .. }
+            | Record::Rename { .. }
+            | Record::Link { .. }
+            | Record::SetAttr { .. }
+            | Record::SetXattr { .. }
+            | Record::RemoveXattr { .. }
+            | Record::FreeInode { .. }
+            | Record::CompleteWrite { .. }
+            | Record::SetSize { .. }
+            | Record::Punch { .. } => None,
+        }
+    }
+}
+
 /// Hashes inode numbers for the in-memory maps keyed by them: they are
 /// looked up on every I/O (sizes, mappings), and a multiply-shift of a
 /// number the file system hands out is enough spread — no SipHash, whose

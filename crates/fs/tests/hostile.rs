@@ -1405,7 +1405,7 @@ fn hostile_metadata_with_valid_checksums() {
                     journal_chain: ckpt.journal_chain,
                     delta: hostile_delta(&mut rng, &ckpt.image, &image),
                 };
-                write_delta(&mem, &sb, slot, &chain, &delta).map(drop)
+                write_delta(&mem, &sb, slot, &chain, &delta, &[]).map(drop)
             } else {
                 let c = Checkpoint {
                     generation: ckpt.generation + 1,

@@ -145,7 +145,7 @@ pub fn checkpoint_delta(data: &[u8]) {
         delta,
     };
     // One too large for the slot is skipped.
-    if write_delta(&*dev, &sb, newest.slot, &newest.chain, &written).is_ok() {
+    if write_delta(&*dev, &sb, newest.slot, &newest.chain, &written, &[]).is_ok() {
         exercise(dev);
     }
 }
