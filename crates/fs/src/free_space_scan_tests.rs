@@ -224,6 +224,66 @@ fn allocate_apart(file: crate::File, off: u64) -> mpsc::Receiver<crate::Result<u
     rx
 }
 
+/// The extents writeback of delayed allocations may add past one per
+/// range are bounded by the blocks reserved, and by the free ranges only
+/// once the scan installed its allocator: while it runs, the clean
+/// unmount's reserve allocates, but writeback will take from the scanned
+/// free space, which the reserve's few ranges do not bound.
+#[test]
+fn delayed_ranges_during_the_scan_are_bounded_without_the_reserves_ranges() {
+    const BLOCKS: u64 = 100;
+    let dev = Arc::new(MemDevice::new(16 << 20, 512));
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+    // Free space in more pieces than the hint keeps (16): one-block files,
+    // every other one removed.
+    for i in 0..80 {
+        let f = vol.open_file(&format!("/f{i}"), DIRECT).unwrap();
+        f.pwrite(&[1; 4096], 0).unwrap();
+    }
+    for i in (0..80).step_by(2) {
+        vol.unlink(&format!("/f{i}")).unwrap();
+    }
+    vol.unmount().unwrap();
+
+    let held = Held::new();
+    let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
+    let buffered = OpenFlags {
+        direct: false,
+        ..DIRECT
+    };
+    let file = vol.open_file("/late", buffered).unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let wrote = (0..BLOCKS).try_for_each(|k| file.pwrite(&[2; 4096], k * 4096).map(drop));
+        drop(tx.send(wrote));
+    });
+    let wrote = rx.recv_timeout(std::time::Duration::from_secs(60));
+    if wrote.is_err() {
+        held.release();
+    }
+    wrote
+        .expect("the buffered writes waited for the held scan")
+        .unwrap();
+    let (during, reserve_ranges) = {
+        let meta = vol.inner.meta.read();
+        assert_eq!(meta.delalloc_reserved, BLOCKS * 4096);
+        let reserve = meta.alloc.allocator().unwrap().free_extent_count() as u64;
+        (meta.fragmentation_extents(), reserve)
+    };
+    assert!(
+        reserve_ranges < BLOCKS,
+        "the reserve has {reserve_ranges} ranges"
+    );
+    assert_eq!(during, BLOCKS, "bounded by the reserve's ranges");
+    held.release();
+    vol.wait_free_space().unwrap();
+    let meta = vol.inner.meta.read();
+    let ranges = meta.alloc.allocator().unwrap().free_extent_count() as u64;
+    assert!(ranges > 16, "free space in {ranges} ranges");
+    assert_eq!(meta.fragmentation_extents(), BLOCKS.min(ranges));
+}
+
 /// Punch, truncate, unlink and a checkpoint while the scan is held: mount
 /// returned, reads and overwrites go on, an allocating write waits and
 /// succeeds once the scan is released — or, with the free-space hint of

@@ -627,7 +627,7 @@ impl Meta {
     /// when it takes a whole free range, the largest, so the pieces past
     /// the first of each allocation are at most the free ranges, and at
     /// most the blocks reserved.
-    fn fragmentation_extents(&self) -> u64 {
+    pub(crate) fn fragmentation_extents(&self) -> u64 {
         if self.delalloc_reserved == 0 {
             return 0;
         }
