@@ -67,22 +67,21 @@ use crate::error::{Error, Result};
 use crate::extent_map::span_merge::SpanMerge;
 use crate::page_chunks::{ChunkMerge, PagedMaps};
 use crate::superblock::{
-    is_aligned, Region, Superblock, CHECKPOINT_SLOTS, COMPAT_CHECKPOINT_FREE_HINT,
-    COMPAT_SUPERSEDE_MARKS, FREE_HINT_MAX, INCOMPAT_DELTA_CHECKPOINTS, INCOMPAT_EXTENT_PAGES,
-    INCOMPAT_SPILLED_CHECKPOINTS,
+    decode_hint_ranges, encode_hint_ranges, is_aligned, Region, Superblock, CHECKPOINT_SLOTS,
+    COMPAT_CHECKPOINT_FREE_HINT, COMPAT_SUPERSEDE_MARKS, FREE_HINT_MAX, INCOMPAT_DELTA_CHECKPOINTS,
+    INCOMPAT_EXTENT_PAGES, INCOMPAT_SPILLED_CHECKPOINTS,
 };
 use crate::types::{Extent, Ino, InodeImage, MetaDelta, MetaImage};
 
 /// First 8 bytes of the free-space hint block after a record.
 pub const FREE_HINT_MAGIC: [u8; 8] = *b"IOMAPFH1";
 /// Bytes of a hint block before its ranges: magic, generation, record
-/// crc, range count.
-const FREE_HINT_HEADER_LEN: usize = 8 + 8 + 4 + 4;
-/// Bytes of one range of a hint: device byte, length.
-const FREE_HINT_RANGE_LEN: usize = 16;
-// Within one 512-byte logical sector: a torn write keeps or loses it
-// whole (the crc would refuse a mix anyway).
-const _: () = assert!(FREE_HINT_HEADER_LEN + FREE_HINT_MAX * FREE_HINT_RANGE_LEN + 4 <= 512);
+/// crc (the ranges' count follows, see `superblock::encode_hint_ranges`).
+const FREE_HINT_HEADER_LEN: usize = 8 + 8 + 4;
+// Within one 512-byte logical sector (header, count, ranges of 16 bytes,
+// crc): a torn write keeps or loses it whole (the crc would refuse a mix
+// anyway).
+const _: () = assert!(FREE_HINT_HEADER_LEN + 4 + FREE_HINT_MAX * 16 + 4 <= 512);
 
 /// First 8 bytes of a valid checkpoint slot: a whole image (the base).
 pub const CHECKPOINT_MAGIC: [u8; 8] = *b"IOMAPCP1";
@@ -753,17 +752,11 @@ fn encode_free_hint(
     record_crc: u32,
     ranges: &[(u64, u64)],
 ) -> Vec<u8> {
-    let ranges = &ranges[..ranges.len().min(FREE_HINT_MAX)];
-    let mut enc =
-        Encoder::with_capacity(FREE_HINT_HEADER_LEN + ranges.len() * FREE_HINT_RANGE_LEN + 4);
+    let mut enc = Encoder::with_capacity(FREE_HINT_HEADER_LEN + 4 + FREE_HINT_MAX * 16 + 4);
     enc.bytes(&FREE_HINT_MAGIC);
     enc.u64(generation);
     enc.u32(record_crc);
-    enc.u32(ranges.len() as u32);
-    for &(addr, len) in ranges {
-        enc.u64(addr);
-        enc.u64(len);
-    }
+    encode_hint_ranges(&mut enc, ranges);
     let crc = crc32c::crc32c_append(sb.crc_seed(), enc.as_bytes());
     enc.u32(crc);
     enc.into_bytes()
@@ -784,31 +777,19 @@ fn decode_free_hint(
     let field = |at: usize, len: usize| bytes.get(at..at + len);
     let le_u64 = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
     let le_u32 = |b: &[u8]| u32::from_le_bytes(b.try_into().expect("4 bytes"));
-    let (Some(magic), Some(gen), Some(crc), Some(count)) =
-        (field(0, 8), field(8, 8), field(16, 4), field(20, 4))
-    else {
+    let (Some(magic), Some(gen), Some(crc)) = (field(0, 8), field(8, 8), field(16, 4)) else {
         return Vec::new();
     };
-    let count = le_u32(count) as usize;
-    if magic != FREE_HINT_MAGIC
-        || le_u64(gen) != generation
-        || le_u32(crc) != record_crc
-        || count == 0
-        || count > FREE_HINT_MAX
-    {
+    if magic != FREE_HINT_MAGIC || le_u64(gen) != generation || le_u32(crc) != record_crc {
         return Vec::new();
     }
-    let end = FREE_HINT_HEADER_LEN + count * FREE_HINT_RANGE_LEN;
-    let Some(stored) = field(end, 4).map(le_u32) else {
+    let Some((ranges, end)) = decode_hint_ranges(bytes, FREE_HINT_HEADER_LEN) else {
         return Vec::new();
     };
-    if crc32c::crc32c_append(sb.crc_seed(), &bytes[..end]) != stored {
-        return Vec::new();
+    match field(end, 4).map(le_u32) == Some(crc32c::crc32c_append(sb.crc_seed(), &bytes[..end])) {
+        true => ranges,
+        false => Vec::new(),
     }
-    bytes[FREE_HINT_HEADER_LEN..end]
-        .chunks_exact(FREE_HINT_RANGE_LEN)
-        .map(|r| (le_u64(&r[..8]), le_u64(&r[8..])))
-        .collect()
 }
 
 /// The free-space hint written with the last record of the chain in
@@ -2596,7 +2577,8 @@ mod tests {
         }
 
         let at = slot_start(&sb, 0) + chain2.next_offset;
-        let hint_len = (FREE_HINT_HEADER_LEN + delta_hint.len() * FREE_HINT_RANGE_LEN + 4) as u64;
+        // Header, count, ranges, crc.
+        let hint_len = (FREE_HINT_HEADER_LEN + 4 + delta_hint.len() * 16 + 4) as u64;
         for i in 0..hint_len {
             dev.flip(at + i);
             let got = read_free_hint(&dev, &sb, 0, &chain2).unwrap();

@@ -154,6 +154,41 @@ pub const MARKED_SUPERBLOCK_ENCODED_LEN: usize = OFF_CLEAN_MARK_CRC + 4;
 pub const OFF_FREE_HINT: usize = MARKED_SUPERBLOCK_ENCODED_LEN;
 /// Most ranges a free-space hint holds.
 pub const FREE_HINT_MAX: usize = 16;
+/// Bytes of one range of a hint: device byte (u64), length (u64).
+const FREE_HINT_RANGE_LEN: usize = 16;
+
+/// A free-space hint's ranges as both hints store them (the clean
+/// unmount's here, each checkpoint record's in `checkpoint`): their count
+/// (u32), then each range's device byte and length (u64), at most
+/// [`FREE_HINT_MAX`] of them (the first ones). The caller seals them.
+pub(crate) fn encode_hint_ranges(enc: &mut Encoder, ranges: &[(u64, u64)]) {
+    let ranges = &ranges[..ranges.len().min(FREE_HINT_MAX)];
+    enc.u32(ranges.len() as u32);
+    for &(addr, len) in ranges {
+        enc.u64(addr);
+        enc.u64(len);
+    }
+}
+
+/// The ranges [`encode_hint_ranges`] wrote at `at` of `buf`, and where
+/// they end; `None` when the count is 0 or past [`FREE_HINT_MAX`] or the
+/// ranges run past `buf`. The caller checks its seal over `buf[..end]`.
+pub(crate) fn decode_hint_ranges(buf: &[u8], at: usize) -> Option<(Vec<(u64, u64)>, usize)> {
+    let le_u64 = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let count = buf
+        .get(at..at + 4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)?;
+    if count == 0 || count > FREE_HINT_MAX {
+        return None;
+    }
+    let end = at + 4 + count * FREE_HINT_RANGE_LEN;
+    let ranges = buf
+        .get(at + 4..end)?
+        .chunks_exact(FREE_HINT_RANGE_LEN)
+        .map(|r| (le_u64(&r[..8]), le_u64(&r[8..])))
+        .collect();
+    Some((ranges, end))
+}
 const _: () = assert!(OFF_FREE_HINT + 4 + FREE_HINT_MAX * 16 + 4 <= 512);
 const _: () = assert!(MARKED_SUPERBLOCK_ENCODED_LEN <= MIN_BLOCK_SIZE as usize);
 
@@ -542,12 +577,7 @@ impl Superblock {
             let crc = crc32c::crc32c(enc.as_bytes());
             enc.u32(crc);
             if self.features_compat & COMPAT_FREE_SPACE_HINT != 0 && !self.free_hint.is_empty() {
-                let hint = &self.free_hint[..self.free_hint.len().min(FREE_HINT_MAX)];
-                enc.u32(hint.len() as u32);
-                for &(addr, len) in hint {
-                    enc.u64(addr);
-                    enc.u64(len);
-                }
+                encode_hint_ranges(&mut enc, &self.free_hint);
                 let crc = crc32c::crc32c(enc.as_bytes());
                 enc.u32(crc);
             }
@@ -686,34 +716,16 @@ impl Superblock {
 /// next mount then waits for its scan, as without a hint). Its ranges are
 /// checked against the layout where they are used (`free_space`).
 fn decode_free_hint(buf: &[u8]) -> Vec<(u64, u64)> {
-    let Some(count) = buf
-        .get(OFF_FREE_HINT..OFF_FREE_HINT + 4)
-        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")) as usize)
-    else {
+    let Some((ranges, end)) = decode_hint_ranges(buf, OFF_FREE_HINT) else {
         return Vec::new();
     };
-    if count == 0 || count > FREE_HINT_MAX {
-        return Vec::new();
-    }
-    let end = OFF_FREE_HINT + 4 + count * 16;
-    let Some(stored) = buf
+    let stored = buf
         .get(end..end + 4)
-        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-    else {
-        return Vec::new();
-    };
-    if crc32c::crc32c(&buf[..end]) != stored {
-        return Vec::new();
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+    match stored == Some(crc32c::crc32c(&buf[..end])) {
+        true => ranges,
+        false => Vec::new(),
     }
-    buf[OFF_FREE_HINT + 4..end]
-        .chunks_exact(16)
-        .map(|r| {
-            (
-                u64::from_le_bytes(r[..8].try_into().expect("8 bytes")),
-                u64::from_le_bytes(r[8..].try_into().expect("8 bytes")),
-            )
-        })
-        .collect()
 }
 
 /// The clean-unmount mark after a verified superblock at the start of
