@@ -180,6 +180,15 @@ pub struct MetadataScaleResult {
     /// build in it. The binary is this one, or `$IOMAPFS_BENCH_MOUNT_BIN`
     /// (another build, for a before/after on the same image).
     pub child_mount_max_rss_bytes: u64,
+    /// The same process's peak once it also read one 4 KiB block in every
+    /// chunk of the file (direct), and once it then changed 1% of the
+    /// extents as `ckpt 1%` does (no checkpoint asked for): what reading
+    /// and changing a map costs in memory under the default 64 MiB
+    /// metadata budget, with nothing of the build in it.
+    #[serde(default)]
+    pub child_read_all_max_rss_bytes: u64,
+    #[serde(default)]
+    pub child_one_percent_max_rss_bytes: u64,
     pub quiet_reads: u64,
     pub quiet_read_p99_ns: u64,
     pub quiet_read_p999_ns: u64,
@@ -364,8 +373,8 @@ fn run_size(
         .map_or((0, 0), |l| (l.cached_bytes, l.chunks_loaded));
     vol.unmount()
         .map_err(|e| BenchError::fs("iomapfs unmount", e))?;
-    say("mount in a fresh process");
-    let child_mount_max_rss_bytes = child_mount_max_rss(path)?;
+    say("mount, read every chunk and change 1% in a fresh process");
+    let child_rss = child_session_max_rss(path, extents, build)?;
 
     let quiet_p99 = quiet.quantile(0.99);
     let busy_max = busy.max().unwrap_or(0);
@@ -403,7 +412,9 @@ fn run_size(
         alloc_bytes_free_ready,
         free_ranges,
         free_range_tree_bytes,
-        child_mount_max_rss_bytes,
+        child_mount_max_rss_bytes: child_rss.mount,
+        child_read_all_max_rss_bytes: child_rss.read_all,
+        child_one_percent_max_rss_bytes: child_rss.one_percent,
         quiet_reads: quiet.count(),
         quiet_read_p99_ns: quiet_p99,
         quiet_read_p999_ns: quiet.quantile(0.999),
@@ -526,69 +537,143 @@ fn timed_reads(
     Ok(started.elapsed().as_nanos() as u64)
 }
 
-/// The peak resident set (`VmHWM`) of a fresh `iomapfs io IMAGE` run by
-/// [`mount_binary`], once its `statfs` (which waits for free space) has
-/// answered, in bytes. Read from `/proc` while the process waits for its
-/// next command: `ru_maxrss` would not do, Linux carries the forking
-/// process's high-water mark into the child across exec.
-fn child_mount_max_rss(image: &Path) -> Result<u64, BenchError> {
+/// Peak resident sets (`VmHWM`) of one fresh process, after each step of
+/// its session (see [`child_session_max_rss`]), in bytes.
+struct ChildRss {
+    mount: u64,
+    read_all: u64,
+    one_percent: u64,
+}
+
+/// Runs a fresh `iomapfs io IMAGE` ([`mount_binary`]) through three steps
+/// and takes its peak resident set (`VmHWM`) after each: the mount and its
+/// free-space scan (`statfs` waits for it); one 4 KiB direct read in every
+/// chunk of [`FILE`], as `read all` in this process; then 1% of the extents
+/// changed as `ckpt 1%` changes them (a block in the hole after every
+/// hundredth extent, written or allocated like the build), without a
+/// checkpoint asked for. Read from `/proc` while the process waits for its
+/// next command after a `statfs` that marks the step's end: `ru_maxrss`
+/// would not do, Linux carries the forking process's high-water mark into
+/// the child across exec.
+fn child_session_max_rss(image: &Path, extents: u64, build: Build) -> Result<ChildRss, BenchError> {
     use std::io::{BufRead, Write};
     let bin = mount_binary()?;
     let what = format!("{} io {}", bin.display(), image.display());
+    let read_all: String = std::iter::once(format!("open -d {FILE}\n"))
+        .chain(
+            (0..extents)
+                .step_by(64)
+                .map(|k| format!("pread -q {} 4k\n", k * 2 * BLOCK)),
+        )
+        .chain(std::iter::once("statfs\n".to_string()))
+        .collect();
+    let one_percent: String = (0..extents)
+        .step_by(100)
+        .map(|i| {
+            let offset = (i * 2 + 1) * BLOCK;
+            match build {
+                Build::Write => format!("pwrite -q {offset} 4k\n"),
+                Build::Fallocate => format!("falloc {offset} 4k\n"),
+            }
+        })
+        .chain(std::iter::once("statfs\n".to_string()))
+        .collect();
     let mut child = std::process::Command::new(&bin)
         .arg("io")
         .arg(image)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .map_err(|e| BenchError::io(format!("run {what}"), e))?;
-    let measured = (|| {
-        let mut stdin = child.stdin.take().expect("piped");
-        stdin
-            .write_all(b"statfs\n")
-            .map_err(|e| BenchError::io(format!("write to {what}"), e))?;
-        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped")).lines();
-        let mut answered = false;
-        for line in stdout.by_ref() {
-            let line = line.map_err(|e| BenchError::io(format!("read from {what}"), e))?;
-            if line.starts_with("statfs.inodes") {
-                answered = true;
-                break;
-            }
-        }
-        if !answered {
-            return Err(BenchError::failed(
-                "metadata-scale",
-                format!("{what}: no statfs answer"),
-            ));
-        }
-        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id()))
+    let child_id = child.id();
+    let peak = || -> Result<u64, BenchError> {
+        let status = std::fs::read_to_string(format!("/proc/{child_id}/status"))
             .map_err(|e| BenchError::io(format!("read the status of {what}"), e))?;
-        let kib = status
+        status
             .lines()
             .find_map(|l| l.strip_prefix("VmHWM:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .ok_or_else(|| BenchError::failed("metadata-scale", format!("{what}: no VmHWM")))?;
-        // Closing stdin ends it; what it still prints is read to the end,
-        // or it would die of SIGPIPE writing it.
-        drop(stdin);
-        for line in stdout {
-            line.map_err(|e| BenchError::io(format!("read from {what}"), e))?;
-        }
-        Ok(kib * 1024)
-    })();
+            .map(|kib| kib * 1024)
+            .ok_or_else(|| BenchError::failed("metadata-scale", format!("{what}: no VmHWM")))
+    };
+    // Read beside the session: a failing command per line could fill the
+    // pipe and stop the child.
+    let stderr = child.stderr.take().expect("piped");
+    let first_error = std::thread::spawn(move || {
+        std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+            .next()
+    });
+    let mut stdin = child.stdin.take().expect("piped");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+    // Each step's commands are written while its output is read, so that
+    // neither side waits for the other's pipe.
+    let measured = std::thread::scope(|scope| {
+        let (step_tx, step_rx) = std::sync::mpsc::channel::<()>();
+        let writer = scope.spawn(move || -> std::io::Result<()> {
+            for step in ["statfs\n", &read_all, &one_percent] {
+                stdin.write_all(step.as_bytes())?;
+                stdin.flush()?;
+                if step_rx.recv().is_err() {
+                    break;
+                }
+            }
+            Ok(())
+        });
+        let mut peaks = Vec::with_capacity(3);
+        let result = (|| {
+            for _ in 0..3 {
+                let mut answered = false;
+                for line in stdout.by_ref() {
+                    let line = line.map_err(|e| BenchError::io(format!("read from {what}"), e))?;
+                    if line.starts_with("statfs.inodes") {
+                        answered = true;
+                        break;
+                    }
+                }
+                if !answered {
+                    return Err(BenchError::failed(
+                        "metadata-scale",
+                        format!("{what}: a step ended without its statfs answer"),
+                    ));
+                }
+                peaks.push(peak()?);
+                let _ = step_tx.send(());
+            }
+            Ok(())
+        })();
+        // Dropping the sender ends the writer, which closes stdin: the
+        // session ends (a clean unmount).
+        drop(step_tx);
+        let written = writer.join().expect("the writer does not panic");
+        result?;
+        written.map_err(|e| BenchError::io(format!("write to {what}"), e))?;
+        Ok::<_, BenchError>(peaks)
+    });
+    // What it still prints is read to the end, or it would die of SIGPIPE
+    // writing it.
+    for line in stdout {
+        line.map_err(|e| BenchError::io(format!("read from {what}"), e))?;
+    }
     let exited = child
         .wait()
         .map_err(|e| BenchError::io(format!("wait for {what}"), e))?;
-    let rss = measured?;
+    let first_error = first_error.join().ok().flatten();
+    let peaks = measured?;
     if !exited.success() {
+        let first = first_error.as_deref().unwrap_or("no message");
         return Err(BenchError::failed(
             "metadata-scale",
-            format!("{what}: {exited}"),
+            format!("{what}: {exited}: {first}"),
         ));
     }
-    Ok(rss)
+    Ok(ChildRss {
+        mount: peaks[0],
+        read_all: peaks[1],
+        one_percent: peaks[2],
+    })
 }
 
 /// The binary the fresh-process mount runs: `$IOMAPFS_BENCH_MOUNT_BIN`

@@ -285,19 +285,21 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     }
     let _ = writeln!(
         out,
-        "{:<20} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12}",
+        "{:<20} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12}",
         "  free space",
         "build",
         "alloc mnt",
         "alloc ready",
         "free ranges",
         "as a tree",
-        "child RSS"
+        "child RSS",
+        "+ read all",
+        "+ change 1%"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>8.1} s {:>8} KiB {:>8} KiB {:>12} {:>8} KiB {:>8} MiB",
+            "{:<20} {:>8.1} s {:>8} KiB {:>8} KiB {:>12} {:>8} KiB {:>8} MiB {:>8} MiB {:>8} MiB",
             format!("  {}", r.extents),
             r.build_ns as f64 / 1e9,
             r.alloc_bytes_at_mount >> 10,
@@ -305,6 +307,8 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
             r.free_ranges,
             r.free_range_tree_bytes >> 10,
             r.child_mount_max_rss_bytes >> 20,
+            r.child_read_all_max_rss_bytes >> 20,
+            r.child_one_percent_max_rss_bytes >> 20,
         );
     }
     let _ = writeln!(
@@ -314,7 +318,7 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
          checkpoint running, ckpt = while checkpoints run back to back ({} during the window of the last \
          row); ckpt 1% = the median of {} checkpoints, each after 1% of the extents changed; max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
          the quiet max shows what preemption alone costs); late q/c = the most a thread that only sleeps 1 ms at a time \
-         woke late in each window (what scheduling, the bench's own threads included, costs a thread that holds no lock); ckpt lock = the longest a checkpoint (or the evictor of extent chunks) held the metadata lock exclusive in the ckpt window: the most any read or write waited behind it; mount = until the mount returns (free space is rebuilt in the background since); free ready = from the mount's start until free space is ready; 1st alloc = the first allocating 4 KiB write right after the mount returns (it waits for free space); commit 1/2 = the first and second commit after the mount (a file created each; the first clears the clean-unmount mark); 1st read = the first 4 KiB direct read after the mount, open included (with extent pages it reads the page mount left on disk: mount + 1st read is what a mount that loads every map did at once); RSS mnt = resident set right after it; chunks mnt = extent chunks in memory after the mount / all (extent pages read on demand: the chunks the delta chain reaches); mount after a base = the same after checkpoints until one was a base, whose chain then reaches no chunk of the file; read all = then one 4 KiB direct read in every chunk of the file; RSS all, cached and chunks all = once the evictor is idle after it: resident set, clean extent chunks in memory (bounded by the mount's metadata_cache_bytes, 64 MiB by default) and chunks in memory / all; max RSS is the process's high-water mark so far; build = {:.1} s for the last row; free space: build = time to make the extents, alloc mnt / alloc ready = the allocator's own heap bytes (estimated) right after the mount (the clean unmount's reserve while the scan runs) and once free space is ready, free ranges then and as a tree = what a tree of them (the allocator before the bitmap) takes by the same estimate, child RSS = peak resident set (VmHWM) of a fresh process mounting the final image until free space is ready (iomapfs io, statfs; $IOMAPFS_BENCH_MOUNT_BIN picks another build))",
+         woke late in each window (what scheduling, the bench's own threads included, costs a thread that holds no lock); ckpt lock = the longest a checkpoint (or the evictor of extent chunks) held the metadata lock exclusive in the ckpt window: the most any read or write waited behind it; mount = until the mount returns (free space is rebuilt in the background since); free ready = from the mount's start until free space is ready; 1st alloc = the first allocating 4 KiB write right after the mount returns (it waits for free space); commit 1/2 = the first and second commit after the mount (a file created each; the first clears the clean-unmount mark); 1st read = the first 4 KiB direct read after the mount, open included (with extent pages it reads the page mount left on disk: mount + 1st read is what a mount that loads every map did at once); RSS mnt = resident set right after it; chunks mnt = extent chunks in memory after the mount / all (extent pages read on demand: the chunks the delta chain reaches); mount after a base = the same after checkpoints until one was a base, whose chain then reaches no chunk of the file; read all = then one 4 KiB direct read in every chunk of the file; RSS all, cached and chunks all = once the evictor is idle after it: resident set, clean extent chunks in memory (bounded by the mount's metadata_cache_bytes, 64 MiB by default) and chunks in memory / all; max RSS is the process's high-water mark so far; build = {:.1} s for the last row; free space: build = time to make the extents, alloc mnt / alloc ready = the allocator's own heap bytes (estimated) right after the mount (the clean unmount's reserve while the scan runs) and once free space is ready, free ranges then and as a tree = what a tree of them (the allocator before the bitmap) takes by the same estimate, child RSS = peak resident set (VmHWM) of a fresh process mounting the final image until free space is ready (iomapfs io, statfs; $IOMAPFS_BENCH_MOUNT_BIN picks another build), + read all = its peak once it also read one 4 KiB block in every chunk, + change 1% = then once it changed 1% of the extents as ckpt 1% does (no checkpoint asked for): the memory of a session under the default 64 MiB metadata budget, nothing of the build in it)",
         rows.last().map_or(0, |r| r.checkpoints_during_reads),
         crate::metadata_scale::ONE_PERCENT_ROUNDS,
         rows.last().map_or(0.0, |r| r.build_ns as f64 / 1e9),
