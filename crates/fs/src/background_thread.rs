@@ -42,7 +42,7 @@ impl BackgroundThread {
     pub(crate) fn checkpoints(vol: &Arc<VolumeInner>) -> Result<BackgroundThread> {
         let request = vol.checkpoint_request.clone();
         BackgroundThread::start(vol, "iomapfs-checkpoint", request, |vol| {
-            vol.checkpoint_if_half_full()
+            vol.checkpoint_if_due()
         })
     }
 

@@ -29,9 +29,12 @@
 //!
 //! A running checkpoint's snapshot shares the live maps' chunks, so the
 //! sweep waits for it (`VolumeInner::checkpointing`): the snapshot,
-//! dropped once written, frees what it held. Inodes changed since the
-//! last checkpoint's snapshot are left alone: the next delta reads their
-//! changed spans from the next snapshot, without a fallible entry point.
+//! dropped once written, frees what it held. In an inode changed since
+//! the last checkpoint's snapshot, the chunks whose keys meet a changed
+//! span are left alone: the next delta reads those spans from the next
+//! snapshot, without a fallible entry point. The rest of such a file is
+//! evicted like any other: a file changed all the time (a database's)
+//! would otherwise keep every chunk it ever read.
 //!
 //! Any other snapshot that shares a chunk (mount's free-space scan's, for
 //! the scan's length) keeps its extents in memory until it drops: the
@@ -100,6 +103,7 @@ impl VolumeInner {
         let mut chunk = if inos[file] == hand.0 { hand.1 } else { 0 };
         let mut freed = 0u64;
         let mut looked = 0usize;
+        let mut spans = ChangedSpans::default();
         let done = |freed: u64| {
             let now = loader.cached_bytes();
             now <= target || start.saturating_sub(freed) <= target
@@ -112,12 +116,8 @@ impl VolumeInner {
             let mut dropped = Vec::new();
             while held.elapsed() < LOCK_HOLD_STEP && !done(freed) && looked <= 2 * chunks {
                 let ino = inos[file];
-                let changed = meta.state.changed_since_taken(ino);
-                let inode = match changed {
-                    true => None,
-                    false => meta.state.inodes.get_mut(&ino),
-                };
-                let next = match inode {
+                spans.follow(ino, meta.state.changed_spans(ino));
+                let next = match meta.state.inodes.get_mut(&ino) {
                     Some(inode) if inode.kind == FileKind::Regular => {
                         let source = Arc::new(PageSource {
                             ino,
@@ -125,9 +125,13 @@ impl VolumeInner {
                         });
                         let before = freed;
                         let max = CHUNKS_PER_CLOCK_READ;
-                        let (next, evicted) = inode
-                            .extents
-                            .evict(chunk, max, &source, |f| done(before + f));
+                        let (next, evicted) = inode.extents.evict(
+                            chunk,
+                            max,
+                            &source,
+                            |first, limit| spans.meet(first, limit),
+                            |f| done(before + f),
+                        );
                         // The hand may be past a map that shrank since.
                         let seen = next
                             .unwrap_or(inode.extents.chunk_count())
@@ -156,6 +160,57 @@ impl VolumeInner {
             meta.unlock_fair();
             drop(dropped);
         }
+    }
+}
+
+/// The changed key spans of the inode the sweep is in (see the module
+/// doc), sorted and merged once per inode: a delta of 1% of a 10M-extent
+/// file has 100k spans. The sweep holds `checkpointing`, so no checkpoint
+/// takes them meanwhile and they only grow (changes between the sweep's
+/// holds): those added since they were merged are looked through as they
+/// are, and merged in again once there are many.
+#[derive(Default)]
+struct ChangedSpans {
+    ino: Option<Ino>,
+    merged: Vec<crate::types::KeySpan>,
+    /// Spans merged, and those added since.
+    merged_from: usize,
+    added: Vec<crate::types::KeySpan>,
+}
+
+/// Spans added since the merge past which they are merged again.
+const ADDED_SPANS_MERGED_AT: usize = 64;
+
+impl ChangedSpans {
+    fn follow(&mut self, ino: Ino, changed: Option<&[crate::types::KeySpan]>) {
+        let Some(all) = changed else {
+            *self = ChangedSpans::default();
+            return;
+        };
+        let fresh = self.ino != Some(ino) || all.len() < self.merged_from;
+        if fresh || all.len() - self.merged_from > ADDED_SPANS_MERGED_AT {
+            self.ino = Some(ino);
+            self.merged = crate::state::merged_spans(all);
+            self.merged_from = all.len();
+        }
+        self.added.clear();
+        self.added.extend_from_slice(&all[self.merged_from..]);
+    }
+
+    /// Whether keys `[first, limit)` meet a changed span: hold a key in
+    /// it, or the span's start (a delta reads the chunk a span starts in
+    /// even when the span is empty).
+    fn meet(&self, first: u64, limit: u64) -> bool {
+        let meets = |&(start, end): &crate::types::KeySpan| {
+            start < limit && (first < end || first <= start)
+        };
+        // The merged spans are sorted and disjoint: only the last one
+        // starting before `limit` can reach back to `first`.
+        let before_limit = self.merged.partition_point(|&(start, _)| start < limit);
+        before_limit
+            .checked_sub(1)
+            .is_some_and(|i| meets(&self.merged[i]))
+            || self.added.iter().any(meets)
     }
 }
 

@@ -535,3 +535,99 @@ fn a_large_eviction_goes_in_short_holds_of_the_metadata_lock() {
     // (asked twice here), it was 2.
     assert!(holds.eviction_steps >= 5, "{s:?} evicted in {holds:?}");
 }
+
+/// Changes all over a paged map with no checkpoint asked for (a journal
+/// far from half full): the checkpoint thread, asked by the changes, writes
+/// bases as the changed chunks pass a quarter of the budget, so they stay
+/// near it instead of growing with every chunk touched, and the evictor
+/// keeps the clean chunks of the file being changed within the budget;
+/// every change reads back after a remount.
+#[test]
+fn changes_all_over_a_paged_map_stay_near_the_budget_without_a_checkpoint_asked_for() {
+    const MANY: u64 = 4000;
+    const CHUNKS_BUDGET: u64 = 32 << 10;
+    let dev = Arc::new(MemDevice::new(128 << 20, 512));
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    {
+        let vol = Volume::open(dev.clone()).unwrap();
+        let many = vol
+            .open_file(
+                "/many",
+                OpenFlags {
+                    create: true,
+                    ..direct()
+                },
+            )
+            .unwrap();
+        for k in 0..MANY {
+            many.fallocate(2 * k * BLOCK, BLOCK, false).unwrap();
+        }
+        drop(many);
+        vol.unmount().unwrap();
+    }
+    let background = MountOptions {
+        metadata_cache_bytes: CHUNKS_BUDGET,
+        ..MountOptions::default()
+    };
+    let vol = Volume::open_with(dev.clone(), &background).unwrap();
+    vol.wait_free_space().unwrap();
+    let many = vol.open_file("/many", direct()).unwrap();
+    let ino = many.ino();
+    let mut block = vec![0u8; BLOCK as usize];
+    for k in 0..MANY {
+        many.pread(&mut block, 2 * k * BLOCK).unwrap();
+    }
+    settle(&vol);
+    let quarter = CHUNKS_BUDGET / 4;
+    // What the changes between two looks of the thread may add on top:
+    // the least it waits between looks, and the chunk that crossed it.
+    let between_looks = CHUNKS_BUDGET / crate::transaction::LOOK_BUDGET_DIVISOR
+        + crate::extent_map::CHUNK_BYTES_MAX;
+    let (mut most, mut most_cached, mut changes, mut rereads) = (0, 0, 0, 0);
+    // Into the hole after every third extent: about three changed chunks
+    // per chunk's worth of changes, spread over the whole map.
+    for k in (0..MANY).step_by(3) {
+        many.fallocate((2 * k + 1) * BLOCK, BLOCK, false).unwrap();
+        changes += 1;
+        vol.inner.checkpoint_request.wait_idle();
+        most = most.max(vol.inner.meta.read().state.unpaged_chunk_bytes());
+        // The file changes all the time, and its other chunks are
+        // evicted all the same (those a change's span meets are kept
+        // for the next delta): reads between changes load them again.
+        // (Not right after a base: it took the changes.)
+        let pending = vol.inner.meta.read().state.changed_spans(ino).is_some();
+        if changes % 64 == 0 && pending {
+            for k in (0..MANY).step_by(5) {
+                many.pread(&mut block, 2 * k * BLOCK).unwrap();
+            }
+            settle(&vol);
+            most_cached = most_cached.max(stats(&vol).cached_bytes);
+            rereads += 1;
+        }
+    }
+    assert!(rereads >= 10, "{rereads} rereads with changes pending");
+    assert!(
+        most_cached <= CHUNKS_BUDGET,
+        "clean chunks reached {most_cached} bytes, budget {CHUNKS_BUDGET}"
+    );
+    assert!(
+        !vol.inner.commit.lock().journal.is_half_full(),
+        "the journal alone would have asked for checkpoints"
+    );
+    assert!(
+        most <= quarter + between_looks,
+        "changed chunks reached {most} bytes in {changes} changes, budget {CHUNKS_BUDGET}"
+    );
+    drop(many);
+    vol.unmount().unwrap();
+    let vol = Volume::open(dev).unwrap();
+    let f = vol.open_file("/many", OpenFlags::default()).unwrap();
+    let mapped: u64 = f
+        .fiemap()
+        .unwrap()
+        .iter()
+        .filter(|e| e.addr != 0)
+        .map(|e| e.length)
+        .sum();
+    assert_eq!(mapped, (MANY + changes) * BLOCK);
+}

@@ -26,6 +26,8 @@ use std::sync::Arc;
 
 use crate::codec::PageRef;
 use crate::types::{Extent, ExtentState, KeySpan};
+#[cfg(test)]
+pub(crate) use chunks::CHUNK_BYTES_MAX;
 pub use chunks::{ChunkPage, Evicted, LoadPurpose, PageLoader, PageSource};
 use chunks::{Chunks, CHUNK_MAX};
 
@@ -233,9 +235,10 @@ impl ExtentMap {
         from: usize,
         max: usize,
         source: &Arc<PageSource>,
+        keep: impl Fn(u64, u64) -> bool,
         enough: impl FnMut(u64) -> bool,
     ) -> (Option<usize>, Vec<Evicted>) {
-        self.map.evict(from, max, source, enough)
+        self.map.evict(from, max, source, keep, enough)
     }
 
     /// Passes every extent to `f` in order without keeping an absent

@@ -214,6 +214,13 @@ pub struct VolumeInner {
     /// Commits that leave the journal half full ask here for a background
     /// checkpoint (see [`crate::background_thread`]).
     pub(crate) checkpoint_request: Arc<BackgroundRequest>,
+    /// The count of chunks changed from paged (`DevicePages::unpaged_so_far`)
+    /// at which the next change asks the checkpoint thread to look at the
+    /// changed chunks' bytes (`u64::MAX`: asked, not looked yet), and the
+    /// count when it asked (see
+    /// `VolumeInner::ask_checkpoint_if_unpaged_may_pass`).
+    pub(crate) unpaged_look_at: AtomicU64,
+    pub(crate) unpaged_asked_at: AtomicU64,
     /// Changes whose records reach the commit threshold ask here for a
     /// background commit (see [`crate::background_thread`]).
     pub(crate) commit_request: Arc<BackgroundRequest>,
@@ -257,6 +264,8 @@ impl VolumeInner {
             cache,
             lost_writeback: Mutex::new(Vec::new()),
             checkpoint_request: Arc::default(),
+            unpaged_look_at: AtomicU64::new(0),
+            unpaged_asked_at: AtomicU64::new(0),
             commit_request: Arc::default(),
             free_space_gate: FreeSpaceGate::done(),
             evict_hand: Mutex::new((0, 0)),

@@ -54,6 +54,9 @@ pub(crate) struct DevicePages {
     budget: AtomicU64,
     /// The evictor's (see [`crate::extent_cache`]).
     pub(crate) evict_request: Arc<BackgroundRequest>,
+    /// Bytes of chunks that had a page and changed, since mount (see
+    /// `PageLoader::chunk_unpaged`): only grows.
+    unpaged_so_far: AtomicU64,
 }
 
 /// What [`DevicePages`] did since mount.
@@ -93,6 +96,7 @@ impl DevicePages {
             cached: AtomicU64::new(0),
             budget: AtomicU64::new(u64::MAX),
             evict_request: Arc::default(),
+            unpaged_so_far: AtomicU64::new(0),
         }
     }
 
@@ -109,6 +113,11 @@ impl DevicePages {
 
     pub(crate) fn cached_bytes(&self) -> u64 {
         self.cached.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of chunks that had a page and changed, since mount.
+    pub(crate) fn unpaged_so_far(&self) -> u64 {
+        self.unpaged_so_far.load(Ordering::Relaxed)
     }
 
     fn ask_if_over(&self) {
@@ -185,5 +194,9 @@ impl PageLoader for DevicePages {
 
     fn cache_refund(&self, bytes: u64) {
         self.cached.fetch_sub(bytes, Ordering::Relaxed);
+    }
+
+    fn chunk_unpaged(&self, bytes: u64) {
+        self.unpaged_so_far.fetch_add(bytes, Ordering::Relaxed);
     }
 }

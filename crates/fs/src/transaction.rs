@@ -29,6 +29,13 @@ use crate::{Error, Result};
 /// chunks, all of it: memory then stays within 1 + 1/this of the budget.
 const UNPAGED_BUDGET_DIVISOR: u64 = 4;
 
+/// The fewest bytes of chunks changing from paged to unpaged between two
+/// looks of the checkpoint thread at the changed chunks (see
+/// [`VolumeInner::ask_checkpoint_if_unpaged_may_pass`]), as a fraction of
+/// the budget: a look walks every chunk, so looks come at most about 64
+/// times per budget's worth of changed chunks.
+pub(crate) const LOOK_BUDGET_DIVISOR: u64 = 64;
+
 /// Changed key spans from which a checkpoint computes its delta in a
 /// thread of its own while it flushes and appends to the journal (below,
 /// a thread costs more than it saves). The delta reads one extent per
@@ -44,6 +51,10 @@ impl VolumeInner {
     /// thread, at the threshold).
     pub fn commit_if_due(&self) -> Result<()> {
         let pending = self.meta.read().pending_bytes;
+        let far_ahead = self.ask_checkpoint_if_unpaged_may_pass();
+        if far_ahead {
+            self.checkpoint_if_due()?;
+        }
         if pending < self.commit_threshold {
             return Ok(());
         }
@@ -56,11 +67,115 @@ impl VolumeInner {
         self.commit()
     }
 
+    /// Whether the chunks changed since the last base (they name no page,
+    /// so memory alone holds them and the evictor cannot) are past a
+    /// quarter of the budget of chunk bytes while, with the clean chunks
+    /// cached, they are past all of it: then the next checkpoint writes a
+    /// base, which gives them pages. `unpaged` is
+    /// [`crate::state::MetaState::unpaged_chunk_bytes`].
+    fn unpaged_over_budget(&self, unpaged: impl FnOnce() -> u64) -> bool {
+        let Some(loader) = &self.page_loader else {
+            return false;
+        };
+        if self.sb.features_incompat & crate::superblock::INCOMPAT_EXTENT_PAGES == 0 {
+            return false;
+        }
+        let (unpaged, budget) = (unpaged(), loader.budget());
+        unpaged > budget / UNPAGED_BUDGET_DIVISOR
+            && unpaged.saturating_add(loader.cached_bytes()) > budget
+    }
+
+    /// Changed chunks are held in memory until a checkpoint, and without
+    /// one (a journal not yet half full) a session changing extents all
+    /// over a large map would hold every chunk it touched, far past the
+    /// budget: 509 MiB for a 1% change of a 10M-extent file (bench
+    /// metadata-scale-10m, "+ change 1%"). So once the chunks that had a
+    /// page and changed since the checkpoint thread's last look
+    /// (`DevicePages::unpaged_so_far`) could have brought the changed
+    /// chunks to the line, a change asks it to look again, and the thread
+    /// writes a base when they are past it
+    /// ([`VolumeInner::checkpoint_if_due`]). Costs a change two atomic
+    /// loads.
+    ///
+    /// Returns whether the changes went another quarter of the budget
+    /// past the line while the thread has not looked yet (it writes a base
+    /// meanwhile, which at 10M extents is long enough for a writer to
+    /// touch every chunk): then a caller that holds no lock looks, and
+    /// writes the base, itself (after the running checkpoint), as a commit
+    /// does that finds the journal full.
+    pub(crate) fn ask_checkpoint_if_unpaged_may_pass(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let Some(loader) = &self.page_loader else {
+            return false;
+        };
+        let so_far = loader.unpaged_so_far();
+        let due = self.unpaged_look_at.load(Ordering::Relaxed);
+        // Before the first look (0): nothing changed at mount, so the
+        // first is due at half of a quarter of the budget, as after a base.
+        let first_due = loader.budget() / UNPAGED_BUDGET_DIVISOR / 2;
+        if so_far < due || (due == 0 && so_far < first_due) {
+            return false;
+        }
+        if due == u64::MAX {
+            let asked_at = self.unpaged_asked_at.load(Ordering::Relaxed);
+            return so_far >= asked_at.saturating_add(loader.budget() / UNPAGED_BUDGET_DIVISOR);
+        }
+        // Asked once per look: the thread sets the next one.
+        if self
+            .unpaged_look_at
+            .compare_exchange(due, u64::MAX, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.unpaged_asked_at.store(so_far, Ordering::Relaxed);
+            self.checkpoint_request.ask();
+        }
+        false
+    }
+
+    /// The checkpoint thread's look at the changed chunks: whether they
+    /// are past the line (see [`VolumeInner::unpaged_over_budget`]), and
+    /// from what count of chunks changed the next change asks for another
+    /// look. Walks a clone of the inode table (O(1) to take) without the
+    /// metadata lock, so readers and writers go on meanwhile.
+    fn unpaged_over_budget_now(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let Some(loader) = &self.page_loader else {
+            return false;
+        };
+        let (inodes, block_size, so_far) = {
+            let meta = self.meta.read();
+            let so_far = loader.unpaged_so_far();
+            (meta.state.inodes.clone(), meta.state.block_size, so_far)
+        };
+        let unpaged = crate::state::unpaged_chunk_bytes_of(&inodes, block_size);
+        drop(inodes);
+        let over = self.unpaged_over_budget(|| unpaged);
+        // Until the changed chunks pass a quarter of the budget no base is
+        // due; past it, loads alone can make one due (clean chunks count
+        // too), so the looks come at the shortest interval. After the base
+        // this look asks for, the changed chunks are paged: a quarter away
+        // again. Half of what is left: a change counts the chunk it
+        // unpages, and may also add an extent to a chunk changed before.
+        let budget = loader.budget();
+        let quarter = budget / UNPAGED_BUDGET_DIVISOR;
+        let left = if over {
+            quarter
+        } else {
+            quarter.saturating_sub(unpaged)
+        };
+        self.unpaged_look_at.store(
+            so_far.saturating_add((left / 2).max(budget / LOOK_BUDGET_DIVISOR)),
+            Ordering::Relaxed,
+        );
+        over
+    }
+
     /// Asks the commit thread for a commit if the records `meta` queued
     /// reached the threshold. For paths that queue records without a
     /// caller to commit them (allocation and conversion inside the I/O
     /// path, asynchronous writes among them).
     pub(crate) fn ask_commit_if_due(&self, meta: &Meta) {
+        self.ask_checkpoint_if_unpaged_may_pass();
         if meta.pending_bytes >= self.commit_threshold && self.commits_in_background() {
             self.commit_request.ask();
         }
@@ -152,9 +267,13 @@ impl VolumeInner {
 
     /// The background checkpoint: skipped when, once its turn comes, the
     /// journal is no longer half full (a checkpoint that ran meanwhile
-    /// freed it).
-    pub(crate) fn checkpoint_if_half_full(&self) -> Result<()> {
-        self.checkpoint_unless_done(|| !self.commit.lock().journal.is_half_full(), false)
+    /// freed it) and the changed chunks are within the budget (see
+    /// [`VolumeInner::ask_checkpoint_if_unpaged_may_pass`]).
+    pub(crate) fn checkpoint_if_due(&self) -> Result<()> {
+        self.checkpoint_unless_done(
+            || !self.commit.lock().journal.is_half_full() && !self.unpaged_over_budget_now(),
+            false,
+        )
     }
 
     /// After the final checkpoint of a clean unmount: sets the superblock's
@@ -334,19 +453,10 @@ impl VolumeInner {
         // cheaper: the 1% change of the metadata-scale bench touches every
         // chunk of a 1 M-extent file (30 MiB of chunks, under the 64 MiB
         // default), and a base for it costs 57 ms instead of 8.
-        let unpaged_over = || {
-            self.page_loader.as_ref().is_some_and(|loader| {
-                if self.sb.features_incompat & crate::superblock::INCOMPAT_EXTENT_PAGES == 0 {
-                    return false;
-                }
-                let unpaged = snapshot.unpaged_chunk_bytes();
-                let budget = loader.budget();
-                unpaged > budget / UNPAGED_BUDGET_DIVISOR
-                    && unpaged.saturating_add(loader.cached_bytes()) > budget
-            })
-        };
-        let delta =
-            delta.filter(|delta| delta_is_due(&self.sb, &older_chain, delta) && !unpaged_over());
+        let delta = delta.filter(|delta| {
+            delta_is_due(&self.sb, &older_chain, delta)
+                && !self.unpaged_over_budget(|| snapshot.unpaged_chunk_bytes())
+        });
         // `Some(spill)` for a new base: the spill extents that replace the
         // slot's old ones; and with extent pages, the pages it wrote.
         let written = match delta {

@@ -28,6 +28,9 @@ use crate::types::{Extent, Ino};
 /// (16 KiB of extents). Small in unit tests, so that their few extents
 /// span many chunks and every split and merge path runs.
 pub(super) const CHUNK_MAX: usize = if cfg!(test) { 8 } else { 512 };
+/// Most bytes of extents one chunk keeps in memory.
+#[cfg(test)]
+pub(crate) const CHUNK_BYTES_MAX: u64 = (CHUNK_MAX * std::mem::size_of::<Extent>()) as u64;
 /// Fewest extents in a chunk unless it is the only one: a smaller chunk is
 /// merged with a neighbour, so the outer vector stays short however the
 /// extents were removed.
@@ -102,6 +105,12 @@ pub trait PageLoader: Send + Sync {
     /// Such a chunk dropped its extents, or changed (and no longer
     /// matches its page): the bytes [`PageLoader::cache_charge`] added.
     fn cache_refund(&self, _bytes: u64) {}
+
+    /// A chunk that had a page changed: its `bytes` of extents are in
+    /// memory only (never evicted) until a base gives them a page again.
+    /// Counted by the loader, so that changes can ask for a base before
+    /// such chunks pass the budget.
+    fn chunk_unpaged(&self, _bytes: u64) {}
 }
 
 /// Why a page is read.
@@ -352,8 +361,11 @@ impl DerefMut for ChunkExtents {
         // Changed: no longer what its page holds, so not the loader's to
         // count (a chunk without a page is never evicted).
         self.refund();
-        self.page.take();
-        self.source.take();
+        let (page, source) = (self.page.take(), self.source.take());
+        if let (Some(_), Some(absent)) = (page, source) {
+            let bytes = self.extents.get().map_or(0, Vec::capacity) * std::mem::size_of::<Extent>();
+            absent.source.loader.chunk_unpaged(bytes as u64);
+        }
         self.extents.get_mut().expect("loaded above")
     }
 }
@@ -548,7 +560,8 @@ impl Chunks {
     /// again from its own source or else `source` when next needed. Stops
     /// early once `enough` says so, asked after each eviction with the
     /// bytes charged so far. A changed chunk (no page) is never evicted:
-    /// only memory holds its extents. Returns where to go on from (`None`
+    /// only memory holds its extents; nor is one for whose key range
+    /// `[first, limit)` `keep` answers true. Returns where to go on from (`None`
     /// past the last chunk) and the chunks replaced with what they were
     /// charged, in the order replaced.
     pub(super) fn evict(
@@ -556,6 +569,7 @@ impl Chunks {
         from: usize,
         max: usize,
         source: &Arc<PageSource>,
+        keep: impl Fn(u64, u64) -> bool,
         mut enough: impl FnMut(u64) -> bool,
     ) -> (Option<usize>, Vec<Evicted>) {
         let mut evicted = Vec::new();
@@ -579,6 +593,9 @@ impl Chunks {
                 .get()
                 .map_or_else(|| source.clone(), |a| a.source.clone());
             let limit = self.chunks.get(i + 1).map_or(u64::MAX, |n| n.first);
+            if keep(c.first, limit) {
+                continue;
+            }
             let bytes = c.extents.charged.load(Ordering::Relaxed);
             let absent = Chunk::absent(page, src, limit);
             let old = std::mem::replace(&mut Arc::make_mut(&mut self.chunks)[i], absent);
@@ -826,6 +843,12 @@ impl Chunks {
             };
             from = first_key_at_or_after(&chunk.extents, from, start);
             for (i, chunk) in self.chunks[at..].iter().enumerate() {
+                // A chunk past the span is not read (its first key says
+                // so): the evictor may have left it absent (`keep`).
+                if i > 0 && chunk.first >= end {
+                    at += i;
+                    break;
+                }
                 let to = first_key_at_or_after(&chunk.extents, from, end);
                 out.extend_from_slice(&chunk.extents[from..to]);
                 if to < chunk.extents.len() {
@@ -1138,12 +1161,12 @@ mod tests {
         live.get_mut(at).state = ExtentState::Written;
         let snapshot = live.clone();
         let loaded = |c: &Chunks| c.chunks.iter().map(Chunk::is_loaded).collect::<Vec<_>>();
-        let (next, evicted) = live.evict(0, usize::MAX, &source, |_| false);
+        let (next, evicted) = live.evict(0, usize::MAX, &source, |_, _| false, |_| false);
         assert_eq!(next, None);
         assert_eq!(loaded(&live), [false, true, false, true, false, false]);
         drop((snapshot, evicted));
         // The next sweep takes the chunk looked up before.
-        let (_, again) = live.evict(0, usize::MAX, &source, |_| false);
+        let (_, again) = live.evict(0, usize::MAX, &source, |_, _| false, |_| false);
         assert_eq!(again.len(), 1);
         assert_eq!(loaded(&live), [false, false, false, true, false, false]);
         let loads = store.loads.load(std::sync::atomic::Ordering::Relaxed);
