@@ -762,7 +762,7 @@ fn crashed_after_checkpoint(layout: Layout, cut: Option<u64>) -> Crashed {
     let early = vol.open_file("/early", DIRECT).unwrap();
     // Past the inline bound with extent pages: a base with pages.
     for i in 0..400u64 {
-        early.pwrite(&[i as u8 + 1; 4096], 2 * i * 4096).unwrap();
+        early.pwrite(&early_block(i), 2 * i * 4096).unwrap();
     }
     early.fsync().unwrap();
     // With extent pages a base (whose pages are placed after its
@@ -1046,9 +1046,10 @@ struct CrashedDuringCheckpoint {
     older_hint: Vec<(u64, u64)>,
 }
 
-/// Bytes of `/early`'s block `i` (written at block `2 i`).
+/// Bytes of `/early`'s block `i` (written at block `2 i`): never zero,
+/// which a punched block reads as.
 fn early_block(i: u64) -> [u8; 4096] {
-    [i as u8 + 1; 4096]
+    [(i % 255) as u8 + 1; 4096]
 }
 
 /// Blocks of `/early` [`crashed_during_a_checkpoint`] punches after the
@@ -1292,6 +1293,10 @@ fn after_a_torn_checkpoint_the_fallback_records_hint_less_replay_serves_allocati
         );
         drop(loaded);
         let want = synchronous(&dev);
+        assert!(
+            !want.busy_ranges().is_empty(),
+            "{ctx}: replay frees the punch"
+        );
 
         let held = Held::new();
         let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
