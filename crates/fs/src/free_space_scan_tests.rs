@@ -10,7 +10,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
-use blockdev::memory::MemDevice;
+use blockdev::memory::{FaultOp, FaultRule, MemDevice, PendingWrite, Survival};
 use blockdev::BlockDevice;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -762,7 +762,7 @@ fn crashed_after_checkpoint(layout: Layout, cut: Option<u64>) -> Crashed {
     let early = vol.open_file("/early", DIRECT).unwrap();
     // Past the inline bound with extent pages: a base with pages.
     for i in 0..400u64 {
-        early.pwrite(&[i as u8 + 1; 4096], 2 * i * 4096).unwrap();
+        early.pwrite(&early_block(i), 2 * i * 4096).unwrap();
     }
     early.fsync().unwrap();
     // With extent pages a base (whose pages are placed after its
@@ -1012,4 +1012,380 @@ fn a_damaged_checkpoint_hint_or_none_makes_mount_wait_for_the_scan() {
         "a hint block without the bit"
     );
     assert!(write_waits_for_the_scan(&dev));
+}
+
+/// How the power cut leaves the checkpoint taken after `/late`, the
+/// newest one, whose write it cuts short.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Torn {
+    /// A base in the other slot: its first sector (magic, a generation
+    /// newer than the older slot's) on disk, the rest of its record lost.
+    /// Mount tries that slot first, finds its crc wrong and falls back to
+    /// the older slot's chain end.
+    BaseInTheOtherSlot,
+    /// A delta after the chain's last record: its first sector lost, the
+    /// rest kept. The chain ends at the record before it, and that
+    /// record's hint block, which the delta's first sector would have
+    /// overwritten, survives.
+    DeltaHeaderLost,
+    /// A delta, its first sector kept and the rest lost: the chain ends
+    /// at the record before it, whose hint block the delta's header now
+    /// covers.
+    DeltaHeaderKept,
+}
+
+/// What [`crashed_during_a_checkpoint`] left: the device as the power cut
+/// left it; the blocks of `/late`, which only the journal after the older
+/// checkpoint maps; that checkpoint's slot, where its chain ends, and its
+/// hint.
+struct CrashedDuringCheckpoint {
+    dev: Arc<MemDevice>,
+    late: Vec<(u64, u64)>,
+    older_slot: usize,
+    older_chain: crate::checkpoint::ChainEnd,
+    older_hint: Vec<(u64, u64)>,
+}
+
+/// Bytes of `/early`'s block `i` (written at block `2 i`): never zero,
+/// which a punched block reads as.
+fn early_block(i: u64) -> [u8; 4096] {
+    [(i % 255) as u8 + 1; 4096]
+}
+
+/// Blocks of `/early` [`crashed_during_a_checkpoint`] punches after the
+/// older checkpoint (replay frees them: held busy).
+const EARLY_PUNCHED: u64 = 4;
+const EARLY_BLOCKS: u64 = 400;
+
+/// A volume that lost power while writing a checkpoint: `/early` written
+/// and an older checkpoint taken with free space installed (so its record
+/// carries a hint); then, in the journal only, `/early` punched and
+/// `/late` written into that hint's ranges, all synced; then a newer
+/// checkpoint whose record write the power cut tears as `torn` says
+/// (every other write not yet durable is kept). The newer checkpoint is a
+/// base with extent pages (the unmount's checkpoint is always one), or
+/// without them once the older chain is full; a delta without them.
+fn crashed_during_a_checkpoint(layout: Layout, torn: Torn) -> CrashedDuringCheckpoint {
+    assert!(layout != Layout::Spilled, "not a layout this builds");
+    let mem = Arc::new(MemDevice::new(16 << 20, 512));
+    let opts = FormatOptions {
+        extent_pages: layout == Layout::Paged,
+        ..FormatOptions::default()
+    };
+    Volume::format(mem.clone(), &opts).unwrap();
+    let vol = Volume::open_with(mem.clone(), &quiet()).unwrap();
+    vol.wait_free_space().unwrap();
+    let early = vol.open_file("/early", DIRECT).unwrap();
+    for i in 0..EARLY_BLOCKS {
+        early.pwrite(&early_block(i), 2 * i * 4096).unwrap();
+    }
+    early.fsync().unwrap();
+    let newer_is_a_base = torn == Torn::BaseInTheOtherSlot;
+    match layout {
+        // With extent pages the unmount's checkpoint is a base: so is the
+        // newer one below.
+        Layout::Paged => {
+            assert!(newer_is_a_base, "a delta after a base with pages");
+            vol.inner.checkpoint_for_unmount().unwrap();
+        }
+        // Deltas until the chain holds as many as it may, so that the
+        // next checkpoint is a base in the other slot.
+        _ if newer_is_a_base => {
+            for i in 0.. {
+                assert!(
+                    i < 4 * crate::limits::MAX_CHAIN_DELTAS,
+                    "the chain never filled"
+                );
+                vol.mkdir(&format!("/pad{i}")).unwrap();
+                vol.checkpoint().unwrap();
+                if vol.inner.commit.lock().chain.deltas == crate::limits::MAX_CHAIN_DELTAS {
+                    break;
+                }
+            }
+        }
+        _ => vol.checkpoint().unwrap(),
+    }
+    let (older_slot, older_chain) = {
+        let commit = vol.inner.commit.lock();
+        (commit.slot, commit.chain)
+    };
+    let older_hint = checkpoint_hint(&mem);
+    assert!(
+        !older_hint.is_empty(),
+        "the older checkpoint carries a hint"
+    );
+
+    early.punch_hole(0, 2 * EARLY_PUNCHED * 4096).unwrap();
+    let late = vol.open_file("/late", DIRECT).unwrap();
+    for i in 0..LATE_BLOCKS {
+        late.pwrite(&[0x40 + (i % 64) as u8; 4096], i * 4096)
+            .unwrap();
+    }
+    // Inodes for the newer checkpoint's record to hold, so that it
+    // spans more than the sector a torn write may keep alone.
+    for i in 0..8 {
+        vol.mkdir(&format!("/after{i}")).unwrap();
+    }
+    late.fsync().unwrap();
+    early.fsync().unwrap();
+    vol.sync().unwrap();
+    let late_extents = extents_of(&late);
+    assert!(
+        overlap(&late_extents, &older_hint),
+        "/late is placed in the older hint's ranges: {late_extents:?} {older_hint:?}"
+    );
+    drop((early, late));
+
+    // The newer checkpoint's first write to either slot is its record
+    // (pages and spill extents go to the data area): held there, done
+    // on the device but not flushed, while the power is cut.
+    let sb = vol.inner.sb.clone();
+    let slots = sb.layout.checkpoint_slots;
+    let record_at = if newer_is_a_base {
+        slots[crate::checkpoint::other_slot(older_slot)].start
+    } else {
+        slots[older_slot].start + older_chain.next_offset
+    };
+    let held =
+        mem.pause_after(FaultRule::new(FaultOp::Write).range(slots[0].start..slots[1].end()));
+    let checkpointer = {
+        let vol = vol.clone();
+        std::thread::spawn(move || match layout {
+            Layout::Paged => vol.inner.checkpoint_for_unmount(),
+            _ => vol.checkpoint(),
+        })
+    };
+    held.wait_reached();
+    let sector = 512;
+    let mut records_torn = 0;
+    let cut = mem.power_cut(&mut |w: &PendingWrite| {
+        if w.offset() < slots[0].start || w.offset() >= slots[1].end() {
+            return Survival::Kept;
+        }
+        records_torn += 1;
+        assert_eq!(w.offset(), record_at, "the newer checkpoint's record");
+        // The record itself, not only its padding and hint block, spans
+        // sectors past the first: losing them fails its crc.
+        let off_len = crate::checkpoint::OFF_IMAGE_LEN;
+        let payload = u64::from_le_bytes(w.data()[off_len..off_len + 8].try_into().unwrap());
+        assert!(
+            crate::checkpoint::CHECKPOINT_HEADER_LEN as u64 + payload > sector,
+            "a record of one sector: payload {payload}"
+        );
+        let first_sector_kept = torn != Torn::DeltaHeaderLost;
+        Survival::Torn(
+            (0..w.blocks())
+                .map(|b| (b == 0) == first_sector_kept)
+                .collect(),
+        )
+    });
+    assert_eq!(records_torn, 1, "one checkpoint record was being written");
+    held.resume();
+    checkpointer.join().unwrap().unwrap();
+    drop(vol);
+
+    let newest = crate::checkpoint::read_checkpoints(&cut, &sb).unwrap();
+    assert!(newest.lost.is_none(), "a torn write, not a lost checkpoint");
+    assert_eq!(
+        (newest.slot, newest.checkpoint.generation),
+        (older_slot, older_chain.generation),
+        "mount falls back to the older checkpoint"
+    );
+    let mut header = [0u8; 512];
+    cut.read_at(&mut header, record_at).unwrap();
+    let (magic, generation) = (
+        &header[..8],
+        u64::from_le_bytes(header[8..16].try_into().unwrap()),
+    );
+    match torn {
+        Torn::BaseInTheOtherSlot => assert_eq!(
+            (magic, generation),
+            (
+                &crate::checkpoint::CHECKPOINT_MAGIC[..],
+                older_chain.generation + 1
+            ),
+            "the other slot's header names the newer generation"
+        ),
+        Torn::DeltaHeaderKept => assert_eq!(
+            (magic, generation),
+            (
+                &crate::checkpoint::DELTA_MAGIC[..],
+                older_chain.generation + 1
+            ),
+            "the delta's header is over the older record's hint"
+        ),
+        Torn::DeltaHeaderLost => assert_eq!(magic, &crate::checkpoint::FREE_HINT_MAGIC[..]),
+    }
+    let cut = Arc::new(cut);
+    let survived = checkpoint_hint(&cut);
+    match torn {
+        Torn::DeltaHeaderKept => assert!(survived.is_empty(), "{survived:?}"),
+        _ => assert_eq!(
+            survived, older_hint,
+            "the older record's hint is what mount reads"
+        ),
+    }
+    CrashedDuringCheckpoint {
+        dev: cut,
+        late: late_extents,
+        older_slot,
+        older_chain,
+        older_hint,
+    }
+}
+
+/// `/early` reads back as written, but for the punched blocks (zeros).
+fn check_early(vol: &Volume) {
+    let early = vol.open_file("/early", DIRECT).unwrap();
+    let mut buf = [0u8; 4096];
+    for i in 0..EARLY_BLOCKS {
+        early.pread(&mut buf, 2 * i * 4096).unwrap();
+        let want = if i < EARLY_PUNCHED {
+            [0u8; 4096]
+        } else {
+            early_block(i)
+        };
+        assert_eq!(buf, want, "/early block {}", 2 * i);
+    }
+}
+
+/// The newest checkpoint's write was torn by a power cut, so mount falls
+/// back to the older one (the other slot, or the record before a torn
+/// delta) and replays the journal after it, which placed `/late` in that
+/// record's hint: the hint mount keeps has `/late`'s blocks cut out; with
+/// the scan held, writes as large as `/late` come from it at once and
+/// none lands on `/late`; every earlier write reads back, the install's
+/// claims are free in the scanned layout (no failure, no warning), busy
+/// space is what a synchronous mount holds, and all of it holds after a
+/// remount, fsck clean.
+#[test]
+fn after_a_torn_checkpoint_the_fallback_records_hint_less_replay_serves_allocations() {
+    for (layout, torn) in [
+        (Layout::Image, Torn::BaseInTheOtherSlot),
+        (Layout::Paged, Torn::BaseInTheOtherSlot),
+        (Layout::Image, Torn::DeltaHeaderLost),
+    ] {
+        let ctx = format!("{layout:?} {torn:?}");
+        let crashed = crashed_during_a_checkpoint(layout, torn);
+        let dev = crashed.dev;
+        let loaded =
+            mount::load_unscanned(&(dev.clone() as Arc<dyn BlockDevice>), Strictness::Mount)
+                .unwrap();
+        assert_eq!(
+            (loaded.slot, loaded.chain.generation),
+            (crashed.older_slot, crashed.older_chain.generation),
+            "{ctx}"
+        );
+        assert!(
+            !loaded.checkpoint_free_hint.is_empty(),
+            "{ctx}: a hint is left after replay's cut"
+        );
+        assert!(
+            !overlap(&loaded.checkpoint_free_hint, &crashed.late),
+            "{ctx}: the hint mount keeps still covers /late: {:?} {:?}",
+            loaded.checkpoint_free_hint,
+            crashed.late
+        );
+        assert_eq!(
+            loaded.checkpoint_free_hint,
+            crate::free_space::hint_without(&crashed.older_hint, &crashed.late),
+            "{ctx}: the older record's hint less /late's blocks"
+        );
+        drop(loaded);
+        let want = synchronous(&dev);
+        assert!(
+            !want.busy_ranges().is_empty(),
+            "{ctx}: replay frees the punch"
+        );
+
+        let held = Held::new();
+        let vol = Volume::open_with(dev.clone(), &held.opts).unwrap();
+        let rx = write_apart(&vol, "/new", LATE_BLOCKS);
+        let (placed, still_held) = written_while_held(&vol, &held, &rx);
+        assert!(still_held, "{ctx}: the writes came from the reserve");
+        assert!(
+            !overlap(&placed, &crashed.late),
+            "{ctx}: the reserve handed out /late's blocks: {placed:?} {:?}",
+            crashed.late
+        );
+        let alloc = installed(&vol);
+        assert!(
+            vol.mount_warnings().is_empty(),
+            "{ctx}: {:?}",
+            vol.mount_warnings()
+        );
+        assert_eq!(alloc.busy_ranges(), want.busy_ranges(), "{ctx}");
+        check_late(&vol);
+        check_early(&vol);
+        vol.unmount().unwrap();
+        let report = crate::fsck::check(dev.clone()).unwrap();
+        assert!(report.is_clean(), "{ctx}: {report:?}");
+
+        let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+        vol.wait_free_space().unwrap();
+        check_late(&vol);
+        check_early(&vol);
+        let new = vol.open_file("/new", DIRECT).unwrap();
+        let mut buf = [0u8; 4096];
+        for i in 0..LATE_BLOCKS {
+            new.pread(&mut buf, i * 4096).unwrap();
+            assert_eq!(buf, [0xee; 4096], "{ctx}: /new block {i}");
+        }
+        drop(new);
+        vol.unmount().unwrap();
+    }
+}
+
+/// Whether a mount of `dev` whose scan is held has no reserve to serve
+/// allocations from (they wait for the scan). Asked of the allocator
+/// itself, while the scan is surely held: unlike
+/// [`write_waits_for_the_scan`], both answers mean something. Mounts a
+/// copy, which its unmount leaves clean: `dev` still needs its crash
+/// mount.
+fn mount_has_no_reserve(dev: &MemDevice) -> bool {
+    let copy = Arc::new(dev.power_cut(&mut |_| Survival::Kept));
+    let held = Held::new();
+    let vol = Volume::open_with(copy, &held.opts).unwrap();
+    let pending = matches!(
+        vol.inner.meta.read().alloc.allocator(),
+        Err(Error::FreeSpacePending)
+    );
+    held.release();
+    vol.wait_free_space().unwrap();
+    vol.unmount().unwrap();
+    pending
+}
+
+/// Falling back past a torn checkpoint with no usable hint on the record
+/// mount loads: a delta's torn header over it, or the hint block damaged
+/// (a range moved by a block, its crc left). Mount still succeeds, builds
+/// no reserve, and an allocating write waits for the scan.
+#[test]
+fn after_a_torn_checkpoint_without_the_fallback_records_hint_mount_waits_for_the_scan() {
+    let crashed = crashed_during_a_checkpoint(Layout::Image, Torn::DeltaHeaderKept);
+    assert!(mount_has_no_reserve(&crashed.dev));
+    assert!(write_waits_for_the_scan(&crashed.dev));
+
+    for layout in [Layout::Image, Layout::Paged] {
+        let crashed = crashed_during_a_checkpoint(layout, Torn::BaseInTheOtherSlot);
+        assert!(
+            !mount_has_no_reserve(&crashed.dev),
+            "{layout:?}: the undamaged hint gives a reserve"
+        );
+        let sb = crate::superblock::read_superblock(&*crashed.dev).unwrap();
+        let at =
+            sb.layout.checkpoint_slots[crashed.older_slot].start + crashed.older_chain.next_offset;
+        let mut sector = vec![0u8; 512];
+        crashed.dev.read_at(&mut sector, at).unwrap();
+        // The first range's device offset, moved by a block: still
+        // aligned and in the data area, so only the crc tells.
+        sector[24 + 1] ^= 0x10;
+        crashed
+            .dev
+            .write_at(&sector, at, blockdev::WriteMode::Normal)
+            .unwrap();
+        assert!(checkpoint_hint(&crashed.dev).is_empty(), "{layout:?}");
+        assert!(mount_has_no_reserve(&crashed.dev), "{layout:?}");
+        assert!(write_waits_for_the_scan(&crashed.dev), "{layout:?}");
+    }
 }
