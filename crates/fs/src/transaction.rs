@@ -113,12 +113,12 @@ impl VolumeInner {
         // Before the first look (0): nothing changed at mount, so the
         // first is due at half of a quarter of the budget, as after a base.
         let first_due = loader.budget() / UNPAGED_BUDGET_DIVISOR / 2;
-        if so_far < due || (due == 0 && so_far < first_due) {
-            return false;
-        }
         if due == u64::MAX {
             let asked_at = self.unpaged_asked_at.load(Ordering::Relaxed);
             return so_far >= asked_at.saturating_add(loader.budget() / UNPAGED_BUDGET_DIVISOR);
+        }
+        if so_far < due || (due == 0 && so_far < first_due) {
+            return false;
         }
         // Asked once per look: the thread sets the next one.
         if self
@@ -251,7 +251,7 @@ impl VolumeInner {
     /// Writes a checkpoint and trims the journal. One checkpoint at a time;
     /// commits go on meanwhile (see [`VolumeInner::write_checkpoint`]).
     pub(crate) fn checkpoint(&self) -> Result<()> {
-        self.checkpoint_unless_done(|| false, false)
+        self.checkpoint_unless_done(|| Some(false))
     }
 
     /// The final checkpoint of a clean unmount. With extent pages it is a
@@ -262,18 +262,21 @@ impl VolumeInner {
     /// write anyway.
     pub(crate) fn checkpoint_for_unmount(&self) -> Result<()> {
         let base = self.sb.features_incompat & crate::superblock::INCOMPAT_EXTENT_PAGES != 0;
-        self.checkpoint_unless_done(|| false, base)
+        self.checkpoint_unless_done(|| Some(base))
     }
 
     /// The background checkpoint: skipped when, once its turn comes, the
     /// journal is no longer half full (a checkpoint that ran meanwhile
     /// freed it) and the changed chunks are within the budget (see
-    /// [`VolumeInner::ask_checkpoint_if_unpaged_may_pass`]).
+    /// [`VolumeInner::ask_checkpoint_if_unpaged_may_pass`]). A base when
+    /// these are past their line: decided here, since the clean chunks
+    /// may drop below theirs before the snapshot (the evictor runs
+    /// meanwhile), and a delta would leave the changed chunks growing.
     pub(crate) fn checkpoint_if_due(&self) -> Result<()> {
-        self.checkpoint_unless_done(
-            || !self.commit.lock().journal.is_half_full() && !self.unpaged_over_budget_now(),
-            false,
-        )
+        self.checkpoint_unless_done(|| {
+            let over = self.unpaged_over_budget_now();
+            (over || self.commit.lock().journal.is_half_full()).then_some(over)
+        })
     }
 
     /// After the final checkpoint of a clean unmount: sets the superblock's
@@ -323,13 +326,15 @@ impl VolumeInner {
         Ok(())
     }
 
-    fn checkpoint_unless_done(&self, done: impl FnOnce() -> bool, base: bool) -> Result<()> {
+    /// Writes a checkpoint once none runs, unless `which` then says none
+    /// is needed (`None`); `Some(true)` makes it a base.
+    fn checkpoint_unless_done(&self, which: impl FnOnce() -> Option<bool>) -> Result<()> {
         self.check_live()?;
         let mut delta_ready = self.checkpointing.lock();
         self.check_live()?;
-        if done() {
+        let Some(base) = which() else {
             return Ok(());
-        }
+        };
         let result = self.write_checkpoint(&mut delta_ready, base);
         match &result {
             // Refused before anything was written: the newest checkpoint

@@ -719,6 +719,7 @@ impl Chunks {
             .saturating_sub(1);
         let extents = Arc::make_mut(&mut chunks[at].extents);
         let idx = extents.partition_point(|x| x.file_off < e.file_off);
+        grow_for_one_more(extents);
         extents.insert(idx, e);
         rebalance(chunks, at);
     }
@@ -911,6 +912,28 @@ impl Chunks {
     }
 }
 
+/// Most room a chunk keeps past its extents, as a fraction of them: a
+/// chunk read from its page has none, and the first extent a change adds
+/// would double it (a 1% change of a large map then takes twice the
+/// memory of the chunks it touched).
+const SLACK_DIVISOR: usize = 8;
+
+/// Makes room for one more extent, growing by [`SLACK_DIVISOR`] rather
+/// than doubling. Costs a copy of the chunk about every eighth insert
+/// into it, which its shift of the extents after the insert point costs
+/// anyway.
+fn grow_for_one_more(extents: &mut Vec<Extent>) {
+    if extents.len() == extents.capacity() {
+        extents.reserve_exact(extents.len() / SLACK_DIVISOR + 1);
+    }
+}
+
+/// Gives back the room past [`SLACK_DIVISOR`] of a chunk's extents (after
+/// a split or a merge).
+fn trim_slack(extents: &mut Vec<Extent>) {
+    extents.shrink_to(extents.len() + extents.len() / SLACK_DIVISOR);
+}
+
 /// Restores the chunk rules around `at` after a change to that chunk:
 /// drops it if empty, refreshes its first offset, splits it if too big,
 /// merges it with a neighbour if too small.
@@ -922,7 +945,9 @@ fn rebalance(chunks: &mut Vec<Chunk>, at: usize) {
     }
     chunks[at].first = chunks[at].extents[0].file_off;
     if n > CHUNK_MAX {
-        let tail = Arc::make_mut(&mut chunks[at].extents).split_off(n / 2);
+        let head = Arc::make_mut(&mut chunks[at].extents);
+        let tail = head.split_off(n / 2);
+        trim_slack(head);
         chunks.insert(at + 1, Chunk::new(tail));
     } else if n < CHUNK_MIN && chunks.len() > 1 {
         let left = if at + 1 < chunks.len() { at } else { at - 1 };
@@ -935,8 +960,9 @@ fn rebalance(chunks: &mut Vec<Chunk>, at: usize) {
         let merged = Arc::make_mut(&mut chunks[left].extents);
         merged.extend_from_slice(&right.extents);
         let n = merged.len();
-        if n > CHUNK_MAX {
-            let tail = merged.split_off(n / 2);
+        let tail = (n > CHUNK_MAX).then(|| merged.split_off(n / 2));
+        trim_slack(merged);
+        if let Some(tail) = tail {
             chunks.insert(left + 1, Chunk::new(tail));
         }
     }
@@ -1044,6 +1070,51 @@ mod tests {
             addr: key * 7,
             state: ExtentState::Unwritten,
         }
+    }
+
+    /// A chunk read from its page has no room past its extents; the
+    /// inserts of a change, and the splits they cause, leave at most an
+    /// eighth more (doubling would leave up to twice the extents, and a
+    /// split's first half kept all of it), and removals add none.
+    #[test]
+    fn changed_chunks_keep_little_room_past_their_extents() {
+        let room_ok = |c: &Chunks| {
+            c.chunks.iter().all(|ch| {
+                let v = ch.extents.extents.get().unwrap();
+                v.capacity() <= v.len() + v.len() / SLACK_DIVISOR + 1
+            })
+        };
+        let mut c = Chunks::default();
+        // Every other key, chunk by chunk as a page gives them: exact.
+        for first in (0..4 * CHUNK_MAX as u64).step_by(CHUNK_MAX) {
+            let page: Vec<Extent> = (first..first + CHUNK_MAX as u64 / 2)
+                .map(|k| ext(2 * k))
+                .collect();
+            c.push_chunk(page, None);
+        }
+        for k in 0..2 * CHUNK_MAX as u64 {
+            c.insert(ext(2 * k + 1));
+            assert!(room_ok(&c), "after inserting key {}", 2 * k + 1);
+        }
+        // Removals leave room where they remove, but never add any: a
+        // merge gives back what it gathers past the slack.
+        let capacity = |c: &Chunks| -> usize {
+            c.chunks
+                .iter()
+                .map(|ch| ch.extents.extents.get().unwrap().capacity())
+                .sum()
+        };
+        let mut before = capacity(&c);
+        let mut removed = 0;
+        for k in 0..8 * CHUNK_MAX as u64 {
+            let Some(at) = c.find(k) else { continue };
+            c.remove(at);
+            removed += 1;
+            let now = capacity(&c);
+            assert!(now <= before, "removing key {k}: room {before} -> {now}");
+            before = now;
+        }
+        assert_eq!(removed, 4 * CHUNK_MAX / 2 + 2 * CHUNK_MAX);
     }
 
     impl Chunks {
