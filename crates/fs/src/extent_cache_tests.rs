@@ -500,25 +500,7 @@ fn concurrent_readers_and_a_writer_during_eviction() {
 #[test]
 fn a_large_eviction_goes_in_short_holds_of_the_metadata_lock() {
     const MANY: u64 = 8000;
-    let dev = Arc::new(MemDevice::new(128 << 20, 512));
-    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
-    {
-        let vol = Volume::open(dev.clone()).unwrap();
-        let big = vol
-            .open_file(
-                "/many",
-                OpenFlags {
-                    create: true,
-                    ..direct()
-                },
-            )
-            .unwrap();
-        for k in 0..MANY {
-            big.fallocate(2 * k * BLOCK, BLOCK, false).unwrap();
-        }
-        drop(big);
-        vol.unmount().unwrap();
-    }
+    let dev = many_one_block_extents(MANY);
     let vol = Volume::open_with(dev, &opts(BUDGET)).unwrap();
     vol.wait_free_space().unwrap();
     let f = vol.open_file("/many", direct()).unwrap();
