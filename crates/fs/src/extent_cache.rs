@@ -57,7 +57,7 @@ const CHUNKS_PER_CLOCK_READ: usize = 8;
 
 /// The sweep stops at the budget less this fraction of it, so that the
 /// loads after it do not ask again at once.
-const MARGIN_DIVISOR: u64 = 8;
+pub(crate) const MARGIN_DIVISOR: u64 = 8;
 
 impl VolumeInner {
     /// The evictor's job: makes clean chunks absent until the clean bytes
@@ -71,10 +71,13 @@ impl VolumeInner {
         };
         let budget = loader.budget();
         let start = loader.cached_bytes();
-        if start <= budget {
+        // Changed chunks cannot be evicted: the clean ones make room for
+        // them (until a base pages them).
+        let changed = loader.unpaged_estimate();
+        if start.saturating_add(changed) <= budget {
             return;
         }
-        let target = budget - budget / MARGIN_DIVISOR;
+        let target = (budget - budget / MARGIN_DIVISOR).saturating_sub(changed);
         let _no_checkpoint_running = self.checkpointing.lock();
         let as_loader: Arc<dyn PageLoader> = loader.clone();
         let (inos, chunks) = {
@@ -158,6 +161,7 @@ impl VolumeInner {
             self.lock_holds.record(HoldSite::EvictionStep, held);
             // Fair: readers queued during the step run before the next.
             meta.unlock_fair();
+            loader.evicted(dropped.iter().map(|e| evicted_bytes(e)).sum());
             drop(dropped);
         }
     }

@@ -554,7 +554,7 @@ fn changes_all_over_a_paged_map_stay_near_the_budget_without_a_checkpoint_asked_
     let between_looks = CHUNKS_BUDGET / crate::transaction::LOOK_BUDGET_DIVISOR
         + crate::extent_map::CHUNK_BYTES_MAX;
     let (mut most, mut most_cached, mut changes, mut rereads) = (0, 0, 0, 0);
-    let mut last_reread = 0;
+    let (mut last_reread, mut most_in_memory) = (0, 0);
     // Into the hole after every third extent: about three changed chunks
     // per chunk's worth of changes, spread over the whole map.
     for k in (0..MANY).step_by(3) {
@@ -569,7 +569,9 @@ fn changes_all_over_a_paged_map_stay_near_the_budget_without_a_checkpoint_asked_
         let just_reread = changes - last_reread <= 4;
         assert!(
             unpaged <= quarter + between_looks
-                || unpaged + cached <= CHUNKS_BUDGET + between_looks
+                || unpaged + cached
+                    <= CHUNKS_BUDGET - CHUNKS_BUDGET / crate::extent_cache::MARGIN_DIVISOR
+                        + between_looks
                 || just_reread,
             "after {changes} changes: {unpaged} bytes of changed chunks, {cached} clean, \
              budget {CHUNKS_BUDGET}"
@@ -585,7 +587,11 @@ fn changes_all_over_a_paged_map_stay_near_the_budget_without_a_checkpoint_asked_
                 many.pread(&mut block, 2 * k * BLOCK).unwrap();
             }
             settle(&vol);
-            most_cached = most_cached.max(stats(&vol).cached_bytes);
+            let cached = stats(&vol).cached_bytes;
+            most_cached = most_cached.max(cached);
+            // The clean chunks make room for the changed ones.
+            let unpaged = vol.inner.meta.read().state.unpaged_chunk_bytes();
+            most_in_memory = most_in_memory.max(cached + unpaged);
             rereads += 1;
             last_reread = changes;
         }
@@ -594,6 +600,12 @@ fn changes_all_over_a_paged_map_stay_near_the_budget_without_a_checkpoint_asked_
     assert!(
         most_cached <= CHUNKS_BUDGET,
         "clean chunks reached {most_cached} bytes, budget {CHUNKS_BUDGET}"
+    );
+    // One look interval of changes may come before the look that counts
+    // them, and one more while a base runs (counted from its snapshot).
+    assert!(
+        most_in_memory <= CHUNKS_BUDGET + 2 * between_looks,
+        "chunks in memory reached {most_in_memory} bytes, budget {CHUNKS_BUDGET}"
     );
     assert!(
         !vol.inner.commit.lock().journal.is_half_full(),
@@ -664,10 +676,11 @@ fn a_writer_far_ahead_of_the_checkpoint_thread_writes_the_base_itself() {
         most = most.max(vol.inner.meta.read().state.unpaged_chunk_bytes());
     }
     let quarter = CHUNKS_BUDGET / 4;
-    // Asked at half a quarter, written at another quarter (counted as
-    // the chunks were when they first changed, a little less than they
-    // grow to), plus the chunk that crossed it.
-    let bound = 2 * quarter + crate::extent_map::CHUNK_BYTES_MAX;
+    // Past the quarter, asked within a look interval, written at another
+    // (counted as the chunks were when they first changed, a little less
+    // than they grow to), plus the chunk that crossed it.
+    let interval = CHUNKS_BUDGET / crate::transaction::LOOK_BUDGET_DIVISOR;
+    let bound = quarter + 2 * interval + 2 * crate::extent_map::CHUNK_BYTES_MAX;
     assert!(
         most <= bound,
         "changed chunks reached {most} bytes (bound {bound}, budget {CHUNKS_BUDGET})"

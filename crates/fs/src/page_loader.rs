@@ -57,6 +57,16 @@ pub(crate) struct DevicePages {
     /// Bytes of chunks that had a page and changed, since mount (see
     /// `PageLoader::chunk_unpaged`): only grows.
     unpaged_so_far: AtomicU64,
+    /// Bytes of changed chunks (no page: never evicted) the checkpoint
+    /// thread found at its last look, and `unpaged_so_far` then: with the
+    /// chunks changed since, they count against the budget, so the clean
+    /// chunks make room for them.
+    unpaged_seen: AtomicU64,
+    unpaged_seen_at: AtomicU64,
+    /// Clean chunk bytes the evictor dropped since mount, and that count
+    /// at the last base or budget change (see `evicted_since_base`).
+    evicted_so_far: AtomicU64,
+    evicted_at_base: AtomicU64,
 }
 
 /// What [`DevicePages`] did since mount.
@@ -97,14 +107,39 @@ impl DevicePages {
             budget: AtomicU64::new(u64::MAX),
             evict_request: Arc::default(),
             unpaged_so_far: AtomicU64::new(0),
+            unpaged_seen: AtomicU64::new(0),
+            unpaged_seen_at: AtomicU64::new(0),
+            evicted_so_far: AtomicU64::new(0),
+            evicted_at_base: AtomicU64::new(0),
         }
     }
 
-    /// Sets the budget of clean chunk bytes (asks the evictor at once if
-    /// they are past it).
+    /// Sets the budget of chunk bytes (asks the evictor at once if they
+    /// are past it).
     pub(crate) fn set_budget(&self, bytes: u64) {
         self.budget.store(bytes, Ordering::Relaxed);
+        self.based();
         self.ask_if_over();
+    }
+
+    /// The evictor dropped `bytes` of clean chunks to stay in the budget.
+    pub(crate) fn evicted(&self, bytes: u64) {
+        self.evicted_so_far.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Whether the evictor had to drop clean chunks since the last base
+    /// (or budget change): the maps do not fit the budget.
+    pub(crate) fn evicted_since_base(&self) -> bool {
+        self.evicted_so_far.load(Ordering::Relaxed) > self.evicted_at_base.load(Ordering::Relaxed)
+    }
+
+    /// A base was written (or the budget changed): what the evictor drops
+    /// from now on says whether the maps fit.
+    pub(crate) fn based(&self) {
+        self.evicted_at_base.store(
+            self.evicted_so_far.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
     }
 
     pub(crate) fn budget(&self) -> u64 {
@@ -120,8 +155,29 @@ impl DevicePages {
         self.unpaged_so_far.load(Ordering::Relaxed)
     }
 
+    /// Records the changed chunks' bytes a look found (see
+    /// `unpaged_seen`), asking the evictor if the clean ones must now
+    /// make room.
+    pub(crate) fn set_unpaged_seen(&self, bytes: u64) {
+        self.unpaged_seen_at
+            .store(self.unpaged_so_far(), Ordering::Relaxed);
+        self.unpaged_seen.store(bytes, Ordering::Relaxed);
+        self.ask_if_over();
+    }
+
+    /// The changed chunks' bytes: as the last look found them, and those
+    /// that changed since (as they were when they did).
+    pub(crate) fn unpaged_estimate(&self) -> u64 {
+        let since = self
+            .unpaged_so_far()
+            .saturating_sub(self.unpaged_seen_at.load(Ordering::Relaxed));
+        self.unpaged_seen
+            .load(Ordering::Relaxed)
+            .saturating_add(since)
+    }
+
     fn ask_if_over(&self) {
-        if self.cached_bytes() > self.budget() {
+        if self.cached_bytes().saturating_add(self.unpaged_estimate()) > self.budget() {
             self.evict_request.ask();
         }
     }
