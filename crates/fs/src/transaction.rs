@@ -51,8 +51,9 @@ impl VolumeInner {
     /// thread, at the threshold).
     pub fn commit_if_due(&self) -> Result<()> {
         let pending = self.meta.read().pending_bytes;
-        let far_ahead = self.ask_checkpoint_if_unpaged_may_pass();
-        if far_ahead {
+        // Looks first without `checkpointing`, which a running checkpoint
+        // holds: the writer waits for it only when a base is due.
+        if self.ask_checkpoint_if_unpaged_may_pass() && self.unpaged_over_budget_now() {
             self.checkpoint_if_due()?;
         }
         if pending < self.commit_threshold {
