@@ -57,7 +57,13 @@ const CHUNKS_PER_CLOCK_READ: usize = 8;
 
 /// The sweep stops at the budget less this fraction of it, so that the
 /// loads after it do not ask again at once.
-pub(crate) const MARGIN_DIVISOR: u64 = 8;
+const MARGIN_DIVISOR: u64 = 8;
+
+/// Where the sweep brings the chunks in memory, for a budget of `budget`
+/// bytes (clean chunks less the room the changed ones take).
+pub(crate) fn eviction_line(budget: u64) -> u64 {
+    budget - budget / MARGIN_DIVISOR
+}
 
 impl VolumeInner {
     /// The evictor's job: makes clean chunks absent until the clean bytes
@@ -77,7 +83,7 @@ impl VolumeInner {
         if start.saturating_add(changed) <= budget {
             return;
         }
-        let target = (budget - budget / MARGIN_DIVISOR).saturating_sub(changed);
+        let target = eviction_line(budget).saturating_sub(changed);
         let _no_checkpoint_running = self.checkpointing.lock();
         let as_loader: Arc<dyn PageLoader> = loader.clone();
         let (inos, chunks) = {

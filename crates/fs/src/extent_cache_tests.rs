@@ -570,8 +570,7 @@ fn changes_all_over_a_paged_map_stay_near_the_budget_without_a_checkpoint_asked_
         assert!(
             unpaged <= quarter + between_looks
                 || unpaged + cached
-                    <= CHUNKS_BUDGET - CHUNKS_BUDGET / crate::extent_cache::MARGIN_DIVISOR
-                        + between_looks
+                    <= crate::extent_cache::eviction_line(CHUNKS_BUDGET) + between_looks
                 || just_reread,
             "after {changes} changes: {unpaged} bytes of changed chunks, {cached} clean, \
              budget {CHUNKS_BUDGET}"

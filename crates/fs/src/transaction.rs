@@ -87,7 +87,7 @@ impl VolumeInner {
             return false;
         }
         let (unpaged, budget) = (unpaged(), loader.budget());
-        let line = budget - budget / crate::extent_cache::MARGIN_DIVISOR;
+        let line = crate::extent_cache::eviction_line(budget);
         unpaged > budget / UNPAGED_BUDGET_DIVISOR
             && (loader.evicted_since_base() || unpaged.saturating_add(loader.cached_bytes()) > line)
     }
@@ -351,11 +351,6 @@ impl VolumeInner {
             return Ok(());
         };
         let result = self.write_checkpoint(&mut delta_ready, base);
-        if let (true, Ok(()), Some(loader)) = (base, &result, &self.page_loader) {
-            // The base paged them: the next look counts what changed since.
-            loader.set_unpaged_seen(0);
-            loader.based();
-        }
         match &result {
             // Refused before anything was written: the newest checkpoint
             // and the journal on disk are as they were, and memory holds
@@ -568,6 +563,13 @@ impl VolumeInner {
         // other slot's base lists.
         let (freed_pages, shared_page_bytes) = match new_pages {
             Some(plan) => {
+                if let Some(loader) = &self.page_loader {
+                    // Whoever decided on this base (a look, the chain's
+                    // rule, an unmount), it paged the changed chunks: the
+                    // next look counts what changed since.
+                    loader.set_unpaged_seen(0);
+                    loader.based();
+                }
                 let replaced = std::mem::replace(&mut commit.pages[slot], plan.table);
                 let after = extent_pages::after_base(
                     &replaced,
