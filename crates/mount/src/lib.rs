@@ -311,7 +311,7 @@ pub fn serve(
     let session = session(&vol, &path, cfg)?;
     spawn_signal_thread(path.clone())?;
     ready();
-    let served = session.run();
+    let served = connection_ended(session.run());
     // Every handle the kernel held is closed with the session.
     let unmounted = release_volume(vol, cfg.read_only, &path);
     served.map_err(|source| MountError::Session { path, source })?;
@@ -372,12 +372,12 @@ impl BackgroundMount {
 
     fn end_session(&mut self) -> Result<(), MountError> {
         match self.session.take() {
-            Some(session) => session
-                .umount_and_join()
-                .map_err(|source| MountError::Session {
+            Some(session) => {
+                connection_ended(session.umount_and_join()).map_err(|source| MountError::Session {
                     path: self.path.clone(),
                     source,
-                }),
+                })
+            }
             None => Ok(()),
         }
     }
@@ -386,6 +386,18 @@ impl BackgroundMount {
 impl Drop for BackgroundMount {
     fn drop(&mut self) {
         let _ = self.end_session();
+    }
+}
+
+/// A session's result, with the end of the connection counted as the end
+/// of the session. fuser ends quietly on ENODEV, but a server thread that
+/// is taking a request off the queue (readahead, a RELEASE sent after the
+/// last close) when the unmount or an abort shuts the connection down gets
+/// ECONNABORTED from its read instead: the same end, reached mid-read.
+fn connection_ended(served: io::Result<()>) -> io::Result<()> {
+    match served {
+        Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
+        other => other,
     }
 }
 
@@ -428,6 +440,15 @@ fn spawn_signal_thread(mountpoint: PathBuf) -> Result<(), MountError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_shut_down_mid_read_ends_the_session_and_other_errors_stay() {
+        let aborted = io::Error::from_raw_os_error(libc::ECONNABORTED);
+        assert!(connection_ended(Err(aborted)).is_ok());
+        assert!(connection_ended(Ok(())).is_ok());
+        let failed = connection_ended(Err(io::Error::from_raw_os_error(libc::EIO)));
+        assert_eq!(failed.unwrap_err().raw_os_error(), Some(libc::EIO));
+    }
 
     #[test]
     fn options_set_caching_and_threads_and_refuse_the_rest() {

@@ -11,8 +11,10 @@ use super::synthetic::{init_reply, Answer, Request, MAX_WRITE};
 use super::wire::{self, opcode};
 use super::Shared;
 
-/// Serves requests read from `fd` until the connection goes away
-/// (ENODEV: unmounted or aborted). `on_init` runs once the INIT reply is
+/// Serves requests read from `fd` until the connection goes away: ENODEV
+/// (unmounted or aborted), or ECONNABORTED, which a read returns when the
+/// unmount or abort lands while it is taking a request off the queue (an
+/// unmount right after a close, with readahead or RELEASE still queued). `on_init` runs once the INIT reply is
 /// written, when the kernel accepts io_uring registrations.
 pub fn serve(fd: RawFd, shared: &Shared, mut on_init: impl FnMut()) -> io::Result<()> {
     // The kernel refuses reads smaller than a whole request of max_write.
@@ -24,7 +26,7 @@ pub fn serve(fd: RawFd, shared: &Shared, mut on_init: impl FnMut()) -> io::Resul
         if n < 0 {
             let err = io::Error::last_os_error();
             match err.raw_os_error() {
-                Some(libc::ENODEV) => return Ok(()),
+                Some(libc::ENODEV) | Some(libc::ECONNABORTED) => return Ok(()),
                 Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
                 _ => return Err(err),
             }
