@@ -115,7 +115,7 @@ fn rebuilt_now(vol: &Volume) -> Allocator {
         &vol.inner.sb,
         &meta.state,
         &commit.spills,
-        &used_pages(&vol.inner.sb, &commit.pages),
+        &used_pages(&vol.inner.sb, &commit.pages.clone().map(|t| (*t).clone())),
     )
     .unwrap()
 }

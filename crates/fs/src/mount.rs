@@ -189,7 +189,7 @@ pub(crate) fn mount(
         generation,
         chain,
         spills,
-        pages,
+        pages: pages.map(std::sync::Arc::new),
     };
     let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
     inner.free_space_gate = FreeSpaceGate::scanning(scan_input);

@@ -169,7 +169,8 @@ pub(crate) struct CommitState {
     pub(crate) spills: [Vec<crate::checkpoint::SpillExtent>; crate::superblock::CHECKPOINT_SLOTS],
     /// Per slot, the extent pages its base lists (volumes with
     /// `INCOMPAT_EXTENT_PAGES`): used space while either slot lists them.
-    pub(crate) pages: [crate::codec::PageTable; crate::superblock::CHECKPOINT_SLOTS],
+    pub(crate) pages:
+        [std::sync::Arc<crate::codec::PageTable>; crate::superblock::CHECKPOINT_SLOTS],
 }
 
 pub struct VolumeInner {
