@@ -1576,11 +1576,35 @@ fn mount_has_no_reserve(dev: &MemDevice) -> bool {
     pending
 }
 
+/// Writes `ranges` as the hint block of the record mount falls back to
+/// in `crashed`, sealed as a checkpoint seals it: only a check against
+/// the layout can refuse it.
+fn forge_fallback_hint(crashed: &CrashedDuringCheckpoint, ranges: &[(u64, u64)]) {
+    let sb = crate::superblock::read_superblock(&*crashed.dev).unwrap();
+    let chain = &crashed.older_chain;
+    let mut enc = crate::codec::Encoder::with_capacity(512);
+    enc.bytes(&crate::checkpoint::FREE_HINT_MAGIC);
+    enc.u64(chain.generation);
+    enc.u32(chain.crc);
+    crate::superblock::encode_hint_ranges(&mut enc, ranges);
+    let seal = crc32c::crc32c_append(sb.crc_seed(), enc.as_bytes());
+    enc.u32(seal);
+    let mut block = enc.into_bytes();
+    block.resize(512, 0);
+    let at = sb.layout.checkpoint_slots[crashed.older_slot].start + chain.next_offset;
+    crashed
+        .dev
+        .write_at(&block, at, blockdev::WriteMode::Normal)
+        .unwrap();
+}
+
 /// Falling back past a torn checkpoint (a spilled base's too) with no
 /// usable hint on the record mount loads: a delta's torn header over it,
-/// or the hint block damaged (a range moved by a block, its crc left).
-/// Mount still succeeds, builds no reserve, and an allocating write waits
-/// for the scan.
+/// the hint block damaged (a range moved by a block, its crc left), or,
+/// sealed as a checkpoint seals it, naming the spill extents of the base
+/// mount falls back to (whose image a reserve handing them out would
+/// overwrite). Mount still succeeds, builds no reserve, and an allocating
+/// write waits for the scan.
 #[test]
 fn after_a_torn_checkpoint_without_the_fallback_records_hint_mount_waits_for_the_scan() {
     let crashed = crashed_during_a_checkpoint(Layout::Image, Torn::DeltaHeaderKept);
@@ -1613,4 +1637,11 @@ fn after_a_torn_checkpoint_without_the_fallback_records_hint_mount_waits_for_the
         assert!(mount_has_no_reserve(&crashed.dev), "{layout:?}");
         assert!(write_waits_for_the_scan(&crashed.dev), "{layout:?}");
     }
+
+    let crashed = crashed_during_a_checkpoint(Layout::Spilled, Torn::SpilledImageLost);
+    let lie = [crashed.older_hint.clone(), crashed.listed_spill.clone()].concat();
+    forge_fallback_hint(&crashed, &lie);
+    assert_eq!(checkpoint_hint(&crashed.dev), lie, "the seal verifies");
+    assert!(mount_has_no_reserve(&crashed.dev));
+    assert!(write_waits_for_the_scan(&crashed.dev));
 }
