@@ -716,6 +716,13 @@ fn overlap(a: &[(u64, u64)], b: &[(u64, u64)]) -> bool {
         .any(|&(x, xl)| b.iter().any(|&(y, yl)| x < y + yl && y < x + xl))
 }
 
+/// Whether one range of `ranges` (coalesced) holds all of `(addr, len)`.
+fn covered(ranges: &[(u64, u64)], (addr, len): (u64, u64)) -> bool {
+    ranges
+        .iter()
+        .any(|&(a, l)| a <= addr && addr + len <= a + l)
+}
+
 /// The free-space hint the checkpoint record mount would load carries.
 fn checkpoint_hint(dev: &Arc<MemDevice>) -> Vec<(u64, u64)> {
     let sb = crate::superblock::read_superblock(&**dev).unwrap();
@@ -1032,18 +1039,51 @@ enum Torn {
     /// at the record before it, whose hint block the delta's header now
     /// covers.
     DeltaHeaderKept,
+    /// A spilled base in the other slot: its record (header, spill table,
+    /// hint block) kept whole, its image in the data area lost. The one
+    /// flush comes after both, so the record may land without the image:
+    /// the record's crc verifies, the image's does not, and mount falls
+    /// back to the older slot's chain end.
+    SpilledImageLost,
+    /// As [`Torn::SpilledImageLost`], but each spill extent's write loses
+    /// only its first sector: an image with new and old blocks mixed.
+    SpilledImagePartlyLost,
+    /// A spilled base in the other slot: its image kept, its record lost
+    /// whole. The slot still holds the base written there before, which
+    /// verifies (an older generation): its spill extents stay in use, the
+    /// lost base's are listed by nothing.
+    SpilledRecordLost,
+}
+
+impl Torn {
+    fn is_spilled(self) -> bool {
+        matches!(
+            self,
+            Torn::SpilledImageLost | Torn::SpilledImagePartlyLost | Torn::SpilledRecordLost
+        )
+    }
+
+    fn newer_is_a_base(self) -> bool {
+        self == Torn::BaseInTheOtherSlot || self.is_spilled()
+    }
 }
 
 /// What [`crashed_during_a_checkpoint`] left: the device as the power cut
 /// left it; the blocks of `/late`, which only the journal after the older
 /// checkpoint maps; that checkpoint's slot, where its chain ends, and its
-/// hint.
+/// hint. With a spilled base torn: the spill extents a slot still lists
+/// (the older checkpoint's; the overwritten base's too if its record
+/// survived), which the fallback's state needs, and those no slot lists
+/// any more (the torn base's; the overwritten base's if its record did
+/// not survive), which are free after the fallback.
 struct CrashedDuringCheckpoint {
     dev: Arc<MemDevice>,
     late: Vec<(u64, u64)>,
     older_slot: usize,
     older_chain: crate::checkpoint::ChainEnd,
     older_hint: Vec<(u64, u64)>,
+    listed_spill: Vec<(u64, u64)>,
+    unlisted_spill: Vec<(u64, u64)>,
 }
 
 /// Bytes of `/early`'s block `i` (written at block `2 i`): never zero,
@@ -1057,19 +1097,53 @@ fn early_block(i: u64) -> [u8; 4096] {
 const EARLY_PUNCHED: u64 = 4;
 const EARLY_BLOCKS: u64 = 400;
 
+/// Directories whose inodes a delta cannot fit in what an 8 KiB slot has
+/// left after a spilled base's record and hint block: the checkpoint
+/// after them is a base in the other slot.
+const DIRS_PAST_A_SPILLED_SLOT: usize = 64;
+
+/// The spill extents the spilled base record at device byte `at` lists.
+/// Only the table's own checks apply: the record's crc may fail (a torn
+/// record still names what its base allocated).
+fn spill_table_at(
+    dev: &dyn BlockDevice,
+    sb: &crate::superblock::Superblock,
+    at: u64,
+) -> Vec<(u64, u64)> {
+    use crate::checkpoint::{CHECKPOINT_HEADER_LEN, OFF_IMAGE_LEN, SPILLED_MAGIC};
+    let mut record = vec![0u8; sb.block_size() as usize];
+    dev.read_at(&mut record, at).unwrap();
+    assert_eq!(&record[..8], &SPILLED_MAGIC[..], "a spilled base at {at}");
+    let len = u64::from_le_bytes(record[OFF_IMAGE_LEN..OFF_IMAGE_LEN + 8].try_into().unwrap());
+    let table = &record[CHECKPOINT_HEADER_LEN..CHECKPOINT_HEADER_LEN + len as usize];
+    crate::checkpoint::decode_spill_table(sb, table, at + CHECKPOINT_HEADER_LEN as u64)
+        .unwrap()
+        .extents
+}
+
 /// A volume that lost power while writing a checkpoint: `/early` written
 /// and an older checkpoint taken with free space installed (so its record
 /// carries a hint); then, in the journal only, `/early` punched and
 /// `/late` written into that hint's ranges, all synced; then a newer
 /// checkpoint whose record write the power cut tears as `torn` says
-/// (every other write not yet durable is kept). The newer checkpoint is a
+/// (every other write not yet durable is kept, but for a spilled base's
+/// image, which `torn` says the fate of too). The newer checkpoint is a
 /// base with extent pages (the unmount's checkpoint is always one), or
-/// without them once the older chain is full; a delta without them.
+/// without them once the older chain is full; a delta without them. With
+/// [`Layout::Spilled`] every checkpoint is a spilled base (slot 1, 0,
+/// then the older one in 1): the newer one, in slot 0, replaces a spilled
+/// base whose extents are still allocated while it is written.
 fn crashed_during_a_checkpoint(layout: Layout, torn: Torn) -> CrashedDuringCheckpoint {
-    assert!(layout != Layout::Spilled, "not a layout this builds");
+    assert_eq!(
+        layout == Layout::Spilled,
+        torn.is_spilled(),
+        "{layout:?} {torn:?}: a spilled tear needs a spilled layout"
+    );
     let mem = Arc::new(MemDevice::new(16 << 20, 512));
     let opts = FormatOptions {
         extent_pages: layout == Layout::Paged,
+        // The image of `/early`'s extents does not fit: it spills.
+        checkpoint_slot_bytes: (layout == Layout::Spilled).then_some(8 << 10),
         ..FormatOptions::default()
     };
     Volume::format(mem.clone(), &opts).unwrap();
@@ -1080,13 +1154,30 @@ fn crashed_during_a_checkpoint(layout: Layout, torn: Torn) -> CrashedDuringCheck
         early.pwrite(&early_block(i), 2 * i * 4096).unwrap();
     }
     early.fsync().unwrap();
-    let newer_is_a_base = torn == Torn::BaseInTheOtherSlot;
+    let newer_is_a_base = torn.newer_is_a_base();
     match layout {
         // With extent pages the unmount's checkpoint is a base: so is the
         // newer one below.
         Layout::Paged => {
             assert!(newer_is_a_base, "a delta after a base with pages");
             vol.inner.checkpoint_for_unmount().unwrap();
+        }
+        // `/early`'s extents, then directories, each too much for a delta.
+        Layout::Spilled => {
+            for round in 0..3 {
+                if round > 0 {
+                    for i in 0..DIRS_PAST_A_SPILLED_SLOT {
+                        vol.mkdir(&format!("/pad{round}-{i}")).unwrap();
+                    }
+                }
+                let slot = vol.inner.commit.lock().slot;
+                vol.checkpoint().unwrap();
+                assert_ne!(
+                    vol.inner.commit.lock().slot,
+                    slot,
+                    "round {round}: a base in the other slot"
+                );
+            }
         }
         // Deltas until the chain holds as many as it may, so that the
         // next checkpoint is a base in the other slot.
@@ -1105,10 +1196,16 @@ fn crashed_during_a_checkpoint(layout: Layout, torn: Torn) -> CrashedDuringCheck
         }
         _ => vol.checkpoint().unwrap(),
     }
-    let (older_slot, older_chain) = {
+    let (older_slot, older_chain, spills_before) = {
         let commit = vol.inner.commit.lock();
-        (commit.slot, commit.chain)
+        (commit.slot, commit.chain, commit.spills.clone())
     };
+    let newer_slot = crate::checkpoint::other_slot(older_slot);
+    assert_eq!(
+        spills_before.iter().all(|s| !s.is_empty()),
+        layout == Layout::Spilled,
+        "{layout:?}: both slots hold spilled bases, or neither: {spills_before:?}"
+    );
     let older_hint = checkpoint_hint(&mem);
     assert!(
         !older_hint.is_empty(),
@@ -1122,8 +1219,13 @@ fn crashed_during_a_checkpoint(layout: Layout, torn: Torn) -> CrashedDuringCheck
             .unwrap();
     }
     // Inodes for the newer checkpoint's record to hold, so that it
-    // spans more than the sector a torn write may keep alone.
-    for i in 0..8 {
+    // spans more than the sector a torn write may keep alone; spilled,
+    // so many that it is a base.
+    let after = match layout {
+        Layout::Spilled => DIRS_PAST_A_SPILLED_SLOT,
+        _ => 8,
+    };
+    for i in 0..after {
         vol.mkdir(&format!("/after{i}")).unwrap();
     }
     late.fsync().unwrap();
@@ -1138,11 +1240,12 @@ fn crashed_during_a_checkpoint(layout: Layout, torn: Torn) -> CrashedDuringCheck
 
     // The newer checkpoint's first write to either slot is its record
     // (pages and spill extents go to the data area): held there, done
-    // on the device but not flushed, while the power is cut.
+    // on the device but not flushed, while the power is cut. A spilled
+    // image is written before it, and flushed only with it.
     let sb = vol.inner.sb.clone();
     let slots = sb.layout.checkpoint_slots;
     let record_at = if newer_is_a_base {
-        slots[crate::checkpoint::other_slot(older_slot)].start
+        slots[newer_slot].start
     } else {
         slots[older_slot].start + older_chain.next_offset
     };
@@ -1156,20 +1259,50 @@ fn crashed_during_a_checkpoint(layout: Layout, torn: Torn) -> CrashedDuringCheck
         })
     };
     held.wait_reached();
+    // Read before the cut: the device shows writes not yet durable.
+    let torn_spill = match torn.is_spilled() {
+        true => spill_table_at(&*mem, &sb, record_at),
+        false => Vec::new(),
+    };
+    let data_area = sb.layout.data.start..sb.layout.data.end();
     let sector = 512;
     let mut records_torn = 0;
+    let mut image_writes = Vec::new();
     let cut = mem.power_cut(&mut |w: &PendingWrite| {
+        if data_area.contains(&w.offset()) && torn.is_spilled() {
+            image_writes.push((w.offset(), w.len()));
+            return match torn {
+                Torn::SpilledImageLost => Survival::Lost,
+                Torn::SpilledImagePartlyLost => {
+                    Survival::Torn((0..w.blocks()).map(|b| b > 0).collect())
+                }
+                _ => Survival::Kept,
+            };
+        }
         if w.offset() < slots[0].start || w.offset() >= slots[1].end() {
             return Survival::Kept;
         }
         records_torn += 1;
         assert_eq!(w.offset(), record_at, "the newer checkpoint's record");
-        // The record itself, not only its padding and hint block, spans
-        // sectors past the first: losing them fails its crc.
         let off_len = crate::checkpoint::OFF_IMAGE_LEN;
         let payload = u64::from_le_bytes(w.data()[off_len..off_len + 8].try_into().unwrap());
+        let record_len = crate::checkpoint::CHECKPOINT_HEADER_LEN as u64 + payload;
+        if torn.is_spilled() {
+            // Its spill table fits the first sector, so a tear keeps or
+            // loses the record whole (the crc would refuse a mix).
+            assert!(
+                record_len <= sector,
+                "a spilled record of {record_len} bytes"
+            );
+            return match torn {
+                Torn::SpilledRecordLost => Survival::Lost,
+                _ => Survival::Kept,
+            };
+        }
+        // The record itself, not only its padding and hint block, spans
+        // sectors past the first: losing them fails its crc.
         assert!(
-            crate::checkpoint::CHECKPOINT_HEADER_LEN as u64 + payload > sector,
+            record_len > sector,
             "a record of one sector: payload {payload}"
         );
         let first_sector_kept = torn != Torn::DeltaHeaderLost;
@@ -1180,6 +1313,13 @@ fn crashed_during_a_checkpoint(layout: Layout, torn: Torn) -> CrashedDuringCheck
         )
     });
     assert_eq!(records_torn, 1, "one checkpoint record was being written");
+    image_writes.sort_unstable();
+    let mut want_writes = torn_spill.clone();
+    want_writes.sort_unstable();
+    assert_eq!(
+        image_writes, want_writes,
+        "the image went to its spill extents alone"
+    );
     held.resume();
     checkpointer.join().unwrap().unwrap();
     drop(vol);
@@ -1190,6 +1330,15 @@ fn crashed_during_a_checkpoint(layout: Layout, torn: Torn) -> CrashedDuringCheck
         (newest.slot, newest.checkpoint.generation),
         (older_slot, older_chain.generation),
         "mount falls back to the older checkpoint"
+    );
+    let overwritten_survives = torn == Torn::SpilledRecordLost;
+    let mut want_spills = spills_before.clone();
+    if !overwritten_survives {
+        want_spills[newer_slot].clear();
+    }
+    assert_eq!(
+        newest.spills, want_spills,
+        "the slots list the older base's spill extents, and the overwritten base's if its record survived"
     );
     let mut header = [0u8; 512];
     cut.read_at(&mut header, record_at).unwrap();
@@ -1205,6 +1354,22 @@ fn crashed_during_a_checkpoint(layout: Layout, torn: Torn) -> CrashedDuringCheck
                 older_chain.generation + 1
             ),
             "the other slot's header names the newer generation"
+        ),
+        Torn::SpilledImageLost | Torn::SpilledImagePartlyLost => assert_eq!(
+            (magic, generation),
+            (
+                &crate::checkpoint::SPILLED_MAGIC[..],
+                older_chain.generation + 1
+            ),
+            "the other slot's header names the newer generation"
+        ),
+        Torn::SpilledRecordLost => assert_eq!(
+            (magic, generation),
+            (
+                &crate::checkpoint::SPILLED_MAGIC[..],
+                older_chain.generation - 1
+            ),
+            "the other slot still holds the base before the older one"
         ),
         Torn::DeltaHeaderKept => assert_eq!(
             (magic, generation),
@@ -1225,12 +1390,20 @@ fn crashed_during_a_checkpoint(layout: Layout, torn: Torn) -> CrashedDuringCheck
             "the older record's hint is what mount reads"
         ),
     }
+    let [older_spill, overwritten_spill] =
+        [older_slot, newer_slot].map(|s| spills_before[s].clone());
+    let (listed_spill, unlisted_spill) = match overwritten_survives {
+        true => ([older_spill, overwritten_spill].concat(), torn_spill),
+        false => (older_spill, [overwritten_spill, torn_spill].concat()),
+    };
     CrashedDuringCheckpoint {
         dev: cut,
         late: late_extents,
         older_slot,
         older_chain,
         older_hint,
+        listed_spill,
+        unlisted_spill,
     }
 }
 
@@ -1255,15 +1428,22 @@ fn check_early(vol: &Volume) {
 /// record's hint: the hint mount keeps has `/late`'s blocks cut out; with
 /// the scan held, writes as large as `/late` come from it at once and
 /// none lands on `/late`; every earlier write reads back, the install's
-/// claims are free in the scanned layout (no failure, no warning), busy
-/// space is what a synchronous mount holds, and all of it holds after a
-/// remount, fsck clean.
+/// claims are free in the scanned layout (no failure, no warning), free
+/// and busy space are what a synchronous mount builds, and all of it
+/// holds after a remount, fsck clean. A torn spilled base (its image or
+/// its record lost) leaves the spill extents the older state reads out of
+/// the hint and of what the reserve hands out, and those no slot lists
+/// any more free once the scan is done, but for what the reserve took of
+/// them: neither leaked nor kept.
 #[test]
 fn after_a_torn_checkpoint_the_fallback_records_hint_less_replay_serves_allocations() {
     for (layout, torn) in [
         (Layout::Image, Torn::BaseInTheOtherSlot),
         (Layout::Paged, Torn::BaseInTheOtherSlot),
         (Layout::Image, Torn::DeltaHeaderLost),
+        (Layout::Spilled, Torn::SpilledImageLost),
+        (Layout::Spilled, Torn::SpilledImagePartlyLost),
+        (Layout::Spilled, Torn::SpilledRecordLost),
     ] {
         let ctx = format!("{layout:?} {torn:?}");
         let crashed = crashed_during_a_checkpoint(layout, torn);
@@ -1291,6 +1471,12 @@ fn after_a_torn_checkpoint_the_fallback_records_hint_less_replay_serves_allocati
             crate::free_space::hint_without(&crashed.older_hint, &crashed.late),
             "{ctx}: the older record's hint less /late's blocks"
         );
+        assert!(
+            !overlap(&loaded.checkpoint_free_hint, &crashed.listed_spill),
+            "{ctx}: the hint covers spill extents a slot lists: {:?} {:?}",
+            loaded.checkpoint_free_hint,
+            crashed.listed_spill
+        );
         drop(loaded);
         let want = synchronous(&dev);
         assert!(
@@ -1308,6 +1494,11 @@ fn after_a_torn_checkpoint_the_fallback_records_hint_less_replay_serves_allocati
             "{ctx}: the reserve handed out /late's blocks: {placed:?} {:?}",
             crashed.late
         );
+        assert!(
+            !overlap(&placed, &crashed.listed_spill),
+            "{ctx}: the reserve handed out a listed spill extent: {placed:?} {:?}",
+            crashed.listed_spill
+        );
         let alloc = installed(&vol);
         assert!(
             vol.mount_warnings().is_empty(),
@@ -1315,6 +1506,35 @@ fn after_a_torn_checkpoint_the_fallback_records_hint_less_replay_serves_allocati
             vol.mount_warnings()
         );
         assert_eq!(alloc.busy_ranges(), want.busy_ranges(), "{ctx}");
+        let mut want_after_new = want.clone();
+        for &(addr, len) in &placed {
+            want_after_new.mark_used(addr, len).unwrap();
+        }
+        assert_eq!(
+            alloc.free_extents(),
+            want_after_new.free_extents(),
+            "{ctx}: free space is a synchronous mount's less /new"
+        );
+        let free = free_or_busy(&alloc);
+        assert_eq!(free, rebuilt_now(&vol).free_extents(), "{ctx}");
+        assert!(
+            !overlap(&free, &crashed.listed_spill),
+            "{ctx}: a listed spill extent is free: {:?}",
+            crashed.listed_spill
+        );
+        // What the reserve took of them the install's claims checked
+        // free in the scanned layout.
+        let unlisted_left = crate::free_space::hint_without(&crashed.unlisted_spill, &placed);
+        assert!(
+            unlisted_left.iter().all(|&r| covered(&free, r)),
+            "{ctx}: spill extents no slot lists are not all free: {unlisted_left:?} {free:?}"
+        );
+        assert_eq!(
+            crashed.unlisted_spill.is_empty(),
+            layout != Layout::Spilled,
+            "{ctx}: a torn spilled base leaves spill extents no slot lists: {:?}",
+            crashed.unlisted_spill
+        );
         check_late(&vol);
         check_early(&vol);
         vol.unmount().unwrap();
@@ -1356,18 +1576,47 @@ fn mount_has_no_reserve(dev: &MemDevice) -> bool {
     pending
 }
 
-/// Falling back past a torn checkpoint with no usable hint on the record
-/// mount loads: a delta's torn header over it, or the hint block damaged
-/// (a range moved by a block, its crc left). Mount still succeeds, builds
-/// no reserve, and an allocating write waits for the scan.
+/// Writes `ranges` as the hint block of the record mount falls back to
+/// in `crashed`, sealed as a checkpoint seals it: only a check against
+/// the layout can refuse it.
+fn forge_fallback_hint(crashed: &CrashedDuringCheckpoint, ranges: &[(u64, u64)]) {
+    let sb = crate::superblock::read_superblock(&*crashed.dev).unwrap();
+    let chain = &crashed.older_chain;
+    let mut enc = crate::codec::Encoder::with_capacity(512);
+    enc.bytes(&crate::checkpoint::FREE_HINT_MAGIC);
+    enc.u64(chain.generation);
+    enc.u32(chain.crc);
+    crate::superblock::encode_hint_ranges(&mut enc, ranges);
+    let seal = crc32c::crc32c_append(sb.crc_seed(), enc.as_bytes());
+    enc.u32(seal);
+    let mut block = enc.into_bytes();
+    block.resize(512, 0);
+    let at = sb.layout.checkpoint_slots[crashed.older_slot].start + chain.next_offset;
+    crashed
+        .dev
+        .write_at(&block, at, blockdev::WriteMode::Normal)
+        .unwrap();
+}
+
+/// Falling back past a torn checkpoint (a spilled base's too) with no
+/// usable hint on the record mount loads: a delta's torn header over it,
+/// the hint block damaged (a range moved by a block, its crc left), or,
+/// sealed as a checkpoint seals it, naming the spill extents of the base
+/// mount falls back to (whose image a reserve handing them out would
+/// overwrite). Mount still succeeds, builds no reserve, and an allocating
+/// write waits for the scan.
 #[test]
 fn after_a_torn_checkpoint_without_the_fallback_records_hint_mount_waits_for_the_scan() {
     let crashed = crashed_during_a_checkpoint(Layout::Image, Torn::DeltaHeaderKept);
     assert!(mount_has_no_reserve(&crashed.dev));
     assert!(write_waits_for_the_scan(&crashed.dev));
 
-    for layout in [Layout::Image, Layout::Paged] {
-        let crashed = crashed_during_a_checkpoint(layout, Torn::BaseInTheOtherSlot);
+    for (layout, torn) in [
+        (Layout::Image, Torn::BaseInTheOtherSlot),
+        (Layout::Paged, Torn::BaseInTheOtherSlot),
+        (Layout::Spilled, Torn::SpilledImageLost),
+    ] {
+        let crashed = crashed_during_a_checkpoint(layout, torn);
         assert!(
             !mount_has_no_reserve(&crashed.dev),
             "{layout:?}: the undamaged hint gives a reserve"
@@ -1388,4 +1637,11 @@ fn after_a_torn_checkpoint_without_the_fallback_records_hint_mount_waits_for_the
         assert!(mount_has_no_reserve(&crashed.dev), "{layout:?}");
         assert!(write_waits_for_the_scan(&crashed.dev), "{layout:?}");
     }
+
+    let crashed = crashed_during_a_checkpoint(Layout::Spilled, Torn::SpilledImageLost);
+    let lie = [crashed.older_hint.clone(), crashed.listed_spill.clone()].concat();
+    forge_fallback_hint(&crashed, &lie);
+    assert_eq!(checkpoint_hint(&crashed.dev), lie, "the seal verifies");
+    assert!(mount_has_no_reserve(&crashed.dev));
+    assert!(write_waits_for_the_scan(&crashed.dev));
 }
