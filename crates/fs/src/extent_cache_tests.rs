@@ -687,3 +687,57 @@ fn a_writer_far_ahead_of_the_checkpoint_thread_writes_the_base_itself() {
     let written = vol.inner.commit.lock().generation - generation;
     assert!(written >= 3, "{written} checkpoints written by the writer");
 }
+
+/// A change whose chunks the mount left on their pages reads them before
+/// it takes the metadata lock exclusive: while each of its page reads is
+/// held on the device, a lookup in another file goes on. An allocating
+/// direct write into a hole, a fallocate of one, and a punch, each in a
+/// chunk not read yet (the chunk after it too: a change merges with it).
+#[test]
+fn changes_read_absent_chunks_before_taking_the_metadata_lock_exclusive() {
+    use std::time::Duration;
+    let dev = volume();
+    let vol = Volume::open_with(dev.clone(), &opts(u64::MAX)).unwrap();
+    vol.wait_free_space().unwrap();
+    let create = OpenFlags {
+        create: true,
+        ..direct()
+    };
+    let other = Arc::new(vol.open_file("/other", create).unwrap());
+    for (what, k) in [("write", 100u64), ("fallocate", 300), ("punch", 500)] {
+        let big = vol.open_file("/big", direct()).unwrap();
+        let (done_tx, done) = mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            let hole = (2 * k + 1) * BLOCK;
+            let result = match what {
+                "write" => big.pwrite(&[7u8; BLOCK as usize], hole).map(drop),
+                "fallocate" => big.fallocate(hole, BLOCK, false),
+                _ => big.punch_hole(2 * k * BLOCK, BLOCK),
+            };
+            let _ = done_tx.send(());
+            result
+        });
+        let mut reads_held = 0;
+        loop {
+            let pause = dev.pause_after(FaultRule::new(FaultOp::Read));
+            if pause.reached_within(Duration::from_millis(1)) {
+                reads_held += 1;
+                // Under the exclusive lock this stat would wait for the
+                // held read: the bound only turns a hang into a failure.
+                let (stat_tx, stat) = mpsc::channel();
+                let other = other.clone();
+                std::thread::spawn(move || stat_tx.send(other.stat().map(drop)));
+                let looked_up = stat.recv_timeout(Duration::from_secs(10));
+                pause.resume();
+                assert!(
+                    matches!(looked_up, Ok(Ok(()))),
+                    "{what}: a lookup waited for page read {reads_held} of the change"
+                );
+            } else if done.try_recv().is_ok() {
+                break;
+            }
+        }
+        worker.join().unwrap().unwrap();
+        assert!(reads_held > 0, "{what}: the change read no page");
+    }
+}

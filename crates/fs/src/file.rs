@@ -308,6 +308,11 @@ impl File {
             self.zero_past_eof_locked(end)
                 .map_err(|e| self.at(offset, e))?;
         }
+        let (blocks_start, blocks_end) = (align_down(offset, block), end.next_multiple_of(block));
+        self.handle
+            .vol
+            .load_before_change(self.handle.inode.ino, blocks_start, blocks_end)
+            .map_err(|e| self.at(offset, e))?;
         self.handle
             .vol
             .with_busy_retry(|meta| {
@@ -315,8 +320,8 @@ impl File {
                     &self.handle.vol,
                     meta,
                     self.handle.inode.ino,
-                    align_down(offset, block),
-                    end.next_multiple_of(block),
+                    blocks_start,
+                    blocks_end,
                     false,
                 )
             })
@@ -402,6 +407,9 @@ impl File {
                 let growth = meta.growth_for_extents(self.handle.inode.ino, 1);
                 meta.reserve_base(&self.handle.vol.sb, growth)
             };
+            self.handle
+                .vol
+                .load_before_change(self.handle.inode.ino, inner_start, inner_end)?;
             self.handle
                 .vol
                 .retry_if_busy(|| self.handle.vol.with_free_space(|meta| reserve(meta)))?;

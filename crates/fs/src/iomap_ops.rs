@@ -238,6 +238,7 @@ impl VolumeInner {
         let ino = inode.ino;
         let start = align_down(pos, block);
         let end = (pos + len).next_multiple_of(block);
+        self.load_before_change(ino, start, end)?;
         let (meta, ()) =
             self.with_busy_retry(|meta| meta.reserve_delalloc(&self.sb, ino, start, end))?;
         let state = meta.state.inode(ino).ok_or(Error::Stale { ino })?;
@@ -279,6 +280,7 @@ impl IomapOps for VolumeInner {
             let start = align_down(pos, block);
             let end = (pos + len).next_multiple_of(block);
             let writeback = flags.contains(IomapOpFlags::WRITEBACK);
+            self.load_before_change(ino, start, end)?;
             let (meta, allocated) = self.with_busy_retry(|meta| {
                 if !writeback {
                     // This write's completion splits the unwritten extents

@@ -53,6 +53,11 @@ impl PausedRequest {
             .expect("the device was dropped before the paused request came");
     }
 
+    /// Waits up to `timeout` for the request to be held; whether it is.
+    pub fn reached_within(&self, timeout: std::time::Duration) -> bool {
+        self.reached.recv_timeout(timeout).is_ok()
+    }
+
     /// Lets the held request return (or, if it has not come yet, lets it
     /// pass without stopping).
     pub fn resume(&self) {
