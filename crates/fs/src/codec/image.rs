@@ -154,6 +154,25 @@ pub(super) fn encode_extent(enc: &mut Encoder, e: &Extent) {
 }
 
 /// One extent as [`encode_extent`] writes it, unchecked.
+/// An extent from its [`EXTENT_ENCODED_LEN`] bytes, `None` if its state
+/// is unknown ([`decode_extent`] then says so): the loop over a page's
+/// fixed-size records, whose length is checked once before it, without a
+/// bounds check and an error path per field (a page read on demand
+/// decodes 250 of them, and mount's free-space scan every one).
+pub(super) fn extent_from_record(record: &[u8; EXTENT_ENCODED_LEN]) -> Option<Extent> {
+    let word = |at: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&record[at..at + 8]);
+        u64::from_le_bytes(bytes)
+    };
+    Some(Extent {
+        file_off: word(0),
+        len: word(8),
+        addr: word(16),
+        state: super::primitive::extent_state_of(record[24])?,
+    })
+}
+
 pub(super) fn decode_extent(dec: &mut Decoder<'_>) -> Result<Extent> {
     Ok(Extent {
         file_off: dec.u64()?,

@@ -537,11 +537,18 @@ impl<'a> Decoder<'a> {
 
     pub(super) fn extent_state(&mut self) -> Result<ExtentState> {
         let at = self.pos;
-        match self.u8()? {
-            STATE_WRITTEN => Ok(ExtentState::Written),
-            STATE_UNWRITTEN => Ok(ExtentState::Unwritten),
-            other => Err(self.error_at(at, format!("unknown extent state {other}"))),
-        }
+        let code = self.u8()?;
+        extent_state_of(code)
+            .ok_or_else(|| self.error_at(at, format!("unknown extent state {code}")))
+    }
+}
+
+/// The extent state a byte encodes, if any.
+pub(super) fn extent_state_of(code: u8) -> Option<ExtentState> {
+    match code {
+        STATE_WRITTEN => Some(ExtentState::Written),
+        STATE_UNWRITTEN => Some(ExtentState::Unwritten),
+        _ => None,
     }
 }
 
