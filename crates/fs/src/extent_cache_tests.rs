@@ -690,36 +690,56 @@ fn a_writer_far_ahead_of_the_checkpoint_thread_writes_the_base_itself() {
 
 /// A change whose chunks the mount left on their pages reads them before
 /// it takes the metadata lock exclusive: while each of its page reads is
-/// held on the device, a lookup in another file goes on. An allocating
-/// direct write into a hole, a fallocate of one, and a punch, each in a
-/// chunk not read yet (the chunk after it too: a change merges with it).
+/// held on the device, a lookup in another file goes on. Each change is
+/// at a chunk's first extent, so it also reads the chunk before (a
+/// change merges with both neighbours), which no lookup of its own range
+/// reads first: an allocating direct write into the hole before it, a
+/// buffered one (its reservation, then its writeback at fsync), a
+/// fallocate of that hole, and a punch of the extent.
 #[test]
 fn changes_read_absent_chunks_before_taking_the_metadata_lock_exclusive() {
     use std::time::Duration;
-    let dev = volume();
-    let vol = Volume::open_with(dev.clone(), &opts(u64::MAX)).unwrap();
-    vol.wait_free_space().unwrap();
-    let create = OpenFlags {
-        create: true,
-        ..direct()
-    };
-    let other = Arc::new(vol.open_file("/other", create).unwrap());
-    for (what, k) in [("write", 100u64), ("fallocate", 300), ("punch", 500)] {
-        let big = vol.open_file("/big", direct()).unwrap();
+    for what in ["write", "buffered", "fallocate", "punch"] {
+        let dev = volume();
+        let vol = Volume::open_with(dev.clone(), &opts(u64::MAX)).unwrap();
+        vol.wait_free_space().unwrap();
+        let create = OpenFlags {
+            create: true,
+            ..direct()
+        };
+        let other = Arc::new(vol.open_file("/other", create).unwrap());
+        let ino = ino_of_big(&vol);
+        let first_key = {
+            let meta = vol.inner.meta.read();
+            let chunks = meta.state.inodes[&ino].extents.chunk_pages();
+            let key = chunks.map(|c| c.page().unwrap().first_key).nth(12);
+            key.unwrap()
+        };
+        let flags = if what == "buffered" {
+            OpenFlags::default()
+        } else {
+            direct()
+        };
+        let big = vol.open_file("/big", flags).unwrap();
+        // Armed before the change starts, and each next one before the
+        // last is let go: no page read of the change slips by.
+        let mut pause = dev.pause_after(FaultRule::new(FaultOp::Read));
         let (done_tx, done) = mpsc::channel();
         let worker = std::thread::spawn(move || {
-            let hole = (2 * k + 1) * BLOCK;
+            let hole = first_key - BLOCK;
             let result = match what {
                 "write" => big.pwrite(&[7u8; BLOCK as usize], hole).map(drop),
+                "buffered" => big
+                    .pwrite(&[7u8; BLOCK as usize], hole)
+                    .and_then(|_| big.fsync()),
                 "fallocate" => big.fallocate(hole, BLOCK, false),
-                _ => big.punch_hole(2 * k * BLOCK, BLOCK),
+                _ => big.punch_hole(first_key, BLOCK),
             };
             let _ = done_tx.send(());
             result
         });
         let mut reads_held = 0;
         loop {
-            let pause = dev.pause_after(FaultRule::new(FaultOp::Read));
             if pause.reached_within(Duration::from_millis(1)) {
                 reads_held += 1;
                 // Under the exclusive lock this stat would wait for the
@@ -728,7 +748,9 @@ fn changes_read_absent_chunks_before_taking_the_metadata_lock_exclusive() {
                 let other = other.clone();
                 std::thread::spawn(move || stat_tx.send(other.stat().map(drop)));
                 let looked_up = stat.recv_timeout(Duration::from_secs(10));
+                let next = dev.pause_after(FaultRule::new(FaultOp::Read));
                 pause.resume();
+                pause = next;
                 assert!(
                     matches!(looked_up, Ok(Ok(()))),
                     "{what}: a lookup waited for page read {reads_held} of the change"
@@ -738,6 +760,6 @@ fn changes_read_absent_chunks_before_taking_the_metadata_lock_exclusive() {
             }
         }
         worker.join().unwrap().unwrap();
-        assert!(reads_held > 0, "{what}: the change read no page");
+        assert!(reads_held >= 2, "{what}: {reads_held} page reads");
     }
 }

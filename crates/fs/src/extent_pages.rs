@@ -36,7 +36,9 @@ pub struct PagePlan {
 /// paged: `stays_paged`) that names no page `listed` holds, placed at
 /// the device byte `place` returns for its length (the caller allocates
 /// from free space; a failure ends the plan), and encoded with the
-/// volume's crc `seed`.
+/// volume's crc `seed`. `place` also gets the bytes of the pages still
+/// to place, this one included: the most it may take ahead (a caller
+/// that takes more holds room the base reserve does not cover).
 ///
 /// `listed` holds the pages either slot's base lists: only those are
 /// still on disk. A chunk can name a page neither lists when its file was
@@ -50,7 +52,7 @@ pub fn plan_pages(
     state: &MetaState,
     seed: u32,
     listed: &ListedPages<'_>,
-    mut place: impl FnMut(u64) -> Result<u64>,
+    mut place: impl FnMut(u64, u64) -> Result<u64>,
     mut write: impl FnMut(&[(u64, Vec<u8>)]) -> Result<()>,
 ) -> Result<PagePlan> {
     let block_size = u64::from(state.block_size);
@@ -71,6 +73,7 @@ pub fn plan_pages(
     // at once would hold the whole extent list encoded again (~250 MB at
     // 10M extents).
     let mut batch = PageBatch::default();
+    let mut ahead = unlisted_page_bytes(state, &inos, listed);
     for ino in inos {
         let mut list = Vec::new();
         let mut file_listed = listed.of_file(ino);
@@ -80,7 +83,9 @@ pub fn plan_pages(
                 named => {
                     let extents = chunk.extents();
                     let len = codec::page_len(extents.len(), block_size);
-                    match place(len) {
+                    let placed = place(len, ahead);
+                    ahead = ahead.saturating_sub(len);
+                    match placed {
                         Ok(addr) => {
                             let (bytes, page) =
                                 codec::encode_page(seed, ino, extents, block_size, addr)?;
@@ -98,7 +103,7 @@ pub fn plan_pages(
                         // at the next base.
                         Err(Error::NoSpace { .. }) if len > block_size => {
                             for piece in extents.chunks(inline_max) {
-                                let addr = place(block_size)?;
+                                let addr = place(block_size, block_size)?;
                                 let (bytes, page) =
                                     codec::encode_page(seed, ino, piece, block_size, addr)?;
                                 plan.written.push((addr, bytes.len() as u64));
@@ -115,6 +120,22 @@ pub fn plan_pages(
     }
     batch.write_out(&mut write)?;
     Ok(plan)
+}
+
+/// Bytes of the pages [`plan_pages`] writes for `inos`: one per chunk
+/// whose page `listed` does not hold (asked in the same order).
+fn unlisted_page_bytes(state: &MetaState, inos: &[Ino], listed: &ListedPages<'_>) -> u64 {
+    let block_size = u64::from(state.block_size);
+    let mut bytes = 0;
+    for &ino in inos {
+        let mut file_listed = listed.of_file(ino);
+        for chunk in state.inodes[&ino].extents.chunk_pages() {
+            if !chunk.page().is_some_and(|page| file_listed.contains(&page)) {
+                bytes += codec::page_len(chunk.extents().len(), block_size);
+            }
+        }
+    }
+    bytes
 }
 
 /// Whether a base pages `map`: past the inline bound; or below it (a
@@ -177,9 +198,15 @@ pub struct ListedPages<'a> {
 
 impl<'a> ListedPages<'a> {
     pub fn of(tables: impl IntoIterator<Item = &'a PageTable>) -> ListedPages<'a> {
-        ListedPages {
-            tables: tables.into_iter().collect(),
-        }
+        let tables: Vec<&PageTable> = tables.into_iter().collect();
+        // `after_base` frees what a lookup misses: the order it relies on
+        // is what a root's decoder and encoder check.
+        debug_assert!(tables.iter().all(|t| {
+            t.windows(2).all(|w| w[0].0 < w[1].0)
+                && t.iter()
+                    .all(|(_, l)| l.windows(2).all(|w| w[0].first_key < w[1].first_key))
+        }));
+        ListedPages { tables }
     }
 
     /// Nothing listed: every chunk is written.
@@ -424,13 +451,19 @@ mod tests {
         state: &MetaState,
         seed: u32,
         listed: &ListedPages<'_>,
-        place: impl FnMut(u64) -> Result<u64>,
+        mut place: impl FnMut(u64) -> Result<u64>,
     ) -> Result<Planned> {
         let mut pages = Vec::new();
-        let plan = plan_pages(state, seed, listed, place, |batch| {
-            pages.extend_from_slice(batch);
-            Ok(())
-        })?;
+        let plan = plan_pages(
+            state,
+            seed,
+            listed,
+            |len, _| place(len),
+            |batch| {
+                pages.extend_from_slice(batch);
+                Ok(())
+            },
+        )?;
         Ok((plan, pages))
     }
 
@@ -660,11 +693,13 @@ mod tests {
         let (state, _) = state_with(20_000);
         let mut next = 1 << 30;
         let mut batches = Vec::new();
+        let mut asked = Vec::new();
         let plan = plan_pages(
             &state,
             0,
             &ListedPages::none(),
-            |len| {
+            |len, ahead| {
+                asked.push((len, ahead));
                 next += len;
                 Ok(next - len)
             },
@@ -688,6 +723,14 @@ mod tests {
             plan.written_bytes(),
             "every page once"
         );
+        // Each placement is told exactly what is left to place: a caller
+        // taking room ahead never takes more than the base writes.
+        let mut left = plan.written_bytes();
+        for &(len, ahead) in &asked {
+            assert_eq!(ahead, left, "{asked:?}");
+            left -= len;
+        }
+        assert_eq!(left, 0);
     }
 
     /// A placement that fails ends the plan with its error, and nothing

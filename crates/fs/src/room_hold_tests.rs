@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use blockdev::memory::MemDevice;
+use blockdev::memory::{FaultOp, FaultRule, MemDevice};
 
 use crate::volume::{FormatOptions, MountOptions, Volume};
 use crate::OpenFlags;
@@ -74,5 +74,65 @@ fn a_direct_write_releases_its_split_holds_at_completion() {
     assert!(back[6144..8192].iter().all(|&b| b == 2));
     assert!(back[8192..].iter().all(|&b| b == 1));
     drop(file);
+    vol.unmount().unwrap();
+}
+
+/// A base takes no room reserved for delayed allocation: with a buffered
+/// write reserving all but 64 KiB of the unreserved space, a base (its
+/// pages placed, held before it writes them) leaves free space at least
+/// what is reserved, and the write's writeback, which allocates without
+/// checking, succeeds meanwhile. The base's pages come from runs of free
+/// space; a run larger than the pages still to place took room the base
+/// reserve does not cover.
+#[test]
+fn a_base_takes_no_room_reserved_for_delayed_allocation() {
+    let dev = Arc::new(MemDevice::new(16 << 20, 512));
+    let opts = FormatOptions {
+        extent_pages: true,
+        ..FormatOptions::default()
+    };
+    Volume::format(dev.clone(), &opts).unwrap();
+    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+    vol.wait_free_space().unwrap();
+    let create = |direct| OpenFlags {
+        create: true,
+        direct,
+        ..OpenFlags::default()
+    };
+    // Paged, and every chunk changed since no base: the base writes a
+    // page for each (a few hundred KiB with unit-test chunks).
+    let big = vol.open_file("/big", create(true)).unwrap();
+    for k in 0..400u64 {
+        big.fallocate(2 * k * 4096, 4096, false).unwrap();
+    }
+    let unreserved = vol.inner.meta.read().unreserved_bytes().unwrap();
+    let data = vec![7u8; (unreserved - (64 << 10)) as usize];
+    let buffered = vol.open_file("/data", create(false)).unwrap();
+    buffered.pwrite(&data, 0).unwrap();
+    let data_area = vol.inner.sb.layout.data.start;
+    let held = dev.pause_before(FaultRule::new(FaultOp::Write).range(data_area..u64::MAX));
+    let base = std::thread::spawn({
+        let vol = vol.clone();
+        move || vol.inner.checkpoint_for_unmount()
+    });
+    held.wait_reached();
+    let (free, reserved) = {
+        let meta = vol.inner.meta.read();
+        let free = meta.alloc.allocator().unwrap().free_bytes();
+        (free, meta.delalloc_reserved)
+    };
+    assert!(
+        free >= reserved,
+        "free {free} < reserved {reserved} while the base holds its pages"
+    );
+    buffered
+        .fsync()
+        .expect("writeback of reserved data while the base holds its room");
+    held.resume();
+    base.join().unwrap().unwrap();
+    let mut back = vec![0u8; data.len()];
+    buffered.pread(&mut back, 0).unwrap();
+    assert!(back == data, "the buffered bytes read back");
+    drop((big, buffered));
     vol.unmount().unwrap();
 }

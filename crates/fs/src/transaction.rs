@@ -742,22 +742,25 @@ impl VolumeInner {
         // hold of the metadata lock, which every read and write takes)
         // per run instead of per page: a base at 10M extents writes about
         // 2000 pages, and allocating them one by one was a quarter of its
-        // planning time.
+        // planning time. A run is never more than the pages still to
+        // place, so the base holds no room its reserve does not cover
+        // (writeback of reserved data allocates without checking); room
+        // a run has left that the next page does not fit goes back at
+        // once.
         let mut placed: Vec<(u64, u64)> = Vec::new();
         let mut room = (0u64, 0u64);
-        let mut leftovers: Vec<(u64, u64)> = Vec::new();
         let planned = extent_pages::plan_pages(
             snapshot,
             self.sb.crc_seed(),
             listed,
-            |len| {
+            |len, ahead| {
                 if room.1 < len {
                     let hint = placed.last().map(|&(addr, len)| addr + len);
-                    let run = self.allocate_page_run(len, hint)?;
+                    let run = self.allocate_page_run(len, ahead, hint)?;
                     // Only now: refused, the room left still takes the
                     // block-sized pages the plan falls back to.
                     if room.1 > 0 {
-                        leftovers.push(room);
+                        self.free_spill(&[room])?;
                     }
                     room = run;
                 }
@@ -769,10 +772,7 @@ impl VolumeInner {
             |pages| checkpoint::write_pages_unflushed(&*self.dev, pages),
         );
         if room.1 > 0 {
-            leftovers.push(room);
-        }
-        if !leftovers.is_empty() {
-            self.free_spill(&leftovers)?;
+            self.free_spill(&[room])?;
         }
         let written = planned.and_then(|plan| {
             checkpoint::flush_pages(&*self.dev)?;
@@ -794,13 +794,13 @@ impl VolumeInner {
 
     /// Allocates a run of free space (never busy space, as
     /// [`VolumeInner::allocate_spill`]) to carve extent pages from, near
-    /// `hint`: [`PAGE_RUN_BYTES`] if a free extent is that long, else the
-    /// longest, refused for space unless it holds a page of `len` bytes.
-    /// Counted as metadata bytes; the caller frees what it does not use.
-    fn allocate_page_run(&self, len: u64, hint: Option<u64>) -> Result<(u64, u64)> {
-        let want = PAGE_RUN_BYTES
-            .next_multiple_of(self.sb.block_size())
-            .max(len);
+    /// `hint`: `ahead` (the pages still to place) up to
+    /// [`PAGE_RUN_BYTES`] if a free extent is that long, else the longest,
+    /// refused for space unless it holds a page of `len` bytes. Counted as
+    /// metadata bytes; the caller frees what it does not use.
+    fn allocate_page_run(&self, len: u64, ahead: u64, hint: Option<u64>) -> Result<(u64, u64)> {
+        let bs = self.sb.block_size();
+        let want = ahead.min(PAGE_RUN_BYTES.next_multiple_of(bs)).max(len);
         let mut meta = self.meta_for_allocation();
         match meta.alloc.allocator_mut()?.alloc(want, hint) {
             Some((addr, got)) if got >= len => {

@@ -394,6 +394,11 @@ impl Drop for BackgroundMount {
 /// is taking a request off the queue (readahead, a RELEASE sent after the
 /// last close) when the unmount or an abort shuts the connection down gets
 /// ECONNABORTED from its read instead: the same end, reached mid-read.
+/// An abort through fusectl ends it the same way, and the volume is
+/// then let go cleanly as after an unmount (the kernel already failed
+/// what was in flight). fuser reports the first thread's result: one
+/// that saw ECONNABORTED hides a real error of another, as an ENODEV
+/// would.
 fn connection_ended(served: io::Result<()>) -> io::Result<()> {
     match served {
         Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(()),
