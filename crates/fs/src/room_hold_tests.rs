@@ -15,11 +15,9 @@ fn quiet() -> MountOptions {
     MountOptions::foreground_only()
 }
 
-/// A direct write inside fallocated space holds the splits its completion
-/// makes; once it returns they are in the map, so nothing stays held even
-/// while the file is open and never synced.
-#[test]
-fn a_direct_write_releases_its_split_holds_at_completion() {
+/// A 16 MiB volume with extent pages, mounted without background threads,
+/// free space ready.
+fn paged_volume() -> (Arc<MemDevice>, Volume) {
     let dev = Arc::new(MemDevice::new(16 << 20, 512));
     let opts = FormatOptions {
         extent_pages: true,
@@ -28,6 +26,15 @@ fn a_direct_write_releases_its_split_holds_at_completion() {
     Volume::format(dev.clone(), &opts).unwrap();
     let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
     vol.wait_free_space().unwrap();
+    (dev, vol)
+}
+
+/// A direct write inside fallocated space holds the splits its completion
+/// makes; once it returns they are in the map, so nothing stays held even
+/// while the file is open and never synced.
+#[test]
+fn a_direct_write_releases_its_split_holds_at_completion() {
+    let (_dev, vol) = paged_volume();
     let file = vol
         .open_file(
             "/f",
@@ -86,14 +93,7 @@ fn a_direct_write_releases_its_split_holds_at_completion() {
 /// reserve does not cover.
 #[test]
 fn a_base_takes_no_room_reserved_for_delayed_allocation() {
-    let dev = Arc::new(MemDevice::new(16 << 20, 512));
-    let opts = FormatOptions {
-        extent_pages: true,
-        ..FormatOptions::default()
-    };
-    Volume::format(dev.clone(), &opts).unwrap();
-    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
-    vol.wait_free_space().unwrap();
+    let (dev, vol) = paged_volume();
     let create = |direct| OpenFlags {
         create: true,
         direct,
