@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use crate::codec::{self, PageRef, PageTable};
 use crate::error::{Error, Result};
-use crate::extent_map::{PageLoader, PageSource};
+use crate::extent_map::{ChunkPage, PageLoader, PageSource};
 use crate::state::MetaState;
 use crate::types::{FileKind, Ino};
 
@@ -78,9 +78,10 @@ pub fn plan_pages(
         let mut list = Vec::new();
         let mut file_listed = listed.of_file(ino);
         for (index, chunk) in state.inodes[&ino].extents.chunk_pages().enumerate() {
-            match chunk.page() {
-                Some(page) if file_listed.contains(&page) => list.push(page),
-                named => {
+            match kept_page(&chunk, &mut file_listed) {
+                Some(page) => list.push(page),
+                None => {
+                    let named = chunk.page();
                     let extents = chunk.extents();
                     let len = codec::page_len(extents.len(), block_size);
                     let placed = place(len, ahead);
@@ -122,6 +123,12 @@ pub fn plan_pages(
     Ok(plan)
 }
 
+/// The page a base refers to for `chunk` instead of writing it: the one
+/// it names, if a slot's base lists it (only those are still on disk).
+fn kept_page(chunk: &ChunkPage<'_>, file_listed: &mut FileListed<'_>) -> Option<PageRef> {
+    chunk.page().filter(|page| file_listed.contains(page))
+}
+
 /// Bytes of the pages [`plan_pages`] writes for `inos`: one per chunk
 /// whose page `listed` does not hold (asked in the same order).
 fn unlisted_page_bytes(state: &MetaState, inos: &[Ino], listed: &ListedPages<'_>) -> u64 {
@@ -130,7 +137,7 @@ fn unlisted_page_bytes(state: &MetaState, inos: &[Ino], listed: &ListedPages<'_>
     for &ino in inos {
         let mut file_listed = listed.of_file(ino);
         for chunk in state.inodes[&ino].extents.chunk_pages() {
-            if !chunk.page().is_some_and(|page| file_listed.contains(&page)) {
+            if kept_page(&chunk, &mut file_listed).is_none() {
                 bytes += codec::page_len(chunk.extents().len(), block_size);
             }
         }

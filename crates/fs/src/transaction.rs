@@ -43,8 +43,8 @@ pub(crate) const LOOK_BUDGET_DIVISOR: u64 = 64;
 /// 1M-extent file changed) about 5 ms, as long as the rest together.
 const PARALLEL_DELTA_SPANS_AT_LEAST: usize = 1024;
 
-/// Bytes of free space a base takes at a time to carve its extent pages
-/// from (the rest given back once the pages are placed).
+/// Most bytes of free space a base takes at a time to carve its extent
+/// pages from (never more than the pages it has still to place).
 const PAGE_RUN_BYTES: u64 = 1 << 20;
 
 impl VolumeInner {
