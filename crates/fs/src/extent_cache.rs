@@ -10,7 +10,11 @@
 //! page again when they next need the chunk. A chunk changed since the
 //! last base names no page and is never evicted: memory alone holds it.
 //! A checkpoint writes a base instead of a delta once those pass a quarter
-//! of the budget (`crate::transaction`), which gives them pages.
+//! of the budget (`crate::transaction`), which gives them pages. Before
+//! such a base, the checkpoint's own thread sweeps a quarter of the budget
+//! further below the line ([`BASE_ROOM_DIVISOR`]): the base's snapshot
+//! holds every chunk while it runs, so nothing the changes meanwhile load
+//! or copy is freed until it ends.
 //!
 //! The choice is a clock: a lookup sets the chunk's bit (read first, set
 //! only when clear, so a hot chunk's line is not written on every read);
@@ -59,6 +63,16 @@ const CHUNKS_PER_CLOCK_READ: usize = 8;
 /// loads after it do not ask again at once.
 const MARGIN_DIVISOR: u64 = 8;
 
+/// Before a base, the sweep goes this fraction of the budget further
+/// below its line. A base's snapshot shares every chunk while it is
+/// written (at 10M extents, about 20 ms), and the sweep waits for it: what
+/// changes meanwhile loads and copies chunks that nothing frees until it
+/// ends. Measured with a fresh process reading every chunk of a
+/// 10M-extent file, then changing 1% of its extents, 64 MiB budget: peak
+/// RSS 114-118 MiB without it, 97-100 with it (with half the budget,
+/// 101; with an eighth, 104).
+const BASE_ROOM_DIVISOR: u64 = 4;
+
 /// Where the sweep brings the chunks in memory, for a budget of `budget`
 /// bytes (clean chunks less the room the changed ones take).
 pub(crate) fn eviction_line(budget: u64) -> u64 {
@@ -104,6 +118,31 @@ impl VolumeInner {
         }
         let target = eviction_line(budget).saturating_sub(changed);
         let _no_checkpoint_running = self.checkpointing.lock();
+        self.sweep_to(start, target);
+    }
+
+    /// Before a base's snapshot (the caller holds `checkpointing`): evicts
+    /// clean chunks to [`BASE_ROOM_DIVISOR`] of the budget below the line.
+    pub(crate) fn evict_before_base(&self) {
+        let Some(loader) = &self.page_loader else {
+            return;
+        };
+        let budget = loader.budget();
+        let target = eviction_line(budget)
+            .saturating_sub(loader.unpaged_estimate())
+            .saturating_sub(budget / BASE_ROOM_DIVISOR);
+        let start = loader.cached_bytes();
+        if start > target {
+            self.sweep_to(start, target);
+        }
+    }
+
+    /// Evicts clean chunks from `start` bytes to `target`, the caller
+    /// holding `checkpointing` (no snapshot shares the chunks).
+    fn sweep_to(&self, start: u64, target: u64) {
+        let Some(loader) = &self.page_loader else {
+            return;
+        };
         let as_loader: Arc<dyn PageLoader> = loader.clone();
         let (inos, chunks) = {
             let meta = self.meta.read();

@@ -320,6 +320,69 @@ fn changed_chunks_past_a_quarter_of_the_budget_make_a_base() {
     }
 }
 
+/// A base due for changed chunks first evicts clean ones to a fraction of
+/// the budget below the evictor's line (`extent_cache::BASE_ROOM_DIVISOR`),
+/// making room for what the base's snapshot holds while it runs. The
+/// evictor's own thread cannot: it waits for the base.
+#[test]
+fn a_base_for_changed_chunks_first_makes_room_below_the_line() {
+    const CHUNKS_BUDGET: u64 = 16 << 10;
+    let dev = volume();
+    let vol = Volume::open_with(dev, &opts(CHUNKS_BUDGET)).unwrap();
+    vol.wait_free_space().unwrap();
+    let ino = ino_of_big(&vol);
+    let loader = vol.inner.page_loader.as_ref().unwrap().clone();
+    for k in 0..EXTENTS {
+        read_block(&vol, k).unwrap();
+    }
+    settle(&vol);
+    // The changes ask for no base meanwhile: this test asks for it.
+    loader.set_budget(u64::MAX);
+    let big = vol.open_file("/big", direct()).unwrap();
+    for k in (0..EXTENTS).step_by(24) {
+        big.pwrite(&[0xee; BLOCK as usize], (2 * k + 1) * BLOCK)
+            .unwrap();
+    }
+    big.fsync().unwrap();
+    loader.set_budget(CHUNKS_BUDGET);
+    settle(&vol);
+    let unpaged_bytes = vol.inner.meta.read().state.unpaged_chunk_bytes();
+    let before = stats(&vol);
+    let room_line =
+        crate::extent_cache::eviction_line(CHUNKS_BUDGET) - CHUNKS_BUDGET / 4 - unpaged_bytes;
+    assert!(unpaged_bytes > CHUNKS_BUDGET / 4, "{unpaged_bytes}");
+    // Else the base would have nothing to evict.
+    assert!(
+        before.cached_bytes > room_line + 2 * ONE_CHUNK,
+        "{} clean, {unpaged_bytes} changed, room line {room_line}",
+        before.cached_bytes
+    );
+    vol.inner.checkpoint_if_due().unwrap();
+    assert_eq!(
+        vol.inner.commit.lock().chain.deltas,
+        0,
+        "a base was written"
+    );
+    assert_eq!(
+        unpaged(&vol, ino).0,
+        0,
+        "the base paged every changed chunk"
+    );
+    // Read before the evictor's thread, asked by the base's newly clean
+    // chunks, could run: whatever it evicts only adds.
+    let evicted = stats(&vol).evicted_bytes - before.evicted_bytes;
+    assert!(
+        evicted + ONE_CHUNK >= before.cached_bytes - room_line,
+        "the base evicted {evicted} bytes first: {} clean, room line {room_line}",
+        before.cached_bytes
+    );
+    for k in 0..EXTENTS {
+        assert_eq!(read_block(&vol, k).unwrap(), vec![fill(k); BLOCK as usize]);
+    }
+    drop(big);
+    vol.unmount().unwrap();
+}
+
 /// A page damaged after its chunk was evicted fails the read that needs
 /// it with the same `Corrupt` a never-loaded chunk gives (no panic), and
 /// only that chunk; a device error on the reload is a device error, and

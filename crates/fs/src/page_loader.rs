@@ -92,6 +92,8 @@ pub struct PageLoads {
     /// evicted (`MountOptions::metadata_cache_bytes`).
     pub cached_bytes: u64,
     pub cache_budget: u64,
+    /// Bytes of clean chunks the evictor dropped since mount.
+    pub evicted_bytes: u64,
 }
 
 impl DevicePages {
@@ -191,6 +193,7 @@ impl DevicePages {
             unplanned: self.unplanned.load(Ordering::Relaxed),
             cached_bytes: self.cached_bytes(),
             cache_budget: self.budget(),
+            evicted_bytes: self.evicted_so_far.load(Ordering::Relaxed),
             damaged: self
                 .damaged
                 .lock()

@@ -291,9 +291,15 @@ impl VolumeInner {
     /// these are past their line: decided here, since the clean chunks
     /// may drop below theirs before the snapshot (the evictor runs
     /// meanwhile), and a delta would leave the changed chunks growing.
+    /// Before a base, the evictor's sweep makes room for what the base's
+    /// snapshot holds while it is written
+    /// ([`VolumeInner::evict_before_base`]).
     pub(crate) fn checkpoint_if_due(&self) -> Result<()> {
         self.checkpoint_unless_done(|| {
             let over = self.unpaged_over_budget_now();
+            if over {
+                self.evict_before_base();
+            }
             (over || self.commit.lock().journal.is_half_full()).then_some(over)
         })
     }
