@@ -216,6 +216,14 @@ pub struct MetadataScaleResult {
     /// adds to any latency here, not the cause of a given one.
     pub quiet_wakeup_late_max_ns: u64,
     pub checkpointing_wakeup_late_max_ns: u64,
+    /// The longest one of a thread per CPU that only read the clock, with
+    /// nothing else of the bench running, went between two reads during
+    /// [`CPU_GAP_WINDOW`] right before the quiet window: time the machine
+    /// itself (interrupts, kernel threads, other processes, a hypervisor
+    /// taking the vCPU) takes from a running thread when every CPU is
+    /// busy, as in the windows. No worst latency measured here can be
+    /// promised below it.
+    pub cpu_gap_max_ns: u64,
     /// The longest time a checkpoint held the metadata lock exclusive in
     /// the checkpointing window (what any read or write could wait for
     /// behind it; see `Volume::take_longest_lock_holds`), and the
@@ -309,6 +317,8 @@ fn run_size(
     one_percent.sort_unstable();
     let checkpoint_1pct_changed_ns = one_percent[one_percent.len() / 2];
 
+    say("the machine's own gaps");
+    let cpu_gap_max_ns = longest_clock_gap_on_every_cpu().as_nanos() as u64;
     say("reads and writes, quiet");
     let quiet = io_while(&vol, &dev, extents, runtime, false)?;
     say("reads and writes, checkpoints running");
@@ -432,6 +442,7 @@ fn run_size(
         checkpoints_during_reads: checkpoints,
         quiet_wakeup_late_max_ns: quiet_late,
         checkpointing_wakeup_late_max_ns: busy_late,
+        cpu_gap_max_ns,
         checkpointing_lock_hold_max_ns: busy_holds.checkpoint_ns(),
         checkpointing_eviction_hold_max_ns: busy_holds.eviction_step_ns,
         worst_over_quiet_p99: busy_max as f64 / quiet_p99.max(1) as f64,
@@ -876,6 +887,41 @@ fn io_while(
     })
 }
 
+/// How long [`longest_clock_gap`] spins before the quiet window.
+const CPU_GAP_WINDOW: Duration = Duration::from_secs(1);
+
+/// Reads `now` back to back for `window` and returns the longest interval
+/// between two reads: with nothing else to run, how long this thread was
+/// kept from running at a time.
+fn longest_clock_gap(window: Duration, mut now: impl FnMut() -> Instant) -> Duration {
+    let started = now();
+    let (mut last, mut longest) = (started, Duration::ZERO);
+    while last.duration_since(started) < window {
+        let t = now();
+        longest = longest.max(t.duration_since(last));
+        last = t;
+    }
+    longest
+}
+
+/// [`longest_clock_gap`] in one thread per CPU at once, for
+/// [`CPU_GAP_WINDOW`]: the longest gap any of them saw. With every CPU
+/// busy, as in the windows, whatever else the machine runs must take a
+/// CPU from a running thread.
+fn longest_clock_gap_on_every_cpu() -> Duration {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|s| {
+        let spinners: Vec<_> = (0..cpus)
+            .map(|_| s.spawn(|| longest_clock_gap(CPU_GAP_WINDOW, Instant::now)))
+            .collect();
+        spinners
+            .into_iter()
+            .map(|t| t.join().unwrap_or(Duration::ZERO))
+            .max()
+            .unwrap_or(Duration::ZERO)
+    })
+}
+
 /// Sleeps 1 ms at a time until `done`; returns the most any sleep
 /// overran. The sleep is the measurement (a hiccup meter), not a wait
 /// for another thread.
@@ -988,6 +1034,19 @@ pub fn image_dir() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_clock_gap_is_the_longest_interval_between_two_reads() {
+        let t0 = Instant::now();
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        // Reads at 0, 1, 2, 900 (a gap of 898), 901, then past the window.
+        let mut reads = [0, 1, 2, 900, 901, 2000].into_iter().map(at);
+        let gap = longest_clock_gap(Duration::from_millis(1), || reads.next().unwrap());
+        assert_eq!(gap, Duration::from_micros(1099));
+        let mut steady = (0..).map(|k| at(3 * k));
+        let gap = longest_clock_gap(Duration::from_millis(1), || steady.next().unwrap());
+        assert_eq!(gap, Duration::from_micros(3));
+    }
 
     #[test]
     fn every_size_fits_its_device_with_room_for_metadata() {

@@ -69,8 +69,9 @@ const MARGIN_DIVISOR: u64 = 8;
 /// changes meanwhile loads and copies chunks that nothing frees until it
 /// ends. Measured with a fresh process reading every chunk of a
 /// 10M-extent file, then changing 1% of its extents, 64 MiB budget: peak
-/// RSS 114-118 MiB without it, 97-100 with it (with half the budget,
-/// 101; with an eighth, 104).
+/// RSS 114-117 MiB without it, 91-92 with it (`iomapfs io`, bench
+/// `metadata-scale-10m`); with glibc's default allocator settings,
+/// 114-118 and 97-100 (with half the budget, 101; with an eighth, 104).
 const BASE_ROOM_DIVISOR: u64 = 4;
 
 /// Where the sweep brings the chunks in memory, for a budget of `budget`

@@ -348,9 +348,10 @@ fn a_base_for_changed_chunks_first_makes_room_below_the_line() {
     settle(&vol);
     let unpaged_bytes = vol.inner.meta.read().state.unpaged_chunk_bytes();
     let before = stats(&vol);
-    let room_line =
-        crate::extent_cache::eviction_line(CHUNKS_BUDGET) - CHUNKS_BUDGET / 4 - unpaged_bytes;
     assert!(unpaged_bytes > CHUNKS_BUDGET / 4, "{unpaged_bytes}");
+    let room_line = crate::extent_cache::eviction_line(CHUNKS_BUDGET)
+        .checked_sub(CHUNKS_BUDGET / 4 + unpaged_bytes)
+        .expect("changed chunks leave room for clean ones");
     // Else the base would have nothing to evict.
     assert!(
         before.cached_bytes > room_line + 2 * ONE_CHUNK,
