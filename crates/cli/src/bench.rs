@@ -22,7 +22,7 @@ nothing: each of their variants (warm/cold reads; overwrite/alloc writes,
 with and without fsync) is a row for iomapfs (a non-direct handle, default
 cache) and for XFS and ext4 (fio psync, direct=0), in their own table with
 ratios to XFS (×xfs, cpu ×xfs) and to a memcpy of the same bytes from a
-file-sized buffer (×memcpy, the memory-bandwidth ceiling); windows that include writeback (+fsync) are also
+file-sized buffer for reads, into it for writes (×memcpy, the memory-bandwidth ceiling); windows that include writeback (+fsync) are also
 compared with the raw device's sequential 1 MiB direct writes.
 
 fio rows (fio-*) run each direct workload as one fio job line (the kernel
@@ -83,7 +83,7 @@ fn after_help() -> String {
         text.push_str(&format!("  {name:<width$}  {summary}\n"));
     }
     text.push_str(
-        "  and the baselines: ceiling (memcpy from a file-sized buffer), seq-write (raw device, 1 MiB \
+        "  and the baselines: ceiling (memcpy from a file-sized buffer, or into it for writes), seq-write (raw device, 1 MiB \
          direct writes, writes only)",
     );
     text

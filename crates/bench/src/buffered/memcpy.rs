@@ -7,32 +7,35 @@
 //! is in both figures and their ratio is the cache's cost alone. The other
 //! side of the copy is as large as the file and is walked at the same
 //! offsets, as a cache holding the file is: a file larger than the CPU's
-//! caches comes from memory, and so does this copy. (A source of the I/O
+//! caches comes from memory, and so does this copy. (A buffer of the I/O
 //! size would stay in the CPU's caches, a ceiling no cache of a 64 MiB
-//! file can reach.)
+//! file can reach.) A read copies from that buffer, a write into it, as
+//! a cache's copies go: stores into memory that is not in the core's
+//! caches cost more than loads from it (each line is read for ownership
+//! first), so a read's copy is no ceiling for a write.
 
 use blockdev::{AlignedBuf, RequestCounts};
 
 use super::passes::PassTarget;
-use crate::workload::Rng;
+use crate::workload::{Op, Rng};
 use crate::BenchError;
 
 /// Page-aligned, like the cache's folios and the I/O buffers.
 const ALIGN: usize = 4096;
 
-/// The source buffer, as large as the file; the window's I/O buffer is
-/// the destination.
+/// The file-sized buffer, copied from by reads and into by writes.
 pub struct Memcpy {
-    src: AlignedBuf,
+    file: AlignedBuf,
+    op: Op,
 }
 
 impl Memcpy {
-    pub fn new(span: usize) -> Result<Memcpy, BenchError> {
-        let mut src = AlignedBuf::new(span, ALIGN)
+    pub fn new(span: usize, op: Op) -> Result<Memcpy, BenchError> {
+        let mut file = AlignedBuf::new(span, ALIGN)
             .map_err(|e| BenchError::setup("memcpy buffer", e.to_string()))?;
         // Not zeros: nothing may take a shortcut for them.
-        Rng::new(0x6d65_6d63_7079).fill(&mut src);
-        Ok(Memcpy { src })
+        Rng::new(0x6d65_6d63_7079).fill(&mut file);
+        Ok(Memcpy { file, op })
     }
 }
 
@@ -44,20 +47,24 @@ impl PassTarget for Memcpy {
     fn io(&mut self, buf: &mut [u8], offset: u64) -> Result<(), BenchError> {
         let from = usize::try_from(offset)
             .ok()
-            .filter(|from| from.saturating_add(buf.len()) <= self.src.len())
+            .filter(|from| from.saturating_add(buf.len()) <= self.file.len())
             .ok_or_else(|| {
                 BenchError::failed(
                     "memcpy ceiling",
                     format!(
-                        "{} bytes at {offset} are past its {}-byte source",
+                        "{} bytes at {offset} are past its {}-byte buffer",
                         buf.len(),
-                        self.src.len()
+                        self.file.len()
                     ),
                 )
             })?;
-        buf.copy_from_slice(&self.src[from..from + buf.len()]);
+        let file = &mut self.file[from..from + buf.len()];
+        match self.op {
+            Op::Read => buf.copy_from_slice(file),
+            Op::Write => file.copy_from_slice(buf),
+        }
         // The copy has no other reader: keep the compiler from dropping it.
-        std::hint::black_box(buf);
+        std::hint::black_box((buf, file));
         Ok(())
     }
 
@@ -75,16 +82,34 @@ mod tests {
     use super::*;
 
     #[test]
-    fn copies_the_source_into_the_buffer() {
-        let mut m = Memcpy::new(3 * 8192).unwrap();
+    fn a_read_copies_from_the_file_sized_buffer() {
+        let mut m = Memcpy::new(3 * 8192, Op::Read).unwrap();
+        let before = m.file.to_vec();
         let mut buf = vec![0u8; 8192];
         m.io(&mut buf, 8192).unwrap();
-        assert_eq!(&buf[..], &m.src[8192..16384]);
+        assert_eq!(&buf[..], &m.file[8192..16384]);
         assert!(buf.iter().any(|b| *b != 0));
         let mut short = vec![0u8; 100];
         m.io(&mut short, 100).unwrap();
-        assert_eq!(&short[..], &m.src[100..200]);
-        // Past the source is an error, not a panic.
+        assert_eq!(&short[..], &m.file[100..200]);
+        assert_eq!(&m.file[..], &before[..], "a read changes nothing");
+        // Past the buffer is an error, not a panic.
+        assert!(m.io(&mut buf, 2 * 8192 + 1).is_err());
+    }
+
+    #[test]
+    fn a_write_copies_into_the_file_sized_buffer() {
+        let mut m = Memcpy::new(3 * 8192, Op::Write).unwrap();
+        let before = m.file.to_vec();
+        let mut buf = vec![0xa5u8; 8192];
+        m.io(&mut buf, 8192).unwrap();
+        assert_eq!(&m.file[8192..16384], &buf[..]);
+        assert_eq!(&m.file[..8192], &before[..8192]);
+        assert_eq!(&m.file[16384..], &before[16384..]);
+        assert!(
+            buf.iter().all(|&b| b == 0xa5),
+            "the I/O buffer is the source"
+        );
         assert!(m.io(&mut buf, 2 * 8192 + 1).is_err());
     }
 }

@@ -16,8 +16,8 @@
 //! its own data, and zram's speed depends on the data),
 //! against two baselines measured in the same workload:
 //! - `memcpy` ("ceiling"): the same bytes copied from a buffer as large as
-//!   the file at the file's offsets ([`memcpy`]), the memory-bandwidth
-//!   ceiling of a cache;
+//!   the file at the file's offsets, or into it for writes ([`memcpy`]),
+//!   the memory-bandwidth ceiling of a cache;
 //! - `raw` ("seq-write", write workloads only): the raw device's
 //!   sequential 1 MiB direct writes at queue depth 1, the ceiling of
 //!   writeback, measured half before the variants and half after.
@@ -98,9 +98,13 @@ struct Run<'a> {
 impl Run<'_> {
     fn memcpy_row(&self) -> Result<Row, BenchError> {
         let window = measure_memcpy(self.spec, self.span, self.timing)?;
+        let (from, to) = match self.spec.op {
+            Op::Read => ("from", "to"),
+            Op::Write => ("to", "from"),
+        };
         let command = format!(
-            "memcpy of {} bytes from a page-aligned {}-byte buffer (the file's size, walked \
-             at the file's offsets) to one of the I/O size, one thread, in the same window \
+            "memcpy of {} bytes {from} a page-aligned {}-byte buffer (the file's size, walked \
+             at the file's offsets) {to} one of the I/O size, one thread, in the same window \
              (clock reads, latency records) as iomapfs",
             self.spec.io_size, self.span
         );
@@ -338,7 +342,7 @@ fn io_buffer(len: u64, align: usize) -> Result<AlignedBuf, BenchError> {
 fn measure_memcpy(spec: &BufferedSpec, span: u64, timing: Timing) -> Result<Window, BenchError> {
     let source = usize::try_from(span)
         .map_err(|_| BenchError::setup("memcpy buffer", format!("{span} bytes")))?;
-    let mut target = Memcpy::new(source)?;
+    let mut target = Memcpy::new(source, spec.op)?;
     let mut buf = io_buffer(spec.io_size, 4096)?;
     passes::run(&mut target, spec.io_size, span, timing.warmup, &mut buf)?;
     passes::run(&mut target, spec.io_size, span, timing.runtime, &mut buf)
