@@ -1039,7 +1039,8 @@ mod tests {
     fn the_clock_gap_is_the_longest_interval_between_two_reads() {
         let t0 = Instant::now();
         let at = |us: u64| t0 + Duration::from_micros(us);
-        // Reads at 0, 1, 2, 900 (a gap of 898), 901, then past the window.
+        // Reads at 0, 1, 2, 900, 901, then 2000: the last interval (1099),
+        // past the window, counts too.
         let mut reads = [0, 1, 2, 900, 901, 2000].into_iter().map(at);
         let gap = longest_clock_gap(Duration::from_millis(1), || reads.next().unwrap());
         assert_eq!(gap, Duration::from_micros(1099));

@@ -831,9 +831,10 @@ fn changes_read_absent_chunks_before_taking_the_metadata_lock_exclusive() {
 /// Random changes and reads of a paged file under budgets of a few chunks,
 /// with the background threads on (the evictor, checkpoints asked by the
 /// journal and by changed chunks, bases that make room first), clean
-/// remounts, and crashes and power cuts after an fsync: every read agrees
-/// with a model of the file's bytes, no chunk is loaded outside an entry
-/// point, and fsck finds the volume clean at the end.
+/// remounts, and crashes after an fsync and power cuts in a checkpoint
+/// after one: every read agrees with a model of the file's bytes, no chunk
+/// is loaded outside an entry point, and fsck finds the volume clean at
+/// the end.
 #[test]
 fn random_changes_under_a_budget_of_a_few_chunks_agree_with_a_model() {
     use rand::rngs::SmallRng;
@@ -841,6 +842,7 @@ fn random_changes_under_a_budget_of_a_few_chunks_agree_with_a_model() {
     const SEEDS: u64 = 12;
     const OPS: usize = 600;
     let span = 2 * EXTENTS * BLOCK;
+    let mut cuts_mid_checkpoint = 0;
     for seed in 0..SEEDS {
         let mut rng = SmallRng::seed_from_u64(seed);
         let budget = rng.gen_range(1024..4 * BUDGET);
@@ -849,7 +851,8 @@ fn random_changes_under_a_budget_of_a_few_chunks_agree_with_a_model() {
             ..MountOptions::default()
         };
         let mut dev = volume();
-        let mut model: Vec<u8> = (0..2 * EXTENTS)
+        // The last extent /big was written with is its last block.
+        let mut model: Vec<u8> = (0..2 * EXTENTS - 1)
             .flat_map(|b| {
                 let byte = if b % 2 == 0 { fill(b / 2) } else { 0 };
                 std::iter::repeat_n(byte, BLOCK as usize)
@@ -926,15 +929,38 @@ fn random_changes_under_a_budget_of_a_few_chunks_agree_with_a_model() {
                 66..=68 => {
                     assert_eq!(stats(&vol).unplanned, 0, "{}", ctx(&log));
                     big_buffered.fsync().unwrap();
-                    // Power lost now, maybe in a checkpoint the journal or
-                    // the changed chunks asked for: its writes not yet
-                    // flushed are kept, lost or torn.
-                    let cut = Arc::new(dev.power_cut_seeded(rng.gen()));
+                    // Power lost in a checkpoint, once its write `nth` is
+                    // done (or any thread's that comes first): the writes
+                    // not yet flushed are kept, lost or torn.
+                    let nth = rng.gen_range(0..6);
+                    let held = dev.pause_after(FaultRule::new(FaultOp::Write).skip(nth));
+                    let cut = std::thread::scope(|s| {
+                        let checkpoint = s.spawn(|| vol.checkpoint());
+                        // A checkpoint of fewer writes ends unheld.
+                        let slice = std::time::Duration::from_millis(5);
+                        let reached = loop {
+                            if held.reached_within(slice) {
+                                break true;
+                            }
+                            if checkpoint.is_finished() {
+                                break held.reached_within(std::time::Duration::ZERO);
+                            }
+                        };
+                        let cut = dev.power_cut_seeded(rng.gen());
+                        if reached {
+                            cuts_mid_checkpoint += usize::from(dev.pending_writes() > 0);
+                        }
+                        held.resume();
+                        checkpoint.join().unwrap().unwrap();
+                        cut
+                    });
                     drop((big_direct, big_buffered));
                     drop(vol);
-                    dev = cut;
+                    dev = Arc::new(cut);
                     vol = Volume::open_with(dev.clone(), &mount).unwrap();
-                    log.push("fsync, power cut".into());
+                    log.push(format!(
+                        "fsync, power cut after write {nth} of a checkpoint"
+                    ));
                     continue;
                 }
                 _ => {
@@ -970,4 +996,9 @@ fn random_changes_under_a_budget_of_a_few_chunks_agree_with_a_model() {
         let report = crate::fsck::check(dev.clone()).unwrap();
         assert!(report.is_clean(), "seed {seed}: {report:?}");
     }
+    // The cuts must have met checkpoints with writes in the cache.
+    assert!(
+        cuts_mid_checkpoint >= SEEDS as usize,
+        "{cuts_mid_checkpoint} cuts mid-checkpoint"
+    );
 }
