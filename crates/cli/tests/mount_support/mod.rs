@@ -76,17 +76,24 @@ pub fn is_mounted(mnt: &Path) -> bool {
     iomapfs_mount::mountinfo::mount_at(&mnt).is_ok_and(|m| m.is_some())
 }
 
-/// Whether process `pid` still runs (a zombie does not: nobody may reap
-/// the daemon's parent's orphan in a container).
+/// Whether any thread of process `pid` still runs (a zombie does not:
+/// nobody may reap the daemon's parent's orphan in a container). Every
+/// thread, not the leader alone: after a SIGKILL the leader can be a
+/// zombie while other threads are still exiting, and the process's files,
+/// the flock on its TARGET among them, close only with the last (a fsck
+/// right after the leader died found the image still locked).
 pub fn alive(pid: u32) -> bool {
-    match fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s
-            .rsplit(')')
-            .next()
-            .and_then(|r| r.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
+    let Ok(threads) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    threads.flatten().any(|thread| {
+        fs::read_to_string(thread.path().join("stat")).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .and_then(|r| r.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        })
+    })
 }
 
 /// Waits (bounded) until `cond` holds; `what` names it in the panic.
