@@ -11,8 +11,9 @@
 //! last base names no page and is never evicted: memory alone holds it.
 //! A checkpoint writes a base instead of a delta once those pass a quarter
 //! of the budget (`crate::transaction`), which gives them pages. Before
-//! such a base, the checkpoint's own thread sweeps a quarter of the budget
-//! further below the line ([`BASE_ROOM_DIVISOR`]): the base's snapshot
+//! such a base, the thread that writes it (the checkpoint thread, or a
+//! writer that got ahead of it) sweeps a quarter of the budget further
+//! below the line ([`BASE_ROOM_DIVISOR`]): the base's snapshot
 //! holds every chunk while it runs, so nothing the changes meanwhile load
 //! or copy is freed until it ends.
 //!
@@ -74,6 +75,15 @@ const MARGIN_DIVISOR: u64 = 8;
 /// 114-118 and 97-100 (with half the budget, 101; with an eighth, 104).
 const BASE_ROOM_DIVISOR: u64 = 4;
 
+/// Clean bytes a sweep stops at: the line, less the `changed` chunks'
+/// bytes (changed chunks cannot be evicted: the clean ones make room for
+/// them until a base pages them) and `room` more.
+fn sweep_target(budget: u64, changed: u64, room: u64) -> u64 {
+    eviction_line(budget)
+        .saturating_sub(changed)
+        .saturating_sub(room)
+}
+
 /// Where the sweep brings the chunks in memory, for a budget of `budget`
 /// bytes (clean chunks less the room the changed ones take).
 pub(crate) fn eviction_line(budget: u64) -> u64 {
@@ -117,9 +127,8 @@ impl VolumeInner {
         if start.saturating_add(changed) <= budget {
             return;
         }
-        let target = eviction_line(budget).saturating_sub(changed);
         let _no_checkpoint_running = self.checkpointing.lock();
-        self.sweep_to(start, target);
+        self.sweep_to(start, sweep_target(budget, changed, 0));
     }
 
     /// Before a base's snapshot (the caller holds `checkpointing`): evicts
@@ -129,9 +138,11 @@ impl VolumeInner {
             return;
         };
         let budget = loader.budget();
-        let target = eviction_line(budget)
-            .saturating_sub(loader.unpaged_estimate())
-            .saturating_sub(budget / BASE_ROOM_DIVISOR);
+        let target = sweep_target(
+            budget,
+            loader.unpaged_estimate(),
+            budget / BASE_ROOM_DIVISOR,
+        );
         let start = loader.cached_bytes();
         if start > target {
             self.sweep_to(start, target);

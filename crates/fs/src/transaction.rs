@@ -110,8 +110,8 @@ impl VolumeInner {
     ///
     /// Returns whether the changes went another look interval (1/64 of
     /// the budget) past the ask while the thread has not looked yet (it
-    /// writes a base meanwhile, which at 10M extents took 110-160 ms (about 20 now),
-    /// long enough for a writer to touch every chunk, each first change
+    /// writes a base meanwhile, which at 10M extents took 110-160 ms, about
+    /// 20 now, long enough for a writer to touch every chunk, each first change
     /// copying a chunk the base's snapshot still holds): then a caller
     /// that holds no lock looks, and writes the base, itself (after the
     /// running checkpoint), as a commit does that finds the journal full.
