@@ -38,6 +38,8 @@ pub mod queue;
 mod request;
 pub mod rng;
 pub mod sync_backend;
+#[cfg(test)]
+mod test_support;
 pub mod uring;
 
 pub use aligned_buf::{AlignedBuf, AlignedBufError, HUGE_PAGE_BYTES};

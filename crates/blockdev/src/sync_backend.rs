@@ -149,10 +149,33 @@ impl SyncDevice {
         self.bounced.load(Ordering::Relaxed)
     }
 
-    /// The descriptor, for backends that drive it another way (io_uring)
-    /// and for probes.
+    /// The descriptor, for probes and for the calls made here.
     pub(crate) fn file(&self) -> &File {
         &self.file
+    }
+
+    /// A second open file description of the same device or image, with
+    /// the same access and direct I/O mode but without the `O_EXCL` claim,
+    /// for an io_uring ring to hold.
+    ///
+    /// A ring's last reference to a file it was given can be dropped after
+    /// the ring's closer has returned: a request the kernel finished in one
+    /// of its workers is freed through work that waits for the ring's next
+    /// entry or for its asynchronous teardown. Were that the claiming
+    /// description, the device would stay claimed meanwhile and an
+    /// exclusive open right after (the next command on the same device, a
+    /// test) would fail with `EBUSY` (seen once in CI). The claim belongs
+    /// to [`SyncDevice::file`] alone and ends when this device is dropped.
+    pub(crate) fn unclaimed_twin(&self) -> io::Result<File> {
+        // Through /proc/self/fd, the very object this device opened, even
+        // if its path has been replaced since.
+        let by_descriptor = format!("/proc/self/fd/{}", self.file.as_raw_fd());
+        open_with(
+            Path::new(&by_descriptor),
+            self.read_only,
+            false,
+            self.caps.direct_io,
+        )
     }
 
     /// Validates and counts requests on this handle, for every path that
@@ -392,6 +415,7 @@ fn open_with(path: &Path, read_only: bool, exclusive: bool, direct: bool) -> io:
 mod tests {
     use super::*;
     use crate::memory::MemDevice;
+    use crate::test_support::{run, skip_privileged, sysfs_queue, Loop};
     use std::io::Write;
 
     /// A temp image of `size` bytes filled with a marker, in the default temp
@@ -617,63 +641,6 @@ mod tests {
         let mut a = AlignedBuf::new(dev.caps().size_bytes as usize, 4096).unwrap();
         dev.read_at(&mut a, 0).unwrap();
         assert_eq!(&a[..], &mem.snapshot()[..]);
-    }
-
-    /// Skips a privileged test, or fails it where CI promised privileges.
-    fn skip_privileged(why: &str) {
-        if std::env::var_os("IOMAPFS_REQUIRE_PRIVILEGED").is_some_and(|v| v == "1") {
-            panic!("privileged test cannot run: {why}");
-        }
-        eprintln!("skipping privileged test: {why}");
-    }
-
-    fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
-        let out = std::process::Command::new(cmd)
-            .args(args)
-            .output()
-            .map_err(|e| format!("{cmd}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{cmd} {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    }
-
-    /// A loop device this test attached; detached (by its own name) on drop.
-    /// Its queue settings outlive detaching, so any the test changes are
-    /// put back first.
-    struct Loop {
-        dev: PathBuf,
-        write_cache: String,
-    }
-
-    impl Loop {
-        fn set_write_cache(&self, value: &str) {
-            std::fs::write(self.sysfs("queue/write_cache"), value).unwrap();
-        }
-
-        fn sysfs(&self, attr: &str) -> String {
-            let name = self.dev.file_name().unwrap().to_string_lossy();
-            format!("/sys/block/{name}/{attr}")
-        }
-    }
-
-    impl Drop for Loop {
-        fn drop(&mut self) {
-            let _ = std::fs::write(self.sysfs("queue/write_cache"), &self.write_cache);
-            let _ = run("partx", &["-d", &self.dev.to_string_lossy()]);
-            let _ = run("losetup", &["-d", &self.dev.to_string_lossy()]);
-        }
-    }
-
-    fn sysfs_queue(loop_dev: &Path, attr: &str) -> String {
-        let name = loop_dev.file_name().unwrap().to_string_lossy();
-        std::fs::read_to_string(format!("/sys/block/{name}/queue/{attr}"))
-            .unwrap()
-            .trim()
-            .to_owned()
     }
 
     /// A partition node for `loop_dev`'s first partition: the kernel's

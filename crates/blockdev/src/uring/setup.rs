@@ -56,6 +56,8 @@ pub enum UringUnavailable {
     NotBuilt,
     #[error("io_uring_setup failed: {}", errno_text(.0))]
     Setup(io::Error),
+    #[error("opening the device again for io_uring failed: {}", errno_text(.0))]
+    Reopen(io::Error),
     #[error("registering the device with io_uring failed: {}", errno_text(.0))]
     Register(io::Error),
     #[error("a test read through io_uring failed: {}", errno_text(.0))]
@@ -139,24 +141,15 @@ pub(super) fn build_ring(
         },
     };
     let ring = ring.map_err(setup_error)?;
+    // The ring gets a description of its own, which holds no claim on the
+    // device: the kernel may release it some time after the ring is closed
+    // (see `SyncDevice::unclaimed_twin`). Once registered, the ring's
+    // reference is the only one needed.
+    let twin = dev.unclaimed_twin().map_err(UringUnavailable::Reopen)?;
     ring.submitter()
-        .register_files(&[dev.file().as_raw_fd()])
+        .register_files(&[twin.as_raw_fd()])
         .map_err(UringUnavailable::Register)?;
     Ok((ring, defers))
-}
-
-/// Drops `ring`'s registered files synchronously, before the ring is closed.
-///
-/// Closing a ring tears it down in a kernel worker, some time later, and
-/// only then drops the ring's reference to the registered device file. A
-/// block device opened `O_EXCL` would stay claimed meanwhile, so reopening it
-/// at once (the next command on the same device, a test) would fail with
-/// `EBUSY`. Unregistering first releases the reference before this returns.
-/// Only call with no request in flight.
-pub(super) fn release_files(ring: &IoUring) {
-    // Failure leaves the reference to the asynchronous teardown: the device
-    // is released a little later, which is all that is lost.
-    let _ = ring.submitter().unregister_files();
 }
 
 fn setup_error(e: io::Error) -> UringUnavailable {
@@ -211,7 +204,6 @@ pub fn check_uring(dev: &SyncDevice, opts: UringOptions) -> Result<(), UringUnav
         }
     };
     drop(buf);
-    release_files(&ring);
     match res {
         n if n >= 0 => Ok(()),
         n => Err(UringUnavailable::Broken(io::Error::from_raw_os_error(-n))),
@@ -221,6 +213,32 @@ pub fn check_uring(dev: &SyncDevice, opts: UringOptions) -> Result<(), UringUnav
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::attach_loop;
+    use crate::SyncOpenOptions;
+
+    /// The kernel may drop a ring's reference to its registered file after
+    /// the ring is closed; a ring still open stands in for that here. The
+    /// device must be free to claim again as soon as it is dropped.
+    #[test]
+    fn a_ring_that_outlives_its_device_holds_no_claim_on_it() {
+        let Some((_image, lo)) = attach_loop(4 << 20) else {
+            return;
+        };
+        let dev = SyncDevice::open(&lo.dev, SyncOpenOptions::default()).unwrap();
+        let refused = SyncDevice::open(&lo.dev, SyncOpenOptions::default());
+        assert!(
+            matches!(refused, Err(crate::DeviceError::Busy { .. })),
+            "a claimed device is refused: {refused:?}"
+        );
+        let (ring, _) = match build_ring(&dev, 2, UringOptions::default(), RingUse::AnyThread) {
+            Ok(built) => built,
+            Err(e) => return eprintln!("skipping: no io_uring here: {e}"),
+        };
+        drop(dev);
+        let again = SyncDevice::open(&lo.dev, SyncOpenOptions::default());
+        assert!(again.is_ok(), "claimed again beside the ring: {again:?}");
+        drop(ring);
+    }
 
     #[test]
     fn unavailability_reasons_name_the_cause() {
