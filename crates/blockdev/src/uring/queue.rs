@@ -34,7 +34,7 @@ use io_uring::{EnterFlags, IoUring};
 
 use super::fixed_buffers::{FixedBufferOptions, FixedPool};
 use super::in_flight::{into_completion, slot_and_piece, InFlight, Op, Split, PIECES_IN_FLIGHT};
-use super::setup::{build_ring, errno_text, RingUse, UringOptions, MAX_RETRIES};
+use super::setup::{build_ring, errno_text, release_files, RingUse, UringOptions, MAX_RETRIES};
 use crate::error::IoOp;
 use crate::probe::page_size;
 use crate::queue::{
@@ -655,6 +655,7 @@ impl Drop for UringQueue {
         // Nothing is in flight: unregister the buffer table before the pool's
         // buffers (fields, dropped after this) are freed.
         self.pool.unregister(&self.ring);
+        release_files(&self.ring);
     }
 }
 

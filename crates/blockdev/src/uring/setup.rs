@@ -152,6 +152,22 @@ pub(super) fn build_ring(
     Ok((ring, defers))
 }
 
+/// Drops `ring`'s registered files now, before the ring is closed.
+///
+/// Closing a ring tears it down in a kernel worker, some time later, and
+/// only then would the ring drop its reference to the device's file: the
+/// device would stay open meanwhile, so a loop device detached right after
+/// would linger (autoclear) and a zram device could not be reset.
+/// Unregistering releases the reference before this returns, except where
+/// a finished request still holds it (see `SyncDevice::unclaimed_twin`,
+/// which keeps that rare case from holding the claim). Only call with no
+/// request in flight.
+pub(super) fn release_files(ring: &IoUring) {
+    // Failure leaves the reference to the asynchronous teardown: the file
+    // is closed a little later, which is all that is lost.
+    let _ = ring.submitter().unregister_files();
+}
+
 fn setup_error(e: io::Error) -> UringUnavailable {
     match (e.raw_os_error(), probe::io_uring_disabled()) {
         (_, Some(2)) => UringUnavailable::Disabled,
@@ -204,6 +220,7 @@ pub fn check_uring(dev: &SyncDevice, opts: UringOptions) -> Result<(), UringUnav
         }
     };
     drop(buf);
+    release_files(&ring);
     match res {
         n if n >= 0 => Ok(()),
         n => Err(UringUnavailable::Broken(io::Error::from_raw_os_error(-n))),
@@ -238,6 +255,42 @@ mod tests {
         let again = SyncDevice::open(&lo.dev, SyncOpenOptions::default());
         assert!(again.is_ok(), "claimed again beside the ring: {again:?}");
         drop(ring);
+    }
+
+    /// A closed queue leaves the device closed, not only unclaimed: a loop
+    /// device detached right after goes at once (instead of lingering,
+    /// marked autoclear, until the kernel's teardown of the ring), and a
+    /// zram device can be reset.
+    #[test]
+    fn a_dropped_queue_leaves_the_device_closed() {
+        use crate::queue::{DeviceQueue, DeviceRequest};
+        let Some((_image, lo)) = attach_loop(4 << 20) else {
+            return;
+        };
+        let dev = match crate::UringDevice::open(
+            &lo.dev,
+            SyncOpenOptions::default(),
+            UringOptions::default(),
+        ) {
+            Ok(dev) => dev,
+            Err(e) => return eprintln!("skipping: no io_uring here: {e}"),
+        };
+        let mut queue = dev.new_queue(4).unwrap();
+        let buf = crate::AlignedBuf::new(4096, 4096).unwrap();
+        queue
+            .push(0, DeviceRequest::Read { offset: 0, buf })
+            .unwrap();
+        let mut done = Vec::new();
+        queue.submit_and_reap(1, &mut done).unwrap();
+        done[0].result.as_ref().unwrap();
+        drop((queue, dev));
+        crate::test_support::run("losetup", &["-d", &lo.dev.to_string_lossy()]).unwrap();
+        let backing = lo.sysfs("loop/backing_file");
+        assert!(
+            !std::path::Path::new(&backing).exists(),
+            "{} still attached after losetup -d: still open",
+            lo.dev.display()
+        );
     }
 
     #[test]
