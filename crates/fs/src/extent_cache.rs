@@ -91,6 +91,23 @@ pub(crate) fn eviction_line(budget: u64) -> u64 {
 }
 
 impl VolumeInner {
+    /// Counts the memory the paged maps take whatever is evicted (their
+    /// chunks' shells and both slots' page lists) for the loader, which
+    /// gives the chunks' extents the rest of the budget. At mount; the
+    /// checkpoint thread's looks and each base count again.
+    pub(crate) fn count_shells(&self) {
+        let Some(loader) = &self.page_loader else {
+            return;
+        };
+        let chunks = {
+            let meta = self.meta.read();
+            crate::state::paged_chunks_of(&meta.state.inodes, self.block_size)
+        };
+        let pages = crate::extent_pages::listed_pages(&self.commit.lock().pages);
+        loader.set_shell_chunks(chunks);
+        loader.set_listed_pages(pages);
+    }
+
     /// Reads the absent chunks a change of `ino`'s `[start, end)` reads
     /// ([`crate::extent_map::ExtentMap::load_for_change`]) under the shared
     /// metadata lock, before the change takes the exclusive one: a page

@@ -94,6 +94,17 @@ fn settle(vol: &Volume) {
         .wait_idle();
 }
 
+/// Sets the budget to the shells of the maps (see
+/// `PageLoads::shell_bytes`) plus `room` for the chunks' extents.
+fn budget_with_room(vol: &Volume, room: u64) {
+    let shells = stats(vol).shell_bytes;
+    vol.inner
+        .page_loader
+        .as_ref()
+        .unwrap()
+        .set_budget(shells + room);
+}
+
 fn read_block(vol: &Volume, k: u64) -> crate::Result<Vec<u8>> {
     let big = vol.open_file("/big", direct())?;
     let mut block = vec![0u8; BLOCK as usize];
@@ -147,6 +158,46 @@ fn reading_a_whole_paged_file_stays_within_the_budget() {
     assert!(s.chunks_loaded < s.chunks / 4, "few chunks kept: {s:?}");
     assert_eq!(s.unplanned, 0, "{s:?}");
     assert_eq!(s.cache_budget, BUDGET);
+    vol.unmount().unwrap();
+}
+
+/// The paged maps' shells (each chunk's entry and allocation, loaded or
+/// absent, and the page references both slots list) take their part of
+/// the budget: the clean chunks' extents get what is left.
+#[test]
+fn the_shells_of_the_maps_count_against_the_budget() {
+    // More than an eighth of shells and room together (the least the
+    // chunks get).
+    const ROOM: u64 = 8 << 10;
+    let dev = volume();
+    let vol = Volume::open_with(dev, &opts(u64::MAX)).unwrap();
+    vol.wait_free_space().unwrap();
+    let s = stats(&vol);
+    let listed = crate::extent_pages::listed_pages(&vol.inner.commit.lock().pages);
+    assert!(
+        listed >= s.chunks,
+        "{listed} pages listed, {} chunks",
+        s.chunks
+    );
+    assert_eq!(
+        s.shell_bytes,
+        s.chunks * crate::extent_map::CHUNK_SHELL_BYTES
+            + listed * std::mem::size_of::<crate::codec::PageRef>() as u64,
+        "counted at mount: {s:?}"
+    );
+    // More than the room: the shells alone are a few times it.
+    assert!(s.shell_bytes > 2 * ROOM, "{s:?}");
+    budget_with_room(&vol, ROOM);
+    let mut most = 0;
+    for k in 0..EXTENTS {
+        assert_eq!(read_block(&vol, k).unwrap(), vec![fill(k); BLOCK as usize]);
+        settle(&vol);
+        most = most.max(stats(&vol).cached_bytes);
+    }
+    let s = stats(&vol);
+    assert_eq!(s.chunk_budget, ROOM, "{s:?}");
+    assert!(most <= ROOM, "clean chunks reached {most} bytes: {s:?}");
+    assert!(s.evicted_bytes > 0, "{s:?}");
     vol.unmount().unwrap();
 }
 
@@ -296,14 +347,18 @@ fn changed_chunks_past_a_quarter_of_the_budget_make_a_base() {
             assert!(vol.inner.commit.lock().chain.deltas > 0);
             loader.set_budget(1);
             settle(&vol);
-            loader.set_budget(2 * unpaged_bytes);
-            2 * unpaged_bytes
+            // Twice the changed chunks, past the shells.
+            let budget = stats(&vol).shell_bytes + 2 * unpaged_bytes;
+            loader.set_budget(budget);
+            budget
         });
         loader.set_budget(budget);
         settle(&vol);
+        // What the chunks' extents may take: the budget less the shells.
+        let budget = stats(&vol).chunk_budget;
         let in_memory = unpaged_bytes + stats(&vol).cached_bytes;
         assert!(
-            unpaged_bytes > budget / 4 || budget == 64 << 20,
+            unpaged_bytes > budget / 4 || budget > 32 << 20,
             "{in_memory} {budget}"
         );
         assert_eq!(in_memory > budget, want_base, "{in_memory} {budget}");
@@ -326,12 +381,16 @@ fn changed_chunks_past_a_quarter_of_the_budget_make_a_base() {
 /// evictor's own thread cannot: it waits for the base.
 #[test]
 fn a_base_for_changed_chunks_first_makes_room_below_the_line() {
-    const CHUNKS_BUDGET: u64 = 16 << 10;
+    const CHUNKS_ROOM: u64 = 16 << 10;
     let dev = volume();
-    let vol = Volume::open_with(dev, &opts(CHUNKS_BUDGET)).unwrap();
+    let vol = Volume::open_with(dev, &opts(u64::MAX)).unwrap();
     vol.wait_free_space().unwrap();
     let ino = ino_of_big(&vol);
     let loader = vol.inner.page_loader.as_ref().unwrap().clone();
+    // The shells take their part of the budget; the chunks' extents get
+    // the rest.
+    budget_with_room(&vol, CHUNKS_ROOM);
+    let budget = stats(&vol).cache_budget;
     for k in 0..EXTENTS {
         read_block(&vol, k).unwrap();
     }
@@ -344,13 +403,15 @@ fn a_base_for_changed_chunks_first_makes_room_below_the_line() {
             .unwrap();
     }
     big.fsync().unwrap();
-    loader.set_budget(CHUNKS_BUDGET);
+    loader.set_budget(budget);
     settle(&vol);
     let unpaged_bytes = vol.inner.meta.read().state.unpaged_chunk_bytes();
     let before = stats(&vol);
-    assert!(unpaged_bytes > CHUNKS_BUDGET / 4, "{unpaged_bytes}");
-    let room_line = crate::extent_cache::eviction_line(CHUNKS_BUDGET)
-        .checked_sub(CHUNKS_BUDGET / 4 + unpaged_bytes)
+    // What the chunks' extents may take: the budget less the shells.
+    let chunk_budget = before.chunk_budget;
+    assert!(unpaged_bytes > chunk_budget / 4, "{unpaged_bytes}");
+    let room_line = crate::extent_cache::eviction_line(chunk_budget)
+        .checked_sub(chunk_budget / 4 + unpaged_bytes)
         .expect("changed chunks leave room for clean ones");
     // Else the base would have nothing to evict.
     assert!(
@@ -597,14 +658,12 @@ fn a_large_eviction_goes_in_short_holds_of_the_metadata_lock() {
 #[test]
 fn changes_all_over_a_paged_map_stay_near_the_budget_without_a_checkpoint_asked_for() {
     const MANY: u64 = 4000;
+    // What the chunks' extents get, past their shells.
     const CHUNKS_BUDGET: u64 = 32 << 10;
     let dev = many_one_block_extents(MANY);
-    let background = MountOptions {
-        metadata_cache_bytes: CHUNKS_BUDGET,
-        ..MountOptions::default()
-    };
-    let vol = Volume::open_with(dev.clone(), &background).unwrap();
+    let vol = Volume::open_with(dev.clone(), &MountOptions::default()).unwrap();
     vol.wait_free_space().unwrap();
+    budget_with_room(&vol, CHUNKS_BUDGET);
     let many = vol.open_file("/many", direct()).unwrap();
     let ino = many.ino();
     let mut block = vec![0u8; BLOCK as usize];
@@ -722,10 +781,12 @@ fn many_one_block_extents(extents: u64) -> Arc<MemDevice> {
 #[test]
 fn a_writer_far_ahead_of_the_checkpoint_thread_writes_the_base_itself() {
     const MANY: u64 = 4000;
+    // What the chunks' extents get, past their shells.
     const CHUNKS_BUDGET: u64 = 32 << 10;
     let dev = many_one_block_extents(MANY);
-    let vol = Volume::open_with(dev, &opts(CHUNKS_BUDGET)).unwrap();
+    let vol = Volume::open_with(dev, &opts(u64::MAX)).unwrap();
     vol.wait_free_space().unwrap();
+    budget_with_room(&vol, CHUNKS_BUDGET);
     let many = vol.open_file("/many", direct()).unwrap();
     let mut block = vec![0u8; BLOCK as usize];
     for k in 0..MANY {

@@ -28,6 +28,7 @@ use crate::codec::PageRef;
 use crate::types::{Extent, ExtentState, KeySpan};
 #[cfg(test)]
 pub(crate) use chunks::CHUNK_BYTES_MAX;
+pub(crate) use chunks::CHUNK_SHELL_BYTES;
 pub use chunks::{ChunkPage, Evicted, LoadPurpose, PageLoader, PageSource};
 use chunks::{Chunks, CHUNK_MAX};
 

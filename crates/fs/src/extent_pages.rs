@@ -352,6 +352,15 @@ pub struct AfterBase {
     pub shared_bytes: u64,
 }
 
+/// Page references both slots' tables hold (a page both list counts
+/// twice: each table keeps its own).
+pub(crate) fn listed_pages(tables: &[Arc<PageTable>]) -> u64 {
+    tables
+        .iter()
+        .flat_map(|t| t.iter())
+        .map(|(_, pages)| pages.len() as u64)
+        .sum()
+}
 pub fn after_base(
     replaced: &PageTable,
     new: &PageTable,

@@ -35,7 +35,7 @@ use blockdev::BlockDevice;
 use crate::background_request::BackgroundRequest;
 use crate::codec::PageRef;
 use crate::error::{Error, Result};
-use crate::extent_map::{LoadPurpose, PageLoader};
+use crate::extent_map::{LoadPurpose, PageLoader, CHUNK_SHELL_BYTES};
 use crate::superblock::Superblock;
 use crate::types::{Extent, Ino};
 
@@ -67,7 +67,16 @@ pub(crate) struct DevicePages {
     /// at the last base or budget change (see `evicted_since_base`).
     evicted_so_far: AtomicU64,
     evicted_at_base: AtomicU64,
+    /// Chunks of the paged maps, as last counted, and the pages both
+    /// slots' bases list (see `shell_bytes`).
+    shell_chunks: AtomicU64,
+    listed_pages: AtomicU64,
 }
+
+/// The chunks' extents get at least this fraction of the budget, however
+/// much of it the shells take: with less, nearly every lookup would read
+/// a page again.
+const MIN_CHUNK_ROOM_DIVISOR: u64 = 8;
 
 /// What [`DevicePages`] did since mount.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -94,6 +103,11 @@ pub struct PageLoads {
     pub cache_budget: u64,
     /// Bytes of clean chunks the evictor dropped since mount.
     pub evicted_bytes: u64,
+    /// Memory the paged maps take whatever is evicted: a shell per chunk,
+    /// loaded or absent, and both slots' lists of pages. Counted against
+    /// the budget: the clean chunks get what is left (`chunk_budget`).
+    pub shell_bytes: u64,
+    pub chunk_budget: u64,
 }
 
 impl DevicePages {
@@ -113,6 +127,8 @@ impl DevicePages {
             unpaged_seen_at: AtomicU64::new(0),
             evicted_so_far: AtomicU64::new(0),
             evicted_at_base: AtomicU64::new(0),
+            shell_chunks: AtomicU64::new(0),
+            listed_pages: AtomicU64::new(0),
         }
     }
 
@@ -144,8 +160,41 @@ impl DevicePages {
         );
     }
 
+    /// Bytes the extents of chunks in memory (clean and changed) may
+    /// take: the mount's budget less the shells (see
+    /// [`PageLoads::shell_bytes`]), and never under an eighth of it.
     pub(crate) fn budget(&self) -> u64 {
-        self.budget.load(Ordering::Relaxed)
+        let total = self.budget.load(Ordering::Relaxed);
+        total
+            .saturating_sub(self.shell_bytes())
+            .max(total / MIN_CHUNK_ROOM_DIVISOR)
+    }
+
+    /// The shells' memory: [`CHUNK_SHELL_BYTES`] per chunk of a paged map
+    /// (an absent chunk is nothing more; a loaded one adds its extents,
+    /// charged apart), and a page reference per page each slot lists.
+    /// At 10M extents, about 8 MiB (39k chunks).
+    fn shell_bytes(&self) -> u64 {
+        let chunks = self.shell_chunks.load(Ordering::Relaxed);
+        let pages = self.listed_pages.load(Ordering::Relaxed);
+        chunks
+            .saturating_mul(CHUNK_SHELL_BYTES)
+            .saturating_add(pages.saturating_mul(std::mem::size_of::<PageRef>() as u64))
+    }
+
+    /// The paged maps now have `chunks` chunks (counted at mount and at
+    /// the checkpoint thread's looks; in between, splits and merges leave
+    /// the count a little off).
+    pub(crate) fn set_shell_chunks(&self, chunks: u64) {
+        self.shell_chunks.store(chunks, Ordering::Relaxed);
+        self.ask_if_over();
+    }
+
+    /// Both slots' bases now list `pages` pages (at mount and after each
+    /// base).
+    pub(crate) fn set_listed_pages(&self, pages: u64) {
+        self.listed_pages.store(pages, Ordering::Relaxed);
+        self.ask_if_over();
     }
 
     pub(crate) fn cached_bytes(&self) -> u64 {
@@ -192,7 +241,9 @@ impl DevicePages {
             chunks: 0,
             unplanned: self.unplanned.load(Ordering::Relaxed),
             cached_bytes: self.cached_bytes(),
-            cache_budget: self.budget(),
+            cache_budget: self.budget.load(Ordering::Relaxed),
+            shell_bytes: self.shell_bytes(),
+            chunk_budget: self.budget(),
             evicted_bytes: self.evicted_so_far.load(Ordering::Relaxed),
             damaged: self
                 .damaged

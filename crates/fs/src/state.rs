@@ -128,6 +128,17 @@ pub fn unpaged_chunk_bytes_of(inodes: &InodeTable<InodeState>, block_size: u32) 
     (extents * std::mem::size_of::<Extent>()) as u64
 }
 
+/// Chunks of the maps that are paged (more than a root keeps inline):
+/// what the page loader counts a shell for (`PageLoads::shell_bytes`).
+pub(crate) fn paged_chunks_of(inodes: &InodeTable<InodeState>, block_size: u32) -> u64 {
+    let inline = crate::codec::inline_extents_max(u64::from(block_size));
+    inodes
+        .values()
+        .filter(|i| i.kind == FileKind::Regular && i.extents.len() > inline)
+        .map(|i| i.extents.chunk_count() as u64)
+        .sum()
+}
+
 /// `spans` sorted and merged where they overlap or touch.
 pub(crate) fn merged_spans(spans: &[KeySpan]) -> Vec<KeySpan> {
     let mut sorted = spans.to_vec();

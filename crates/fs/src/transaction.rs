@@ -164,6 +164,7 @@ impl VolumeInner {
             (meta.state.inodes.clone(), meta.state.block_size, so_far)
         };
         let unpaged = crate::state::unpaged_chunk_bytes_of(&inodes, block_size);
+        loader.set_shell_chunks(crate::state::paged_chunks_of(&inodes, block_size));
         drop(inodes);
         let over = self.unpaged_over_budget(|| unpaged);
         // Before the base this may ask for: the clean chunks make room
@@ -589,6 +590,9 @@ impl VolumeInner {
                     &commit.pages[checkpoint::other_slot(slot)],
                     self.sb.block_size(),
                 );
+                if let Some(loader) = &self.page_loader {
+                    loader.set_listed_pages(extent_pages::listed_pages(&commit.pages));
+                }
                 (after.freed, Some(after.shared_bytes))
             }
             None => (Vec::new(), None),

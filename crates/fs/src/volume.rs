@@ -62,13 +62,21 @@ pub struct MountOptions {
     /// production.
     #[doc(hidden)]
     pub free_space_scan_hook: Option<crate::ScanHook>,
-    /// Memory for extent chunks that are also on an extent page (read
-    /// from one on demand, or written to one by a base): past it, a
-    /// background thread makes the chunks least recently looked up absent
-    /// again, read from their pages when next needed. Chunks changed since
-    /// the last base are not on a page and not bounded by it; a checkpoint
-    /// writes a base when they pass a quarter of it. Default 64 MiB (about
-    /// 2 M extents). See `docs/EXTENT_PAGES.md`.
+    /// Memory for the extent maps of paged files. Their shells (every
+    /// chunk's entry and allocation, loaded or not, and the page
+    /// references both checkpoint slots list: about 240 bytes per chunk of
+    /// up to 512 extents) take their part; the rest holds extent chunks that are
+    /// also on an extent page (read from one on demand, or written to one
+    /// by a base): past it, a background thread makes the chunks least
+    /// recently looked up absent again, read from their pages when next
+    /// needed. Chunks changed since the last base are not on a page and
+    /// cannot be dropped: the clean ones make room for them, and a
+    /// checkpoint writes a base when they pass a quarter of that rest.
+    /// The chunks always get at least an eighth of the budget, so past
+    /// about 60 M extents per 64 MiB (chunks half full) the shells and
+    /// that eighth go over it.
+    /// Default 64 MiB (about 2 M extents in memory). See
+    /// `docs/EXTENT_PAGES.md`.
     pub metadata_cache_bytes: u64,
 }
 
@@ -150,6 +158,7 @@ impl Volume {
         let evictor = match &inner.page_loader {
             Some(loader) if paged => {
                 let thread = BackgroundThread::evictor(&inner)?;
+                inner.count_shells();
                 loader.set_budget(opts.metadata_cache_bytes);
                 Some(Arc::new(thread))
             }

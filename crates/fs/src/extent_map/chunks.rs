@@ -38,6 +38,15 @@ const CHUNK_MIN: usize = CHUNK_MAX / 4;
 // A chunk is written as one extent page.
 const _: () = assert!(CHUNK_MAX <= crate::codec::PAGE_MAX_EXTENTS);
 
+/// Memory a chunk takes whatever its extents: its entry in the map's
+/// vector and its shared allocation (with the `Arc`'s two counts). An
+/// absent chunk takes this alone; the loader counts it for every chunk of
+/// a paged map against the budget ([`PageLoader::cache_charge`] counts
+/// only the extents).
+pub(crate) const CHUNK_SHELL_BYTES: u64 = (std::mem::size_of::<Chunk>()
+    + std::mem::size_of::<ChunkExtents>()
+    + 2 * std::mem::size_of::<usize>()) as u64;
+
 #[derive(Clone, Debug)]
 struct Chunk {
     /// `extents[0].file_off` (for an absent chunk, its page's first key).
@@ -240,8 +249,8 @@ impl ChunkExtents {
         else {
             return;
         };
-        let bytes = (v.capacity() * std::mem::size_of::<Extent>()
-            + std::mem::size_of::<ChunkExtents>()) as u64;
+        // The shell is counted apart (`CHUNK_SHELL_BYTES`), loaded or not.
+        let bytes = (v.capacity() * std::mem::size_of::<Extent>()) as u64;
         // Two readers loading the same chunk: one charges.
         if self
             .charged
