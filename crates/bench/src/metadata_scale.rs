@@ -144,11 +144,14 @@ pub struct MetadataScaleResult {
     /// After that mount and first read: one 4 KiB direct read in every
     /// chunk of the large file (every 64th extent), timed; then, once the
     /// evictor is idle, the resident set, the bytes of clean extent chunks
-    /// in memory (`PageLoads::cached_bytes`, bounded by the mount's
-    /// `metadata_cache_bytes`, 64 MiB by default) and the chunks in memory.
+    /// in memory (`PageLoads::cached_bytes`), the memory of the maps'
+    /// shells (`PageLoads::shell_bytes`: with the clean chunks, bounded by
+    /// the mount's `metadata_cache_bytes`, 64 MiB by default) and the
+    /// chunks in memory.
     pub all_chunks_read_ns: u64,
     pub all_chunks_rss_bytes: u64,
     pub all_chunks_cached_bytes: u64,
+    pub all_chunks_shell_bytes: u64,
     pub all_chunks_loaded: u64,
     /// From the start of the mount until free space is ready
     /// (`Volume::wait_free_space` returns): what mount cost before the
@@ -378,9 +381,10 @@ fn run_size(
     let all_chunks_read_ns = timed_read_every_chunk(&vol, &dev, extents)?;
     vol.wait_extent_eviction();
     let all_chunks_rss_bytes = rss_bytes();
-    let (all_chunks_cached_bytes, all_chunks_loaded) = vol
-        .extent_page_loads()
-        .map_or((0, 0), |l| (l.cached_bytes, l.chunks_loaded));
+    let (all_chunks_cached_bytes, all_chunks_shell_bytes, all_chunks_loaded) =
+        vol.extent_page_loads().map_or((0, 0, 0), |l| {
+            (l.cached_bytes, l.shell_bytes, l.chunks_loaded)
+        });
     vol.unmount()
         .map_err(|e| BenchError::fs("iomapfs unmount", e))?;
     say("mount, read every chunk and change 1% in a fresh process");
@@ -412,6 +416,7 @@ fn run_size(
         all_chunks_read_ns,
         all_chunks_rss_bytes,
         all_chunks_cached_bytes,
+        all_chunks_shell_bytes,
         all_chunks_loaded,
         free_space_ready_ns,
         first_allocating_write_ns,

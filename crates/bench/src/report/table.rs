@@ -259,7 +259,7 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
     }
     let _ = writeln!(
         out,
-        "{:<20} {:>10} {:>10} {:>9} {:>13} {:>10} {:>9} {:>9} {:>13}",
+        "{:<20} {:>10} {:>10} {:>9} {:>13} {:>10} {:>9} {:>9} {:>9} {:>13}",
         "  mount after a base",
         "mount",
         "1st read",
@@ -268,12 +268,13 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
         "read all",
         "RSS all",
         "cached",
+        "shells",
         "chunks all"
     );
     for r in rows {
         let _ = writeln!(
             out,
-            "{:<20} {:>10} {:>10} {:>5} MiB {:>13} {:>10} {:>5} MiB {:>5} MiB {:>13}",
+            "{:<20} {:>10} {:>10} {:>5} MiB {:>13} {:>10} {:>5} MiB {:>5} MiB {:>5} MiB {:>13}",
             format!("  {}", r.extents),
             ms(r.base_mount_ns),
             us(r.base_first_read_ns),
@@ -282,6 +283,7 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
             ms(r.all_chunks_read_ns),
             r.all_chunks_rss_bytes >> 20,
             r.all_chunks_cached_bytes >> 20,
+            r.all_chunks_shell_bytes >> 20,
             format!("{}/{}", r.all_chunks_loaded, r.mount_chunks),
         );
     }
@@ -320,7 +322,7 @@ fn metadata_table(out: &mut String, rows: &[crate::MetadataScaleResult]) {
          checkpoint running, ckpt = while checkpoints run back to back ({} during the window of the last \
          row); ckpt 1% = the median of {} checkpoints, each after 1% of the extents changed; max/p99q = worst read while checkpointing over the quiet p99 (on a loaded machine \
          the quiet max shows what preemption alone costs); late q/c = the most a thread that only sleeps 1 ms at a time \
-         woke late in each window (what scheduling, the bench's own threads included, costs a thread that holds no lock); cpu gap = the longest any of a thread per CPU that only read the clock, nothing else of the bench running, went between two reads in 1 s before the quiet window (what the machine alone takes from a running thread when every CPU is busy: no worst latency here can be promised below it); ckpt lock = the longest a checkpoint (or the evictor of extent chunks) held the metadata lock exclusive in the ckpt window: the most any read or write waited behind it; mount = until the mount returns (free space is rebuilt in the background since); free ready = from the mount's start until free space is ready; 1st alloc = the first allocating 4 KiB write right after the mount returns (it waits for free space); commit 1/2 = the first and second commit after the mount (a file created each; the first clears the clean-unmount mark); 1st read = the first 4 KiB direct read after the mount, open included (with extent pages it reads the page mount left on disk: mount + 1st read is what a mount that loads every map did at once); RSS mnt = resident set right after it; chunks mnt = extent chunks in memory after the mount / all (extent pages read on demand: the chunks the delta chain reaches); mount after a base = the same after checkpoints until one was a base, whose chain then reaches no chunk of the file; read all = then one 4 KiB direct read in every chunk of the file; RSS all, cached and chunks all = once the evictor is idle after it: resident set, clean extent chunks in memory (bounded by the mount's metadata_cache_bytes, 64 MiB by default) and chunks in memory / all; max RSS is the process's high-water mark so far; build = {:.1} s for the last row; free space: build = time to make the extents, alloc mnt / alloc ready = the allocator's own heap bytes (estimated) right after the mount (the clean unmount's reserve while the scan runs) and once free space is ready, free ranges then and as a tree = what a tree of them (the allocator before the bitmap) takes by the same estimate, child RSS = peak resident set (VmHWM) of a fresh process mounting the final image until free space is ready (iomapfs io, statfs; $IOMAPFS_BENCH_MOUNT_BIN picks another build), + read all = its peak once it also read one 4 KiB block in every chunk, + change 1% = then once it changed 1% of the extents as ckpt 1% does (no checkpoint asked for): the memory of a session under the default 64 MiB metadata budget, nothing of the build in it)",
+         woke late in each window (what scheduling, the bench's own threads included, costs a thread that holds no lock); cpu gap = the longest any of a thread per CPU that only read the clock, nothing else of the bench running, went between two reads in 1 s before the quiet window (what the machine alone takes from a running thread when every CPU is busy: no worst latency here can be promised below it); ckpt lock = the longest a checkpoint (or the evictor of extent chunks) held the metadata lock exclusive in the ckpt window: the most any read or write waited behind it; mount = until the mount returns (free space is rebuilt in the background since); free ready = from the mount's start until free space is ready; 1st alloc = the first allocating 4 KiB write right after the mount returns (it waits for free space); commit 1/2 = the first and second commit after the mount (a file created each; the first clears the clean-unmount mark); 1st read = the first 4 KiB direct read after the mount, open included (with extent pages it reads the page mount left on disk: mount + 1st read is what a mount that loads every map did at once); RSS mnt = resident set right after it; chunks mnt = extent chunks in memory after the mount / all (extent pages read on demand: the chunks the delta chain reaches); mount after a base = the same after checkpoints until one was a base, whose chain then reaches no chunk of the file; read all = then one 4 KiB direct read in every chunk of the file; RSS all, cached, shells and chunks all = once the evictor is idle after it: resident set, clean extent chunks in memory, the maps' shells (a chunk's entry and allocation, loaded or not, and the page references both checkpoint slots list: together with the clean chunks bounded by the mount's metadata_cache_bytes, 64 MiB by default) and chunks in memory / all; max RSS is the process's high-water mark so far; build = {:.1} s for the last row; free space: build = time to make the extents, alloc mnt / alloc ready = the allocator's own heap bytes (estimated) right after the mount (the clean unmount's reserve while the scan runs) and once free space is ready, free ranges then and as a tree = what a tree of them (the allocator before the bitmap) takes by the same estimate, child RSS = peak resident set (VmHWM) of a fresh process mounting the final image until free space is ready (iomapfs io, statfs; $IOMAPFS_BENCH_MOUNT_BIN picks another build), + read all = its peak once it also read one 4 KiB block in every chunk, + change 1% = then once it changed 1% of the extents as ckpt 1% does (no checkpoint asked for): the memory of a session under the default 64 MiB metadata budget, nothing of the build in it)",
         rows.last().map_or(0, |r| r.checkpoints_during_reads),
         crate::metadata_scale::ONE_PERCENT_ROUNDS,
         rows.last().map_or(0.0, |r| r.build_ns as f64 / 1e9),
@@ -662,6 +664,33 @@ mod tests {
         let header_chars = header[..end].chars().count();
         let stop = chars.get(header_chars).map_or(line.len(), |c| c.0);
         line[..stop].rsplit(' ').next().unwrap()
+    }
+
+    #[test]
+    fn metadata_rows_show_clean_chunks_and_shells_under_their_headers() {
+        let mut rep = report(Vec::new());
+        rep.metadata_scale = vec![crate::MetadataScaleResult {
+            workload: "metadata-scale".into(),
+            extents: 1_000_000,
+            all_chunks_cached_bytes: 51 << 20,
+            all_chunks_shell_bytes: 8 << 20,
+            ..Default::default()
+        }];
+        let table = render_table(&rep);
+        let lines: Vec<&str> = table.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.starts_with("  mount after a base"))
+            .unwrap();
+        let (header, row) = (lines[at], lines[at + 1]);
+        // Each cell ends under its header: "51 MiB", then "8 MiB".
+        let before = |column: &str| {
+            let end = header.find(column).unwrap() + column.len();
+            let chars = header[..end].chars().count();
+            row.chars().take(chars).collect::<String>()
+        };
+        assert!(before("cached").ends_with(" 51 MiB"), "{header}\n{row}");
+        assert!(before("shells").ends_with(" 8 MiB"), "{header}\n{row}");
     }
 
     #[test]
