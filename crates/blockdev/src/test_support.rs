@@ -2,6 +2,17 @@
 //! images, and skipping with a printed reason (or failing, in CI).
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+/// Held for the whole of each test that attaches a loop device: one test's
+/// commands (`losetup`, `partx`, any child) hold a copy of every descriptor
+/// of this process between their fork and their exec, so a device another
+/// test just closed could still look open to that test's checks.
+pub(crate) fn serial() -> MutexGuard<'static, ()> {
+    static LOOP_TESTS: Mutex<()> = Mutex::new(());
+    // A test that failed holding it leaves nothing to repair.
+    LOOP_TESTS.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Skips a privileged test, or fails it where CI promised privileges.
 pub(crate) fn skip_privileged(why: &str) {
@@ -42,13 +53,38 @@ impl Loop {
         let name = self.dev.file_name().unwrap().to_string_lossy();
         format!("/sys/block/{name}/{attr}")
     }
+
+    /// Detaches the device now, and says whether it went: a device still
+    /// open when `losetup -d` runs stays attached (marked autoclear) until
+    /// it is closed. Once called, dropping does nothing (the number may
+    /// belong to another test's device by then).
+    pub(crate) fn detach(self) -> Result<(), String> {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        this.undo()?;
+        let backing = this.sysfs("loop/backing_file");
+        if Path::new(&backing).exists() {
+            return Err(format!(
+                "{} still attached after losetup -d: something still has it open",
+                this.dev.display()
+            ));
+        }
+        // The fields own memory only; nothing else to undo.
+        drop(std::mem::take(&mut this.dev));
+        drop(std::mem::take(&mut this.write_cache));
+        Ok(())
+    }
+
+    /// Puts the write cache setting back and detaches the device.
+    fn undo(&self) -> Result<(), String> {
+        let _ = std::fs::write(self.sysfs("queue/write_cache"), &self.write_cache);
+        let _ = run("partx", &["-d", &self.dev.to_string_lossy()]);
+        run("losetup", &["-d", &self.dev.to_string_lossy()]).map(|_| ())
+    }
 }
 
 impl Drop for Loop {
     fn drop(&mut self) {
-        let _ = std::fs::write(self.sysfs("queue/write_cache"), &self.write_cache);
-        let _ = run("partx", &["-d", &self.dev.to_string_lossy()]);
-        let _ = run("losetup", &["-d", &self.dev.to_string_lossy()]);
+        let _ = self.undo();
     }
 }
 

@@ -56,8 +56,6 @@ pub enum UringUnavailable {
     NotBuilt,
     #[error("io_uring_setup failed: {}", errno_text(.0))]
     Setup(io::Error),
-    #[error("opening the device again for io_uring failed: {}", errno_text(.0))]
-    Reopen(io::Error),
     #[error("registering the device with io_uring failed: {}", errno_text(.0))]
     Register(io::Error),
     #[error("a test read through io_uring failed: {}", errno_text(.0))]
@@ -141,30 +139,23 @@ pub(super) fn build_ring(
         },
     };
     let ring = ring.map_err(setup_error)?;
-    // The ring gets a description of its own, which holds no claim on the
-    // device: the kernel may release it some time after the ring is closed
-    // (see `SyncDevice::unclaimed_twin`). Once registered, the ring's
-    // reference is the only one needed.
-    let twin = dev.unclaimed_twin().map_err(UringUnavailable::Reopen)?;
     ring.submitter()
-        .register_files(&[twin.as_raw_fd()])
+        .register_files(&[dev.file().as_raw_fd()])
         .map_err(UringUnavailable::Register)?;
     Ok((ring, defers))
 }
 
-/// Drops `ring`'s registered files now, before the ring is closed.
+/// Drops `ring`'s registered files synchronously, before the ring is closed.
 ///
 /// Closing a ring tears it down in a kernel worker, some time later, and
-/// only then would the ring drop its reference to the device's file: the
-/// device would stay open meanwhile, so a loop device detached right after
-/// would linger (autoclear) and a zram device could not be reset.
-/// Unregistering releases the reference before this returns, except where
-/// a finished request still holds it (see `SyncDevice::unclaimed_twin`,
-/// which keeps that rare case from holding the claim). Only call with no
-/// request in flight.
+/// only then drops the ring's reference to the registered device file. A
+/// block device opened `O_EXCL` would stay claimed meanwhile, so reopening it
+/// at once (the next command on the same device, a test) would fail with
+/// `EBUSY`. Unregistering first releases the reference before this returns.
+/// Only call with no request in flight.
 pub(super) fn release_files(ring: &IoUring) {
-    // Failure leaves the reference to the asynchronous teardown: the file
-    // is closed a little later, which is all that is lost.
+    // Failure leaves the reference to the asynchronous teardown: the device
+    // is released a little later, which is all that is lost.
     let _ = ring.submitter().unregister_files();
 }
 
@@ -230,67 +221,31 @@ pub fn check_uring(dev: &SyncDevice, opts: UringOptions) -> Result<(), UringUnav
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::attach_loop;
+    use crate::test_support::{attach_loop, skip_privileged};
     use crate::SyncOpenOptions;
 
-    /// The kernel may drop a ring's reference to its registered file after
-    /// the ring is closed; a ring still open stands in for that here. The
-    /// device must be free to claim again as soon as it is dropped.
-    #[test]
-    fn a_ring_that_outlives_its_device_holds_no_claim_on_it() {
-        let Some((_image, lo)) = attach_loop(4 << 20) else {
-            return;
-        };
-        let dev = SyncDevice::open(&lo.dev, SyncOpenOptions::default()).unwrap();
-        let refused = SyncDevice::open(&lo.dev, SyncOpenOptions::default());
-        assert!(
-            matches!(refused, Err(crate::DeviceError::Busy { .. })),
-            "a claimed device is refused: {refused:?}"
-        );
-        let (ring, _) = match build_ring(&dev, 2, UringOptions::default(), RingUse::AnyThread) {
-            Ok(built) => built,
-            Err(e) => return eprintln!("skipping: no io_uring here: {e}"),
-        };
-        drop(dev);
-        let again = SyncDevice::open(&lo.dev, SyncOpenOptions::default());
-        assert!(again.is_ok(), "claimed again beside the ring: {again:?}");
-        drop(ring);
-    }
-
-    /// A closed queue leaves the device closed, not only unclaimed: a loop
-    /// device detached right after goes at once (instead of lingering,
-    /// marked autoclear, until the kernel's teardown of the ring), and a
-    /// zram device can be reset.
+    /// A dropped queue leaves the device closed, not only unclaimed: a
+    /// loop device detached right after goes at once (instead of lingering,
+    /// marked autoclear, until the kernel's asynchronous teardown of the
+    /// ring), and a zram device can be reset. No request is sent: one the
+    /// kernel finished in one of its workers may be freed a little later,
+    /// which the open's retry of `EBUSY` absorbs.
     #[test]
     fn a_dropped_queue_leaves_the_device_closed() {
-        use crate::queue::{DeviceQueue, DeviceRequest};
+        let _serial = crate::test_support::serial();
         let Some((_image, lo)) = attach_loop(4 << 20) else {
             return;
         };
-        let dev = match crate::UringDevice::open(
-            &lo.dev,
-            SyncOpenOptions::default(),
-            UringOptions::default(),
-        ) {
+        let opened =
+            crate::UringDevice::open(&lo.dev, SyncOpenOptions::default(), UringOptions::default());
+        let dev = match opened {
             Ok(dev) => dev,
-            Err(e) => return eprintln!("skipping: no io_uring here: {e}"),
+            Err(e) => return skip_privileged(&format!("no io_uring here: {e}")),
         };
-        let mut queue = dev.new_queue(4).unwrap();
-        let buf = crate::AlignedBuf::new(4096, 4096).unwrap();
-        queue
-            .push(0, DeviceRequest::Read { offset: 0, buf })
-            .unwrap();
-        let mut done = Vec::new();
-        queue.submit_and_reap(1, &mut done).unwrap();
-        done[0].result.as_ref().unwrap();
+        let queue = dev.new_queue(4).unwrap();
         drop((queue, dev));
-        crate::test_support::run("losetup", &["-d", &lo.dev.to_string_lossy()]).unwrap();
-        let backing = lo.sysfs("loop/backing_file");
-        assert!(
-            !std::path::Path::new(&backing).exists(),
-            "{} still attached after losetup -d: still open",
-            lo.dev.display()
-        );
+        let detached = lo.detach();
+        assert!(detached.is_ok(), "{detached:?}");
     }
 
     #[test]
