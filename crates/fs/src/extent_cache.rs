@@ -3,8 +3,9 @@
 //!
 //! A chunk whose extents are also on an extent page (loaded from it, or
 //! written to it by a base) is *clean*: its bytes are counted by the page
-//! loader (`crate::page_loader::DevicePages`). Past
-//! `MountOptions::metadata_cache_bytes` the loader asks this evictor, which
+//! loader (`crate::page_loader::DevicePages`). Past what
+//! `MountOptions::metadata_cache_bytes` leaves once the maps' shells are
+//! counted (`DevicePages::budget`) the loader asks this evictor, which
 //! replaces clean chunks with absent ones sharing the page; the entry
 //! points that read a map (`ExtentMap::load_keys` and the like) read the
 //! page again when they next need the chunk. A chunk changed since the

@@ -50,7 +50,9 @@ pub(crate) struct DevicePages {
     damaged: Mutex<Vec<(u64, String)>>,
     /// Bytes of clean chunks in memory (see `PageLoader::cache_charge`).
     cached: AtomicU64,
-    /// What `cached` may reach before the evictor is asked.
+    /// The mount's budget (`MountOptions::metadata_cache_bytes`): the
+    /// shells, then clean and changed chunks' extents up to what is left
+    /// (`budget()`), past which the evictor is asked.
     budget: AtomicU64,
     /// The evictor's (see [`crate::extent_cache`]).
     pub(crate) evict_request: Arc<BackgroundRequest>,
@@ -97,8 +99,8 @@ pub struct PageLoads {
     /// The damaged pages found: inode, keys, device byte and why.
     pub damaged: Vec<String>,
     /// Bytes of clean extent chunks in memory (loaded from their page, or
-    /// written to one by a base), and the budget past which they are
-    /// evicted (`MountOptions::metadata_cache_bytes`).
+    /// written to one by a base), and the mount's whole budget
+    /// (`MountOptions::metadata_cache_bytes`, shells included).
     pub cached_bytes: u64,
     pub cache_budget: u64,
     /// Bytes of clean chunks the evictor dropped since mount.
@@ -107,6 +109,9 @@ pub struct PageLoads {
     /// loaded or absent, and both slots' lists of pages. Counted against
     /// the budget: the clean chunks get what is left (`chunk_budget`).
     pub shell_bytes: u64,
+    /// What the chunks' extents may take (the budget less the shells, at
+    /// least an eighth of it): clean chunks past it, with the changed
+    /// ones, are evicted.
     pub chunk_budget: u64,
 }
 
@@ -132,8 +137,8 @@ impl DevicePages {
         }
     }
 
-    /// Sets the budget of chunk bytes (asks the evictor at once if they
-    /// are past it).
+    /// Sets the mount's budget, shells included (asks the evictor at once
+    /// if the chunks are past what is left for them).
     pub(crate) fn set_budget(&self, bytes: u64) {
         self.budget.store(bytes, Ordering::Relaxed);
         self.based();

@@ -25,8 +25,9 @@ use crate::{Error, Result};
 
 /// A checkpoint writes a base, not a delta, once the chunks changed since
 /// the last base (no page: never evicted) pass 1/this of the budget of
-/// chunk bytes (`MountOptions::metadata_cache_bytes`) and, with the clean
-/// chunks, all of it: memory then stays within 1 + 1/this of the budget.
+/// chunk bytes (`MountOptions::metadata_cache_bytes` less the maps'
+/// shells, `DevicePages::budget`) and, with the clean chunks, all of it:
+/// memory then stays within 1 + 1/this of that budget.
 const UNPAGED_BUDGET_DIVISOR: u64 = 4;
 
 /// The fewest bytes of chunks changing from paged to unpaged between two
@@ -106,7 +107,7 @@ impl VolumeInner {
     /// chunks to the line, a change asks it to look again, and the thread
     /// writes a base when they are past it
     /// ([`VolumeInner::checkpoint_if_due`]). Costs a change two atomic
-    /// loads.
+    /// loads (a few more until the first look).
     ///
     /// Returns whether the changes went another look interval (1/64 of
     /// the budget) past the ask while the thread has not looked yet (it
@@ -126,14 +127,13 @@ impl VolumeInner {
         };
         let so_far = loader.unpaged_so_far();
         let due = self.unpaged_look_at.load(Ordering::Relaxed);
-        // Before the first look (0): nothing changed at mount, so the
-        // first is due at half of a quarter of the budget, as after a base.
-        let first_due = loader.budget() / UNPAGED_BUDGET_DIVISOR / 2;
         if due == u64::MAX {
             let asked_at = self.unpaged_asked_at.load(Ordering::Relaxed);
             return so_far >= asked_at.saturating_add(loader.budget() / LOOK_BUDGET_DIVISOR);
         }
-        if so_far < due || (due == 0 && so_far < first_due) {
+        // Before the first look (0): nothing changed at mount, so the
+        // first is due at half of a quarter of the budget, as after a base.
+        if so_far < due || (due == 0 && so_far < loader.budget() / UNPAGED_BUDGET_DIVISOR / 2) {
             return false;
         }
         // Asked once per look: the thread sets the next one.
@@ -559,6 +559,14 @@ impl VolumeInner {
                 .clone()
                 .map(|l| l as std::sync::Arc<dyn crate::extent_map::PageLoader>);
             plan.record_written(&snapshot, loader.as_ref())?;
+            // The chunks' shells, as the snapshot has them (the pages both
+            // slots list are counted once the tables are installed).
+            if let Some(loader) = &self.page_loader {
+                loader.set_shell_chunks(crate::state::paged_chunks_of(
+                    &snapshot.inodes,
+                    snapshot.block_size,
+                ));
+            }
         }
         let deltas = self.sb.features_incompat & crate::superblock::INCOMPAT_DELTA_CHECKPOINTS != 0;
         *delta_ready = deltas;
