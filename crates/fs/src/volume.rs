@@ -64,7 +64,7 @@ pub struct MountOptions {
     pub free_space_scan_hook: Option<crate::ScanHook>,
     /// Memory for the extent maps of paged files. Their shells (every
     /// chunk's entry and allocation, loaded or not, and the page
-    /// references both checkpoint slots list: about 240 bytes per chunk of
+    /// references both checkpoint slots list: about 200 bytes per chunk of
     /// up to 512 extents) take their part; the rest holds extent chunks that are
     /// also on an extent page (read from one on demand, or written to one
     /// by a base): past it, a background thread makes the chunks least

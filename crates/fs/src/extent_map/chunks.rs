@@ -16,7 +16,7 @@
 //! look positions up again after each change.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::search::first_key_at_or_after;
@@ -189,6 +189,12 @@ struct ChunkExtents {
     /// Set by a lookup, cleared by the evictor's sweep: a chunk found set
     /// is passed over once (the clock's second chance).
     referenced: AtomicBool,
+    /// Bytes charged to the source's loader (0: none): set once the chunk
+    /// is clean with its extents in memory, given back when it drops or
+    /// changes. A chunk's vector is a few tens of KiB at most; 32 bits
+    /// beside the clock bit keep every chunk's allocation 16 bytes
+    /// smaller (a shell: every chunk pays it, loaded or not).
+    charged: AtomicU32,
     /// Set through a shared reference: the checkpoint writer records the
     /// page in its snapshot's chunk, which the live map shares while the
     /// chunk is unchanged.
@@ -196,10 +202,6 @@ struct ChunkExtents {
     /// Where the page is read from: set for a chunk made absent (see
     /// [`Chunk::absent`]), and by a base that wrote the chunk's page.
     source: OnceLock<AbsentSource>,
-    /// Bytes charged to the source's loader (0: none): set once the chunk
-    /// is clean with its extents in memory, given back when it drops or
-    /// changes.
-    charged: AtomicU64,
 }
 
 impl Clone for ChunkExtents {
@@ -229,7 +231,7 @@ impl ChunkExtents {
             referenced: AtomicBool::new(false),
             page,
             source,
-            charged: AtomicU64::new(0),
+            charged: AtomicU32::new(0),
         }
     }
 
@@ -250,21 +252,21 @@ impl ChunkExtents {
             return;
         };
         // The shell is counted apart (`CHUNK_SHELL_BYTES`), loaded or not.
-        let bytes = (v.capacity() * std::mem::size_of::<Extent>()) as u64;
+        let bytes = u32::try_from(v.capacity() * std::mem::size_of::<Extent>()).unwrap_or(u32::MAX);
         // Two readers loading the same chunk: one charges.
         if self
             .charged
             .compare_exchange(0, bytes, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
         {
-            absent.source.loader.cache_charge(bytes);
+            absent.source.loader.cache_charge(u64::from(bytes));
         }
     }
 
     fn refund(&mut self) {
         let bytes = std::mem::take(self.charged.get_mut());
         if let (true, Some(absent)) = (bytes > 0, self.source.get()) {
-            absent.source.loader.cache_refund(bytes);
+            absent.source.loader.cache_refund(u64::from(bytes));
         }
     }
 
@@ -605,7 +607,7 @@ impl Chunks {
             if keep(c.first, limit) {
                 continue;
             }
-            let bytes = c.extents.charged.load(Ordering::Relaxed);
+            let bytes = u64::from(c.extents.charged.load(Ordering::Relaxed));
             let absent = Chunk::absent(page, src, limit);
             let old = std::mem::replace(&mut Arc::make_mut(&mut self.chunks)[i], absent);
             evicted.push(Evicted {
