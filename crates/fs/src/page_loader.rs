@@ -178,7 +178,7 @@ impl DevicePages {
     /// The shells' memory: [`CHUNK_SHELL_BYTES`] per chunk of a paged map
     /// (an absent chunk is nothing more; a loaded one adds its extents,
     /// charged apart), and a page reference per page each slot lists.
-    /// At 10M extents, about 8 MiB (39k chunks).
+    /// At 10M extents, about 7.5 MiB (39k chunks).
     fn shell_bytes(&self) -> u64 {
         let chunks = self.shell_chunks.load(Ordering::Relaxed);
         let pages = self.listed_pages.load(Ordering::Relaxed);
