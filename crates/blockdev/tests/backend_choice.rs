@@ -32,9 +32,10 @@ fn exercise(dev: &Arc<dyn BlockDevice>, seed: u64) {
 }
 
 /// Opening the device again right after closing a uring handle must work:
-/// a ring holds a description of the device of its own, without the claim,
-/// so the kernel's asynchronous teardown of the ring (which may drop that
-/// description some time later) leaves the device free to claim at once.
+/// the ring's reference to the exclusively opened device is released when
+/// the queue is dropped, not later by the kernel's asynchronous teardown
+/// (which made every other reopen fail with EBUSY); what a reference the
+/// kernel still drops late costs, the open's retry of EBUSY waits out.
 fn reopen_at_once(path: &std::path::Path) {
     for i in 0..10 {
         let (dev, _) = open_device(path, false, Backend::Uring)

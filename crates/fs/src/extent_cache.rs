@@ -176,13 +176,8 @@ impl VolumeInner {
         let as_loader: Arc<dyn PageLoader> = loader.clone();
         let (inos, chunks) = {
             let meta = self.meta.read();
-            let inline = crate::codec::inline_extents_max(u64::from(self.block_size));
             let mut chunks = 0;
-            let mut inos: Vec<Ino> = meta
-                .state
-                .inodes
-                .iter()
-                .filter(|(_, i)| i.kind == FileKind::Regular && i.extents.len() > inline)
+            let mut inos: Vec<Ino> = crate::state::paged_maps(&meta.state.inodes, self.block_size)
                 .map(|(&ino, i)| {
                     chunks += i.extents.chunk_count();
                     ino

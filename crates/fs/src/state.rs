@@ -113,15 +113,25 @@ fn note_change(changed: &mut ChangedInodes, (ino, existed): (Ino, bool)) -> &mut
     })
 }
 
+/// The inodes whose maps a base pages (regular files with more extents
+/// than a root keeps inline): the ones the evictor sweeps and the page
+/// loader counts.
+pub(crate) fn paged_maps(
+    inodes: &InodeTable<InodeState>,
+    block_size: u32,
+) -> impl Iterator<Item = (&Ino, &InodeState)> {
+    let inline = crate::codec::inline_extents_max(u64::from(block_size));
+    inodes
+        .iter()
+        .filter(move |(_, i)| i.kind == FileKind::Regular && i.extents.len() > inline)
+}
+
 /// [`MetaState::unpaged_chunk_bytes`] of an inode table: for a caller that
 /// clones the table (O(1)) under the metadata lock and walks the clone
 /// without it.
 pub fn unpaged_chunk_bytes_of(inodes: &InodeTable<InodeState>, block_size: u32) -> u64 {
-    let inline = crate::codec::inline_extents_max(u64::from(block_size));
-    let extents: usize = inodes
-        .values()
-        .filter(|i| i.kind == FileKind::Regular && i.extents.len() > inline)
-        .flat_map(|i| i.extents.chunk_pages())
+    let extents: usize = paged_maps(inodes, block_size)
+        .flat_map(|(_, i)| i.extents.chunk_pages())
         .filter(|c| c.is_loaded() && c.page().is_none())
         .map(|c| c.count())
         .sum();
@@ -131,11 +141,8 @@ pub fn unpaged_chunk_bytes_of(inodes: &InodeTable<InodeState>, block_size: u32) 
 /// Chunks of the maps that are paged (more than a root keeps inline):
 /// what the page loader counts a shell for (`PageLoads::shell_bytes`).
 pub(crate) fn paged_chunks_of(inodes: &InodeTable<InodeState>, block_size: u32) -> u64 {
-    let inline = crate::codec::inline_extents_max(u64::from(block_size));
-    inodes
-        .values()
-        .filter(|i| i.kind == FileKind::Regular && i.extents.len() > inline)
-        .map(|i| i.extents.chunk_count() as u64)
+    paged_maps(inodes, block_size)
+        .map(|(_, i)| i.extents.chunk_count() as u64)
         .sum()
 }
 

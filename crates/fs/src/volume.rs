@@ -73,7 +73,7 @@ pub struct MountOptions {
     /// cannot be dropped: the clean ones make room for them, and a
     /// checkpoint writes a base when they pass a quarter of that rest.
     /// The chunks always get at least an eighth of the budget, so past
-    /// about 60 M extents per 64 MiB (chunks half full) the shells and
+    /// about 75 M extents per 64 MiB (chunks half full) the shells and
     /// that eighth go over it.
     /// Default 64 MiB (about 2 M extents in memory). See
     /// `docs/EXTENT_PAGES.md`.

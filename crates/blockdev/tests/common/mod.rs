@@ -34,27 +34,13 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Skips a privileged test, or fails it where CI promised privileges.
-pub fn skip_privileged(why: &str) {
-    if std::env::var_os("IOMAPFS_REQUIRE_PRIVILEGED").is_some_and(|v| v == "1") {
-        panic!("privileged test cannot run: {why}");
-    }
-    eprintln!("skipping privileged test: {why}");
-}
-
-pub fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
-    let out = std::process::Command::new(cmd)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{cmd}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd} {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-}
+// The crate's own test plumbing (its unit tests use it), compiled into
+// this test crate as well: one place says how a privileged test skips and
+// how a command runs.
+#[path = "../../src/test_support.rs"]
+mod test_support;
+#[allow(unused_imports)] // each test binary uses a different subset
+pub(crate) use test_support::{run, skip_privileged};
 
 /// A loop device over `image`, detached on drop.
 pub struct LoopDev {
