@@ -650,9 +650,12 @@ impl MetaState {
             | Record::Punch {
                 ino, file_off, len, ..
             } => Some((*ino, *file_off, file_off.saturating_add(*len))),
+            // A size too large to round is refused when the record
+            // applies; until then it changes nothing past the map's end.
             Record::SetSize { ino, size, .. } => Some((
                 *ino,
-                size.next_multiple_of(u64::from(self.block_size.max(1))),
+                size.checked_next_multiple_of(u64::from(self.block_size.max(1)))
+                    .unwrap_or(u64::MAX),
                 u64::MAX,
             )),
             _ => None,
