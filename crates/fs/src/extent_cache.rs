@@ -100,12 +100,12 @@ impl VolumeInner {
         let Some(loader) = &self.page_loader else {
             return;
         };
-        let chunks = {
+        let maps = {
             let meta = self.meta.read();
-            crate::state::paged_chunks_of(&meta.state.inodes, self.block_size)
+            crate::state::paged_shell_bytes_of(&meta.state.inodes, self.block_size)
         };
         let pages = crate::extent_pages::listed_pages(&self.commit.lock().pages);
-        loader.set_shell_chunks(chunks);
+        loader.set_map_shell_bytes(maps);
         loader.set_listed_pages(pages);
     }
 

@@ -111,6 +111,15 @@ fn budget_with_room(vol: &Volume, room: u64) -> u64 {
     got
 }
 
+const PAGE_REF: u64 = std::mem::size_of::<crate::codec::PageRef>() as u64;
+
+/// What the paged maps take beside their extents, as the state has them
+/// now.
+fn map_shells(vol: &Volume) -> u64 {
+    let meta = vol.inner.meta.read();
+    crate::state::paged_shell_bytes_of(&meta.state.inodes, meta.state.block_size)
+}
+
 fn read_block(vol: &Volume, k: u64) -> crate::Result<Vec<u8>> {
     let big = vol.open_file("/big", direct())?;
     let mut block = vec![0u8; BLOCK as usize];
@@ -188,12 +197,18 @@ fn the_shells_of_the_maps_count_against_the_budget() {
     );
     assert_eq!(
         s.shell_bytes,
-        s.chunks * crate::extent_map::CHUNK_SHELL_BYTES
-            + listed * std::mem::size_of::<crate::codec::PageRef>() as u64,
+        map_shells(&vol) + listed * std::mem::size_of::<crate::codec::PageRef>() as u64,
         "counted at mount: {s:?}"
     );
-    // More than the room: the shells alone are a few times it.
-    assert!(s.shell_bytes > 2 * ROOM, "{s:?}");
+    // Mount leaves every segment cold: a page reference per chunk, not a
+    // shell.
+    assert_eq!(s.segments_open, 0, "{s:?}");
+    assert!(
+        map_shells(&vol) < s.chunks * crate::extent_map::CHUNK_SHELL_BYTES / 2,
+        "{s:?}"
+    );
+    // More than the room: the shells alone are more than it.
+    assert!(s.shell_bytes > ROOM, "{s:?}");
     budget_with_room(&vol, ROOM);
     let mut most = 0;
     for k in 0..EXTENTS {
@@ -216,6 +231,7 @@ fn the_shells_are_counted_again_at_a_base() {
     let vol = Volume::open_with(dev, &opts(u64::MAX)).unwrap();
     vol.wait_free_space().unwrap();
     let before = stats(&vol);
+    let before_listed = crate::extent_pages::listed_pages(&vol.inner.commit.lock().pages);
     let big = vol.open_file("/big", direct()).unwrap();
     // Into the hole after every other extent: a quarter more extents,
     // and more chunks.
@@ -232,18 +248,19 @@ fn the_shells_are_counted_again_at_a_base() {
         0,
         "a base was written"
     );
-    let chunks = {
-        let meta = vol.inner.meta.read();
-        crate::state::paged_chunks_of(&meta.state.inodes, meta.state.block_size)
-    };
+    let maps = map_shells(&vol);
     let listed = crate::extent_pages::listed_pages(&vol.inner.commit.lock().pages);
     let after = stats(&vol);
-    assert!(chunks > before.chunks, "{chunks} chunks, {before:?}");
+    assert!(after.chunks > before.chunks, "{after:?}, {before:?}");
+    // The changed segments are open: more than the cold ones at mount.
+    assert!(
+        maps > before.shell_bytes - before_listed * PAGE_REF,
+        "{after:?}"
+    );
     assert_eq!(
         after.shell_bytes,
-        chunks * crate::extent_map::CHUNK_SHELL_BYTES
-            + listed * std::mem::size_of::<crate::codec::PageRef>() as u64,
-        "{chunks} chunks, {listed} pages listed: {after:?}"
+        maps + listed * PAGE_REF,
+        "maps' shells {maps}, {listed} pages listed: {after:?}"
     );
     drop(big);
     vol.unmount().unwrap();

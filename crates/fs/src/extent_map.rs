@@ -28,6 +28,7 @@ use crate::codec::PageRef;
 use crate::types::{Extent, ExtentState, KeySpan};
 #[cfg(test)]
 pub(crate) use chunks::CHUNK_BYTES_MAX;
+#[cfg(test)]
 pub(crate) use chunks::CHUNK_SHELL_BYTES;
 pub use chunks::{ChunkPage, Evicted, LoadPurpose, PageLoader, PageSource};
 use chunks::{Chunks, CHUNK_MAX};
@@ -194,10 +195,7 @@ impl ExtentMap {
     /// first key, known without loading). Returns how many pages it read.
     /// The map's other methods then answer in that range without I/O.
     pub fn load_keys(&self, off: u64, end: u64) -> crate::error::Result<usize> {
-        let (Some(a), Some(b)) = (self.map.owner(off), self.map.owner(end.max(off + 1) - 1)) else {
-            return Ok(0);
-        };
-        self.map.load_chunks(a..=b)
+        self.map.load_owners(off, end.max(off + 1) - 1, 0)
     }
 
     /// Loads the absent chunks a change of `[off, end)` may read or
@@ -208,21 +206,36 @@ impl ExtentMap {
     /// absent chunk anyway loads it outside any fallible path (see
     /// [`PageLoader::note_unplanned`]).
     pub fn load_for_change(&self, off: u64, end: u64) -> crate::error::Result<usize> {
-        let (Some(a), Some(b)) = (self.map.owner(off.saturating_sub(1)), self.map.owner(end))
-        else {
-            return Ok(0);
-        };
-        self.map.load_chunks(a..=b.saturating_add(1))
+        self.map.load_owners(off.saturating_sub(1), end, 1)
     }
 
     /// Loads every absent chunk (a change or a pass over the whole file).
     pub fn load_all(&self) -> crate::error::Result<usize> {
-        self.map.load_chunks(0..=usize::MAX)
+        self.map.load_all()
     }
 
     /// Chunks whose extents are in memory (the rest are absent).
     pub fn loaded_chunks(&self) -> usize {
         self.map.loaded_chunks()
+    }
+
+    /// Memory the map takes beside its loaded chunks' extents: a shell
+    /// per chunk of an open segment, a page reference per chunk of a cold
+    /// one (see `Chunks::shell_bytes`). What the page loader counts
+    /// against the budget for a paged map.
+    pub fn shell_bytes(&self) -> u64 {
+        self.map.shell_bytes()
+    }
+
+    /// Segments of chunks that have shells (the rest are cold: known by
+    /// their pages alone).
+    pub fn open_segments(&self) -> usize {
+        self.map.open_segments()
+    }
+
+    /// Segments of chunks, open or cold.
+    pub fn segment_count(&self) -> usize {
+        self.map.segment_count()
     }
 
     /// One step of the evictor over chunks `from..` (at most `max`): see

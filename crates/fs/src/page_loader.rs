@@ -35,7 +35,7 @@ use blockdev::BlockDevice;
 use crate::background_request::BackgroundRequest;
 use crate::codec::PageRef;
 use crate::error::{Error, Result};
-use crate::extent_map::{LoadPurpose, PageLoader, CHUNK_SHELL_BYTES};
+use crate::extent_map::{LoadPurpose, PageLoader};
 use crate::superblock::Superblock;
 use crate::types::{Extent, Ino};
 
@@ -69,9 +69,10 @@ pub(crate) struct DevicePages {
     /// at the last base or budget change (see `evicted_since_base`).
     evicted_so_far: AtomicU64,
     evicted_at_base: AtomicU64,
-    /// Chunks of the paged maps, as last counted, and the pages both
-    /// slots' bases list (see `shell_bytes`).
-    shell_chunks: AtomicU64,
+    /// The paged maps' own memory as last counted
+    /// (`ExtentMap::shell_bytes`), and the pages both slots' bases list
+    /// (see `shell_bytes`).
+    map_shell_bytes: AtomicU64,
     listed_pages: AtomicU64,
 }
 
@@ -93,6 +94,10 @@ pub struct PageLoads {
     /// chunks (filled by `Volume::extent_page_loads`).
     pub chunks_loaded: u64,
     pub chunks: u64,
+    /// Segments of chunks with shells in memory, and all segments (the
+    /// rest are cold: known by their chunks' pages alone).
+    pub segments_open: u64,
+    pub segments: u64,
     /// Chunks loaded outside a fallible entry point (a path that did not
     /// load what it reads first); each is a bug to fix, not a failure.
     pub unplanned: u64,
@@ -132,7 +137,7 @@ impl DevicePages {
             unpaged_seen_at: AtomicU64::new(0),
             evicted_so_far: AtomicU64::new(0),
             evicted_at_base: AtomicU64::new(0),
-            shell_chunks: AtomicU64::new(0),
+            map_shell_bytes: AtomicU64::new(0),
             listed_pages: AtomicU64::new(0),
         }
     }
@@ -175,23 +180,23 @@ impl DevicePages {
             .max(total / MIN_CHUNK_ROOM_DIVISOR)
     }
 
-    /// The shells' memory: [`CHUNK_SHELL_BYTES`] per chunk of a paged map
-    /// (an absent chunk is nothing more; a loaded one adds its extents,
-    /// charged apart), and a page reference per page each slot lists.
-    /// At 10M extents, about 7.5 MiB (39k chunks).
+    /// The shells' memory: the paged maps' own (a page reference per
+    /// chunk of a cold segment, a shell of about 150 bytes per chunk of an
+    /// open one: an absent chunk is nothing more, a loaded one adds its
+    /// extents, charged apart), and a page reference per page each slot
+    /// lists.
     fn shell_bytes(&self) -> u64 {
-        let chunks = self.shell_chunks.load(Ordering::Relaxed);
+        let maps = self.map_shell_bytes.load(Ordering::Relaxed);
         let pages = self.listed_pages.load(Ordering::Relaxed);
-        chunks
-            .saturating_mul(CHUNK_SHELL_BYTES)
-            .saturating_add(pages.saturating_mul(std::mem::size_of::<PageRef>() as u64))
+        maps.saturating_add(pages.saturating_mul(std::mem::size_of::<PageRef>() as u64))
     }
 
-    /// The paged maps now have `chunks` chunks (counted at mount and at
-    /// the checkpoint thread's looks; in between, splits and merges leave
-    /// the count a little off).
-    pub(crate) fn set_shell_chunks(&self, chunks: u64) {
-        self.shell_chunks.store(chunks, Ordering::Relaxed);
+    /// The paged maps now take `bytes` beside their chunks' extents
+    /// (counted at mount, at the checkpoint thread's looks and at each
+    /// base; in between, splits, merges and segments opened by lookups
+    /// or made cold by the evictor leave the count off).
+    pub(crate) fn set_map_shell_bytes(&self, bytes: u64) {
+        self.map_shell_bytes.store(bytes, Ordering::Relaxed);
         self.ask_if_over();
     }
 
@@ -244,6 +249,8 @@ impl DevicePages {
             scans: self.scans.load(Ordering::Relaxed),
             chunks_loaded: 0,
             chunks: 0,
+            segments_open: 0,
+            segments: 0,
             unplanned: self.unplanned.load(Ordering::Relaxed),
             cached_bytes: self.cached_bytes(),
             cache_budget: self.budget.load(Ordering::Relaxed),

@@ -138,11 +138,13 @@ pub fn unpaged_chunk_bytes_of(inodes: &InodeTable<InodeState>, block_size: u32) 
     (extents * std::mem::size_of::<Extent>()) as u64
 }
 
-/// Chunks of the maps that are paged (more than a root keeps inline):
-/// what the page loader counts a shell for (`PageLoads::shell_bytes`).
-pub(crate) fn paged_chunks_of(inodes: &InodeTable<InodeState>, block_size: u32) -> u64 {
+/// Memory the maps that are paged (more than a root keeps inline) take
+/// beside their chunks' extents ([`crate::extent_map::ExtentMap::shell_bytes`]):
+/// what the page loader counts against the budget as shells
+/// (`PageLoads::shell_bytes`).
+pub(crate) fn paged_shell_bytes_of(inodes: &InodeTable<InodeState>, block_size: u32) -> u64 {
     paged_maps(inodes, block_size)
-        .map(|(_, i)| i.extents.chunk_count() as u64)
+        .map(|(_, i)| i.extents.shell_bytes())
         .sum()
 }
 

@@ -164,7 +164,7 @@ impl VolumeInner {
             (meta.state.inodes.clone(), meta.state.block_size, so_far)
         };
         let unpaged = crate::state::unpaged_chunk_bytes_of(&inodes, block_size);
-        loader.set_shell_chunks(crate::state::paged_chunks_of(&inodes, block_size));
+        loader.set_map_shell_bytes(crate::state::paged_shell_bytes_of(&inodes, block_size));
         drop(inodes);
         let over = self.unpaged_over_budget(|| unpaged);
         // Before the base this may ask for: the clean chunks make room
@@ -562,7 +562,7 @@ impl VolumeInner {
             // The chunks' shells, as the snapshot has them (the pages both
             // slots list are counted once the tables are installed).
             if let Some(loader) = &self.page_loader {
-                loader.set_shell_chunks(crate::state::paged_chunks_of(
+                loader.set_map_shell_bytes(crate::state::paged_shell_bytes_of(
                     &snapshot.inodes,
                     snapshot.block_size,
                 ));

@@ -234,6 +234,8 @@ impl Volume {
         for inode in meta.state.inodes.values() {
             stats.chunks_loaded += inode.extents.loaded_chunks() as u64;
             stats.chunks += inode.extents.chunk_count() as u64;
+            stats.segments_open += inode.extents.open_segments() as u64;
+            stats.segments += inode.extents.segment_count() as u64;
         }
         Some(stats)
     }

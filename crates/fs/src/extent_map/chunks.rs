@@ -38,10 +38,11 @@ const CHUNK_MIN: usize = CHUNK_MAX / 4;
 // A chunk is written as one extent page.
 const _: () = assert!(CHUNK_MAX <= crate::codec::PAGE_MAX_EXTENTS);
 
-/// Memory a chunk takes whatever its extents: its entry in the map's
+/// Memory a chunk takes whatever its extents: its entry in its segment's
 /// vector and its shared allocation (with the `Arc`'s two counts). An
-/// absent chunk takes this alone; the loader counts it for every chunk of
-/// a paged map against the budget ([`PageLoader::cache_charge`] counts
+/// absent chunk of an open segment takes this alone (one of a cold
+/// segment, its page reference); the loader counts it against the
+/// budget ([`Chunks::shell_bytes`]; [`PageLoader::cache_charge`] counts
 /// only the extents).
 pub(crate) const CHUNK_SHELL_BYTES: u64 = (std::mem::size_of::<Chunk>()
     + std::mem::size_of::<ChunkExtents>()
@@ -384,29 +385,53 @@ impl DerefMut for ChunkExtents {
 /// One chunk as a checkpoint sees it: its extents, and the page that holds
 /// them if one was written.
 pub struct ChunkPage<'a> {
-    chunk: &'a ChunkExtents,
+    at: PageAt<'a>,
+}
+
+enum PageAt<'a> {
+    /// A chunk of an open segment.
+    Open(&'a ChunkExtents),
+    /// Chunk `index` of a cold segment, known by its page alone.
+    Cold {
+        segment: &'a Segment,
+        index: usize,
+        page: &'a PageRef,
+    },
 }
 
 impl ChunkPage<'_> {
-    /// The extents (loading an absent chunk, see [`ChunkExtents`]).
+    /// The extents (loading an absent chunk, see [`ChunkExtents`]; a cold
+    /// segment's is opened first).
     pub fn extents(&self) -> &[Extent] {
-        &self.chunk[..]
+        match self.at {
+            PageAt::Open(chunk) => &chunk[..],
+            PageAt::Cold { segment, index, .. } => &segment.chunks()[index].extents[..],
+        }
     }
 
     /// Whether the extents are in memory (see [`ChunkExtents`]); an absent
     /// chunk always names its page.
     pub fn is_loaded(&self) -> bool {
-        self.chunk.extents.get().is_some()
+        match self.at {
+            PageAt::Open(chunk) => chunk.extents.get().is_some(),
+            PageAt::Cold { .. } => false,
+        }
     }
 
     /// Extents the chunk holds, without loading it.
     pub fn count(&self) -> usize {
-        self.chunk.count()
+        match self.at {
+            PageAt::Open(chunk) => chunk.count(),
+            PageAt::Cold { page, .. } => page.count as usize,
+        }
     }
 
     /// The page holding exactly [`ChunkPage::extents`], if one was written.
     pub fn page(&self) -> Option<PageRef> {
-        self.chunk.page.get().copied()
+        match self.at {
+            PageAt::Open(chunk) => chunk.page.get().copied(),
+            PageAt::Cold { page, .. } => Some(*page),
+        }
     }
 
     /// Records that `page` now holds the chunk's extents (written from
@@ -420,20 +445,24 @@ impl ChunkPage<'_> {
         page: PageRef,
         source: Option<&Arc<PageSource>>,
     ) -> Result<(), PageRef> {
-        match self.chunk.page.set(page) {
+        let chunk = match self.at {
+            PageAt::Open(chunk) => chunk,
+            // A cold chunk is absent and names its page: nothing to record.
+            PageAt::Cold { page: named, .. } if *named == page => return Ok(()),
+            PageAt::Cold { page: named, .. } => return Err(*named),
+        };
+        match chunk.page.set(page) {
             Ok(()) => {}
             Err(_) if self.page() == Some(page) => {}
             Err(_) => return Err(self.page().unwrap_or(page)),
         }
-        if let (Some(source), Some(last)) =
-            (source, self.chunk.extents.get().and_then(|v| v.last()))
-        {
+        if let (Some(source), Some(last)) = (source, chunk.extents.get().and_then(|v| v.last())) {
             // The page holds exactly these extents: none ends past the last.
-            let _ = self.chunk.source.set(AbsentSource {
+            let _ = chunk.source.set(AbsentSource {
                 source: source.clone(),
                 limit: last.file_end(),
             });
-            self.chunk.charge();
+            chunk.charge();
         }
         Ok(())
     }
@@ -462,18 +491,187 @@ impl std::fmt::Debug for Evicted {
     }
 }
 
-/// Where one extent is: chunk index, index in the chunk.
+/// Most chunks in one segment: a segment splits past it. A cold segment
+/// of this many chunks costs its page references and about a hundred
+/// bytes, against a shell per chunk once open. Small in unit tests, so
+/// that their few chunks span many segments.
+pub(super) const SEGMENT_MAX: usize = if cfg!(test) { 4 } else { 128 };
+/// Fewest chunks in a segment unless it is the only one, or a neighbour
+/// is cold: a smaller one is merged with an open neighbour, so the
+/// segments stay few however the chunks were removed.
+const SEGMENT_MIN: usize = if cfg!(test) { 2 } else { SEGMENT_MAX / 4 };
+
+/// Consecutive chunks of a map, in a shared copy-on-write allocation.
+///
+/// A segment is *cold* while it is known by its chunks' pages alone
+/// ([`ColdPages`]: what mount builds, and what the evictor makes of a
+/// segment whose chunks are all absent again): no chunk shell exists
+/// until a lookup reaches it and *opens* it, through a shared reference
+/// as a chunk is loaded, so that a snapshot sharing the segment sees the
+/// chunks too. Opening reads nothing: each chunk starts absent. A change
+/// to a segment (through [`open_mut`]) copies its list of chunks if a
+/// snapshot shares it, and forgets the cold list, which no longer
+/// describes it.
+#[derive(Clone, Debug)]
+struct Segment {
+    /// Its first chunk's first key.
+    first: u64,
+    body: Arc<SegmentBody>,
+}
+
+#[derive(Debug)]
+struct SegmentBody {
+    /// Unset while the segment is cold.
+    chunks: OnceLock<Vec<Chunk>>,
+    /// Set while cold; kept once opened until a change (it then still
+    /// lists the chunks' pages).
+    cold: Option<ColdPages>,
+}
+
+/// The pages of a cold segment's chunks, in key order.
+#[derive(Debug)]
+struct ColdPages {
+    pages: Vec<PageRef>,
+    source: Arc<PageSource>,
+    /// No extent of the last page may reach past this key.
+    limit: u64,
+}
+
+impl ColdPages {
+    /// The absent chunk of page `i`.
+    fn chunk(&self, i: usize) -> Chunk {
+        let limit = self.pages.get(i + 1).map_or(self.limit, |p| p.first_key);
+        Chunk::absent(self.pages[i], self.source.clone(), limit)
+    }
+
+    /// A stand-in for the absent chunk of page `i`, for a pass that drops
+    /// what it reads ([`Chunks::for_each_unkept`]).
+    fn probe(&self, i: usize) -> ChunkExtents {
+        let limit = self.pages.get(i + 1).map_or(self.limit, |p| p.first_key);
+        ChunkExtents::with(
+            OnceLock::new(),
+            OnceLock::from(self.pages[i]),
+            OnceLock::from(AbsentSource {
+                source: self.source.clone(),
+                limit,
+            }),
+        )
+    }
+}
+
+impl SegmentBody {
+    /// The chunks of a cold segment, each absent.
+    fn built_chunks(&self) -> Vec<Chunk> {
+        match &self.cold {
+            Some(cold) => (0..cold.pages.len()).map(|i| cold.chunk(i)).collect(),
+            // A segment is built open or cold; never neither.
+            None => Vec::new(),
+        }
+    }
+}
+
+impl Segment {
+    fn open_with(chunks: Vec<Chunk>) -> Self {
+        Segment {
+            first: chunks[0].first,
+            body: Arc::new(SegmentBody {
+                chunks: OnceLock::from(chunks),
+                cold: None,
+            }),
+        }
+    }
+
+    fn cold(pages: Vec<PageRef>, source: Arc<PageSource>, limit: u64) -> Self {
+        Segment {
+            first: pages[0].first_key,
+            body: Arc::new(SegmentBody {
+                chunks: OnceLock::new(),
+                cold: Some(ColdPages {
+                    pages,
+                    source,
+                    limit,
+                }),
+            }),
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self.body.chunks.get().is_some()
+    }
+
+    /// Its chunks, opening a cold segment (no I/O: they start absent).
+    fn chunks(&self) -> &[Chunk] {
+        self.body.chunks.get_or_init(|| self.body.built_chunks())
+    }
+
+    /// Chunks in it, without opening it.
+    fn chunk_count(&self) -> usize {
+        match (self.body.chunks.get(), &self.body.cold) {
+            (Some(chunks), _) => chunks.len(),
+            (None, Some(cold)) => cold.pages.len(),
+            (None, None) => 0,
+        }
+    }
+
+    /// Memory it takes beside the chunks' extents (see
+    /// [`Chunks::shell_bytes`]).
+    fn shell_bytes(&self) -> u64 {
+        let own = std::mem::size_of::<Segment>()
+            + std::mem::size_of::<SegmentBody>()
+            + 2 * std::mem::size_of::<usize>();
+        let cold = self
+            .body
+            .cold
+            .as_ref()
+            .map_or(0, |c| c.pages.capacity() * std::mem::size_of::<PageRef>())
+            as u64;
+        let open = self
+            .body
+            .chunks
+            .get()
+            .map_or(0, |c| c.len() as u64 * CHUNK_SHELL_BYTES);
+        own as u64 + cold + open
+    }
+}
+
+/// The chunks of segment `body`, to change: copied first if a snapshot
+/// shares them, opened if cold. Forgets the cold list: the change makes
+/// it stale.
+fn open_mut(body: &mut Arc<SegmentBody>) -> &mut Vec<Chunk> {
+    if Arc::get_mut(body).is_none() {
+        // A snapshot shares it: a copy of its chunks, without opening the
+        // shared one.
+        let chunks = match body.chunks.get() {
+            Some(chunks) => chunks.clone(),
+            None => body.built_chunks(),
+        };
+        *body = Arc::new(SegmentBody {
+            chunks: OnceLock::from(chunks),
+            cold: None,
+        });
+    }
+    let body = Arc::get_mut(body).expect("unshared above");
+    if body.chunks.get().is_none() {
+        let chunks = body.built_chunks();
+        let _ = body.chunks.set(chunks);
+    }
+    body.cold = None;
+    body.chunks.get_mut().expect("set above")
+}
+
+/// Where one extent is: segment, chunk in it, index in the chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Pos {
+    seg: usize,
     chunk: usize,
     idx: usize,
 }
 
-/// Extents with distinct file offsets, sorted by them.
+/// Extents with distinct file offsets, sorted by them: non-empty chunks
+/// in order, grouped in non-empty segments.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Chunks {
-    /// Non-empty chunks in order.
-    chunks: Arc<Vec<Chunk>>,
+    segments: Arc<Vec<Segment>>,
     len: usize,
 }
 
@@ -492,29 +690,68 @@ impl Chunks {
     }
 
     pub(super) fn chunk_count(&self) -> usize {
-        self.chunks.len()
+        self.segments.iter().map(Segment::chunk_count).sum()
     }
 
     pub(super) fn is_shared(&self) -> bool {
-        Arc::strong_count(&self.chunks) > 1
+        Arc::strong_count(&self.segments) > 1
+    }
+
+    /// Every chunk in order, opening every segment.
+    fn all_chunks(&self) -> impl Iterator<Item = &Chunk> + '_ {
+        self.segments.iter().flat_map(|s| s.chunks().iter())
+    }
+
+    /// Memory the map takes beside its loaded chunks' extents: a shell
+    /// per chunk of an open segment ([`CHUNK_SHELL_BYTES`]), a page
+    /// reference per chunk of a cold one, and each segment's own.
+    pub(super) fn shell_bytes(&self) -> u64 {
+        self.segments.iter().map(Segment::shell_bytes).sum()
+    }
+
+    pub(super) fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+
+    /// Segments whose chunks have shells.
+    pub(super) fn open_segments(&self) -> usize {
+        self.segments.iter().filter(|s| s.is_open()).count()
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &Extent> + '_ {
-        self.chunks.iter().flat_map(|c| c.extents.iter())
+        self.all_chunks().flat_map(|c| c.extents.iter())
     }
 
     /// The extents from `pos` on.
     pub(super) fn iter_from(&self, pos: Pos) -> impl Iterator<Item = &Extent> + '_ {
-        let (head, rest): (&[Extent], &[Chunk]) = match self.chunks.get(pos.chunk) {
-            Some(c) => (&c.extents[pos.idx..], &self.chunks[pos.chunk + 1..]),
-            None => (&[], &[]),
-        };
+        let (head, rest, later): (&[Extent], &[Chunk], &[Segment]) =
+            match self.segments.get(pos.seg) {
+                Some(s) => {
+                    let chunks = s.chunks();
+                    (
+                        &chunks[pos.chunk].extents[pos.idx..],
+                        &chunks[pos.chunk + 1..],
+                        &self.segments[pos.seg + 1..],
+                    )
+                }
+                None => (&[], &[], &[]),
+            };
         head.iter()
             .chain(rest.iter().flat_map(|c| c.extents.iter()))
+            .chain(
+                later
+                    .iter()
+                    .flat_map(|s| s.chunks().iter())
+                    .flat_map(|c| c.extents.iter()),
+            )
+    }
+
+    fn chunk(&self, pos: Pos) -> &Chunk {
+        &self.segments[pos.seg].chunks()[pos.chunk]
     }
 
     pub(super) fn get(&self, pos: Pos) -> &Extent {
-        &self.chunks[pos.chunk].extents[pos.idx]
+        &self.chunk(pos).extents[pos.idx]
     }
 
     /// The file offset of the extent at `pos`, without loading its chunk
@@ -522,28 +759,77 @@ impl Chunks {
     /// first key).
     pub(super) fn key(&self, pos: Pos) -> u64 {
         match pos.idx {
-            0 => self.chunks[pos.chunk].first,
+            0 => self.chunk(pos).first,
             _ => self.get(pos).file_off,
         }
     }
 
-    /// The index of the chunk owning `key`: the last whose first key is at
-    /// most `key`, or 0 (chunk `j` owns the keys from its first up to the
-    /// next chunk's). `None` if there are no chunks.
-    pub(super) fn owner(&self, key: u64) -> Option<usize> {
-        (!self.chunks.is_empty()).then(|| {
-            self.chunks
-                .partition_point(|c| c.first <= key)
-                .saturating_sub(1)
-        })
+    /// The chunk owning `key`: the last whose first key is at most `key`,
+    /// or the first (a chunk owns the keys from its first up to the next
+    /// chunk's). `None` if there are no chunks.
+    fn owner(&self, key: u64) -> Option<Pos> {
+        let seg = self
+            .segments
+            .partition_point(|s| s.first <= key)
+            .checked_sub(1)
+            .or((!self.segments.is_empty()).then_some(0))?;
+        let chunk = self.segments[seg]
+            .chunks()
+            .partition_point(|c| c.first <= key)
+            .saturating_sub(1);
+        Some(Pos { seg, chunk, idx: 0 })
     }
 
-    /// Loads the absent chunks among `range` (chunk indices, clamped);
-    /// returns how many it read.
-    pub(super) fn load_chunks(&self, range: std::ops::RangeInclusive<usize>) -> Result<usize> {
+    /// The chunk after the one at `pos`.
+    fn next_chunk(&self, pos: Pos) -> Option<Pos> {
+        if pos.chunk + 1 < self.segments[pos.seg].chunk_count() {
+            Some(Pos {
+                chunk: pos.chunk + 1,
+                idx: 0,
+                ..pos
+            })
+        } else {
+            (pos.seg + 1 < self.segments.len()).then_some(Pos {
+                seg: pos.seg + 1,
+                chunk: 0,
+                idx: 0,
+            })
+        }
+    }
+
+    /// Loads the absent chunks from the one owning `from` through the one
+    /// owning `to`, and `after` chunks past that; returns how many it
+    /// read.
+    pub(super) fn load_owners(&self, from: u64, to: u64, after: usize) -> Result<usize> {
+        let (Some(mut at), Some(last)) = (self.owner(from), self.owner(to)) else {
+            return Ok(0);
+        };
         let mut loaded = 0;
-        let end = (*range.end()).min(self.chunks.len().saturating_sub(1));
-        for c in self.chunks.get(*range.start()..=end).into_iter().flatten() {
+        let mut extra = 0;
+        loop {
+            let c = self.chunk(at);
+            if !c.is_loaded() {
+                c.extents.load()?;
+                loaded += 1;
+            }
+            if (at.seg, at.chunk) >= (last.seg, last.chunk) {
+                extra += 1;
+                if extra > after {
+                    break;
+                }
+            }
+            match self.next_chunk(at) {
+                Some(next) => at = next,
+                None => break,
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// Loads every absent chunk; returns how many it read.
+    pub(super) fn load_all(&self) -> Result<usize> {
+        let mut loaded = 0;
+        for c in self.all_chunks() {
             if !c.is_loaded() {
                 c.extents.load()?;
                 loaded += 1;
@@ -554,27 +840,47 @@ impl Chunks {
 
     /// Chunks whose extents are in memory.
     pub(super) fn loaded_chunks(&self) -> usize {
-        self.chunks.iter().filter(|c| c.is_loaded()).count()
+        self.segments
+            .iter()
+            .filter_map(|s| s.body.chunks.get())
+            .flatten()
+            .filter(|c| c.is_loaded())
+            .count()
     }
 
     /// Sets the clock bit of the chunk holding `pos` (see
     /// [`Chunks::evict`]).
     #[inline]
     pub(super) fn touch(&self, pos: Pos) {
-        self.chunks[pos.chunk].extents.touch();
+        self.chunk(pos).extents.touch();
     }
 
-    /// One step of the evictor's clock over chunks `from..` (at most
-    /// `max` of them): a clean chunk (extents in memory, page named)
-    /// whose clock bit is set has it cleared and is passed over; one whose
-    /// bit is clear is replaced with an absent chunk sharing its page, read
-    /// again from its own source or else `source` when next needed. Stops
-    /// early once `enough` says so, asked after each eviction with the
-    /// bytes charged so far. A changed chunk (no page) is never evicted:
-    /// only memory holds its extents; nor is one for whose key range
-    /// `[first, limit)` `keep` answers true. Returns where to go on from (`None`
-    /// past the last chunk) and the chunks replaced with what they were
-    /// charged, in the order replaced.
+    /// The segment holding chunk number `flat` of the map, and its index
+    /// there; `(segments, 0)` past the last chunk.
+    fn segment_of(&self, mut flat: usize) -> (usize, usize) {
+        for (s, seg) in self.segments.iter().enumerate() {
+            let n = seg.chunk_count();
+            if flat < n {
+                return (s, flat);
+            }
+            flat -= n;
+        }
+        (self.segments.len(), 0)
+    }
+
+    /// One step of the evictor's clock over chunks `from..` (numbered
+    /// across the map, at most `max` of them): a clean chunk (extents in
+    /// memory, page named) whose clock bit is set has it cleared and is
+    /// passed over; one whose bit is clear is replaced with an absent
+    /// chunk sharing its page, read again from its own source or else
+    /// `source` when next needed. Stops early once `enough` says so,
+    /// asked after each eviction with the bytes charged so far. A changed
+    /// chunk (no page) is never evicted: only memory holds its extents;
+    /// nor is one for whose key range `[first, limit)` `keep` answers
+    /// true. A segment the step leaves with every chunk absent becomes
+    /// cold again, its shells dropped. Returns where to go on from
+    /// (`None` past the last chunk) and the chunks replaced with what
+    /// they were charged, in the order replaced.
     pub(super) fn evict(
         &mut self,
         from: usize,
@@ -585,61 +891,126 @@ impl Chunks {
     ) -> (Option<usize>, Vec<Evicted>) {
         let mut evicted = Vec::new();
         let mut freed = 0;
-        let end = from.saturating_add(max).min(self.chunks.len());
+        let (mut s, mut c) = self.segment_of(from);
         let mut at = from;
-        while at < end {
-            let i = at;
-            at += 1;
-            let c = &self.chunks[i];
-            let Some(page) = c.extents.page.get().copied().filter(|_| c.is_loaded()) else {
-                continue;
-            };
-            if c.extents.referenced.load(Ordering::Relaxed) {
-                c.extents.referenced.store(false, Ordering::Relaxed);
-                continue;
-            }
-            let src = c
-                .extents
-                .source
-                .get()
-                .map_or_else(|| source.clone(), |a| a.source.clone());
-            let limit = self.chunks.get(i + 1).map_or(u64::MAX, |n| n.first);
-            if keep(c.first, limit) {
+        let end = from.saturating_add(max);
+        let mut stop = false;
+        while s < self.segments.len() && at < end && !stop {
+            let n = self.segments[s].chunk_count();
+            if !self.segments[s].is_open() {
+                // Cold: every chunk absent already.
+                at += n - c;
+                (s, c) = (s + 1, 0);
                 continue;
             }
-            let bytes = u64::from(c.extents.charged.load(Ordering::Relaxed));
-            let absent = Chunk::absent(page, src, limit);
-            let old = std::mem::replace(&mut Arc::make_mut(&mut self.chunks)[i], absent);
-            evicted.push(Evicted {
-                first: old.first,
-                _old: old.extents,
-                charged: bytes,
-            });
-            freed += bytes;
-            if enough(freed) {
-                break;
+            while c < n && at < end {
+                let i = c;
+                (c, at) = (c + 1, at + 1);
+                let chunks = self.segments[s].chunks();
+                let ch = &chunks[i];
+                let Some(page) = ch.extents.page.get().copied().filter(|_| ch.is_loaded()) else {
+                    continue;
+                };
+                if ch.extents.referenced.load(Ordering::Relaxed) {
+                    ch.extents.referenced.store(false, Ordering::Relaxed);
+                    continue;
+                }
+                let src = ch
+                    .extents
+                    .source
+                    .get()
+                    .map_or_else(|| source.clone(), |a| a.source.clone());
+                let limit = match chunks.get(i + 1) {
+                    Some(next) => next.first,
+                    None => self.segments.get(s + 1).map_or(u64::MAX, |n| n.first),
+                };
+                if keep(ch.first, limit) {
+                    continue;
+                }
+                let bytes = u64::from(ch.extents.charged.load(Ordering::Relaxed));
+                let absent = Chunk::absent(page, src, limit);
+                let seg = &mut Arc::make_mut(&mut self.segments)[s];
+                let old = std::mem::replace(&mut open_mut(&mut seg.body)[i], absent);
+                evicted.push(Evicted {
+                    first: old.first,
+                    _old: old.extents,
+                    charged: bytes,
+                });
+                freed += bytes;
+                if enough(freed) {
+                    stop = true;
+                    break;
+                }
+            }
+            if c >= n {
+                self.make_cold_if_absent(s, source);
+                (s, c) = (s + 1, 0);
             }
         }
-        ((at < self.chunks.len()).then_some(at), evicted)
+        let total = self.chunk_count();
+        ((at < total).then_some(at), evicted)
+    }
+
+    /// Makes segment `s` cold if every chunk of it is absent (its shells
+    /// are then dropped; a snapshot sharing them keeps its own).
+    fn make_cold_if_absent(&mut self, s: usize, source: &Arc<PageSource>) {
+        let Some(chunks) = self.segments[s].body.chunks.get() else {
+            return;
+        };
+        let mut pages = Vec::with_capacity(chunks.len());
+        for ch in chunks {
+            match ch.extents.page.get() {
+                Some(page) if !ch.is_loaded() => pages.push(*page),
+                _ => return,
+            }
+        }
+        if pages.is_empty() {
+            return;
+        }
+        let limit = self.segments.get(s + 1).map_or(u64::MAX, |n| n.first);
+        Arc::make_mut(&mut self.segments)[s] = Segment::cold(pages, source.clone(), limit);
     }
 
     /// Passes every extent to `f` in order, reading the page of each
     /// absent chunk into a buffer that is dropped after: the chunk stays
-    /// absent, so a pass over every extent keeps none of them. Stops
-    /// (`Ok(false)`) when `f` returns `false`, and at a page that fails to
-    /// load (its error).
+    /// absent (a cold segment stays cold), so a pass over every extent
+    /// keeps none of them. Stops (`Ok(false)`) when `f` returns `false`,
+    /// and at a page that fails to load (its error).
     pub(super) fn for_each_unkept(&self, mut f: impl FnMut(&Extent) -> bool) -> Result<bool> {
-        for c in self.chunks.iter() {
-            let more = match c.extents.extents.get() {
-                Some(v) => v.iter().all(&mut f),
-                None => {
-                    let probe = ChunkExtents::with(
-                        OnceLock::new(),
-                        c.extents.page.clone(),
-                        c.extents.source.clone(),
-                    );
-                    probe.load_for(LoadPurpose::Scan)?.iter().all(&mut f)
+        for seg in self.segments.iter() {
+            let more = match (seg.body.chunks.get(), &seg.body.cold) {
+                (Some(chunks), _) => {
+                    let mut more = true;
+                    for c in chunks {
+                        more = match c.extents.extents.get() {
+                            Some(v) => v.iter().all(&mut f),
+                            None => {
+                                let probe = ChunkExtents::with(
+                                    OnceLock::new(),
+                                    c.extents.page.clone(),
+                                    c.extents.source.clone(),
+                                );
+                                probe.load_for(LoadPurpose::Scan)?.iter().all(&mut f)
+                            }
+                        };
+                        if !more {
+                            break;
+                        }
+                    }
+                    more
                 }
+                (None, Some(cold)) => {
+                    let mut more = true;
+                    for i in 0..cold.pages.len() {
+                        let probe = cold.probe(i);
+                        more = probe.load_for(LoadPurpose::Scan)?.iter().all(&mut f);
+                        if !more {
+                            break;
+                        }
+                    }
+                    more
+                }
+                (None, None) => true,
             };
             if !more {
                 return Ok(false);
@@ -648,24 +1019,29 @@ impl Chunks {
         Ok(true)
     }
 
+    /// The chunks of segment `s`, to change (see [`open_mut`]).
+    fn segment_mut(&mut self, s: usize) -> &mut Vec<Chunk> {
+        open_mut(&mut Arc::make_mut(&mut self.segments)[s].body)
+    }
+
     /// The extent at `pos`, to change in place (its chunk copied first if
     /// a snapshot shares it). The caller must keep its file offset.
     pub(super) fn get_mut(&mut self, pos: Pos) -> &mut Extent {
-        let chunk = &mut Arc::make_mut(&mut self.chunks)[pos.chunk];
+        let chunk = &mut self.segment_mut(pos.seg)[pos.chunk];
         &mut Arc::make_mut(&mut chunk.extents)[pos.idx]
     }
 
     /// The last extent whose file offset is at most `key`.
     pub(super) fn last_at_or_before(&self, key: u64) -> Option<Pos> {
-        let chunk = self
-            .chunks
-            .partition_point(|c| c.first <= key)
+        let seg = self
+            .segments
+            .partition_point(|s| s.first <= key)
             .checked_sub(1)?;
-        let idx = self.chunks[chunk]
-            .extents
-            .partition_point(|e| e.file_off <= key)
-            - 1; // ≥ 1: the chunk's first offset is at most `key`.
-        Some(Pos { chunk, idx })
+        let chunks = self.segments[seg].chunks();
+        // ≥ 1: the segment's first key is its first chunk's.
+        let chunk = chunks.partition_point(|c| c.first <= key) - 1;
+        let idx = chunks[chunk].extents.partition_point(|e| e.file_off <= key) - 1; // ≥ 1: the chunk's first offset is at most `key`.
+        Some(Pos { seg, chunk, idx })
     }
 
     /// The last extent whose file offset is below `key`.
@@ -696,22 +1072,21 @@ impl Chunks {
     }
 
     fn first(&self) -> Option<Pos> {
-        (!self.chunks.is_empty()).then_some(Pos { chunk: 0, idx: 0 })
+        (!self.segments.is_empty()).then_some(Pos {
+            seg: 0,
+            chunk: 0,
+            idx: 0,
+        })
     }
 
     pub(super) fn next(&self, pos: Pos) -> Option<Pos> {
-        if pos.idx + 1 < self.chunks[pos.chunk].extents.len() {
+        if pos.idx + 1 < self.chunk(pos).extents.len() {
             Some(Pos {
                 idx: pos.idx + 1,
                 ..pos
             })
-        } else if pos.chunk + 1 < self.chunks.len() {
-            Some(Pos {
-                chunk: pos.chunk + 1,
-                idx: 0,
-            })
         } else {
-            None
+            self.next_chunk(pos)
         }
     }
 
@@ -719,36 +1094,53 @@ impl Chunks {
     /// stored under its offset yet.
     pub(super) fn insert(&mut self, e: Extent) {
         debug_assert!(self.find(e.file_off).is_none(), "{e:?} already stored");
-        let chunks = Arc::make_mut(&mut self.chunks);
         self.len += 1;
-        if chunks.is_empty() {
-            chunks.push(Chunk::new(vec![e]));
+        let Some(at) = self.owner(e.file_off) else {
+            Arc::make_mut(&mut self.segments).push(Segment::open_with(vec![Chunk::new(vec![e])]));
             return;
-        }
-        let at = chunks
-            .partition_point(|c| c.first <= e.file_off)
-            .saturating_sub(1);
-        let extents = Arc::make_mut(&mut chunks[at].extents);
+        };
+        let extents = Arc::make_mut(&mut self.segment_mut(at.seg)[at.chunk].extents);
         let idx = extents.partition_point(|x| x.file_off < e.file_off);
         grow_for_one_more(extents);
         extents.insert(idx, e);
-        rebalance(chunks, at);
+        self.rebalance(at.seg, at.chunk);
+    }
+
+    /// Appends a chunk after every stored one, into the last segment if it
+    /// is open and has room.
+    fn push_chunk_entry(&mut self, chunk: Chunk) {
+        let segments = Arc::make_mut(&mut self.segments);
+        match segments.last_mut() {
+            Some(last) if last.is_open() && last.chunk_count() < SEGMENT_MAX => {
+                open_mut(&mut last.body).push(chunk)
+            }
+            _ => segments.push(Segment::open_with(vec![chunk])),
+        }
     }
 
     /// Appends `e`, whose offset must be above every stored one: how a map
     /// read from disk is built, filling chunks to [`CHUNK_MAX`].
     pub(super) fn push(&mut self, e: Extent) {
         debug_assert!(self
-            .chunks
+            .segments
             .last()
+            .and_then(|s| s.chunks().last())
             .and_then(|c| c.extents.last())
             .is_none_or(|l| l.file_off < e.file_off));
-        let chunks = Arc::make_mut(&mut self.chunks);
         self.len += 1;
-        match chunks.last_mut() {
-            Some(c) if c.extents.len() < CHUNK_MAX => Arc::make_mut(&mut c.extents).push(e),
-            _ => chunks.push(Chunk::new(vec![e])),
+        if let Some(last) = Arc::make_mut(&mut self.segments)
+            .last_mut()
+            .filter(|s| s.is_open())
+        {
+            if let Some(c) = open_mut(&mut last.body)
+                .last_mut()
+                .filter(|c| c.extents.len() < CHUNK_MAX)
+            {
+                Arc::make_mut(&mut c.extents).push(e);
+                return;
+            }
         }
+        self.push_chunk_entry(Chunk::new(vec![e]));
     }
 
     /// Appends a chunk of `extents`, held by `page` if given, after every
@@ -762,31 +1154,66 @@ impl Chunks {
             let _ = chunk.extents.page.set(page);
         }
         self.len += chunk.extents.len();
-        Arc::make_mut(&mut self.chunks).push(chunk);
+        self.push_chunk_entry(chunk);
     }
 
     /// Appends an absent chunk held by `page`, read from `source` when
     /// first needed, whose extents end by `limit` (the next page's first
     /// key, or `u64::MAX`): how mount builds a paged file's map without
-    /// reading its pages. `page` must be above every stored offset and
-    /// hold 1..=[`CHUNK_MAX`] extents (the caller checks).
+    /// reading its pages, in cold segments. `page` must be above every
+    /// stored offset and hold 1..=[`CHUNK_MAX`] extents (the caller
+    /// checks).
     pub(super) fn push_absent(&mut self, page: PageRef, source: Arc<PageSource>, limit: u64) {
         debug_assert!(page.count >= 1 && page.count as usize <= CHUNK_MAX);
         self.len += page.count as usize;
-        Arc::make_mut(&mut self.chunks).push(Chunk::absent(page, source, limit));
+        let segments = Arc::make_mut(&mut self.segments);
+        if let Some(cold) = segments
+            .last_mut()
+            .and_then(|s| Arc::get_mut(&mut s.body))
+            .filter(|b| b.chunks.get().is_none())
+            .and_then(|b| b.cold.as_mut())
+            .filter(|c| c.pages.len() < SEGMENT_MAX && Arc::ptr_eq(&c.source, &source))
+        {
+            if cold.pages.capacity() == cold.pages.len() {
+                cold.pages.reserve_exact(SEGMENT_MAX - cold.pages.len());
+            }
+            cold.pages.push(page);
+            cold.limit = limit;
+            return;
+        }
+        segments.push(Segment::cold(vec![page], source, limit));
     }
 
-    /// The chunks in order, with their pages.
+    /// The chunks in order, with their pages; a cold segment's are known
+    /// without opening it.
     pub(super) fn pages(&self) -> impl Iterator<Item = ChunkPage<'_>> + '_ {
-        self.chunks.iter().map(|c| ChunkPage { chunk: &c.extents })
+        self.segments.iter().flat_map(|segment| {
+            let (open, cold): (&[Chunk], &[PageRef]) =
+                match (segment.body.chunks.get(), &segment.body.cold) {
+                    (Some(chunks), _) => (chunks, &[]),
+                    (None, Some(cold)) => (&[], &cold.pages),
+                    (None, None) => (&[], &[]),
+                };
+            open.iter()
+                .map(|c| ChunkPage {
+                    at: PageAt::Open(&c.extents),
+                })
+                .chain(cold.iter().enumerate().map(move |(index, page)| ChunkPage {
+                    at: PageAt::Cold {
+                        segment,
+                        index,
+                        page,
+                    },
+                }))
+        })
     }
 
     /// Removes the extent at `pos` and returns it.
     pub(super) fn remove(&mut self, pos: Pos) -> Extent {
-        let chunks = Arc::make_mut(&mut self.chunks);
-        let e = Arc::make_mut(&mut chunks[pos.chunk].extents).remove(pos.idx);
+        let chunk = &mut self.segment_mut(pos.seg)[pos.chunk];
+        let e = Arc::make_mut(&mut chunk.extents).remove(pos.idx);
         self.len -= 1;
-        rebalance(chunks, pos.chunk);
+        self.rebalance(pos.seg, pos.chunk);
         e
     }
 
@@ -799,38 +1226,53 @@ impl Chunks {
         else {
             return;
         };
-        let chunks = Arc::make_mut(&mut self.chunks);
-        let mut c = start.chunk;
-        let mut from = start.idx;
+        let (mut s, mut c, mut from) = (start.seg, start.chunk, start.idx);
         // At most two chunks are cut rather than dropped: the first and the
-        // last touched.
+        // last touched. Each is known by a key it keeps: rebalancing one
+        // may merge segments and move the other.
         let mut cut = Vec::new();
-        while c < chunks.len() {
-            let n = chunks[c].extents.len();
-            let to = chunks[c].extents.partition_point(|e| e.file_off < end);
-            for e in &chunks[c].extents[from..to] {
-                removed(*e);
-            }
-            self.len -= to - from;
-            if from == 0 && to == n {
-                chunks.remove(c);
+        loop {
+            let chunks = open_mut(&mut Arc::make_mut(&mut self.segments)[s].body);
+            let mut ends_here = false;
+            while c < chunks.len() {
+                let n = chunks[c].extents.len();
+                let to = chunks[c].extents.partition_point(|e| e.file_off < end);
+                for e in &chunks[c].extents[from..to] {
+                    removed(*e);
+                }
+                self.len -= to - from;
+                if from == 0 && to == n {
+                    chunks.remove(c);
+                    from = 0;
+                    continue;
+                }
+                if to > from {
+                    Arc::make_mut(&mut chunks[c].extents).drain(from..to);
+                    cut.push(chunks[c].extents[0].file_off);
+                }
+                if to < n {
+                    ends_here = true;
+                    break; // This chunk goes on past the span.
+                }
+                c += 1;
                 from = 0;
-                continue;
             }
-            if to > from {
-                Arc::make_mut(&mut chunks[c].extents).drain(from..to);
-                cut.push(c);
+            let segments = Arc::make_mut(&mut self.segments);
+            if chunks_of(&segments[s]).is_empty() {
+                segments.remove(s);
+            } else {
+                segments[s].first = chunks_of(&segments[s])[0].first;
+                s += 1;
             }
-            if to < n {
-                break; // This chunk goes on past the span.
+            (c, from) = (0, 0);
+            if ends_here || s >= self.segments.len() {
+                break;
             }
-            c += 1;
-            from = 0;
         }
-        // The cut chunks are neighbours now; the later one first, so that
-        // the earlier one's index stays valid.
-        for &c in cut.iter().rev() {
-            rebalance(chunks, c);
+        for &key in cut.iter().rev() {
+            if let Some(at) = self.owner(key) {
+                self.rebalance(at.seg, at.chunk);
+            }
         }
     }
 
@@ -844,74 +1286,147 @@ impl Chunks {
     /// gallop touches lines near the cursor, whose loads do not wait on
     /// each other.
     pub(super) fn extents_in_spans(&self, spans: &[(u64, u64)], out: &mut Vec<Extent>) {
-        let (mut at, mut from) = (0, 0);
+        let segments = &self.segments[..];
+        let (mut s, mut at, mut from) = (0, 0, 0);
         for &(start, end) in spans {
-            while at + 1 < self.chunks.len() && self.chunks[at + 1].first <= start {
-                at += 1;
-                from = 0;
+            // Past whole segments first: a cold one is not opened.
+            while s + 1 < segments.len() && segments[s + 1].first <= start {
+                (s, at, from) = (s + 1, 0, 0);
             }
-            let Some(chunk) = self.chunks.get(at) else {
+            let Some(segment) = segments.get(s) else {
                 return;
             };
-            from = first_key_at_or_after(&chunk.extents, from, start);
-            for (i, chunk) in self.chunks[at..].iter().enumerate() {
-                // A chunk past the span is not read (its first key says
-                // so): the evictor may have left it absent (`keep`).
-                if i > 0 && chunk.first >= end {
-                    at += i;
-                    break;
-                }
-                let to = first_key_at_or_after(&chunk.extents, from, end);
-                out.extend_from_slice(&chunk.extents[from..to]);
+            let chunks = segment.chunks();
+            while at + 1 < chunks.len() && chunks[at + 1].first <= start {
+                (at, from) = (at + 1, 0);
+            }
+            from = first_key_at_or_after(&chunks[at].extents, from, start);
+            let mut pos = Pos {
+                seg: s,
+                chunk: at,
+                idx: from,
+            };
+            loop {
+                let chunk = self.chunk(pos);
+                let to = first_key_at_or_after(&chunk.extents, pos.idx, end);
+                out.extend_from_slice(&chunk.extents[pos.idx..to]);
                 if to < chunk.extents.len() {
-                    at += i;
-                    from = to;
+                    (s, at, from) = (pos.seg, pos.chunk, to);
                     break;
                 }
-                from = 0;
+                // A chunk past the span is not read (its first key says
+                // so): the evictor may have left it absent (`keep`), and a
+                // segment past it cold.
+                let next = self.next_chunk(pos).filter(|n| {
+                    if n.seg != pos.seg {
+                        segments[n.seg].first < end
+                    } else {
+                        self.chunk(*n).first < end
+                    }
+                });
+                match next {
+                    Some(n) => pos = n,
+                    None => {
+                        (s, at, from) = (pos.seg, pos.chunk, to);
+                        break;
+                    }
+                }
             }
         }
     }
 
-    /// Checks the chunking itself: no empty or oversized chunk, first
-    /// offsets right, offsets strictly increasing, length right.
+    /// Checks the chunking itself: no empty or oversized chunk or segment,
+    /// first offsets right, offsets strictly increasing, length right, a
+    /// cold list that still lists its open segment's pages.
     pub(super) fn check(&self) -> Result<(), String> {
         let mut count = 0;
         let mut prev: Option<u64> = None;
-        for (i, c) in self.chunks.iter().enumerate() {
-            let n = c.count();
-            if !c.is_loaded() {
-                // Checked when loaded; only what is known without it here.
-                if c.extents.page.get().map(|p| p.first_key) != Some(c.first) || n == 0 {
-                    return Err(format!("absent extent chunk #{i} does not match its page"));
+        for (s, seg) in self.segments.iter().enumerate() {
+            let n = seg.chunk_count();
+            if n == 0 {
+                return Err(format!("extent segment #{s} is empty"));
+            }
+            match (seg.body.chunks.get(), &seg.body.cold) {
+                (None, Some(cold)) => {
+                    if seg.first != cold.pages[0].first_key {
+                        return Err(format!(
+                            "cold extent segment #{s} is filed under the wrong key"
+                        ));
+                    }
+                    for (i, page) in cold.pages.iter().enumerate() {
+                        if page.count == 0 || page.count as usize > CHUNK_MAX {
+                            return Err(format!(
+                                "cold extent segment #{s}, page #{i}: {} extents",
+                                page.count
+                            ));
+                        }
+                        if prev.is_some_and(|p| p >= page.first_key) {
+                            return Err(format!(
+                                "cold extent segment #{s}, page #{i} is out of order"
+                            ));
+                        }
+                        prev = Some(page.first_key);
+                        count += page.count as usize;
+                    }
+                    continue;
                 }
-                if prev.is_some_and(|p| p >= c.first) {
-                    return Err(format!("absent extent chunk #{i} is out of order"));
+                (Some(chunks), cold) => {
+                    if seg.first != chunks[0].first {
+                        return Err(format!(
+                            "extent segment #{s} is filed under offset {} but starts at {}",
+                            seg.first, chunks[0].first
+                        ));
+                    }
+                    if let Some(cold) = cold {
+                        let listed = chunks.iter().map(|c| c.extents.page.get().copied());
+                        if !listed.eq(cold.pages.iter().map(|p| Some(*p))) {
+                            return Err(format!("extent segment #{s} changed under its cold list"));
+                        }
+                    }
                 }
-                prev = Some(c.first);
-                count += n;
-                continue;
+                (None, None) => return Err(format!("extent segment #{s} has no chunks")),
             }
-            if n == 0 || n > CHUNK_MAX {
-                return Err(format!("extent chunk #{i} holds {n} extents"));
-            }
-            if c.first != c.extents[0].file_off {
-                return Err(format!(
-                    "extent chunk #{i} is filed under offset {} but starts at {}",
-                    c.first, c.extents[0].file_off
-                ));
-            }
-            for e in c.extents.iter() {
-                if prev.is_some_and(|p| p >= e.file_off) {
+            for (i, c) in seg.chunks().iter().enumerate() {
+                let n = c.count();
+                if !c.is_loaded() {
+                    // Checked when loaded; only what is known without it here.
+                    if c.extents.page.get().map(|p| p.first_key) != Some(c.first) || n == 0 {
+                        return Err(format!(
+                            "absent extent chunk #{i} of segment #{s} does not match its page"
+                        ));
+                    }
+                    if prev.is_some_and(|p| p >= c.first) {
+                        return Err(format!(
+                            "absent extent chunk #{i} of segment #{s} is out of order"
+                        ));
+                    }
+                    prev = Some(c.first);
+                    count += n;
+                    continue;
+                }
+                if n == 0 || n > CHUNK_MAX {
                     return Err(format!(
-                        "extent chunk #{i}: offset {} does not follow {}",
-                        e.file_off,
-                        prev.unwrap_or(0)
+                        "extent chunk #{i} of segment #{s} holds {n} extents"
                     ));
                 }
-                prev = Some(e.file_off);
+                if c.first != c.extents[0].file_off {
+                    return Err(format!(
+                        "extent chunk #{i} of segment #{s} is filed under offset {} but starts at {}",
+                        c.first, c.extents[0].file_off
+                    ));
+                }
+                for e in c.extents.iter() {
+                    if prev.is_some_and(|p| p >= e.file_off) {
+                        return Err(format!(
+                            "extent chunk #{i} of segment #{s}: offset {} does not follow {}",
+                            e.file_off,
+                            prev.unwrap_or(0)
+                        ));
+                    }
+                    prev = Some(e.file_off);
+                }
+                count += n;
             }
-            count += n;
         }
         if count != self.len {
             return Err(format!(
@@ -921,6 +1436,109 @@ impl Chunks {
         }
         Ok(())
     }
+
+    /// Restores the chunk and segment rules around chunk `at` of segment
+    /// `s` after a change to that chunk: drops it if empty, refreshes the
+    /// first offsets, splits it if too big, merges it with a neighbour if
+    /// too small (across segments when it is alone in its own), and then
+    /// the same for its segment.
+    fn rebalance(&mut self, s: usize, at: usize) {
+        let chunks = self.segment_mut(s);
+        let alone = chunks.len() == 1;
+        let n = chunks[at].extents.len();
+        if alone && n > 0 && n < CHUNK_MIN && self.segments.len() > 1 {
+            self.merge_across(s);
+            return;
+        }
+        rebalance_chunks(self.segment_mut(s), at);
+        self.fix_segment(s);
+    }
+
+    /// Merges the only chunk of segment `s`, too small, into the nearest
+    /// chunk of a neighbouring segment if both are loaded (merging would
+    /// otherwise read a page), dropping segment `s`.
+    fn merge_across(&mut self, s: usize) {
+        let right = s + 1 < self.segments.len();
+        let (n, neighbour) = if right {
+            (s + 1, 0)
+        } else {
+            (s - 1, usize::MAX)
+        };
+        let near = match self.segments[n].body.chunks.get() {
+            Some(chunks) => {
+                let i = neighbour.min(chunks.len() - 1);
+                chunks[i].is_loaded().then_some(i)
+            }
+            None => None,
+        };
+        let mine_loaded = self.segments[s]
+            .body
+            .chunks
+            .get()
+            .is_some_and(|c| c[0].is_loaded());
+        let (Some(i), true) = (near, mine_loaded) else {
+            self.fix_segment(s);
+            return;
+        };
+        let mine = self.segment_mut(s).remove(0);
+        Arc::make_mut(&mut self.segments).remove(s);
+        let n = if right { n - 1 } else { n };
+        let chunks = self.segment_mut(n);
+        let target = Arc::make_mut(&mut chunks[i].extents);
+        let target: &mut Vec<Extent> = target;
+        if right {
+            let mut joined = mine.extents.to_vec();
+            joined.extend_from_slice(target);
+            *target = joined;
+        } else {
+            target.extend_from_slice(&mine.extents);
+        }
+        let len = target.len();
+        if len > CHUNK_MAX {
+            let tail = target.split_off(len / 2);
+            trim_slack(target);
+            chunks.insert(i + 1, Chunk::new(tail));
+        }
+        chunks[i].first = chunks[i].extents[0].file_off;
+        self.fix_segment(n);
+    }
+
+    /// Restores the segment rules for segment `s`: drops it if empty,
+    /// refreshes its first key, splits it if too big, merges it with an
+    /// open neighbour if too small.
+    fn fix_segment(&mut self, s: usize) {
+        let segments = Arc::make_mut(&mut self.segments);
+        let n = segments[s].chunk_count();
+        if n == 0 {
+            segments.remove(s);
+            return;
+        }
+        segments[s].first = chunks_of(&segments[s])[0].first;
+        if n > SEGMENT_MAX {
+            let tail = open_mut(&mut segments[s].body).split_off(n / 2);
+            segments.insert(s + 1, Segment::open_with(tail));
+        } else if n < SEGMENT_MIN && segments.len() > 1 {
+            let left = if s + 1 < segments.len() { s } else { s - 1 };
+            // Merging a cold neighbour would give it shells it does not
+            // need.
+            if !(segments[left].is_open() && segments[left + 1].is_open()) {
+                return;
+            }
+            let right = segments.remove(left + 1);
+            let merged = open_mut(&mut segments[left].body);
+            merged.extend_from_slice(right.chunks());
+            let n = merged.len();
+            if n > SEGMENT_MAX {
+                let tail = merged.split_off(n / 2);
+                segments.insert(left + 1, Segment::open_with(tail));
+            }
+        }
+    }
+}
+
+/// The chunks of an open segment.
+fn chunks_of(segment: &Segment) -> &[Chunk] {
+    segment.body.chunks.get().map_or(&[], Vec::as_slice)
 }
 
 /// Most room a chunk keeps past its extents, as a fraction of them: a
@@ -948,7 +1566,7 @@ fn trim_slack(extents: &mut Vec<Extent>) {
 /// Restores the chunk rules around `at` after a change to that chunk:
 /// drops it if empty, refreshes its first offset, splits it if too big,
 /// merges it with a neighbour if too small.
-fn rebalance(chunks: &mut Vec<Chunk>, at: usize) {
+fn rebalance_chunks(chunks: &mut Vec<Chunk>, at: usize) {
     let n = chunks[at].extents.len();
     if n == 0 {
         chunks.remove(at);
@@ -992,7 +1610,7 @@ pub(super) mod testing {
     // parent module, which imports this one.
     use crate::codec::PageRef;
     use crate::error::Result;
-    use crate::extent_map::chunks::{Chunks, LoadPurpose, PageLoader, PageSource};
+    use crate::extent_map::chunks::{Chunk, Chunks, LoadPurpose, PageLoader, PageSource};
     use crate::types::{Extent, Ino};
 
     #[derive(Default)]
@@ -1002,6 +1620,16 @@ pub(super) mod testing {
         pub unplanned: AtomicUsize,
         /// Pages that fail to load (as a damaged page does).
         pub damaged: Mutex<Vec<u64>>,
+    }
+
+    impl PageStore {
+        /// Keeps `extents` as the page `page` names.
+        pub fn keep(&self, page: &PageRef, extents: &[Extent]) {
+            self.pages
+                .lock()
+                .unwrap()
+                .insert(page.addr, extents.to_vec());
+        }
     }
 
     impl PageLoader for PageStore {
@@ -1043,22 +1671,19 @@ pub(super) mod testing {
                 loader: store.clone(),
             });
             let mut rebuilt = Chunks::default();
-            let n = self.chunks.len();
-            for i in 0..n {
-                let c = &self.chunks[i];
+            let chunks: Vec<&Chunk> = self.all_chunks().collect();
+            for (i, c) in chunks.iter().enumerate() {
+                // A loaded chunk's page is kept whoever named it (a
+                // checkpoint may have named it without keeping it).
                 let page = match c.extents.page.get() {
-                    Some(p) => *p,
-                    None => {
-                        let p = page_of(&c.extents);
-                        store
-                            .pages
-                            .lock()
-                            .unwrap()
-                            .insert(p.addr, c.extents.to_vec());
+                    Some(p) if !c.is_loaded() => *p,
+                    named => {
+                        let p = named.copied().unwrap_or_else(|| page_of(&c.extents));
+                        store.keep(&p, &c.extents);
                         p
                     }
                 };
-                let limit = self.chunks.get(i + 1).map_or(u64::MAX, |c| c.first);
+                let limit = chunks.get(i + 1).map_or(u64::MAX, |c| c.first);
                 rebuilt.push_absent(page, source.clone(), limit);
             }
             *self = rebuilt;
@@ -1090,7 +1715,7 @@ mod tests {
     #[test]
     fn changed_chunks_keep_little_room_past_their_extents() {
         let room_ok = |c: &Chunks| {
-            c.chunks.iter().all(|ch| {
+            c.all_chunks().all(|ch| {
                 let v = ch.extents.extents.get().unwrap();
                 v.capacity() <= v.len() + v.len() / SLACK_DIVISOR + 1
             })
@@ -1110,8 +1735,7 @@ mod tests {
         // Removals leave room where they remove, but never add any: a
         // merge gives back what it gathers past the slack.
         let capacity = |c: &Chunks| -> usize {
-            c.chunks
-                .iter()
+            c.all_chunks()
                 .map(|ch| ch.extents.extents.get().unwrap().capacity())
                 .sum()
         };
@@ -1131,12 +1755,10 @@ mod tests {
     impl Chunks {
         /// Chunks of `self` that `other` shares (same allocation).
         fn shared_with(&self, other: &Chunks) -> usize {
-            self.chunks
-                .iter()
+            self.all_chunks()
                 .filter(|c| {
                     other
-                        .chunks
-                        .iter()
+                        .all_chunks()
                         .any(|o| Arc::ptr_eq(&c.extents, &o.extents))
                 })
                 .count()
@@ -1149,7 +1771,7 @@ mod tests {
         for k in 0..(20 * CHUNK_MAX as u64) {
             live.push(ext(2 * k));
         }
-        let chunks = live.chunks.len();
+        let chunks = live.chunk_count();
         assert_eq!(chunks, 20);
         let snapshot = live.clone();
         let at = live.last_at_or_before(2 * 150).unwrap();
@@ -1158,7 +1780,7 @@ mod tests {
         // An insert into a full chunk splits it: two new chunks, the rest
         // still shared.
         live.insert(ext(2 * 77 + 1));
-        assert_eq!(live.chunks.len(), chunks + 1);
+        assert_eq!(live.chunk_count(), chunks + 1);
         assert_eq!(live.shared_with(&snapshot), chunks - 2);
         live.check().unwrap();
         snapshot.check().unwrap();
@@ -1235,14 +1857,14 @@ mod tests {
             ino: 1,
             loader: store.clone(),
         });
-        live.load_chunks(0..=usize::MAX).unwrap();
+        live.load_all().unwrap();
         let want: Vec<Extent> = live.iter().copied().collect();
         // Chunk 1 looked up, chunk 3 changed (it names no page now).
         live.touch(live.last_at_or_before(2 * CHUNK_MAX as u64).unwrap());
         let at = live.find(2 * 3 * CHUNK_MAX as u64 + 2).unwrap();
         live.get_mut(at).state = ExtentState::Written;
         let snapshot = live.clone();
-        let loaded = |c: &Chunks| c.chunks.iter().map(Chunk::is_loaded).collect::<Vec<_>>();
+        let loaded = |c: &Chunks| c.all_chunks().map(Chunk::is_loaded).collect::<Vec<_>>();
         let (next, evicted) = live.evict(0, usize::MAX, &source, |_, _| false, |_| false);
         assert_eq!(next, None);
         assert_eq!(loaded(&live), [false, true, false, true, false, false]);
@@ -1252,7 +1874,7 @@ mod tests {
         assert_eq!(again.len(), 1);
         assert_eq!(loaded(&live), [false, false, false, true, false, false]);
         let loads = store.loads.load(std::sync::atomic::Ordering::Relaxed);
-        live.load_chunks(0..=usize::MAX).unwrap();
+        live.load_all().unwrap();
         assert_eq!(
             store.loads.load(std::sync::atomic::Ordering::Relaxed) - loads,
             5,
@@ -1320,6 +1942,11 @@ mod tests {
         Mark(u64),
         Snapshot,
         Checkpoint,
+        /// A checkpoint whose pages are kept in a store, then two sweeps
+        /// of the evictor over every chunk.
+        Evict,
+        /// A checkpoint and a remount: every segment cold.
+        Unload,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1330,6 +1957,8 @@ mod tests {
             1 => (0..200u64).prop_map(Op::Mark),
             1 => Just(Op::Snapshot),
             1 => Just(Op::Checkpoint),
+            1 => Just(Op::Evict),
+            1 => Just(Op::Unload),
         ]
     }
 
@@ -1360,6 +1989,7 @@ mod tests {
             let mut c = Chunks::default();
             let mut model = BTreeMap::new();
             let mut snapshots = Vec::new();
+            let store = Arc::new(testing::PageStore::default());
             for op in ops {
                 match op {
                     Op::Insert(k) => {
@@ -1389,11 +2019,35 @@ mod tests {
                     Op::Checkpoint => {
                         write_pages(&c.clone());
                     }
+                    Op::Evict => {
+                        let source = Arc::new(PageSource { ino: 1, loader: store.clone() });
+                        for chunk in c.clone().pages() {
+                            // Pages an earlier checkpoint named are kept
+                            // too: evicted chunks read them back.
+                            if chunk.is_loaded() || chunk.page().is_none() {
+                                let page = page_of(chunk.extents());
+                                store.keep(&page, chunk.extents());
+                                chunk.record_written(page, Some(&source)).unwrap();
+                            }
+                        }
+                        for _ in 0..2 {
+                            c.evict(0, usize::MAX, &source, |_, _| false, |_| false);
+                        }
+                        c.check().map_err(TestCaseError::fail)?;
+                        // Every chunk was clean: no segment keeps shells.
+                        prop_assert_eq!(c.open_segments(), 0);
+                        prop_assert_eq!(c.loaded_chunks(), 0);
+                    }
+                    Op::Unload => {
+                        c.write_and_unload(&store);
+                        c.check().map_err(TestCaseError::fail)?;
+                        prop_assert_eq!(c.open_segments(), 0);
+                    }
                 }
                 same(&c, &model)?;
                 pages_hold_their_chunks(&c)?;
                 let max_chunks = model.len().div_ceil(CHUNK_MIN).max(1);
-                prop_assert!(c.chunks.len() <= max_chunks, "{} chunks", c.chunks.len());
+                prop_assert!(c.chunk_count() <= max_chunks, "{} chunks", c.chunk_count());
             }
             for (snap, want) in &snapshots {
                 same(snap, want)?;
