@@ -233,6 +233,16 @@ impl ExtentMap {
         self.map.open_segments()
     }
 
+    /// A copy that shares no cold segment with this map (see
+    /// `Chunks::detached`): what a long pass over a snapshot reads, so
+    /// that the live map's loads stay out of it.
+    pub fn detached(&self) -> ExtentMap {
+        ExtentMap {
+            map: self.map.detached(),
+            ..self.clone()
+        }
+    }
+
     /// Segments of chunks, open or cold.
     pub fn segment_count(&self) -> usize {
         self.map.segment_count()

@@ -142,11 +142,11 @@ pub(crate) fn mount(
         &checkpoint_free_hint
     };
     let reserve = crate::free_space::Reserve::of_hint(&sb, hint, &metadata);
-    // O(1) copies (maps are copy-on-write): the state the scan reads
-    // while the volume changes its own.
+    // Copies (maps are copy-on-write; cold segments get their own page
+    // lists): the state the scan reads while the volume changes its own.
     let scan_input = ScanInput {
         sb: sb.clone(),
-        state: state.clone(),
+        state: state.detached_snapshot(),
         spills: spills.clone(),
         pages: pages.clone(),
     };

@@ -73,6 +73,10 @@ pub(crate) struct DevicePages {
     /// (`ExtentMap::shell_bytes`), and the pages both slots' bases list
     /// (see `shell_bytes`).
     map_shell_bytes: AtomicU64,
+    /// Shells of the segments lookups opened from cold, while they are
+    /// open (`PageLoader::shells_opened`): counted as they change, not
+    /// at the maps' counts.
+    opened_shell_bytes: AtomicU64,
     listed_pages: AtomicU64,
 }
 
@@ -114,6 +118,10 @@ pub struct PageLoads {
     /// loaded or absent, and both slots' lists of pages. Counted against
     /// the budget: the clean chunks get what is left (`chunk_budget`).
     pub shell_bytes: u64,
+    /// Of which: the shells of segments lookups opened from cold (the
+    /// evictor makes a segment cold again once every chunk of it is
+    /// absent).
+    pub opened_shell_bytes: u64,
     /// What the chunks' extents may take (the budget less the shells, at
     /// least an eighth of it): clean chunks past it, with the changed
     /// ones, are evicted.
@@ -138,6 +146,7 @@ impl DevicePages {
             evicted_so_far: AtomicU64::new(0),
             evicted_at_base: AtomicU64::new(0),
             map_shell_bytes: AtomicU64::new(0),
+            opened_shell_bytes: AtomicU64::new(0),
             listed_pages: AtomicU64::new(0),
         }
     }
@@ -186,7 +195,10 @@ impl DevicePages {
     /// extents, charged apart), and a page reference per page each slot
     /// lists.
     fn shell_bytes(&self) -> u64 {
-        let maps = self.map_shell_bytes.load(Ordering::Relaxed);
+        let maps = self
+            .map_shell_bytes
+            .load(Ordering::Relaxed)
+            .saturating_add(self.opened_shell_bytes.load(Ordering::Relaxed));
         let pages = self.listed_pages.load(Ordering::Relaxed);
         maps.saturating_add(pages.saturating_mul(std::mem::size_of::<PageRef>() as u64))
     }
@@ -255,6 +267,7 @@ impl DevicePages {
             cached_bytes: self.cached_bytes(),
             cache_budget: self.budget.load(Ordering::Relaxed),
             shell_bytes: self.shell_bytes(),
+            opened_shell_bytes: self.opened_shell_bytes.load(Ordering::Relaxed),
             chunk_budget: self.budget(),
             evicted_bytes: self.evicted_so_far.load(Ordering::Relaxed),
             damaged: self
@@ -320,5 +333,15 @@ impl PageLoader for DevicePages {
 
     fn chunk_unpaged(&self, bytes: u64) {
         self.unpaged_so_far.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    fn shells_opened(&self, bytes: u64) {
+        self.opened_shell_bytes.fetch_add(bytes, Ordering::Relaxed);
+        // Less room for the chunks: the evictor may have work.
+        self.ask_if_over();
+    }
+
+    fn shells_dropped(&self, bytes: u64) {
+        self.opened_shell_bytes.fetch_sub(bytes, Ordering::Relaxed);
     }
 }

@@ -200,6 +200,28 @@ pub type ApplyError = String;
 pub const ROOT_MODE: u32 = 0o755;
 
 impl MetaState {
+    /// A snapshot for a long pass without the metadata lock (the
+    /// free-space scan after mount): a clone whose extent maps share no
+    /// cold segment with this state's (`ExtentMap::detached`), so that
+    /// the chunks the live maps load meanwhile, and evict, are not kept
+    /// by the snapshot until the pass ends. Costs a copy of the cold
+    /// segments' page lists (a page reference per chunk).
+    pub(crate) fn detached_snapshot(&self) -> MetaState {
+        let mut copy = self.clone();
+        let cold: Vec<Ino> = self
+            .inodes
+            .iter()
+            .filter(|(_, i)| i.extents.open_segments() < i.extents.segment_count())
+            .map(|(&ino, _)| ino)
+            .collect();
+        for ino in cold {
+            if let Some(inode) = copy.inodes.get_mut(&ino) {
+                inode.extents = inode.extents.detached();
+            }
+        }
+        copy
+    }
+
     /// An empty file system: just the root directory, owned by `uid`/`gid`.
     pub fn new_empty(block_size: u32, now: Timestamp, uid: u32, gid: u32) -> MetaState {
         let mut inodes = InodeTable::default();

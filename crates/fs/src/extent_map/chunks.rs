@@ -38,28 +38,27 @@ const CHUNK_MIN: usize = CHUNK_MAX / 4;
 // A chunk is written as one extent page.
 const _: () = assert!(CHUNK_MAX <= crate::codec::PAGE_MAX_EXTENTS);
 
-/// Memory a chunk takes whatever its extents: its entry in its segment's
-/// vector and its shared allocation (with the `Arc`'s two counts). An
-/// absent chunk of an open segment takes this alone (one of a cold
-/// segment, its page reference); the loader counts it against the
-/// budget ([`Chunks::shell_bytes`]; [`PageLoader::cache_charge`] counts
-/// only the extents).
-pub(crate) const CHUNK_SHELL_BYTES: u64 = (std::mem::size_of::<Chunk>()
-    + std::mem::size_of::<ChunkExtents>()
-    + 2 * std::mem::size_of::<usize>()) as u64;
+/// Memory a chunk of an open segment takes whatever its extents: its
+/// entry in the segment's vector, which holds an absent chunk's page
+/// (one of a cold segment takes its page reference alone). The loader
+/// counts it against the budget ([`Chunks::shell_bytes`]); a loaded
+/// chunk's extents are charged apart ([`PageLoader::cache_charge`]),
+/// and its allocation beside them (about a hundred bytes, against tens
+/// of KiB of extents) is not counted.
+pub(crate) const CHUNK_SHELL_BYTES: u64 = std::mem::size_of::<Chunk>() as u64;
 
 #[derive(Clone, Debug)]
 struct Chunk {
     /// `extents[0].file_off` (for an absent chunk, its page's first key).
     first: u64,
-    extents: Arc<ChunkExtents>,
+    extents: Slot,
 }
 
 impl Chunk {
     fn new(extents: Vec<Extent>) -> Self {
         Chunk {
             first: extents[0].file_off,
-            extents: Arc::new(ChunkExtents::with(
+            extents: Slot::built(ChunkExtents::with(
                 OnceLock::from(extents),
                 OnceLock::new(),
                 OnceLock::new(),
@@ -70,14 +69,18 @@ impl Chunk {
     /// A chunk whose extents are in `page` only, read from `source` when
     /// first needed; its extents must end by `limit` (the next chunk's
     /// first key when the page was named: pages are sorted and disjoint).
+    /// Allocates nothing: its page is in its entry.
     fn absent(page: PageRef, source: Arc<PageSource>, limit: u64) -> Self {
         Chunk {
             first: page.first_key,
-            extents: Arc::new(ChunkExtents::with(
-                OnceLock::new(),
-                OnceLock::from(page),
-                OnceLock::from(AbsentSource { source, limit }),
-            )),
+            extents: Slot {
+                absent: Some(AbsentPage {
+                    page,
+                    source,
+                    limit,
+                }),
+                loaded: OnceLock::new(),
+            },
         }
     }
 
@@ -87,7 +90,175 @@ impl Chunk {
     }
 
     fn is_loaded(&self) -> bool {
-        self.extents.extents.get().is_some()
+        self.extents.get().is_some()
+    }
+}
+
+/// An absent chunk's page, where to read it, and the key its extents
+/// must end by.
+#[derive(Clone, Debug)]
+struct AbsentPage {
+    page: PageRef,
+    source: Arc<PageSource>,
+    limit: u64,
+}
+
+impl AbsentPage {
+    /// The page's extents, verified (see [`PageLoader::load`]) and ending
+    /// by the limit.
+    fn read(&self, purpose: LoadPurpose) -> Result<Vec<Extent>> {
+        let (page, limit) = (&self.page, self.limit);
+        let ino = self.source.ino;
+        // The keys the chunk owns (up to the next page's first key): what
+        // cannot be read while the page is lost.
+        let got = self
+            .source
+            .loader
+            .load(ino, page, purpose)
+            .map_err(|e| match e {
+                crate::Error::Corrupt {
+                    what,
+                    offset,
+                    reason,
+                } => crate::Error::Corrupt {
+                    what,
+                    offset,
+                    reason: format!(
+                        "{reason}; file offsets {}..{limit} of inode {ino} cannot be mapped",
+                        page.first_key
+                    ),
+                },
+                other => other,
+            })?;
+        if let Some(last) = got.last().filter(|e| e.file_end() > limit) {
+            return Err(crate::codec::page_lost(
+                ino,
+                page,
+                page.addr,
+                format!(
+                    "its last extent ends at file offset {}, past the next page's first key {limit}",
+                    last.file_end(),
+                ),
+            ));
+        }
+        Ok(got)
+    }
+}
+
+/// A chunk's extents as its segment holds them: loaded (or built with
+/// them), or *absent*, known by its page in the entry itself (mount and
+/// the evictor leave chunks so; no allocation) until a lookup loads it.
+/// Loading sets `loaded` through a shared reference, so a snapshot
+/// sharing the segment sees the extents too. An absent chunk is never
+/// changed: the fallible entry points of [`super::ExtentMap`] load the
+/// chunks a change reaches first; `Deref` and [`Slot::make_mut`] load
+/// what a path forgot (counted, [`PageLoader::note_unplanned`]), and
+/// panic rather than answer with extents a chunk does not hold if that
+/// load fails.
+#[derive(Clone, Debug)]
+struct Slot {
+    /// Set while the chunk is known by its page: absent, or loaded from
+    /// it (and unchanged since: a change clears it).
+    absent: Option<AbsentPage>,
+    loaded: OnceLock<Arc<ChunkExtents>>,
+}
+
+impl Slot {
+    fn built(extents: ChunkExtents) -> Slot {
+        Slot {
+            absent: None,
+            loaded: OnceLock::from(Arc::new(extents)),
+        }
+    }
+
+    /// The loaded extents, if they are.
+    fn get(&self) -> Option<&ChunkExtents> {
+        self.loaded.get().map(|a| &**a)
+    }
+
+    fn count(&self) -> usize {
+        match (self.get(), &self.absent) {
+            (Some(v), _) => v.len(),
+            (None, Some(a)) => a.page.count as usize,
+            (None, None) => 0,
+        }
+    }
+
+    /// The page holding exactly the extents, if one is named.
+    fn page(&self) -> Option<PageRef> {
+        match (self.get(), &self.absent) {
+            (Some(v), _) => v.page.get().copied(),
+            (None, Some(a)) => Some(a.page),
+            (None, None) => None,
+        }
+    }
+
+    /// The extents, reading the page of an absent chunk (under whatever
+    /// lock the caller holds on the map: a shared one suffices).
+    fn load(&self) -> Result<&ChunkExtents> {
+        if let Some(v) = self.get() {
+            return Ok(v);
+        }
+        let Some(absent) = &self.absent else {
+            return Err(crate::Error::invalid(
+                "loading an extent chunk",
+                "an absent chunk has no page (a bug)",
+            ));
+        };
+        let got = absent.read(LoadPurpose::Keep)?;
+        let mut loaded = spare_chunks::take();
+        let fill = Arc::get_mut(&mut loaded).expect("a spare chunk is unshared");
+        let _ = fill.extents.set(got);
+        let _ = fill.page.set(absent.page);
+        let _ = fill.source.set(absent.source.clone());
+        // Another reader may have loaded it meanwhile: the same extents,
+        // and that one's charge.
+        let v = self.loaded.get_or_init(|| loaded);
+        v.charge();
+        Ok(v)
+    }
+
+    #[cold]
+    fn load_unplanned(&self) -> &ChunkExtents {
+        if let Some(a) = &self.absent {
+            a.source.loader.note_unplanned();
+        }
+        match self.load() {
+            Ok(v) => v,
+            // No answer would be right: an empty chunk would be silent
+            // wrong data (a hole over written blocks).
+            Err(e) => panic!("an extent chunk needed outside a fallible path is lost: {e}"),
+        }
+    }
+
+    /// The extents, to change: loaded first if absent, copied first if a
+    /// snapshot shares them; no longer known by a page.
+    fn make_mut(&mut self) -> &mut ChunkExtents {
+        debug_assert!(
+            self.get().is_some(),
+            "changing an absent extent chunk: the change's entry point must load it first"
+        );
+        if self.get().is_none() {
+            self.load_unplanned();
+        }
+        self.absent = None;
+        Arc::make_mut(self.loaded.get_mut().expect("loaded above"))
+    }
+
+    /// The loaded extents, taken out (the slot is left absent, or empty).
+    fn take_loaded(&mut self) -> Option<Arc<ChunkExtents>> {
+        self.loaded.take()
+    }
+}
+
+impl Deref for Slot {
+    type Target = ChunkExtents;
+    #[inline]
+    fn deref(&self) -> &ChunkExtents {
+        match self.get() {
+            Some(v) => v,
+            None => self.load_unplanned(),
+        }
     }
 }
 
@@ -121,6 +292,16 @@ pub trait PageLoader: Send + Sync {
     /// Counted by the loader, so that changes can ask for a base before
     /// such chunks pass the budget.
     fn chunk_unpaged(&self, _bytes: u64) {}
+
+    /// A lookup opened a cold segment: its chunks' shells take `bytes`
+    /// until the segment is dropped (made cold again by the evictor, or
+    /// replaced). Counted by the loader with the maps' shells, against
+    /// the budget.
+    fn shells_opened(&self, _bytes: u64) {}
+
+    /// Such a segment dropped: the bytes [`PageLoader::shells_opened`]
+    /// added.
+    fn shells_dropped(&self, _bytes: u64) {}
 }
 
 /// Why a page is read.
@@ -145,13 +326,6 @@ impl std::fmt::Debug for PageSource {
     }
 }
 
-#[derive(Clone, Debug)]
-struct AbsentSource {
-    source: Arc<PageSource>,
-    /// No extent of the page may reach past this key.
-    limit: u64,
-}
-
 /// A chunk's extents, and the extent page on disk that holds exactly them,
 /// once a checkpoint has written one.
 ///
@@ -161,16 +335,6 @@ struct AbsentSource {
 /// holds, however the chunk was changed, and the chunks without one are
 /// what the next checkpoint must write. A copy keeps the page: it holds
 /// the same extents until it is changed.
-///
-/// A chunk can be *absent* (mount leaves a paged file's chunks so): its
-/// extents unset, its page set, and a source to read the page from.
-/// Loading sets the extents through a shared reference, so a snapshot
-/// sharing the chunk sees them too; the page stays named, since the
-/// extents are what it holds. An absent chunk is never changed: the
-/// fallible entry points of [`super::ExtentMap`] load the chunks a change
-/// reaches first; `Deref` and `DerefMut` load what a path forgot (counted,
-/// [`PageLoader::note_unplanned`]), and panic rather than answer with
-/// extents a chunk does not hold if that load fails.
 ///
 /// A chunk whose extents are in memory and that names its page and a
 /// source (loaded from the page, or recorded as written by a base) is
@@ -185,7 +349,7 @@ struct AbsentSource {
 #[derive(Debug)]
 #[repr(C)]
 struct ChunkExtents {
-    /// Unset while the chunk is absent.
+    /// Always set (a `OnceLock` for `Clone`'s sake).
     extents: OnceLock<Vec<Extent>>,
     /// Set by a lookup, cleared by the evictor's sweep: a chunk found set
     /// is passed over once (the clock's second chance).
@@ -200,9 +364,9 @@ struct ChunkExtents {
     /// page in its snapshot's chunk, which the live map shares while the
     /// chunk is unchanged.
     page: OnceLock<PageRef>,
-    /// Where the page is read from: set for a chunk made absent (see
-    /// [`Chunk::absent`]), and by a base that wrote the chunk's page.
-    source: OnceLock<AbsentSource>,
+    /// Where the page is read from: set for a chunk loaded from it, and
+    /// by a base that wrote the chunk's page.
+    source: OnceLock<Arc<PageSource>>,
 }
 
 impl Clone for ChunkExtents {
@@ -225,7 +389,7 @@ impl ChunkExtents {
     fn with(
         extents: OnceLock<Vec<Extent>>,
         page: OnceLock<PageRef>,
-        source: OnceLock<AbsentSource>,
+        source: OnceLock<Arc<PageSource>>,
     ) -> Self {
         ChunkExtents {
             extents,
@@ -247,12 +411,12 @@ impl ChunkExtents {
 
     /// Charges a clean chunk's bytes to its loader, once.
     fn charge(&self) {
-        let (Some(v), Some(_), Some(absent)) =
+        let (Some(v), Some(_), Some(source)) =
             (self.extents.get(), self.page.get(), self.source.get())
         else {
             return;
         };
-        // The shell is counted apart (`CHUNK_SHELL_BYTES`), loaded or not.
+        // The entry is counted apart (`CHUNK_SHELL_BYTES`), loaded or not.
         let bytes = u32::try_from(v.capacity() * std::mem::size_of::<Extent>()).unwrap_or(u32::MAX);
         // Two readers loading the same chunk: one charges.
         if self
@@ -260,125 +424,41 @@ impl ChunkExtents {
             .compare_exchange(0, bytes, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
         {
-            absent.source.loader.cache_charge(u64::from(bytes));
+            source.loader.cache_charge(u64::from(bytes));
         }
     }
 
     fn refund(&mut self) {
         let bytes = std::mem::take(self.charged.get_mut());
-        if let (true, Some(absent)) = (bytes > 0, self.source.get()) {
-            absent.source.loader.cache_refund(u64::from(bytes));
-        }
-    }
-
-    fn count(&self) -> usize {
-        match (self.extents.get(), self.page.get()) {
-            (Some(v), _) => v.len(),
-            (None, Some(p)) => p.count as usize,
-            (None, None) => 0,
-        }
-    }
-
-    /// The extents, reading the page of an absent chunk (under whatever
-    /// lock the caller holds on the map: a shared one suffices).
-    fn load(&self) -> Result<&Vec<Extent>> {
-        self.load_for(LoadPurpose::Keep)
-    }
-
-    fn load_for(&self, purpose: LoadPurpose) -> Result<&Vec<Extent>> {
-        if let Some(v) = self.extents.get() {
-            return Ok(v);
-        }
-        let (Some(page), Some(absent)) = (self.page.get(), self.source.get()) else {
-            return Err(crate::Error::invalid(
-                "loading an extent chunk",
-                "an absent chunk has no page or no source (a bug)",
-            ));
-        };
-        let ino = absent.source.ino;
-        // The keys the chunk owns (up to the next page's first key): what
-        // cannot be read while the page is lost.
-        let got = absent
-            .source
-            .loader
-            .load(ino, page, purpose)
-            .map_err(|e| match e {
-                crate::Error::Corrupt {
-                    what,
-                    offset,
-                    reason,
-                } => crate::Error::Corrupt {
-                    what,
-                    offset,
-                    reason: format!(
-                        "{reason}; file offsets {}..{} of inode {ino} cannot be mapped",
-                        page.first_key, absent.limit
-                    ),
-                },
-                other => other,
-            })?;
-        if let Some(last) = got.last().filter(|e| e.file_end() > absent.limit) {
-            return Err(crate::codec::page_lost(
-                ino,
-                page,
-                page.addr,
-                format!(
-                    "its last extent ends at file offset {}, past the next page's first key {}",
-                    last.file_end(),
-                    absent.limit
-                ),
-            ));
-        }
-        // Another reader may have loaded it meanwhile: the same extents.
-        let v = self.extents.get_or_init(|| got);
-        if purpose == LoadPurpose::Keep {
-            self.charge();
-        }
-        Ok(v)
-    }
-
-    #[cold]
-    fn load_unplanned(&self) -> &Vec<Extent> {
-        if let Some(a) = self.source.get() {
-            a.source.loader.note_unplanned();
-        }
-        match self.load() {
-            Ok(v) => v,
-            // No answer would be right: an empty chunk would be silent
-            // wrong data (a hole over written blocks).
-            Err(e) => panic!("an extent chunk needed outside a fallible path is lost: {e}"),
+        if let (true, Some(source)) = (bytes > 0, self.source.get()) {
+            source.loader.cache_refund(u64::from(bytes));
         }
     }
 }
 
 impl Deref for ChunkExtents {
     type Target = Vec<Extent>;
+    #[inline]
     fn deref(&self) -> &Vec<Extent> {
-        match self.extents.get() {
-            Some(v) => v,
-            None => self.load_unplanned(),
-        }
+        self.extents
+            .get()
+            .expect("a chunk's extents are set when it is built")
     }
 }
 
 impl DerefMut for ChunkExtents {
     fn deref_mut(&mut self) -> &mut Vec<Extent> {
-        debug_assert!(
-            self.extents.get().is_some(),
-            "changing an absent extent chunk: the change's entry point must load it first"
-        );
-        if self.extents.get().is_none() {
-            self.load_unplanned();
-        }
         // Changed: no longer what its page holds, so not the loader's to
         // count (a chunk without a page is never evicted).
         self.refund();
         let (page, source) = (self.page.take(), self.source.take());
-        if let (Some(_), Some(absent)) = (page, source) {
+        if let (Some(_), Some(source)) = (page, source) {
             let bytes = self.extents.get().map_or(0, Vec::capacity) * std::mem::size_of::<Extent>();
-            absent.source.loader.chunk_unpaged(bytes as u64);
+            source.loader.chunk_unpaged(bytes as u64);
         }
-        self.extents.get_mut().expect("loaded above")
+        self.extents
+            .get_mut()
+            .expect("a chunk's extents are set when it is built")
     }
 }
 
@@ -390,7 +470,7 @@ pub struct ChunkPage<'a> {
 
 enum PageAt<'a> {
     /// A chunk of an open segment.
-    Open(&'a ChunkExtents),
+    Open(&'a Slot),
     /// Chunk `index` of a cold segment, known by its page alone.
     Cold {
         segment: &'a Segment,
@@ -413,7 +493,7 @@ impl ChunkPage<'_> {
     /// chunk always names its page.
     pub fn is_loaded(&self) -> bool {
         match self.at {
-            PageAt::Open(chunk) => chunk.extents.get().is_some(),
+            PageAt::Open(chunk) => chunk.get().is_some(),
             PageAt::Cold { .. } => false,
         }
     }
@@ -429,7 +509,7 @@ impl ChunkPage<'_> {
     /// The page holding exactly [`ChunkPage::extents`], if one was written.
     pub fn page(&self) -> Option<PageRef> {
         match self.at {
-            PageAt::Open(chunk) => chunk.page.get().copied(),
+            PageAt::Open(chunk) => chunk.page(),
             PageAt::Cold { page, .. } => Some(*page),
         }
     }
@@ -446,7 +526,12 @@ impl ChunkPage<'_> {
         source: Option<&Arc<PageSource>>,
     ) -> Result<(), PageRef> {
         let chunk = match self.at {
-            PageAt::Open(chunk) => chunk,
+            PageAt::Open(slot) => match slot.get() {
+                Some(chunk) => chunk,
+                // Absent: it names its page.
+                None if slot.page() == Some(page) => return Ok(()),
+                None => return Err(slot.page().unwrap_or(page)),
+            },
             // A cold chunk is absent and names its page: nothing to record.
             PageAt::Cold { page: named, .. } if *named == page => return Ok(()),
             PageAt::Cold { page: named, .. } => return Err(*named),
@@ -456,12 +541,8 @@ impl ChunkPage<'_> {
             Err(_) if self.page() == Some(page) => {}
             Err(_) => return Err(self.page().unwrap_or(page)),
         }
-        if let (Some(source), Some(last)) = (source, chunk.extents.get().and_then(|v| v.last())) {
-            // The page holds exactly these extents: none ends past the last.
-            let _ = chunk.source.set(AbsentSource {
-                source: source.clone(),
-                limit: last.file_end(),
-            });
+        if let Some(source) = source {
+            let _ = chunk.source.set(source.clone());
             chunk.charge();
         }
         Ok(())
@@ -473,9 +554,68 @@ impl ChunkPage<'_> {
 /// drops it after releasing its lock).
 pub struct Evicted {
     first: u64,
-    /// Never read: held so that the caller chooses where it is freed.
-    _old: Arc<ChunkExtents>,
+    /// Never read: held so that the caller chooses where it is freed
+    /// (always set until dropped).
+    old: Option<Arc<ChunkExtents>>,
     charged: u64,
+}
+
+impl Drop for Evicted {
+    /// Frees the extents, and keeps the chunk's allocation for a load to
+    /// reuse if nothing else holds it (see [`spare_chunks`]).
+    fn drop(&mut self) {
+        if let Some(old) = self.old.take() {
+            spare_chunks::give_back(old);
+        }
+    }
+}
+
+/// Allocations of loaded chunks that the evictor freed, kept for loads to
+/// reuse. A load runs in a reader's thread and an eviction frees in the
+/// evictor's: with glibc, the small allocations readers made among the
+/// extents' vectors kept the holes evicted vectors left from being
+/// reused, and a 10M-extent session peaked at 82-128 MiB instead of 71-76
+/// (a fresh `iomapfs io` reading one block per chunk, 64 MiB budget).
+/// Bounded ([`spare_chunks::MAX`], about 450 KiB); shared by every
+/// volume of the process.
+mod spare_chunks {
+    use std::sync::{Arc, OnceLock};
+
+    use parking_lot::Mutex;
+
+    use super::ChunkExtents;
+
+    pub(super) const MAX: usize = 4096;
+
+    static SPARE: Mutex<Vec<Arc<ChunkExtents>>> = Mutex::new(Vec::new());
+
+    /// An empty chunk allocation, unshared: a spare one if there is.
+    pub(super) fn take() -> Arc<ChunkExtents> {
+        SPARE.lock().pop().unwrap_or_else(|| {
+            Arc::new(ChunkExtents::with(
+                OnceLock::new(),
+                OnceLock::new(),
+                OnceLock::new(),
+            ))
+        })
+    }
+
+    /// Empties `chunk` (its charge given back, its extents freed) and
+    /// keeps it, if nothing else holds it and there is room.
+    pub(super) fn give_back(mut chunk: Arc<ChunkExtents>) {
+        let Some(empty) = Arc::get_mut(&mut chunk) else {
+            return;
+        };
+        empty.refund();
+        empty.extents.take();
+        empty.page.take();
+        empty.source.take();
+        *empty.referenced.get_mut() = false;
+        let mut spare = SPARE.lock();
+        if spare.len() < MAX {
+            spare.push(chunk);
+        }
+    }
 }
 
 impl Evicted {
@@ -526,6 +666,20 @@ struct SegmentBody {
     /// Set while cold; kept once opened until a change (it then still
     /// lists the chunks' pages).
     cold: Option<ColdPages>,
+    /// Set when a lookup opened the segment from cold: the loader its
+    /// shells were counted to ([`PageLoader::shells_opened`]) and how
+    /// many bytes, given back when the body drops. So the budget's room
+    /// for chunks shrinks as lookups open segments, and grows again as
+    /// the evictor makes them cold.
+    charged: OnceLock<(Arc<PageSource>, u64)>,
+}
+
+impl Drop for SegmentBody {
+    fn drop(&mut self) {
+        if let Some((source, bytes)) = self.charged.get() {
+            source.loader.shells_dropped(*bytes);
+        }
+    }
 }
 
 /// The pages of a cold segment's chunks, in key order.
@@ -544,22 +698,40 @@ impl ColdPages {
         Chunk::absent(self.pages[i], self.source.clone(), limit)
     }
 
-    /// A stand-in for the absent chunk of page `i`, for a pass that drops
-    /// what it reads ([`Chunks::for_each_unkept`]).
-    fn probe(&self, i: usize) -> ChunkExtents {
+    /// Where page `i` is read, for a pass that drops what it reads
+    /// ([`Chunks::for_each_unkept`]).
+    fn probe(&self, i: usize) -> AbsentPage {
         let limit = self.pages.get(i + 1).map_or(self.limit, |p| p.first_key);
-        ChunkExtents::with(
-            OnceLock::new(),
-            OnceLock::from(self.pages[i]),
-            OnceLock::from(AbsentSource {
-                source: self.source.clone(),
-                limit,
-            }),
-        )
+        AbsentPage {
+            page: self.pages[i],
+            source: self.source.clone(),
+            limit,
+        }
     }
 }
 
 impl SegmentBody {
+    fn with(chunks: OnceLock<Vec<Chunk>>, cold: Option<ColdPages>) -> Self {
+        SegmentBody {
+            chunks,
+            cold,
+            charged: OnceLock::new(),
+        }
+    }
+
+    /// Opens a cold segment through a shared reference (a lookup's),
+    /// charging its shells to its source's loader.
+    fn open_charged(&self) -> Vec<Chunk> {
+        let chunks = self.built_chunks();
+        if let Some(cold) = &self.cold {
+            let bytes = chunks.len() as u64 * CHUNK_SHELL_BYTES;
+            if self.charged.set((cold.source.clone(), bytes)).is_ok() {
+                cold.source.loader.shells_opened(bytes);
+            }
+        }
+        chunks
+    }
+
     /// The chunks of a cold segment, each absent.
     fn built_chunks(&self) -> Vec<Chunk> {
         match &self.cold {
@@ -574,24 +746,21 @@ impl Segment {
     fn open_with(chunks: Vec<Chunk>) -> Self {
         Segment {
             first: chunks[0].first,
-            body: Arc::new(SegmentBody {
-                chunks: OnceLock::from(chunks),
-                cold: None,
-            }),
+            body: Arc::new(SegmentBody::with(OnceLock::from(chunks), None)),
         }
     }
 
     fn cold(pages: Vec<PageRef>, source: Arc<PageSource>, limit: u64) -> Self {
         Segment {
             first: pages[0].first_key,
-            body: Arc::new(SegmentBody {
-                chunks: OnceLock::new(),
-                cold: Some(ColdPages {
+            body: Arc::new(SegmentBody::with(
+                OnceLock::new(),
+                Some(ColdPages {
                     pages,
                     source,
                     limit,
                 }),
-            }),
+            )),
         }
     }
 
@@ -601,7 +770,7 @@ impl Segment {
 
     /// Its chunks, opening a cold segment (no I/O: they start absent).
     fn chunks(&self) -> &[Chunk] {
-        self.body.chunks.get_or_init(|| self.body.built_chunks())
+        self.body.chunks.get_or_init(|| self.body.open_charged())
     }
 
     /// Chunks in it, without opening it.
@@ -613,7 +782,8 @@ impl Segment {
         }
     }
 
-    /// Memory it takes beside the chunks' extents (see
+    /// Memory it takes beside the chunks' extents, less the shells a
+    /// lookup's opening charged to the loader (see
     /// [`Chunks::shell_bytes`]).
     fn shell_bytes(&self) -> u64 {
         let own = std::mem::size_of::<Segment>()
@@ -625,11 +795,10 @@ impl Segment {
             .as_ref()
             .map_or(0, |c| c.pages.capacity() * std::mem::size_of::<PageRef>())
             as u64;
-        let open = self
-            .body
-            .chunks
-            .get()
-            .map_or(0, |c| c.len() as u64 * CHUNK_SHELL_BYTES);
+        let open = match (self.body.chunks.get(), self.body.charged.get()) {
+            (Some(chunks), None) => chunks.len() as u64 * CHUNK_SHELL_BYTES,
+            _ => 0,
+        };
         own as u64 + cold + open
     }
 }
@@ -638,6 +807,16 @@ impl Segment {
 /// shares them, opened if cold. Forgets the cold list: the change makes
 /// it stale.
 fn open_mut(body: &mut Arc<SegmentBody>) -> &mut Vec<Chunk> {
+    let body = open_keeping_pages(body);
+    body.cold = None;
+    body.chunks.get_mut().expect("opened")
+}
+
+/// The body of a segment, unshared and open, its cold list kept if it
+/// has one: for a change that leaves every chunk's page as it was (the
+/// evictor's, which makes loaded chunks absent again), so that the
+/// segment can go cold on the same list without a new allocation.
+fn open_keeping_pages(body: &mut Arc<SegmentBody>) -> &mut SegmentBody {
     if Arc::get_mut(body).is_none() {
         // A snapshot shares it: a copy of its chunks, without opening the
         // shared one.
@@ -645,18 +824,14 @@ fn open_mut(body: &mut Arc<SegmentBody>) -> &mut Vec<Chunk> {
             Some(chunks) => chunks.clone(),
             None => body.built_chunks(),
         };
-        *body = Arc::new(SegmentBody {
-            chunks: OnceLock::from(chunks),
-            cold: None,
-        });
+        *body = Arc::new(SegmentBody::with(OnceLock::from(chunks), None));
     }
     let body = Arc::get_mut(body).expect("unshared above");
     if body.chunks.get().is_none() {
         let chunks = body.built_chunks();
         let _ = body.chunks.set(chunks);
     }
-    body.cold = None;
-    body.chunks.get_mut().expect("set above")
+    body
 }
 
 /// Where one extent is: segment, chunk in it, index in the chunk.
@@ -704,7 +879,9 @@ impl Chunks {
 
     /// Memory the map takes beside its loaded chunks' extents: a shell
     /// per chunk of an open segment ([`CHUNK_SHELL_BYTES`]), a page
-    /// reference per chunk of a cold one, and each segment's own.
+    /// reference per chunk of a cold one, and each segment's own; not the
+    /// shells of segments a lookup opened from cold, which are charged
+    /// to the loader as loaded extents are (see `SegmentBody::charged`).
     pub(super) fn shell_bytes(&self) -> u64 {
         self.segments.iter().map(Segment::shell_bytes).sum()
     }
@@ -838,6 +1015,29 @@ impl Chunks {
         Ok(loaded)
     }
 
+    /// A copy that shares no cold segment with `self`: each gets a body
+    /// of its own (its list of pages copied), so that what lookups in one
+    /// open and load stays out of the other. For a long pass over a
+    /// snapshot (the free-space scan after mount): sharing, it would keep
+    /// every chunk the live map loads and then evicts until the pass
+    /// ends. Open segments are shared as a clone shares them.
+    pub(super) fn detached(&self) -> Chunks {
+        let segments = self
+            .segments
+            .iter()
+            .map(|s| match (s.body.chunks.get(), &s.body.cold) {
+                (None, Some(cold)) => {
+                    Segment::cold(cold.pages.clone(), cold.source.clone(), cold.limit)
+                }
+                _ => s.clone(),
+            })
+            .collect();
+        Chunks {
+            segments: Arc::new(segments),
+            len: self.len,
+        }
+    }
+
     /// Chunks whose extents are in memory.
     pub(super) fn loaded_chunks(&self) -> usize {
         self.segments
@@ -908,18 +1108,20 @@ impl Chunks {
                 (c, at) = (c + 1, at + 1);
                 let chunks = self.segments[s].chunks();
                 let ch = &chunks[i];
-                let Some(page) = ch.extents.page.get().copied().filter(|_| ch.is_loaded()) else {
+                let Some(loaded) = ch.extents.get() else {
                     continue;
                 };
-                if ch.extents.referenced.load(Ordering::Relaxed) {
-                    ch.extents.referenced.store(false, Ordering::Relaxed);
+                let Some(page) = loaded.page.get().copied() else {
+                    continue;
+                };
+                if loaded.referenced.load(Ordering::Relaxed) {
+                    loaded.referenced.store(false, Ordering::Relaxed);
                     continue;
                 }
-                let src = ch
-                    .extents
+                let src = loaded
                     .source
                     .get()
-                    .map_or_else(|| source.clone(), |a| a.source.clone());
+                    .map_or_else(|| source.clone(), Arc::clone);
                 let limit = match chunks.get(i + 1) {
                     Some(next) => next.first,
                     None => self.segments.get(s + 1).map_or(u64::MAX, |n| n.first),
@@ -927,15 +1129,19 @@ impl Chunks {
                 if keep(ch.first, limit) {
                     continue;
                 }
-                let bytes = u64::from(ch.extents.charged.load(Ordering::Relaxed));
+                let bytes = u64::from(loaded.charged.load(Ordering::Relaxed));
                 let absent = Chunk::absent(page, src, limit);
                 let seg = &mut Arc::make_mut(&mut self.segments)[s];
-                let old = std::mem::replace(&mut open_mut(&mut seg.body)[i], absent);
-                evicted.push(Evicted {
-                    first: old.first,
-                    _old: old.extents,
-                    charged: bytes,
-                });
+                let body = open_keeping_pages(&mut seg.body);
+                let chunks = body.chunks.get_mut().expect("opened");
+                let mut old = std::mem::replace(&mut chunks[i], absent);
+                if let Some(old_extents) = old.extents.take_loaded() {
+                    evicted.push(Evicted {
+                        first: old.first,
+                        old: Some(old_extents),
+                        charged: bytes,
+                    });
+                }
                 freed += bytes;
                 if enough(freed) {
                     stop = true;
@@ -957,18 +1163,30 @@ impl Chunks {
         let Some(chunks) = self.segments[s].body.chunks.get() else {
             return;
         };
-        let mut pages = Vec::with_capacity(chunks.len());
-        for ch in chunks {
-            match ch.extents.page.get() {
-                Some(page) if !ch.is_loaded() => pages.push(*page),
-                _ => return,
-            }
-        }
-        if pages.is_empty() {
+        if chunks.is_empty()
+            || !chunks
+                .iter()
+                .all(|ch| !ch.is_loaded() && ch.extents.page().is_some())
+        {
             return;
         }
         let limit = self.segments.get(s + 1).map_or(u64::MAX, |n| n.first);
-        Arc::make_mut(&mut self.segments)[s] = Segment::cold(pages, source.clone(), limit);
+        let seg = &mut Arc::make_mut(&mut self.segments)[s];
+        // Its own cold list when it still has it: cold again without an
+        // allocation (one made now would land among the chunks' vectors
+        // and keep the holes they leave from being reused).
+        if let Some(body) = Arc::get_mut(&mut seg.body).filter(|b| b.cold.is_some()) {
+            body.chunks.take();
+            if let Some((source, bytes)) = body.charged.take() {
+                source.loader.shells_dropped(bytes);
+            }
+            return;
+        }
+        let pages = chunks_of(seg)
+            .iter()
+            .filter_map(|ch| ch.extents.page())
+            .collect();
+        *seg = Segment::cold(pages, source.clone(), limit);
     }
 
     /// Passes every extent to `f` in order, reading the page of each
@@ -982,16 +1200,12 @@ impl Chunks {
                 (Some(chunks), _) => {
                     let mut more = true;
                     for c in chunks {
-                        more = match c.extents.extents.get() {
-                            Some(v) => v.iter().all(&mut f),
-                            None => {
-                                let probe = ChunkExtents::with(
-                                    OnceLock::new(),
-                                    c.extents.page.clone(),
-                                    c.extents.source.clone(),
-                                );
-                                probe.load_for(LoadPurpose::Scan)?.iter().all(&mut f)
+                        more = match (c.extents.get(), &c.extents.absent) {
+                            (Some(v), _) => v.iter().all(&mut f),
+                            (None, Some(absent)) => {
+                                absent.read(LoadPurpose::Scan)?.iter().all(&mut f)
                             }
+                            (None, None) => true,
                         };
                         if !more {
                             break;
@@ -1002,8 +1216,7 @@ impl Chunks {
                 (None, Some(cold)) => {
                     let mut more = true;
                     for i in 0..cold.pages.len() {
-                        let probe = cold.probe(i);
-                        more = probe.load_for(LoadPurpose::Scan)?.iter().all(&mut f);
+                        more = cold.probe(i).read(LoadPurpose::Scan)?.iter().all(&mut f);
                         if !more {
                             break;
                         }
@@ -1028,7 +1241,7 @@ impl Chunks {
     /// a snapshot shares it). The caller must keep its file offset.
     pub(super) fn get_mut(&mut self, pos: Pos) -> &mut Extent {
         let chunk = &mut self.segment_mut(pos.seg)[pos.chunk];
-        &mut Arc::make_mut(&mut chunk.extents)[pos.idx]
+        &mut chunk.extents.make_mut()[pos.idx]
     }
 
     /// The last extent whose file offset is at most `key`.
@@ -1099,7 +1312,7 @@ impl Chunks {
             Arc::make_mut(&mut self.segments).push(Segment::open_with(vec![Chunk::new(vec![e])]));
             return;
         };
-        let extents = Arc::make_mut(&mut self.segment_mut(at.seg)[at.chunk].extents);
+        let extents = self.segment_mut(at.seg)[at.chunk].extents.make_mut();
         let idx = extents.partition_point(|x| x.file_off < e.file_off);
         grow_for_one_more(extents);
         extents.insert(idx, e);
@@ -1136,7 +1349,7 @@ impl Chunks {
                 .last_mut()
                 .filter(|c| c.extents.len() < CHUNK_MAX)
             {
-                Arc::make_mut(&mut c.extents).push(e);
+                c.extents.make_mut().push(e);
                 return;
             }
         }
@@ -1211,7 +1424,7 @@ impl Chunks {
     /// Removes the extent at `pos` and returns it.
     pub(super) fn remove(&mut self, pos: Pos) -> Extent {
         let chunk = &mut self.segment_mut(pos.seg)[pos.chunk];
-        let e = Arc::make_mut(&mut chunk.extents).remove(pos.idx);
+        let e = chunk.extents.make_mut().remove(pos.idx);
         self.len -= 1;
         self.rebalance(pos.seg, pos.chunk);
         e
@@ -1247,7 +1460,7 @@ impl Chunks {
                     continue;
                 }
                 if to > from {
-                    Arc::make_mut(&mut chunks[c].extents).drain(from..to);
+                    chunks[c].extents.make_mut().drain(from..to);
                     cut.push(chunks[c].extents[0].file_off);
                 }
                 if to < n {
@@ -1378,7 +1591,7 @@ impl Chunks {
                         ));
                     }
                     if let Some(cold) = cold {
-                        let listed = chunks.iter().map(|c| c.extents.page.get().copied());
+                        let listed = chunks.iter().map(|c| c.extents.page());
                         if !listed.eq(cold.pages.iter().map(|p| Some(*p))) {
                             return Err(format!("extent segment #{s} changed under its cold list"));
                         }
@@ -1390,7 +1603,7 @@ impl Chunks {
                 let n = c.count();
                 if !c.is_loaded() {
                     // Checked when loaded; only what is known without it here.
-                    if c.extents.page.get().map(|p| p.first_key) != Some(c.first) || n == 0 {
+                    if c.extents.page().map(|p| p.first_key) != Some(c.first) || n == 0 {
                         return Err(format!(
                             "absent extent chunk #{i} of segment #{s} does not match its page"
                         ));
@@ -1484,7 +1697,7 @@ impl Chunks {
         Arc::make_mut(&mut self.segments).remove(s);
         let n = if right { n - 1 } else { n };
         let chunks = self.segment_mut(n);
-        let target = Arc::make_mut(&mut chunks[i].extents);
+        let target = chunks[i].extents.make_mut();
         let target: &mut Vec<Extent> = target;
         if right {
             let mut joined = mine.extents.to_vec();
@@ -1574,7 +1787,7 @@ fn rebalance_chunks(chunks: &mut Vec<Chunk>, at: usize) {
     }
     chunks[at].first = chunks[at].extents[0].file_off;
     if n > CHUNK_MAX {
-        let head = Arc::make_mut(&mut chunks[at].extents);
+        let head = chunks[at].extents.make_mut();
         let tail = head.split_off(n / 2);
         trim_slack(head);
         chunks.insert(at + 1, Chunk::new(tail));
@@ -1586,7 +1799,7 @@ fn rebalance_chunks(chunks: &mut Vec<Chunk>, at: usize) {
             return;
         }
         let right = chunks.remove(left + 1);
-        let merged = Arc::make_mut(&mut chunks[left].extents);
+        let merged = chunks[left].extents.make_mut();
         merged.extend_from_slice(&right.extents);
         let n = merged.len();
         let tail = (n > CHUNK_MAX).then(|| merged.split_off(n / 2));
@@ -1675,10 +1888,10 @@ pub(super) mod testing {
             for (i, c) in chunks.iter().enumerate() {
                 // A loaded chunk's page is kept whoever named it (a
                 // checkpoint may have named it without keeping it).
-                let page = match c.extents.page.get() {
-                    Some(p) if !c.is_loaded() => *p,
+                let page = match c.extents.page() {
+                    Some(p) if !c.is_loaded() => p,
                     named => {
-                        let p = named.copied().unwrap_or_else(|| page_of(&c.extents));
+                        let p = named.unwrap_or_else(|| page_of(&c.extents));
                         store.keep(&p, &c.extents);
                         p
                     }
@@ -1716,7 +1929,7 @@ mod tests {
     fn changed_chunks_keep_little_room_past_their_extents() {
         let room_ok = |c: &Chunks| {
             c.all_chunks().all(|ch| {
-                let v = ch.extents.extents.get().unwrap();
+                let v = ch.extents.get().unwrap();
                 v.capacity() <= v.len() + v.len() / SLACK_DIVISOR + 1
             })
         };
@@ -1736,7 +1949,7 @@ mod tests {
         // merge gives back what it gathers past the slack.
         let capacity = |c: &Chunks| -> usize {
             c.all_chunks()
-                .map(|ch| ch.extents.extents.get().unwrap().capacity())
+                .map(|ch| ch.extents.get().unwrap().capacity())
                 .sum()
         };
         let mut before = capacity(&c);
@@ -1757,12 +1970,82 @@ mod tests {
         fn shared_with(&self, other: &Chunks) -> usize {
             self.all_chunks()
                 .filter(|c| {
-                    other
-                        .all_chunks()
-                        .any(|o| Arc::ptr_eq(&c.extents, &o.extents))
+                    other.all_chunks().any(|o| {
+                        match (c.extents.loaded.get(), o.extents.loaded.get()) {
+                            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                            _ => false,
+                        }
+                    })
                 })
                 .count()
         }
+    }
+
+    /// An evicted chunk's allocation goes back to the spare list
+    /// emptied: its charge given back (else the loader would count bytes
+    /// nobody holds), its extents freed, page and source forgotten. One
+    /// a snapshot still holds is left alone.
+    #[test]
+    fn an_evicted_chunk_is_kept_spare_only_emptied_and_unshared() {
+        #[derive(Default)]
+        struct Counting(std::sync::atomic::AtomicI64);
+        impl PageLoader for Counting {
+            fn load(&self, _: Ino, _: &PageRef, _: LoadPurpose) -> Result<Vec<Extent>> {
+                unreachable!("nothing is absent here")
+            }
+            fn cache_charge(&self, bytes: u64) {
+                self.0.fetch_add(bytes as i64, Ordering::Relaxed);
+            }
+            fn cache_refund(&self, bytes: u64) {
+                self.0.fetch_sub(bytes as i64, Ordering::Relaxed);
+            }
+        }
+        let loader = Arc::new(Counting::default());
+        let source = Arc::new(PageSource {
+            ino: 1,
+            loader: loader.clone(),
+        });
+        let clean = |extents: Vec<Extent>| {
+            let page = page_of(&extents);
+            let chunk = Arc::new(ChunkExtents::with(
+                OnceLock::from(extents),
+                OnceLock::from(page),
+                OnceLock::from(source.clone()),
+            ));
+            chunk.charge();
+            chunk
+        };
+        let chunk = clean(vec![ext(0), ext(2)]);
+        let at = Arc::as_ptr(&chunk) as usize;
+        assert!(loader.0.load(Ordering::Relaxed) > 0);
+        spare_chunks::give_back(chunk);
+        assert_eq!(loader.0.load(Ordering::Relaxed), 0, "charge given back");
+        // Other tests take spares too: look for this one among them.
+        let mut taken = Vec::new();
+        while let Some(spare) = (taken.len() < spare_chunks::MAX).then(spare_chunks::take) {
+            let found = Arc::as_ptr(&spare) as usize == at;
+            assert!(
+                spare.extents.get().is_none()
+                    && spare.page.get().is_none()
+                    && spare.source.get().is_none(),
+                "a spare is empty"
+            );
+            taken.push(spare);
+            if found {
+                break;
+            }
+        }
+        assert_eq!(
+            Arc::as_ptr(taken.last().unwrap()) as usize,
+            at,
+            "kept spare"
+        );
+        // Held by a snapshot as well: not emptied under it.
+        let shared = clean(vec![ext(4)]);
+        let snapshot = shared.clone();
+        spare_chunks::give_back(shared);
+        assert_eq!(snapshot.len(), 1);
+        assert!(loader.0.load(Ordering::Relaxed) > 0, "still charged");
     }
 
     #[test]
