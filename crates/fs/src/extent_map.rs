@@ -1,8 +1,9 @@
 //! One file's map from file offsets to device space.
 //!
 //! Every read and write asks "what is at file offset X?", so the map is
-//! sorted by file offset: a lookup is two binary searches and allocates
-//! nothing (fast path 1, "simple read", counts heap allocations). The
+//! sorted by file offset: a lookup is three binary searches and allocates
+//! nothing once its chunk is in memory (fast path 1, "simple read",
+//! counts heap allocations). The
 //! extents are kept in shared copy-on-write chunks ([`chunks`]), so that a
 //! checkpoint's snapshot is O(1) and the first change after it copies one
 //! chunk, not the file's whole map.
@@ -348,8 +349,10 @@ impl ExtentMap {
     /// What is at byte `pos`.
     ///
     /// `pos` may be any byte offset, not only a block boundary: the I/O engine
-    /// asks about the exact byte a sub-block direct write starts at. Never
-    /// allocates, since it runs once per I/O on the fast path.
+    /// asks about the exact byte a sub-block direct write starts at.
+    /// Allocates nothing once the entry points loaded its chunk (see
+    /// [`ExtentMap::load_keys`]), since it runs once per I/O on the fast
+    /// path.
     pub fn lookup(&self, pos: u64) -> Lookup {
         let at = self.map.last_at_or_before(pos);
         if let Some(p) = at {

@@ -3,8 +3,10 @@
 //! Free space is not stored on disk (see [`crate::alloc`]): it is the data
 //! area minus every extent, spill extent and extent page, which at 10M
 //! extents takes about a second to enumerate. Mount does not wait for it:
-//! it hands a snapshot of what the scan needs ([`ScanInput`], O(1): the
-//! maps are copy-on-write) to a background thread and returns. Until the
+//! it hands a snapshot of what the scan needs ([`ScanInput`]: the maps are
+//! copy-on-write; only their cold segments' page lists are copied, so
+//! that the live maps' loads stay out of it) to a background thread and
+//! returns. Until the
 //! scan installs the allocator, [`FreeSpace`] is `Scanning`:
 //!
 //! - nothing allocates, and nothing reads a free-byte count: those calls

@@ -190,7 +190,7 @@ impl DevicePages {
     }
 
     /// The shells' memory: the paged maps' own (a page reference per
-    /// chunk of a cold segment, a shell of about 150 bytes per chunk of an
+    /// chunk of a cold segment, a 72-byte entry per chunk of an
     /// open one: an absent chunk is nothing more, a loaded one adds its
     /// extents, charged apart), and a page reference per page each slot
     /// lists.

@@ -5,12 +5,14 @@
 //! cloning it, and the first change to a file afterwards must copy whatever
 //! the snapshot still shares. With one shared tree that copy is the whole
 //! file (a million extents take tens of milliseconds, all under the lock);
-//! here it is one chunk of at most [`CHUNK_MAX`] extents plus the outer
-//! vector of chunk pointers (one pointer per [`CHUNK_MAX`] extents).
+//! here it is one chunk of at most [`CHUNK_MAX`] extents, the entries of
+//! its segment (at most [`SEGMENT_MAX`] chunks) and the outer vector of
+//! segments.
 //!
-//! A lookup is two binary searches, first over the chunks' first offsets
-//! (kept beside the pointers, so that search reads one array) and then in
-//! one chunk; it allocates nothing.
+//! A lookup is three binary searches: over the segments' first offsets,
+//! over the chunks' in one segment, and in one chunk. It allocates
+//! nothing, but when it opens a cold segment (see [`Segment`]) or loads
+//! an absent chunk.
 //!
 //! Positions ([`Pos`]) are indices: any change invalidates them, so callers
 //! look positions up again after each change.
@@ -208,9 +210,11 @@ impl Slot {
         let got = absent.read(LoadPurpose::Keep)?;
         let mut loaded = spare_chunks::take();
         let fill = Arc::get_mut(&mut loaded).expect("a spare chunk is unshared");
-        let _ = fill.extents.set(got);
-        let _ = fill.page.set(absent.page);
-        let _ = fill.source.set(absent.source.clone());
+        // Assigned, not set: nothing of what the allocation held before
+        // can survive.
+        fill.extents = OnceLock::from(got);
+        fill.page = OnceLock::from(absent.page);
+        fill.source = OnceLock::from(absent.source.clone());
         // Another reader may have loaded it meanwhile: the same extents,
         // and that one's charge.
         let v = self.loaded.get_or_init(|| loaded);
@@ -357,8 +361,8 @@ struct ChunkExtents {
     /// Bytes charged to the source's loader (0: none): set once the chunk
     /// is clean with its extents in memory, given back when it drops or
     /// changes. A chunk's vector is a few tens of KiB at most; 32 bits
-    /// beside the clock bit keep every chunk's allocation 16 bytes
-    /// smaller (a shell: every chunk pays it, loaded or not).
+    /// beside the clock bit keep every loaded chunk's allocation 16
+    /// bytes smaller.
     charged: AtomicU32,
     /// Set through a shared reference: the checkpoint writer records the
     /// page in its snapshot's chunk, which the live map shares while the
@@ -583,7 +587,9 @@ mod spare_chunks {
 
     use parking_lot::Mutex;
 
-    use super::ChunkExtents;
+    // Named in full: the module graph test reads `super` here as the
+    // parent module, which imports this one.
+    use crate::extent_map::chunks::ChunkExtents;
 
     pub(super) const MAX: usize = 4096;
 
@@ -813,9 +819,10 @@ fn open_mut(body: &mut Arc<SegmentBody>) -> &mut Vec<Chunk> {
 }
 
 /// The body of a segment, unshared and open, its cold list kept if it
-/// has one: for a change that leaves every chunk's page as it was (the
-/// evictor's, which makes loaded chunks absent again), so that the
-/// segment can go cold on the same list without a new allocation.
+/// has one and was not shared (a copy has none): for a change that
+/// leaves every chunk's page as it was (the evictor's, which makes
+/// loaded chunks absent again), so that the segment can go cold on the
+/// same list without a new allocation.
 fn open_keeping_pages(body: &mut Arc<SegmentBody>) -> &mut SegmentBody {
     if Arc::get_mut(body).is_none() {
         // A snapshot shares it: a copy of its chunks, without opening the
@@ -935,8 +942,10 @@ impl Chunks {
     /// when it is the chunk's first (a hole's end is the next chunk's
     /// first key).
     pub(super) fn key(&self, pos: Pos) -> u64 {
-        match pos.idx {
-            0 => self.chunk(pos).first,
+        match (pos.chunk, pos.idx) {
+            // Without opening a cold segment.
+            (0, 0) => self.segments[pos.seg].first,
+            (_, 0) => self.chunk(pos).first,
             _ => self.get(pos).file_off,
         }
     }
@@ -1445,6 +1454,10 @@ impl Chunks {
         // may merge segments and move the other.
         let mut cut = Vec::new();
         loop {
+            // A segment past the span is left as it is (cold stays cold).
+            if s > start.seg && self.segments[s].first >= end {
+                break;
+            }
             let chunks = open_mut(&mut Arc::make_mut(&mut self.segments)[s].body);
             let mut ends_here = false;
             while c < chunks.len() {
@@ -1659,6 +1672,12 @@ impl Chunks {
         let chunks = self.segment_mut(s);
         let alone = chunks.len() == 1;
         let n = chunks[at].extents.len();
+        // First, whatever follows: a merge across segments may not happen
+        // (its neighbour cold or absent), and the segment takes its first
+        // key from this chunk.
+        if n > 0 {
+            chunks[at].first = chunks[at].extents[0].file_off;
+        }
         if alone && n > 0 && n < CHUNK_MIN && self.segments.len() > 1 {
             self.merge_across(s);
             return;
@@ -2046,6 +2065,43 @@ mod tests {
         spare_chunks::give_back(shared);
         assert_eq!(snapshot.len(), 1);
         assert!(loader.0.load(Ordering::Relaxed) > 0, "still charged");
+    }
+
+    /// A small chunk alone in its segment, beside a cold one it cannot
+    /// merge with, still files itself (and its segment) under its new
+    /// first key when a change removes its first extent (found in review:
+    /// lookups between the old and the new first key then underflowed).
+    #[test]
+    fn a_lone_chunk_that_cannot_merge_keeps_its_first_key() {
+        let store = Arc::new(testing::PageStore::default());
+        let mut c = Chunks::default();
+        // Four full chunks (one segment), then a chunk of two alone in the
+        // next segment.
+        for k in 0..4 * CHUNK_MAX as u64 {
+            c.push(ext(2 * k));
+        }
+        c.push(ext(100));
+        c.push(ext(110));
+        c.write_and_unload(&store);
+        assert_eq!((c.segment_count(), c.open_segments()), (2, 0));
+        let at = c.find(100).unwrap();
+        c.remove(at);
+        c.check().unwrap();
+        assert_eq!(
+            c.last_at_or_before(105).map(|p| *c.get(p)),
+            Some(ext(2 * (4 * CHUNK_MAX as u64 - 1)))
+        );
+        assert_eq!(c.first_after(90).map(|p| c.key(p)), Some(110));
+        // And the other way: an insert below the lone chunk's first key.
+        let mut c = Chunks::default();
+        for k in 0..4 * CHUNK_MAX as u64 {
+            c.push(ext(2 * k));
+        }
+        c.push(ext(100));
+        c.write_and_unload(&store);
+        c.insert(ext(99));
+        c.check().unwrap();
+        assert_eq!(c.find(99).map(|p| *c.get(p)), Some(ext(99)));
     }
 
     #[test]
