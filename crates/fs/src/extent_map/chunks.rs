@@ -779,6 +779,14 @@ impl Segment {
     /// Its chunks, opening a cold segment (no I/O: they start absent).
     #[inline]
     fn chunks(&self) -> &[Chunk] {
+        match self.body.chunks.get() {
+            Some(chunks) => chunks,
+            None => self.open(),
+        }
+    }
+
+    #[cold]
+    fn open(&self) -> &[Chunk] {
         self.body.chunks.get_or_init(|| self.body.open_charged())
     }
 
