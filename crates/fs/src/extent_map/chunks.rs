@@ -1050,7 +1050,11 @@ impl Chunks {
     /// open and load stays out of the other. For a long pass over a
     /// snapshot (the free-space scan after mount): sharing, it would keep
     /// every chunk the live map loads and then evicts until the pass
-    /// ends. Open segments are shared as a clone shares them.
+    /// ends. Open segments are shared as a clone shares them: at mount
+    /// they hold the chunks replayed deltas changed, already loaded, so
+    /// a live load that the snapshot then keeps can only come from an
+    /// absent chunk beside them (a copy would cost their whole entry
+    /// vector for that case).
     pub(super) fn detached(&self) -> Chunks {
         let segments = self
             .segments
