@@ -27,6 +27,7 @@ use std::sync::Arc;
 
 use crate::codec::PageRef;
 use crate::types::{Extent, ExtentState, KeySpan};
+pub(crate) use chunks::release_spare_chunks;
 #[cfg(test)]
 pub(crate) use chunks::CHUNK_BYTES_MAX;
 #[cfg(test)]

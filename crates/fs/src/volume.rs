@@ -586,7 +586,28 @@ impl Volume {
     pub fn unmount(self) -> Result<()> {
         self.write_back_and_checkpoint(|inner| inner.checkpoint_for_unmount())?;
         self.inner.mark_clean_unmount()?;
-        self.take_lost_writeback().map_or(Ok(()), Err)
+        let lost = self.take_lost_writeback();
+        drop(self);
+        give_back_freed_heap();
+        lost.map_or(Ok(()), Err)
+    }
+}
+
+/// Returns to the system the heap that an unmounted volume's metadata
+/// leaves free. A map of millions of extents takes hundreds of MiB, freed
+/// at unmount; glibc gives its heap back only from the top, and one
+/// allocation the process still holds above it (anything made late, by
+/// any thread) keeps all of it resident: a process that built 10M extents
+/// and mounted again stayed at 330 MiB instead of 20.
+fn give_back_freed_heap() {
+    // Their allocations would pin the pages they sit in.
+    crate::extent_map::release_spare_chunks();
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim takes no pointer and has no precondition; it
+    // takes each arena's lock, so it may run beside other threads'
+    // allocations.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

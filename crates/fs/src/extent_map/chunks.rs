@@ -584,6 +584,8 @@ impl Drop for Evicted {
 /// (a fresh `iomapfs io` reading one block per chunk, 64 MiB budget).
 /// Bounded ([`spare_chunks::MAX`], about 450 KiB); shared by every
 /// volume of the process.
+pub(crate) use spare_chunks::release as release_spare_chunks;
+
 mod spare_chunks {
     use std::sync::{Arc, OnceLock};
 
@@ -623,6 +625,12 @@ mod spare_chunks {
         if spare.len() < MAX {
             spare.push(chunk);
         }
+    }
+
+    /// Frees every spare allocation.
+    pub(crate) fn release() {
+        let spare = std::mem::take(&mut *SPARE.lock());
+        drop(spare);
     }
 }
 

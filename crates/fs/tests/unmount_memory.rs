@@ -1,0 +1,77 @@
+//! What a process keeps after unmounting a volume whose metadata was
+//! large. Alone in its test binary: it reads the process's resident set,
+//! which other tests' allocations would move.
+
+mod common;
+
+use std::sync::Arc;
+
+use blockdev::sync_backend::{SyncDevice, SyncOpenOptions};
+use blockdev::BlockDevice;
+use common::dev::{ScratchImage, MIB};
+use iomapfs_fs::{FormatOptions, OpenFlags, Volume};
+
+const BLOCK: u64 = 4096;
+
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+/// A file of many one-block extents (every other block fallocated) takes
+/// tens of MiB of heap; after unmount the process is back near where it
+/// started, whatever else it allocated meanwhile. (glibc's heap: what
+/// `Volume::unmount` gives back is its `malloc_trim`.)
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn unmount_gives_the_heap_of_its_metadata_back() {
+    const EXTENTS: u64 = 300_000;
+    // An image file: what the device holds is not the process's memory.
+    let image = ScratchImage::new("unmount-memory", 4 * EXTENTS * BLOCK);
+    let dynd: Arc<dyn BlockDevice> =
+        Arc::new(SyncDevice::open(&image.path, SyncOpenOptions::default()).unwrap());
+    Volume::format(dynd.clone(), &FormatOptions::default()).unwrap();
+    let before = resident_bytes();
+    let vol = Volume::open(dynd.clone()).unwrap();
+    let file = vol
+        .open_file(
+            "/f",
+            OpenFlags {
+                create: true,
+                ..OpenFlags::default()
+            },
+        )
+        .unwrap();
+    // Allocations that outlive the volume, made while it grows: some sit
+    // above its metadata in the heap.
+    let mut kept = Vec::new();
+    for i in 0..EXTENTS {
+        file.fallocate(2 * i * BLOCK, BLOCK, false).unwrap();
+        if i % 1024 == 0 {
+            kept.push(vec![i as u8; 48]);
+        }
+    }
+    let built = resident_bytes();
+    drop(file);
+    vol.unmount().unwrap();
+    let after = resident_bytes();
+    eprintln!(
+        "resident: {} MiB before, {} MiB built, {} MiB after unmount",
+        before / MIB,
+        built / MIB,
+        after / MIB
+    );
+    assert!(
+        built > before + 40 * MIB,
+        "the build took {} MiB: too little to tell",
+        (built - before) / MIB
+    );
+    assert!(
+        after < before + (built - before) / 4,
+        "unmount kept {} of the build's {} MiB",
+        (after.saturating_sub(before)) / MIB,
+        (built - before) / MIB
+    );
+    assert_eq!(kept.len() as u64, EXTENTS.div_ceil(1024));
+}
