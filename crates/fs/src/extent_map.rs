@@ -355,18 +355,16 @@ impl ExtentMap {
     /// [`ExtentMap::load_keys`]), since it runs once per I/O on the fast
     /// path.
     pub fn lookup(&self, pos: u64) -> Lookup {
-        let at = self.map.last_at_or_before(pos);
-        if let Some(p) = at {
-            // The evictor's clock bit: this chunk is in use.
-            self.map.touch(p);
-            let e = self.map.get(p);
+        // Marks the chunk in use (the evictor's clock bit).
+        let at = self.map.touch_last_at_or_before(pos);
+        if let Some((_, e)) = at {
             if pos < e.file_end() {
                 return Lookup::Extent(*e);
             }
         }
         // No extent contains `pos`, so none starts at it either.
         let next = match at {
-            Some(p) => self.map.next(p),
+            Some((p, _)) => self.map.next(p),
             None => self.map.first_after(pos),
         };
         Lookup::Hole {

@@ -1091,13 +1091,6 @@ impl Chunks {
             .count()
     }
 
-    /// Sets the clock bit of the chunk holding `pos` (see
-    /// [`Chunks::evict`]).
-    #[inline]
-    pub(super) fn touch(&self, pos: Pos) {
-        self.chunk(pos).extents.touch();
-    }
-
     /// The segment holding chunk number `flat` of the map, and its index
     /// there; `(segments, 0)` past the last chunk.
     fn segment_of(&self, mut flat: usize) -> (usize, usize) {
@@ -1290,6 +1283,21 @@ impl Chunks {
     /// The last extent whose file offset is at most `key`.
     #[inline]
     pub(super) fn last_at_or_before(&self, key: u64) -> Option<Pos> {
+        self.descend(key).map(|(pos, _)| pos)
+    }
+
+    /// [`Chunks::last_at_or_before`] and that extent, its chunk marked in
+    /// use for the evictor's clock: a lookup's one descent through
+    /// segment, chunk and extents, not one for each.
+    #[inline]
+    pub(super) fn touch_last_at_or_before(&self, key: u64) -> Option<(Pos, &Extent)> {
+        let (pos, extents) = self.descend(key)?;
+        extents.touch();
+        Some((pos, &extents[pos.idx]))
+    }
+
+    #[inline]
+    fn descend(&self, key: u64) -> Option<(Pos, &ChunkExtents)> {
         let seg = self
             .segments
             .partition_point(|s| s.first <= key)
@@ -1297,8 +1305,9 @@ impl Chunks {
         let chunks = self.segments[seg].chunks();
         // ≥ 1: the segment's first key is its first chunk's.
         let chunk = chunks.partition_point(|c| c.first <= key) - 1;
-        let idx = chunks[chunk].extents.partition_point(|e| e.file_off <= key) - 1; // ≥ 1: the chunk's first offset is at most `key`.
-        Some(Pos { seg, chunk, idx })
+        let extents: &ChunkExtents = &chunks[chunk].extents;
+        let idx = extents.partition_point(|e| e.file_off <= key) - 1; // ≥ 1: the chunk's first offset is at most `key`.
+        Some((Pos { seg, chunk, idx }, extents))
     }
 
     /// The last extent whose file offset is below `key`.
@@ -2260,7 +2269,7 @@ mod tests {
         live.load_all().unwrap();
         let want: Vec<Extent> = live.iter().copied().collect();
         // Chunk 1 looked up, chunk 3 changed (it names no page now).
-        live.touch(live.last_at_or_before(2 * CHUNK_MAX as u64).unwrap());
+        live.touch_last_at_or_before(2 * CHUNK_MAX as u64).unwrap();
         let at = live.find(2 * 3 * CHUNK_MAX as u64 + 2).unwrap();
         live.get_mut(at).state = ExtentState::Written;
         let snapshot = live.clone();
