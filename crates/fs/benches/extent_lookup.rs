@@ -2,7 +2,7 @@
 //! iomap `begin` of fast path 1): in a file of one extent, as a buffered
 //! overwrite of a small file asks it, and at random in a file of 1M
 //! one-block extents (every other block), whose chunks span many
-//! segments. Run: `cargo bench -p iomapfs-fs --bench extent_lookup`.
+//! segments, and at that file's end (what an append asks). Run: `cargo bench -p iomapfs-fs --bench extent_lookup`.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use iomapfs_fs::extent_map::{ExtentMap, Lookup};
@@ -42,6 +42,10 @@ fn lookups(c: &mut Criterion) {
             (x % (2 * EXTENTS)) * BLOCK
         })
         .collect();
+    let end = 2 * EXTENTS * BLOCK;
+    c.bench_function("lookup at the end of 1M extents", |b| {
+        b.iter(|| black_box(big.lookup(black_box(end))))
+    });
     c.bench_function("lookup at random in 1M extents", |b| {
         let mut i = 0;
         b.iter(|| {

@@ -726,6 +726,16 @@ impl ColdPages {
     }
 }
 
+/// The index of the last of `items` (sorted by `key_of`) whose key is at
+/// most `key`, trying the last item before a binary search.
+#[inline]
+fn last_at_or_before<T>(items: &[T], key: u64, key_of: impl Fn(&T) -> u64) -> Option<usize> {
+    match items.last() {
+        Some(last) if key_of(last) <= key => Some(items.len() - 1),
+        _ => items.partition_point(|i| key_of(i) <= key).checked_sub(1),
+    }
+}
+
 impl SegmentBody {
     fn with(chunks: OnceLock<Vec<Chunk>>, cold: Option<ColdPages>) -> Self {
         SegmentBody {
@@ -1296,17 +1306,19 @@ impl Chunks {
         Some((pos, &extents[pos.idx]))
     }
 
+    /// Each level is asked first whether `key` is at or past its last
+    /// entry: an append (a log, a WAL, a file being built) looks up the
+    /// file's end each time, and takes the last of each level without a
+    /// binary search.
     #[inline]
     fn descend(&self, key: u64) -> Option<(Pos, &ChunkExtents)> {
-        let seg = self
-            .segments
-            .partition_point(|s| s.first <= key)
-            .checked_sub(1)?;
+        let seg = last_at_or_before(&self.segments, key, |s| s.first)?;
         let chunks = self.segments[seg].chunks();
-        // ≥ 1: the segment's first key is its first chunk's.
-        let chunk = chunks.partition_point(|c| c.first <= key) - 1;
+        // Some: the segment's first key is its first chunk's.
+        let chunk = last_at_or_before(chunks, key, |c| c.first)?;
         let extents: &ChunkExtents = &chunks[chunk].extents;
-        let idx = extents.partition_point(|e| e.file_off <= key) - 1; // ≥ 1: the chunk's first offset is at most `key`.
+        // Some: the chunk's first offset is its first extent's.
+        let idx = last_at_or_before(extents, key, |e| e.file_off)?;
         Some((Pos { seg, chunk, idx }, extents))
     }
 
