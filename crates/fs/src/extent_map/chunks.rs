@@ -992,15 +992,9 @@ impl Chunks {
     /// chunk's). `None` if there are no chunks.
     #[inline]
     fn owner(&self, key: u64) -> Option<Pos> {
-        let seg = self
-            .segments
-            .partition_point(|s| s.first <= key)
-            .checked_sub(1)
+        let seg = last_at_or_before(&self.segments, key, |s| s.first)
             .or((!self.segments.is_empty()).then_some(0))?;
-        let chunk = self.segments[seg]
-            .chunks()
-            .partition_point(|c| c.first <= key)
-            .saturating_sub(1);
+        let chunk = last_at_or_before(self.segments[seg].chunks(), key, |c| c.first).unwrap_or(0);
         Some(Pos { seg, chunk, idx: 0 })
     }
 
@@ -1382,7 +1376,11 @@ impl Chunks {
             return;
         };
         let extents = self.segment_mut(at.seg)[at.chunk].extents.make_mut();
-        let idx = extents.partition_point(|x| x.file_off < e.file_off);
+        // After the last: an append.
+        let idx = match extents.last() {
+            Some(last) if last.file_off < e.file_off => extents.len(),
+            _ => extents.partition_point(|x| x.file_off < e.file_off),
+        };
         grow_for_one_more(extents);
         extents.insert(idx, e);
         self.rebalance(at.seg, at.chunk);
