@@ -58,5 +58,29 @@ fn lookups(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, lookups);
+fn inserts(c: &mut Criterion) {
+    let mut big = map_of(EXTENTS, 2);
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    c.bench_function(
+        "insert into a random hole of 1M extents, and punch it",
+        |b| {
+            b.iter(|| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let hole = (x % EXTENTS) * 2 + 1;
+                big.insert(Extent {
+                    file_off: hole * BLOCK,
+                    len: BLOCK,
+                    addr: (4 << 40) + hole * BLOCK,
+                    state: ExtentState::Written,
+                })
+                .expect("a hole");
+                black_box(big.remove_range(hole * BLOCK, BLOCK))
+            })
+        },
+    );
+}
+
+criterion_group!(benches, lookups, inserts);
 criterion_main!(benches);
