@@ -598,7 +598,8 @@ impl Volume {
 /// at unmount; glibc gives its heap back only from the top, and one
 /// allocation the process still holds above it (anything made late, by
 /// any thread) keeps all of it resident: a process that built 10M extents
-/// and mounted again stayed at 330 MiB instead of 20.
+/// and mounted again stayed at 330 MiB instead of 20. The trim walks
+/// the free heap: 4.7 ms for the 100 MiB `unmount_memory` frees.
 fn give_back_freed_heap() {
     // Their allocations would pin the pages they sit in.
     crate::extent_map::release_spare_chunks();
