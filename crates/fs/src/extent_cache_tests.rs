@@ -759,6 +759,7 @@ fn changes_all_over_a_paged_map_stay_near_the_budget_without_a_checkpoint_asked_
         + crate::extent_map::CHUNK_BYTES_MAX;
     let (mut most, mut most_cached, mut changes, mut rereads) = (0, 0, 0, 0);
     let (mut last_reread, mut most_in_memory) = (0, 0);
+    let mut reread_due = false;
     // Into the hole after every third extent: about three changed chunks
     // per chunk's worth of changes, spread over the whole map.
     for k in (0..MANY).step_by(3) {
@@ -783,32 +784,42 @@ fn changes_all_over_a_paged_map_stay_near_the_budget_without_a_checkpoint_asked_
         // The file changes all the time, and its other chunks are
         // evicted all the same (those a change's span meets are kept
         // for the next delta): reads between changes load them again.
-        // (Not right after a base: it took the changes.)
+        // (Not right after a base: it took the changes. Due every 64
+        // changes, it waits for changes pending: bases come as the
+        // checkpoint thread's timing has them, and one just before each
+        // 64th change left too few rereads about one run in fifty.)
+        reread_due |= changes % 64 == 0;
         let pending = vol.inner.meta.read().state.changed_spans(ino).is_some();
-        if changes % 64 == 0 && pending {
+        if reread_due && pending {
+            reread_due = false;
             for k in (0..MANY).step_by(5) {
                 many.pread(&mut block, 2 * k * BLOCK).unwrap();
             }
             settle(&vol);
-            let cached = stats(&vol).cached_bytes;
-            most_cached = most_cached.max(cached);
+            let s = stats(&vol);
+            // The chunks' room: what `budget_with_room` left them, or
+            // more while the evictor has made segments the reads opened
+            // cold again, their shells given back (such a moment failed
+            // a check against the first room about one run in a hundred).
+            let room = CHUNKS_BUDGET.max(s.chunk_budget);
+            most_cached = most_cached.max(s.cached_bytes.saturating_sub(room));
             // The clean chunks make room for the changed ones.
             let unpaged = vol.inner.meta.read().state.unpaged_chunk_bytes();
-            most_in_memory = most_in_memory.max(cached + unpaged);
+            most_in_memory = most_in_memory.max((s.cached_bytes + unpaged).saturating_sub(room));
             rereads += 1;
             last_reread = changes;
         }
     }
     assert!(rereads >= 10, "{rereads} rereads with changes pending");
-    assert!(
-        most_cached <= CHUNKS_BUDGET,
-        "clean chunks reached {most_cached} bytes, budget {CHUNKS_BUDGET}"
+    assert_eq!(
+        most_cached, 0,
+        "clean chunks passed their room by {most_cached} bytes, budget {CHUNKS_BUDGET}"
     );
     // One look interval of changes may come before the look that counts
     // them, and one more while a base runs (counted from its snapshot).
     assert!(
-        most_in_memory <= CHUNKS_BUDGET + 2 * between_looks,
-        "chunks in memory reached {most_in_memory} bytes, budget {CHUNKS_BUDGET}"
+        most_in_memory <= 2 * between_looks,
+        "chunks in memory passed their room by {most_in_memory} bytes, budget {CHUNKS_BUDGET}"
     );
     assert!(
         !vol.inner.commit.lock().journal.is_half_full(),
