@@ -2,7 +2,10 @@
 //! iomap `begin` of fast path 1): in a file of one extent, as a buffered
 //! overwrite of a small file asks it, and at random in a file of 1M
 //! one-block extents (every other block), whose chunks span many
-//! segments, and at that file's end (what an append asks). Run: `cargo bench -p iomapfs-fs --bench extent_lookup`.
+//! segments, and at that file's end (what an append asks). And
+//! `ExtentMap::insert` into a random hole of that file (an allocating
+//! write into a sparse file), with the punch that makes the hole again.
+//! Run: `cargo bench -p iomapfs-fs --bench extent_map`.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use iomapfs_fs::extent_map::{ExtentMap, Lookup};

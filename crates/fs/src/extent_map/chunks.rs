@@ -576,6 +576,8 @@ impl Drop for Evicted {
     }
 }
 
+pub(crate) use spare_chunks::release as release_spare_chunks;
+
 /// Allocations of loaded chunks that the evictor freed, kept for loads to
 /// reuse. A load runs in a reader's thread and an eviction frees in the
 /// evictor's: with glibc, the small allocations readers made among the
@@ -584,8 +586,6 @@ impl Drop for Evicted {
 /// (a fresh `iomapfs io` reading one block per chunk, 64 MiB budget).
 /// Bounded ([`spare_chunks::MAX`], about 450 KiB); shared by every
 /// volume of the process.
-pub(crate) use spare_chunks::release as release_spare_chunks;
-
 mod spare_chunks {
     use std::sync::{Arc, OnceLock};
 
@@ -729,7 +729,7 @@ impl ColdPages {
 /// The index of the last of `items` (sorted by `key_of`) whose key is at
 /// most `key`, trying the last item before a binary search.
 #[inline]
-fn last_at_or_before<T>(items: &[T], key: u64, key_of: impl Fn(&T) -> u64) -> Option<usize> {
+fn last_index_at_or_before<T>(items: &[T], key: u64, key_of: impl Fn(&T) -> u64) -> Option<usize> {
     match items.last() {
         Some(last) if key_of(last) <= key => Some(items.len() - 1),
         _ => items.partition_point(|i| key_of(i) <= key).checked_sub(1),
@@ -992,9 +992,10 @@ impl Chunks {
     /// chunk's). `None` if there are no chunks.
     #[inline]
     fn owner(&self, key: u64) -> Option<Pos> {
-        let seg = last_at_or_before(&self.segments, key, |s| s.first)
+        let seg = last_index_at_or_before(&self.segments, key, |s| s.first)
             .or((!self.segments.is_empty()).then_some(0))?;
-        let chunk = last_at_or_before(self.segments[seg].chunks(), key, |c| c.first).unwrap_or(0);
+        let chunk =
+            last_index_at_or_before(self.segments[seg].chunks(), key, |c| c.first).unwrap_or(0);
         Some(Pos { seg, chunk, idx: 0 })
     }
 
@@ -1306,13 +1307,13 @@ impl Chunks {
     /// binary search.
     #[inline]
     fn descend(&self, key: u64) -> Option<(Pos, &ChunkExtents)> {
-        let seg = last_at_or_before(&self.segments, key, |s| s.first)?;
+        let seg = last_index_at_or_before(&self.segments, key, |s| s.first)?;
         let chunks = self.segments[seg].chunks();
-        // Some: the segment's first key is its first chunk's.
-        let chunk = last_at_or_before(chunks, key, |c| c.first)?;
+        let chunk = last_index_at_or_before(chunks, key, |c| c.first)
+            .expect("a segment's first key is its first chunk's");
         let extents: &ChunkExtents = &chunks[chunk].extents;
-        // Some: the chunk's first offset is its first extent's.
-        let idx = last_at_or_before(extents, key, |e| e.file_off)?;
+        let idx = last_index_at_or_before(extents, key, |e| e.file_off)
+            .expect("a chunk's first key is its first extent's");
         Some((Pos { seg, chunk, idx }, extents))
     }
 
