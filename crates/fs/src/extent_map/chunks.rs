@@ -1342,8 +1342,9 @@ impl Chunks {
     /// The extent stored under exactly `key`.
     #[inline]
     pub(super) fn find(&self, key: u64) -> Option<Pos> {
-        self.last_at_or_before(key)
-            .filter(|&p| self.get(p).file_off == key)
+        // The descent's own chunk, not a second walk to it.
+        let (pos, extents) = self.descend(key)?;
+        (extents[pos.idx].file_off == key).then_some(pos)
     }
 
     fn first(&self) -> Option<Pos> {
