@@ -73,6 +73,14 @@ pub struct MkfsArgs {
     /// name it.
     #[arg(long, conflicts_with = "no_extent_pages")]
     pub extent_pages: bool,
+
+    /// With extent pages, list every page in each checkpoint root instead
+    /// of in index pages (the default lists a run of up to 127 pages per
+    /// index page, so a root and a base's writes stop growing with every
+    /// page). The volume is then readable by iomapfs builds that predate
+    /// index pages (incompat bit 3).
+    #[arg(long)]
+    pub no_page_index: bool,
 }
 
 pub fn run(args: &MkfsArgs) -> Result<u8, Failure> {
@@ -235,6 +243,7 @@ fn format(path: &Path, args: &MkfsArgs, block_size: u32) -> Result<u8, Failure> 
         block_size,
         journal_bytes: args.journal_size,
         extent_pages: !args.no_extent_pages,
+        page_index: !args.no_page_index,
         ..FormatOptions::default()
     };
     Volume::format(dev.clone(), &opts)
@@ -264,12 +273,15 @@ fn format(path: &Path, args: &MkfsArgs, block_size: u32) -> Result<u8, Failure> 
             let l = &sb.layout;
             let uuid: String = sb.uuid.iter().map(|b| format!("{b:02x}")).collect();
             println!("  format        version {}, uuid {uuid}", sb.version);
+            let incompat = sb.features_incompat;
             println!(
                 "  extent pages  {}",
-                if sb.features_incompat & iomapfs_fs::superblock::INCOMPAT_EXTENT_PAGES != 0 {
-                    "on"
-                } else {
+                if incompat & iomapfs_fs::superblock::INCOMPAT_EXTENT_PAGES == 0 {
                     "off"
+                } else if incompat & iomapfs_fs::superblock::INCOMPAT_PAGE_INDEX != 0 {
+                    "on, listed in index pages"
+                } else {
+                    "on"
                 }
             );
             println!("  layout        (device byte ranges)");

@@ -62,14 +62,14 @@
 
 use blockdev::{BlockDevice, WriteMode};
 
-use crate::codec::{self, Decoder, DeltaLink, Encoder, PageArea, PageRef, PageTable};
+use crate::codec::{self, Decoder, DeltaLink, Encoder, IndexTable, PageArea, PageRef, PageTable};
 use crate::error::{Error, Result};
 use crate::extent_map::span_merge::SpanMerge;
 use crate::page_chunks::{ChunkMerge, PagedMaps};
 use crate::superblock::{
     decode_hint_ranges, encode_hint_ranges, is_aligned, Region, Superblock, CHECKPOINT_SLOTS,
     COMPAT_CHECKPOINT_FREE_HINT, COMPAT_SUPERSEDE_MARKS, FREE_HINT_MAX, INCOMPAT_DELTA_CHECKPOINTS,
-    INCOMPAT_EXTENT_PAGES, INCOMPAT_SPILLED_CHECKPOINTS,
+    INCOMPAT_EXTENT_PAGES, INCOMPAT_PAGE_INDEX, INCOMPAT_SPILLED_CHECKPOINTS,
 };
 use crate::types::{Extent, Ino, InodeImage, MetaDelta, MetaImage};
 
@@ -866,6 +866,9 @@ pub struct SlotContents {
     /// With [`INCOMPAT_EXTENT_PAGES`]: the extent pages the base's root
     /// lists (every one read and verified).
     pub pages: PageTable,
+    /// With [`INCOMPAT_PAGE_INDEX`]: the index pages the root lists, which
+    /// list `pages` (every one read and verified).
+    pub index: IndexTable,
     /// The extents of the files the base keeps in pages, with the chain's
     /// deltas applied chunk by chunk: their inodes in `checkpoint.image`
     /// have none ([`read_slot`] puts them there).
@@ -1071,31 +1074,37 @@ fn read_slot_chunks(
     let bs = sb.block_size();
     let base = read_record(dev, sb, slot, 0, &base_magics(sb))?;
     let payload_at = region.start + CHECKPOINT_HEADER_LEN as u64;
-    let ((mut image, pages, mut paged, damaged_pages), spill, base_bytes) =
-        if base.magic == SPILLED_MAGIC {
-            let table = decode_spill_table(sb, &base.payload, payload_at)?;
-            let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
-            let at = table.extents.first().map_or(payload_at, |e| e.0);
-            let image = decode_base(dev, sb, &bytes, at, "spilled checkpoint image", reading)?;
-            let base_bytes = (CHECKPOINT_HEADER_LEN + bytes.len()) as u64;
-            (image, table.extents, base_bytes)
-        } else {
-            let image = decode_base(
-                dev,
-                sb,
-                &base.payload,
-                payload_at,
-                "checkpoint image",
-                reading,
-            )?;
-            (
-                image,
-                Vec::new(),
-                (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64,
-            )
-        };
+    let (decoded, spill, base_bytes) = if base.magic == SPILLED_MAGIC {
+        let table = decode_spill_table(sb, &base.payload, payload_at)?;
+        let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
+        let at = table.extents.first().map_or(payload_at, |e| e.0);
+        let image = decode_base(dev, sb, &bytes, at, "spilled checkpoint image", reading)?;
+        let base_bytes = (CHECKPOINT_HEADER_LEN + bytes.len()) as u64;
+        (image, table.extents, base_bytes)
+    } else {
+        let image = decode_base(
+            dev,
+            sb,
+            &base.payload,
+            payload_at,
+            "checkpoint image",
+            reading,
+        )?;
+        (
+            image,
+            Vec::new(),
+            (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64,
+        )
+    };
+    let DecodedBase {
+        mut image,
+        pages,
+        index,
+        mut paged,
+        damaged_pages,
+    } = decoded;
     let record_bytes = (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64;
-    let base_bytes = base_bytes + listed_page_bytes(sb, &pages);
+    let base_bytes = base_bytes + listed_page_bytes(sb, &pages, &index);
     let mut chain = ChainEnd::of_base(
         sb,
         base.header.generation,
@@ -1154,6 +1163,7 @@ fn read_slot_chunks(
         unapplied,
         spill,
         pages,
+        index,
         paged,
         damaged_pages,
     })
@@ -1162,12 +1172,18 @@ fn read_slot_chunks(
 /// Bytes of the pages `pages` lists: with them a base costs mount (and
 /// a checkpoint that rewrites it) as much as a whole image, which the
 /// delta policy weighs deltas against ([`ChainEnd::base_bytes`]).
-pub fn listed_page_bytes(sb: &Superblock, pages: &PageTable) -> u64 {
-    pages
+pub fn listed_page_bytes(sb: &Superblock, pages: &PageTable, index: &IndexTable) -> u64 {
+    let pages: u64 = pages
         .iter()
         .flat_map(|(_, list)| list.iter())
         .map(|p| codec::page_len(p.count as usize, sb.block_size()))
-        .sum()
+        .sum();
+    pages + index_page_count(index) * sb.block_size()
+}
+
+/// How many index pages `index` lists (one block each).
+pub fn index_page_count(index: &IndexTable) -> u64 {
+    index.iter().map(|(_, list)| list.len() as u64).sum()
 }
 
 /// Where extent pages may lie: the data area.
@@ -1179,10 +1195,20 @@ pub fn page_area(sb: &Superblock) -> PageArea {
     }
 }
 
+/// A base as [`decode_base`] reads it.
+struct DecodedBase {
+    image: MetaImage,
+    pages: PageTable,
+    index: IndexTable,
+    paged: PagedMaps,
+    damaged_pages: Vec<DamagedPage>,
+}
+
 /// A base's image from its payload `bytes` (read from device byte `at`):
 /// the image itself, or with [`INCOMPAT_EXTENT_PAGES`] a root, whose pages
-/// are then read and verified (the page table and the pages' chunks
-/// returned beside).
+/// are then read and verified (the page table, with
+/// [`INCOMPAT_PAGE_INDEX`] the index pages listing it, and the pages'
+/// chunks returned beside).
 fn decode_base(
     dev: &dyn BlockDevice,
     sb: &Superblock,
@@ -1190,19 +1216,99 @@ fn decode_base(
     at: u64,
     what: &'static str,
     reading: PageReading,
-) -> Result<(MetaImage, PageTable, PagedMaps, Vec<DamagedPage>)> {
+) -> Result<DecodedBase> {
     if sb.features_incompat & INCOMPAT_EXTENT_PAGES == 0 {
         let image = codec::decode_image_at(bytes, at, what)?;
-        return Ok((image, Vec::new(), PagedMaps::default(), Vec::new()));
+        return Ok(DecodedBase {
+            image,
+            pages: Vec::new(),
+            index: Vec::new(),
+            paged: PagedMaps::default(),
+            damaged_pages: Vec::new(),
+        });
     }
-    let codec::Root { image, pages } = codec::decode_root_at(bytes, at, what, page_area(sb))?;
-    let mut damaged = Vec::new();
+    let (codec::Root { image, pages }, index) = decode_root_listing(dev, sb, bytes, at, what)?;
+    let mut damaged_pages = Vec::new();
     let paged = match reading {
         PageReading::Every => read_pages(dev, sb, &image, &pages)?,
         PageReading::OnDemand => absent_pages(&image, &pages)?,
-        PageReading::Survey => read_pages_surveying(dev, sb, &image, &pages, &mut damaged)?,
+        PageReading::Survey => read_pages_surveying(dev, sb, &image, &pages, &mut damaged_pages)?,
     };
-    Ok((image, pages, paged, damaged))
+    Ok(DecodedBase {
+        image,
+        pages,
+        index,
+        paged,
+        damaged_pages,
+    })
+}
+
+/// Decodes a root as the volume stores it, and lists its pages: with
+/// [`INCOMPAT_PAGE_INDEX`] its index pages are read and verified (the
+/// pages they list make the root's page table) and returned beside; an
+/// index page that does not verify is damage to the root, as a root
+/// whose crc fails (the keys it covers cannot be known).
+fn decode_root_listing(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    bytes: &[u8],
+    at: u64,
+    what: &'static str,
+) -> Result<(codec::Root, IndexTable)> {
+    if sb.features_incompat & INCOMPAT_PAGE_INDEX == 0 {
+        let root = codec::decode_root_at(bytes, at, what, page_area(sb))?;
+        return Ok((root, Vec::new()));
+    }
+    let codec::IndexedRoot { image, index } =
+        codec::decode_indexed_root_at(bytes, at, what, page_area(sb))?;
+    let pages = read_index_pages(dev, sb, &index)?;
+    Ok((codec::Root { image, pages }, index))
+}
+
+/// Reads and verifies the index pages `index` lists: the page table they
+/// make, each file's pages in key order across its index pages.
+pub fn read_index_pages(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    index: &IndexTable,
+) -> Result<PageTable> {
+    let area = page_area(sb);
+    let mut block = vec![0u8; sb.block_size() as usize];
+    let mut table = Vec::with_capacity(index.len());
+    for (ino, list) in index {
+        let mut pages: Vec<PageRef> =
+            Vec::with_capacity(list.iter().map(|i| i.pages as usize).sum());
+        for iref in list {
+            dev.read_at(&mut block, iref.addr).map_err(|e| {
+                Error::device(
+                    format!(
+                        "reading inode {ino}'s index page at device byte {}",
+                        iref.addr
+                    ),
+                    e,
+                )
+            })?;
+            let listed = codec::decode_index_page(sb.crc_seed(), &block, *ino, iref, area)?;
+            // Each index page's keys are checked on their own: those of
+            // the next must follow them.
+            if let (Some(last), Some(next)) = (pages.last(), listed.first()) {
+                if next.first_key <= last.first_key {
+                    return Err(codec::index_lost(
+                        *ino,
+                        iref,
+                        iref.addr,
+                        format!(
+                            "its first page starts at file offset {}, not after the previous index page's last at {}",
+                            next.first_key, last.first_key
+                        ),
+                    ));
+                }
+            }
+            pages.extend(listed);
+        }
+        table.push((*ino, pages));
+    }
+    Ok(table)
 }
 
 /// Reads every page of `pages` (each file's in `image`, where it has no
@@ -1622,6 +1728,9 @@ pub struct NewestCheckpoint {
     /// base lists, if it verifies: in use for the same reason. The two
     /// lists share every page neither base rewrote.
     pub pages: [PageTable; CHECKPOINT_SLOTS],
+    /// With [`INCOMPAT_PAGE_INDEX`], per slot, the index pages its base
+    /// lists (which list `pages`), if it verifies.
+    pub index: [IndexTable; CHECKPOINT_SLOTS],
     /// [`SlotContents::paged`] of the newest checkpoint: the extents of
     /// its files kept in pages, which `checkpoint.image` does not hold
     /// ([`read_newest_checkpoint`] puts them there).
@@ -1697,6 +1806,7 @@ pub fn read_checkpoints_reading(
     let mut reasons: Vec<Option<String>> = vec![None; CHECKPOINT_SLOTS];
     let mut spills: [Vec<SpillExtent>; CHECKPOINT_SLOTS] = Default::default();
     let mut pages: [PageTable; CHECKPOINT_SLOTS] = Default::default();
+    let mut index: [IndexTable; CHECKPOINT_SLOTS] = Default::default();
     let paged = sb.features_incompat & INCOMPAT_EXTENT_PAGES != 0;
     // The slot whose base is newer holds the newer checkpoint whenever it
     // verifies (a base is written one generation past the newest chain's
@@ -1717,7 +1827,9 @@ pub fn read_checkpoints_reading(
             if paged {
                 // Its root, for the pages it lists; not the pages.
                 match read_root(dev, sb, slot) {
-                    Ok((spill, root)) => (spills[slot], pages[slot]) = (spill, root.pages),
+                    Ok((spill, root, listing)) => {
+                        (spills[slot], pages[slot], index[slot]) = (spill, root.pages, listing)
+                    }
                     Err(e @ Error::Corrupt { .. }) => reasons[slot] = Some(e.to_string()),
                     Err(e) => return Err(e),
                 }
@@ -1738,6 +1850,7 @@ pub fn read_checkpoints_reading(
             Ok(mut c) => {
                 spills[slot].clone_from(&c.spill);
                 pages[slot] = std::mem::take(&mut c.pages);
+                index[slot] = std::mem::take(&mut c.index);
                 best = Some((slot, c));
             }
             Err(e @ Error::Corrupt { .. }) => reasons[slot] = Some(e.to_string()),
@@ -1802,6 +1915,7 @@ pub fn read_checkpoints_reading(
         lost,
         spills,
         pages,
+        index,
         paged: contents.paged,
         damaged_pages: contents.damaged_pages,
     })
@@ -1809,25 +1923,26 @@ pub fn read_checkpoints_reading(
 
 /// Verifies the base record of `slot` on a volume with
 /// [`INCOMPAT_EXTENT_PAGES`] and decodes its root (its spilled image read
-/// if it is spilled), without reading the pages it lists. Returns the
-/// spill extents and the root.
+/// if it is spilled), without reading the extent pages it lists (its
+/// index pages are read). Returns the spill extents, the root and its
+/// index pages.
 fn read_root(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     slot: usize,
-) -> Result<(Vec<SpillExtent>, codec::Root)> {
+) -> Result<(Vec<SpillExtent>, codec::Root, IndexTable)> {
     let base = read_record(dev, sb, slot, 0, &base_magics(sb))?;
     let payload_at = slot_region(sb, slot)?.start + CHECKPOINT_HEADER_LEN as u64;
     if base.magic != SPILLED_MAGIC {
-        let root =
-            codec::decode_root_at(&base.payload, payload_at, "checkpoint root", page_area(sb))?;
-        return Ok((Vec::new(), root));
+        let (root, index) =
+            decode_root_listing(dev, sb, &base.payload, payload_at, "checkpoint root")?;
+        return Ok((Vec::new(), root, index));
     }
     let table = decode_spill_table(sb, &base.payload, payload_at)?;
     let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
     let at = table.extents.first().map_or(payload_at, |e| e.0);
-    let root = codec::decode_root_at(&bytes, at, "spilled checkpoint root", page_area(sb))?;
-    Ok((table.extents, root))
+    let (root, index) = decode_root_listing(dev, sb, &bytes, at, "spilled checkpoint root")?;
+    Ok((table.extents, root, index))
 }
 
 /// [`read_checkpoints`], refusing (as [`Error::Corrupt`]) a volume whose

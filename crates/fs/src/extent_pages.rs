@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::codec::{self, PageRef, PageTable};
+use crate::codec::{self, IndexRef, IndexTable, PageRef, PageTable};
 use crate::error::{Error, Result};
 use crate::extent_map::{ChunkPage, PageLoader, PageSource};
 use crate::state::MetaState;
@@ -20,6 +20,10 @@ pub struct PagePlan {
     /// Every regular file with extents, sorted by inode number, with its
     /// pages in key order: the ones its chunks name and the new ones.
     pub table: PageTable,
+    /// With index pages (`Some` given to [`plan_pages`]): per file of
+    /// `table`, the index pages listing its pages, in key order (those a
+    /// slot's base lists with the same pages, and new ones).
+    pub index: IndexTable,
     /// The new pages, handed to the plan's writer: `(device byte,
     /// length)`.
     pub written: Vec<(u64, u64)>,
@@ -48,10 +52,17 @@ pub struct PagePlan {
 /// base until it changes. With chunks of at least 128 extents unless
 /// alone, a file at the inline bound has one chunk, which every change
 /// that makes it grow touches, so this does not happen outside tests.
+///
+/// With `index` (volumes with index pages), the pages of each segment of
+/// a file's map are listed in index pages of their own (as many as their
+/// count needs, split evenly): one a slot's base lists with exactly those
+/// pages is listed again, others are written (a block each, placed and
+/// handed to `write` as pages are).
 pub fn plan_pages(
     state: &MetaState,
     seed: u32,
     listed: &ListedPages<'_>,
+    index: Option<&ListedIndex<'_>>,
     mut place: impl FnMut(u64, u64) -> Result<u64>,
     mut write: impl FnMut(&[(u64, Vec<u8>)]) -> Result<()>,
 ) -> Result<PagePlan> {
@@ -66,6 +77,7 @@ pub fn plan_pages(
     inos.sort_unstable();
     let mut plan = PagePlan {
         table: Vec::with_capacity(inos.len()),
+        index: Vec::new(),
         written: Vec::new(),
         new: Vec::new(),
     };
@@ -74,10 +86,18 @@ pub fn plan_pages(
     // 10M extents).
     let mut batch = PageBatch::default();
     let mut ahead = unlisted_page_bytes(state, &inos, listed);
+    if index.is_some() {
+        ahead += index_bytes_at_most(state, &inos);
+    }
     for ino in inos {
         let mut list = Vec::new();
+        // Where each segment's pages start in `list`.
+        let mut segments = Vec::new();
         let mut file_listed = listed.of_file(ino);
         for (index, chunk) in state.inodes[&ino].extents.chunk_pages().enumerate() {
+            if chunk.starts_segment() {
+                segments.push(list.len());
+            }
             match kept_page(&chunk, &mut file_listed) {
                 Some(page) => list.push(page),
                 None => {
@@ -117,10 +137,77 @@ pub fn plan_pages(
                 }
             }
         }
+        if let Some(listed_index) = index {
+            let mut file_index = listed_index.of_file(ino);
+            let mut refs = Vec::new();
+            for run in index_runs(&list, &segments, codec::index_max_pages(block_size)) {
+                let iref = match file_index.find(run) {
+                    Some(kept) => kept,
+                    None => {
+                        let placed = place(block_size, ahead);
+                        ahead = ahead.saturating_sub(block_size);
+                        let addr = placed?;
+                        let (bytes, iref) =
+                            codec::encode_index_page(seed, ino, run, block_size, addr)?;
+                        plan.written.push((addr, bytes.len() as u64));
+                        batch.push(addr, bytes, &mut write)?;
+                        iref
+                    }
+                };
+                refs.push(iref);
+            }
+            plan.index.push((ino, refs));
+        }
         plan.table.push((ino, list));
     }
     batch.write_out(&mut write)?;
     Ok(plan)
+}
+
+/// The runs of `pages` that index pages list, cut where segments start
+/// (`segments`: where each segment's pages start in `pages`). A segment
+/// of at least half of `max` pages, with the pages of the small segments
+/// just before it, is split evenly into as few runs of at most `max` as
+/// hold them; a smaller one joins the next. So every run but a file's
+/// last holds at least half of `max` (a file's index pages are at most
+/// [`index_pages_at_most`]), and a segment's runs depend on its pages and
+/// those of the small segments just before it only: a base rewrites the
+/// index pages of the segments a change reached, up to the next segment
+/// of at least half of `max` pages.
+fn index_runs<'p>(pages: &'p [PageRef], segments: &[usize], max: usize) -> Vec<&'p [PageRef]> {
+    let max = max.max(1);
+    let mut runs = Vec::new();
+    let mut from = 0;
+    let ends = segments.iter().skip(1).copied().chain([pages.len()]);
+    for end in ends {
+        let n = end - from;
+        if n == 0 || (2 * n < max && end < pages.len()) {
+            continue;
+        }
+        let parts = n.div_ceil(max);
+        runs.extend((0..parts).map(|k| &pages[from + k * n / parts..from + (k + 1) * n / parts]));
+        from = end;
+    }
+    runs
+}
+
+/// Most index pages `files` files of `pages` pages in all take
+/// ([`index_runs`]: a file's last run may be short, the others hold at
+/// least half of [`codec::index_max_pages`]).
+pub fn index_pages_at_most(pages: u64, files: u64, block_size: u64) -> u64 {
+    (2 * pages).div_ceil(codec::index_max_pages(block_size) as u64) + files
+}
+
+/// Bytes of the index pages [`plan_pages`] may write for `inos`, were
+/// every one new: the most it places of them.
+fn index_bytes_at_most(state: &MetaState, inos: &[Ino]) -> u64 {
+    let block_size = u64::from(state.block_size);
+    inos.iter()
+        .map(|ino| {
+            let chunks = state.inodes[ino].extents.chunk_count() as u64;
+            index_pages_at_most(chunks, 1, block_size) * block_size
+        })
+        .sum()
 }
 
 /// The page a base refers to for `chunk` instead of writing it: the one
@@ -236,6 +323,103 @@ impl<'a> ListedPages<'a> {
     }
 }
 
+/// The index pages both slots' bases list, each slot's with the page
+/// table they list: what [`plan_pages`] may list again without writing
+/// it. Looked up per file in key order, as [`ListedPages`].
+pub struct ListedIndex<'a> {
+    slots: Vec<(&'a PageTable, &'a IndexTable)>,
+}
+
+impl<'a> ListedIndex<'a> {
+    /// `slots`: per slot, its page table and the index pages listing it
+    /// (each file's pages, in order, are its index pages' pages, in
+    /// order: what a root's reader builds and a plan writes).
+    pub fn of(slots: impl IntoIterator<Item = (&'a PageTable, &'a IndexTable)>) -> ListedIndex<'a> {
+        let slots: Vec<_> = slots.into_iter().collect();
+        debug_assert!(slots.iter().all(|(pages, index)| {
+            index.iter().all(|(ino, refs)| {
+                let listed: usize = refs.iter().map(|r| r.pages as usize).sum();
+                pages
+                    .binary_search_by_key(ino, |&(i, _)| i)
+                    .is_ok_and(|at| pages[at].1.len() == listed)
+            })
+        }));
+        ListedIndex { slots }
+    }
+
+    /// Nothing listed: every index page is written.
+    pub fn none() -> ListedIndex<'a> {
+        ListedIndex { slots: Vec::new() }
+    }
+
+    fn of_file(&self, ino: Ino) -> FileIndex<'a> {
+        FileIndex {
+            lists: self
+                .slots
+                .iter()
+                .filter_map(|(pages, index)| {
+                    let at = index.binary_search_by_key(&ino, |&(i, _)| i).ok()?;
+                    let p = pages.binary_search_by_key(&ino, |&(i, _)| i).ok()?;
+                    Some(IndexCursor {
+                        pages: &pages[p].1,
+                        index: &index[at].1,
+                        at: 0,
+                        offset: 0,
+                    })
+                })
+                .collect(),
+        }
+    }
+}
+
+/// One file's index pages in [`ListedIndex`], per slot, with a cursor.
+struct FileIndex<'a> {
+    lists: Vec<IndexCursor<'a>>,
+}
+
+struct IndexCursor<'a> {
+    pages: &'a [PageRef],
+    index: &'a [IndexRef],
+    /// The next index page, and where its pages start in `pages`.
+    at: usize,
+    offset: usize,
+}
+
+impl FileIndex<'_> {
+    /// A listed index page that lists exactly `run`. Asked in rising key
+    /// order; out of order it may miss one (which is then written again:
+    /// a cost, never a loss).
+    fn find(&mut self, run: &[PageRef]) -> Option<IndexRef> {
+        let first = run.first()?.first_key;
+        for list in &mut self.lists {
+            while let Some(r) = list.index.get(list.at).filter(|r| r.first_key < first) {
+                list.offset += r.pages as usize;
+                list.at += 1;
+            }
+            let Some(r) = list.index.get(list.at) else {
+                continue;
+            };
+            let same = r.first_key == first
+                && r.pages as usize == run.len()
+                && list.pages.get(list.offset..list.offset + run.len()) == Some(run);
+            if same {
+                return Some(*r);
+            }
+        }
+        None
+    }
+}
+
+/// The device ranges `(addr, len)` of the index pages `index` lists (a
+/// block each).
+pub fn index_page_ranges(index: &IndexTable, block_size: u64) -> BTreeSet<(u64, u64)> {
+    index
+        .iter()
+        .flat_map(|(_, refs)| refs.iter())
+        .map(|r| (r.addr, block_size))
+        .collect()
+}
+
 /// One file's page lists in [`ListedPages`], each with a cursor.
 pub struct FileListed<'a> {
     lists: Vec<(&'a [PageRef], usize)>,
@@ -322,9 +506,21 @@ pub fn page_ranges(table: &PageTable, block_size: u64) -> BTreeSet<(u64, u64)> {
         .collect()
 }
 
-/// Bytes of the pages both `a` and `b` list (the two slots' bases share
-/// every page neither rewrote).
-pub fn shared_page_bytes(a: &PageTable, b: &PageTable, block_size: u64) -> u64 {
+/// Bytes of the pages and index pages both slots list (`pages` and
+/// `index`, per slot: the two bases share every page neither rewrote).
+pub fn shared_page_bytes(
+    [a, b]: [&PageTable; 2],
+    [index_a, index_b]: [&IndexTable; 2],
+    block_size: u64,
+) -> u64 {
+    shared_extent_page_bytes(a, b, block_size)
+        + (index_page_ranges(index_a, block_size)
+            .intersection(&index_page_ranges(index_b, block_size))
+            .count() as u64)
+            * block_size
+}
+
+fn shared_extent_page_bytes(a: &PageTable, b: &PageTable, block_size: u64) -> u64 {
     let in_b = ListedPages::of([b]);
     let mut shared = 0;
     for (ino, list) in a {
@@ -362,9 +558,8 @@ pub(crate) fn listed_pages(tables: &[Arc<PageTable>]) -> u64 {
         .sum()
 }
 pub fn after_base(
-    replaced: &PageTable,
-    new: &PageTable,
-    other: &PageTable,
+    [replaced, new, other]: [&PageTable; 3],
+    [replaced_index, new_index, other_index]: [&IndexTable; 3],
     block_size: u64,
 ) -> AfterBase {
     let kept = ListedPages::of([new, other]);
@@ -377,11 +572,14 @@ pub fn after_base(
             }
         }
     }
+    let mut kept_index = index_page_ranges(new_index, block_size);
+    kept_index.extend(index_page_ranges(other_index, block_size));
+    freed.extend(index_page_ranges(replaced_index, block_size).difference(&kept_index));
     freed.sort_unstable();
     freed.dedup();
     AfterBase {
         freed,
-        shared_bytes: shared_page_bytes(new, other, block_size),
+        shared_bytes: shared_page_bytes([new, other], [new_index, other_index], block_size),
     }
 }
 
@@ -394,7 +592,7 @@ mod tests {
     use crate::superblock::{Layout, Superblock};
     use crate::types::{Extent, ExtentState};
     use rand::rngs::SmallRng;
-    use rand::SeedableRng;
+    use rand::{Rng, SeedableRng};
 
     const BS: u64 = 4096;
 
@@ -444,7 +642,7 @@ mod tests {
     fn round_trip(dev: &VecDevice, sb: &Superblock, state: &MetaState, planned: &Planned) {
         let (plan, pages) = planned;
         crate::checkpoint::write_pages(dev, pages).unwrap();
-        let root = state.encode_root_after(0, &plan.table).unwrap();
+        let root = state.encode_root_after(0, &plan.table, None).unwrap();
         let area = PageArea {
             start: sb.layout.data.start,
             len: sb.layout.data.len,
@@ -474,6 +672,7 @@ mod tests {
             state,
             seed,
             listed,
+            None,
             |len, _| place(len),
             |batch| {
                 pages.extend_from_slice(batch);
@@ -562,11 +761,16 @@ mod tests {
                 .into_iter()
                 .filter(|r| !n.contains(r) && !o.contains(r))
                 .collect();
-            let after = after_base(&replaced, &new, &other, BS);
+            let none = Vec::new();
+            let after = after_base([&replaced, &new, &other], [&none, &none, &none], BS);
             assert_eq!(after.freed, freed, "seed {seed}");
             let shared: u64 = n.intersection(&o).map(|&(_, len)| len).sum();
             assert_eq!(after.shared_bytes, shared, "seed {seed}");
-            assert_eq!(shared_page_bytes(&other, &new, BS), shared, "seed {seed}");
+            assert_eq!(
+                shared_page_bytes([&other, &new], [&none, &none], BS),
+                shared,
+                "seed {seed}"
+            );
         }
     }
 
@@ -610,13 +814,23 @@ mod tests {
         let old = page_ranges(&plan1.table, BS);
         let kept = page_ranges(&plan2.table, BS);
         assert_eq!(kept.difference(&old).count(), 1);
-        let freed = after_base(&plan1.table, &plan2.table, &Vec::new(), BS).freed;
+        let none = Vec::new();
+        let freed = after_base(
+            [&plan1.table, &plan2.table, &Vec::new()],
+            [&none, &none, &none],
+            BS,
+        )
+        .freed;
         assert_eq!(freed.len(), 1, "the page of the changed chunk");
         assert!(!kept.contains(&freed[0]));
         // The other slot's base still lists it: nothing is freed.
-        assert!(after_base(&plan1.table, &plan2.table, &plan1.table, BS)
-            .freed
-            .is_empty());
+        assert!(after_base(
+            [&plan1.table, &plan2.table, &plan1.table],
+            [&none, &none, &none],
+            BS
+        )
+        .freed
+        .is_empty());
         plan2.record_written(&second, None).unwrap();
         assert!(
             plan_kept(&second, sb.crc_seed(), &listed(&plan2.table), &mut place)
@@ -714,6 +928,7 @@ mod tests {
             &state,
             0,
             &ListedPages::none(),
+            None,
             |len, ahead| {
                 asked.push((len, ahead));
                 next += len;
@@ -772,5 +987,230 @@ mod tests {
             .inodes
             .values()
             .all(|i| i.extents.chunk_pages().all(|c| c.page().is_none())));
+    }
+
+    /// [`plan_pages`] with index pages, keeping what it writes.
+    fn plan_indexed(
+        state: &MetaState,
+        seed: u32,
+        listed: &ListedPages<'_>,
+        index: &ListedIndex<'_>,
+        mut place: impl FnMut(u64) -> Result<u64>,
+    ) -> Planned {
+        let mut pages = Vec::new();
+        let plan = plan_pages(
+            state,
+            seed,
+            listed,
+            Some(index),
+            |len, _| place(len),
+            |batch| {
+                pages.extend_from_slice(batch);
+                Ok(())
+            },
+        )
+        .unwrap();
+        (plan, pages)
+    }
+
+    /// Writes a planned indexed base to `dev`, reads its root and index
+    /// pages back as mount does, and checks they list the plan's pages and
+    /// hold `state`'s image.
+    fn round_trip_indexed(dev: &VecDevice, sb: &Superblock, state: &MetaState, planned: &Planned) {
+        let (plan, pages) = planned;
+        crate::checkpoint::write_pages(dev, pages).unwrap();
+        let root = state
+            .encode_root_after(0, &plan.table, Some(&plan.index))
+            .unwrap();
+        let area = crate::checkpoint::page_area(sb);
+        let decoded = codec::decode_indexed_root_at(&root, 0, "root", area).unwrap();
+        assert_eq!(decoded.index, plan.index);
+        let table = crate::checkpoint::read_index_pages(dev, sb, &decoded.index).unwrap();
+        assert_eq!(table, plan.table);
+        let mut image = decoded.image;
+        read_pages(dev, sb, &image, &table)
+            .unwrap()
+            .fill_image(&mut image)
+            .unwrap();
+        assert_eq!(image, state.to_image());
+    }
+
+    /// Index pages among what a plan wrote: `(addr, len)` of one block at
+    /// an index reference's address.
+    fn written_index(plan: &PagePlan) -> BTreeSet<(u64, u64)> {
+        index_page_ranges(&plan.index, BS)
+            .into_iter()
+            .filter(|r| plan.written.contains(r))
+            .collect()
+    }
+
+    /// With index pages, the first base writes every page and an index
+    /// page per run; after one extent changes, the next writes that
+    /// chunk's page and the one index page listing it, lists the other
+    /// index pages again, and frees the page and index page it replaced.
+    #[test]
+    fn an_indexed_base_after_a_change_writes_the_changed_run_only() {
+        let (dev, sb) = bed();
+        let mut place = placer(&sb);
+        let (mut live, big) = state_with(2000);
+        let chunks = live.inodes[&big].extents.chunk_count();
+        let none = ListedIndex::none();
+
+        let first = live.clone();
+        let planned1 = plan_indexed(
+            &first,
+            sb.crc_seed(),
+            &ListedPages::none(),
+            &none,
+            &mut place,
+        );
+        let plan1 = &planned1.0;
+        let runs = plan1.index[0].1.len();
+        assert!(runs >= 3, "{runs} index pages for {chunks} chunks");
+        assert!(runs as u64 <= index_pages_at_most(chunks as u64, 1, BS));
+        assert_eq!(
+            plan1.written.len(),
+            chunks + runs,
+            "every page and index page"
+        );
+        round_trip_indexed(&dev, &sb, &first, &planned1);
+        plan1.record_written(&first, None).unwrap();
+        drop(first);
+
+        // One extent punched in the middle of the file.
+        let inode = live.inodes.get_mut(&big).unwrap();
+        inode.extents.remove_range(2 * 1000 * BS, BS);
+        let second = live.clone();
+        let listed = ListedPages::of([&plan1.table]);
+        let listed_index = ListedIndex::of([(&plan1.table, &plan1.index)]);
+        let planned2 = plan_indexed(&second, sb.crc_seed(), &listed, &listed_index, &mut place);
+        let plan2 = &planned2.0;
+        assert_eq!(
+            written_index(plan2).len(),
+            1,
+            "the changed run's index page"
+        );
+        assert_eq!(plan2.written.len(), 2, "one page and its index page");
+        round_trip_indexed(&dev, &sb, &second, &planned2);
+        let (old, new) = (&plan1.index[0].1, &plan2.index[0].1);
+        assert_eq!(old.len(), new.len());
+        assert_eq!(
+            old.iter().zip(new).filter(|(a, b)| a != b).count(),
+            1,
+            "the other index pages are listed again"
+        );
+
+        let none_index = Vec::new();
+        let after = after_base(
+            [&plan1.table, &plan2.table, &Vec::new()],
+            [&plan1.index, &plan2.index, &none_index],
+            BS,
+        );
+        let replaced_index: Vec<(u64, u64)> = index_page_ranges(&plan1.index, BS)
+            .difference(&index_page_ranges(&plan2.index, BS))
+            .copied()
+            .collect();
+        assert_eq!(replaced_index.len(), 1);
+        assert_eq!(after.freed.len(), 2, "the old page and index page");
+        assert!(after.freed.contains(&replaced_index[0]));
+        // Both still listed by the other slot: nothing freed, and the index
+        // pages both list are shared bytes.
+        let kept = after_base(
+            [&plan1.table, &plan2.table, &plan1.table],
+            [&plan1.index, &plan2.index, &plan1.index],
+            BS,
+        );
+        assert!(kept.freed.is_empty());
+        let shared_pages =
+            shared_page_bytes([&plan1.table, &plan2.table], [&none_index, &none_index], BS);
+        assert_eq!(
+            kept.shared_bytes,
+            shared_pages + (runs as u64 - 1) * BS,
+            "the index pages both list count too"
+        );
+
+        // Nothing changed since: nothing written.
+        plan2.record_written(&second, None).unwrap();
+        let listed = ListedPages::of([&plan2.table]);
+        let listed_index = ListedIndex::of([(&plan2.table, &plan2.index)]);
+        let planned3 = plan_indexed(&second, sb.crc_seed(), &listed, &listed_index, &mut place);
+        assert!(planned3.0.written.is_empty());
+        assert_eq!(planned3.0.index, plan2.index);
+    }
+
+    /// [`index_runs`] over random segment sizes: every page once and in
+    /// order; runs of at most `max`, every one but the last at least half
+    /// of it; no more than [`index_pages_at_most`]; and growing one
+    /// segment changes only the runs holding its pages or the pages of
+    /// the segment after it.
+    #[test]
+    fn index_runs_cover_pages_in_bounded_runs_and_a_change_stays_local() {
+        let mut rng = SmallRng::seed_from_u64(7);
+        for case in 0..500 {
+            let max = rng.gen_range(2..40);
+            let sizes: Vec<usize> = (0..rng.gen_range(1..30))
+                .map(|_| rng.gen_range(1..3 * max))
+                .collect();
+            let (pages, starts) = segment_pages(&sizes, &[]);
+            let runs = index_runs(&pages, &starts, max);
+            let flat: Vec<PageRef> = runs.iter().flat_map(|r| r.iter().copied()).collect();
+            assert_eq!(flat, pages, "case {case}");
+            for (i, run) in runs.iter().enumerate() {
+                assert!(run.len() <= max, "case {case}");
+                assert!(i + 1 == runs.len() || 2 * run.len() >= max, "case {case}");
+            }
+            let bound = (2 * pages.len()).div_ceil(max) + 1;
+            assert!(runs.len() <= bound, "case {case}: {} > {bound}", runs.len());
+
+            // One page more in segment `s`: runs wholly before it, and
+            // those after the next segment of at least half of `max`
+            // pages, are unchanged.
+            let s = rng.gen_range(0..sizes.len());
+            let mut grown = sizes.clone();
+            grown[s] += 1;
+            let (pages2, starts2) = segment_pages(&grown, &[s]);
+            let runs2 = index_runs(&pages2, &starts2, max);
+            let before_key = starts.get(s).map_or(u64::MAX, |&i| pages[i].first_key);
+            let big = (s + 1..sizes.len()).find(|&j| 2 * sizes[j] >= max);
+            let after_key = big
+                .and_then(|j| starts.get(j + 1))
+                .map_or(u64::MAX, |&i| pages[i].first_key);
+            let outside = |r: &&&[PageRef]| {
+                r.last().unwrap().first_key < before_key || r[0].first_key >= after_key
+            };
+            let old: std::collections::HashSet<Vec<PageRef>> =
+                runs.iter().filter(outside).map(|r| r.to_vec()).collect();
+            let new: std::collections::HashSet<Vec<PageRef>> =
+                runs2.iter().filter(outside).map(|r| r.to_vec()).collect();
+            assert_eq!(old, new, "case {case}: segment {s} of {sizes:?}, max {max}");
+        }
+    }
+
+    /// Pages for segments of `sizes` pages, first keys 10 apart, and where
+    /// each segment starts; a segment in `grown` has its extra page at a
+    /// key between two others (so no other page's key moves).
+    fn segment_pages(sizes: &[usize], grown: &[usize]) -> (Vec<PageRef>, Vec<usize>) {
+        let mut pages = Vec::new();
+        let mut starts = Vec::new();
+        let mut key = 0;
+        for (s, &n) in sizes.iter().enumerate() {
+            starts.push(pages.len());
+            let extra = grown.contains(&s);
+            for k in 0..n {
+                let at = if extra && k == n - 1 { key - 5 } else { key };
+                if !(extra && k == n - 1) {
+                    key += 10;
+                }
+                pages.push(PageRef {
+                    addr: at * BS,
+                    crc: 0,
+                    count: 1,
+                    first_key: at,
+                    allocated: BS,
+                });
+            }
+        }
+        pages.sort_by_key(|p| p.first_key);
+        (pages, starts)
     }
 }

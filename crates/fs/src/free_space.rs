@@ -402,6 +402,7 @@ pub(crate) struct ScanInput {
     pub(crate) state: MetaState,
     pub(crate) spills: [Vec<SpillExtent>; CHECKPOINT_SLOTS],
     pub(crate) pages: [crate::codec::PageTable; CHECKPOINT_SLOTS],
+    pub(crate) index: [crate::codec::IndexTable; CHECKPOINT_SLOTS],
 }
 
 /// Where the scan is, for a test that holds it there (see

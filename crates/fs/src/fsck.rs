@@ -94,7 +94,7 @@ pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
             ));
         }
     }
-    let pages = crate::mount::used_pages(&loaded.sb, &loaded.pages);
+    let pages = crate::mount::used_pages(&loaded.sb, &loaded.pages, &loaded.index);
     if !pages.is_empty() {
         let bytes: u64 = pages.iter().map(|&(_, len)| len).sum();
         report.metadata_bytes += bytes;

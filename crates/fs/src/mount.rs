@@ -41,6 +41,12 @@ pub struct FormatOptions {
     /// the chunks changed since the last one. On by default; off keeps the
     /// whole extent image in each base (readable by builds without bit 2).
     pub extent_pages: bool,
+    /// With `extent_pages`: roots list index pages, each listing the
+    /// extent pages of a run of chunks (incompat bit 3), so a root and a
+    /// base's writes stop growing with every page. On by default; off
+    /// keeps every page listed in the root (readable by builds without
+    /// bit 3).
+    pub page_index: bool,
 }
 
 impl Default for FormatOptions {
@@ -51,6 +57,7 @@ impl Default for FormatOptions {
             checkpoint_slot_bytes: None,
             root_owner: None,
             extent_pages: true,
+            page_index: true,
         }
     }
 }
@@ -68,6 +75,9 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
     let mut sb = Superblock::new(layout);
     if opts.extent_pages {
         sb.features_incompat |= superblock::INCOMPAT_EXTENT_PAGES;
+        if opts.page_index {
+            sb.features_incompat |= superblock::INCOMPAT_PAGE_INDEX;
+        }
     }
     // SAFETY: geteuid and getegid cannot fail and touch no memory.
     let process = unsafe { (libc::geteuid(), libc::getegid()) };
@@ -84,7 +94,12 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
     // superblock (or none), never a new superblock pointing at garbage.
     if opts.extent_pages {
         // No file has extents yet: a root with no pages.
-        let root = state.encode_root_after(checkpoint::CHECKPOINT_HEADER_LEN, &Vec::new())?;
+        let index = opts.page_index.then(Vec::new);
+        let root = state.encode_root_after(
+            checkpoint::CHECKPOINT_HEADER_LEN,
+            &Vec::new(),
+            index.as_ref(),
+        )?;
         let header = checkpoint::RecordHeader::of(&ckpt);
         checkpoint::write_base_record(&*device, &sb, 0, header, root, &[])?;
     } else {
@@ -127,6 +142,7 @@ pub(crate) fn mount(
         checkpoint_free_hint,
         spills,
         pages,
+        index,
         page_loader,
     } = loaded;
     // After a clean unmount (the mark names the newest checkpoint: no
@@ -134,7 +150,7 @@ pub(crate) fn mount(
     // the scan runs; otherwise (a crash) from the loaded checkpoint's,
     // less what replay placed. Either must keep off the pages and spill
     // extents the slots list, or it is not used at all.
-    let mut metadata = used_pages(&sb, &pages);
+    let mut metadata = used_pages(&sb, &pages, &index);
     metadata.extend(spills.iter().flatten().map(|s| (s.0, s.1)));
     let hint = if clean_mark_names_newest && from_backup.is_none() {
         &sb.free_hint
@@ -149,6 +165,7 @@ pub(crate) fn mount(
         state: state.detached_snapshot(),
         spills: spills.clone(),
         pages: pages.clone(),
+        index: index.clone(),
     };
     let mut alloc = FreeSpace::Scanning(Vec::new(), reserve);
     for (seq, addr, len) in replay_freed {
@@ -175,10 +192,14 @@ pub(crate) fn mount(
         meta.spill_slot_bytes = Some(checkpoint::slot_capacity(&sb));
     }
     meta.extent_pages = sb.features_incompat & superblock::INCOMPAT_EXTENT_PAGES != 0;
-    meta.shared_page_bytes =
-        crate::extent_pages::shared_page_bytes(&pages[0], &pages[1], sb.block_size());
+    meta.page_index = sb.features_incompat & superblock::INCOMPAT_PAGE_INDEX != 0;
+    meta.shared_page_bytes = crate::extent_pages::shared_page_bytes(
+        [&pages[0], &pages[1]],
+        [&index[0], &index[1]],
+        sb.block_size(),
+    );
     meta.spilled_bytes = spills.iter().flatten().map(|&(_, len)| len).sum::<u64>()
-        + used_pages(&sb, &pages)
+        + used_pages(&sb, &pages, &index)
             .iter()
             .map(|&(_, len)| len)
             .sum::<u64>();
@@ -190,6 +211,7 @@ pub(crate) fn mount(
         chain,
         spills,
         pages: pages.map(std::sync::Arc::new),
+        index: index.map(std::sync::Arc::new),
     };
     let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
     inner.free_space_gate = FreeSpaceGate::scanning(scan_input);
@@ -269,7 +291,7 @@ impl VolumeInner {
             &input.sb,
             &input.state,
             &input.spills,
-            &used_pages(&input.sb, &input.pages),
+            &used_pages(&input.sb, &input.pages, &input.index),
             cancel,
         );
         drop(input);
@@ -396,6 +418,8 @@ pub(crate) struct Loaded<A = Allocator> {
     pub spills: [Vec<checkpoint::SpillExtent>; superblock::CHECKPOINT_SLOTS],
     /// Per slot, the extent pages its base lists (in use likewise).
     pub pages: [crate::codec::PageTable; superblock::CHECKPOINT_SLOTS],
+    /// Per slot, the index pages its base lists (in use likewise).
+    pub index: [crate::codec::IndexTable; superblock::CHECKPOINT_SLOTS],
     /// Reads the pages of the chunks mount left absent (mount only: fsck
     /// reads every page).
     pub page_loader: Option<Arc<DevicePages>>,
@@ -410,7 +434,7 @@ pub(crate) fn load(device: &Arc<dyn BlockDevice>, strictness: Strictness) -> Res
         &loaded.sb,
         &loaded.state,
         &loaded.spills,
-        &used_pages(&loaded.sb, &loaded.pages),
+        &used_pages(&loaded.sb, &loaded.pages, &loaded.index),
     )?;
     Ok(loaded.with_alloc(alloc))
 }
@@ -433,6 +457,7 @@ impl Loaded<()> {
             checkpoint_free_hint,
             spills,
             pages,
+            index,
             page_loader,
         } = self;
         Loaded {
@@ -451,6 +476,7 @@ impl Loaded<()> {
             checkpoint_free_hint,
             spills,
             pages,
+            index,
             page_loader,
         }
     }
@@ -535,12 +561,13 @@ pub(crate) fn load_unscanned(
         ));
     }
     damage.extend(newest.damaged_pages.iter().map(ToString::to_string));
-    let (slot, chain, ckpt, spills, pages) = (
+    let (slot, chain, ckpt, spills, pages, index) = (
         newest.slot,
         newest.chain,
         newest.checkpoint,
         newest.spills,
         newest.pages,
+        newest.index,
     );
     let slot_start = sb.layout.checkpoint_slots[slot].start;
     let block_size = sb.layout.block_size;
@@ -622,6 +649,7 @@ pub(crate) fn load_unscanned(
         checkpoint_free_hint,
         spills,
         pages,
+        index,
         page_loader,
     })
 }
@@ -636,15 +664,18 @@ pub(crate) fn clean_mark_for(ckpt: &Checkpoint) -> superblock::CleanMark {
     }
 }
 
-/// The device ranges of the extent pages both slots' bases list, each
-/// once (the bases share the pages neither rewrote).
+/// The device ranges of the extent pages and index pages both slots'
+/// bases list, each once (the bases share the pages neither rewrote).
 pub(crate) fn used_pages(
     sb: &Superblock,
     pages: &[crate::codec::PageTable; superblock::CHECKPOINT_SLOTS],
+    index: &[crate::codec::IndexTable; superblock::CHECKPOINT_SLOTS],
 ) -> Vec<(u64, u64)> {
     let bs = sb.block_size();
     let mut used = crate::extent_pages::page_ranges(&pages[0], bs);
     used.extend(crate::extent_pages::page_ranges(&pages[1], bs));
+    used.extend(crate::extent_pages::index_page_ranges(&index[0], bs));
+    used.extend(crate::extent_pages::index_page_ranges(&index[1], bs));
     used.into_iter().collect()
 }
 

@@ -112,7 +112,10 @@ pub(crate) struct Meta {
     /// Bases are roots with extent pages (`INCOMPAT_EXTENT_PAGES`): the
     /// space kept for the next base covers its pages too.
     pub(crate) extent_pages: bool,
-    /// Bytes of the extent pages both slots' bases list. A base frees only
+    /// Roots list index pages (`INCOMPAT_PAGE_INDEX`): that space covers
+    /// them too.
+    pub(crate) page_index: bool,
+    /// Bytes of the extent pages (and index pages) both slots' bases list. A base frees only
     /// pages neither the other slot nor itself lists, so these stay in use
     /// through the next base whatever it rewrites, and are freed at the
     /// earliest by the one after: until then the room for a base must be
@@ -171,6 +174,10 @@ pub(crate) struct CommitState {
     /// `INCOMPAT_EXTENT_PAGES`): used space while either slot lists them.
     pub(crate) pages:
         [std::sync::Arc<crate::codec::PageTable>; crate::superblock::CHECKPOINT_SLOTS],
+    /// Per slot, the index pages its base lists (volumes with
+    /// `INCOMPAT_PAGE_INDEX`), which list `pages`: used space likewise.
+    pub(crate) index:
+        [std::sync::Arc<crate::codec::IndexTable>; crate::superblock::CHECKPOINT_SLOTS],
 }
 
 pub struct VolumeInner {
@@ -336,6 +343,7 @@ impl Meta {
             spill_slot_bytes: None,
             spilled_bytes: 0,
             extent_pages: false,
+            page_index: false,
             shared_page_bytes: 0,
             held: InoMap::default(),
             held_extents: 0,
@@ -529,11 +537,23 @@ impl Meta {
         let whole_pages = paged.extents * IMAGE_BYTES_PER_EXTENT
             + paged.chunks * (crate::codec::PAGE_HEADER_LEN as u64 + block_size);
         let per_block = crate::codec::inline_extents_max(block_size).max(1) as u64;
-        let block_pages = (paged.extents.div_ceil(per_block) + paged.chunks) * block_size;
+        let most_pages = paged.extents.div_ceil(per_block) + paged.chunks;
+        let block_pages = most_pages * block_size;
+        // With index pages, the index pages of every page, were all new:
+        // a file's are at most `index_pages_at_most` of its pages.
+        let index_pages = if self.page_index {
+            crate::extent_pages::index_pages_at_most(most_pages, paged.files, block_size)
+                * block_size
+        } else {
+            0
+        };
         // The pages both slots list are freed at the earliest by the base
         // after the next: were the next to rewrite every chunk, the one
         // after would need a whole set again before they are.
-        payload + whole_pages.max(block_pages).next_multiple_of(block_size) + self.shared_page_bytes
+        payload
+            + whole_pages.max(block_pages).next_multiple_of(block_size)
+            + index_pages
+            + self.shared_page_bytes
     }
 
     /// The bytes of the next base's payload, were it to grow by `growth`:

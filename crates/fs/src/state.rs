@@ -471,10 +471,14 @@ impl MetaState {
     /// bytes: the image with the extents of the files `pages` does not
     /// list inline, and `pages`, the page table of the other files' extent
     /// maps (see `extent_pages::plan_pages`).
+    ///
+    /// With `index` (the index pages listing `pages`, per file), the root
+    /// lists them instead of the pages (`INCOMPAT_PAGE_INDEX`).
     pub fn encode_root_after(
         &self,
         room: usize,
         pages: &codec::PageTable,
+        index: Option<&codec::IndexTable>,
     ) -> crate::error::Result<Vec<u8>> {
         let mut inos: Vec<Ino> = self.inodes.keys().copied().collect();
         inos.sort_unstable();
@@ -493,13 +497,13 @@ impl MetaState {
             })
             .collect();
         let heads: Vec<&InodeImage> = heads.iter().collect();
-        codec::encode_root_after(
-            room,
-            self.next_ino,
-            &heads,
-            pages,
-            u64::from(self.block_size),
-        )
+        let block_size = u64::from(self.block_size);
+        match index {
+            Some(index) => {
+                codec::encode_indexed_root_after(room, self.next_ino, &heads, index, block_size)
+            }
+            None => codec::encode_root_after(room, self.next_ino, &heads, pages, block_size),
+        }
     }
 
     pub fn to_image(&self) -> MetaImage {

@@ -55,6 +55,16 @@ pub const INCOMPAT_SPILLED_CHECKPOINTS: u64 = 1 << 1;
 /// free space. Set by format only when asked
 /// (`FormatOptions::extent_pages`) while the work is in progress.
 pub const INCOMPAT_EXTENT_PAGES: u64 = 1 << 2;
+/// Incompat feature, only with [`INCOMPAT_EXTENT_PAGES`]: a root lists
+/// each paged file's *index pages* instead of its extent pages; an index
+/// page (one block of the data area) lists the extent pages of a run of
+/// the file's chunks (see `codec::index`, `docs/EXTENT_PAGES.md`). A
+/// root then grows with the index pages (one per up to 127 pages at 4
+/// KiB), not with every page, and a base writes again only the index
+/// pages whose run changed. Code that does not know it cannot read the
+/// root, and would hand index pages and the pages they list out as free
+/// space.
+pub const INCOMPAT_PAGE_INDEX: u64 = 1 << 3;
 
 /// Compat feature: a clean-unmount mark may carry a *free-space hint*
 /// ([`Superblock::free_hint`]): the largest free ranges of the data area
@@ -85,8 +95,10 @@ pub const FEATURES_COMPAT_SUPPORTED: u64 = COMPAT_BACKUP_SUPERBLOCK
     | COMPAT_SUPERSEDE_MARKS
     | COMPAT_FREE_SPACE_HINT
     | COMPAT_CHECKPOINT_FREE_HINT;
-pub const FEATURES_INCOMPAT_SUPPORTED: u64 =
-    INCOMPAT_DELTA_CHECKPOINTS | INCOMPAT_SPILLED_CHECKPOINTS | INCOMPAT_EXTENT_PAGES;
+pub const FEATURES_INCOMPAT_SUPPORTED: u64 = INCOMPAT_DELTA_CHECKPOINTS
+    | INCOMPAT_SPILLED_CHECKPOINTS
+    | INCOMPAT_EXTENT_PAGES
+    | INCOMPAT_PAGE_INDEX;
 pub const FEATURES_RO_COMPAT_SUPPORTED: u64 = RO_COMPAT_CLEAN_UNMOUNT;
 /// Ro_compat feature: the superblock holds a [`CleanMark`] after its crc.
 /// Set by a clean unmount, cleared (durably) before the next journal append.
@@ -648,6 +660,15 @@ impl Superblock {
                 reason: format!("unsupported incompatible features {unknown:#x}"),
             });
         }
+        if features_incompat & INCOMPAT_PAGE_INDEX != 0
+            && features_incompat & INCOMPAT_EXTENT_PAGES == 0
+        {
+            return Err(Error::corrupt(
+                WHAT,
+                OFF_FEATURES_INCOMPAT as u64,
+                "index pages (incompat bit 3) are set without extent pages (bit 2)",
+            ));
+        }
         let device_bytes = dec.u64()?;
         let mut regions = [Region::default(); REGION_COUNT];
         for r in regions.iter_mut() {
@@ -1177,6 +1198,19 @@ mod tests {
             Superblock::decode(&s.encode()),
             Err(Error::NotIomapfs { .. })
         ));
+        // Index pages without extent pages: no root lists them.
+        let mut s = sb.clone();
+        s.features_incompat |= INCOMPAT_PAGE_INDEX;
+        let err = Superblock::decode(&s.encode()).unwrap_err();
+        assert!(
+            matches!(&err, Error::Corrupt { offset, .. } if *offset == OFF_FEATURES_INCOMPAT as u64),
+            "{err}"
+        );
+        s.features_incompat |= INCOMPAT_EXTENT_PAGES;
+        assert_eq!(
+            Superblock::decode(&s.encode()).unwrap().features_incompat,
+            s.features_incompat
+        );
         // Unknown ro_compat: readable, not writable.
         let mut s = sb.clone();
         s.features_ro_compat = 4;

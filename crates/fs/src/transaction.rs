@@ -520,13 +520,30 @@ impl VolumeInner {
                 if self.sb.features_incompat & crate::superblock::INCOMPAT_EXTENT_PAGES != 0 {
                     // `checkpointing` keeps the tables as they are until
                     // this base is durable.
-                    let tables = match &held {
-                        Some(commit) => commit.pages.clone(),
-                        None => self.commit.lock().pages.clone(),
+                    let (tables, index) = match &held {
+                        Some(commit) => (commit.pages.clone(), commit.index.clone()),
+                        None => {
+                            let commit = self.commit.lock();
+                            (commit.pages.clone(), commit.index.clone())
+                        }
                     };
                     let listed = extent_pages::ListedPages::of(tables.iter().map(|t| &**t));
-                    self.write_paged_base(&snapshot, slot, header, &listed, &free_hint)
-                        .map(|(chain, spill, plan)| (slot, chain, Some(spill), Some(plan)))
+                    let listed_index =
+                        (self.sb.features_incompat & crate::superblock::INCOMPAT_PAGE_INDEX != 0)
+                            .then(|| {
+                                extent_pages::ListedIndex::of(
+                                    tables.iter().map(|t| &**t).zip(index.iter().map(|i| &**i)),
+                                )
+                            });
+                    self.write_paged_base(
+                        &snapshot,
+                        slot,
+                        header,
+                        &listed,
+                        listed_index.as_ref(),
+                        &free_hint,
+                    )
+                    .map(|(chain, spill, plan)| (slot, chain, Some(spill), Some(plan)))
                 } else {
                     snapshot
                         .encode_image_after(checkpoint::CHECKPOINT_HEADER_LEN)
@@ -592,10 +609,12 @@ impl VolumeInner {
                 }
                 let replaced =
                     std::mem::replace(&mut commit.pages[slot], std::sync::Arc::new(plan.table));
+                let replaced_index =
+                    std::mem::replace(&mut commit.index[slot], std::sync::Arc::new(plan.index));
+                let other = checkpoint::other_slot(slot);
                 let after = extent_pages::after_base(
-                    &replaced,
-                    &commit.pages[slot],
-                    &commit.pages[checkpoint::other_slot(slot)],
+                    [&replaced, &commit.pages[slot], &commit.pages[other]],
+                    [&replaced_index, &commit.index[slot], &commit.index[other]],
                     self.sb.block_size(),
                 );
                 if let Some(loader) = &self.page_loader {
@@ -754,6 +773,7 @@ impl VolumeInner {
         slot: usize,
         header: RecordHeader,
         listed: &extent_pages::ListedPages<'_>,
+        listed_index: Option<&extent_pages::ListedIndex<'_>>,
         free_hint: &[(u64, u64)],
     ) -> Result<(ChainEnd, Vec<SpillExtent>, PagePlan)> {
         // Pages are carved from runs of free space, one allocation (one
@@ -771,6 +791,7 @@ impl VolumeInner {
             snapshot,
             self.sb.crc_seed(),
             listed,
+            listed_index,
             |len, ahead| {
                 if room.1 < len {
                     let hint = placed.last().map(|&(addr, len)| addr + len);
@@ -794,14 +815,17 @@ impl VolumeInner {
         }
         let written = planned.and_then(|plan| {
             checkpoint::flush_pages(&*self.dev)?;
-            let root =
-                snapshot.encode_root_after(checkpoint::CHECKPOINT_HEADER_LEN, &plan.table)?;
+            let root = snapshot.encode_root_after(
+                checkpoint::CHECKPOINT_HEADER_LEN,
+                &plan.table,
+                listed_index.is_some().then_some(&plan.index),
+            )?;
             // The pages were planned after the snapshot, maybe in the
             // hint's ranges: they are cut out (those planned before were
             // not free at the snapshot).
             let free_hint = crate::free_space::hint_without(free_hint, &plan.written);
             let (mut chain, spill) = self.write_base(slot, header, root, &free_hint)?;
-            chain.base_bytes += checkpoint::listed_page_bytes(&self.sb, &plan.table);
+            chain.base_bytes += checkpoint::listed_page_bytes(&self.sb, &plan.table, &plan.index);
             Ok((chain, spill, plan))
         });
         if let Err(Error::NoSpace { .. }) = &written {
@@ -1412,11 +1436,16 @@ mod tests {
             two,
             "/two's pages are kept, /one's new"
         );
-        let listed: std::collections::BTreeSet<_> = first.union(&third).copied().collect();
+        let mut listed: std::collections::BTreeSet<_> = first.union(&third).copied().collect();
+        let index = vol.inner.commit.lock().index.clone();
+        assert!(!index[x].is_empty() && !index[y].is_empty(), "index pages");
+        for table in &index {
+            listed.extend(crate::extent_pages::index_page_ranges(table, 4096));
+        }
         assert_eq!(
             vol.inner.meta.read().spilled_bytes,
             listed.iter().map(|&(_, len)| len).sum::<u64>(),
-            "metadata bytes are the pages either slot lists"
+            "metadata bytes are the pages and index pages either slot lists"
         );
         // Small files now take the smallest free holes first: none may be
         // a page slot y lists.
@@ -1462,9 +1491,11 @@ mod tests {
         let z = checkpoint_a_base(&vol, "c");
         let paged = file_pages(&vol, z, big);
         assert!(!paged.is_empty(), "paged at the next base");
+        let index = crate::extent_pages::index_page_ranges(&vol.inner.commit.lock().index[z], 4096);
+        assert_eq!(index.len(), 1, "one index page lists them");
         assert_eq!(
             vol.inner.meta.read().spilled_bytes,
-            paged.iter().map(|&(_, len)| len).sum::<u64>()
+            paged.iter().chain(&index).map(|&(_, len)| len).sum::<u64>()
         );
         let max = crate::codec::inline_extents_max(4096) as u64;
         let f = vol.open_file("/big", OpenFlags::default()).unwrap();

@@ -591,18 +591,32 @@ fn hostile_images_with_spilled_checkpoints() {
     run_hostile_images("hostile_spilled", &opts, 0.5);
 }
 
-/// The same with extent pages, and slots so small that every checkpoint
-/// is a base (a spilled root): damage lands in pages, page lists and
-/// roots as well.
+/// The same with extent pages listed in index pages (the default), and
+/// slots so small that every checkpoint is a base (a spilled root):
+/// damage lands in pages, index pages and roots as well.
 #[test]
 fn hostile_images_with_extent_pages() {
     let opts = FormatOptions {
         block_size: 512,
         checkpoint_slot_bytes: Some(1024),
         extent_pages: true,
+        page_index: true,
         ..FormatOptions::default()
     };
     run_hostile_images("hostile_extent_pages", &opts, 0.5);
+}
+
+/// The same with every page listed in the root (no index pages).
+#[test]
+fn hostile_images_with_extent_pages_listed_in_roots() {
+    let opts = FormatOptions {
+        block_size: 512,
+        checkpoint_slot_bytes: Some(1024),
+        extent_pages: true,
+        page_index: false,
+        ..FormatOptions::default()
+    };
+    run_hostile_images("hostile_page_roots", &opts, 0.25);
 }
 
 fn run_hostile_images(suite: &str, opts: &FormatOptions, share: f64) {

@@ -15,14 +15,17 @@
 //! `primitive` holds the values every layout is built of (integers,
 //! strings, names, counts, enum codes), `record` the journal records and
 //! `image` the checkpoint's metadata image, `delta` a delta
-//! checkpoint's changes to it `page` the extent pages a checkpoint
-//! root refers to, and `root` that root. This module only gathers them.
+//! checkpoint's changes to it, `page` the extent pages a checkpoint
+//! root refers to, `index` the index pages that list those pages in a
+//! root's indexed form, and `root` that root (either form). This module
+//! only gathers them.
 //!
 //! [`Error::Corrupt`]: crate::Error::Corrupt
 //! [`Error::InvalidArgument`]: crate::Error::InvalidArgument
 
 mod delta;
 mod image;
+mod index;
 mod page;
 mod primitive;
 mod record;
@@ -38,16 +41,25 @@ pub use image::{
     EXTENT_ENCODED_LEN, IMAGE_HEADER_ENCODED_LEN, INODE_FIXED_ENCODED_LEN, XATTR_MIN_ENCODED_LEN,
     XATTR_OVERHEAD_ENCODED_LEN,
 };
+pub use index::{
+    check_index_refs, decode_index_page, decode_index_ref, encode_index_page, encode_index_ref,
+    index_lost, index_max_pages, IndexRef, IndexTable, INDEX_HEADER_LEN, INDEX_MAGIC,
+    INDEX_REF_ENCODED_LEN,
+};
 pub use page::{
     check_page_refs, decode_page, decode_page_ref, encode_page, encode_page_ref, page_len,
-    page_lost, PageRef, PAGE_HEADER_LEN, PAGE_MAGIC, PAGE_MAX_EXTENTS, PAGE_REF_ENCODED_LEN,
+    page_lost, PageArea, PageRef, PAGE_HEADER_LEN, PAGE_MAGIC, PAGE_MAX_EXTENTS,
+    PAGE_REF_ENCODED_LEN,
 };
 pub use primitive::{
     check_attrs, check_mode, check_name, check_symlink_target, check_xattr_name, Decoder, Encoder,
     Measure, Sink, ATTRS_ENCODED_LEN,
 };
 pub use record::{decode_record, encode_record, record_encoded_len, RECORD_MIN_ENCODED_LEN};
-pub use root::{decode_root_at, encode_root_after, inline_extents_max, PageArea, PageTable, Root};
+pub use root::{
+    decode_indexed_root_at, decode_root_at, encode_indexed_root_after, encode_root_after,
+    inline_extents_max, IndexedRoot, PageTable, Root,
+};
 
 #[cfg(test)]
 pub(crate) use image::tests::random_image;

@@ -58,6 +58,42 @@ pub struct PageRef {
     pub allocated: u64,
 }
 
+/// Where pages and index pages may be: device bytes `[start, start +
+/// len)`, in blocks of `block_size` (the data area).
+#[derive(Clone, Copy, Debug)]
+pub struct PageArea {
+    pub start: u64,
+    pub len: u64,
+    pub block_size: u64,
+}
+
+impl PageArea {
+    /// Why `page` is not a whole, block-aligned range of the area.
+    pub fn check(&self, page: &PageRef) -> std::result::Result<(), String> {
+        let len = page_len(page.count as usize, self.block_size);
+        self.check_range("page", page.addr, len)
+    }
+
+    pub(super) fn check_range(
+        &self,
+        what: &str,
+        addr: u64,
+        len: u64,
+    ) -> std::result::Result<(), String> {
+        let inside = addr >= self.start
+            && addr
+                .checked_add(len)
+                .is_some_and(|end| end <= self.start.saturating_add(self.len));
+        if !addr.is_multiple_of(self.block_size) || !inside {
+            return Err(format!(
+                "{what} at device byte {addr} ({len} bytes) is not a {}-byte aligned range of the data area {}+{}",
+                self.block_size, self.start, self.len
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Device bytes a page of `count` extents takes: whole blocks.
 pub fn page_len(count: usize, block_size: u64) -> u64 {
     ((PAGE_HEADER_LEN + count * EXTENT_ENCODED_LEN) as u64).next_multiple_of(block_size)

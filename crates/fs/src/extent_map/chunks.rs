@@ -472,6 +472,8 @@ impl DerefMut for ChunkExtents {
 /// them if one was written.
 pub struct ChunkPage<'a> {
     at: PageAt<'a>,
+    /// The chunk is its segment's first.
+    starts_segment: bool,
 }
 
 enum PageAt<'a> {
@@ -510,6 +512,13 @@ impl ChunkPage<'_> {
             PageAt::Open(chunk) => chunk.count(),
             PageAt::Cold { page, .. } => page.count as usize,
         }
+    }
+
+    /// Whether the chunk is the first of its segment: a base lists the
+    /// pages of a segment's chunks in index pages of their own, so that
+    /// a change rewrites the index pages of the segments it reaches only.
+    pub fn starts_segment(&self) -> bool {
+        self.starts_segment
     }
 
     /// The page holding exactly [`ChunkPage::extents`], if one was written.
@@ -1479,8 +1488,10 @@ impl Chunks {
                     (None, None) => (&[], &[]),
                 };
             open.iter()
-                .map(|c| ChunkPage {
+                .enumerate()
+                .map(|(index, c)| ChunkPage {
                     at: PageAt::Open(&c.extents),
+                    starts_segment: index == 0,
                 })
                 .chain(cold.iter().enumerate().map(move |(index, page)| ChunkPage {
                     at: PageAt::Cold {
@@ -1488,6 +1499,7 @@ impl Chunks {
                         index,
                         page,
                     },
+                    starts_segment: index == 0,
                 }))
         })
     }

@@ -315,10 +315,12 @@ impl Geometry {
         } else {
             None
         };
-        // Half the volumes keep extents in pages. Drawn from a copy, so
-        // that every draw after this one (and every recorded seed) is as
-        // it was before extent pages existed.
-        let extent_pages = rng.clone().gen_bool(0.5);
+        // Half the volumes keep extents in pages, half of those with index
+        // pages. Drawn from a copy, so that every draw after this one (and
+        // every recorded seed) is as it was before extent pages existed.
+        let mut copy = rng.clone();
+        let extent_pages = copy.gen_bool(0.5);
+        let page_index = copy.gen_bool(0.5);
         Geometry {
             lbs,
             opts: FormatOptions {
@@ -326,6 +328,7 @@ impl Geometry {
                 journal_bytes,
                 checkpoint_slot_bytes: None,
                 extent_pages,
+                page_index,
                 ..FormatOptions::default()
             },
         }
@@ -340,7 +343,7 @@ impl Geometry {
 
     pub fn describe(&self) -> String {
         format!(
-            "lbs={} block_size={} journal={} slot={} extent_pages={}",
+            "lbs={} block_size={} journal={} slot={} extent_pages={} page_index={}",
             self.lbs,
             self.opts.block_size,
             self.opts
@@ -351,7 +354,8 @@ impl Geometry {
                 .checkpoint_slot_bytes
                 .map(|j| j.to_string())
                 .unwrap_or_else(|| "default".into()),
-            self.opts.extent_pages
+            self.opts.extent_pages,
+            self.opts.page_index
         )
     }
 
