@@ -3067,6 +3067,55 @@ mod tests {
         sb.layout.data.start + i as u64 * sb.block_size()
     }
 
+    /// `read_index_pages` reads a file's index pages in order into its
+    /// page list, and refuses index pages that each verify but whose keys
+    /// do not follow one another (the second's first page at or before
+    /// the first's last): the list would not be sorted. The error names
+    /// the inode and the second index page's device byte.
+    #[test]
+    fn index_pages_are_read_in_order_and_their_keys_must_follow() {
+        let (dev, mut sb) = paged_setup();
+        sb.features_incompat |= INCOMPAT_PAGE_INDEX;
+        let bs = sb.block_size();
+        let page = |first_key: u64, i: usize| PageRef {
+            addr: page_addr(&sb, 100 + i),
+            crc: 0,
+            count: 1,
+            first_key,
+            allocated: bs,
+        };
+        let index_page = |pages: &[PageRef], at: usize| {
+            let (bytes, iref) =
+                codec::encode_index_page(sb.crc_seed(), 7, pages, bs, page_addr(&sb, at)).unwrap();
+            write_pages(&dev, &[(iref.addr, bytes)]).unwrap();
+            iref
+        };
+        let first = [page(0, 0), page(10 * bs, 1)];
+        let a = index_page(&first, 0);
+        let b = index_page(&[page(20 * bs, 2), page(30 * bs, 3)], 1);
+        let table = read_index_pages(&dev, &sb, &vec![(7, vec![a, b])]).unwrap();
+        assert_eq!(
+            table,
+            vec![(
+                7,
+                [first.to_vec(), vec![page(20 * bs, 2), page(30 * bs, 3)]].concat()
+            )]
+        );
+
+        // The second index page starts where the first ends.
+        let overlapping = index_page(&[page(10 * bs, 4), page(30 * bs, 5)], 2);
+        let err = read_index_pages(&dev, &sb, &vec![(7, vec![a, overlapping])]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, Error::Corrupt { offset, .. } if offset == overlapping.addr),
+            "{text}"
+        );
+        assert!(
+            text.contains("inode 7") && text.contains("not after"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn a_base_with_extent_pages_reads_back_whole_with_both_slots_pages() {
         let (dev, sb) = paged_setup();
