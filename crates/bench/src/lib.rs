@@ -113,6 +113,9 @@ pub struct BenchOptions {
     /// Format iomapfs targets with extent pages
     /// (`FormatOptions::extent_pages`, on by default as for mkfs).
     pub extent_pages: bool,
+    /// With extent pages, list them in index pages
+    /// (`FormatOptions::page_index`, on by default as for mkfs).
+    pub page_index: bool,
 }
 
 impl Default for BenchOptions {
@@ -131,6 +134,7 @@ impl Default for BenchOptions {
             fuse: iomapfs_mount::MountConfig::default(),
             record: None,
             extent_pages: true,
+            page_index: true,
         }
     }
 }
@@ -217,6 +221,7 @@ pub(crate) fn span_for(pattern: &IoPattern, device_bytes: u64) -> u64 {
 pub fn run(opts: &BenchOptions, progress: &dyn Progress) -> Result<BenchReport, BenchError> {
     target::set_mount_options(opts.mount.clone());
     target::set_extent_pages(opts.extent_pages);
+    target::set_page_index(opts.page_index);
     let result = run_inner(opts, progress);
     progress.finish();
     result

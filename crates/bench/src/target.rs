@@ -278,6 +278,10 @@ pub fn format_and_mount(dev: Arc<dyn BlockDevice>) -> Result<Volume, BenchError>
             .get()
             .copied()
             .unwrap_or(FormatOptions::default().extent_pages),
+        page_index: PAGE_INDEX
+            .get()
+            .copied()
+            .unwrap_or(FormatOptions::default().page_index),
         ..FormatOptions::default()
     };
     Volume::format(dev.clone(), &opts).map_err(|e| BenchError::fs("iomapfs format", e))?;
@@ -292,6 +296,17 @@ static EXTENT_PAGES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 /// Records whether every later [`format_and_mount`] uses extent pages.
 pub fn set_extent_pages(on: bool) {
     let _ = EXTENT_PAGES.set(on);
+}
+
+/// Whether iomapfs targets with extent pages list them in index pages
+/// (the default; `--no-page-index` turns it off), set once by
+/// [`crate::run`].
+static PAGE_INDEX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Records whether every later [`format_and_mount`] lists extent pages in
+/// index pages.
+pub fn set_page_index(on: bool) {
+    let _ = PAGE_INDEX.set(on);
 }
 
 /// The mount options of every iomapfs target in this run (the cache size

@@ -591,12 +591,22 @@ impl Volume {
         self.write_back_and_checkpoint(|inner| inner.checkpoint_for_unmount())?;
         self.inner.mark_clean_unmount()?;
         let lost = self.take_lost_writeback();
+        self.release();
+        lost.map_or(Ok(()), Err)
+    }
+
+    /// Lets the volume go without writing anything, for a volume that
+    /// must not be written (its device opened read-only, where
+    /// [`Volume::unmount`]'s checkpoint would fail): as dropping it (data
+    /// cached and not written back is lost, the journal recovers the rest
+    /// at the next open), and after large metadata the freed heap given
+    /// back to the system as `unmount` gives it.
+    pub fn release(self) {
         let metadata_bytes = self.inner.meta.read().state.image_bytes_estimate();
         drop(self);
         if metadata_bytes >= TRIM_AFTER_METADATA_BYTES {
             give_back_freed_heap();
         }
-        lost.map_or(Ok(()), Err)
     }
 }
 

@@ -80,5 +80,31 @@ fn unmount_gives_the_heap_of_its_metadata_back() {
         (after.saturating_sub(before)) / MIB,
         (built - before) / MIB
     );
+
+    // Mounted again, every chunk read, then let go without writing (as a
+    // read-only mount does): the heap of what it read is given back too.
+    let vol = Volume::open(dynd.clone()).unwrap();
+    let file = vol.open_file("/f", OpenFlags::default()).unwrap();
+    assert!(file.fiemap().unwrap().len() as u64 >= EXTENTS);
+    let read = resident_bytes();
+    drop(file);
+    vol.release();
+    let released = resident_bytes();
+    eprintln!(
+        "resident: {} MiB after reading every chunk, {} MiB after release",
+        read / MIB,
+        released / MIB
+    );
+    assert!(
+        read > after + 20 * MIB,
+        "reading took {} MiB: too little to tell",
+        read.saturating_sub(after) / MIB
+    );
+    assert!(
+        released < after + (read - after) / 2,
+        "release kept {} of the read's {} MiB",
+        released.saturating_sub(after) / MIB,
+        (read - after) / MIB
+    );
     assert_eq!(kept.len() as u64, EXTENTS.div_ceil(1024));
 }

@@ -407,11 +407,12 @@ fn connection_ended(served: io::Result<()>) -> io::Result<()> {
 }
 
 /// Lets the volume go once its session ended: the clean unmount (written
-/// back and checkpointed) of a writable mount; for a read-only one, just
-/// the drop (nothing changed, and the checkpoint would be a write).
+/// back and checkpointed) of a writable mount; for a read-only one, the
+/// release that writes nothing (nothing changed, and the checkpoint would
+/// be a write) and gives large metadata's heap back.
 fn release_volume(vol: Volume, read_only: bool, path: &Path) -> Result<(), MountError> {
     if read_only {
-        drop(vol);
+        vol.release();
         return Ok(());
     }
     vol.unmount().map_err(|source| MountError::Unmount {
