@@ -98,9 +98,17 @@ pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
     if !pages.is_empty() {
         let bytes: u64 = pages.iter().map(|&(_, len)| len).sum();
         report.metadata_bytes += bytes;
+        let bs = loaded.sb.block_size();
+        let mut index = crate::extent_pages::index_page_ranges(&loaded.index[0], bs);
+        index.extend(crate::extent_pages::index_page_ranges(&loaded.index[1], bs));
+        let listed_in = if index.is_empty() {
+            String::new()
+        } else {
+            format!(" and {} index pages listing them", index.len())
+        };
         report.notes.push(format!(
-            "the two slots' bases list {} extent pages ({bytes} bytes) of the data area, each read and verified for the newest, counted as used",
-            pages.len()
+            "the two slots' bases list {} extent pages{listed_in} ({bytes} bytes) of the data area, each read and verified for the newest, counted as used",
+            pages.len() - index.len()
         ));
     }
     check_superblocks(&*device, &loaded, &mut report);
