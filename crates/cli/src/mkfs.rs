@@ -74,13 +74,13 @@ pub struct MkfsArgs {
     #[arg(long, conflicts_with = "no_extent_pages")]
     pub extent_pages: bool,
 
-    /// With extent pages, list every page in each checkpoint root instead
-    /// of in index pages (the default lists a run of up to 127 pages per
-    /// index page, so a root and a base's writes stop growing with every
-    /// page). The volume is then readable by iomapfs builds that predate
-    /// index pages (incompat bit 3).
-    #[arg(long)]
-    pub no_page_index: bool,
+    /// List extent pages in index pages (incompat bit 3), a run of up to
+    /// 127 pages per index page, instead of every page in each checkpoint
+    /// root: a root and a base's writes then stop growing with every page.
+    /// Off by default for now: a damaged index page loses every checkpoint
+    /// that lists it, where a damaged extent page loses only its keys.
+    #[arg(long, conflicts_with = "no_extent_pages")]
+    pub page_index: bool,
 }
 
 pub fn run(args: &MkfsArgs) -> Result<u8, Failure> {
@@ -243,7 +243,7 @@ fn format(path: &Path, args: &MkfsArgs, block_size: u32) -> Result<u8, Failure> 
         block_size,
         journal_bytes: args.journal_size,
         extent_pages: !args.no_extent_pages,
-        page_index: !args.no_page_index,
+        page_index: args.page_index,
         ..FormatOptions::default()
     };
     Volume::format(dev.clone(), &opts)

@@ -56,6 +56,7 @@ fn chunk(first: u64, n: u64) -> PageChunk {
     PageChunk {
         extents,
         page: Some(page),
+        starts_run: false,
     }
 }
 

@@ -1231,7 +1231,7 @@ fn decode_base(
     let mut damaged_pages = Vec::new();
     let paged = match reading {
         PageReading::Every => read_pages(dev, sb, &image, &pages)?,
-        PageReading::OnDemand => absent_pages(&image, &pages)?,
+        PageReading::OnDemand => absent_pages(&image, &pages, &index)?,
         PageReading::Survey => read_pages_surveying(dev, sb, &image, &pages, &mut damaged_pages)?,
     };
     Ok(DecodedBase {
@@ -1276,8 +1276,9 @@ pub fn read_index_pages(
     let mut block = vec![0u8; sb.block_size() as usize];
     let mut table = Vec::with_capacity(index.len());
     for (ino, list) in index {
-        let mut pages: Vec<PageRef> =
-            Vec::with_capacity(list.iter().map(|i| i.pages as usize).sum());
+        // Grown as index pages verify: the counts the root claims are not
+        // checked against anything read yet.
+        let mut pages: Vec<PageRef> = Vec::new();
         for iref in list {
             dev.read_at(&mut block, iref.addr).map_err(|e| {
                 Error::device(
@@ -1377,6 +1378,7 @@ fn read_pages_then(
                 Ok(got) => chunks.push(crate::page_chunks::PageChunk {
                     extents: got,
                     page: Some(*page),
+                    starts_run: false,
                 }),
                 Err(e) => {
                     let end = list.get(index + 1).map(|next| next.first_key);
@@ -1394,18 +1396,29 @@ fn read_pages_then(
 /// [`read_pages`] without reading a page: each file's chunks absent
 /// (`PageChunk::absent`), for mount to read on demand. The root's checks
 /// (counts, first keys strictly increasing, pages in the data area) are
-/// all a reference allows before its page is read.
-fn absent_pages(image: &MetaImage, pages: &PageTable) -> Result<PagedMaps> {
+/// all a reference allows before its page is read. With `index` (the
+/// index pages listing `pages`), each index page's first page starts a
+/// run (`PageChunk::starts_run`).
+fn absent_pages(image: &MetaImage, pages: &PageTable, index: &IndexTable) -> Result<PagedMaps> {
     let mut paged = PagedMaps::default();
     let invalid = |reason: String| Error::invalid("reading extent pages", reason);
     for (ino, list) in pages {
         if image.inodes.binary_search_by_key(ino, |i| i.ino).is_err() {
             return Err(invalid(format!("inode {ino} is not in the image")));
         }
-        let chunks = list
+        let mut chunks: Vec<crate::page_chunks::PageChunk> = list
             .iter()
             .map(|&page| crate::page_chunks::PageChunk::absent(page))
             .collect();
+        if let Ok(at) = index.binary_search_by_key(ino, |&(i, _)| i) {
+            let mut start = 0;
+            for iref in &index[at].1 {
+                if let Some(chunk) = chunks.get_mut(start) {
+                    chunk.starts_run = true;
+                }
+                start += iref.pages as usize;
+            }
+        }
         paged.push_file(*ino, chunks).map_err(invalid)?;
     }
     Ok(paged)

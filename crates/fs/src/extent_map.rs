@@ -32,6 +32,7 @@ pub(crate) use chunks::release_spare_chunks;
 pub(crate) use chunks::CHUNK_BYTES_MAX;
 #[cfg(test)]
 pub(crate) use chunks::CHUNK_SHELL_BYTES;
+pub(crate) use chunks::SEGMENT_MAX;
 pub use chunks::{ChunkPage, Evicted, LoadPurpose, PageLoader, PageSource};
 use chunks::{Chunks, CHUNK_MAX};
 
@@ -136,13 +137,30 @@ impl ExtentMap {
         pages: impl IntoIterator<Item = (Vec<Extent>, Option<PageRef>)>,
         source: Option<Arc<PageSource>>,
     ) -> Result<Self, String> {
+        Self::from_runs_lazy(
+            block_size,
+            pages
+                .into_iter()
+                .map(|(extents, page)| (extents, page, false)),
+            source,
+        )
+    }
+
+    /// [`ExtentMap::from_pages_lazy`], where an absent chunk given with
+    /// `true` starts a new segment: where an index page's run starts, so
+    /// that a base finds the run again while nothing in it changes.
+    pub fn from_runs_lazy(
+        block_size: u32,
+        pages: impl IntoIterator<Item = (Vec<Extent>, Option<PageRef>, bool)>,
+        source: Option<Arc<PageSource>>,
+    ) -> Result<Self, String> {
         if block_size == 0 {
             return Err("extent map: block size is 0".to_string());
         }
         let mut m = ExtentMap::new(block_size);
         let (mut i, mut prev_end) = (0, 0);
         let mut pages = pages.into_iter().enumerate().peekable();
-        while let Some((p, (extents, page))) = pages.next() {
+        while let Some((p, (extents, page, starts_run))) = pages.next() {
             if let (true, Some(page), Some(source)) = (extents.is_empty(), page, &source) {
                 let n = page.count as usize;
                 if n == 0 || n > CHUNK_MAX {
@@ -156,7 +174,7 @@ impl ExtentMap {
                     ));
                 }
                 let limit = match pages.peek() {
-                    Some((_, (next, next_page))) => next
+                    Some((_, (next, next_page, _))) => next
                         .first()
                         .map(|e| e.file_off)
                         .or(next_page.map(|np| np.first_key))
@@ -167,7 +185,7 @@ impl ExtentMap {
                 // chunk must start past it.
                 (i, prev_end) = (i + n, page.first_key + 1);
                 m.allocated += page.allocated;
-                m.map.push_absent(page, source.clone(), limit);
+                m.map.push_absent(page, source.clone(), limit, starts_run);
                 continue;
             }
             if extents.is_empty() || (page.is_some() && extents.len() > CHUNK_MAX) {

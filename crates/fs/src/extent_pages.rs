@@ -85,10 +85,9 @@ pub fn plan_pages(
     // at once would hold the whole extent list encoded again (~250 MB at
     // 10M extents).
     let mut batch = PageBatch::default();
+    // A file's new index pages are known, and added, once its pages are:
+    // `ahead` never counts more than the plan places.
     let mut ahead = unlisted_page_bytes(state, &inos, listed);
-    if index.is_some() {
-        ahead += index_bytes_at_most(state, &inos);
-    }
     for ino in inos {
         let mut list = Vec::new();
         // Where each segment's pages start in `list`.
@@ -139,9 +138,15 @@ pub fn plan_pages(
         }
         if let Some(listed_index) = index {
             let mut file_index = listed_index.of_file(ino);
-            let mut refs = Vec::new();
-            for run in index_runs(&list, &segments, codec::index_max_pages(block_size)) {
-                let iref = match file_index.find(run) {
+            let runs: Vec<(&[PageRef], Option<IndexRef>)> =
+                index_runs(&list, &segments, run_max_pages(block_size))
+                    .into_iter()
+                    .map(|run| (run, file_index.find(run)))
+                    .collect();
+            ahead += runs.iter().filter(|(_, kept)| kept.is_none()).count() as u64 * block_size;
+            let mut refs = Vec::with_capacity(runs.len());
+            for (run, kept) in runs {
+                let iref = match kept {
                     Some(kept) => kept,
                     None => {
                         let placed = place(block_size, ahead);
@@ -193,21 +198,18 @@ fn index_runs<'p>(pages: &'p [PageRef], segments: &[usize], max: usize) -> Vec<&
 
 /// Most index pages `files` files of `pages` pages in all take
 /// ([`index_runs`]: a file's last run may be short, the others hold at
-/// least half of [`codec::index_max_pages`]).
+/// least half of [`run_max_pages`]).
 pub fn index_pages_at_most(pages: u64, files: u64, block_size: u64) -> u64 {
-    (2 * pages).div_ceil(codec::index_max_pages(block_size) as u64) + files
+    (2 * pages).div_ceil(run_max_pages(block_size) as u64) + files
 }
 
-/// Bytes of the index pages [`plan_pages`] may write for `inos`, were
-/// every one new: the most it places of them.
-fn index_bytes_at_most(state: &MetaState, inos: &[Ino]) -> u64 {
-    let block_size = u64::from(state.block_size);
-    inos.iter()
-        .map(|ino| {
-            let chunks = state.inodes[ino].extents.chunk_count() as u64;
-            index_pages_at_most(chunks, 1, block_size) * block_size
-        })
-        .sum()
+/// Most pages in a run: what an index page holds, and no more than a
+/// segment's chunks. So mount, which starts a segment at each index
+/// page's first page (`PageChunk::starts_run`), builds one segment per
+/// run, of at least half this unless it is a file's last: the runs of
+/// those segments, while nothing in them changes, are the runs read.
+fn run_max_pages(block_size: u64) -> usize {
+    codec::index_max_pages(block_size).min(crate::extent_map::SEGMENT_MAX)
 }
 
 /// The page a base refers to for `chunk` instead of writing it: the one

@@ -148,11 +148,12 @@ fn random_volume(seed: u64) -> Arc<MemDevice> {
     let mut rng = SmallRng::seed_from_u64(seed);
     let block_size = if rng.gen_bool(0.5) { 512 } else { 4096 };
     let dev = Arc::new(MemDevice::new(16 << 20, 512));
+    let extent_pages = rng.gen_bool(0.5);
     let opts = FormatOptions {
         block_size,
-        extent_pages: rng.gen_bool(0.5),
+        extent_pages,
         // Not drawn: the seeds' volumes stay what they were.
-        page_index: seed.is_multiple_of(2),
+        page_index: extent_pages && seed.is_multiple_of(2),
         checkpoint_slot_bytes: rng.gen_bool(0.3).then_some(64 << 10),
         ..FormatOptions::default()
     };

@@ -43,9 +43,10 @@ pub struct FormatOptions {
     pub extent_pages: bool,
     /// With `extent_pages`: roots list index pages, each listing the
     /// extent pages of a run of chunks (incompat bit 3), so a root and a
-    /// base's writes stop growing with every page. On by default; off
-    /// keeps every page listed in the root (readable by builds without
-    /// bit 3).
+    /// base's writes stop growing with every page. Off by default for
+    /// now: a damaged index page loses every checkpoint that lists it
+    /// (as a damaged root does), where a damaged extent page loses only
+    /// its keys; see `docs/EXTENT_PAGES.md`. Only with `extent_pages`.
     pub page_index: bool,
 }
 
@@ -57,7 +58,7 @@ impl Default for FormatOptions {
             checkpoint_slot_bytes: None,
             root_owner: None,
             extent_pages: true,
-            page_index: true,
+            page_index: false,
         }
     }
 }
@@ -73,6 +74,12 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
         opts.checkpoint_slot_bytes,
     )?;
     let mut sb = Superblock::new(layout);
+    if opts.page_index && !opts.extent_pages {
+        return Err(Error::invalid(
+            "format options",
+            "index pages list extent pages: page_index needs extent_pages",
+        ));
+    }
     if opts.extent_pages {
         sb.features_incompat |= superblock::INCOMPAT_EXTENT_PAGES;
         if opts.page_index {
@@ -664,8 +671,10 @@ pub(crate) fn clean_mark_for(ckpt: &Checkpoint) -> superblock::CleanMark {
     }
 }
 
-/// The device ranges of the extent pages and index pages both slots'
-/// bases list, each once (the bases share the pages neither rewrote).
+/// The device ranges of the extent pages, then of the index pages, both
+/// slots' bases list, each page once (the bases share the pages neither
+/// rewrote). An index page at an extent page's range is listed twice:
+/// an overlap for whoever builds free space from them.
 pub(crate) fn used_pages(
     sb: &Superblock,
     pages: &[crate::codec::PageTable; superblock::CHECKPOINT_SLOTS],
@@ -674,9 +683,9 @@ pub(crate) fn used_pages(
     let bs = sb.block_size();
     let mut used = crate::extent_pages::page_ranges(&pages[0], bs);
     used.extend(crate::extent_pages::page_ranges(&pages[1], bs));
-    used.extend(crate::extent_pages::index_page_ranges(&index[0], bs));
-    used.extend(crate::extent_pages::index_page_ranges(&index[1], bs));
-    used.into_iter().collect()
+    let mut index_pages = crate::extent_pages::index_page_ranges(&index[0], bs);
+    index_pages.extend(crate::extent_pages::index_page_ranges(&index[1], bs));
+    used.into_iter().chain(index_pages).collect()
 }
 
 /// What uses a device range (see [`for_each_used_range`]).
@@ -686,7 +695,7 @@ pub(crate) enum UsedBy {
     Extent { ino: Ino, file_off: u64 },
     /// A spill extent of the checkpoint in `slot`.
     Spill { slot: usize },
-    /// An extent page either slot's base lists.
+    /// An extent page or index page either slot's base lists.
     Page,
 }
 
@@ -796,7 +805,7 @@ pub(crate) fn build_allocator_unless(
         UsedBy::Page => Error::corrupt(
             "extent page",
             addr,
-            format!("a checkpoint's extent page: {reason}"),
+            format!("a checkpoint's extent page or index page: {reason}"),
         ),
     })
 }

@@ -31,6 +31,10 @@ use crate::types::{Extent, Ino, KeySpan, MetaImage};
 pub struct PageChunk {
     pub extents: Vec<Extent>,
     pub page: Option<PageRef>,
+    /// The first page of an index page's run: mount starts a segment of
+    /// the map here, so that a base finds the same run again for a
+    /// segment nothing changed (`extent_pages::index_runs`).
+    pub starts_run: bool,
 }
 
 impl PageChunk {
@@ -39,6 +43,7 @@ impl PageChunk {
         PageChunk {
             extents: Vec::new(),
             page: Some(page),
+            starts_run: false,
         }
     }
 
@@ -169,11 +174,15 @@ impl PagedMaps {
             while let Some((_, chunk)) = old.next_if(|&(j, _)| j < run.start) {
                 chunks.push(chunk);
             }
-            while old.next_if(|&(j, _)| j < run.end).is_some() {}
+            let mut starts_run = false;
+            while let Some((_, replaced)) = old.next_if(|&(j, _)| j < run.end) {
+                starts_run |= replaced.starts_run;
+            }
             if !extents.is_empty() {
                 chunks.push(PageChunk {
                     extents,
                     page: None,
+                    starts_run,
                 });
             }
         }
@@ -353,6 +362,7 @@ mod tests {
         PageChunk {
             extents: keys.iter().map(|&k| ext(k, 1, 1000 + k)).collect(),
             page: Some(page(n)),
+            starts_run: false,
         }
     }
 

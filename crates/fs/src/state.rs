@@ -292,9 +292,11 @@ impl MetaState {
                 Some(_) if !img.extents.is_empty() => {
                     Err("it has extents both in the image and in pages".to_string())
                 }
-                Some(chunks) => ExtentMap::from_pages_lazy(
+                Some(chunks) => ExtentMap::from_runs_lazy(
                     block_size,
-                    chunks.into_iter().map(|c| (c.extents, c.page)),
+                    chunks
+                        .into_iter()
+                        .map(|c| (c.extents, c.page, c.starts_run)),
                     loader.clone().map(|loader| {
                         Arc::new(crate::extent_map::PageSource {
                             ino: img.ino,

@@ -1232,8 +1232,14 @@ mod tests {
     // ---- extent pages -------------------------------------------------------
 
     fn paged_volume(dev: &Arc<MemDevice>) -> Volume {
+        paged_volume_with(dev, false)
+    }
+
+    /// A volume with extent pages, listed in index pages if `page_index`.
+    fn paged_volume_with(dev: &Arc<MemDevice>, page_index: bool) -> Volume {
         let opts = FormatOptions {
             extent_pages: true,
+            page_index,
             ..FormatOptions::default()
         };
         Volume::format(dev.clone(), &opts).unwrap();
@@ -1409,8 +1415,14 @@ mod tests {
     /// clean.
     #[test]
     fn extent_pages_stay_in_use_while_either_slot_lists_them() {
+        for page_index in [false, true] {
+            extent_pages_stay_in_use_while_either_slot_lists_them_with(page_index);
+        }
+    }
+
+    fn extent_pages_stay_in_use_while_either_slot_lists_them_with(page_index: bool) {
         let dev = Arc::new(MemDevice::new(16 << 20, 512));
-        let vol = paged_volume(&dev);
+        let vol = paged_volume_with(&dev, page_index);
         let one_ino = write_paged_file(&vol, "/one", 7);
         let two_ino = write_paged_file(&vol, "/two", 7);
         let x = checkpoint_a_base(&vol, "a");
@@ -1438,7 +1450,11 @@ mod tests {
         );
         let mut listed: std::collections::BTreeSet<_> = first.union(&third).copied().collect();
         let index = vol.inner.commit.lock().index.clone();
-        assert!(!index[x].is_empty() && !index[y].is_empty(), "index pages");
+        assert_eq!(
+            !index[x].is_empty() && !index[y].is_empty(),
+            page_index,
+            "index pages"
+        );
         for table in &index {
             listed.extend(crate::extent_pages::index_page_ranges(table, 4096));
         }
@@ -1466,6 +1482,52 @@ mod tests {
         assert_fsck_clean(&dev);
     }
 
+    /// Mount starts a segment where each index page's run starts, so the
+    /// first base after a remount finds the runs it read: after one
+    /// extent changes, it writes one index page, however the segments
+    /// were split before the unmount (extents inserted in the middle of
+    /// the file split chunks and segments there).
+    #[test]
+    fn after_a_remount_a_base_rewrites_only_the_changed_runs_index_page() {
+        let dev = Arc::new(MemDevice::new(64 << 20, 512));
+        let vol = paged_volume_with(&dev, true);
+        let f = create_file(&vol, "/f");
+        const N: u64 = 1200;
+        for k in 0..N {
+            f.fallocate(4 * k * 4096, 4096, false).unwrap();
+        }
+        for k in 300..500 {
+            f.fallocate((4 * k + 2) * 4096, 4096, false).unwrap();
+        }
+        f.fsync().unwrap();
+        let ino = vol.stat("/f").unwrap().ino;
+        drop(f);
+        vol.unmount().unwrap();
+        let index_of = |dev: &Arc<MemDevice>| {
+            let sb = crate::superblock::read_superblock(&**dev).unwrap();
+            let newest = crate::checkpoint::read_checkpoints(&**dev, &sb).unwrap();
+            let (_, refs) = newest.index[newest.slot]
+                .iter()
+                .find(|(i, _)| *i == ino)
+                .cloned()
+                .expect("/f is paged");
+            refs
+        };
+        let before = index_of(&dev);
+        assert!(before.len() >= 10, "{} index pages", before.len());
+
+        let vol = Volume::open(dev.clone()).unwrap();
+        let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+        f.punch_hole(4 * 900 * 4096, 4096).unwrap();
+        f.fsync().unwrap();
+        drop(f);
+        vol.unmount().unwrap();
+        let after = index_of(&dev);
+        let new = after.iter().filter(|r| !before.contains(r)).count();
+        assert_eq!(new, 1, "{new} of {} index pages written again", after.len());
+        assert_fsck_clean(&dev);
+    }
+
     /// Files of a few extents stay inline in the root: a volume of many
     /// spends no page blocks (metadata bytes 0), before and after a
     /// remount. A file that grows past the bound is paged at the next
@@ -1473,8 +1535,16 @@ mod tests {
     /// bases are past it, its pages are free.
     #[test]
     fn small_files_spend_no_page_blocks_and_a_file_changes_form_at_the_bound() {
+        for page_index in [false, true] {
+            small_files_spend_no_page_blocks_and_a_file_changes_form_at_the_bound_with(page_index);
+        }
+    }
+
+    fn small_files_spend_no_page_blocks_and_a_file_changes_form_at_the_bound_with(
+        page_index: bool,
+    ) {
         let dev = Arc::new(MemDevice::new(32 << 20, 512));
-        let vol = paged_volume(&dev);
+        let vol = paged_volume_with(&dev, page_index);
         for i in 0..200 {
             write_file(&vol, &format!("/small{i}"));
         }
@@ -1492,7 +1562,7 @@ mod tests {
         let paged = file_pages(&vol, z, big);
         assert!(!paged.is_empty(), "paged at the next base");
         let index = crate::extent_pages::index_page_ranges(&vol.inner.commit.lock().index[z], 4096);
-        assert_eq!(index.len(), 1, "one index page lists them");
+        assert_eq!(!index.is_empty(), page_index, "index pages list them");
         assert_eq!(
             vol.inner.meta.read().spilled_bytes,
             paged.iter().chain(&index).map(|&(_, len)| len).sum::<u64>()

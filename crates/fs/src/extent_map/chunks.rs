@@ -660,7 +660,7 @@ impl std::fmt::Debug for Evicted {
 /// of this many chunks costs its page references and about a hundred
 /// bytes, against a shell per chunk once open. Small in unit tests, so
 /// that their few chunks span many segments.
-pub(super) const SEGMENT_MAX: usize = if cfg!(test) { 4 } else { 128 };
+pub(crate) const SEGMENT_MAX: usize = if cfg!(test) { 4 } else { 128 };
 /// Fewest chunks in a segment unless it is the only one, or a neighbour
 /// is cold: a smaller one is merged with an open neighbour, so the
 /// segments stay few however the chunks were removed.
@@ -1452,16 +1452,23 @@ impl Chunks {
     /// Appends an absent chunk held by `page`, read from `source` when
     /// first needed, whose extents end by `limit` (the next page's first
     /// key, or `u64::MAX`): how mount builds a paged file's map without
-    /// reading its pages, in cold segments. `page` must be above every
-    /// stored offset and hold 1..=[`CHUNK_MAX`] extents (the caller
-    /// checks).
-    pub(super) fn push_absent(&mut self, page: PageRef, source: Arc<PageSource>, limit: u64) {
+    /// reading its pages, in cold segments; a new one if `new_segment`.
+    /// `page` must be above every stored offset and hold 1..=[`CHUNK_MAX`]
+    /// extents (the caller checks).
+    pub(super) fn push_absent(
+        &mut self,
+        page: PageRef,
+        source: Arc<PageSource>,
+        limit: u64,
+        new_segment: bool,
+    ) {
         debug_assert!(page.count >= 1 && page.count as usize <= CHUNK_MAX);
         self.len += page.count as usize;
         self.chunks += 1;
         let segments = Arc::make_mut(&mut self.segments);
         if let Some(cold) = segments
             .last_mut()
+            .filter(|_| !new_segment)
             .and_then(|s| Arc::get_mut(&mut s.body))
             .filter(|b| b.chunks.get().is_none())
             .and_then(|b| b.cold.as_mut())
@@ -2010,7 +2017,7 @@ pub(super) mod testing {
                     }
                 };
                 let limit = chunks.get(i + 1).map_or(u64::MAX, |c| c.first);
-                rebuilt.push_absent(page, source.clone(), limit);
+                rebuilt.push_absent(page, source.clone(), limit, false);
             }
             *self = rebuilt;
         }

@@ -320,7 +320,7 @@ impl Geometry {
         // every recorded seed) is as it was before extent pages existed.
         let mut copy = rng.clone();
         let extent_pages = copy.gen_bool(0.5);
-        let page_index = copy.gen_bool(0.5);
+        let page_index = copy.gen_bool(0.5) && extent_pages;
         Geometry {
             lbs,
             opts: FormatOptions {
