@@ -99,6 +99,9 @@ fn run_workload_on(seed: u64, mix: Mix, stats: &Stats, lying_device: bool) -> Re
         geo.opts.checkpoint_slot_bytes = Some(2 * u64::from(geo.opts.block_size));
     }
     geo.opts.extent_pages = mix == Mix::ExtentPages;
+    // Half of those with index pages, drawn from a copy: later draws (and
+    // recorded seeds) stay as they were.
+    geo.opts.page_index = geo.opts.extent_pages && rng.clone().gen_bool(0.5);
     if mix == Mix::ExtentPages {
         // Small blocks: some files fragment past the 19 extents a root
         // keeps inline at 512 bytes, so some bases list pages (at 4 KiB,
