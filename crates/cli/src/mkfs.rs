@@ -75,8 +75,8 @@ pub struct MkfsArgs {
     pub extent_pages: bool,
 
     /// List extent pages in index pages (incompat bit 3), a run of up to
-    /// 127 pages per index page, instead of every page in each checkpoint
-    /// root: a root and a base's writes then stop growing with every page.
+    /// 127 pages per index page at 4 KiB blocks, instead of every page in
+    /// each checkpoint root: a root and a base's writes then stop growing with every page.
     /// Off by default for now: a damaged index page loses every checkpoint
     /// that lists it, where a damaged extent page loses only its keys.
     #[arg(long, conflicts_with = "no_extent_pages")]

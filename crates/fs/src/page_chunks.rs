@@ -174,15 +174,14 @@ impl PagedMaps {
             while let Some((_, chunk)) = old.next_if(|&(j, _)| j < run.start) {
                 chunks.push(chunk);
             }
-            let mut starts_run = false;
-            while let Some((_, replaced)) = old.next_if(|&(j, _)| j < run.end) {
-                starts_run |= replaced.starts_run;
-            }
+            while old.next_if(|&(j, _)| j < run.end).is_some() {}
+            // Merged chunks are loaded, with no page: a run starts only at
+            // an absent chunk (`ExtentMap::from_runs_lazy`).
             if !extents.is_empty() {
                 chunks.push(PageChunk {
                     extents,
                     page: None,
-                    starts_run,
+                    starts_run: false,
                 });
             }
         }

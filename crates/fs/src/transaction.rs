@@ -1562,6 +1562,8 @@ mod tests {
         let paged = file_pages(&vol, z, big);
         assert!(!paged.is_empty(), "paged at the next base");
         let index = crate::extent_pages::index_page_ranges(&vol.inner.commit.lock().index[z], 4096);
+        // Runs of at most a segment's chunks: 4 in unit builds, so
+        // several index pages.
         assert_eq!(!index.is_empty(), page_index, "index pages list them");
         assert_eq!(
             vol.inner.meta.read().spilled_bytes,

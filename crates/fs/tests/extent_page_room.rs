@@ -30,11 +30,19 @@ fn enospc(r: Result<()>) -> bool {
 /// every larger run with 8 KiB writes, then singles down to the room kept.
 /// Every write was accepted, so the bases that follow must find their
 /// pages.
+/// Both with every page listed in the root and with index pages.
 #[test]
 fn a_base_finds_its_pages_when_free_space_is_in_single_blocks() {
+    for page_index in [false, true] {
+        a_base_finds_its_pages_in_single_blocks(page_index);
+    }
+}
+
+fn a_base_finds_its_pages_in_single_blocks(page_index: bool) {
     let dev = Arc::new(MemDevice::new(8 << 20, 512));
     let opts = FormatOptions {
         extent_pages: true,
+        page_index,
         ..FormatOptions::default()
     };
     Volume::format(dynd(&dev), &opts).unwrap();
@@ -97,11 +105,12 @@ fn a_base_finds_its_pages_when_free_space_is_in_single_blocks() {
 /// buffered ones hold, while delayed, room for as many pieces as free
 /// ranges (writeback may take them all). So writeback and every base
 /// after succeed.
-fn fill_fragmented(direct: bool) {
+fn fill_fragmented(direct: bool, page_index: bool) {
     let dev = Arc::new(MemDevice::new(4 << 20, 512));
     let opts = FormatOptions {
         block_size: 512,
         extent_pages: true,
+        page_index,
         ..FormatOptions::default()
     };
     Volume::format(dynd(&dev), &opts).unwrap();
@@ -155,12 +164,14 @@ fn fill_fragmented(direct: bool) {
 
 #[test]
 fn direct_writes_into_single_blocks_leave_the_room() {
-    fill_fragmented(true);
+    fill_fragmented(true, false);
+    fill_fragmented(true, true);
 }
 
 #[test]
 fn buffered_writes_into_single_blocks_leave_the_room() {
-    fill_fragmented(false);
+    fill_fragmented(false, false);
+    fill_fragmented(false, true);
 }
 
 /// How a database or fio lays a file out: fallocate, then write it once
@@ -171,10 +182,11 @@ fn buffered_writes_into_single_blocks_leave_the_room() {
 /// a buffered one's stay until the file is idle, so they must be counted
 /// in the chunks they can fill, not a page each. The file takes half the
 /// device: every write fits.
-fn lay_out_through_fallocated_space(direct: bool) {
+fn lay_out_through_fallocated_space(direct: bool, page_index: bool) {
     let dev = Arc::new(MemDevice::new(64 << 20, 512));
     let opts = FormatOptions {
         extent_pages: true,
+        page_index,
         ..FormatOptions::default()
     };
     Volume::format(dynd(&dev), &opts).unwrap();
@@ -198,10 +210,12 @@ fn lay_out_through_fallocated_space(direct: bool) {
 
 #[test]
 fn direct_writes_through_a_fallocated_file_never_meet_enospc() {
-    lay_out_through_fallocated_space(true);
+    lay_out_through_fallocated_space(true, false);
+    lay_out_through_fallocated_space(true, true);
 }
 
 #[test]
 fn buffered_writes_through_a_fallocated_file_never_meet_enospc() {
-    lay_out_through_fallocated_space(false);
+    lay_out_through_fallocated_space(false, false);
+    lay_out_through_fallocated_space(false, true);
 }

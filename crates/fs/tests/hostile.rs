@@ -591,7 +591,7 @@ fn hostile_images_with_spilled_checkpoints() {
     run_hostile_images("hostile_spilled", &opts, 0.5);
 }
 
-/// The same with extent pages listed in index pages (the default), and
+/// The same with extent pages listed in index pages, and
 /// slots so small that every checkpoint is a base (a spilled root):
 /// damage lands in pages, index pages and roots as well.
 #[test]
