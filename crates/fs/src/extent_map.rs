@@ -122,31 +122,22 @@ impl ExtentMap {
         block_size: u32,
         pages: impl IntoIterator<Item = (Vec<Extent>, Option<PageRef>)>,
     ) -> Result<Self, String> {
-        Self::from_pages_lazy(block_size, pages, None)
-    }
-
-    /// [`ExtentMap::from_pages`], where a page given without extents
-    /// (`(vec![], Some(page))`) becomes an *absent* chunk, read from
-    /// `source` when an entry point first needs it ([`ExtentMap::load_keys`],
-    /// [`ExtentMap::load_for_change`], [`ExtentMap::load_all`]): what mount
-    /// builds a paged file's map with, reading none of its pages. What the
-    /// reference alone tells is checked here (count, first keys in order);
-    /// the extents when the page is read.
-    pub fn from_pages_lazy(
-        block_size: u32,
-        pages: impl IntoIterator<Item = (Vec<Extent>, Option<PageRef>)>,
-        source: Option<Arc<PageSource>>,
-    ) -> Result<Self, String> {
         Self::from_runs_lazy(
             block_size,
             pages
                 .into_iter()
                 .map(|(extents, page)| (extents, page, false)),
-            source,
+            None,
         )
     }
 
-    /// [`ExtentMap::from_pages_lazy`], where an absent chunk given with
+    /// [`ExtentMap::from_pages`], where a page given without extents
+    /// (`(vec![], Some(page), _)`) becomes an *absent* chunk, read from
+    /// `source` when an entry point first needs it ([`ExtentMap::load_keys`],
+    /// [`ExtentMap::load_for_change`], [`ExtentMap::load_all`]): what mount
+    /// builds a paged file's map with, reading none of its pages. What the
+    /// reference alone tells is checked here (count, first keys in order);
+    /// the extents when the page is read. An absent chunk given with
     /// `true` starts a new segment: where an index page's run starts, so
     /// that a base finds the run again while nothing in it changes.
     pub fn from_runs_lazy(

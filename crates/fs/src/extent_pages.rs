@@ -516,10 +516,19 @@ pub fn shared_page_bytes(
     block_size: u64,
 ) -> u64 {
     shared_extent_page_bytes(a, b, block_size)
-        + (index_page_ranges(index_a, block_size)
-            .intersection(&index_page_ranges(index_b, block_size))
-            .count() as u64)
-            * block_size
+        + shared_index_page_bytes(
+            &index_page_ranges(index_a, block_size),
+            &index_page_ranges(index_b, block_size),
+            block_size,
+        )
+}
+
+fn shared_index_page_bytes(
+    a: &BTreeSet<(u64, u64)>,
+    b: &BTreeSet<(u64, u64)>,
+    block_size: u64,
+) -> u64 {
+    a.intersection(b).count() as u64 * block_size
 }
 
 fn shared_extent_page_bytes(a: &PageTable, b: &PageTable, block_size: u64) -> u64 {
@@ -574,14 +583,19 @@ pub fn after_base(
             }
         }
     }
-    let mut kept_index = index_page_ranges(new_index, block_size);
-    kept_index.extend(index_page_ranges(other_index, block_size));
-    freed.extend(index_page_ranges(replaced_index, block_size).difference(&kept_index));
+    let new_index = index_page_ranges(new_index, block_size);
+    let other_index = index_page_ranges(other_index, block_size);
+    freed.extend(
+        index_page_ranges(replaced_index, block_size)
+            .into_iter()
+            .filter(|r| !new_index.contains(r) && !other_index.contains(r)),
+    );
     freed.sort_unstable();
     freed.dedup();
     AfterBase {
         freed,
-        shared_bytes: shared_page_bytes([new, other], [new_index, other_index], block_size),
+        shared_bytes: shared_extent_page_bytes(new, other, block_size)
+            + shared_index_page_bytes(&new_index, &other_index, block_size),
     }
 }
 

@@ -29,32 +29,39 @@ fn read_block(vol: &Volume, k: u64) -> crate::Result<u8> {
     Ok(b[0])
 }
 
-#[test]
-fn a_file_shrunk_below_the_inline_bound_keeps_its_damaged_page() {
+/// A 16 MiB device with an extent-pages volume (index pages if
+/// `page_index`), mounted, and its new file `/big`.
+fn volume_with_big_file(page_index: bool) -> (Arc<MemDevice>, Volume, crate::File) {
     let dev = Arc::new(MemDevice::new(16 << 20, 512));
     let opts = FormatOptions {
         extent_pages: true,
-        // Roots that list pages: the change here rewrites no page, so the
-        // base allocates nothing while the scan has failed; with index
-        // pages, the file's run changed and needs an index page, which
-        // no allocation can place until free space is known.
-        page_index: false,
+        page_index,
         ..FormatOptions::default()
     };
     Volume::format(dev.clone(), &opts).unwrap();
+    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+    let big = vol
+        .open_file(
+            "/big",
+            OpenFlags {
+                create: true,
+                ..OpenFlags::default()
+            },
+        )
+        .unwrap();
+    (dev, vol, big)
+}
+
+#[test]
+fn a_file_shrunk_below_the_inline_bound_keeps_its_damaged_page() {
+    // Roots that list pages: the change here rewrites no page, so the
+    // base allocates nothing while the scan has failed; with index pages,
+    // the file's run changed and needs an index page, which no allocation
+    // can place until free space is known.
+    let (dev, vol, big) = volume_with_big_file(false);
     let inline = crate::codec::inline_extents_max(BLOCK) as u64;
     let extents = inline + 40;
     let ino = {
-        let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
-        let big = vol
-            .open_file(
-                "/big",
-                OpenFlags {
-                    create: true,
-                    ..OpenFlags::default()
-                },
-            )
-            .unwrap();
         for k in 0..extents {
             big.pwrite(&[(k % 250) as u8 + 1; BLOCK as usize], 2 * k * BLOCK)
                 .unwrap();
@@ -127,25 +134,9 @@ fn a_file_shrunk_below_the_inline_bound_keeps_its_damaged_page() {
 #[test]
 fn a_damaged_index_page_is_damage_to_the_roots_that_list_it() {
     for shared in [true, false] {
-        let dev = Arc::new(MemDevice::new(16 << 20, 512));
-        let opts = FormatOptions {
-            extent_pages: true,
-            page_index: true,
-            ..FormatOptions::default()
-        };
-        Volume::format(dev.clone(), &opts).unwrap();
+        let (dev, vol, big) = volume_with_big_file(true);
         let extents = crate::codec::inline_extents_max(BLOCK) as u64 + 40;
         let ino = {
-            let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
-            let big = vol
-                .open_file(
-                    "/big",
-                    OpenFlags {
-                        create: true,
-                        ..OpenFlags::default()
-                    },
-                )
-                .unwrap();
             for k in 0..extents {
                 big.pwrite(&[7; BLOCK as usize], 2 * k * BLOCK).unwrap();
             }
