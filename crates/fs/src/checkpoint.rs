@@ -62,7 +62,9 @@
 
 use blockdev::{BlockDevice, WriteMode};
 
-use crate::codec::{self, Decoder, DeltaLink, Encoder, IndexTable, PageArea, PageRef, PageTable};
+use crate::codec::{
+    self, Decoder, DeltaLink, Encoder, IndexRef, IndexTable, PageArea, PageRef, PageTable,
+};
 use crate::error::{Error, Result};
 use crate::extent_map::span_merge::SpanMerge;
 use crate::page_chunks::{ChunkMerge, PagedMaps};
@@ -876,6 +878,9 @@ pub struct SlotContents {
     /// With [`PageReading::Survey`], the base's pages that did not verify
     /// (their extents are not in `paged`).
     pub damaged_pages: Vec<DamagedPage>,
+    /// Copies of the root's index pages that failed where the other copy
+    /// verified.
+    pub damaged_index_copies: Vec<DamagedIndexCopy>,
 }
 
 /// Reads and verifies the checkpoint in `slot`.
@@ -1102,6 +1107,7 @@ fn read_slot_chunks(
         index,
         mut paged,
         damaged_pages,
+        damaged_index_copies,
     } = decoded;
     let record_bytes = (CHECKPOINT_HEADER_LEN + base.payload.len()) as u64;
     let base_bytes = base_bytes + listed_page_bytes(sb, &pages, &index);
@@ -1166,6 +1172,7 @@ fn read_slot_chunks(
         index,
         paged,
         damaged_pages,
+        damaged_index_copies,
     })
 }
 
@@ -1178,10 +1185,10 @@ pub fn listed_page_bytes(sb: &Superblock, pages: &PageTable, index: &IndexTable)
         .flat_map(|(_, list)| list.iter())
         .map(|p| codec::page_len(p.count as usize, sb.block_size()))
         .sum();
-    pages + index_page_count(index) * sb.block_size()
+    pages + index_page_count(index) * codec::INDEX_COPIES as u64 * sb.block_size()
 }
 
-/// How many index pages `index` lists (one block each).
+/// How many index pages `index` lists (two blocks each: their copies).
 pub fn index_page_count(index: &IndexTable) -> u64 {
     index.iter().map(|(_, list)| list.len() as u64).sum()
 }
@@ -1202,6 +1209,7 @@ struct DecodedBase {
     index: IndexTable,
     paged: PagedMaps,
     damaged_pages: Vec<DamagedPage>,
+    damaged_index_copies: Vec<DamagedIndexCopy>,
 }
 
 /// A base's image from its payload `bytes` (read from device byte `at`):
@@ -1225,9 +1233,11 @@ fn decode_base(
             index: Vec::new(),
             paged: PagedMaps::default(),
             damaged_pages: Vec::new(),
+            damaged_index_copies: Vec::new(),
         });
     }
-    let (codec::Root { image, pages }, index) = decode_root_listing(dev, sb, bytes, at, what)?;
+    let (codec::Root { image, pages }, index, damaged_index_copies) =
+        decode_root_listing(dev, sb, bytes, at, what)?;
     let mut damaged_pages = Vec::new();
     let paged = match reading {
         PageReading::Every => read_pages(dev, sb, &image, &pages)?,
@@ -1240,13 +1250,15 @@ fn decode_base(
         index,
         paged,
         damaged_pages,
+        damaged_index_copies,
     })
 }
 
 /// Decodes a root as the volume stores it, and lists its pages: with
 /// [`INCOMPAT_PAGE_INDEX`] its index pages are read and verified (the
-/// pages they list make the root's page table) and returned beside; an
-/// index page that does not verify is damage to the root, as a root
+/// pages they list make the root's page table) and returned beside, with
+/// the copies that did not verify where the other did. An index page
+/// neither of whose copies verifies is damage to the root, as a root
 /// whose crc fails (the keys it covers cannot be known).
 fn decode_root_listing(
     dev: &dyn BlockDevice,
@@ -1254,44 +1266,67 @@ fn decode_root_listing(
     bytes: &[u8],
     at: u64,
     what: &'static str,
-) -> Result<(codec::Root, IndexTable)> {
+) -> Result<(codec::Root, IndexTable, Vec<DamagedIndexCopy>)> {
     if sb.features_incompat & INCOMPAT_PAGE_INDEX == 0 {
         let root = codec::decode_root_at(bytes, at, what, page_area(sb))?;
-        return Ok((root, Vec::new()));
+        return Ok((root, Vec::new(), Vec::new()));
     }
     let codec::IndexedRoot { image, index } =
         codec::decode_indexed_root_at(bytes, at, what, page_area(sb))?;
-    let pages = read_index_pages(dev, sb, &index)?;
-    Ok((codec::Root { image, pages }, index))
+    let (pages, damaged) = read_index_pages(dev, sb, &index)?;
+    Ok((codec::Root { image, pages }, index, damaged))
+}
+
+/// An index page copy that could not be read or did not verify, where the
+/// index page's other copy did: nothing is lost, but one more bad block
+/// would lose the checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DamagedIndexCopy {
+    pub ino: Ino,
+    pub index: IndexRef,
+    /// The copy that failed (one of `index.blocks()`).
+    pub at: u64,
+    /// The failure, naming the device byte and why.
+    pub reason: String,
+}
+
+impl std::fmt::Display for DamagedIndexCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let other = self.index.blocks().into_iter().find(|&b| b != self.at);
+        write!(
+            f,
+            "inode {}: a copy of an index page ({} pages from file offset {}) at device byte {} is damaged, the one at device byte {} verifies; nothing is lost, the next checkpoint that changes those pages writes both copies again: {}",
+            self.ino,
+            self.index.pages,
+            self.index.first_key,
+            self.at,
+            other.unwrap_or(self.at),
+            self.reason
+        )
+    }
 }
 
 /// Reads and verifies the index pages `index` lists: the page table they
-/// make, each file's pages in key order across its index pages.
+/// make, each file's pages in key order across its index pages, and the
+/// copies that failed where the other copy verified.
 pub fn read_index_pages(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     index: &IndexTable,
-) -> Result<PageTable> {
+) -> Result<(PageTable, Vec<DamagedIndexCopy>)> {
     let area = page_area(sb);
     let mut block = vec![0u8; sb.block_size() as usize];
     let mut table = Vec::with_capacity(index.len());
+    let mut damaged = Vec::new();
     for (ino, list) in index {
         // Grown as index pages verify: the counts the root claims are not
         // checked against anything read yet.
         let mut pages: Vec<PageRef> = Vec::new();
         for iref in list {
-            dev.read_at(&mut block, iref.addr).map_err(|e| {
-                Error::device(
-                    format!(
-                        "reading inode {ino}'s index page at device byte {}",
-                        iref.addr
-                    ),
-                    e,
-                )
-            })?;
-            let listed = codec::decode_index_page(sb.crc_seed(), &block, *ino, iref, area)?;
+            let listed = read_index_page(dev, sb, area, *ino, iref, &mut block, &mut damaged)?;
             // Each index page's keys are checked on their own: those of
-            // the next must follow them.
+            // the next must follow them. Both copies hold the same bytes,
+            // so this is damage to the root, not to a copy.
             if let (Some(last), Some(next)) = (pages.last(), listed.first()) {
                 if next.first_key <= last.first_key {
                     return Err(codec::index_lost(
@@ -1309,7 +1344,66 @@ pub fn read_index_pages(
         }
         table.push((*ino, pages));
     }
-    Ok(table)
+    Ok((table, damaged))
+}
+
+/// The page references of inode `ino`'s index page `iref`, from the first
+/// of its copies that can be read and verifies (`block`: a buffer of one
+/// block). A copy that fails before the other verifies goes to
+/// `damaged`; when both fail, the error names both.
+fn read_index_page(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    area: PageArea,
+    ino: Ino,
+    iref: &IndexRef,
+    block: &mut [u8],
+    damaged: &mut Vec<DamagedIndexCopy>,
+) -> Result<Vec<PageRef>> {
+    let mut read_copy = |at: u64| {
+        dev.read_at(block, at).map_err(|e| {
+            Error::device(
+                format!("reading inode {ino}'s index page at device byte {at}"),
+                e,
+            )
+        })?;
+        codec::decode_index_page(sb.crc_seed(), block, ino, iref, at, area)
+    };
+    let [first_at, copy_at] = iref.blocks();
+    let first = match read_copy(first_at) {
+        Ok(listed) => return Ok(listed),
+        Err(e) => e,
+    };
+    match read_copy(copy_at) {
+        Ok(listed) => {
+            damaged.push(DamagedIndexCopy {
+                ino,
+                index: *iref,
+                at: first_at,
+                reason: first.to_string(),
+            });
+            Ok(listed)
+        }
+        // Neither copy. A device error stays one (mount must not take an
+        // unreadable block for damage and fall back to an older
+        // checkpoint); damage to both is one error naming both.
+        Err(second) => Err(match (first, second) {
+            (
+                Error::Corrupt {
+                    what,
+                    offset,
+                    reason,
+                },
+                Error::Corrupt { reason: copy, .. },
+            ) => Error::Corrupt {
+                what,
+                offset,
+                reason: format!("{reason}; and its copy: {copy}"),
+            },
+            (e @ Error::Device { .. }, _) | (_, e @ Error::Device { .. }) => e,
+            (first, _) => first,
+        }),
+    }
 }
 
 /// Reads every page of `pages` (each file's in `image`, where it has no
@@ -1750,6 +1844,9 @@ pub struct NewestCheckpoint {
     pub paged: PagedMaps,
     /// [`SlotContents::damaged_pages`] of the newest checkpoint.
     pub damaged_pages: Vec<DamagedPage>,
+    /// Copies of index pages either slot's root lists that failed where
+    /// the other copy verified, each once.
+    pub damaged_index_copies: Vec<DamagedIndexCopy>,
 }
 
 /// Reads both slots and returns the valid checkpoint with the highest
@@ -1820,6 +1917,7 @@ pub fn read_checkpoints_reading(
     let mut spills: [Vec<SpillExtent>; CHECKPOINT_SLOTS] = Default::default();
     let mut pages: [PageTable; CHECKPOINT_SLOTS] = Default::default();
     let mut index: [IndexTable; CHECKPOINT_SLOTS] = Default::default();
+    let mut damaged_index_copies: Vec<DamagedIndexCopy> = Vec::new();
     let paged = sb.features_incompat & INCOMPAT_EXTENT_PAGES != 0;
     // The slot whose base is newer holds the newer checkpoint whenever it
     // verifies (a base is written one generation past the newest chain's
@@ -1840,8 +1938,9 @@ pub fn read_checkpoints_reading(
             if paged {
                 // Its root, for the pages it lists; not the pages.
                 match read_root(dev, sb, slot) {
-                    Ok((spill, root, listing)) => {
-                        (spills[slot], pages[slot], index[slot]) = (spill, root.pages, listing)
+                    Ok((spill, root, listing, damaged)) => {
+                        (spills[slot], pages[slot], index[slot]) = (spill, root.pages, listing);
+                        damaged_index_copies.extend(damaged);
                     }
                     Err(e @ Error::Corrupt { .. }) => reasons[slot] = Some(e.to_string()),
                     Err(e) => return Err(e),
@@ -1864,6 +1963,7 @@ pub fn read_checkpoints_reading(
                 spills[slot].clone_from(&c.spill);
                 pages[slot] = std::mem::take(&mut c.pages);
                 index[slot] = std::mem::take(&mut c.index);
+                damaged_index_copies.append(&mut c.damaged_index_copies);
                 best = Some((slot, c));
             }
             Err(e @ Error::Corrupt { .. }) => reasons[slot] = Some(e.to_string()),
@@ -1931,31 +2031,43 @@ pub fn read_checkpoints_reading(
         index,
         paged: contents.paged,
         damaged_pages: contents.damaged_pages,
+        damaged_index_copies: {
+            // Both slots' roots list most index pages: each copy once.
+            damaged_index_copies.sort_by_key(|d| d.at);
+            damaged_index_copies.dedup_by_key(|d| d.at);
+            damaged_index_copies
+        },
     })
 }
 
 /// Verifies the base record of `slot` on a volume with
 /// [`INCOMPAT_EXTENT_PAGES`] and decodes its root (its spilled image read
 /// if it is spilled), without reading the extent pages it lists (its
-/// index pages are read). Returns the spill extents, the root and its
-/// index pages.
+/// index pages are read). Returns the spill extents, the root, its
+/// index pages and their copies that failed where the other verified.
 fn read_root(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     slot: usize,
-) -> Result<(Vec<SpillExtent>, codec::Root, IndexTable)> {
+) -> Result<(
+    Vec<SpillExtent>,
+    codec::Root,
+    IndexTable,
+    Vec<DamagedIndexCopy>,
+)> {
     let base = read_record(dev, sb, slot, 0, &base_magics(sb))?;
     let payload_at = slot_region(sb, slot)?.start + CHECKPOINT_HEADER_LEN as u64;
     if base.magic != SPILLED_MAGIC {
-        let (root, index) =
+        let (root, index, damaged) =
             decode_root_listing(dev, sb, &base.payload, payload_at, "checkpoint root")?;
-        return Ok((Vec::new(), root, index));
+        return Ok((Vec::new(), root, index, damaged));
     }
     let table = decode_spill_table(sb, &base.payload, payload_at)?;
     let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
     let at = table.extents.first().map_or(payload_at, |e| e.0);
-    let (root, index) = decode_root_listing(dev, sb, &bytes, at, "spilled checkpoint root")?;
-    Ok((table.extents, root, index))
+    let (root, index, damaged) =
+        decode_root_listing(dev, sb, &bytes, at, "spilled checkpoint root")?;
+    Ok((table.extents, root, index, damaged))
 }
 
 /// [`read_checkpoints`], refusing (as [`Error::Corrupt`]) a volume whose
@@ -3098,21 +3210,50 @@ mod tests {
             allocated: bs,
         };
         let index_page = |pages: &[PageRef], at: usize| {
+            let blocks = [page_addr(&sb, at), page_addr(&sb, at + 50)];
             let (bytes, iref) =
-                codec::encode_index_page(sb.crc_seed(), 7, pages, bs, page_addr(&sb, at)).unwrap();
-            write_pages(&dev, &[(iref.addr, bytes)]).unwrap();
+                codec::encode_index_page(sb.crc_seed(), 7, pages, bs, blocks).unwrap();
+            write_pages(&dev, &[(blocks[0], bytes.clone()), (blocks[1], bytes)]).unwrap();
             iref
         };
         let first = [page(0, 0), page(10 * bs, 1)];
         let a = index_page(&first, 0);
         let b = index_page(&[page(20 * bs, 2), page(30 * bs, 3)], 1);
-        let table = read_index_pages(&dev, &sb, &vec![(7, vec![a, b])]).unwrap();
+        let listed = vec![(
+            7,
+            [first.to_vec(), vec![page(20 * bs, 2), page(30 * bs, 3)]].concat(),
+        )];
+        let (table, damaged) = read_index_pages(&dev, &sb, &vec![(7, vec![a, b])]).unwrap();
+        assert_eq!((&table, damaged.len()), (&listed, 0));
+
+        // A damaged first copy: the second gives the same pages, and the
+        // damaged one is named. Both damaged: the index page is lost, the
+        // error naming both blocks.
+        let mut block = vec![0u8; bs as usize];
+        dev.read_at(&mut block, b.addr).unwrap();
+        block[40] ^= 1;
+        write_pages(&dev, &[(b.addr, block.clone())]).unwrap();
+        let (table, damaged) = read_index_pages(&dev, &sb, &vec![(7, vec![a, b])]).unwrap();
+        assert_eq!(table, listed);
+        assert_eq!(damaged.len(), 1, "{damaged:?}");
         assert_eq!(
-            table,
-            vec![(
-                7,
-                [first.to_vec(), vec![page(20 * bs, 2), page(30 * bs, 3)]].concat()
-            )]
+            (damaged[0].ino, damaged[0].at, damaged[0].index),
+            (7, b.addr, b)
+        );
+        let text = damaged[0].to_string();
+        assert!(
+            text.contains(&format!("at device byte {} is damaged", b.addr))
+                && text.contains(&format!("the one at device byte {} verifies", b.copy)),
+            "{text}"
+        );
+        write_pages(&dev, &[(b.copy, block)]).unwrap();
+        let err = read_index_pages(&dev, &sb, &vec![(7, vec![a, b])]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, Error::Corrupt { offset, .. } if offset == b.addr)
+                && text.contains(&format!("device byte {}", b.copy))
+                && text.contains("and its copy"),
+            "{text}"
         );
 
         // The second index page starts where the first ends.

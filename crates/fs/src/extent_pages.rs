@@ -143,19 +143,26 @@ pub fn plan_pages(
                     .into_iter()
                     .map(|run| (run, file_index.find(run)))
                     .collect();
-            ahead += runs.iter().filter(|(_, kept)| kept.is_none()).count() as u64 * block_size;
+            ahead += runs.iter().filter(|(_, kept)| kept.is_none()).count() as u64
+                * codec::INDEX_COPIES as u64
+                * block_size;
             let mut refs = Vec::with_capacity(runs.len());
             for (run, kept) in runs {
                 let iref = match kept {
                     Some(kept) => kept,
                     None => {
-                        let placed = place(block_size, ahead);
-                        ahead = ahead.saturating_sub(block_size);
-                        let addr = placed?;
+                        let mut blocks = [0; codec::INDEX_COPIES];
+                        for block in &mut blocks {
+                            let placed = place(block_size, ahead);
+                            ahead = ahead.saturating_sub(block_size);
+                            *block = placed?;
+                        }
                         let (bytes, iref) =
-                            codec::encode_index_page(seed, ino, run, block_size, addr)?;
-                        plan.written.push((addr, bytes.len() as u64));
-                        batch.push(addr, bytes, &mut write)?;
+                            codec::encode_index_page(seed, ino, run, block_size, blocks)?;
+                        for addr in blocks {
+                            plan.written.push((addr, bytes.len() as u64));
+                            batch.push(addr, bytes.clone(), &mut write)?;
+                        }
                         iref
                     }
                 };
@@ -413,12 +420,13 @@ impl FileIndex<'_> {
 }
 
 /// The device ranges `(addr, len)` of the index pages `index` lists (a
-/// block each).
+/// block for each copy).
 pub fn index_page_ranges(index: &IndexTable, block_size: u64) -> BTreeSet<(u64, u64)> {
     index
         .iter()
         .flat_map(|(_, refs)| refs.iter())
-        .map(|r| (r.addr, block_size))
+        .flat_map(IndexRef::blocks)
+        .map(|addr| (addr, block_size))
         .collect()
 }
 
@@ -1041,8 +1049,9 @@ mod tests {
         let area = crate::checkpoint::page_area(sb);
         let decoded = codec::decode_indexed_root_at(&root, 0, "root", area).unwrap();
         assert_eq!(decoded.index, plan.index);
-        let table = crate::checkpoint::read_index_pages(dev, sb, &decoded.index).unwrap();
-        assert_eq!(table, plan.table);
+        let (table, damaged) =
+            crate::checkpoint::read_index_pages(dev, sb, &decoded.index).unwrap();
+        assert_eq!((&table, damaged.len()), (&plan.table, 0));
         let mut image = decoded.image;
         read_pages(dev, sb, &image, &table)
             .unwrap()
@@ -1052,7 +1061,7 @@ mod tests {
     }
 
     /// Index pages among what a plan wrote: `(addr, len)` of one block at
-    /// an index reference's address.
+    /// each copy of an index reference.
     fn written_index(plan: &PagePlan) -> BTreeSet<(u64, u64)> {
         index_page_ranges(&plan.index, BS)
             .into_iter()
@@ -1061,9 +1070,10 @@ mod tests {
     }
 
     /// With index pages, the first base writes every page and an index
-    /// page per run; after one extent changes, the next writes that
-    /// chunk's page and the one index page listing it, lists the other
-    /// index pages again, and frees the page and index page it replaced.
+    /// page per run (each to two blocks); after one extent changes, the
+    /// next writes that chunk's page and the one index page listing it,
+    /// lists the other index pages again, and frees the page and both
+    /// copies of the index page it replaced.
     #[test]
     fn an_indexed_base_after_a_change_writes_the_changed_run_only() {
         let (dev, sb) = bed();
@@ -1086,9 +1096,13 @@ mod tests {
         assert!(runs as u64 <= index_pages_at_most(chunks as u64, 1, BS));
         assert_eq!(
             plan1.written.len(),
-            chunks + runs,
-            "every page and index page"
+            chunks + 2 * runs,
+            "every page and both copies of each index page"
         );
+        assert!(plan1.index[0]
+            .1
+            .iter()
+            .all(|r| r.addr != r.copy && written_index(plan1).contains(&(r.copy, BS))));
         round_trip_indexed(&dev, &sb, &first, &planned1);
         plan1.record_written(&first, None).unwrap();
         drop(first);
@@ -1103,10 +1117,10 @@ mod tests {
         let plan2 = &planned2.0;
         assert_eq!(
             written_index(plan2).len(),
-            1,
-            "the changed run's index page"
+            2,
+            "the changed run's index page, twice"
         );
-        assert_eq!(plan2.written.len(), 2, "one page and its index page");
+        assert_eq!(plan2.written.len(), 3, "one page and its index page");
         round_trip_indexed(&dev, &sb, &second, &planned2);
         let (old, new) = (&plan1.index[0].1, &plan2.index[0].1);
         assert_eq!(old.len(), new.len());
@@ -1126,9 +1140,9 @@ mod tests {
             .difference(&index_page_ranges(&plan2.index, BS))
             .copied()
             .collect();
-        assert_eq!(replaced_index.len(), 1);
-        assert_eq!(after.freed.len(), 2, "the old page and index page");
-        assert!(after.freed.contains(&replaced_index[0]));
+        assert_eq!(replaced_index.len(), 2);
+        assert_eq!(after.freed.len(), 3, "the old page and index page");
+        assert!(replaced_index.iter().all(|r| after.freed.contains(r)));
         // Both still listed by the other slot: nothing freed, and the index
         // pages both list are shared bytes.
         let kept = after_base(
@@ -1141,7 +1155,7 @@ mod tests {
             shared_page_bytes([&plan1.table, &plan2.table], [&none_index, &none_index], BS);
         assert_eq!(
             kept.shared_bytes,
-            shared_pages + (runs as u64 - 1) * BS,
+            shared_pages + 2 * (runs as u64 - 1) * BS,
             "the index pages both list count too"
         );
 

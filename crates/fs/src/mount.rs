@@ -568,6 +568,7 @@ pub(crate) fn load_unscanned(
         ));
     }
     damage.extend(newest.damaged_pages.iter().map(ToString::to_string));
+    damage.extend(newest.damaged_index_copies.iter().map(ToString::to_string));
     let (slot, chain, ckpt, spills, pages, index) = (
         newest.slot,
         newest.chain,

@@ -540,9 +540,11 @@ impl Meta {
         let most_pages = paged.extents.div_ceil(per_block) + paged.chunks;
         let block_pages = most_pages * block_size;
         // With index pages, the index pages of every page, were all new:
-        // a file's are at most `index_pages_at_most` of its pages.
+        // a file's are at most `index_pages_at_most` of its pages, each
+        // written twice.
         let index_pages = if self.page_index {
             crate::extent_pages::index_pages_at_most(most_pages, paged.files, block_size)
+                * crate::codec::INDEX_COPIES as u64
                 * block_size
         } else {
             0

@@ -123,17 +123,22 @@ fn a_file_shrunk_below_the_inline_bound_keeps_its_damaged_page() {
     vol.unmount().unwrap();
 }
 
-/// A damaged index page is damage to the roots that list it, as a root
-/// whose crc fails: the keys it covers cannot be known, so no state of
-/// the volume is whole. With both slots' bases listing it (nothing
-/// changed between them), mount refuses the volume, naming the index
-/// page (its device byte) and the inode; so does fsck. The index page
-/// only the newest base lists (rewritten after a change) makes that
-/// checkpoint the lost one: mount refuses, fsck reports the loss and
-/// checks the older state.
+/// One damaged copy of an index page loses nothing: mount reads the
+/// other, every extent reads back, and fsck names the damaged block
+/// (and checks the whole state).
+///
+/// An index page whose two copies are both damaged is damage to the
+/// roots that list it, as a root whose crc fails: the keys it covers
+/// cannot be known, so no state of the volume is whole. With both slots'
+/// bases listing it (nothing changed between them), mount refuses the
+/// volume, naming the index page (its device byte) and the inode; so
+/// does fsck. The index page only the newest base lists (rewritten after
+/// a change) makes that checkpoint the lost one: mount refuses, fsck
+/// reports the loss and checks the older state.
 #[test]
 fn a_damaged_index_page_is_damage_to_the_roots_that_list_it() {
-    for shared in [true, false] {
+    for (shared, both_copies) in [(true, false), (true, true), (false, false), (false, true)] {
+        let case = format!("shared {shared}, both copies {both_copies}");
         let (dev, vol, big) = volume_with_big_file(true);
         let extents = crate::codec::inline_extents_max(BLOCK) as u64 + 40;
         let ino = {
@@ -170,20 +175,41 @@ fn a_damaged_index_page_is_damage_to_the_roots_that_list_it() {
             .rev()
             .find(|r| listed_by_older(r) == shared)
             .expect("an index page listed as the case needs");
-        let mut bytes = vec![0u8; BLOCK as usize];
-        dev.read_at(&mut bytes, damaged.addr).unwrap();
-        bytes[40] ^= 0x10;
-        dev.write_at(&bytes, damaged.addr, WriteMode::Normal)
-            .unwrap();
+        let copies = if both_copies { 2 } else { 1 };
+        for at in &damaged.blocks()[..copies] {
+            let mut bytes = vec![0u8; BLOCK as usize];
+            dev.read_at(&mut bytes, *at).unwrap();
+            bytes[40] ^= 0x10;
+            dev.write_at(&bytes, *at, WriteMode::Normal).unwrap();
+        }
         dev.flush().unwrap();
 
+        if !both_copies {
+            let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+            let last = if shared { extents } else { extents - 1 };
+            for k in (0..last).step_by(7).chain([last - 1]) {
+                assert_eq!(read_block(&vol, k).unwrap(), 7, "{case}: block {k}");
+            }
+            vol.release();
+            let report = crate::fsck::check(dev.clone()).unwrap();
+            assert_eq!(report.problems.len(), 1, "{case}: {:?}", report.problems);
+            let problem = &report.problems[0];
+            assert!(
+                problem.contains(&format!("at device byte {} is damaged", damaged.addr))
+                    && problem.contains(&format!("inode {ino}")),
+                "{case}: {problem}"
+            );
+            continue;
+        }
         let err = Volume::open_with(dev.clone(), &quiet())
             .err()
             .expect("mount refuses");
         let text = err.to_string();
         assert!(
-            text.contains(&damaged.addr.to_string()) && text.contains(&format!("inode {ino}")),
-            "shared {shared}: {text}"
+            text.contains(&damaged.addr.to_string())
+                && text.contains(&damaged.copy.to_string())
+                && text.contains(&format!("inode {ino}")),
+            "{case}: {text}"
         );
         match crate::fsck::check(dev.clone()) {
             Ok(report) => {

@@ -429,6 +429,7 @@ fn index_page(seed: u32, bytes: &[u8], area: iomapfs_fs::codec::PageArea) -> boo
     page[28..32].copy_from_slice(&crc.to_le_bytes());
     let listed = IndexRef {
         addr: area.start,
+        copy: area.start + area.block_size,
         crc,
         pages: count,
         first_key,
@@ -436,11 +437,11 @@ fn index_page(seed: u32, bytes: &[u8], area: iomapfs_fs::codec::PageArea) -> boo
         allocated,
         page_bytes,
     };
-    let Ok(got) = decode_index_page(seed, &page, ino, &listed, area) else {
+    let Ok(got) = decode_index_page(seed, &page, ino, &listed, listed.addr, area) else {
         return false;
     };
     {
-        let (again, index) = encode_index_page(seed, ino, &got, area.block_size, listed.addr)
+        let (again, index) = encode_index_page(seed, ino, &got, area.block_size, listed.blocks())
             .expect("a decoded index page encodes");
         assert_eq!(
             index, listed,
@@ -490,8 +491,9 @@ fn page_seeds(
     let mut index = Vec::new();
     let mut index_pages = Vec::new();
     for (ino, list) in &table {
-        let (bytes, r) = encode_index_page(sb.crc_seed(), *ino, list, bs, addr).expect("index");
-        addr += bytes.len() as u64;
+        let (bytes, r) =
+            encode_index_page(sb.crc_seed(), *ino, list, bs, [addr, addr + bs]).expect("index");
+        addr += 2 * bytes.len() as u64;
         index.push((*ino, vec![r]));
         index_pages.push(bytes);
     }

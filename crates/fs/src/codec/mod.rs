@@ -43,7 +43,7 @@ pub use image::{
 };
 pub use index::{
     check_index_refs, decode_index_page, decode_index_ref, encode_index_page, encode_index_ref,
-    index_lost, index_max_pages, IndexRef, IndexTable, INDEX_HEADER_LEN, INDEX_MAGIC,
+    index_lost, index_max_pages, IndexRef, IndexTable, INDEX_COPIES, INDEX_HEADER_LEN, INDEX_MAGIC,
     INDEX_REF_ENCODED_LEN,
 };
 pub use page::{

@@ -389,9 +389,15 @@ mod tests {
             .iter()
             .map(|(ino, list)| {
                 let runs = list.chunks(2).map(|run| {
-                    let (bytes, index) =
-                        encode_index_page(0, *ino, run, AREA.block_size, addr).unwrap();
-                    addr += bytes.len() as u64;
+                    let (bytes, index) = encode_index_page(
+                        0,
+                        *ino,
+                        run,
+                        AREA.block_size,
+                        [addr, addr + AREA.block_size],
+                    )
+                    .unwrap();
+                    addr += 2 * bytes.len() as u64;
                     index
                 });
                 (*ino, runs.collect())
