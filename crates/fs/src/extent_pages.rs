@@ -337,6 +337,9 @@ impl<'a> ListedPages<'a> {
 /// it. Looked up per file in key order, as [`ListedPages`].
 pub struct ListedIndex<'a> {
     slots: Vec<(&'a PageTable, &'a IndexTable)>,
+    /// Index pages (by address) never listed again: one of their copies
+    /// failed.
+    rewrite: Option<&'a BTreeSet<u64>>,
 }
 
 impl<'a> ListedIndex<'a> {
@@ -353,16 +356,32 @@ impl<'a> ListedIndex<'a> {
                     .is_ok_and(|at| pages[at].1.len() == listed)
             })
         }));
-        ListedIndex { slots }
+        ListedIndex {
+            slots,
+            rewrite: None,
+        }
+    }
+
+    /// The same, but for the index pages at the addresses `rewrite` holds,
+    /// which a plan writes again whatever they list.
+    pub fn rewriting(self, rewrite: &'a BTreeSet<u64>) -> ListedIndex<'a> {
+        ListedIndex {
+            rewrite: Some(rewrite),
+            ..self
+        }
     }
 
     /// Nothing listed: every index page is written.
     pub fn none() -> ListedIndex<'a> {
-        ListedIndex { slots: Vec::new() }
+        ListedIndex {
+            slots: Vec::new(),
+            rewrite: None,
+        }
     }
 
     fn of_file(&self, ino: Ino) -> FileIndex<'a> {
         FileIndex {
+            rewrite: self.rewrite,
             lists: self
                 .slots
                 .iter()
@@ -384,6 +403,7 @@ impl<'a> ListedIndex<'a> {
 /// One file's index pages in [`ListedIndex`], per slot, with a cursor.
 struct FileIndex<'a> {
     lists: Vec<IndexCursor<'a>>,
+    rewrite: Option<&'a BTreeSet<u64>>,
 }
 
 struct IndexCursor<'a> {
@@ -410,7 +430,10 @@ impl FileIndex<'_> {
             };
             let same = r.first_key == first
                 && r.pages as usize == run.len()
-                && list.pages.get(list.offset..list.offset + run.len()) == Some(run);
+                && list.pages.get(list.offset..list.offset + run.len()) == Some(run)
+                && !self
+                    .rewrite
+                    .is_some_and(|rewrite| rewrite.contains(&r.addr));
             if same {
                 return Some(*r);
             }

@@ -144,6 +144,7 @@ pub(crate) fn mount(
         journal_tail,
         replay_freed,
         damage: _,
+        damaged_index_copies,
         from_backup,
         clean_mark_names_newest,
         checkpoint_free_hint,
@@ -219,10 +220,15 @@ pub(crate) fn mount(
         spills,
         pages: pages.map(std::sync::Arc::new),
         index: index.map(std::sync::Arc::new),
+        index_to_rewrite: damaged_index_copies.iter().map(|d| d.index.addr).collect(),
     };
     let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
     inner.free_space_gate = FreeSpaceGate::scanning(scan_input);
-    inner.mount_warnings = from_backup.iter().map(|b| b.to_string()).collect();
+    inner.mount_warnings = from_backup
+        .iter()
+        .map(ToString::to_string)
+        .chain(damaged_index_copies.iter().map(ToString::to_string))
+        .collect();
     inner.page_loader = page_loader;
     inner.mounted_from_backup = from_backup.is_some();
     *inner.checkpointing.get_mut() = deltas;
@@ -412,6 +418,10 @@ pub(crate) struct Loaded<A = Allocator> {
     pub replay_freed: Vec<(u64, u64, u64)>,
     /// Damage loading worked around (fsck only; mount refuses instead).
     pub damage: Vec<String>,
+    /// Index page copies that failed where the other copy verified (in
+    /// `damage` too): mount warns, and its bases write those index pages
+    /// again.
+    pub damaged_index_copies: Vec<checkpoint::DamagedIndexCopy>,
     /// Set when block 0 was unusable and the backup superblock was read.
     pub from_backup: Option<superblock::FromBackup>,
     /// The superblock's clean-unmount mark names the newest checkpoint.
@@ -459,6 +469,7 @@ impl Loaded<()> {
             journal_tail,
             replay_freed,
             damage,
+            damaged_index_copies,
             from_backup,
             clean_mark_names_newest,
             checkpoint_free_hint,
@@ -478,6 +489,7 @@ impl Loaded<()> {
             journal_tail,
             replay_freed,
             damage,
+            damaged_index_copies,
             from_backup,
             clean_mark_names_newest,
             checkpoint_free_hint,
@@ -569,6 +581,7 @@ pub(crate) fn load_unscanned(
     }
     damage.extend(newest.damaged_pages.iter().map(ToString::to_string));
     damage.extend(newest.damaged_index_copies.iter().map(ToString::to_string));
+    let newest_damaged_index_copies = newest.damaged_index_copies;
     let (slot, chain, ckpt, spills, pages, index) = (
         newest.slot,
         newest.chain,
@@ -652,6 +665,7 @@ pub(crate) fn load_unscanned(
         journal_tail: ckpt.journal_start,
         replay_freed,
         damage,
+        damaged_index_copies: newest_damaged_index_copies,
         from_backup,
         clean_mark_names_newest,
         checkpoint_free_hint,

@@ -178,6 +178,11 @@ pub(crate) struct CommitState {
     /// `INCOMPAT_PAGE_INDEX`), which list `pages`: used space likewise.
     pub(crate) index:
         [std::sync::Arc<crate::codec::IndexTable>; crate::superblock::CHECKPOINT_SLOTS],
+    /// Index pages (by address) one of whose copies failed at mount: a
+    /// base writes their runs again rather than list them, so that once
+    /// neither slot lists them no checkpoint depends on one copy. Kept
+    /// while either slot lists them.
+    pub(crate) index_to_rewrite: std::collections::BTreeSet<u64>,
 }
 
 pub struct VolumeInner {

@@ -520,12 +520,16 @@ impl VolumeInner {
                 if self.sb.features_incompat & crate::superblock::INCOMPAT_EXTENT_PAGES != 0 {
                     // `checkpointing` keeps the tables as they are until
                     // this base is durable.
-                    let (tables, index) = match &held {
-                        Some(commit) => (commit.pages.clone(), commit.index.clone()),
-                        None => {
-                            let commit = self.commit.lock();
-                            (commit.pages.clone(), commit.index.clone())
-                        }
+                    let listing = |commit: &crate::mount_state::CommitState| {
+                        (
+                            commit.pages.clone(),
+                            commit.index.clone(),
+                            commit.index_to_rewrite.clone(),
+                        )
+                    };
+                    let (tables, index, rewrite) = match &held {
+                        Some(commit) => listing(commit),
+                        None => listing(&self.commit.lock()),
                     };
                     let listed = extent_pages::ListedPages::of(tables.iter().map(|t| &**t));
                     let listed_index =
@@ -534,6 +538,7 @@ impl VolumeInner {
                                 extent_pages::ListedIndex::of(
                                     tables.iter().map(|t| &**t).zip(index.iter().map(|i| &**i)),
                                 )
+                                .rewriting(&rewrite)
                             });
                     self.write_paged_base(
                         &snapshot,
@@ -617,6 +622,15 @@ impl VolumeInner {
                     [&replaced_index, &commit.index[slot], &commit.index[other]],
                     self.sb.block_size(),
                 );
+                if !commit.index_to_rewrite.is_empty() {
+                    let listed: std::collections::BTreeSet<u64> = commit
+                        .index
+                        .iter()
+                        .flat_map(|table| table.iter().flat_map(|(_, refs)| refs.iter()))
+                        .map(|r| r.addr)
+                        .collect();
+                    commit.index_to_rewrite.retain(|addr| listed.contains(addr));
+                }
                 if let Some(loader) = &self.page_loader {
                     loader.set_listed_pages(extent_pages::listed_pages(&commit.pages));
                 }

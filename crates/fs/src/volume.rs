@@ -178,7 +178,8 @@ impl Volume {
     /// primary superblock was unusable and the backup was read; the scan
     /// that rebuilds free space after mount failed (corruption: extents
     /// that overlap, an extent page that does not verify), so nothing can
-    /// be allocated; damaged extent pages found since mount. Empty on a
+    /// be allocated; damaged extent pages found since mount; a copy of an
+    /// index page that failed where the other verified. Empty on a
     /// healthy volume. (A scan still running has found nothing yet.)
     pub fn mount_warnings(&self) -> Vec<String> {
         let mut warnings = self.inner.mount_warnings.clone();
