@@ -114,7 +114,7 @@ pub struct BenchOptions {
     /// (`FormatOptions::extent_pages`, on by default as for mkfs).
     pub extent_pages: bool,
     /// With extent pages, list them in index pages
-    /// (`FormatOptions::page_index`, off by default as for mkfs).
+    /// (`FormatOptions::page_index`, on by default as for mkfs).
     pub page_index: bool,
 }
 
@@ -134,7 +134,7 @@ impl Default for BenchOptions {
             fuse: iomapfs_mount::MountConfig::default(),
             record: None,
             extent_pages: true,
-            page_index: false,
+            page_index: true,
         }
     }
 }

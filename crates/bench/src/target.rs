@@ -299,7 +299,8 @@ pub fn set_extent_pages(on: bool) {
 }
 
 /// Whether iomapfs targets with extent pages list them in index pages
-/// (`--page-index`; off by default), set once by [`crate::run`].
+/// (the default; `--no-page-index` turns it off), set once by
+/// [`crate::run`].
 static PAGE_INDEX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
 /// Records whether every later [`format_and_mount`] lists extent pages in

@@ -117,10 +117,15 @@ pub struct BenchArgs {
     /// writes the whole extent image), to compare with the default.
     #[arg(long)]
     pub no_extent_pages: bool,
-    /// Format iomapfs targets with extent pages listed in index pages
-    /// (as `mkfs --page-index`), to compare with the default.
-    #[arg(long, conflicts_with = "no_extent_pages")]
+    /// Format iomapfs targets with extent pages listed in index pages:
+    /// the default, as for mkfs; kept for scripts that name it.
+    #[arg(long, conflicts_with_all = ["no_extent_pages", "no_page_index"])]
     pub page_index: bool,
+    /// Format iomapfs targets with every extent page listed in each
+    /// checkpoint root (as `mkfs --no-page-index`), to compare with the
+    /// default.
+    #[arg(long)]
+    pub no_page_index: bool,
     /// Format --device even if it holds a file system or partition table.
     #[arg(long)]
     pub force: bool,
@@ -209,7 +214,7 @@ pub fn run(args: &BenchArgs, backend: blockdev::Backend) -> Result<(), Failure> 
         fio_engine: args.fio_engine.clone(),
         record: args.record.clone(),
         extent_pages: !args.no_extent_pages,
-        page_index: args.page_index,
+        page_index: !args.no_extent_pages && !args.no_page_index,
     };
     let bar = ProgressBar::new(0);
     bar.set_style(

@@ -74,12 +74,18 @@ pub struct MkfsArgs {
     #[arg(long, conflicts_with = "no_extent_pages")]
     pub extent_pages: bool,
 
-    /// List extent pages in index pages (incompat bit 3), a run of up to
-    /// 127 pages per index page at 4 KiB blocks, instead of every page in
-    /// each checkpoint root: a root and a base's writes then stop growing with every page.
-    /// Off by default for now: a damaged index page loses every checkpoint
-    /// that lists it, where a damaged extent page loses only its keys.
-    #[arg(long, conflicts_with = "no_extent_pages")]
+    /// List every extent page in each checkpoint root instead of in index
+    /// pages. By default (with extent pages) a root lists index pages
+    /// (incompat bit 3), each a block listing a run of up to 127 pages at
+    /// 4 KiB blocks, written twice: a root and a base's writes then stop
+    /// growing with every page. Without them the volume is readable by
+    /// iomapfs builds that predate index pages.
+    #[arg(long)]
+    pub no_page_index: bool,
+
+    /// List extent pages in index pages: the default with extent pages;
+    /// kept for scripts that name it.
+    #[arg(long, conflicts_with_all = ["no_extent_pages", "no_page_index"])]
     pub page_index: bool,
 }
 
@@ -243,7 +249,8 @@ fn format(path: &Path, args: &MkfsArgs, block_size: u32) -> Result<u8, Failure> 
         block_size,
         journal_bytes: args.journal_size,
         extent_pages: !args.no_extent_pages,
-        page_index: args.page_index,
+        // Index pages list extent pages: none without them.
+        page_index: !args.no_extent_pages && !args.no_page_index,
         ..FormatOptions::default()
     };
     Volume::format(dev.clone(), &opts)

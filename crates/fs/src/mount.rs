@@ -43,10 +43,11 @@ pub struct FormatOptions {
     pub extent_pages: bool,
     /// With `extent_pages`: roots list index pages, each listing the
     /// extent pages of a run of chunks (incompat bit 3), so a root and a
-    /// base's writes stop growing with every page. Off by default for
-    /// now: a damaged index page loses every checkpoint that lists it
-    /// (as a damaged root does), where a damaged extent page loses only
-    /// its keys; see `docs/EXTENT_PAGES.md`. Only with `extent_pages`.
+    /// base's writes stop growing with every page. Each index page is
+    /// written to two blocks, so that one bad block loses no checkpoint
+    /// (see `docs/EXTENT_PAGES.md`). On by default; without
+    /// `extent_pages` it does nothing (there are no pages to list). Off
+    /// keeps every page in each root, readable by builds without bit 3.
     pub page_index: bool,
 }
 
@@ -58,7 +59,7 @@ impl Default for FormatOptions {
             checkpoint_slot_bytes: None,
             root_owner: None,
             extent_pages: true,
-            page_index: false,
+            page_index: true,
         }
     }
 }
@@ -74,12 +75,6 @@ pub(crate) fn format(device: Arc<dyn BlockDevice>, opts: &FormatOptions) -> Resu
         opts.checkpoint_slot_bytes,
     )?;
     let mut sb = Superblock::new(layout);
-    if opts.page_index && !opts.extent_pages {
-        return Err(Error::invalid(
-            "format options",
-            "index pages list extent pages: page_index needs extent_pages",
-        ));
-    }
     if opts.extent_pages {
         sb.features_incompat |= superblock::INCOMPAT_EXTENT_PAGES;
         if opts.page_index {
