@@ -263,3 +263,66 @@ fn a_damaged_index_page_is_damage_to_the_roots_that_list_it() {
         }
     }
 }
+
+/// A copy of an index page that cannot be read (a device error, not
+/// damage) is read from the other copy: mount goes on and warns, naming
+/// the block. Both copies unreadable: mount fails with the device error
+/// (EIO), rather than taking the checkpoint for damaged and falling back
+/// to an older one.
+#[test]
+fn an_unreadable_index_page_copy_is_read_from_the_other() {
+    use blockdev::memory::{FaultOp, FaultRule};
+    let (dev, vol, big) = volume_with_big_file(true);
+    let extents = crate::codec::inline_extents_max(BLOCK) as u64 + 40;
+    for k in 0..extents {
+        big.pwrite(&[9; BLOCK as usize], 2 * k * BLOCK).unwrap();
+    }
+    big.fsync().unwrap();
+    let ino = big.ino();
+    drop(big);
+    vol.unmount().unwrap();
+    let sb = superblock::read_superblock(&*dev).unwrap();
+    let newest = checkpoint::read_checkpoints(&*dev, &sb).unwrap();
+    let iref = newest.index[newest.slot]
+        .iter()
+        .find(|(i, _)| *i == ino)
+        .expect("/big is paged")
+        .1[0];
+    let unreadable = |at: u64| FaultRule {
+        op: FaultOp::Read,
+        skip: 0,
+        count: None,
+        range: Some(at..at + BLOCK),
+    };
+
+    dev.inject(unreadable(iref.addr));
+    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+    for k in [0, extents / 2, extents - 1] {
+        assert_eq!(read_block(&vol, k).unwrap(), 9, "block {k}");
+    }
+    let warnings = vol.mount_warnings();
+    assert!(
+        warnings.len() == 1
+            && warnings[0].contains(&format!("at device byte {} is damaged", iref.addr))
+            && warnings[0].contains(&format!("inode {ino}")),
+        "{warnings:?}"
+    );
+    vol.release();
+
+    dev.inject(unreadable(iref.copy));
+    let err = Volume::open_with(dev.clone(), &quiet())
+        .err()
+        .expect("neither copy can be read");
+    assert!(
+        matches!(err.root(), crate::Error::Device { .. }) && err.errno() == libc::EIO,
+        "{err:?}"
+    );
+    dev.clear_faults();
+    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+    assert!(
+        vol.mount_warnings().is_empty(),
+        "{:?}",
+        vol.mount_warnings()
+    );
+    vol.release();
+}
