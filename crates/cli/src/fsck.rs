@@ -23,7 +23,8 @@ replay are counted, not applied). Do not run it while another process has the
 volume open for writing.
 
 --repair restores an unusable primary superblock (block 0) from the backup, or
-rewrites a backup that does not match the primary, then checks as above.";
+rewrites a backup that does not match the primary, and rewrites a damaged copy
+of an index page from its other copy, then checks as above.";
 
 const AFTER_HELP: &str = "\
 Output: counts of inodes, directories and extents, used/total data bytes, the
@@ -45,7 +46,8 @@ pub struct FsckArgs {
     #[arg(help = crate::TARGET_HELP)]
     pub target: Target,
     /// Restore the primary superblock from the backup (or the backup from
-    /// the primary) first; writes to TARGET.
+    /// the primary) and damaged index page copies from their other copy
+    /// first; writes to TARGET.
     #[arg(long)]
     pub repair: bool,
 }
@@ -61,8 +63,9 @@ pub fn run(args: &FsckArgs) -> Result<u8, Failure> {
     let dev = open_device(&args.target, !args.repair)
         .map_err(|f| Failure::new(2, format!("fsck: {}", f.message)))?;
     if args.repair {
-        let done = fsck::repair_superblocks(&*dev)
-            .map_err(|e| Failure::new(2, format!("fsck --repair: {shown}: cannot repair: {e}")))?;
+        let cannot = |e| Failure::new(2, format!("fsck --repair: {shown}: cannot repair: {e}"));
+        let mut done = fsck::repair_superblocks(&*dev).map_err(cannot)?;
+        done.extend(fsck::repair_index_copies(&*dev).map_err(cannot)?);
         for line in &done {
             println!("repaired: {line}");
         }

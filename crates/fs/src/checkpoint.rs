@@ -1237,7 +1237,7 @@ fn decode_base(
         });
     }
     let (codec::Root { image, pages }, index, damaged_index_copies) =
-        decode_root_listing(dev, sb, bytes, at, what)?;
+        decode_root_listing(dev, sb, bytes, at, what, reading)?;
     let mut damaged_pages = Vec::new();
     let paged = match reading {
         PageReading::Every => read_pages(dev, sb, &image, &pages)?,
@@ -1257,15 +1257,18 @@ fn decode_base(
 /// Decodes a root as the volume stores it, and lists its pages: with
 /// [`INCOMPAT_PAGE_INDEX`] its index pages are read and verified (the
 /// pages they list make the root's page table) and returned beside, with
-/// the copies that did not verify where the other did. An index page
-/// neither of whose copies verifies is damage to the root, as a root
-/// whose crc fails (the keys it covers cannot be known).
+/// the copies that did not verify where the other did (fsck's
+/// [`PageReading::Survey`] reads every copy, others the second only when
+/// the first fails). An index page neither of whose copies verifies is
+/// damage to the root, as a root whose crc fails (the keys it covers
+/// cannot be known).
 fn decode_root_listing(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     bytes: &[u8],
     at: u64,
     what: &'static str,
+    reading: PageReading,
 ) -> Result<(codec::Root, IndexTable, Vec<DamagedIndexCopy>)> {
     if sb.features_incompat & INCOMPAT_PAGE_INDEX == 0 {
         let root = codec::decode_root_at(bytes, at, what, page_area(sb))?;
@@ -1273,7 +1276,7 @@ fn decode_root_listing(
     }
     let codec::IndexedRoot { image, index } =
         codec::decode_indexed_root_at(bytes, at, what, page_area(sb))?;
-    let (pages, damaged) = read_index_pages(dev, sb, &index)?;
+    let (pages, damaged) = read_index_pages(dev, sb, &index, reading)?;
     Ok((codec::Root { image, pages }, index, damaged))
 }
 
@@ -1295,7 +1298,7 @@ impl std::fmt::Display for DamagedIndexCopy {
         let other = self.index.blocks().into_iter().find(|&b| b != self.at);
         write!(
             f,
-            "inode {}: a copy of an index page ({} pages from file offset {}) at device byte {} is damaged, the one at device byte {} verifies; nothing is lost, the next checkpoint that changes those pages writes both copies again: {}",
+            "inode {}: the copy of an index page ({} pages from file offset {}) at device byte {} could not be read or does not verify, the one at device byte {} does; nothing is lost, and the next two base checkpoints after a mount write that index page anew (`iomapfs fsck --repair` rewrites the copy at once): {}",
             self.ino,
             self.index.pages,
             self.index.first_key,
@@ -1306,14 +1309,54 @@ impl std::fmt::Display for DamagedIndexCopy {
     }
 }
 
+/// Writes the bytes of `damaged`'s other copy, read and verified first,
+/// over the copy that failed (fsck's repair). The block is the index
+/// page's while a root lists it, so nothing else can be there; the same
+/// bytes are what the copy held when written. Written with FUA.
+pub fn rewrite_index_copy(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    damaged: &DamagedIndexCopy,
+) -> Result<()> {
+    let (ino, iref) = (damaged.ino, &damaged.index);
+    let Some(good) = iref.blocks().into_iter().find(|&b| b != damaged.at) else {
+        return Err(Error::invalid(
+            "rewriting an index page copy",
+            format!("device byte {} is not one of its copies", damaged.at),
+        ));
+    };
+    let mut block = vec![0u8; sb.block_size() as usize];
+    dev.read_at(&mut block, good).map_err(|e| {
+        Error::device(
+            format!("reading inode {ino}'s index page at device byte {good}"),
+            e,
+        )
+    })?;
+    codec::decode_index_page(sb.crc_seed(), &block, ino, iref, good, page_area(sb))?;
+    dev.write_at(&block, damaged.at, WriteMode::Fua)
+        .map_err(|e| {
+            Error::device(
+                format!(
+                    "rewriting inode {ino}'s index page copy at device byte {}",
+                    damaged.at
+                ),
+                e,
+            )
+        })
+}
+
 /// Reads and verifies the index pages `index` lists: the page table they
 /// make, each file's pages in key order across its index pages, and the
-/// copies that failed where the other copy verified.
+/// copies that failed where the other copy verified (with
+/// [`PageReading::Survey`] every copy is read; otherwise the second only
+/// when the first fails).
 pub fn read_index_pages(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     index: &IndexTable,
+    reading: PageReading,
 ) -> Result<(PageTable, Vec<DamagedIndexCopy>)> {
+    let every_copy = reading == PageReading::Survey;
     let area = page_area(sb);
     let mut block = vec![0u8; sb.block_size() as usize];
     let mut table = Vec::with_capacity(index.len());
@@ -1324,6 +1367,9 @@ pub fn read_index_pages(
         let mut pages: Vec<PageRef> = Vec::new();
         for iref in list {
             let listed = read_index_page(dev, sb, area, *ino, iref, &mut block, &mut damaged)?;
+            if every_copy {
+                check_index_copy(dev, sb, area, *ino, iref, &mut block, &mut damaged)?;
+            }
             // Each index page's keys are checked on their own: those of
             // the next must follow them. Both copies hold the same bytes,
             // so this is damage to the root, not to a copy.
@@ -1345,6 +1391,43 @@ pub fn read_index_pages(
         table.push((*ino, pages));
     }
     Ok((table, damaged))
+}
+
+/// Reads and verifies the second copy of inode `ino`'s index page `iref`
+/// (whose first copy verified), listing it in `damaged` if it fails. A
+/// failed first copy was listed by [`read_index_page`] already, its
+/// second then verified.
+fn check_index_copy(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    area: PageArea,
+    ino: Ino,
+    iref: &IndexRef,
+    block: &mut [u8],
+    damaged: &mut Vec<DamagedIndexCopy>,
+) -> Result<()> {
+    if damaged.last().is_some_and(|d| d.index == *iref) {
+        return Ok(());
+    }
+    let at = iref.copy;
+    let read = dev
+        .read_at(block, at)
+        .map_err(|e| {
+            Error::device(
+                format!("reading inode {ino}'s index page at device byte {at}"),
+                e,
+            )
+        })
+        .and_then(|()| codec::decode_index_page(sb.crc_seed(), block, ino, iref, at, area));
+    if let Err(e) = read {
+        damaged.push(DamagedIndexCopy {
+            ino,
+            index: *iref,
+            at,
+            reason: e.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// The page references of inode `ino`'s index page `iref`, from the first
@@ -1937,7 +2020,7 @@ pub fn read_checkpoints_reading(
         if best.is_some() {
             if paged {
                 // Its root, for the pages it lists; not the pages.
-                match read_root(dev, sb, slot) {
+                match read_root(dev, sb, slot, reading) {
                     Ok((spill, root, listing, damaged)) => {
                         (spills[slot], pages[slot], index[slot]) = (spill, root.pages, listing);
                         damaged_index_copies.extend(damaged);
@@ -2049,6 +2132,7 @@ fn read_root(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     slot: usize,
+    reading: PageReading,
 ) -> Result<(
     Vec<SpillExtent>,
     codec::Root,
@@ -2058,15 +2142,21 @@ fn read_root(
     let base = read_record(dev, sb, slot, 0, &base_magics(sb))?;
     let payload_at = slot_region(sb, slot)?.start + CHECKPOINT_HEADER_LEN as u64;
     if base.magic != SPILLED_MAGIC {
-        let (root, index, damaged) =
-            decode_root_listing(dev, sb, &base.payload, payload_at, "checkpoint root")?;
+        let (root, index, damaged) = decode_root_listing(
+            dev,
+            sb,
+            &base.payload,
+            payload_at,
+            "checkpoint root",
+            reading,
+        )?;
         return Ok((Vec::new(), root, index, damaged));
     }
     let table = decode_spill_table(sb, &base.payload, payload_at)?;
     let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
     let at = table.extents.first().map_or(payload_at, |e| e.0);
     let (root, index, damaged) =
-        decode_root_listing(dev, sb, &bytes, at, "spilled checkpoint root")?;
+        decode_root_listing(dev, sb, &bytes, at, "spilled checkpoint root", reading)?;
     Ok((table.extents, root, index, damaged))
 }
 
@@ -3223,7 +3313,8 @@ mod tests {
             7,
             [first.to_vec(), vec![page(20 * bs, 2), page(30 * bs, 3)]].concat(),
         )];
-        let (table, damaged) = read_index_pages(&dev, &sb, &vec![(7, vec![a, b])]).unwrap();
+        let (table, damaged) =
+            read_index_pages(&dev, &sb, &vec![(7, vec![a, b])], PageReading::OnDemand).unwrap();
         assert_eq!((&table, damaged.len()), (&listed, 0));
 
         // A damaged first copy: the second gives the same pages, and the
@@ -3233,7 +3324,8 @@ mod tests {
         dev.read_at(&mut block, b.addr).unwrap();
         block[40] ^= 1;
         write_pages(&dev, &[(b.addr, block.clone())]).unwrap();
-        let (table, damaged) = read_index_pages(&dev, &sb, &vec![(7, vec![a, b])]).unwrap();
+        let (table, damaged) =
+            read_index_pages(&dev, &sb, &vec![(7, vec![a, b])], PageReading::OnDemand).unwrap();
         assert_eq!(table, listed);
         assert_eq!(damaged.len(), 1, "{damaged:?}");
         assert_eq!(
@@ -3242,12 +3334,13 @@ mod tests {
         );
         let text = damaged[0].to_string();
         assert!(
-            text.contains(&format!("at device byte {} is damaged", b.addr))
-                && text.contains(&format!("the one at device byte {} verifies", b.copy)),
+            text.contains(&format!("at device byte {} could not be read", b.addr))
+                && text.contains(&format!("the one at device byte {} does", b.copy)),
             "{text}"
         );
         write_pages(&dev, &[(b.copy, block)]).unwrap();
-        let err = read_index_pages(&dev, &sb, &vec![(7, vec![a, b])]).unwrap_err();
+        let err =
+            read_index_pages(&dev, &sb, &vec![(7, vec![a, b])], PageReading::OnDemand).unwrap_err();
         let text = err.to_string();
         assert!(
             matches!(err, Error::Corrupt { offset, .. } if offset == b.addr)
@@ -3258,7 +3351,13 @@ mod tests {
 
         // The second index page starts where the first ends.
         let overlapping = index_page(&[page(10 * bs, 4), page(30 * bs, 5)], 2);
-        let err = read_index_pages(&dev, &sb, &vec![(7, vec![a, overlapping])]).unwrap_err();
+        let err = read_index_pages(
+            &dev,
+            &sb,
+            &vec![(7, vec![a, overlapping])],
+            PageReading::OnDemand,
+        )
+        .unwrap_err();
         let text = err.to_string();
         assert!(
             matches!(err, Error::Corrupt { offset, .. } if offset == overlapping.addr),

@@ -42,7 +42,8 @@ pub struct PagePlan {
 /// from free space; a failure ends the plan), and encoded with the
 /// volume's crc `seed`. `place` also gets the bytes of the pages still
 /// to place, this one included: the most it may take ahead (a caller
-/// that takes more holds room the base reserve does not cover).
+/// that takes more holds room the base reserve does not cover), and
+/// what the bytes are for ([`Placed`]).
 ///
 /// `listed` holds the pages either slot's base lists: only those are
 /// still on disk. A chunk can name a page neither lists when its file was
@@ -57,13 +58,14 @@ pub struct PagePlan {
 /// a file's map are listed in index pages of their own (as many as their
 /// count needs, split evenly): one a slot's base lists with exactly those
 /// pages is listed again, others are written (a block each, placed and
-/// handed to `write` as pages are).
+/// handed to `write` as pages are; each twice, the second copy placed
+/// apart, [`Placed::IndexCopy`]).
 pub fn plan_pages(
     state: &MetaState,
     seed: u32,
     listed: &ListedPages<'_>,
     index: Option<&ListedIndex<'_>>,
-    mut place: impl FnMut(u64, u64) -> Result<u64>,
+    mut place: impl FnMut(u64, u64, Placed) -> Result<u64>,
     mut write: impl FnMut(&[(u64, Vec<u8>)]) -> Result<()>,
 ) -> Result<PagePlan> {
     let block_size = u64::from(state.block_size);
@@ -103,7 +105,7 @@ pub fn plan_pages(
                     let named = chunk.page();
                     let extents = chunk.extents();
                     let len = codec::page_len(extents.len(), block_size);
-                    let placed = place(len, ahead);
+                    let placed = place(len, ahead, Placed::Page);
                     ahead = ahead.saturating_sub(len);
                     match placed {
                         Ok(addr) => {
@@ -123,7 +125,7 @@ pub fn plan_pages(
                         // at the next base.
                         Err(Error::NoSpace { .. }) if len > block_size => {
                             for piece in extents.chunks(inline_max) {
-                                let addr = place(block_size, block_size)?;
+                                let addr = place(block_size, block_size, Placed::Page)?;
                                 let (bytes, page) =
                                     codec::encode_page(seed, ino, piece, block_size, addr)?;
                                 plan.written.push((addr, bytes.len() as u64));
@@ -151,18 +153,19 @@ pub fn plan_pages(
                 let iref = match kept {
                     Some(kept) => kept,
                     None => {
-                        let mut blocks = [0; codec::INDEX_COPIES];
-                        for block in &mut blocks {
-                            let placed = place(block_size, ahead);
-                            ahead = ahead.saturating_sub(block_size);
-                            *block = placed?;
-                        }
+                        let first = place(block_size, ahead, Placed::Page);
+                        ahead = ahead.saturating_sub(block_size);
+                        let first = first?;
+                        let copy = place(block_size, ahead, Placed::IndexCopy { of: first });
+                        ahead = ahead.saturating_sub(block_size);
+                        let copy = copy?;
                         let (bytes, iref) =
-                            codec::encode_index_page(seed, ino, run, block_size, blocks)?;
-                        for addr in blocks {
+                            codec::encode_index_page(seed, ino, run, block_size, [first, copy])?;
+                        for addr in [first, copy] {
                             plan.written.push((addr, bytes.len() as u64));
-                            batch.push(addr, bytes.clone(), &mut write)?;
                         }
+                        batch.push(first, bytes.clone(), &mut write)?;
+                        batch.push(copy, bytes, &mut write)?;
                         iref
                     }
                 };
@@ -174,6 +177,17 @@ pub fn plan_pages(
     }
     batch.write_out(&mut write)?;
     Ok(plan)
+}
+
+/// What [`plan_pages`] places bytes for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placed {
+    /// An extent page, or an index page's first copy: beside the others.
+    Page,
+    /// The second copy of the index page whose first is at device byte
+    /// `of`: somewhere one failure of the device there would not also
+    /// reach (not the same sector or flash page, not the same write).
+    IndexCopy { of: u64 },
 }
 
 /// The runs of `pages` that index pages list, cut where segments start
@@ -453,6 +467,16 @@ pub fn index_page_ranges(index: &IndexTable, block_size: u64) -> BTreeSet<(u64, 
         .collect()
 }
 
+/// The addresses (first copies) of the index pages `tables` list: how an
+/// index page is known, as [`ListedIndex::rewriting`] takes them.
+pub(crate) fn listed_index_addrs(tables: &[Arc<IndexTable>]) -> BTreeSet<u64> {
+    tables
+        .iter()
+        .flat_map(|table| table.iter().flat_map(|(_, refs)| refs.iter()))
+        .map(|r| r.addr)
+        .collect()
+}
+
 /// One file's page lists in [`ListedPages`], each with a cursor.
 pub struct FileListed<'a> {
     lists: Vec<(&'a [PageRef], usize)>,
@@ -720,7 +744,7 @@ mod tests {
             seed,
             listed,
             None,
-            |len, _| place(len),
+            |len, _, _| place(len),
             |batch| {
                 pages.extend_from_slice(batch);
                 Ok(())
@@ -976,7 +1000,7 @@ mod tests {
             0,
             &ListedPages::none(),
             None,
-            |len, ahead| {
+            |len, ahead, _| {
                 asked.push((len, ahead));
                 next += len;
                 Ok(next - len)
@@ -1050,7 +1074,7 @@ mod tests {
             seed,
             listed,
             Some(index),
-            |len, _| place(len),
+            |len, _, _| place(len),
             |batch| {
                 pages.extend_from_slice(batch);
                 Ok(())
@@ -1072,8 +1096,13 @@ mod tests {
         let area = crate::checkpoint::page_area(sb);
         let decoded = codec::decode_indexed_root_at(&root, 0, "root", area).unwrap();
         assert_eq!(decoded.index, plan.index);
-        let (table, damaged) =
-            crate::checkpoint::read_index_pages(dev, sb, &decoded.index).unwrap();
+        let (table, damaged) = crate::checkpoint::read_index_pages(
+            dev,
+            sb,
+            &decoded.index,
+            crate::checkpoint::PageReading::Survey,
+        )
+        .unwrap();
         assert_eq!((&table, damaged.len()), (&plan.table, 0));
         let mut image = decoded.image;
         read_pages(dev, sb, &image, &table)
@@ -1143,7 +1172,11 @@ mod tests {
             2,
             "the changed run's index page, twice"
         );
-        assert_eq!(plan2.written.len(), 3, "one page and its index page");
+        assert_eq!(
+            plan2.written.len(),
+            3,
+            "one page and both copies of its index page"
+        );
         round_trip_indexed(&dev, &sb, &second, &planned2);
         let (old, new) = (&plan1.index[0].1, &plan2.index[0].1);
         assert_eq!(old.len(), new.len());
@@ -1164,7 +1197,11 @@ mod tests {
             .copied()
             .collect();
         assert_eq!(replaced_index.len(), 2);
-        assert_eq!(after.freed.len(), 3, "the old page and index page");
+        assert_eq!(
+            after.freed.len(),
+            3,
+            "the old page and both copies of the old index page"
+        );
         assert!(replaced_index.iter().all(|r| after.freed.contains(r)));
         // Both still listed by the other slot: nothing freed, and the index
         // pages both list are shared bytes.

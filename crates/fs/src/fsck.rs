@@ -5,7 +5,7 @@
 //! already rejects extents that overlap each other or leave the data area),
 //! then checks what loading alone does not: extent maps, sizes, link counts
 //! and the shape of the directory tree. It never writes; only
-//! [`repair_superblocks`], run on request, does.
+//! [`repair_superblocks`] and [`repair_index_copies`], run on request, do.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -104,7 +104,10 @@ pub fn check(device: Arc<dyn BlockDevice>) -> Result<FsckReport> {
         let listed_in = if index.is_empty() {
             String::new()
         } else {
-            format!(" and {} index pages listing them", index.len())
+            format!(
+                " and {} index pages listing them (two blocks each)",
+                index.len() / crate::codec::INDEX_COPIES
+            )
         };
         report.notes.push(format!(
             "the two slots' bases list {} extent pages{listed_in} ({bytes} bytes) of the data area, each read and verified for the newest, counted as used",
@@ -177,6 +180,43 @@ pub fn repair_superblocks(device: &dyn BlockDevice) -> Result<Vec<String>> {
             }
             _ => {}
         },
+    }
+    if !done.is_empty() {
+        device
+            .flush()
+            .map_err(|e| crate::Error::device("fsck --repair: flush", e))?;
+    }
+    Ok(done)
+}
+
+/// Repairs the copies of index pages that fail where the other copy
+/// verifies (in either slot's root): each is rewritten from the other
+/// (`checkpoint::rewrite_index_copy`), then the device is flushed.
+/// Returns one line per repair (empty: nothing to do, or no checkpoint
+/// whose index pages could be read: [`check`] then says why). Run after
+/// [`repair_superblocks`], and [`check`] afterwards.
+pub fn repair_index_copies(device: &dyn BlockDevice) -> Result<Vec<String>> {
+    let sb = superblock::read_superblock(device)?;
+    if sb.features_incompat & superblock::INCOMPAT_PAGE_INDEX == 0 {
+        return Ok(Vec::new());
+    }
+    let newest = match crate::checkpoint::read_checkpoints_reading(
+        device,
+        &sb,
+        // Every copy read: a first copy that verifies hides nothing.
+        crate::checkpoint::PageReading::Survey,
+    ) {
+        Ok(newest) => newest,
+        Err(crate::Error::Corrupt { .. }) => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut done = Vec::new();
+    for damaged in &newest.damaged_index_copies {
+        crate::checkpoint::rewrite_index_copy(device, &sb, damaged)?;
+        done.push(format!(
+            "rewrote the copy of inode {}'s index page at device byte {} from the other copy (it was: {})",
+            damaged.ino, damaged.at, damaged.reason
+        ));
     }
     if !done.is_empty() {
         device

@@ -578,7 +578,16 @@ impl Meta {
             return image;
         }
         let paged = self.paged_after(growth, pending);
-        (image + paged.files * ROOT_BYTES_PER_PAGED_FILE + paged.chunks * ROOT_BYTES_PER_PAGE)
+        // With index pages a root lists at most `index_pages_at_most`
+        // references of 56 bytes per file: 2P / max + 1 each, within 32
+        // per page (a page reference's bytes) and one more per file, as
+        // `max` is at least 4 at any block size.
+        let per_file = if self.page_index {
+            ROOT_BYTES_PER_PAGED_FILE + crate::codec::INDEX_REF_ENCODED_LEN as u64
+        } else {
+            ROOT_BYTES_PER_PAGED_FILE
+        };
+        (image + paged.files * per_file + paged.chunks * ROOT_BYTES_PER_PAGE)
             .saturating_sub(paged.extents * IMAGE_BYTES_PER_EXTENT)
     }
 

@@ -47,6 +47,10 @@ const PARALLEL_DELTA_SPANS_AT_LEAST: usize = 1024;
 /// Most bytes of free space a base takes at a time to carve its extent
 /// pages from (never more than the pages it has still to place).
 const PAGE_RUN_BYTES: u64 = 1 << 20;
+/// Most bytes allocated at once for index pages' second copies: there is
+/// one per run of up to 127 pages, so a run this long serves the copies
+/// of many changed runs, and what it leaves goes back after the base.
+const INDEX_COPY_RUN_BYTES: u64 = 64 << 10;
 
 impl VolumeInner {
     /// Commits when enough uncommitted metadata has piled up: asks the
@@ -484,8 +488,16 @@ impl VolumeInner {
         // cheaper: the 1% change of the metadata-scale bench touches every
         // chunk of a 1 M-extent file (30 MiB of chunks, under the 64 MiB
         // default), and a base for it costs 57 ms instead of 8.
+        // An index page with a damaged copy leaves the slots' bases one
+        // bad block from lost: only bases write it again, so none waits
+        // for the delta policy.
+        let copies_to_rewrite = match &held {
+            Some(commit) => !commit.index_to_rewrite.is_empty(),
+            None => !self.commit.lock().index_to_rewrite.is_empty(),
+        };
         let delta = delta.filter(|delta| {
-            delta_is_due(&self.sb, &older_chain, delta)
+            !copies_to_rewrite
+                && delta_is_due(&self.sb, &older_chain, delta)
                 && !self.unpaged_over_budget(|| snapshot.unpaged_chunk_bytes())
         });
         // `Some(spill)` for a new base: the spill extents that replace the
@@ -623,12 +635,7 @@ impl VolumeInner {
                     self.sb.block_size(),
                 );
                 if !commit.index_to_rewrite.is_empty() {
-                    let listed: std::collections::BTreeSet<u64> = commit
-                        .index
-                        .iter()
-                        .flat_map(|table| table.iter().flat_map(|(_, refs)| refs.iter()))
-                        .map(|r| r.addr)
-                        .collect();
+                    let listed = extent_pages::listed_index_addrs(&commit.index);
                     commit.index_to_rewrite.retain(|addr| listed.contains(addr));
                 }
                 if let Some(loader) = &self.page_loader {
@@ -799,33 +806,56 @@ impl VolumeInner {
         // (writeback of reserved data allocates without checking); room
         // a run has left that the next page does not fit goes back at
         // once.
+        //
+        // Index pages' second copies come from runs of their own, far
+        // from the first copies (see `index_copy_hint`).
         let mut placed: Vec<(u64, u64)> = Vec::new();
         let mut room = (0u64, 0u64);
+        let mut copy_room = (0u64, 0u64);
+        let apart = self.index_copies_apart();
         let planned = extent_pages::plan_pages(
             snapshot,
             self.sb.crc_seed(),
             listed,
             listed_index,
-            |len, ahead| {
+            |len, ahead, what| {
+                let (room, ahead, hint) = match what {
+                    extent_pages::Placed::Page => {
+                        let hint = placed.last().map(|&(addr, len)| addr + len);
+                        (&mut room, ahead, hint)
+                    }
+                    extent_pages::Placed::IndexCopy { of } => {
+                        if copy_room.0.abs_diff(of) < apart {
+                            // Too near this first copy: not taken from.
+                            if copy_room.1 > 0 {
+                                self.free_spill(&[copy_room])?;
+                            }
+                            copy_room = (0, 0);
+                        }
+                        let hint = Some(self.index_copy_hint(of));
+                        (&mut copy_room, ahead.min(INDEX_COPY_RUN_BYTES), hint)
+                    }
+                };
                 if room.1 < len {
-                    let hint = placed.last().map(|&(addr, len)| addr + len);
                     let run = self.allocate_page_run(len, ahead, hint)?;
                     // Only now: refused, the room left still takes the
                     // block-sized pages the plan falls back to.
                     if room.1 > 0 {
-                        self.free_spill(&[room])?;
+                        self.free_spill(&[*room])?;
                     }
-                    room = run;
+                    *room = run;
                 }
                 let addr = room.0;
-                room = (addr + len, room.1 - len);
+                *room = (addr + len, room.1 - len);
                 placed.push((addr, len));
                 Ok(addr)
             },
             |pages| checkpoint::write_pages_unflushed(&*self.dev, pages),
         );
-        if room.1 > 0 {
-            self.free_spill(&[room])?;
+        for left in [room, copy_room] {
+            if left.1 > 0 {
+                self.free_spill(&[left])?;
+            }
         }
         let written = planned.and_then(|plan| {
             checkpoint::flush_pages(&*self.dev)?;
@@ -846,6 +876,24 @@ impl VolumeInner {
             self.free_spill(&placed)?;
         }
         written
+    }
+
+    /// Where to look for free space for the second copy of the index
+    /// page whose first copy is at `first`: the same offset in the other
+    /// half of the data area, so that one failed region of the device
+    /// (a sector, a flash page or erase block, one write command) takes
+    /// at most one copy.
+    fn index_copy_hint(&self, first: u64) -> u64 {
+        let data = &self.sb.layout.data;
+        let half = (data.len / 2).next_multiple_of(self.sb.block_size());
+        data.start + (first.saturating_sub(data.start) + half) % data.len.max(1)
+    }
+
+    /// How far apart an index page's two copies must be: 1 MiB (past any
+    /// sector, flash page or erase block), or a quarter of a smaller data
+    /// area.
+    fn index_copies_apart(&self) -> u64 {
+        (1u64 << 20).min(self.sb.layout.data.len / 4)
     }
 
     /// Allocates a run of free space (never busy space, as

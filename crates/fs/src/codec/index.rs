@@ -22,7 +22,7 @@
 //!
 //! | offset | size | field |
 //! | --- | --- | --- |
-//! | 0 | 8 | magic `"IOMAPIX1"` |
+//! | 0 | 8 | magic `"IOMAPIX2"` |
 //! | 8 | 8 | inode number |
 //! | 16 | 8 | first key: the first page's first key |
 //! | 24 | 4 | page count, 1..=[`index_max_pages`] |
@@ -43,7 +43,7 @@ use crate::error::{Error, Result};
 use crate::types::Ino;
 
 /// First 8 bytes of an index page.
-pub const INDEX_MAGIC: [u8; 8] = *b"IOMAPIX1";
+pub const INDEX_MAGIC: [u8; 8] = *b"IOMAPIX2";
 /// Bytes of an index page before its page references.
 pub const INDEX_HEADER_LEN: usize = 32;
 /// Bytes of one [`IndexRef`] as a root stores it.

@@ -488,7 +488,7 @@ mod tests {
         let (image, root, index) = image_and_indexed_root();
         let got = decode_indexed_root_at(&root[52..], 0, "root", AREA).unwrap();
         assert_eq!(got, IndexedRoot { image, index });
-        // Each paged file's entry: 12 bytes and 48 per index page.
+        // Each paged file's entry: 12 bytes and 56 per index page.
         let (_, plain, pages) = image_and_root();
         let refs = |n: usize| pages.iter().map(|(_, l)| n * l.len()).sum::<usize>();
         let index_refs: usize = got.index.iter().map(|(_, l)| l.len()).sum();
