@@ -40,10 +40,11 @@ pub struct PagePlan {
 /// paged: `stays_paged`) that names no page `listed` holds, placed at
 /// the device byte `place` returns for its length (the caller allocates
 /// from free space; a failure ends the plan), and encoded with the
-/// volume's crc `seed`. `place` also gets the bytes of the pages still
-/// to place, this one included: the most it may take ahead (a caller
-/// that takes more holds room the base reserve does not cover), and
-/// what the bytes are for ([`Placed`]).
+/// volume's crc `seed`. `place` also gets the bytes still to place of
+/// the same kind ([`Placed`]: pages and first copies of index pages, or
+/// second copies), this one included: the most it may take ahead (a
+/// caller that takes more holds room the base reserve does not cover;
+/// the two kinds' together are all the plan still places).
 ///
 /// `listed` holds the pages either slot's base lists: only those are
 /// still on disk. A chunk can name a page neither lists when its file was
@@ -145,9 +146,11 @@ pub fn plan_pages(
                     .into_iter()
                     .map(|run| (run, file_index.find(run)))
                     .collect();
-            ahead += runs.iter().filter(|(_, kept)| kept.is_none()).count() as u64
-                * codec::INDEX_COPIES as u64
-                * block_size;
+            let new_runs = runs.iter().filter(|(_, kept)| kept.is_none()).count() as u64;
+            // Each new index page's first copy is placed beside the
+            // pages, its second apart (and counted apart).
+            ahead += new_runs * block_size;
+            let mut copies_ahead = new_runs * block_size;
             let mut refs = Vec::with_capacity(runs.len());
             for (run, kept) in runs {
                 let iref = match kept {
@@ -156,8 +159,8 @@ pub fn plan_pages(
                         let first = place(block_size, ahead, Placed::Page);
                         ahead = ahead.saturating_sub(block_size);
                         let first = first?;
-                        let copy = place(block_size, ahead, Placed::IndexCopy { of: first });
-                        ahead = ahead.saturating_sub(block_size);
+                        let copy = place(block_size, copies_ahead, Placed::IndexCopy { of: first });
+                        copies_ahead = copies_ahead.saturating_sub(block_size);
                         let copy = copy?;
                         let (bytes, iref) =
                             codec::encode_index_page(seed, ino, run, block_size, [first, copy])?;

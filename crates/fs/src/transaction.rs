@@ -819,6 +819,8 @@ impl VolumeInner {
             listed,
             listed_index,
             |len, ahead, what| {
+                // `ahead` counts what goes to the same room: pages and
+                // first copies, or second copies.
                 let (room, ahead, hint) = match what {
                     extent_pages::Placed::Page => {
                         let hint = placed.last().map(|&(addr, len)| addr + len);
