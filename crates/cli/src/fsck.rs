@@ -64,10 +64,15 @@ pub fn run(args: &FsckArgs) -> Result<u8, Failure> {
         .map_err(|f| Failure::new(2, format!("fsck: {}", f.message)))?;
     if args.repair {
         let cannot = |e| Failure::new(2, format!("fsck --repair: {shown}: cannot repair: {e}"));
-        let mut done = fsck::repair_superblocks(&*dev).map_err(cannot)?;
-        done.extend(fsck::repair_index_copies(&*dev).map_err(cannot)?);
-        for line in &done {
+        for line in fsck::repair_superblocks(&*dev).map_err(cannot)? {
             println!("repaired: {line}");
+        }
+        let (done, failed) = fsck::repair_index_copies(&*dev).map_err(cannot)?;
+        for line in done {
+            println!("repaired: {line}");
+        }
+        for line in failed {
+            println!("not repaired: {line}");
         }
     }
     let report = fsck::check(dev.clone())

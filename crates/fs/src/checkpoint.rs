@@ -1241,7 +1241,7 @@ fn decode_base(
     let mut damaged_pages = Vec::new();
     let paged = match reading {
         PageReading::Every => read_pages(dev, sb, &image, &pages)?,
-        PageReading::OnDemand => absent_pages(&image, &pages, &index)?,
+        PageReading::OnDemand | PageReading::IndexCopies => absent_pages(&image, &pages, &index)?,
         PageReading::Survey => read_pages_surveying(dev, sb, &image, &pages, &mut damaged_pages)?,
     };
     Ok(DecodedBase {
@@ -1295,16 +1295,24 @@ pub struct DamagedIndexCopy {
 
 impl std::fmt::Display for DamagedIndexCopy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let other = self.index.blocks().into_iter().find(|&b| b != self.at);
+        let [first, second] = self.index.blocks();
+        let (other, healed) = if self.at == first {
+            (
+                second,
+                "the next two base checkpoints after a mount write that index page anew \
+                 (`iomapfs fsck --repair` rewrites the copy at once)",
+            )
+        } else {
+            (
+                first,
+                "mount reads this copy only when the other fails, so only \
+                 `iomapfs fsck --repair` rewrites it",
+            )
+        };
         write!(
             f,
-            "inode {}: the copy of an index page ({} pages from file offset {}) at device byte {} could not be read or does not verify, the one at device byte {} does; nothing is lost, and the next two base checkpoints after a mount write that index page anew (`iomapfs fsck --repair` rewrites the copy at once): {}",
-            self.ino,
-            self.index.pages,
-            self.index.first_key,
-            self.at,
-            other.unwrap_or(self.at),
-            self.reason
+            "inode {}: the copy of an index page ({} pages from file offset {}) at device byte {} could not be read or does not verify, the one at device byte {other} does; nothing is lost, and {healed}: {}",
+            self.ino, self.index.pages, self.index.first_key, self.at, self.reason
         )
     }
 }
@@ -1319,11 +1327,15 @@ pub fn rewrite_index_copy(
     damaged: &DamagedIndexCopy,
 ) -> Result<()> {
     let (ino, iref) = (damaged.ino, &damaged.index);
-    let Some(good) = iref.blocks().into_iter().find(|&b| b != damaged.at) else {
-        return Err(Error::invalid(
-            "rewriting an index page copy",
-            format!("device byte {} is not one of its copies", damaged.at),
-        ));
+    let good = match iref.blocks() {
+        [first, second] if damaged.at == first => second,
+        [first, second] if damaged.at == second => first,
+        _ => {
+            return Err(Error::invalid(
+                "rewriting an index page copy",
+                format!("device byte {} is not one of its copies", damaged.at),
+            ))
+        }
     };
     let mut block = vec![0u8; sb.block_size() as usize];
     dev.read_at(&mut block, good).map_err(|e| {
@@ -1348,15 +1360,15 @@ pub fn rewrite_index_copy(
 /// Reads and verifies the index pages `index` lists: the page table they
 /// make, each file's pages in key order across its index pages, and the
 /// copies that failed where the other copy verified (with
-/// [`PageReading::Survey`] every copy is read; otherwise the second only
-/// when the first fails).
+/// [`PageReading::Survey`] and [`PageReading::IndexCopies`] every copy is
+/// read; otherwise the second only when the first fails).
 pub fn read_index_pages(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     index: &IndexTable,
     reading: PageReading,
 ) -> Result<(PageTable, Vec<DamagedIndexCopy>)> {
-    let every_copy = reading == PageReading::Survey;
+    let every_copy = matches!(reading, PageReading::Survey | PageReading::IndexCopies);
     let area = page_area(sb);
     let mut block = vec![0u8; sb.block_size() as usize];
     let mut table = Vec::with_capacity(index.len());
@@ -1957,8 +1969,13 @@ pub enum PageReading {
     /// Every page read (fsck): one that does not verify is damage to
     /// report, not a reason to give up the slot (mount, reading on
     /// demand, would use it): listed in [`NewestCheckpoint::damaged_pages`]
-    /// and its extents left out, the rest checked.
+    /// and its extents left out, the rest checked. Both copies of every
+    /// index page are read too.
     Survey,
+    /// As [`PageReading::OnDemand`] (no extent page read), but both
+    /// copies of every index page read: what fsck's repair of index page
+    /// copies needs.
+    IndexCopies,
 }
 
 /// An extent page that did not verify ([`PageReading::Survey`]): the

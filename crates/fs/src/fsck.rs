@@ -192,38 +192,47 @@ pub fn repair_superblocks(device: &dyn BlockDevice) -> Result<Vec<String>> {
 /// Repairs the copies of index pages that fail where the other copy
 /// verifies (in either slot's root): each is rewritten from the other
 /// (`checkpoint::rewrite_index_copy`), then the device is flushed.
-/// Returns one line per repair (empty: nothing to do, or no checkpoint
-/// whose index pages could be read: [`check`] then says why). Run after
-/// [`repair_superblocks`], and [`check`] afterwards.
-pub fn repair_index_copies(device: &dyn BlockDevice) -> Result<Vec<String>> {
+/// Returns one line per copy rewritten, and one per copy that could not
+/// be (a bad sector, say: the others are still tried). Both empty:
+/// nothing to do, or no checkpoint whose index pages could be read
+/// ([`check`] then says why). Reads the roots and index pages, no extent
+/// page. Run after [`repair_superblocks`], and [`check`] afterwards.
+pub fn repair_index_copies(device: &dyn BlockDevice) -> Result<(Vec<String>, Vec<String>)> {
     let sb = superblock::read_superblock(device)?;
     if sb.features_incompat & superblock::INCOMPAT_PAGE_INDEX == 0 {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let newest = match crate::checkpoint::read_checkpoints_reading(
         device,
         &sb,
         // Every copy read: a first copy that verifies hides nothing.
-        crate::checkpoint::PageReading::Survey,
+        crate::checkpoint::PageReading::IndexCopies,
     ) {
         Ok(newest) => newest,
-        Err(crate::Error::Corrupt { .. }) => return Ok(Vec::new()),
+        Err(crate::Error::Corrupt { .. }) => return Ok((Vec::new(), Vec::new())),
         Err(e) => return Err(e),
     };
-    let mut done = Vec::new();
+    let (mut done, mut failed) = (Vec::new(), Vec::new());
     for damaged in &newest.damaged_index_copies {
-        crate::checkpoint::rewrite_index_copy(device, &sb, damaged)?;
-        done.push(format!(
-            "rewrote the copy of inode {}'s index page at device byte {} from the other copy (it was: {})",
-            damaged.ino, damaged.at, damaged.reason
-        ));
+        match crate::checkpoint::rewrite_index_copy(device, &sb, damaged) {
+            Ok(()) => {
+                done.push(format!(
+                    "rewrote the copy of inode {}'s index page at device byte {} from the other copy (it was: {})",
+                    damaged.ino, damaged.at, damaged.reason
+                ));
+            }
+            Err(e) => failed.push(format!(
+                "the copy of inode {}'s index page at device byte {}: {e}",
+                damaged.ino, damaged.at
+            )),
+        }
     }
     if !done.is_empty() {
         device
             .flush()
             .map_err(|e| crate::Error::device("fsck --repair: flush", e))?;
     }
-    Ok(done)
+    Ok((done, failed))
 }
 
 /// Attributes, symlink target and extended attributes of one inode: what

@@ -377,9 +377,10 @@ fn an_unreadable_index_page_copy_is_read_from_the_other() {
     vol.release();
 }
 
-/// fsck's repair rewrites a damaged index page copy from the other: the
-/// block then holds the other's bytes, fsck is clean and mount warns of
-/// nothing. A second repair has nothing to do.
+/// A damaged second copy of an index page: mount (reading the first)
+/// does not see it, fsck does and says only its repair rewrites it; the
+/// repair rewrites it from the first: the block then holds the first's
+/// bytes, fsck is clean. A second repair has nothing to do.
 #[test]
 fn fsck_repair_rewrites_a_damaged_index_page_copy() {
     let (dev, vol, big) = volume_with_big_file(true);
@@ -408,17 +409,35 @@ fn fsck_repair_rewrites_a_damaged_index_page_copy() {
     let mut bad = block(iref.copy);
     bad[36] ^= 0x20;
     dev.write_at(&bad, iref.copy, WriteMode::Normal).unwrap();
-    assert_eq!(crate::fsck::check(dev.clone()).unwrap().problems.len(), 1);
+    let problems = crate::fsck::check(dev.clone()).unwrap().problems;
+    assert!(
+        problems.len() == 1
+            && problems[0].contains(&format!("at device byte {} could not be read", iref.copy))
+            && problems[0].contains("only `iomapfs fsck --repair` rewrites it"),
+        "{problems:?}"
+    );
+    // Mount reads the first copy only: the second's damage is not seen.
+    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+    assert!(
+        vol.mount_warnings().is_empty(),
+        "{:?}",
+        vol.mount_warnings()
+    );
+    vol.release();
 
-    let done = crate::fsck::repair_index_copies(&*dev).unwrap();
+    let (done, failed) = crate::fsck::repair_index_copies(&*dev).unwrap();
     assert!(
         done.len() == 1 && done[0].contains(&format!("device byte {}", iref.copy)),
         "{done:?}"
     );
+    assert!(failed.is_empty(), "{failed:?}");
     assert_eq!(block(iref.copy), block(iref.addr));
     let report = crate::fsck::check(dev.clone()).unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert!(crate::fsck::repair_index_copies(&*dev).unwrap().is_empty());
+    assert_eq!(
+        crate::fsck::repair_index_copies(&*dev).unwrap(),
+        (Vec::new(), Vec::new())
+    );
     let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
     assert!(
         vol.mount_warnings().is_empty(),

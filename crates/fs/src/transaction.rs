@@ -47,10 +47,17 @@ const PARALLEL_DELTA_SPANS_AT_LEAST: usize = 1024;
 /// Most bytes of free space a base takes at a time to carve its extent
 /// pages from (never more than the pages it has still to place).
 const PAGE_RUN_BYTES: u64 = 1 << 20;
-/// Most bytes allocated at once for index pages' second copies: there is
-/// one per run of up to 127 pages, so a run this long serves the copies
-/// of many changed runs, and what it leaves goes back after the base.
+/// Most bytes allocated at once for index pages' second copies (no more
+/// than one file's new index pages: a run per file with changed runs,
+/// what it leaves going back after the base).
 const INDEX_COPY_RUN_BYTES: u64 = 64 << 10;
+
+/// The first `len` bytes of `room` (which holds them), taken.
+fn take_from(room: &mut (u64, u64), len: u64) -> u64 {
+    let addr = room.0;
+    *room = (addr + len, room.1 - len);
+    addr
+}
 
 impl VolumeInner {
     /// Commits when enough uncommitted metadata has piled up: asks the
@@ -812,7 +819,7 @@ impl VolumeInner {
         let mut placed: Vec<(u64, u64)> = Vec::new();
         let mut room = (0u64, 0u64);
         let mut copy_room = (0u64, 0u64);
-        let apart = self.index_copies_apart();
+        let mut pages_end = None;
         let planned = extent_pages::plan_pages(
             snapshot,
             self.sb.crc_seed(),
@@ -821,43 +828,35 @@ impl VolumeInner {
             |len, ahead, what| {
                 // `ahead` counts what goes to the same room: pages and
                 // first copies, or second copies.
-                let (room, ahead, hint) = match what {
+                let addr = match what {
                     extent_pages::Placed::Page => {
-                        let hint = placed.last().map(|&(addr, len)| addr + len);
-                        (&mut room, ahead, hint)
-                    }
-                    extent_pages::Placed::IndexCopy { of } => {
-                        if copy_room.0.abs_diff(of) < apart {
-                            // Too near this first copy: not taken from.
-                            if copy_room.1 > 0 {
-                                self.free_spill(&[copy_room])?;
+                        if room.1 < len {
+                            let run = self.allocate_page_run(len, ahead, pages_end)?;
+                            // Only now: refused, the room left still takes
+                            // the block-sized pages the plan falls back to.
+                            let left = std::mem::replace(&mut room, run);
+                            if left.1 > 0 {
+                                self.free_spill(&[left])?;
                             }
-                            copy_room = (0, 0);
                         }
-                        let hint = Some(self.index_copy_hint(of));
-                        (&mut copy_room, ahead.min(INDEX_COPY_RUN_BYTES), hint)
+                        pages_end = Some(room.0 + len);
+                        take_from(&mut room, len)
                     }
+                    extent_pages::Placed::IndexCopy { of } => self.place_index_copy(
+                        &mut copy_room,
+                        len,
+                        ahead.min(INDEX_COPY_RUN_BYTES),
+                        of,
+                    )?,
                 };
-                if room.1 < len {
-                    let run = self.allocate_page_run(len, ahead, hint)?;
-                    // Only now: refused, the room left still takes the
-                    // block-sized pages the plan falls back to.
-                    if room.1 > 0 {
-                        self.free_spill(&[*room])?;
-                    }
-                    *room = run;
-                }
-                let addr = room.0;
-                *room = (addr + len, room.1 - len);
                 placed.push((addr, len));
                 Ok(addr)
             },
             |pages| checkpoint::write_pages_unflushed(&*self.dev, pages),
         );
-        for left in [room, copy_room] {
-            if left.1 > 0 {
-                self.free_spill(&[left])?;
-            }
+        let left: Vec<(u64, u64)> = [room, copy_room].into_iter().filter(|r| r.1 > 0).collect();
+        if !left.is_empty() {
+            self.free_spill(&left)?;
         }
         let written = planned.and_then(|plan| {
             checkpoint::flush_pages(&*self.dev)?;
@@ -878,6 +877,50 @@ impl VolumeInner {
             self.free_spill(&placed)?;
         }
         written
+    }
+
+    /// Places the second copy (`len`, one block) of the index page whose
+    /// first copy is at `of`: from `room` (a run kept for second copies)
+    /// if its next block is [`VolumeInner::index_copies_apart`] from `of`,
+    /// else from a new run of up to `ahead` bytes looked for at
+    /// [`VolumeInner::index_copy_hint`], then from the data area's start.
+    /// Best effort: where no free run is that far, the copy goes where
+    /// there is room (beside the first copy rather than no base).
+    fn place_index_copy(
+        &self,
+        room: &mut (u64, u64),
+        len: u64,
+        ahead: u64,
+        of: u64,
+    ) -> Result<u64> {
+        let apart = self.index_copies_apart();
+        let near = |addr: u64| addr.abs_diff(of) < apart;
+        if room.1 < len || near(room.0) {
+            let mut found = None;
+            for hint in [self.index_copy_hint(of), self.sb.layout.data.start] {
+                match self.allocate_page_run(len, ahead, Some(hint)) {
+                    Ok(run) if !near(run.0) => {
+                        found = Some(run);
+                        break;
+                    }
+                    Ok(run) => self.free_spill(&[run])?,
+                    Err(Error::NoSpace { .. }) => break,
+                    Err(e) => return Err(e),
+                }
+            }
+            let run = match found {
+                Some(run) => Some(run),
+                None if room.1 >= len => None,
+                None => Some(self.allocate_page_run(len, ahead, None)?),
+            };
+            if let Some(run) = run {
+                let left = std::mem::replace(room, run);
+                if left.1 > 0 {
+                    self.free_spill(&[left])?;
+                }
+            }
+        }
+        Ok(take_from(room, len))
     }
 
     /// Where to look for free space for the second copy of the index
