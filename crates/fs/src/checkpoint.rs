@@ -1296,22 +1296,10 @@ pub struct DamagedIndexCopy {
 impl std::fmt::Display for DamagedIndexCopy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let [first, second] = self.index.blocks();
-        let (other, healed) = if self.at == first {
-            (
-                second,
-                "the next two base checkpoints after a mount write that index page anew \
-                 (`iomapfs fsck --repair` rewrites the copy at once)",
-            )
-        } else {
-            (
-                first,
-                "mount reads this copy only when the other fails, so only \
-                 `iomapfs fsck --repair` rewrites it",
-            )
-        };
+        let other = if self.at == first { second } else { first };
         write!(
             f,
-            "inode {}: the copy of an index page ({} pages from file offset {}) at device byte {} could not be read or does not verify, the one at device byte {other} does; nothing is lost, and {healed}: {}",
+            "inode {}: the copy of an index page ({} pages from file offset {}) at device byte {} could not be read or does not verify, the one at device byte {other} does; nothing is lost, and the next two base checkpoints after a mount (and its free-space scan, which reads second copies) write that index page anew (`iomapfs fsck --repair` rewrites the copy at once): {}",
             self.ino, self.index.pages, self.index.first_key, self.at, self.reason
         )
     }
@@ -1380,7 +1368,7 @@ pub fn read_index_pages(
         for iref in list {
             let listed = read_index_page(dev, sb, area, *ino, iref, &mut block, &mut damaged)?;
             if every_copy {
-                check_index_copy(dev, sb, area, *ino, iref, &mut block, &mut damaged)?;
+                check_index_copy(dev, sb, area, *ino, iref, &mut block, &mut damaged);
             }
             // Each index page's keys are checked on their own: those of
             // the next must follow them. Both copies hold the same bytes,
@@ -1405,6 +1393,27 @@ pub fn read_index_pages(
     Ok((table, damaged))
 }
 
+/// The second copies among the index pages `tables` (both slots') list
+/// that cannot be read or do not verify, each index page read once (the
+/// first copies are not read: mount read them). For the background scan
+/// after mount.
+pub fn check_second_index_copies(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    tables: &[IndexTable],
+) -> Vec<DamagedIndexCopy> {
+    let area = page_area(sb);
+    let mut block = vec![0u8; sb.block_size() as usize];
+    let mut seen = std::collections::HashSet::new();
+    let mut damaged = Vec::new();
+    for (ino, list) in tables.iter().flatten() {
+        for iref in list.iter().filter(|r| seen.insert(r.addr)) {
+            check_index_copy(dev, sb, area, *ino, iref, &mut block, &mut damaged);
+        }
+    }
+    damaged
+}
+
 /// Reads and verifies the second copy of inode `ino`'s index page `iref`
 /// (whose first copy verified), listing it in `damaged` if it fails. A
 /// failed first copy was listed by [`read_index_page`] already, its
@@ -1417,9 +1426,9 @@ fn check_index_copy(
     iref: &IndexRef,
     block: &mut [u8],
     damaged: &mut Vec<DamagedIndexCopy>,
-) -> Result<()> {
+) {
     if damaged.last().is_some_and(|d| d.index == *iref) {
-        return Ok(());
+        return;
     }
     let at = iref.copy;
     let read = dev
@@ -1439,7 +1448,6 @@ fn check_index_copy(
             reason: e.to_string(),
         });
     }
-    Ok(())
 }
 
 /// The page references of inode `ino`'s index page `iref`, from the first

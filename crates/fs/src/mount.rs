@@ -302,6 +302,13 @@ impl VolumeInner {
             &used_pages(&input.sb, &input.pages, &input.index),
             cancel,
         );
+        if matches!(built, Ok(Some(_))) {
+            // One block per index page beside the scan's read of every
+            // extent page (up to 127 per index page): done before free
+            // space is ready, so that whoever waited for it sees the
+            // warnings.
+            self.check_second_index_copies(&input.index);
+        }
         drop(input);
         let built = match built {
             Ok(None) => return gate.abandon(),
@@ -312,6 +319,23 @@ impl VolumeInner {
         let failure = self.meta.write().alloc.install(built);
         gate.finish(failure);
         gate.hook(ScanPoint::Finished);
+    }
+
+    /// Reads the second copy of every index page either slot lists
+    /// (mount read the first copies): one that fails is warned of and
+    /// written anew by the next bases, as a first copy mount found bad.
+    fn check_second_index_copies(&self, index: &[crate::codec::IndexTable]) {
+        let damaged = checkpoint::check_second_index_copies(&*self.dev, &self.sb, index);
+        if damaged.is_empty() {
+            return;
+        }
+        self.commit
+            .lock()
+            .index_to_rewrite
+            .extend(damaged.iter().map(|d| d.index.addr));
+        self.scan_warnings
+            .lock()
+            .extend(damaged.iter().map(ToString::to_string));
     }
 }
 

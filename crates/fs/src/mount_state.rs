@@ -217,6 +217,9 @@ pub struct VolumeInner {
     /// Damage mount worked around, for the caller to show (e.g. the primary
     /// superblock was unusable and the backup was read).
     pub(crate) mount_warnings: Vec<String>,
+    /// Damage found after mount by the background scan: second copies of
+    /// index pages that fail (mount reads first copies only).
+    pub(crate) scan_warnings: Mutex<Vec<String>>,
     /// Reads the extent pages of chunks mount left absent (`None`: a
     /// volume without extent pages, or nothing left absent).
     pub(crate) page_loader: Option<Arc<crate::page_loader::DevicePages>>,
@@ -270,6 +273,7 @@ impl VolumeInner {
             is_shut_down: AtomicBool::new(false),
             commit_threshold,
             mount_warnings: Vec::new(),
+            scan_warnings: Mutex::new(Vec::new()),
             page_loader: None,
             mounted_from_backup: false,
             flush_coalescer: Arc::new(FlushCoalescer::new()),

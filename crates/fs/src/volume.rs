@@ -179,10 +179,12 @@ impl Volume {
     /// that rebuilds free space after mount failed (corruption: extents
     /// that overlap, an extent page that does not verify), so nothing can
     /// be allocated; damaged extent pages found since mount; a copy of an
-    /// index page that failed where the other verified. Empty on a
+    /// index page that failed where the other verified (first copies at
+    /// mount, second copies by the scan). Empty on a
     /// healthy volume. (A scan still running has found nothing yet.)
     pub fn mount_warnings(&self) -> Vec<String> {
         let mut warnings = self.inner.mount_warnings.clone();
+        warnings.extend(self.inner.scan_warnings.lock().iter().cloned());
         // Damaged extent pages found since mount (by the free-space scan
         // or a read): their chunks answer with the damage.
         if let Some(loader) = &self.inner.page_loader {
