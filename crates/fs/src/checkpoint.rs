@@ -1326,13 +1326,7 @@ pub fn rewrite_index_copy(
         }
     };
     let mut block = vec![0u8; sb.block_size() as usize];
-    dev.read_at(&mut block, good).map_err(|e| {
-        Error::device(
-            format!("reading inode {ino}'s index page at device byte {good}"),
-            e,
-        )
-    })?;
-    codec::decode_index_page(sb.crc_seed(), &block, ino, iref, good, page_area(sb))?;
+    read_index_copy(dev, sb, page_area(sb), ino, iref, good, &mut block)?;
     dev.write_at(&block, damaged.at, WriteMode::Fua)
         .map_err(|e| {
             Error::device(
@@ -1431,16 +1425,7 @@ fn check_index_copy(
         return;
     }
     let at = iref.copy;
-    let read = dev
-        .read_at(block, at)
-        .map_err(|e| {
-            Error::device(
-                format!("reading inode {ino}'s index page at device byte {at}"),
-                e,
-            )
-        })
-        .and_then(|()| codec::decode_index_page(sb.crc_seed(), block, ino, iref, at, area));
-    if let Err(e) = read {
+    if let Err(e) = read_index_copy(dev, sb, area, ino, iref, at, block) {
         damaged.push(DamagedIndexCopy {
             ino,
             index: *iref,
@@ -1448,6 +1433,26 @@ fn check_index_copy(
             reason: e.to_string(),
         });
     }
+}
+
+/// The page references of inode `ino`'s index page `iref` from its copy
+/// at device byte `at`, read into `block` (one block) and verified.
+fn read_index_copy(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    area: PageArea,
+    ino: Ino,
+    iref: &IndexRef,
+    at: u64,
+    block: &mut [u8],
+) -> Result<Vec<PageRef>> {
+    dev.read_at(block, at).map_err(|e| {
+        Error::device(
+            format!("reading inode {ino}'s index page at device byte {at}"),
+            e,
+        )
+    })?;
+    codec::decode_index_page(sb.crc_seed(), block, ino, iref, at, area)
 }
 
 /// The page references of inode `ino`'s index page `iref`, from the first
@@ -1463,15 +1468,7 @@ fn read_index_page(
     block: &mut [u8],
     damaged: &mut Vec<DamagedIndexCopy>,
 ) -> Result<Vec<PageRef>> {
-    let mut read_copy = |at: u64| {
-        dev.read_at(block, at).map_err(|e| {
-            Error::device(
-                format!("reading inode {ino}'s index page at device byte {at}"),
-                e,
-            )
-        })?;
-        codec::decode_index_page(sb.crc_seed(), block, ino, iref, at, area)
-    };
+    let mut read_copy = |at: u64| read_index_copy(dev, sb, area, ino, iref, at, block);
     let [first_at, copy_at] = iref.blocks();
     let first = match read_copy(first_at) {
         Ok(listed) => return Ok(listed),

@@ -52,6 +52,39 @@ fn volume_with_big_file(page_index: bool) -> (Arc<MemDevice>, Volume, crate::Fil
     (dev, vol, big)
 }
 
+/// [`volume_with_big_file`] with index pages, `/big` given a block of
+/// `fill` at every other block past the inline bound, then unmounted:
+/// the device, its superblock, `/big`'s inode and extent count, and the
+/// index pages the newest base lists for it.
+fn unmounted_indexed_file(
+    fill: u8,
+) -> (
+    Arc<MemDevice>,
+    superblock::Superblock,
+    crate::types::Ino,
+    u64,
+    Vec<crate::codec::IndexRef>,
+) {
+    let (dev, vol, big) = volume_with_big_file(true);
+    let extents = crate::codec::inline_extents_max(BLOCK) as u64 + 40;
+    for k in 0..extents {
+        big.pwrite(&[fill; BLOCK as usize], 2 * k * BLOCK).unwrap();
+    }
+    big.fsync().unwrap();
+    let ino = big.ino();
+    drop(big);
+    vol.unmount().unwrap();
+    let sb = superblock::read_superblock(&*dev).unwrap();
+    let newest = checkpoint::read_checkpoints(&*dev, &sb).unwrap();
+    let irefs = newest.index[newest.slot]
+        .iter()
+        .find(|(i, _)| *i == ino)
+        .expect("/big is paged")
+        .1
+        .clone();
+    (dev, sb, ino, extents, irefs)
+}
+
 #[test]
 fn a_file_shrunk_below_the_inline_bound_keeps_its_damaged_page() {
     // Roots that list pages: the change here rewrites no page, so the
@@ -291,22 +324,8 @@ fn a_damaged_index_page_is_damage_to_the_roots_that_list_it() {
 #[test]
 fn an_unreadable_index_page_copy_is_read_from_the_other() {
     use blockdev::memory::{FaultOp, FaultRule};
-    let (dev, vol, big) = volume_with_big_file(true);
-    let extents = crate::codec::inline_extents_max(BLOCK) as u64 + 40;
-    for k in 0..extents {
-        big.pwrite(&[9; BLOCK as usize], 2 * k * BLOCK).unwrap();
-    }
-    big.fsync().unwrap();
-    let ino = big.ino();
-    drop(big);
-    vol.unmount().unwrap();
-    let sb = superblock::read_superblock(&*dev).unwrap();
-    let newest = checkpoint::read_checkpoints(&*dev, &sb).unwrap();
-    let iref = newest.index[newest.slot]
-        .iter()
-        .find(|(i, _)| *i == ino)
-        .expect("/big is paged")
-        .1[0];
+    let (dev, sb, ino, extents, irefs) = unmounted_indexed_file(9);
+    let iref = irefs[0];
     let unreadable = |at: u64| FaultRule {
         op: FaultOp::Read,
         skip: 0,
@@ -384,24 +403,8 @@ fn an_unreadable_index_page_copy_is_read_from_the_other() {
 /// nothing to do.
 #[test]
 fn fsck_repair_rewrites_a_damaged_index_page_copy() {
-    let (dev, vol, big) = volume_with_big_file(true);
-    let extents = crate::codec::inline_extents_max(BLOCK) as u64 + 40;
-    for k in 0..extents {
-        big.pwrite(&[5; BLOCK as usize], 2 * k * BLOCK).unwrap();
-    }
-    big.fsync().unwrap();
-    let ino = big.ino();
-    drop(big);
-    vol.unmount().unwrap();
-    let sb = superblock::read_superblock(&*dev).unwrap();
-    let newest = checkpoint::read_checkpoints(&*dev, &sb).unwrap();
-    let iref = *newest.index[newest.slot]
-        .iter()
-        .find(|(i, _)| *i == ino)
-        .expect("/big is paged")
-        .1
-        .last()
-        .unwrap();
+    let (dev, _, _, _, irefs) = unmounted_indexed_file(5);
+    let iref = *irefs.last().unwrap();
     let block = |at: u64| {
         let mut bytes = vec![0u8; BLOCK as usize];
         dev.read_at(&mut bytes, at).unwrap();
