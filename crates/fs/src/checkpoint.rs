@@ -1325,9 +1325,9 @@ pub fn rewrite_index_copy(
             ))
         }
     };
-    let mut block = vec![0u8; sb.block_size() as usize];
-    read_index_copy(dev, sb, page_area(sb), ino, iref, good, &mut block)?;
-    dev.write_at(&block, damaged.at, WriteMode::Fua)
+    let mut reader = IndexPageReader::new(dev, sb);
+    reader.read_copy(ino, iref, good)?;
+    dev.write_at(&reader.block, damaged.at, WriteMode::Fua)
         .map_err(|e| {
             Error::device(
                 format!(
@@ -1351,18 +1351,16 @@ pub fn read_index_pages(
     reading: PageReading,
 ) -> Result<(PageTable, Vec<DamagedIndexCopy>)> {
     let every_copy = matches!(reading, PageReading::Survey | PageReading::IndexCopies);
-    let area = page_area(sb);
-    let mut block = vec![0u8; sb.block_size() as usize];
+    let mut reader = IndexPageReader::new(dev, sb);
     let mut table = Vec::with_capacity(index.len());
-    let mut damaged = Vec::new();
     for (ino, list) in index {
         // Grown as index pages verify: the counts the root claims are not
         // checked against anything read yet.
         let mut pages: Vec<PageRef> = Vec::new();
         for iref in list {
-            let listed = read_index_page(dev, sb, area, *ino, iref, &mut block, &mut damaged)?;
+            let listed = reader.read_page(*ino, iref)?;
             if every_copy {
-                check_index_copy(dev, sb, area, *ino, iref, &mut block, &mut damaged);
+                reader.check_second_copy(*ino, iref);
             }
             // Each index page's keys are checked on their own: those of
             // the next must follow them. Both copies hold the same bytes,
@@ -1384,7 +1382,7 @@ pub fn read_index_pages(
         }
         table.push((*ino, pages));
     }
-    Ok((table, damaged))
+    Ok((table, reader.damaged))
 }
 
 /// The second copies among the index pages `tables` (both slots') list
@@ -1396,113 +1394,109 @@ pub fn check_second_index_copies(
     sb: &Superblock,
     tables: &[IndexTable],
 ) -> Vec<DamagedIndexCopy> {
-    let area = page_area(sb);
-    let mut block = vec![0u8; sb.block_size() as usize];
+    let mut reader = IndexPageReader::new(dev, sb);
     let mut seen = std::collections::HashSet::new();
-    let mut damaged = Vec::new();
     for (ino, list) in tables.iter().flatten() {
         for iref in list.iter().filter(|r| seen.insert(r.addr)) {
-            check_index_copy(dev, sb, area, *ino, iref, &mut block, &mut damaged);
+            reader.check_second_copy(*ino, iref);
         }
     }
-    damaged
+    reader.damaged
 }
 
-/// Reads and verifies the second copy of inode `ino`'s index page `iref`
-/// (whose first copy verified), listing it in `damaged` if it fails. A
-/// failed first copy was listed by [`read_index_page`] already, its
-/// second then verified.
-fn check_index_copy(
-    dev: &dyn BlockDevice,
-    sb: &Superblock,
+/// Reads index page copies into a buffer of one block, verifying each
+/// against its reference, and lists the copies that fail where the
+/// other verified.
+struct IndexPageReader<'a> {
+    dev: &'a dyn BlockDevice,
+    seed: u32,
     area: PageArea,
-    ino: Ino,
-    iref: &IndexRef,
-    block: &mut [u8],
-    damaged: &mut Vec<DamagedIndexCopy>,
-) {
-    if damaged.last().is_some_and(|d| d.index == *iref) {
-        return;
-    }
-    let at = iref.copy;
-    if let Err(e) = read_index_copy(dev, sb, area, ino, iref, at, block) {
-        damaged.push(DamagedIndexCopy {
-            ino,
-            index: *iref,
-            at,
-            reason: e.to_string(),
-        });
-    }
+    block: Vec<u8>,
+    damaged: Vec<DamagedIndexCopy>,
 }
 
-/// The page references of inode `ino`'s index page `iref` from its copy
-/// at device byte `at`, read into `block` (one block) and verified.
-fn read_index_copy(
-    dev: &dyn BlockDevice,
-    sb: &Superblock,
-    area: PageArea,
-    ino: Ino,
-    iref: &IndexRef,
-    at: u64,
-    block: &mut [u8],
-) -> Result<Vec<PageRef>> {
-    dev.read_at(block, at).map_err(|e| {
-        Error::device(
-            format!("reading inode {ino}'s index page at device byte {at}"),
-            e,
-        )
-    })?;
-    codec::decode_index_page(sb.crc_seed(), block, ino, iref, at, area)
-}
-
-/// The page references of inode `ino`'s index page `iref`, from the first
-/// of its copies that can be read and verifies (`block`: a buffer of one
-/// block). A copy that fails before the other verifies goes to
-/// `damaged`; when both fail, the error names both.
-fn read_index_page(
-    dev: &dyn BlockDevice,
-    sb: &Superblock,
-    area: PageArea,
-    ino: Ino,
-    iref: &IndexRef,
-    block: &mut [u8],
-    damaged: &mut Vec<DamagedIndexCopy>,
-) -> Result<Vec<PageRef>> {
-    let mut read_copy = |at: u64| read_index_copy(dev, sb, area, ino, iref, at, block);
-    let [first_at, copy_at] = iref.blocks();
-    let first = match read_copy(first_at) {
-        Ok(listed) => return Ok(listed),
-        Err(e) => e,
-    };
-    match read_copy(copy_at) {
-        Ok(listed) => {
-            damaged.push(DamagedIndexCopy {
-                ino,
-                index: *iref,
-                at: first_at,
-                reason: first.to_string(),
-            });
-            Ok(listed)
+impl<'a> IndexPageReader<'a> {
+    fn new(dev: &'a dyn BlockDevice, sb: &Superblock) -> Self {
+        IndexPageReader {
+            dev,
+            seed: sb.crc_seed(),
+            area: page_area(sb),
+            block: vec![0u8; sb.block_size() as usize],
+            damaged: Vec::new(),
         }
-        // Neither copy. A device error stays one (mount must not take an
-        // unreadable block for damage and fall back to an older
-        // checkpoint); damage to both is one error naming both.
-        Err(second) => Err(match (first, second) {
-            (
-                Error::Corrupt {
+    }
+
+    /// The page references of inode `ino`'s index page `iref` from its
+    /// copy at device byte `at` (left in `block`), verified.
+    fn read_copy(&mut self, ino: Ino, iref: &IndexRef, at: u64) -> Result<Vec<PageRef>> {
+        self.dev.read_at(&mut self.block, at).map_err(|e| {
+            Error::device(
+                format!("reading inode {ino}'s index page at device byte {at}"),
+                e,
+            )
+        })?;
+        codec::decode_index_page(self.seed, &self.block, ino, iref, at, self.area)
+    }
+
+    /// The page references of inode `ino`'s index page `iref`, from the
+    /// first of its copies that can be read and verifies. A copy that
+    /// fails before the other verifies is listed; when both fail, the
+    /// error names both.
+    fn read_page(&mut self, ino: Ino, iref: &IndexRef) -> Result<Vec<PageRef>> {
+        let [first_at, copy_at] = iref.blocks();
+        let first = match self.read_copy(ino, iref, first_at) {
+            Ok(listed) => return Ok(listed),
+            Err(e) => e,
+        };
+        match self.read_copy(ino, iref, copy_at) {
+            Ok(listed) => {
+                self.damaged.push(DamagedIndexCopy {
+                    ino,
+                    index: *iref,
+                    at: first_at,
+                    reason: first.to_string(),
+                });
+                Ok(listed)
+            }
+            // Neither copy. A device error stays one (mount must not take
+            // an unreadable block for damage and fall back to an older
+            // checkpoint); damage to both is one error naming both.
+            Err(second) => Err(match (first, second) {
+                (
+                    Error::Corrupt {
+                        what,
+                        offset,
+                        reason,
+                    },
+                    Error::Corrupt { reason: copy, .. },
+                ) => Error::Corrupt {
                     what,
                     offset,
-                    reason,
+                    reason: format!("{reason}; and its copy: {copy}"),
                 },
-                Error::Corrupt { reason: copy, .. },
-            ) => Error::Corrupt {
-                what,
-                offset,
-                reason: format!("{reason}; and its copy: {copy}"),
-            },
-            (e @ Error::Device { .. }, _) | (_, e @ Error::Device { .. }) => e,
-            (first, _) => first,
-        }),
+                (e @ Error::Device { .. }, _) | (_, e @ Error::Device { .. }) => e,
+                (first, _) => first,
+            }),
+        }
+    }
+
+    /// Reads and verifies the second copy of inode `ino`'s index page
+    /// `iref`, listing it if it fails. Skipped when the first copy was
+    /// just listed by [`IndexPageReader::read_page`] (the second then
+    /// verified).
+    fn check_second_copy(&mut self, ino: Ino, iref: &IndexRef) {
+        if self.damaged.last().is_some_and(|d| d.index == *iref) {
+            return;
+        }
+        let at = iref.copy;
+        if let Err(e) = self.read_copy(ino, iref, at) {
+            self.damaged.push(DamagedIndexCopy {
+                ino,
+                index: *iref,
+                at,
+                reason: e.to_string(),
+            });
+        }
     }
 }
 

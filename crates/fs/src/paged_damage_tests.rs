@@ -52,6 +52,19 @@ fn volume_with_big_file(page_index: bool) -> (Arc<MemDevice>, Volume, crate::Fil
     (dev, vol, big)
 }
 
+/// Mounts `dev`, waits for its free-space scan (which reads second
+/// copies of index pages) and checks that nothing was warned of.
+fn mounts_without_warnings(dev: &Arc<MemDevice>) {
+    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+    vol.wait_free_space().unwrap();
+    assert!(
+        vol.mount_warnings().is_empty(),
+        "{:?}",
+        vol.mount_warnings()
+    );
+    vol.release();
+}
+
 /// [`volume_with_big_file`] with index pages, `/big` given a block of
 /// `fill` at every other block past the inline bound, then unmounted:
 /// the device, its superblock, `/big`'s inode and extent count, and the
@@ -387,13 +400,7 @@ fn an_unreadable_index_page_copy_is_read_from_the_other() {
         dev.write_at(&good, damaged, WriteMode::Normal).unwrap();
     }
     dev.clear_faults();
-    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
-    assert!(
-        vol.mount_warnings().is_empty(),
-        "{:?}",
-        vol.mount_warnings()
-    );
-    vol.release();
+    mounts_without_warnings(&dev);
 }
 
 /// A damaged second copy of an index page: mount reads the first, and
@@ -445,11 +452,5 @@ fn fsck_repair_rewrites_a_damaged_index_page_copy() {
         crate::fsck::repair_index_copies(&*dev).unwrap(),
         (Vec::new(), Vec::new())
     );
-    let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
-    assert!(
-        vol.mount_warnings().is_empty(),
-        "{:?}",
-        vol.mount_warnings()
-    );
-    vol.release();
+    mounts_without_warnings(&dev);
 }
