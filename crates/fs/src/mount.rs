@@ -217,6 +217,7 @@ pub(crate) fn mount(
         index: index.map(std::sync::Arc::new),
         index_to_rewrite: damaged_index_copies.iter().map(|d| d.index.addr).collect(),
     };
+    meta.replaced_slot_bytes = commit.replaced_slot_bytes(&sb);
     let mut inner = VolumeInner::new(device, sb, meta, commit, commit_threshold, cache);
     inner.free_space_gate = FreeSpaceGate::scanning(scan_input);
     inner.mount_warnings = from_backup

@@ -115,12 +115,17 @@ pub(crate) struct Meta {
     /// Roots list index pages (`INCOMPAT_PAGE_INDEX`): that space covers
     /// them too.
     pub(crate) page_index: bool,
-    /// Bytes of the extent pages (and index pages) both slots' bases list. A base frees only
-    /// pages neither the other slot nor itself lists, so these stay in use
-    /// through the next base whatever it rewrites, and are freed at the
-    /// earliest by the one after: until then the room for a base must be
-    /// found besides them ([`Meta::base_reserve_for`]).
+    /// Bytes of the extent pages (and index pages) both slots' bases
+    /// list. A base frees only pages neither the other slot nor itself
+    /// lists, so these stay in use through the next base whatever it
+    /// rewrites, and are freed at the earliest by the one after
+    /// ([`Meta::base_reserve_for`]).
     pub(crate) shared_page_bytes: u64,
+    /// Bytes in the data area the slot the next base is written over
+    /// holds (its spill extents, extent pages and index pages, those the
+    /// other slot lists too included): what that base frees, less
+    /// `shared_page_bytes` ([`Meta::base_reserve_for`]).
+    pub(crate) replaced_slot_bytes: u64,
     /// Per regular file, extents its pending work may still add to its map
     /// (see [`crate::delalloc`]: the room held for writeback and for
     /// splits at I/O completion), and their sum. The room for the next
@@ -251,6 +256,19 @@ pub struct VolumeInner {
     pub(crate) lock_holds: crate::lock_holds::LockHolds,
 }
 
+impl CommitState {
+    /// See [`Meta::replaced_slot_bytes`]: the slot the next base is
+    /// written over is the one the chain does not end in.
+    pub(crate) fn replaced_slot_bytes(&self, sb: &Superblock) -> u64 {
+        let replaced = crate::checkpoint::other_slot(self.slot);
+        self.spills[replaced]
+            .iter()
+            .map(|&(_, len)| len)
+            .sum::<u64>()
+            + crate::checkpoint::listed_page_bytes(sb, &self.pages[replaced], &self.index[replaced])
+    }
+}
+
 impl VolumeInner {
     /// A live volume (not shut down).
     pub(crate) fn new(
@@ -354,6 +372,7 @@ impl Meta {
             extent_pages: false,
             page_index: false,
             shared_page_bytes: 0,
+            replaced_slot_bytes: 0,
             held: InoMap::default(),
             held_extents: 0,
             split_hold: InoMap::default(),
@@ -509,20 +528,39 @@ impl Meta {
         })
     }
 
-    /// Free data-area bytes kept for the next base, were it to grow by
-    /// `growth`: its payload (the image, or with extent pages the root),
-    /// in whole blocks, when that does not fit the slot, and with extent
-    /// pages a new page for every chunk of every paged file (at worst the
-    /// next base rewrites them all, while the pages the slots list stay
-    /// in use until it is durable). Data allocations leave them free
-    /// ([`Meta::unreserved_bytes`]), so that a checkpoint finds the space,
-    /// and `statfs` does not count them as free. The spill extents and
-    /// pages of the checkpoints on disk are used space besides.
+    /// Free data-area bytes kept for the next bases, were the next to
+    /// grow by `growth`. A base takes up to [`Meta::next_base_bytes`] and,
+    /// once durable, frees what only the slot it was written over listed;
+    /// what both slots list is freed by the base after at the earliest.
+    /// With no space given back in between, the next base takes a set and
+    /// frees the replaced slot's own bytes, the one after takes a set and
+    /// frees the rest of what the slots hold now, and only from the third
+    /// on does each free a set as large as it takes. So free space holds
+    /// up to three sets, less what the slots hold: a map that grows by a
+    /// page grows both slots' sets by a page before a base frees one, and
+    /// a room of one set would leave the base after the next short (so it
+    /// was, on a volume whose paged file grew past both slots' bases).
+    /// Data allocations leave this free ([`Meta::unreserved_bytes`]), so
+    /// that bases find their space, and `statfs` does not count it as free.
     pub(crate) fn base_reserve_for(&self, growth: BaseGrowth) -> u64 {
         self.base_reserve_with(growth, true)
     }
 
     fn base_reserve_with(&self, growth: BaseGrowth, pending: bool) -> u64 {
+        room_for_bases(
+            self.next_base_bytes(growth, pending),
+            self.replaced_slot_bytes
+                .saturating_sub(self.shared_page_bytes),
+            self.spilled_bytes,
+        )
+    }
+
+    /// The most a base takes from the data area, were it to grow by
+    /// `growth`: its payload (the image, or with extent pages the root),
+    /// in whole blocks, when that does not fit the slot, and with extent
+    /// pages a new page for every chunk of every paged file (at worst it
+    /// rewrites them all).
+    pub(crate) fn next_base_bytes(&self, growth: BaseGrowth, pending: bool) -> u64 {
         let block_size = u64::from(self.state.block_size);
         let payload = match self.spill_slot_bytes {
             Some(slot) => {
@@ -558,13 +596,7 @@ impl Meta {
         } else {
             0
         };
-        // The pages both slots list are freed at the earliest by the base
-        // after the next: were the next to rewrite every chunk, the one
-        // after would need a whole set again before they are.
-        payload
-            + whole_pages.max(block_pages).next_multiple_of(block_size)
-            + index_pages
-            + self.shared_page_bytes
+        payload + whole_pages.max(block_pages).next_multiple_of(block_size) + index_pages
     }
 
     /// The bytes of the next base's payload, were it to grow by `growth`:
@@ -713,4 +745,48 @@ fn record_inode(record: &Record) -> Option<Ino> {
 /// Extents a change of `bytes` could add to a checkpoint image, at worst.
 pub(crate) fn image_bytes_for_extents(extents: u64) -> u64 {
     extents * IMAGE_BYTES_PER_EXTENT
+}
+
+/// The free bytes that let bases go on with no space given back, each
+/// taking up to `set` ([`Meta::base_reserve_for`]): the next frees
+/// `replaced_only` (what only the slot it is written over lists), the one
+/// after the rest of `slots_hold` (what both slots list now), and each
+/// base after frees a base's set.
+fn room_for_bases(set: u64, replaced_only: u64, slots_hold: u64) -> u64 {
+    set.max((2 * set).saturating_sub(replaced_only))
+        .max((3 * set).saturating_sub(slots_hold))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::room_for_bases;
+    use proptest::prelude::*;
+
+    /// Bases in a row, each taking a whole `set`, with nothing else given
+    /// back: the first frees the replaced slot's own bytes, the second
+    /// the rest, each later one the set of the base two before it.
+    fn bases_go_on(free: u64, set: u64, replaced_only: u64, slots_hold: u64) -> bool {
+        let mut free = i128::from(free);
+        let freed_by = [replaced_only, slots_hold - replaced_only, set, set];
+        freed_by.iter().all(|&freed| {
+            free -= i128::from(set);
+            let found = free >= 0;
+            free += i128::from(freed);
+            found
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn the_room_is_what_bases_in_a_row_need(
+            set in 0u64..1 << 20,
+            replaced_only in 0u64..1 << 20,
+            newer in 0u64..1 << 20,
+        ) {
+            let slots_hold = replaced_only + newer;
+            let room = room_for_bases(set, replaced_only, slots_hold);
+            prop_assert!(bases_go_on(room, set, replaced_only, slots_hold));
+            prop_assert!(room == 0 || !bases_go_on(room - 1, set, replaced_only, slots_hold));
+        }
+    }
 }

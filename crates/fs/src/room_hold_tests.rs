@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use blockdev::memory::{FaultOp, FaultRule, MemDevice};
 
+use crate::mount_state::BaseGrowth;
 use crate::volume::{FormatOptions, MountOptions, Volume};
 use crate::OpenFlags;
 
@@ -85,7 +86,8 @@ fn a_direct_write_releases_its_split_holds_at_completion() {
 }
 
 /// A base takes no room reserved for delayed allocation: with a buffered
-/// write reserving all but 64 KiB of the unreserved space, a base (its
+/// write reserving all it can of the unreserved space (within a block:
+/// what it holds grows the room for pages), a base (its
 /// pages placed, held before it writes them) leaves free space at least
 /// what is reserved, and the write's writeback, which allocates without
 /// checking, succeeds meanwhile. The base's pages come from runs of free
@@ -106,9 +108,25 @@ fn a_base_takes_no_room_reserved_for_delayed_allocation() {
         big.fallocate(2 * k * 4096, 4096, false).unwrap();
     }
     let unreserved = vol.inner.meta.read().unreserved_bytes().unwrap();
-    let data = vec![7u8; (unreserved - (64 << 10)) as usize];
     let buffered = vol.open_file("/data", create(false)).unwrap();
+    // The largest write accepted, to a block.
+    let (mut accepted, mut refused) = (0, unreserved + 4096);
+    while refused - accepted > 4096 {
+        let len = (accepted + refused) / 2 / 4096 * 4096;
+        match buffered.pwrite(&vec![7u8; len as usize], 0) {
+            Ok(_) => accepted = len,
+            Err(err) if err.errno() == libc::ENOSPC => refused = len,
+            Err(err) => panic!("{err}"),
+        }
+        buffered.truncate(0).unwrap();
+    }
+    let data = vec![7u8; accepted as usize];
     buffered.pwrite(&data, 0).unwrap();
+    let (free_before, set) = {
+        let meta = vol.inner.meta.read();
+        let free = meta.alloc.allocator().unwrap().free_bytes();
+        (free, meta.next_base_bytes(BaseGrowth::default(), true))
+    };
     let data_area = vol.inner.sb.layout.data.start;
     let held = dev.pause_before(FaultRule::new(FaultOp::Write).range(data_area..u64::MAX));
     let base = std::thread::spawn({
@@ -124,6 +142,11 @@ fn a_base_takes_no_room_reserved_for_delayed_allocation() {
     assert!(
         free >= reserved,
         "free {free} < reserved {reserved} while the base holds its pages"
+    );
+    assert!(
+        free_before - free <= set,
+        "the base holds {} bytes, more than the {set} a base may take",
+        free_before - free
     );
     buffered
         .fsync()

@@ -670,12 +670,19 @@ impl VolumeInner {
             older_chain.last_offset,
             older_chain.generation,
         )?;
+        // A delta leaves both slots' sets as they were.
+        let replaced_slot_bytes = replaced_spill
+            .is_some()
+            .then(|| commit.replaced_slot_bytes(&self.sb));
         {
             let mut meta = self.meta.write();
             let held = Instant::now();
             meta.mark_committed(journal_seq - 1);
             if let Some(shared) = shared_page_bytes {
                 meta.shared_page_bytes = shared;
+            }
+            if let Some(replaced) = replaced_slot_bytes {
+                meta.replaced_slot_bytes = replaced;
             }
             self.lock_holds.record(HoldSite::CheckpointInstall, held);
         }

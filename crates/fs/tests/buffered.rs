@@ -1203,7 +1203,9 @@ fn volume_wide_writeback_and_writers_never_deadlock() {
 /// A buffered write far past EOF reserves space for what it writes and
 /// for the old EOF block it zeroes, not for the hole between: a 1-byte
 /// write at 1 GiB on a 32 MiB volume succeeds and leaves free space as it
-/// was, less a block or two.
+/// was, less a block or two and the room for the pages of the extents it
+/// holds (statfs counts the room; a page up to three times over until
+/// bases have written it: see `room_for_bases`).
 #[test]
 fn a_write_far_past_eof_reserves_only_what_it_writes() {
     let dev = Arc::new(MemDevice::new(32 * MIB, 512));
@@ -1214,7 +1216,7 @@ fn a_write_far_past_eof_reserves_only_what_it_writes() {
     f.pwrite(&[9u8], 1 << 30).unwrap();
     let after = vol.statfs().free_bytes;
     assert!(
-        free - after <= 2 * BLOCK,
+        free - after <= 8 * BLOCK,
         "the write reserved {} bytes",
         free - after
     );

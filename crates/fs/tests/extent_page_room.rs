@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use blockdev::memory::MemDevice;
 use common::dev::{checkpoint_through_a_base, dynd, fsck_clean};
-use iomapfs_fs::{FormatOptions, OpenFlags, Result, Volume};
+use iomapfs_fs::{File, FormatOptions, MountOptions, OpenFlags, Result, Volume};
 
 fn create() -> OpenFlags {
     OpenFlags {
@@ -98,6 +98,37 @@ fn a_base_finds_its_pages_in_single_blocks(page_index: bool) {
     vol.unmount().unwrap();
 }
 
+/// Fills the volume with one-block files `/s0`, `/s1`, ... each synced,
+/// until ENOSPC; returns how many it made.
+fn fill_with_singles(vol: &Volume) -> u64 {
+    let mut files = 0u64;
+    while !enospc(
+        vol.open_file(&format!("/s{files}"), create())
+            .and_then(|f| f.pwrite(&[1u8; 512], 0).and_then(|_| f.fsync())),
+    ) {
+        files += 1;
+    }
+    files
+}
+
+/// Writes `2`s into `file` from offset 0 until ENOSPC, each write as large
+/// as the free space statfs reports (the room not counted), halved until
+/// accepted: the last ones take it all, a piece per block. Returns the
+/// bytes written.
+fn write_until_enospc(vol: &Volume, file: &File) -> u64 {
+    let mut size = 0u64;
+    let mut len = vol.statfs().free_bytes / 512 * 512;
+    while len >= 512 {
+        if enospc(file.pwrite(&vec![2u8; len as usize], size).map(drop)) {
+            len = len / 1024 * 512;
+        } else {
+            size += len;
+            len = vol.statfs().free_bytes / 512 * 512;
+        }
+    }
+    size
+}
+
 /// Free space in single blocks (every other one-block file deleted), then
 /// large writes into a paged file until ENOSPC: each takes a piece per
 /// block, far more extents than the few per write the first check
@@ -115,32 +146,14 @@ fn fill_fragmented(direct: bool, page_index: bool) {
     };
     Volume::format(dynd(&dev), &opts).unwrap();
     let vol = Volume::open(dynd(&dev)).unwrap();
-    let mut files = 0u64;
-    while !enospc(
-        vol.open_file(&format!("/s{files}"), create())
-            .and_then(|f| f.pwrite(&[1u8; 512], 0).and_then(|_| f.fsync())),
-    ) {
-        files += 1;
-    }
+    let files = fill_with_singles(&vol);
     for n in (0..files).step_by(2) {
         vol.unlink(&format!("/s{n}")).unwrap();
     }
     vol.checkpoint().unwrap();
     let flags = OpenFlags { direct, ..create() };
     let big = vol.open_file("/big", flags).unwrap();
-    // Each write as large as the free space statfs reports (the room not
-    // counted), halved until accepted: the last ones take it all, a piece
-    // per block.
-    let mut size = 0u64;
-    let mut len = vol.statfs().free_bytes / 512 * 512;
-    while len >= 512 {
-        if enospc(big.pwrite(&vec![2u8; len as usize], size).map(drop)) {
-            len = len / 1024 * 512;
-        } else {
-            size += len;
-            len = vol.statfs().free_bytes / 512 * 512;
-        }
-    }
+    let size = write_until_enospc(&vol, &big);
     assert!(size >= 256 << 10, "{size} bytes written");
     big.fsync().unwrap();
     drop(big);
@@ -218,4 +231,137 @@ fn direct_writes_through_a_fallocated_file_never_meet_enospc() {
 fn buffered_writes_through_a_fallocated_file_never_meet_enospc() {
     lay_out_through_fallocated_space(false, false);
     lay_out_through_fallocated_space(false, true);
+}
+
+/// A paged file grown past both slots' bases: free space in single
+/// blocks, both slots' bases written before the file (no pages), then
+/// direct writes until ENOSPC with no base in between. The next base takes
+/// a whole set of pages and frees only the slot's root, the one after
+/// another set: the room must hold them both (a room of one set left the
+/// test above, when no background base fell inside its writes, refusing
+/// the renames after the first base). Background checkpoints are off, so
+/// that the bases fall here each run.
+#[test]
+fn a_map_grown_past_both_slots_bases_leaves_room_for_the_bases_after() {
+    for page_index in [false, true] {
+        grown_past_both_slots_bases(page_index);
+    }
+}
+
+fn grown_past_both_slots_bases(page_index: bool) {
+    let (dev, vol, files) = fragmented_quiet_volume(page_index);
+    // A base in each slot, neither listing a page.
+    checkpoint_through_a_base(&vol, "/s1", "/t1");
+    checkpoint_through_a_base(&vol, "/s1", "/t1");
+    grow_and_base_twice(&vol, files);
+    vol.unmount().unwrap();
+    fsck_clean(dynd(&dev), "after the bases");
+}
+
+/// After a map shrank: the newest base lists the pages of a file since
+/// deleted, the other base only a root, so the next base frees a root
+/// and the one after the deleted file's pages. The room must count what
+/// the next base frees (the slot it replaces), not what the newest
+/// lists. Sparse writes (a block at every other block) make the maps, so
+/// that pages, not the root, are most of each base, and the journal is
+/// large enough that no commit checkpoints in between.
+#[test]
+fn a_map_grown_after_another_was_deleted_leaves_room_for_the_bases_after() {
+    for page_index in [false, true] {
+        let dev = Arc::new(MemDevice::new(8 << 20, 512));
+        let vol = quiet_volume(&dev, page_index, Some(2 << 20));
+        let pad = vol.open_file("/pad", create()).unwrap();
+        pad.pwrite(&[1u8; 16 << 10], 0).unwrap();
+        pad.fsync().unwrap();
+        drop(pad);
+        let sparse = |path: &str, blocks: u64| {
+            let file = vol.open_file(path, direct_create()).unwrap();
+            for k in 0..blocks {
+                file.pwrite(&[3u8; 512], 2 * k * 512).unwrap();
+            }
+            file
+        };
+        // Its pages more than the next file's: the room for that one
+        // must not take them for freed by the next base.
+        drop(sparse("/gone", 4000));
+        // A base lists its pages (the first checkpoint after so large a
+        // change is one), the other slot's lists none; then the file is
+        // deleted with no base after (a delta: the chain has room).
+        vol.checkpoint().unwrap();
+        vol.unlink("/gone").unwrap();
+        vol.checkpoint().unwrap();
+        let big = sparse("/big", 2000);
+        let mut size = 4 << 20;
+        let mut len = vol.statfs().free_bytes / 512 * 512;
+        while len >= 512 {
+            if enospc(big.pwrite(&vec![2u8; len as usize], size).map(drop)) {
+                len = len / 1024 * 512;
+            } else {
+                size += len;
+                len = vol.statfs().free_bytes / 512 * 512;
+            }
+        }
+        drop(big);
+        vol.unlink("/pad").unwrap();
+        checkpoint_through_a_base(&vol, "/big", "/bgi");
+        checkpoint_through_a_base(&vol, "/big", "/bgi");
+        vol.unmount().unwrap();
+        fsck_clean(dynd(&dev), "after the bases");
+    }
+}
+
+/// A [`quiet_volume`] of 4 MiB filled with one-block files every other
+/// one of which is deleted: free space in single blocks. Returns the
+/// files made.
+fn fragmented_quiet_volume(page_index: bool) -> (Arc<MemDevice>, Volume, u64) {
+    let dev = Arc::new(MemDevice::new(4 << 20, 512));
+    let vol = quiet_volume(&dev, page_index, None);
+    let files = fill_with_singles(&vol);
+    for n in (0..files).step_by(2) {
+        vol.unlink(&format!("/s{n}")).unwrap();
+    }
+    (dev, vol, files)
+}
+
+/// `/big` written until ENOSPC with no base in between, a few singles
+/// freed for the renames, and two bases through renames: each rename
+/// grows the metadata a little, so one is refused if a base left free
+/// space under the room.
+fn grow_and_base_twice(vol: &Volume, files: u64) {
+    let big = vol.open_file("/big", direct_create()).unwrap();
+    let size = write_until_enospc(vol, &big);
+    assert!(size >= 128 << 10, "{size} bytes written");
+    drop(big);
+    for n in (3..files).step_by(2).take(16) {
+        vol.unlink(&format!("/s{n}")).unwrap();
+    }
+    checkpoint_through_a_base(vol, "/big", "/bgi");
+    checkpoint_through_a_base(vol, "/big", "/bgi");
+}
+
+/// `dev` formatted with 512-byte blocks, extent pages and the journal
+/// given (`None`: the default), mounted with no background checkpoints
+/// or commits: bases fall where a test puts them.
+fn quiet_volume(dev: &Arc<MemDevice>, page_index: bool, journal_bytes: Option<u64>) -> Volume {
+    let opts = FormatOptions {
+        block_size: 512,
+        extent_pages: true,
+        page_index,
+        journal_bytes,
+        ..FormatOptions::default()
+    };
+    Volume::format(dynd(dev), &opts).unwrap();
+    let quiet = MountOptions {
+        background_checkpoints: false,
+        background_commits: false,
+        ..MountOptions::default()
+    };
+    Volume::open_with(dynd(dev), &quiet).unwrap()
+}
+
+fn direct_create() -> OpenFlags {
+    OpenFlags {
+        direct: true,
+        ..create()
+    }
 }
