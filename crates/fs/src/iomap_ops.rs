@@ -15,8 +15,9 @@ impl VolumeInner {
     /// Runs `allocate` under the metadata write lock. Space freed by
     /// changes that no checkpoint holds yet stays busy (reusing it could
     /// expose new data in its old owner after a crash or a lost journal
-    /// tail); when an allocation fails while space is busy, checkpoint to
-    /// release it and try once more. Returns
+    /// tail); when an allocation fails while space is busy, or while a
+    /// checkpoint runs ([`VolumeInner::space_may_come_back`]), checkpoint
+    /// to release it and try once more. Returns
     /// the lock still held, so the caller sees the state it allocated in.
     ///
     /// While mount's scan rebuilds free space, `allocate` gets
@@ -37,7 +38,9 @@ impl VolumeInner {
             attempt = allocate(&mut meta);
         }
         match attempt {
-            Err(e) if matches!(e.root(), Error::NoSpace { .. }) && meta.alloc.busy_bytes() > 0 => {
+            Err(e)
+                if matches!(e.root(), Error::NoSpace { .. }) && self.space_may_come_back(&meta) =>
+            {
                 drop(meta);
                 self.checkpoint()?;
                 let mut meta = self.meta.write();
@@ -51,11 +54,20 @@ impl VolumeInner {
 }
 
 impl VolumeInner {
+    /// Whether a checkpoint may give back what an allocation or the room
+    /// for the next bases found short: space is busy (freed by changes
+    /// no checkpoint holds yet), or a checkpoint runs (a base in flight
+    /// holds its new pages out of free space, and the space it frees
+    /// comes back only after it is durable).
+    fn space_may_come_back(&self, meta: &Meta) -> bool {
+        meta.alloc.busy_bytes() > 0 || self.checkpointing.is_locked()
+    }
+
     /// Runs a metadata change that refuses, changing nothing, when the
-    /// next base's room is short; when it is and space is busy (freed by
-    /// changes no checkpoint holds yet), checkpoints to release it and
-    /// tries once more, as allocations do ([`VolumeInner::with_busy_retry`]):
-    /// ENOSPC only when space is really short.
+    /// next base's room is short; when it is and space may come back
+    /// ([`VolumeInner::space_may_come_back`]), checkpoints and tries once
+    /// more, as allocations do ([`VolumeInner::with_busy_retry`]): ENOSPC
+    /// only when space is really short.
     pub(crate) fn retry_if_busy<T>(&self, mut change: impl FnMut() -> Result<T>) -> Result<T> {
         let mut attempt = change();
         // Short only of the reserve the scan's allocator replaces.
@@ -66,7 +78,7 @@ impl VolumeInner {
         match attempt {
             Err(e)
                 if matches!(e.root(), Error::NoSpace { .. })
-                    && self.meta.read().alloc.busy_bytes() > 0 =>
+                    && self.space_may_come_back(&self.meta.read()) =>
             {
                 self.checkpoint()?;
                 change()

@@ -123,8 +123,9 @@ pub(crate) struct Meta {
     pub(crate) shared_page_bytes: u64,
     /// Bytes in the data area the slot the next base is written over
     /// holds (its spill extents, extent pages and index pages, those the
-    /// other slot lists too included): what that base frees, less
-    /// `shared_page_bytes` ([`Meta::base_reserve_for`]).
+    /// other slot lists too included). Less `shared_page_bytes`, what
+    /// that base frees if it reuses none of them; one that reuses some
+    /// takes as much less ([`Meta::base_reserve_for`]).
     pub(crate) replaced_slot_bytes: u64,
     /// Per regular file, extents its pending work may still add to its map
     /// (see [`crate::delalloc`]: the room held for writeback and for
@@ -485,7 +486,7 @@ impl Meta {
     /// base needs past the free space delayed allocations leave.
     pub(crate) fn reserve_base(&self, sb: &Superblock, growth: BaseGrowth) -> Result<()> {
         let slot = sb.layout.checkpoint_slots[0].len;
-        let needed = self.base_payload_estimate(growth, true) + CHECKPOINT_HEADROOM;
+        let needed = self.base_payload_estimate(growth) + CHECKPOINT_HEADROOM;
         if needed > slot && self.spill_slot_bytes.is_none() {
             return Err(Error::NoSpace {
                 what: "metadata (checkpoint slot)".to_string(),
@@ -537,18 +538,13 @@ impl Meta {
     /// frees the rest of what the slots hold now, and only from the third
     /// on does each free a set as large as it takes. So free space holds
     /// up to three sets, less what the slots hold: a map that grows by a
-    /// page grows both slots' sets by a page before a base frees one, and
-    /// a room of one set would leave the base after the next short (so it
-    /// was, on a volume whose paged file grew past both slots' bases).
+    /// page grows both slots' sets by a page before a base frees one
+    /// (docs/EXTENT_PAGES.md, "Room for the bases after the next").
     /// Data allocations leave this free ([`Meta::unreserved_bytes`]), so
     /// that bases find their space, and `statfs` does not count it as free.
     pub(crate) fn base_reserve_for(&self, growth: BaseGrowth) -> u64 {
-        self.base_reserve_with(growth, true)
-    }
-
-    fn base_reserve_with(&self, growth: BaseGrowth, pending: bool) -> u64 {
         room_for_bases(
-            self.next_base_bytes(growth, pending),
+            self.next_base_bytes(growth),
             self.replaced_slot_bytes
                 .saturating_sub(self.shared_page_bytes),
             self.spilled_bytes,
@@ -560,11 +556,11 @@ impl Meta {
     /// in whole blocks, when that does not fit the slot, and with extent
     /// pages a new page for every chunk of every paged file (at worst it
     /// rewrites them all).
-    pub(crate) fn next_base_bytes(&self, growth: BaseGrowth, pending: bool) -> u64 {
+    pub(crate) fn next_base_bytes(&self, growth: BaseGrowth) -> u64 {
         let block_size = u64::from(self.state.block_size);
         let payload = match self.spill_slot_bytes {
             Some(slot) => {
-                let needed = self.base_payload_estimate(growth, pending) + CHECKPOINT_HEADROOM;
+                let needed = self.base_payload_estimate(growth) + CHECKPOINT_HEADROOM;
                 if needed <= slot {
                     0
                 } else {
@@ -576,7 +572,7 @@ impl Meta {
         if !self.extent_pages {
             return payload;
         }
-        let paged = self.paged_after(growth, pending);
+        let paged = self.paged_after(growth);
         // A page of n extents takes (32 + 25 n) bytes rounded up to a
         // block: less than 32 + 25 n + a block. Where free space has no
         // run that long, the chunk goes as one-block pages of at most
@@ -602,18 +598,14 @@ impl Meta {
     /// The bytes of the next base's payload, were it to grow by `growth`:
     /// the image, or with extent pages the root (the image less the paged
     /// files' extents, plus their page table).
-    fn base_payload_estimate(&self, growth: BaseGrowth, pending: bool) -> u64 {
-        let held = if pending {
-            self.held_extents + self.fragmentation_extents()
-        } else {
-            0
-        };
+    fn base_payload_estimate(&self, growth: BaseGrowth) -> u64 {
+        let held = self.held_extents + self.fragmentation_extents();
         let image =
             self.state.image_bytes_estimate() + growth.image + image_bytes_for_extents(held);
         if !self.extent_pages {
             return image;
         }
-        let paged = self.paged_after(growth, pending);
+        let paged = self.paged_after(growth);
         // With index pages a root lists at most `index_pages_at_most`
         // references of 56 bytes per file: 2P / max + 1 each, within 32
         // per page (a page reference's bytes) and one more per file, as
@@ -645,11 +637,8 @@ impl Meta {
     }
 
     /// [`MetaState::paged_size`] after `growth`.
-    fn paged_after(&self, growth: BaseGrowth, pending: bool) -> crate::state::PagedSize {
-        let mut now = self.state.paged_size();
-        if pending {
-            now = now.plus(self.pending_paged());
-        }
+    fn paged_after(&self, growth: BaseGrowth) -> crate::state::PagedSize {
+        let now = self.state.paged_size().plus(self.pending_paged());
         let Some((size, extra)) = growth.file else {
             return now;
         };

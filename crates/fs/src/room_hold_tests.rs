@@ -112,7 +112,7 @@ fn a_base_takes_no_room_reserved_for_delayed_allocation() {
     // The largest write accepted, to a block.
     let (mut accepted, mut refused) = (0, unreserved + 4096);
     while refused - accepted > 4096 {
-        let len = (accepted + refused) / 2 / 4096 * 4096;
+        let len = ((accepted + refused) / 2 / 4096 * 4096).max(accepted + 4096);
         match buffered.pwrite(&vec![7u8; len as usize], 0) {
             Ok(_) => accepted = len,
             Err(err) if err.errno() == libc::ENOSPC => refused = len,
@@ -125,7 +125,7 @@ fn a_base_takes_no_room_reserved_for_delayed_allocation() {
     let (free_before, set) = {
         let meta = vol.inner.meta.read();
         let free = meta.alloc.allocator().unwrap().free_bytes();
-        (free, meta.next_base_bytes(BaseGrowth::default(), true))
+        (free, meta.next_base_bytes(BaseGrowth::default()))
     };
     let data_area = vol.inner.sb.layout.data.start;
     let held = dev.pause_before(FaultRule::new(FaultOp::Write).range(data_area..u64::MAX));

@@ -33,9 +33,10 @@ pub struct StatFs {
     /// Bytes free for allocation, including space freed by changes that
     /// are not durable yet (an allocation that needs it commits first).
     pub free_bytes: u64,
-    /// Bytes of the data area that hold checkpoint images too large for
-    /// their slots (both slots' spill extents), or that are kept free for
-    /// the next one: not in `free_bytes`.
+    /// Bytes of the data area that hold checkpoint metadata (both slots'
+    /// spill extents and extent pages) or that are kept free for the
+    /// next bases (the room: up to three bases' worth, less what the
+    /// slots hold): not in `free_bytes`.
     pub metadata_bytes: u64,
     pub inodes: u64,
 }

@@ -111,12 +111,12 @@ fn fill_with_singles(vol: &Volume) -> u64 {
     files
 }
 
-/// Writes `2`s into `file` from offset 0 until ENOSPC, each write as large
-/// as the free space statfs reports (the room not counted), halved until
-/// accepted: the last ones take it all, a piece per block. Returns the
-/// bytes written.
-fn write_until_enospc(vol: &Volume, file: &File) -> u64 {
-    let mut size = 0u64;
+/// Writes `2`s into `file` from offset `from` until ENOSPC, each write as
+/// large as the free space statfs reports (the room not counted), halved
+/// until accepted: the last ones take it all, a piece per block. Returns
+/// the bytes written.
+fn write_until_enospc(vol: &Volume, file: &File, from: u64) -> u64 {
+    let mut size = from;
     let mut len = vol.statfs().free_bytes / 512 * 512;
     while len >= 512 {
         if enospc(file.pwrite(&vec![2u8; len as usize], size).map(drop)) {
@@ -126,7 +126,7 @@ fn write_until_enospc(vol: &Volume, file: &File) -> u64 {
             len = vol.statfs().free_bytes / 512 * 512;
         }
     }
-    size
+    size - from
 }
 
 /// Free space in single blocks (every other one-block file deleted), then
@@ -153,7 +153,7 @@ fn fill_fragmented(direct: bool, page_index: bool) {
     vol.checkpoint().unwrap();
     let flags = OpenFlags { direct, ..create() };
     let big = vol.open_file("/big", flags).unwrap();
-    let size = write_until_enospc(&vol, &big);
+    let size = write_until_enospc(&vol, &big, 0);
     assert!(size >= 256 << 10, "{size} bytes written");
     big.fsync().unwrap();
     drop(big);
@@ -291,16 +291,11 @@ fn a_map_grown_after_another_was_deleted_leaves_room_for_the_bases_after() {
         vol.unlink("/gone").unwrap();
         vol.checkpoint().unwrap();
         let big = sparse("/big", 2000);
-        let mut size = 4 << 20;
-        let mut len = vol.statfs().free_bytes / 512 * 512;
-        while len >= 512 {
-            if enospc(big.pwrite(&vec![2u8; len as usize], size).map(drop)) {
-                len = len / 1024 * 512;
-            } else {
-                size += len;
-                len = vol.statfs().free_bytes / 512 * 512;
-            }
-        }
+        let size = write_until_enospc(&vol, &big, 4 << 20);
+        assert!(
+            size >= 1 << 20,
+            "{size} bytes written after the sparse ones"
+        );
         drop(big);
         vol.unlink("/pad").unwrap();
         checkpoint_through_a_base(&vol, "/big", "/bgi");
@@ -329,7 +324,7 @@ fn fragmented_quiet_volume(page_index: bool) -> (Arc<MemDevice>, Volume, u64) {
 /// space under the room.
 fn grow_and_base_twice(vol: &Volume, files: u64) {
     let big = vol.open_file("/big", direct_create()).unwrap();
-    let size = write_until_enospc(vol, &big);
+    let size = write_until_enospc(vol, &big, 0);
     assert!(size >= 128 << 10, "{size} bytes written");
     drop(big);
     for n in (3..files).step_by(2).take(16) {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use blockdev::memory::MemDevice;
 use common::dev::{dynd, fsck_clean, MIB};
-use iomapfs_fs::{checkpoint, superblock, Error, FormatOptions, OpenFlags, Volume};
+use iomapfs_fs::{checkpoint, superblock, Error, FormatOptions, MountOptions, OpenFlags, Volume};
 
 const DIRECT: OpenFlags = OpenFlags {
     create: true,
@@ -330,4 +330,76 @@ fn a_spill_extent_over_a_file_extent_is_refused() {
     );
     let err = iomapfs_fs::fsck::check(dynd(&dev)).expect_err("fsck refuses");
     assert!(err.to_string().contains("spill extent"), "{err}");
+}
+
+/// The room for the next bases on a volume without extent pages: both
+/// slots' images fit their slots (no spill), then a sparse file's map
+/// grows the image until ENOSPC with no checkpoint in between. The next
+/// image spills and frees nothing, the one after spills again: the room
+/// must hold both (one image's worth left 4096 bytes free after the
+/// first checkpoint where the next image needed 150016). Every rename
+/// after is accepted and every checkpoint written.
+#[test]
+fn an_image_grown_past_both_slots_spills_keeps_its_bases_going() {
+    const BS: u64 = 512;
+    let dev = Arc::new(MemDevice::new(4 * MIB, 512));
+    Volume::format(
+        dynd(&dev),
+        &FormatOptions {
+            block_size: BS as u32,
+            extent_pages: false,
+            checkpoint_slot_bytes: Some(8 << 10),
+            // No commit finds the journal full: no checkpoint falls
+            // inside the writes.
+            journal_bytes: Some(MIB),
+            ..FormatOptions::default()
+        },
+    )
+    .unwrap();
+    let quiet = MountOptions {
+        background_checkpoints: false,
+        background_commits: false,
+        ..MountOptions::default()
+    };
+    let vol = Volume::open_with(dynd(&dev), &quiet).unwrap();
+    let created = OpenFlags {
+        create: true,
+        ..OpenFlags::default()
+    };
+    let pad = vol.open_file("/pad", created).unwrap();
+    pad.pwrite(&[1u8; 8192], 0).unwrap();
+    pad.fsync().unwrap();
+    drop(pad);
+    // Both slots' images small, neither spilled.
+    for _ in 0..40 {
+        vol.rename("/pad", "/dap").unwrap();
+        vol.checkpoint().unwrap();
+        vol.rename("/dap", "/pad").unwrap();
+    }
+    assert!(!spills_on_disk(&dev).1, "no image spills yet");
+    let sparse = vol.open_file("/sparse", DIRECT).unwrap();
+    let mut blocks = 0u64;
+    loop {
+        match sparse.pwrite(&[2u8; BS as usize], 2 * blocks * BS) {
+            Ok(_) => blocks += 1,
+            Err(e) if e.errno() == libc::ENOSPC => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(blocks > 1000, "{blocks} extents");
+    drop(sparse);
+    for i in 0..40 {
+        let (from, to) = if i % 2 == 0 {
+            ("/pad", "/dap")
+        } else {
+            ("/dap", "/pad")
+        };
+        vol.rename(from, to)
+            .unwrap_or_else(|e| panic!("rename {i}: {e}"));
+        vol.checkpoint()
+            .unwrap_or_else(|e| panic!("checkpoint {i}: {e}"));
+    }
+    assert!(spills_on_disk(&dev).1, "the image spills");
+    vol.unmount().unwrap();
+    fsck_clean(dynd(&dev), "after the checkpoints");
 }
