@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use blockdev::memory::MemDevice;
 use common::dev::{checkpoint_through_a_base, dynd, fsck_clean};
-use iomapfs_fs::{File, FormatOptions, MountOptions, OpenFlags, Result, Volume};
+use iomapfs_fs::{
+    checkpoint, superblock, File, FormatOptions, MountOptions, OpenFlags, Result, Volume,
+};
 
 fn create() -> OpenFlags {
     OpenFlags {
@@ -253,7 +255,12 @@ fn grown_past_both_slots_bases(page_index: bool) {
     // A base in each slot, neither listing a page.
     checkpoint_through_a_base(&vol, "/s1", "/t1");
     checkpoint_through_a_base(&vol, "/s1", "/t1");
-    grow_and_base_twice(&vol, files);
+    assert_eq!(
+        slots_on_disk(&dev).1,
+        [0, 0],
+        "pages listed before the file"
+    );
+    grow_and_base_twice(&dev, &vol, files);
     vol.unmount().unwrap();
     fsck_clean(dynd(&dev), "after the bases");
 }
@@ -288,8 +295,11 @@ fn a_map_grown_after_another_was_deleted_leaves_room_for_the_bases_after() {
         // change is one), the other slot's lists none; then the file is
         // deleted with no base after (a delta: the chain has room).
         vol.checkpoint().unwrap();
+        let (_, listed) = slots_on_disk(&dev);
+        assert!(listed[0] > 0 && listed[1] == 0, "{listed:?}");
         vol.unlink("/gone").unwrap();
         vol.checkpoint().unwrap();
+        assert_eq!(slots_on_disk(&dev), (1, listed), "a delta after the delete");
         let big = sparse("/big", 2000);
         let size = write_until_enospc(&vol, &big, 4 << 20);
         assert!(
@@ -297,6 +307,7 @@ fn a_map_grown_after_another_was_deleted_leaves_room_for_the_bases_after() {
             "{size} bytes written after the sparse ones"
         );
         drop(big);
+        assert_eq!(slots_on_disk(&dev).1, listed, "no base in the writes");
         vol.unlink("/pad").unwrap();
         checkpoint_through_a_base(&vol, "/big", "/bgi");
         checkpoint_through_a_base(&vol, "/big", "/bgi");
@@ -322,11 +333,13 @@ fn fragmented_quiet_volume(page_index: bool) -> (Arc<MemDevice>, Volume, u64) {
 /// freed for the renames, and two bases through renames: each rename
 /// grows the metadata a little, so one is refused if a base left free
 /// space under the room.
-fn grow_and_base_twice(vol: &Volume, files: u64) {
+fn grow_and_base_twice(dev: &MemDevice, vol: &Volume, files: u64) {
+    let listed = slots_on_disk(dev).1;
     let big = vol.open_file("/big", direct_create()).unwrap();
     let size = write_until_enospc(vol, &big, 0);
     assert!(size >= 128 << 10, "{size} bytes written");
     drop(big);
+    assert_eq!(slots_on_disk(dev).1, listed, "no base in the writes");
     for n in (3..files).step_by(2).take(16) {
         vol.unlink(&format!("/s{n}")).unwrap();
     }
@@ -352,6 +365,23 @@ fn quiet_volume(dev: &Arc<MemDevice>, page_index: bool, journal_bytes: Option<u6
         ..MountOptions::default()
     };
     Volume::open_with(dynd(dev), &quiet).unwrap()
+}
+
+/// What the checkpoints on `dev` hold: the deltas after the newest base,
+/// and the bytes of the pages and index pages each slot's base lists,
+/// the newest slot's first.
+fn slots_on_disk(dev: &MemDevice) -> (u32, [u64; 2]) {
+    let sb = superblock::read_superblock(dev).unwrap();
+    let newest = checkpoint::read_checkpoints(dev, &sb).unwrap();
+    let listed =
+        |slot: usize| checkpoint::listed_page_bytes(&sb, &newest.pages[slot], &newest.index[slot]);
+    (
+        newest.chain.deltas,
+        [
+            listed(newest.slot),
+            listed(checkpoint::other_slot(newest.slot)),
+        ],
+    )
 }
 
 fn direct_create() -> OpenFlags {
