@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use blockdev::memory::MemDevice;
 use common::dev::{checkpoint_through_a_base, dynd, fsck_clean};
-use iomapfs_fs::{
-    checkpoint, superblock, File, FormatOptions, MountOptions, OpenFlags, Result, Volume,
-};
+use iomapfs_fs::{checkpoint, superblock, File, FormatOptions, OpenFlags, Result, Volume};
 
 fn create() -> OpenFlags {
     OpenFlags {
@@ -49,13 +47,7 @@ fn a_base_finds_its_pages_in_single_blocks(page_index: bool) {
     };
     Volume::format(dynd(&dev), &opts).unwrap();
     let vol = Volume::open(dynd(&dev)).unwrap();
-    let mut files = 0u64;
-    while !enospc(
-        vol.open_file(&format!("/s{files}"), create())
-            .and_then(|f| f.pwrite(&[1u8; 4096], 0).and_then(|_| f.fsync())),
-    ) {
-        files += 1;
-    }
+    let files = fill_with_singles(&vol, 4096);
     assert!(files > 1000, "{files} files");
     for n in (0..files).step_by(2) {
         vol.unlink(&format!("/s{n}")).unwrap();
@@ -100,13 +92,13 @@ fn a_base_finds_its_pages_in_single_blocks(page_index: bool) {
     vol.unmount().unwrap();
 }
 
-/// Fills the volume with one-block files `/s0`, `/s1`, ... each synced,
-/// until ENOSPC; returns how many it made.
-fn fill_with_singles(vol: &Volume) -> u64 {
+/// Fills the volume with one-block files `/s0`, `/s1`, ... of `block`
+/// bytes each, synced, until ENOSPC; returns how many it made.
+fn fill_with_singles(vol: &Volume, block: usize) -> u64 {
     let mut files = 0u64;
     while !enospc(
         vol.open_file(&format!("/s{files}"), create())
-            .and_then(|f| f.pwrite(&[1u8; 512], 0).and_then(|_| f.fsync())),
+            .and_then(|f| f.pwrite(&vec![1u8; block], 0).and_then(|_| f.fsync())),
     ) {
         files += 1;
     }
@@ -148,7 +140,7 @@ fn fill_fragmented(direct: bool, page_index: bool) {
     };
     Volume::format(dynd(&dev), &opts).unwrap();
     let vol = Volume::open(dynd(&dev)).unwrap();
-    let files = fill_with_singles(&vol);
+    let files = fill_with_singles(&vol, 512);
     for n in (0..files).step_by(2) {
         vol.unlink(&format!("/s{n}")).unwrap();
     }
@@ -322,7 +314,7 @@ fn a_map_grown_after_another_was_deleted_leaves_room_for_the_bases_after() {
 fn fragmented_quiet_volume(page_index: bool) -> (Arc<MemDevice>, Volume, u64) {
     let dev = Arc::new(MemDevice::new(4 << 20, 512));
     let vol = quiet_volume(&dev, page_index, None);
-    let files = fill_with_singles(&vol);
+    let files = fill_with_singles(&vol, 512);
     for n in (0..files).step_by(2) {
         vol.unlink(&format!("/s{n}")).unwrap();
     }
@@ -359,12 +351,7 @@ fn quiet_volume(dev: &Arc<MemDevice>, page_index: bool, journal_bytes: Option<u6
         ..FormatOptions::default()
     };
     Volume::format(dynd(dev), &opts).unwrap();
-    let quiet = MountOptions {
-        background_checkpoints: false,
-        background_commits: false,
-        ..MountOptions::default()
-    };
-    Volume::open_with(dynd(dev), &quiet).unwrap()
+    common::open_replayable(dynd(dev)).unwrap()
 }
 
 /// What the checkpoints on `dev` hold: the deltas after the newest base,

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use blockdev::memory::MemDevice;
 use common::dev::{dynd, fsck_clean, MIB};
-use iomapfs_fs::{checkpoint, superblock, Error, FormatOptions, MountOptions, OpenFlags, Volume};
+use iomapfs_fs::{checkpoint, superblock, Error, FormatOptions, OpenFlags, Volume};
 
 const DIRECT: OpenFlags = OpenFlags {
     create: true,
@@ -356,12 +356,7 @@ fn an_image_grown_past_both_slots_spills_keeps_its_bases_going() {
         },
     )
     .unwrap();
-    let quiet = MountOptions {
-        background_checkpoints: false,
-        background_commits: false,
-        ..MountOptions::default()
-    };
-    let vol = Volume::open_with(dynd(&dev), &quiet).unwrap();
+    let vol = common::open_replayable(dynd(&dev)).unwrap();
     let created = OpenFlags {
         create: true,
         ..OpenFlags::default()
