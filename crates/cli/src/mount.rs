@@ -33,6 +33,16 @@ Options (-o, comma-separated):
   allow_other          let other users reach the files (a non-root user needs
                        user_allow_other in /etc/fuse.conf)
   threads=N            request threads, each with its own /dev/fuse (default 4)
+  uring                requests travel over FUSE over io_uring (root; Linux
+                       6.14+ with CONFIG_FUSE_IO_URING): one queue per CPU,
+                       served by a thread pinned to that CPU, so a request is
+                       answered on the CPU that made it; reads and writes are
+                       answered there, other requests by the threads=N
+                       threads. The command turns on
+                       /sys/module/fuse/parameters/enable_uring while its
+                       queues register, then puts it back. Faster where
+                       waking another CPU is dear (VMs): measure with
+                       `iomapfs fuse-transport-probe`
   kernel_cache         (default) non-direct opens read through the kernel page
                        cache in front of iomapfs's own; writes update it and reach
                        iomapfs before returning; O_DIRECT opens take the

@@ -50,9 +50,18 @@ fn dot_inodes(dir: &Path) -> (u64, u64) {
 
 #[test]
 fn posix_calls_on_the_mountpoint_match_the_volume_after_remount() {
-    need_fuse!();
+    posix_calls_on_the_mountpoint_match_the_volume_after_remount_over(Transport::DevFuse);
+}
+
+#[test]
+fn posix_calls_on_the_mountpoint_match_the_volume_after_remount_over_io_uring() {
+    posix_calls_on_the_mountpoint_match_the_volume_after_remount_over(Transport::Uring);
+}
+
+fn posix_calls_on_the_mountpoint_match_the_volume_after_remount_over(transport: Transport) {
+    need_transport!(transport);
     let mut m = Mounted::new("128m");
-    m.mount(&[]);
+    m.mount_over(transport, "");
     // Files: create, write, read, truncate, append.
     fs::write(m.path("a"), b"hello world").unwrap();
     assert_eq!(fs::read(m.path("a")).unwrap(), b"hello world");
@@ -213,7 +222,7 @@ fn posix_calls_on_the_mountpoint_match_the_volume_after_remount() {
     m.unmount();
     let report = m.fsck_clean();
     assert!(report.contains("journal records replayed  0"), "{report}");
-    m.mount(&[]);
+    m.mount_over(transport, "");
     assert_eq!(fs::read(m.path("a")).unwrap(), b"bee");
     assert_eq!(fs::read(m.path("c")).unwrap(), b"hello!!!");
     let md = fs::metadata(m.path("c")).unwrap();
@@ -306,10 +315,19 @@ impl Drop for SharedMap {
 /// pages back before a direct read and drops them after a direct write.
 #[test]
 fn direct_and_buffered_opens_see_each_others_writes() {
-    need_fuse!();
+    direct_and_buffered_opens_see_each_others_writes_over(Transport::DevFuse);
+}
+
+#[test]
+fn direct_and_buffered_opens_see_each_others_writes_over_io_uring() {
+    direct_and_buffered_opens_see_each_others_writes_over(Transport::Uring);
+}
+
+fn direct_and_buffered_opens_see_each_others_writes_over(transport: Transport) {
+    need_transport!(transport);
     for mode in ["direct_io", "kernel_cache", "writeback_cache"] {
         let mut m = Mounted::new("64m");
-        m.mount(&["-o", mode]);
+        m.mount_over(transport, mode);
         let direct = OpenOptions::new()
             .read(true)
             .write(true)
@@ -402,10 +420,19 @@ fn append_as_nobody(dir: &Path, name: &str) {
 /// them.
 #[test]
 fn unprivileged_writes_drop_setuid_and_setgid() {
-    need_fuse!();
+    unprivileged_writes_drop_setuid_and_setgid_over(Transport::DevFuse);
+}
+
+#[test]
+fn unprivileged_writes_drop_setuid_and_setgid_over_io_uring() {
+    unprivileged_writes_drop_setuid_and_setgid_over(Transport::Uring);
+}
+
+fn unprivileged_writes_drop_setuid_and_setgid_over(transport: Transport) {
+    need_transport!(transport);
     for mode in ["direct_io", "kernel_cache", "writeback_cache"] {
         let mut m = Mounted::new("64m");
-        m.mount(&["-o", &format!("allow_other,{mode}")]);
+        m.mount_over(transport, &format!("allow_other,{mode}"));
         for (name, before, after) in [
             ("both", 0o6777, 0o0777),
             // Set-group-ID without group execute is not a privilege.
@@ -440,9 +467,18 @@ fn unprivileged_writes_drop_setuid_and_setgid() {
 
 #[test]
 fn a_mounted_target_is_refused_and_signals_unmount_cleanly() {
-    need_fuse!();
+    a_mounted_target_is_refused_and_signals_unmount_cleanly_over(Transport::DevFuse);
+}
+
+#[test]
+fn a_mounted_target_is_refused_and_signals_unmount_cleanly_over_io_uring() {
+    a_mounted_target_is_refused_and_signals_unmount_cleanly_over(Transport::Uring);
+}
+
+fn a_mounted_target_is_refused_and_signals_unmount_cleanly_over(transport: Transport) {
+    need_transport!(transport);
     let mut m = Mounted::new("64m");
-    let pid = m.mount(&[]);
+    let pid = m.mount_over(transport, "");
     let second = iomapfs(&["mount", m.img(), m.mnt.to_str().unwrap()]);
     assert_eq!(second.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&second.stderr).contains("in use"));
@@ -491,9 +527,18 @@ fn a_mounted_target_is_refused_and_signals_unmount_cleanly() {
 
 #[test]
 fn kill_9_during_writes_keeps_every_fsynced_byte() {
-    need_fuse!();
+    kill_9_during_writes_keeps_every_fsynced_byte_over(Transport::DevFuse);
+}
+
+#[test]
+fn kill_9_during_writes_keeps_every_fsynced_byte_over_io_uring() {
+    kill_9_during_writes_keeps_every_fsynced_byte_over(Transport::Uring);
+}
+
+fn kill_9_during_writes_keeps_every_fsynced_byte_over(transport: Transport) {
+    need_transport!(transport);
     let mut m = Mounted::new("256m");
-    let pid = m.mount(&[]);
+    let pid = m.mount_over(transport, "");
     // Writers append 4 KiB records (direct and buffered) and fsync every
     // few; each remembers how many records were fsynced.
     let stop = Arc::new(AtomicBool::new(false));
@@ -550,7 +595,7 @@ fn kill_9_during_writes_keeps_every_fsynced_byte() {
         !report.contains("journal records replayed  0"),
         "nothing to recover? {report}"
     );
-    m.mount(&[]);
+    m.mount_over(transport, "");
     for (w, &n) in synced.iter().enumerate() {
         assert!(n > 0, "writer {w} never fsynced");
         let data = fs::read(m.path(&format!("w{w}"))).unwrap();
@@ -574,9 +619,18 @@ fn kill_9_during_writes_keeps_every_fsynced_byte() {
 
 #[test]
 fn concurrent_clients_on_one_file_and_on_many() {
-    need_fuse!();
+    concurrent_clients_on_one_file_and_on_many_over(Transport::DevFuse);
+}
+
+#[test]
+fn concurrent_clients_on_one_file_and_on_many_over_io_uring() {
+    concurrent_clients_on_one_file_and_on_many_over(Transport::Uring);
+}
+
+fn concurrent_clients_on_one_file_and_on_many_over(transport: Transport) {
+    need_transport!(transport);
     let mut m = Mounted::new("256m");
-    m.mount(&["-o", "threads=4"]);
+    m.mount_over(transport, "threads=4");
     let shared = m.path("shared");
     File::create(&shared).unwrap();
     let threads: Vec<_> = (0..6u8)
@@ -633,20 +687,29 @@ fn concurrent_clients_on_one_file_and_on_many() {
 /// and buffered, four jobs each.
 #[test]
 fn fio_verifies_crc32c_through_the_mount_direct_and_buffered() {
-    need_fuse!();
+    fio_verifies_crc32c_through_the_mount_direct_and_buffered_over(Transport::DevFuse);
+}
+
+#[test]
+fn fio_verifies_crc32c_through_the_mount_direct_and_buffered_over_io_uring() {
+    fio_verifies_crc32c_through_the_mount_direct_and_buffered_over(Transport::Uring);
+}
+
+fn fio_verifies_crc32c_through_the_mount_direct_and_buffered_over(transport: Transport) {
+    need_transport!(transport);
     skip_if!(Command::new("fio")
         .arg("--version")
         .output()
         .is_err()
         .then_some("fio is not installed"));
     for mode in ["direct_io", "kernel_cache", "writeback_cache"] {
-        fio_verifies_in_mode(mode);
+        fio_verifies_in_mode(transport, mode);
     }
 }
 
-fn fio_verifies_in_mode(mode: &str) {
+fn fio_verifies_in_mode(transport: Transport, mode: &str) {
     let mut m = Mounted::new("512m");
-    m.mount(&["-o", &format!("threads=4,{mode}")]);
+    m.mount_over(transport, &format!("threads=4,{mode}"));
     // psync jobs, and io_uring at depth 16, whose direct I/O the kernel
     // queues to the daemon without waiting (FUSE_ASYNC_DIO).
     for (direct, rw, engine) in [
@@ -702,7 +765,16 @@ fn fio_verifies_in_mode(mode: &str) {
 /// (EBUSY) while one is open, whatever the file system.
 #[test]
 fn pjdfstest_passes_through_the_mount() {
-    need_fuse!();
+    pjdfstest_passes_through_the_mount_over(Transport::DevFuse);
+}
+
+#[test]
+fn pjdfstest_passes_through_the_mount_over_io_uring() {
+    pjdfstest_passes_through_the_mount_over(Transport::Uring);
+}
+
+fn pjdfstest_passes_through_the_mount_over(transport: Transport) {
+    need_transport!(transport);
     let program = std::env::var_os("IOMAPFS_PJDFSTEST")
         .filter(|p| !p.is_empty())
         .map(PathBuf::from)
@@ -720,7 +792,7 @@ fn pjdfstest_passes_through_the_mount() {
     let _helper = MountHelper::install();
     let mut m = Mounted::new("4g");
     // The suite switches to other users: they must reach the mount.
-    m.mount(&["-o", "allow_other"]);
+    m.mount_over(transport, "allow_other");
     let run = |allow_remount: bool, patterns: &[&str], least: usize| {
         let config = m.dir.path().join(format!("pjdfstest-{allow_remount}.toml"));
         fs::write(

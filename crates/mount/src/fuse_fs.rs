@@ -72,7 +72,10 @@ struct DirSnapshot {
     entries: Vec<DirEntry>,
 }
 
-/// The file system a mount serves.
+/// The file system a mount serves. Clones share everything (the volume
+/// and the open handles): the io_uring transport answers reads and writes
+/// with a clone while fuser's threads answer the rest with another.
+#[derive(Clone)]
 pub struct IomapFuse {
     vol: Volume,
     /// Whether and how the kernel page cache holds file data.
@@ -80,9 +83,14 @@ pub struct IomapFuse {
     /// `-o ro`: refuse every change with EROFS (the kernel refuses them
     /// first; this holds should one get through).
     read_only: bool,
+    handles: Arc<Handles>,
+}
+
+/// The open files and directories, by the handle the kernel was given.
+struct Handles {
     files: RwLock<HashMap<u64, Arc<File>>>,
     dirs: RwLock<HashMap<u64, Arc<DirSnapshot>>>,
-    next_handle: AtomicU64,
+    next: AtomicU64,
 }
 
 impl IomapFuse {
@@ -93,9 +101,11 @@ impl IomapFuse {
             vol,
             caching,
             read_only,
-            files: RwLock::new(HashMap::new()),
-            dirs: RwLock::new(HashMap::new()),
-            next_handle: AtomicU64::new(1),
+            handles: Arc::new(Handles {
+                files: RwLock::new(HashMap::new()),
+                dirs: RwLock::new(HashMap::new()),
+                next: AtomicU64::new(1),
+            }),
         }
     }
 
@@ -110,12 +120,17 @@ impl IomapFuse {
     }
 
     fn file(&self, fh: FileHandle) -> Result<Arc<File>, Errno> {
-        self.files.read().get(&fh.0).cloned().ok_or(Errno::EBADF)
+        self.handles
+            .files
+            .read()
+            .get(&fh.0)
+            .cloned()
+            .ok_or(Errno::EBADF)
     }
 
     fn add_file(&self, file: File) -> FileHandle {
-        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.files.write().insert(fh, Arc::new(file));
+        let fh = self.handles.next.fetch_add(1, Ordering::Relaxed);
+        self.handles.files.write().insert(fh, Arc::new(file));
         FileHandle(fh)
     }
 
@@ -141,8 +156,48 @@ impl IomapFuse {
     }
 
     /// Buffer alignment the device takes for direct I/O.
-    fn memory_alignment(&self) -> usize {
+    /// Memory alignment the device takes without a bounce buffer: a
+    /// buffer aligned so receives a direct read or gives a direct write
+    /// with no copy.
+    pub fn memory_alignment(&self) -> usize {
         (self.vol.device().caps().memory_alignment as usize).max(1)
+    }
+
+    /// READ of `out.len()` bytes at `offset` through handle `fh`, into
+    /// `out`; the bytes read (fewer at the end of the file).
+    pub(crate) fn read_at(&self, fh: u64, offset: u64, out: &mut [u8]) -> Result<usize, Errno> {
+        self.file(FileHandle(fh))?.pread(out, offset).map_err(errno)
+    }
+
+    /// WRITE of `data` at `offset` through handle `fh`, first dropping
+    /// set-user-ID and set-group-ID if the kernel asks (`kill_suidgid`);
+    /// the bytes written.
+    pub(crate) fn write_at(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize, Errno> {
+        self.writable()?;
+        let file = self.file(fh)?;
+        if kill_suidgid {
+            self.kill_suidgid(&file)?;
+        }
+        let align = self.memory_alignment();
+        if !file.flags().direct || (data.as_ptr() as usize).is_multiple_of(align) {
+            // Copied into folios (any address will do), or taken by the
+            // device where it lies.
+            return file.pwrite(data, offset).map_err(errno);
+        }
+        // A /dev/fuse request's bytes sit just past its headers, an
+        // address the device cannot take: one copy here saves the device
+        // layer a fresh zeroed bounce buffer and the same copy.
+        with_io_buffer(data.len(), align, |buf| {
+            let buf = buf?;
+            buf.copy_from_slice(data);
+            file.pwrite(buf, offset).map_err(errno)
+        })
     }
 
     fn entry(&self, st: &Stat, reply: ReplyEntry) {
@@ -152,7 +207,7 @@ impl IomapFuse {
     /// A handle to change the size of `ino` with: the caller's if it gave
     /// one, else a new one.
     fn handle_for_size(&self, ino: Ino, fh: Option<FileHandle>) -> Result<Arc<File>, Errno> {
-        if let Some(file) = fh.and_then(|fh| self.files.read().get(&fh.0).cloned()) {
+        if let Some(file) = fh.and_then(|fh| self.handles.files.read().get(&fh.0).cloned()) {
             return Ok(file);
         }
         self.vol
@@ -356,7 +411,7 @@ impl Filesystem for IomapFuse {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        let st = match fh.and_then(|fh| self.files.read().get(&fh.0).cloned()) {
+        let st = match fh.and_then(|fh| self.handles.files.read().get(&fh.0).cloned()) {
             Some(file) => file.stat(),
             None => self.vol.stat_ino(ino.0),
         };
@@ -585,26 +640,11 @@ impl Filesystem for IomapFuse {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        tri!(reply, self.writable());
-        let file = tri!(reply, self.file(fh));
-        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
-            tri!(reply, self.kill_suidgid(&file));
+        let kill_suidgid = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.write_at(fh, offset, data, kill_suidgid) {
+            Ok(n) => reply.written(n as u32),
+            Err(e) => reply.error(e),
         }
-        if !file.flags().direct {
-            // Copied into folios: any address will do.
-            let n = tri!(reply, file.pwrite(data, offset).map_err(errno));
-            return reply.written(n as u32);
-        }
-        // The request's bytes sit just past its headers, an address the
-        // device cannot take: one copy here saves the device layer a fresh
-        // zeroed bounce buffer and the same copy.
-        let align = self.memory_alignment();
-        with_io_buffer(data.len(), align, |buf| {
-            let buf = tri!(reply, buf);
-            buf.copy_from_slice(data);
-            let n = tri!(reply, file.pwrite(buf, offset).map_err(errno));
-            reply.written(n as u32);
-        })
     }
 
     fn flush(
@@ -629,7 +669,7 @@ impl Filesystem for IomapFuse {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.files.write().remove(&fh.0);
+        self.handles.files.write().remove(&fh.0);
         reply.ok();
     }
 
@@ -658,8 +698,8 @@ impl Filesystem for IomapFuse {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: FuseOpenFlags, reply: ReplyOpen) {
         let entries = tri!(reply, self.vol.readdir_ino(ino.0).map_err(errno));
-        let fh = self.next_handle.fetch_add(1, Ordering::Relaxed);
-        self.dirs.write().insert(
+        let fh = self.handles.next.fetch_add(1, Ordering::Relaxed);
+        self.handles.dirs.write().insert(
             fh,
             Arc::new(DirSnapshot {
                 ino: ino.0,
@@ -679,7 +719,12 @@ impl Filesystem for IomapFuse {
     ) {
         let dir = tri!(
             reply,
-            self.dirs.read().get(&fh.0).cloned().ok_or(Errno::EBADF)
+            self.handles
+                .dirs
+                .read()
+                .get(&fh.0)
+                .cloned()
+                .ok_or(Errno::EBADF)
         );
         let parent = tri!(reply, self.vol.parent_ino(dir.ino).map_err(errno));
         // Offsets: 1 is ".", 2 is "..", 3 + i is entry i; each names the
@@ -711,7 +756,12 @@ impl Filesystem for IomapFuse {
     ) {
         let dir = tri!(
             reply,
-            self.dirs.read().get(&fh.0).cloned().ok_or(Errno::EBADF)
+            self.handles
+                .dirs
+                .read()
+                .get(&fh.0)
+                .cloned()
+                .ok_or(Errno::EBADF)
         );
         let me = tri!(reply, self.vol.stat_ino(dir.ino).map_err(errno));
         let parent = tri!(
@@ -756,7 +806,7 @@ impl Filesystem for IomapFuse {
         _flags: FuseOpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.dirs.write().remove(&fh.0);
+        self.handles.dirs.write().remove(&fh.0);
         reply.ok();
     }
 

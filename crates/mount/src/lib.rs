@@ -14,6 +14,7 @@
 
 pub mod fuse_fs;
 pub mod mountinfo;
+pub mod ring_transport;
 pub mod transport_probe;
 
 use std::ffi::CString;
@@ -26,6 +27,7 @@ use fuser::{BackgroundSession, Config, MountOption, Session, SessionACL};
 use iomapfs_fs::Volume;
 
 pub use fuse_fs::IomapFuse;
+use ring_transport::RingTransport;
 
 /// Why a mount failed.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +75,9 @@ pub struct MountConfig {
     pub read_only: bool,
     /// `-o noexec`: programs on the mount cannot be executed.
     pub no_exec: bool,
+    /// `-o uring`: requests travel over FUSE over io_uring, one queue per
+    /// CPU served on that CPU ([`ring_transport`]); root only.
+    pub uring: bool,
 }
 
 /// Mount flags every iomapfs mount has; asking for them is accepted and
@@ -128,6 +133,7 @@ impl Default for MountConfig {
             caching: Caching::default(),
             read_only: false,
             no_exec: false,
+            uring: false,
         }
     }
 }
@@ -146,6 +152,7 @@ impl MountConfig {
             None if opt == "writeback_cache" => self.caching = Caching::Writeback,
             None if opt == "noexec" => self.no_exec = true,
             None if opt == "exec" => self.no_exec = false,
+            None if opt == "uring" => self.uring = true,
             None if ALWAYS_ON_FLAGS.contains(&opt) => {}
             None if NEVER_ON_FLAGS.contains(&opt) => {
                 return Err(format!(
@@ -173,7 +180,12 @@ impl MountConfig {
     /// The `-o` options that give this configuration's caching and
     /// threads (for reports).
     pub fn options(&self) -> String {
-        format!("threads={},{}", self.threads, self.caching.option())
+        let transport = if self.uring { ",uring" } else { "" };
+        format!(
+            "threads={},{}{transport}",
+            self.threads,
+            self.caching.option()
+        )
     }
 }
 
@@ -243,8 +255,27 @@ pub fn unmount(mountpoint: &Path) -> io::Result<()> {
     Err(err)
 }
 
-/// The kernel session for `vol` mounted at `path` (canonical), as `cfg` asks.
-fn session(vol: &Volume, path: &Path, cfg: &MountConfig) -> Result<Session<IomapFuse>, MountError> {
+/// The kernel session for `vol` mounted at `path` (canonical), as `cfg`
+/// asks, with the io_uring transport's threads when it asks for them.
+fn session(
+    vol: &Volume,
+    path: &Path,
+    cfg: &MountConfig,
+) -> Result<(Session<IomapFuse>, Option<RingTransport>), MountError> {
+    if cfg.uring {
+        let fs = IomapFuse::new(vol.clone(), cfg.caching, cfg.read_only);
+        let (session, ring) = ring_transport::start(fs, path, cfg)?;
+        return Ok((session, Some(ring)));
+    }
+    dev_fuse_session(vol, path, cfg).map(|s| (s, None))
+}
+
+/// The classic transport: fuser mounts and reads `/dev/fuse`.
+fn dev_fuse_session(
+    vol: &Volume,
+    path: &Path,
+    cfg: &MountConfig,
+) -> Result<Session<IomapFuse>, MountError> {
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName(cfg.fs_name.clone()),
@@ -308,10 +339,10 @@ pub fn serve(
     ready: impl FnOnce(),
 ) -> Result<(), MountError> {
     let path = canonical(mountpoint)?;
-    let session = session(&vol, &path, cfg)?;
+    let (session, ring) = session(&vol, &path, cfg)?;
     spawn_signal_thread(path.clone())?;
     ready();
-    let served = connection_ended(session.run());
+    let served = connection_ended(session.run()).and(ring.map_or(Ok(()), RingTransport::join));
     // Every handle the kernel held is closed with the session.
     let unmounted = release_volume(vol, cfg.read_only, &path);
     served.map_err(|source| MountError::Session { path, source })?;
@@ -325,6 +356,8 @@ pub fn serve(
 /// checkpoint (the next mount recovers from the journal).
 pub struct BackgroundMount {
     session: Option<BackgroundSession>,
+    /// The io_uring transport's threads; its mount is ours to undo.
+    ring: Option<RingTransport>,
     vol: Option<Volume>,
     path: PathBuf,
     read_only: bool,
@@ -339,14 +372,14 @@ pub fn spawn(
     cfg: &MountConfig,
 ) -> Result<BackgroundMount, MountError> {
     let path = canonical(mountpoint)?;
-    let session = session(&vol, &path, cfg)?
-        .spawn()
-        .map_err(|source| MountError::Session {
-            path: path.clone(),
-            source,
-        })?;
+    let (session, ring) = session(&vol, &path, cfg)?;
+    let session = session.spawn().map_err(|source| MountError::Session {
+        path: path.clone(),
+        source,
+    })?;
     Ok(BackgroundMount {
         session: Some(session),
+        ring,
         vol: Some(vol),
         path,
         read_only: cfg.read_only,
@@ -357,6 +390,12 @@ impl BackgroundMount {
     /// Where it is mounted.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Under `-o uring`, the requests that came over the ring so far, by
+    /// who answered them.
+    pub fn ring_counts(&self) -> Option<&ring_transport::RingCounts> {
+        self.ring.as_ref().map(RingTransport::counts)
     }
 
     /// Unmounts (lazily: the session ends when the last open file is
@@ -371,15 +410,20 @@ impl BackgroundMount {
     }
 
     fn end_session(&mut self) -> Result<(), MountError> {
-        match self.session.take() {
-            Some(session) => {
-                connection_ended(session.umount_and_join()).map_err(|source| MountError::Session {
-                    path: self.path.clone(),
-                    source,
-                })
-            }
-            None => Ok(()),
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        let ring = self.ring.take();
+        if ring.is_some() {
+            // fuser did not mount this one: it ends with the connection.
+            let _ = unmount(&self.path);
         }
+        connection_ended(session.umount_and_join())
+            .and(ring.map_or(Ok(()), RingTransport::join))
+            .map_err(|source| MountError::Session {
+                path: self.path.clone(),
+                source,
+            })
     }
 }
 

@@ -74,3 +74,89 @@ fn unmounting_right_after_reads_ends_the_session_cleanly() {
         }
     }
 }
+
+/// `-o uring`: after INIT every request comes over the queues; READ and
+/// WRITE are answered there, the rest by fuser's threads through the
+/// socket pair. Data written over the ring reads back over it and, after
+/// a clean unmount, over `/dev/fuse`; unmounting right after reads ends
+/// the session cleanly here too.
+#[test]
+fn over_io_uring_reads_and_writes_are_answered_on_the_ring_and_the_rest_by_fuser() {
+    let mut reason = unavailable();
+    if reason.is_none() && !Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
+        reason = Some("the kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING)".into());
+    }
+    if let Some(reason) = reason {
+        if std::env::var("IOMAPFS_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
+            panic!("IOMAPFS_REQUIRE_PRIVILEGED=1 but: {reason}");
+        }
+        eprintln!("skipped: {reason}");
+        return;
+    }
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    use std::sync::atomic::Ordering::Relaxed;
+
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 << 20, 4096));
+    Volume::format(dev.clone(), &FormatOptions::default()).expect("format");
+    let dir = tempfile::tempdir().expect("mount point");
+    let uring = MountConfig {
+        uring: true,
+        ..MountConfig::default()
+    };
+    let want = pattern(FILE_BYTES);
+    const BLOCKS: u64 = 16;
+    {
+        let vol = Volume::open(dev.clone()).expect("open");
+        let mount = iomapfs_mount::spawn(vol, dir.path(), &uring).expect("mount -o uring");
+        let counts = mount.ring_counts().expect("the io_uring transport");
+        std::fs::write(mount.path().join("data"), &want).expect("write through the mount");
+        let writes = counts.answered_on_ring.load(Relaxed);
+        assert!(writes > 0, "no WRITE was answered on the ring");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(mount.path().join("data"))
+            .expect("open O_DIRECT");
+        let handed = counts.handed_to_fuser.load(Relaxed);
+        assert!(handed > 0, "LOOKUP, OPEN, ... were not handed to fuser");
+        let before = counts.answered_on_ring.load(Relaxed);
+        let mut block = blockdev::AlignedBuf::new(4096, 4096).expect("buffer");
+        for b in 0..BLOCKS {
+            let at = (b * 3 % 64) * 4096;
+            let n = file.read_at(&mut block, at).expect("direct read");
+            assert_eq!(n, 4096);
+            assert!(
+                block[..] == want[at as usize..at as usize + 4096],
+                "block at {at}"
+            );
+        }
+        // One READ per direct read, each answered on the ring.
+        assert_eq!(counts.answered_on_ring.load(Relaxed) - before, BLOCKS);
+        drop(file);
+        mount.unmount().expect("unmount -o uring");
+    }
+    // What the ring wrote, read back over /dev/fuse.
+    {
+        let vol = Volume::open(dev.clone()).expect("open");
+        let mount = iomapfs_mount::spawn(vol, dir.path(), &MountConfig::default()).expect("mount");
+        assert!(mount.ring_counts().is_none());
+        let got = std::fs::read(mount.path().join("data")).expect("read back");
+        assert!(
+            got == want,
+            "data written over the ring read back over /dev/fuse"
+        );
+        mount.unmount().expect("unmount");
+    }
+    for round in 0..50 {
+        let vol = Volume::open(dev.clone()).expect("open");
+        let mount = iomapfs_mount::spawn(vol, dir.path(), &uring).expect("mount -o uring");
+        let mut file = std::fs::File::open(mount.path().join("data")).expect("open the file");
+        let mut head = vec![0u8; 10_007];
+        file.read_exact(&mut head).expect("read");
+        assert!(head == want[..head.len()], "round {round}: bytes read");
+        drop(file);
+        if let Err(e) = mount.unmount() {
+            panic!("round {round}: unmount -o uring after reads: {e}");
+        }
+    }
+}

@@ -108,6 +108,39 @@ pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// How requests reach the daemon: the tests that exercise the request
+/// handlers run over both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    /// `/dev/fuse`, read by fuser's threads (the default).
+    DevFuse,
+    /// `-o uring`: FUSE over io_uring queues, one per CPU.
+    Uring,
+}
+
+impl Transport {
+    /// `options` (comma-separated, may be empty) with this transport's.
+    pub fn with(self, options: &str) -> String {
+        match (self, options.is_empty()) {
+            (Transport::DevFuse, _) => options.to_string(),
+            (Transport::Uring, true) => "uring".to_string(),
+            (Transport::Uring, false) => format!("{options},uring"),
+        }
+    }
+}
+
+/// Skips (or fails under `IOMAPFS_REQUIRE_PRIVILEGED=1`) a test over
+/// `transport` where it cannot run.
+#[macro_export]
+macro_rules! need_transport {
+    ($t:expr) => {
+        need_fuse!();
+        skip_if!(($t == Transport::Uring
+            && !std::path::Path::new("/sys/module/fuse/parameters/enable_uring").exists())
+        .then_some("the kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING)"));
+    };
+}
+
 /// A volume in an image file and its mountpoint; unmounts and stops the
 /// daemon on drop, whatever happened.
 pub struct Mounted {
@@ -140,6 +173,17 @@ impl Mounted {
 
     pub fn path(&self, name: &str) -> PathBuf {
         self.mnt.join(name)
+    }
+
+    /// Mounts as a daemon with `-o options` over `transport` (see
+    /// [`Transport`]); returns its pid.
+    pub fn mount_over(&mut self, transport: Transport, options: &str) -> u32 {
+        let joined = transport.with(options);
+        if joined.is_empty() {
+            self.mount(&[])
+        } else {
+            self.mount(&["-o", &joined])
+        }
     }
 
     /// Mounts as a daemon; returns its pid.

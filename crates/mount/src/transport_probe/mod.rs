@@ -9,9 +9,9 @@
 //! transport differs. Root only (it mounts with mount(2)).
 
 mod dev;
-mod ring;
+pub(crate) mod ring;
 pub mod synthetic;
-mod wire;
+pub(crate) mod wire;
 
 use std::ffi::CString;
 use std::io;

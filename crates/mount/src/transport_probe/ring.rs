@@ -62,7 +62,7 @@ pub enum QueueError {
 /// Builds a FUSE uring command SQE: `fuse_uring_cmd_req` (flags,
 /// commit_id, qid) in the 80-byte command area; REGISTER also points
 /// `addr`/`len` at the entry's two iovecs.
-fn command(
+pub(crate) fn command(
     fd: RawFd,
     cmd_op: u32,
     commit_id: u64,
@@ -101,7 +101,7 @@ fn with_sqe_len(entry: squeue::Entry128, len: u32) -> squeue::Entry128 {
     unsafe { std::mem::transmute(raw) }
 }
 
-fn pin_to_cpu(cpu: usize) {
+pub(crate) fn pin_to_cpu(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
     // within it (cpu < CPU_SETSIZE is checked); sched_setaffinity reads
     // it. Failing to pin is not an error: the queue then serves from
