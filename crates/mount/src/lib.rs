@@ -255,19 +255,23 @@ pub fn unmount(mountpoint: &Path) -> io::Result<()> {
     Err(err)
 }
 
+/// A mount's kernel session, by transport.
+enum Served {
+    /// `/dev/fuse`: fuser's session, not yet running.
+    DevFuse(Session<IomapFuse>),
+    /// `-o uring`: fuser's threads, running, and the queues'.
+    Ring(BackgroundSession, RingTransport),
+}
+
 /// The kernel session for `vol` mounted at `path` (canonical), as `cfg`
-/// asks, with the io_uring transport's threads when it asks for them.
-fn session(
-    vol: &Volume,
-    path: &Path,
-    cfg: &MountConfig,
-) -> Result<(Session<IomapFuse>, Option<RingTransport>), MountError> {
+/// asks.
+fn session(vol: &Volume, path: &Path, cfg: &MountConfig) -> Result<Served, MountError> {
     if cfg.uring {
         let fs = IomapFuse::new(vol.clone(), cfg.caching, cfg.read_only);
         let (session, ring) = ring_transport::start(fs, path, cfg)?;
-        return Ok((session, Some(ring)));
+        return Ok(Served::Ring(session, ring));
     }
-    dev_fuse_session(vol, path, cfg).map(|s| (s, None))
+    dev_fuse_session(vol, path, cfg).map(Served::DevFuse)
 }
 
 /// The classic transport: fuser mounts and reads `/dev/fuse`.
@@ -339,10 +343,13 @@ pub fn serve(
     ready: impl FnOnce(),
 ) -> Result<(), MountError> {
     let path = canonical(mountpoint)?;
-    let (session, ring) = session(&vol, &path, cfg)?;
+    let session = session(&vol, &path, cfg)?;
     spawn_signal_thread(path.clone())?;
     ready();
-    let served = connection_ended(session.run()).and(ring.map_or(Ok(()), RingTransport::join));
+    let served = match session {
+        Served::DevFuse(session) => connection_ended(session.run()),
+        Served::Ring(session, ring) => connection_ended(session.join()).and(ring.join()),
+    };
     // Every handle the kernel held is closed with the session.
     let unmounted = release_volume(vol, cfg.read_only, &path);
     served.map_err(|source| MountError::Session { path, source })?;
@@ -372,11 +379,16 @@ pub fn spawn(
     cfg: &MountConfig,
 ) -> Result<BackgroundMount, MountError> {
     let path = canonical(mountpoint)?;
-    let (session, ring) = session(&vol, &path, cfg)?;
-    let session = session.spawn().map_err(|source| MountError::Session {
-        path: path.clone(),
-        source,
-    })?;
+    let (session, ring) = match session(&vol, &path, cfg)? {
+        Served::DevFuse(session) => {
+            let session = session.spawn().map_err(|source| MountError::Session {
+                path: path.clone(),
+                source,
+            })?;
+            (session, None)
+        }
+        Served::Ring(session, ring) => (session, Some(ring)),
+    };
     Ok(BackgroundMount {
         session: Some(session),
         ring,

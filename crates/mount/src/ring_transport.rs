@@ -41,14 +41,14 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use blockdev::AlignedBuf;
-use fuser::{Config, Session, SessionACL, WriteFlags};
+use fuser::{BackgroundSession, Config, Session, SessionACL, WriteFlags};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use parking_lot::Mutex;
 
 use crate::fuse_fs::{IomapFuse, MAX_IO_BYTES};
 use crate::transport_probe::ring::{command, pin_to_cpu};
 use crate::transport_probe::wire::{self, get_u32, get_u64, put_u32, uring};
-use crate::transport_probe::{possible_cpus, UringKnob};
+use crate::transport_probe::{abort_connection, connection_of, possible_cpus, UringKnob};
 use crate::{MountConfig, MountError, FS_SUBTYPE};
 
 /// Ring entries per queue: requests one CPU's queue holds at once (more
@@ -212,13 +212,13 @@ fn mount_error(path: &Path, what: &str, source: io::Error) -> MountError {
 }
 
 /// Mounts at `path` (canonical) with the io_uring transport: our own
-/// `mount(2)` of a fresh `/dev/fuse`, fuser on a socket pair, and one
-/// queue per possible CPU. Root only.
+/// `mount(2)` of a fresh `/dev/fuse`, fuser on a socket pair (its threads
+/// running), and one queue per possible CPU. Root only.
 pub fn start(
     fs: IomapFuse,
     path: &Path,
     cfg: &MountConfig,
-) -> Result<(Session<IomapFuse>, RingTransport), MountError> {
+) -> Result<(BackgroundSession, RingTransport), MountError> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return Err(mount_error(
@@ -373,8 +373,48 @@ pub fn start(
     }
     // Registered queues stay: the knob only gates new registrations.
     drop(knob);
+    let session = session
+        .spawn()
+        .map_err(|e| mount_error(path, "starting fuser's threads", e))?;
+    prove_the_route(path, &relay)?;
     undo.disarm();
     Ok((session, transport))
+}
+
+/// Asks one STATFS of the mount and checks it came over a queue: a
+/// kernel that took the registrations but kept sending over `/dev/fuse`
+/// (or over neither) is found here, at mount, not by a hung caller
+/// later. A request left unanswered is failed by aborting the connection.
+fn prove_the_route(path: &Path, relay: &Relay) -> Result<(), MountError> {
+    let before = relay.counts.handed_to_fuser.load(Ordering::Relaxed);
+    let (tx, rx) = mpsc::channel();
+    let target = path.to_path_buf();
+    std::thread::Builder::new()
+        .name("iomapfs-ring-check".into())
+        .spawn(move || {
+            let c = CString::new(target.as_os_str().as_bytes()).expect("no NUL in a canonical path");
+            // SAFETY: a valid C string and a zeroed out struct for the call.
+            let rc = unsafe {
+                let mut st: libc::statvfs = std::mem::zeroed();
+                libc::statvfs(c.as_ptr(), &mut st)
+            };
+            let _ = tx.send(if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) });
+        })
+        .map_err(|e| mount_error(path, "starting a thread", e))?;
+    let fail = |what: &str| {
+        mount_error(path, what, io::Error::other("the kernel did not route requests to the queues"))
+    };
+    match rx.recv_timeout(INIT_TIMEOUT) {
+        Ok(Ok(())) if relay.counts.handed_to_fuser.load(Ordering::Relaxed) > before => Ok(()),
+        Ok(Ok(())) => Err(fail("a STATFS of the mount came over /dev/fuse")),
+        Ok(Err(e)) => Err(mount_error(path, "a STATFS of the mount", e)),
+        Err(_) => {
+            if let Some(id) = connection_of(path) {
+                abort_connection(id);
+            }
+            Err(fail("a STATFS of the mount got no answer"))
+        }
+    }
 }
 
 /// Detaches the mount at the path unless disarmed.
