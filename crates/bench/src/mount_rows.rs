@@ -5,6 +5,8 @@
 //!   with the code and defaults of `iomapfs mount` ([`iomapfs_mount::spawn`]:
 //!   the same request handlers, threads and kernel options), so the
 //!   daemon's CPU time is this process's;
+//! - `iomapfs-fuse-uring`: the same over FUSE over io_uring (`-o uring`:
+//!   one queue per CPU, served on that CPU), where the kernel has it;
 //! - `xfs`: mkfs.xfs and mount ([`kernel::with_mounted`]).
 //!
 //! On each, three fio runs of the same job line: the layout
@@ -31,16 +33,26 @@ use crate::testbed::{is_root, BedDevice, Testbed, TEMP_PREFIX};
 use crate::workload::{DeviceNeed, MountJob, Op, Order, Workload};
 use crate::{recorded, skip, BenchError, BenchOptions, Progress};
 
-/// The target name of the rows measured through the mount.
+/// The target name of the rows measured through the mount (over
+/// `/dev/fuse`).
 pub const TARGET: &str = "iomapfs-fuse";
 
+/// The target name of the rows measured through the mount over FUSE over
+/// io_uring (`-o uring`).
+pub const URING_TARGET: &str = "iomapfs-fuse-uring";
+
 /// Workload × target steps of a mount row, for the progress bar.
-pub const STEPS: u64 = 2;
+pub const STEPS: u64 = 3;
+
+fn is_mount_target(target: &str) -> bool {
+    target == TARGET || target == URING_TARGET
+}
 
 /// Said once in the report of a run with mount rows.
 pub const NOTE: &str = "mount rows (mount-*): one fio job (numjobs=1) on a file through the \
      FUSE mount of iomapfs (iomapfs-fuse: a fresh volume, mounted by the bench process with \
-     the handlers of `iomapfs mount` and the -o options its setup names) and on a file of XFS \
+     the handlers of `iomapfs mount` and the -o options its setup names; iomapfs-fuse-uring: \
+     the same with -o uring, FUSE over io_uring) and on a file of XFS \
      made on the same device. Each file is laid out by a fio run of its own (create_only=1), then \
      warmed by a run of the warm-up time (buffered reads: pre_read=1), then measured by a run \
      without ramp_time, so CPU covers exactly the I/Os counted: fio µs/IO is the whole fio \
@@ -201,6 +213,14 @@ fn span_on(job: &MountJob, device_bytes: u64) -> u64 {
     job.span.min(device_bytes / 2 / MIB * MIB).max(MIB)
 }
 
+/// Why the mount over io_uring cannot be measured here, if it cannot
+/// (beyond [`mount_unavailable`]).
+fn uring_unavailable() -> Option<String> {
+    (!Path::new(iomapfs_mount::transport_probe::ENABLE_URING_KNOB).exists()).then(|| {
+        "the kernel has no FUSE over io_uring (Linux 6.14+ with CONFIG_FUSE_IO_URING)".into()
+    })
+}
+
 /// Why the mount cannot be measured here, if it cannot.
 fn mount_unavailable() -> Option<String> {
     if !is_root() {
@@ -216,6 +236,7 @@ fn mount_unavailable() -> Option<String> {
 
 fn measure_fuse(
     dev: &BedDevice,
+    target: &str,
     fuse: &MountConfig,
     name: &str,
     job: &MountJob,
@@ -233,7 +254,7 @@ fn measure_fuse(
         ..fuse.clone()
     };
     let mount = iomapfs_mount::spawn(vol, dir.path(), &cfg)
-        .map_err(|e| BenchError::failed(format!("{TARGET} mount"), e.to_string()))?;
+        .map_err(|e| BenchError::failed(format!("{target} mount"), e.to_string()))?;
     let setup = format!(
         "iomapfs mkfs (block size {IOMAPFS_BLOCK_SIZE}) of {dev}, mounted at {at} by the bench \
          process as `iomapfs mount {dev} {at} -o {options}` would ({backend} backend)",
@@ -243,7 +264,7 @@ fn measure_fuse(
         backend = dev.backend.backend.as_str(),
     );
     let measured = fio_runs(
-        TARGET,
+        target,
         name,
         job,
         &mount.path().join("bench.dat"),
@@ -252,7 +273,7 @@ fn measure_fuse(
     );
     let unmounted = mount
         .unmount()
-        .map_err(|e| BenchError::failed(format!("{TARGET} unmount"), e.to_string()));
+        .map_err(|e| BenchError::failed(format!("{target} unmount"), e.to_string()));
     let measured = measured?;
     unmounted?;
     Ok((measured, setup))
@@ -280,7 +301,7 @@ fn row(w: &Workload, target: &str, dev: &BedDevice, m: &Measured, setup: String)
             f.cpu.as_ref().ok().map(|j| j.total_us()),
         )
     });
-    let daemon_cpu_per_io = (target == TARGET)
+    let daemon_cpu_per_io = is_mount_target(target)
         .then(|| m.own_cpu.and_then(|c| c.per_io(ios)))
         .flatten()
         .map(|c| per_io(c, CPU_SCOPE_FUSE_DAEMON, None));
@@ -298,7 +319,7 @@ fn row(w: &Workload, target: &str, dev: &BedDevice, m: &Measured, setup: String)
         cpu_per_io,
         daemon_cpu_per_io,
         ops: Some(ios),
-        backend: if target == TARGET {
+        backend: if is_mount_target(target) {
             dev.backend.backend.as_str().into()
         } else {
             "kernel".into()
@@ -346,17 +367,24 @@ pub fn run_workload(
         |target: &str, what: &str| progress.set_message(&format!("{} · {target}: {what}", w.name));
     let mut rows = Vec::new();
 
-    match mount_unavailable() {
-        Some(reason) => skip(report, w.name, TARGET, reason),
-        None => {
-            say(TARGET, "mkfs, mount, fio layout, warm-up, measuring");
-            let measured = measure_fuse(dev, &opts.fuse, w.name, job, span, timing);
-            if let Some((m, setup)) = recorded(measured, report, w.name, TARGET)? {
-                rows.push(row(w, TARGET, dev, &m, setup));
+    for (target, uring) in [(TARGET, false), (URING_TARGET, true)] {
+        let why_not = mount_unavailable().or_else(|| uring.then(uring_unavailable).flatten());
+        match why_not {
+            Some(reason) => skip(report, w.name, target, reason),
+            None => {
+                say(target, "mkfs, mount, fio layout, warm-up, measuring");
+                let fuse = MountConfig {
+                    uring,
+                    ..opts.fuse.clone()
+                };
+                let measured = measure_fuse(dev, target, &fuse, w.name, job, span, timing);
+                if let Some((m, setup)) = recorded(measured, report, w.name, target)? {
+                    rows.push(row(w, target, dev, &m, setup));
+                }
             }
         }
+        progress.inc(1);
     }
-    progress.inc(1);
 
     let xfs = KernelFs::Xfs;
     match kernel::unavailable(opts.no_kernel).or_else(|| kernel::unavailable_on(xfs, dev)) {

@@ -29,6 +29,9 @@ fn unavailable() -> Option<String> {
     if !Path::new("/dev/fuse").exists() {
         return Some("no /dev/fuse (modprobe fuse)".into());
     }
+    if !Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
+        return Some("the kernel has no FUSE over io_uring".into());
+    }
     for program in ["fio", "mkfs.xfs", "losetup"] {
         if !on_path(program) {
             return Some(format!("{program} not found"));
@@ -76,9 +79,9 @@ fn a_mount_row_measures_fio_through_the_mount_and_on_xfs() {
             .find(|r| r.target == target)
             .unwrap_or_else(|| panic!("no {target} row in {:?}", report.results))
     };
-    let (fuse, xfs) = (row("iomapfs-fuse"), row("xfs"));
-    assert_eq!(report.results.len(), 2);
-    for r in [fuse, xfs] {
+    let (fuse, uring, xfs) = (row("iomapfs-fuse"), row("iomapfs-fuse-uring"), row("xfs"));
+    assert_eq!(report.results.len(), 3);
+    for r in [fuse, uring, xfs] {
         assert_eq!(r.workload, "mount-randread-4k-qd1");
         let ops = r.ops.expect("I/O count");
         assert!(ops > 0 && r.iops > 0.0, "{r:?}");
@@ -110,6 +113,13 @@ fn a_mount_row_measures_fio_through_the_mount_and_on_xfs() {
     assert!(daemon.system_us > 0.5, "{daemon:?}");
     assert!(xfs.daemon_cpu_per_io.is_none());
     assert!(fuse.setup.as_deref().unwrap().contains("iomapfs mount"));
+    // The same over FUSE over io_uring: a mount of its own, named so.
+    let uring_setup = uring.setup.as_deref().unwrap();
+    assert!(uring_setup.contains("-o threads=4,kernel_cache,uring`"), "{uring_setup}");
+    assert!(!fuse.setup.as_deref().unwrap().contains("uring"));
+    let uring_daemon = uring.daemon_cpu_per_io.as_ref().expect("daemon CPU over io_uring");
+    assert_eq!(uring_daemon.scope, CPU_SCOPE_FUSE_DAEMON);
+    assert!((uring.ratio_to_xfs.expect("×xfs") - uring.iops / xfs.iops).abs() < 1e-9);
     let ratio = fuse.ratio_to_xfs.expect("×xfs");
     assert!((ratio - fuse.iops / xfs.iops).abs() < 1e-9);
     let cpu_ratio = fuse.cpu_ratio_to_xfs.expect("cpu ×xfs");
@@ -120,7 +130,8 @@ fn a_mount_row_measures_fio_through_the_mount_and_on_xfs() {
     // The table shows them in a table of their own.
     let table = iomapfs_bench::render_table(&report);
     assert!(table.contains("through the FUSE mount"), "{table}");
-    assert!(table.contains("iomapfs-fuse"), "{table}");
+    assert!(table.contains("iomapfs-fuse "), "{table}");
+    assert!(table.contains("iomapfs-fuse-uring"), "{table}");
     // Nothing of the run is still mounted: the FUSE mount, XFS.
     assert!(bench_mounts().is_empty(), "{:?}", bench_mounts());
 }

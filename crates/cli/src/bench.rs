@@ -36,8 +36,9 @@ this source tree); what is missing is reported as not measured. --fio-only
 runs only them.
 Mount rows (mount-*, or all of them with --workload mount) run one fio job
 through the FUSE mount of iomapfs (target iomapfs-fuse: a fresh volume mounted
-by the bench itself with the handlers and defaults of `iomapfs mount`) and on
-XFS made on the same device: 4 KiB random direct reads at queue depth 1 (psync)
+by the bench itself with the handlers and defaults of `iomapfs mount`; target
+iomapfs-fuse-uring: the same with -o uring, FUSE over io_uring, where the
+kernel has it) and on XFS made on the same device: 4 KiB random direct reads at queue depth 1 (psync)
 and 32 (io_uring), 1 MiB sequential direct reads and writes, 4 KiB random
 buffered reads (cached file) and writes. Each row shows fio's CPU per I/O, the
 daemon's, their sum and ratios to XFS; the JSON has the exact fio command lines
@@ -198,6 +199,13 @@ pub fn run(args: &BenchArgs, backend: blockdev::Backend) -> Result<(), Failure> 
     for opt in &args.fuse_options {
         fuse.apply_option(opt)
             .map_err(|why| Failure::new(2, format!("bench: --fuse-options: {why}")))?;
+    }
+    if fuse.uring {
+        return Err(Failure::new(
+            2,
+            "bench: --fuse-options uring: the mount rows measure both transports already \
+             (targets iomapfs-fuse over /dev/fuse, iomapfs-fuse-uring over io_uring)",
+        ));
     }
     let opts = BenchOptions {
         device: args.device.clone(),
