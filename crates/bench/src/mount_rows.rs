@@ -7,6 +7,8 @@
 //!   daemon's CPU time is this process's;
 //! - `iomapfs-fuse-uring`: the same over FUSE over io_uring (`-o uring`:
 //!   one queue per CPU, served on that CPU), where the kernel has it;
+//! - `iomapfs-fuse-uring-idle`: the same with its queue threads at
+//!   `SCHED_IDLE` (`-o uring_idle`);
 //! - `xfs`: mkfs.xfs and mount ([`kernel::with_mounted`]).
 //!
 //! On each, three fio runs of the same job line: the layout
@@ -41,18 +43,30 @@ pub const TARGET: &str = "iomapfs-fuse";
 /// io_uring (`-o uring`).
 pub const URING_TARGET: &str = "iomapfs-fuse-uring";
 
+/// The target name of the rows measured over io_uring with the queue
+/// threads at `SCHED_IDLE` (`-o uring_idle`).
+pub const URING_IDLE_TARGET: &str = "iomapfs-fuse-uring-idle";
+
+/// The mount's targets: name, `-o uring`, `-o uring_idle`.
+const MOUNT_TARGETS: [(&str, bool, bool); 3] = [
+    (TARGET, false, false),
+    (URING_TARGET, true, false),
+    (URING_IDLE_TARGET, true, true),
+];
+
 /// Workload × target steps of a mount row, for the progress bar.
-pub const STEPS: u64 = 3;
+pub const STEPS: u64 = MOUNT_TARGETS.len() as u64 + 1;
 
 fn is_mount_target(target: &str) -> bool {
-    target == TARGET || target == URING_TARGET
+    MOUNT_TARGETS.iter().any(|(name, _, _)| *name == target)
 }
 
 /// Said once in the report of a run with mount rows.
 pub const NOTE: &str = "mount rows (mount-*): one fio job (numjobs=1) on a file through the \
      FUSE mount of iomapfs (iomapfs-fuse: a fresh volume, mounted by the bench process with \
      the handlers of `iomapfs mount` and the -o options its setup names; iomapfs-fuse-uring: \
-     the same with -o uring, FUSE over io_uring) and on a file of XFS \
+     the same with -o uring, FUSE over io_uring; iomapfs-fuse-uring-idle: with -o uring_idle, \
+     its queue threads at SCHED_IDLE) and on a file of XFS \
      made on the same device. Each file is laid out by a fio run of its own (create_only=1), then \
      warmed by a run of the warm-up time (buffered reads: pre_read=1), then measured by a run \
      without ramp_time, so CPU covers exactly the I/Os counted: fio µs/IO is the whole fio \
@@ -367,7 +381,7 @@ pub fn run_workload(
         |target: &str, what: &str| progress.set_message(&format!("{} · {target}: {what}", w.name));
     let mut rows = Vec::new();
 
-    for (target, uring) in [(TARGET, false), (URING_TARGET, true)] {
+    for (target, uring, uring_idle) in MOUNT_TARGETS {
         let why_not = mount_unavailable().or_else(|| uring.then(uring_unavailable).flatten());
         match why_not {
             Some(reason) => skip(report, w.name, target, reason),
@@ -375,6 +389,7 @@ pub fn run_workload(
                 say(target, "mkfs, mount, fio layout, warm-up, measuring");
                 let fuse = MountConfig {
                     uring,
+                    uring_idle,
                     ..opts.fuse.clone()
                 };
                 let measured = measure_fuse(dev, target, &fuse, w.name, job, span, timing);

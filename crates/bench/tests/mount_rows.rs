@@ -79,9 +79,14 @@ fn a_mount_row_measures_fio_through_the_mount_and_on_xfs() {
             .find(|r| r.target == target)
             .unwrap_or_else(|| panic!("no {target} row in {:?}", report.results))
     };
-    let (fuse, uring, xfs) = (row("iomapfs-fuse"), row("iomapfs-fuse-uring"), row("xfs"));
-    assert_eq!(report.results.len(), 3);
-    for r in [fuse, uring, xfs] {
+    let (fuse, uring, idle, xfs) = (
+        row("iomapfs-fuse"),
+        row("iomapfs-fuse-uring"),
+        row("iomapfs-fuse-uring-idle"),
+        row("xfs"),
+    );
+    assert_eq!(report.results.len(), 4);
+    for r in [fuse, uring, idle, xfs] {
         assert_eq!(r.workload, "mount-randread-4k-qd1");
         let ops = r.ops.expect("I/O count");
         assert!(ops > 0 && r.iops > 0.0, "{r:?}");
@@ -115,11 +120,23 @@ fn a_mount_row_measures_fio_through_the_mount_and_on_xfs() {
     assert!(fuse.setup.as_deref().unwrap().contains("iomapfs mount"));
     // The same over FUSE over io_uring: a mount of its own, named so.
     let uring_setup = uring.setup.as_deref().unwrap();
-    assert!(uring_setup.contains("-o threads=4,kernel_cache,uring`"), "{uring_setup}");
+    assert!(
+        uring_setup.contains("-o threads=4,kernel_cache,uring`"),
+        "{uring_setup}"
+    );
     assert!(!fuse.setup.as_deref().unwrap().contains("uring"));
-    let uring_daemon = uring.daemon_cpu_per_io.as_ref().expect("daemon CPU over io_uring");
+    let uring_daemon = uring
+        .daemon_cpu_per_io
+        .as_ref()
+        .expect("daemon CPU over io_uring");
     assert_eq!(uring_daemon.scope, CPU_SCOPE_FUSE_DAEMON);
     assert!((uring.ratio_to_xfs.expect("×xfs") - uring.iops / xfs.iops).abs() < 1e-9);
+    let idle_setup = idle.setup.as_deref().unwrap();
+    assert!(
+        idle_setup.contains("-o threads=4,kernel_cache,uring_idle`"),
+        "{idle_setup}"
+    );
+    assert!(idle.daemon_cpu_per_io.is_some());
     let ratio = fuse.ratio_to_xfs.expect("×xfs");
     assert!((ratio - fuse.iops / xfs.iops).abs() < 1e-9);
     let cpu_ratio = fuse.cpu_ratio_to_xfs.expect("cpu ×xfs");
@@ -131,7 +148,8 @@ fn a_mount_row_measures_fio_through_the_mount_and_on_xfs() {
     let table = iomapfs_bench::render_table(&report);
     assert!(table.contains("through the FUSE mount"), "{table}");
     assert!(table.contains("iomapfs-fuse "), "{table}");
-    assert!(table.contains("iomapfs-fuse-uring"), "{table}");
+    assert!(table.contains("iomapfs-fuse-uring "), "{table}");
+    assert!(table.contains("iomapfs-fuse-uring-idle"), "{table}");
     // Nothing of the run is still mounted: the FUSE mount, XFS.
     assert!(bench_mounts().is_empty(), "{:?}", bench_mounts());
 }

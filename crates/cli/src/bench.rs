@@ -38,7 +38,8 @@ Mount rows (mount-*, or all of them with --workload mount) run one fio job
 through the FUSE mount of iomapfs (target iomapfs-fuse: a fresh volume mounted
 by the bench itself with the handlers and defaults of `iomapfs mount`; target
 iomapfs-fuse-uring: the same with -o uring, FUSE over io_uring, where the
-kernel has it) and on XFS made on the same device: 4 KiB random direct reads at queue depth 1 (psync)
+kernel has it; iomapfs-fuse-uring-idle: with -o uring_idle) and on XFS made on
+the same device: 4 KiB random direct reads at queue depth 1 (psync)
 and 32 (io_uring), 1 MiB sequential direct reads and writes, 4 KiB random
 buffered reads (cached file) and writes. Each row shows fio's CPU per I/O, the
 daemon's, their sum and ratios to XFS; the JSON has the exact fio command lines
@@ -203,8 +204,9 @@ pub fn run(args: &BenchArgs, backend: blockdev::Backend) -> Result<(), Failure> 
     if fuse.uring {
         return Err(Failure::new(
             2,
-            "bench: --fuse-options uring: the mount rows measure both transports already \
-             (targets iomapfs-fuse over /dev/fuse, iomapfs-fuse-uring over io_uring)",
+            "bench: --fuse-options uring, uring_idle: the mount rows measure every transport \
+             already (targets iomapfs-fuse over /dev/fuse, iomapfs-fuse-uring over io_uring, \
+             iomapfs-fuse-uring-idle with -o uring_idle)",
         ));
     }
     let opts = BenchOptions {

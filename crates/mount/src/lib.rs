@@ -78,6 +78,12 @@ pub struct MountConfig {
     /// `-o uring`: requests travel over FUSE over io_uring, one queue per
     /// CPU served on that CPU ([`ring_transport`]); root only.
     pub uring: bool,
+    /// `-o uring_idle`: `uring`, with the queue threads at `SCHED_IDLE`,
+    /// so that the scheduler keeps a client it wakes on the CPU it asked
+    /// from (a CPU running only idle-class threads counts as idle); a CPU
+    /// kept busy by other programs then answers requests made on it
+    /// slowly.
+    pub uring_idle: bool,
 }
 
 /// Mount flags every iomapfs mount has; asking for them is accepted and
@@ -134,6 +140,7 @@ impl Default for MountConfig {
             read_only: false,
             no_exec: false,
             uring: false,
+            uring_idle: false,
         }
     }
 }
@@ -153,6 +160,10 @@ impl MountConfig {
             None if opt == "noexec" => self.no_exec = true,
             None if opt == "exec" => self.no_exec = false,
             None if opt == "uring" => self.uring = true,
+            None if opt == "uring_idle" => {
+                self.uring = true;
+                self.uring_idle = true;
+            }
             None if ALWAYS_ON_FLAGS.contains(&opt) => {}
             None if NEVER_ON_FLAGS.contains(&opt) => {
                 return Err(format!(
@@ -180,7 +191,11 @@ impl MountConfig {
     /// The `-o` options that give this configuration's caching and
     /// threads (for reports).
     pub fn options(&self) -> String {
-        let transport = if self.uring { ",uring" } else { "" };
+        let transport = match (self.uring, self.uring_idle) {
+            (_, true) => ",uring_idle",
+            (true, false) => ",uring",
+            (false, false) => "",
+        };
         format!(
             "threads={},{}{transport}",
             self.threads,
@@ -546,5 +561,19 @@ mod tests {
             assert!(why.contains(bad.split('=').next().unwrap()), "{bad}: {why}");
         }
         assert_eq!(cfg.threads, 8, "a refused option changes nothing");
+    }
+
+    #[test]
+    fn uring_options_pick_the_transport_and_the_queue_threads_class() {
+        let mut cfg = MountConfig::default();
+        assert!(!cfg.uring && !cfg.uring_idle);
+        cfg.apply_option("uring").unwrap();
+        assert!(cfg.uring && !cfg.uring_idle);
+        assert_eq!(cfg.options(), "threads=4,kernel_cache,uring");
+        let mut idle = MountConfig::default();
+        idle.apply_option("uring_idle").unwrap();
+        assert!(idle.uring && idle.uring_idle, "uring_idle implies uring");
+        assert_eq!(idle.options(), "threads=4,kernel_cache,uring_idle");
+        assert!(idle.apply_option("uring=1").is_err());
     }
 }

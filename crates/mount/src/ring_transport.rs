@@ -350,10 +350,11 @@ pub fn start(
         let (tx, rx) = mpsc::channel();
         let r = relay.clone();
         let fs = fs.clone();
+        let idle = cfg.uring_idle;
         transport.queues.push(
             std::thread::Builder::new()
                 .name(format!("iomapfs-ring-{qid}"))
-                .spawn(move || serve_queue(qid, &r, &fs, payload_len, tx))
+                .spawn(move || serve_queue(qid, idle, &r, &fs, payload_len, tx))
                 .map_err(|e| mount_error(path, "starting a queue thread", e))?,
         );
         ready.push(rx);
@@ -392,17 +393,26 @@ fn prove_the_route(path: &Path, relay: &Relay) -> Result<(), MountError> {
     std::thread::Builder::new()
         .name("iomapfs-ring-check".into())
         .spawn(move || {
-            let c = CString::new(target.as_os_str().as_bytes()).expect("no NUL in a canonical path");
+            let c =
+                CString::new(target.as_os_str().as_bytes()).expect("no NUL in a canonical path");
             // SAFETY: a valid C string and a zeroed out struct for the call.
             let rc = unsafe {
                 let mut st: libc::statvfs = std::mem::zeroed();
                 libc::statvfs(c.as_ptr(), &mut st)
             };
-            let _ = tx.send(if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) });
+            let _ = tx.send(if rc == 0 {
+                Ok(())
+            } else {
+                Err(io::Error::last_os_error())
+            });
         })
         .map_err(|e| mount_error(path, "starting a thread", e))?;
     let fail = |what: &str| {
-        mount_error(path, what, io::Error::other("the kernel did not route requests to the queues"))
+        mount_error(
+            path,
+            what,
+            io::Error::other("the kernel did not route requests to the queues"),
+        )
     };
     match rx.recv_timeout(INIT_TIMEOUT) {
         Ok(Ok(())) if relay.counts.handed_to_fuser.load(Ordering::Relaxed) > before => Ok(()),
@@ -708,16 +718,30 @@ fn answer_here(
     }
 }
 
-/// Serves queue `qid` (on CPU `qid`) until the connection ends and the
-/// router says stop. `ready` gets Ok once every entry is registered.
+/// Serves queue `qid` (on CPU `qid`, at `SCHED_IDLE` if `idle`) until the
+/// connection ends and the router says stop. `ready` gets Ok once every
+/// entry is registered.
 fn serve_queue(
     qid: usize,
+    idle: bool,
     relay: &Relay,
     fs: &IomapFuse,
     payload_len: usize,
     ready: mpsc::Sender<io::Result<()>>,
 ) -> io::Result<()> {
     pin_to_cpu(qid);
+    if idle {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: sets the calling thread's policy from a live struct.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+            let e = io::Error::last_os_error();
+            let _ = ready.send(Err(io::Error::new(
+                e.kind(),
+                format!("queue {qid}: SCHED_IDLE: {e}"),
+            )));
+            return Ok(());
+        }
+    }
     let dev = relay.dev.as_raw_fd();
     let mut ring = match IoUring::<squeue::Entry128, cqueue::Entry32>::builder()
         .setup_single_issuer()

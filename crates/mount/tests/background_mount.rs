@@ -147,6 +147,33 @@ fn over_io_uring_reads_and_writes_are_answered_on_the_ring_and_the_rest_by_fuser
         );
         mount.unmount().expect("unmount");
     }
+    // -o uring_idle: the queue threads run at SCHED_IDLE, the others not.
+    {
+        let vol = Volume::open(dev.clone()).expect("open");
+        let idle = MountConfig {
+            uring: true,
+            uring_idle: true,
+            ..MountConfig::default()
+        };
+        let mount = iomapfs_mount::spawn(vol, dir.path(), &idle).expect("mount -o uring_idle");
+        let policies = thread_policies();
+        let queues: Vec<_> = policies
+            .iter()
+            .filter(|(n, _)| n.starts_with("iomapfs-ring-"))
+            .collect();
+        assert!(!queues.is_empty(), "no queue threads in {policies:?}");
+        assert!(
+            queues.iter().all(|(_, p)| *p == libc::SCHED_IDLE as u32),
+            "{policies:?}"
+        );
+        assert!(policies
+            .iter()
+            .filter(|(n, _)| n.starts_with("fuser-"))
+            .all(|(_, p)| *p == libc::SCHED_OTHER as u32));
+        let got = std::fs::read(mount.path().join("data")).expect("read -o uring_idle");
+        assert!(got == want);
+        mount.unmount().expect("unmount -o uring_idle");
+    }
     for round in 0..50 {
         let vol = Volume::open(dev.clone()).expect("open");
         let mount = iomapfs_mount::spawn(vol, dir.path(), &uring).expect("mount -o uring");
@@ -159,4 +186,29 @@ fn over_io_uring_reads_and_writes_are_answered_on_the_ring_and_the_rest_by_fuser
             panic!("round {round}: unmount -o uring after reads: {e}");
         }
     }
+}
+
+/// Name and scheduling policy (`/proc/self/task/*/stat` field 41) of
+/// every thread of this process.
+fn thread_policies() -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").expect("tasks") {
+        let dir = task.expect("task").path();
+        let Ok(name) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+            continue;
+        };
+        // Fields after the parenthesised name, which may hold spaces:
+        // state is field 3, so policy (41) is the 39th of these.
+        let rest = &stat[stat.rfind(')').expect("comm in parentheses") + 2..];
+        let policy = rest
+            .split(' ')
+            .nth(38)
+            .and_then(|f| f.parse().ok())
+            .expect("policy");
+        out.push((name.trim().to_string(), policy));
+    }
+    out
 }

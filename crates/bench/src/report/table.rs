@@ -512,9 +512,16 @@ fn mount_table(out: &mut String, rows: &[&BenchResult]) {
         "through the FUSE mount (fio, one job): ×xfs is IOPS over xfs's; CPU per I/O of fio's \
          process, of the daemon serving the mount, their sum, and that sum over xfs's (cpu ×xfs)"
     );
+    // As wide as the longest target name (iomapfs-fuse-uring-idle).
+    let tw = rows
+        .iter()
+        .map(|r| r.target.len())
+        .max()
+        .unwrap_or(0)
+        .max(12);
     let _ = writeln!(
         out,
-        "{:<28} {:<12} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>8}",
+        "{:<28} {:<tw$} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>8}",
         "workload",
         "target",
         "IOPS",
@@ -538,7 +545,7 @@ fn mount_table(out: &mut String, rows: &[&BenchResult]) {
             .map(|c| c.total_us + daemon.unwrap_or(0.0));
         let us = |x: Option<f64>| x.map_or("-".into(), |x| micros(x * 1e3));
         let line = format!(
-            "{:<28} {:<12} {:>9} {:>9.1} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>8}",
+            "{:<28} {:<tw$} {:>9} {:>9.1} {:>9} {:>9} {:>6} {:>9} {:>9} {:>9} {:>8}",
             name,
             r.target,
             si(r.iops),
