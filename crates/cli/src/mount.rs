@@ -42,7 +42,12 @@ Options (-o, comma-separated):
                        /sys/module/fuse/parameters/enable_uring while its
                        queues register, then puts it back. Faster where
                        waking another CPU is dear (VMs): measure with
-                       `iomapfs fuse-transport-probe`
+                       `iomapfs fuse-transport-probe` and the bench's mount
+                       rows
+  uring_idle           uring, with the queue threads at SCHED_IDLE: a waiting
+                       caller is woken on its own CPU (lowest latency at
+                       queue depth 1), but on a CPU kept busy by other
+                       programs requests made there wait for idle time
   kernel_cache         (default) non-direct opens read through the kernel page
                        cache in front of iomapfs's own; writes update it and reach
                        iomapfs before returning; O_DIRECT opens take the
