@@ -399,6 +399,13 @@ fn a_user_who_owns_an_image_mounts_it_and_others_reach_it_only_with_allow_other(
     let mnt = m.mnt.to_str().unwrap().to_string();
     let f = format!("{mnt}/f");
 
+    // FUSE over io_uring is root's: the user is told so; nothing mounts.
+    let refused = m
+        .try_mount_via(&via, &["-o", "uring"])
+        .expect_err("a user's mount -o uring");
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(why.contains("-o uring: needs root"), "{why}");
+    assert!(!is_mounted(&m.mnt));
     m.try_mount_via(&via, &[]).unwrap_or_else(|out| {
         panic!(
             "user mount: {}\n{}",
