@@ -275,3 +275,31 @@ fn finishing_right_after_reads_is_clean() {
         }
     }
 }
+
+/// While one holder has the knob on, no other can take it (the lock file
+/// is held), so one process putting the knob back cannot turn away another's
+/// queue registrations; once it is put back, the next may.
+#[test]
+fn the_knob_is_held_by_one_process_at_a_time() {
+    skip_unless_able!();
+    let _turn = KNOB.lock().unwrap_or_else(|e| e.into_inner());
+    let try_lock = || {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(transport_probe::knob_lock_path())
+            .expect("open the lock file");
+        // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        rc == 0
+    };
+    let knob = transport_probe::UringKnob::enable().expect("enable io_uring");
+    assert!(!try_lock(), "the lock is free while the knob is held");
+    drop(knob);
+    assert!(
+        try_lock(),
+        "the lock is still held after the knob went back"
+    );
+}

@@ -274,11 +274,40 @@ pub fn run(cfg: &ProbeConfig) -> Result<ProbeReport, ProbeError> {
 /// `/sys/module/fuse/parameters/enable_uring` set on for a while.
 pub struct UringKnob {
     before: String,
+    /// Held (flock) while the knob is ours: another process's knob put
+    /// back early would turn the kernel's registrations away under us.
+    _turn: std::fs::File,
+}
+
+/// Where the processes that turn the knob take turns (flock).
+pub fn knob_lock_path() -> PathBuf {
+    let run = Path::new("/run/lock");
+    let dir = if run.is_dir() {
+        run.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    dir.join("iomapfs-fuse-enable-uring.lock")
 }
 
 impl UringKnob {
-    /// Turns the knob on; it goes back to its old value on drop.
+    /// Turns the knob on, after any other process of ours that has it
+    /// (they take turns on a lock file); it goes back to its old value on
+    /// drop.
     pub fn enable() -> Result<UringKnob, ProbeError> {
+        let path = knob_lock_path();
+        let turn = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err(format!("opening {}", path.display())))?;
+        // SAFETY: flock on a descriptor we own; blocks until our turn.
+        if unsafe { libc::flock(turn.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io_err(format!("locking {}", path.display()))(
+                io::Error::last_os_error(),
+            ));
+        }
         let before = match std::fs::read_to_string(ENABLE_URING_KNOB) {
             Ok(text) => text.trim().to_string(),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -290,7 +319,10 @@ impl UringKnob {
             std::fs::write(ENABLE_URING_KNOB, "1")
                 .map_err(io_err(format!("writing 1 to {ENABLE_URING_KNOB}")))?;
         }
-        Ok(UringKnob { before })
+        Ok(UringKnob {
+            before,
+            _turn: turn,
+        })
     }
 }
 
