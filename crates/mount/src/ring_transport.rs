@@ -391,7 +391,7 @@ fn prove_the_route(path: &Path, relay: &Relay) -> Result<(), MountError> {
     let (tx, rx) = mpsc::channel();
     let target = path.to_path_buf();
     std::thread::Builder::new()
-        .name("iomapfs-ring-check".into())
+        .name("iomapfs-route-chk".into())
         .spawn(move || {
             let c =
                 CString::new(target.as_os_str().as_bytes()).expect("no NUL in a canonical path");

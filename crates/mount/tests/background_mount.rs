@@ -157,10 +157,12 @@ fn over_io_uring_reads_and_writes_are_answered_on_the_ring_and_the_rest_by_fuser
         };
         let mount = iomapfs_mount::spawn(vol, dir.path(), &idle).expect("mount -o uring_idle");
         let policies = thread_policies();
-        let queues: Vec<_> = policies
-            .iter()
-            .filter(|(n, _)| n.starts_with("iomapfs-ring-"))
-            .collect();
+        // Queue threads are iomapfs-ring-N (N a CPU number).
+        let is_queue = |n: &str| {
+            n.strip_prefix("iomapfs-ring-")
+                .is_some_and(|cpu| cpu.parse::<usize>().is_ok())
+        };
+        let queues: Vec<_> = policies.iter().filter(|(n, _)| is_queue(n)).collect();
         assert!(!queues.is_empty(), "no queue threads in {policies:?}");
         assert!(
             queues.iter().all(|(_, p)| *p == libc::SCHED_IDLE as u32),
