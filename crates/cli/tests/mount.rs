@@ -21,6 +21,22 @@ use std::time::Duration;
 
 use mount_support::*;
 
+/// A test over `/dev/fuse` and its twin over io_uring (`-o uring`), both
+/// running `$body` with the transport.
+macro_rules! over_both_transports {
+    ($dev_fuse:ident, $uring:ident, $body:ident) => {
+        #[test]
+        fn $dev_fuse() {
+            $body(Transport::DevFuse);
+        }
+
+        #[test]
+        fn $uring() {
+            $body(Transport::Uring);
+        }
+    };
+}
+
 /// The inode numbers readdir gives `.` and `..` of `dir` (what `ls -ai`
 /// shows).
 fn dot_inodes(dir: &Path) -> (u64, u64) {
@@ -48,15 +64,11 @@ fn dot_inodes(dir: &Path) -> (u64, u64) {
     (dot, dotdot)
 }
 
-#[test]
-fn posix_calls_on_the_mountpoint_match_the_volume_after_remount() {
-    posix_calls_on_the_mountpoint_match_the_volume_after_remount_over(Transport::DevFuse);
-}
-
-#[test]
-fn posix_calls_on_the_mountpoint_match_the_volume_after_remount_over_io_uring() {
-    posix_calls_on_the_mountpoint_match_the_volume_after_remount_over(Transport::Uring);
-}
+over_both_transports!(
+    posix_calls_on_the_mountpoint_match_the_volume_after_remount,
+    posix_calls_on_the_mountpoint_match_the_volume_after_remount_over_io_uring,
+    posix_calls_on_the_mountpoint_match_the_volume_after_remount_over
+);
 
 fn posix_calls_on_the_mountpoint_match_the_volume_after_remount_over(transport: Transport) {
     need_transport!(transport);
@@ -309,20 +321,16 @@ impl Drop for SharedMap {
     }
 }
 
+over_both_transports!(
+    direct_and_buffered_opens_see_each_others_writes,
+    direct_and_buffered_opens_see_each_others_writes_over_io_uring,
+    direct_and_buffered_opens_see_each_others_writes_over
+);
+
 /// O_DIRECT and buffered opens (and a shared mapping) of one file see each
 /// other's writes at once, in every caching mode: without the kernel page
 /// cache iomapfs keeps them coherent; with it, the kernel writes cached
 /// pages back before a direct read and drops them after a direct write.
-#[test]
-fn direct_and_buffered_opens_see_each_others_writes() {
-    direct_and_buffered_opens_see_each_others_writes_over(Transport::DevFuse);
-}
-
-#[test]
-fn direct_and_buffered_opens_see_each_others_writes_over_io_uring() {
-    direct_and_buffered_opens_see_each_others_writes_over(Transport::Uring);
-}
-
 fn direct_and_buffered_opens_see_each_others_writes_over(transport: Transport) {
     need_transport!(transport);
     for mode in ["direct_io", "kernel_cache", "writeback_cache"] {
@@ -414,20 +422,16 @@ fn append_as_nobody(dir: &Path, name: &str) {
     assert!(status.success(), "append to {name} as nobody: {status}");
 }
 
+over_both_transports!(
+    unprivileged_writes_drop_setuid_and_setgid,
+    unprivileged_writes_drop_setuid_and_setgid_over_io_uring,
+    unprivileged_writes_drop_setuid_and_setgid_over
+);
+
 /// A write by a caller without CAP_FSETID drops set-user-ID, and
 /// set-group-ID where group execute is set, in every caching mode (the
 /// daemon does it: it takes FUSE_HANDLE_KILLPRIV_V2); root's writes keep
 /// them.
-#[test]
-fn unprivileged_writes_drop_setuid_and_setgid() {
-    unprivileged_writes_drop_setuid_and_setgid_over(Transport::DevFuse);
-}
-
-#[test]
-fn unprivileged_writes_drop_setuid_and_setgid_over_io_uring() {
-    unprivileged_writes_drop_setuid_and_setgid_over(Transport::Uring);
-}
-
 fn unprivileged_writes_drop_setuid_and_setgid_over(transport: Transport) {
     need_transport!(transport);
     for mode in ["direct_io", "kernel_cache", "writeback_cache"] {
@@ -465,15 +469,11 @@ fn unprivileged_writes_drop_setuid_and_setgid_over(transport: Transport) {
     }
 }
 
-#[test]
-fn a_mounted_target_is_refused_and_signals_unmount_cleanly() {
-    a_mounted_target_is_refused_and_signals_unmount_cleanly_over(Transport::DevFuse);
-}
-
-#[test]
-fn a_mounted_target_is_refused_and_signals_unmount_cleanly_over_io_uring() {
-    a_mounted_target_is_refused_and_signals_unmount_cleanly_over(Transport::Uring);
-}
+over_both_transports!(
+    a_mounted_target_is_refused_and_signals_unmount_cleanly,
+    a_mounted_target_is_refused_and_signals_unmount_cleanly_over_io_uring,
+    a_mounted_target_is_refused_and_signals_unmount_cleanly_over
+);
 
 fn a_mounted_target_is_refused_and_signals_unmount_cleanly_over(transport: Transport) {
     need_transport!(transport);
@@ -525,15 +525,11 @@ fn a_mounted_target_is_refused_and_signals_unmount_cleanly_over(transport: Trans
     assert!(report.contains("journal records replayed  0"), "{report}");
 }
 
-#[test]
-fn kill_9_during_writes_keeps_every_fsynced_byte() {
-    kill_9_during_writes_keeps_every_fsynced_byte_over(Transport::DevFuse);
-}
-
-#[test]
-fn kill_9_during_writes_keeps_every_fsynced_byte_over_io_uring() {
-    kill_9_during_writes_keeps_every_fsynced_byte_over(Transport::Uring);
-}
+over_both_transports!(
+    kill_9_during_writes_keeps_every_fsynced_byte,
+    kill_9_during_writes_keeps_every_fsynced_byte_over_io_uring,
+    kill_9_during_writes_keeps_every_fsynced_byte_over
+);
 
 fn kill_9_during_writes_keeps_every_fsynced_byte_over(transport: Transport) {
     need_transport!(transport);
@@ -617,15 +613,11 @@ fn kill_9_during_writes_keeps_every_fsynced_byte_over(transport: Transport) {
     m.fsck_clean();
 }
 
-#[test]
-fn concurrent_clients_on_one_file_and_on_many() {
-    concurrent_clients_on_one_file_and_on_many_over(Transport::DevFuse);
-}
-
-#[test]
-fn concurrent_clients_on_one_file_and_on_many_over_io_uring() {
-    concurrent_clients_on_one_file_and_on_many_over(Transport::Uring);
-}
+over_both_transports!(
+    concurrent_clients_on_one_file_and_on_many,
+    concurrent_clients_on_one_file_and_on_many_over_io_uring,
+    concurrent_clients_on_one_file_and_on_many_over
+);
 
 fn concurrent_clients_on_one_file_and_on_many_over(transport: Transport) {
     need_transport!(transport);
@@ -683,18 +675,14 @@ fn concurrent_clients_on_one_file_and_on_many_over(transport: Transport) {
     m.fsck_clean();
 }
 
+over_both_transports!(
+    fio_verifies_crc32c_through_the_mount_direct_and_buffered,
+    fio_verifies_crc32c_through_the_mount_direct_and_buffered_over_io_uring,
+    fio_verifies_crc32c_through_the_mount_direct_and_buffered_over
+);
+
 /// fio writes with crc32c verification headers and reads them back, direct
 /// and buffered, four jobs each.
-#[test]
-fn fio_verifies_crc32c_through_the_mount_direct_and_buffered() {
-    fio_verifies_crc32c_through_the_mount_direct_and_buffered_over(Transport::DevFuse);
-}
-
-#[test]
-fn fio_verifies_crc32c_through_the_mount_direct_and_buffered_over_io_uring() {
-    fio_verifies_crc32c_through_the_mount_direct_and_buffered_over(Transport::Uring);
-}
-
 fn fio_verifies_crc32c_through_the_mount_direct_and_buffered_over(transport: Transport) {
     need_transport!(transport);
     skip_if!(Command::new("fio")
@@ -754,6 +742,12 @@ fn fio_verifies_in_mode(transport: Transport, mode: &str) {
     m.fsck_clean();
 }
 
+over_both_transports!(
+    pjdfstest_passes_through_the_mount,
+    pjdfstest_passes_through_the_mount_over_io_uring,
+    pjdfstest_passes_through_the_mount_over
+);
+
 /// The POSIX conformance suite pjdfstest (its Rust port, crates.io
 /// `pjdfstest` 0.2.2, which .ci/run installs) against the mount: every test
 /// that can apply passes. Those that cannot apply are skipped by the suite
@@ -763,16 +757,6 @@ fn fio_verifies_in_mode(transport: Transport, mode: &str) {
 /// `open::einval_invalid_combination` and `posix_fallocate` tests leak
 /// descriptors open for writing, and Linux refuses a read-only remount
 /// (EBUSY) while one is open, whatever the file system.
-#[test]
-fn pjdfstest_passes_through_the_mount() {
-    pjdfstest_passes_through_the_mount_over(Transport::DevFuse);
-}
-
-#[test]
-fn pjdfstest_passes_through_the_mount_over_io_uring() {
-    pjdfstest_passes_through_the_mount_over(Transport::Uring);
-}
-
 fn pjdfstest_passes_through_the_mount_over(transport: Transport) {
     need_transport!(transport);
     let program = std::env::var_os("IOMAPFS_PJDFSTEST")

@@ -128,6 +128,15 @@ impl IomapFuse {
             .ok_or(Errno::EBADF)
     }
 
+    fn dir(&self, fh: FileHandle) -> Result<Arc<DirSnapshot>, Errno> {
+        self.handles
+            .dirs
+            .read()
+            .get(&fh.0)
+            .cloned()
+            .ok_or(Errno::EBADF)
+    }
+
     fn add_file(&self, file: File) -> FileHandle {
         let fh = self.handles.next.fetch_add(1, Ordering::Relaxed);
         self.handles.files.write().insert(fh, Arc::new(file));
@@ -717,15 +726,7 @@ impl Filesystem for IomapFuse {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let dir = tri!(
-            reply,
-            self.handles
-                .dirs
-                .read()
-                .get(&fh.0)
-                .cloned()
-                .ok_or(Errno::EBADF)
-        );
+        let dir = tri!(reply, self.dir(fh));
         let parent = tri!(reply, self.vol.parent_ino(dir.ino).map_err(errno));
         // Offsets: 1 is ".", 2 is "..", 3 + i is entry i; each names the
         // position after its entry, as the kernel asks for the next.
@@ -754,15 +755,7 @@ impl Filesystem for IomapFuse {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let dir = tri!(
-            reply,
-            self.handles
-                .dirs
-                .read()
-                .get(&fh.0)
-                .cloned()
-                .ok_or(Errno::EBADF)
-        );
+        let dir = tri!(reply, self.dir(fh));
         let me = tri!(reply, self.vol.stat_ino(dir.ino).map_err(errno));
         let parent = tri!(
             reply,

@@ -46,7 +46,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use parking_lot::Mutex;
 
 use crate::fuse_fs::{IomapFuse, MAX_IO_BYTES};
-use crate::transport_probe::ring::{command, pin_to_cpu};
+use crate::transport_probe::ring::{command, connection_ended, pin_to_cpu};
 use crate::transport_probe::wire::{self, get_u32, get_u64, put_u32, uring};
 use crate::transport_probe::{abort_connection, connection_of, possible_cpus, UringKnob};
 use crate::{MountConfig, MountError, FS_SUBTYPE};
@@ -814,6 +814,21 @@ fn serve_queue(
         // SAFETY: `counter` lives until the ring is dropped, below.
         unsafe { ring.submission().push(&read) }.expect("a slot is kept for the mailbox");
     };
+    // Answers entry `index` (its reply written) and fetches its next request.
+    let commit = |ring: &mut IoUring<squeue::Entry128, cqueue::Entry32>,
+                  entries: &[RingEntry],
+                  index: usize| {
+        let sqe = command(
+            dev,
+            uring::CMD_COMMIT_AND_FETCH,
+            entries[index].commit_id,
+            q,
+            None,
+            index as u64,
+        );
+        // SAFETY: as for REGISTER: the entry's buffers outlive the ring.
+        unsafe { ring.submission().push(&sqe) }.expect("one slot per entry");
+    };
     arm_mailbox(&mut ring, &mut counter);
     if let Err(e) = ring.submit() {
         let _ = ready.send(Err(io::Error::new(
@@ -857,18 +872,8 @@ fn serve_queue(
                     (std::mem::take(&mut state.replies), state.stop)
                 };
                 for (index, reply) in replies {
-                    let entry = &mut entries[index];
-                    entry.take_reply(&reply);
-                    let sqe = command(
-                        dev,
-                        uring::CMD_COMMIT_AND_FETCH,
-                        entry.commit_id,
-                        q,
-                        None,
-                        index as u64,
-                    );
-                    // SAFETY: as for REGISTER.
-                    unsafe { ring.submission().push(&sqe) }.expect("one slot per entry");
+                    entries[index].take_reply(&reply);
+                    commit(&mut ring, &entries, index);
                     live += 1;
                 }
                 if stop {
@@ -881,11 +886,7 @@ fn serve_queue(
             let index = tag as usize;
             live -= 1;
             if result < 0 {
-                if !matches!(
-                    -result,
-                    libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV
-                ) && failure.is_none()
-                {
+                if !connection_ended(result) && failure.is_none() {
                     failure = Some(io::Error::from_raw_os_error(-result));
                 }
                 continue;
@@ -934,16 +935,7 @@ fn serve_queue(
                 }
             };
             entry.set_reply(request.unique, error, body_len);
-            let sqe = command(
-                dev,
-                uring::CMD_COMMIT_AND_FETCH,
-                entry.commit_id,
-                q,
-                None,
-                index as u64,
-            );
-            // SAFETY: as for REGISTER.
-            unsafe { ring.submission().push(&sqe) }.expect("one slot per entry");
+            commit(&mut ring, &entries, index);
             live += 1;
         }
     }

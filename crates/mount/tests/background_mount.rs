@@ -32,13 +32,22 @@ fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 % 251) as u8).collect()
 }
 
+/// Whether to skip for `reason` (printed); under
+/// `IOMAPFS_REQUIRE_PRIVILEGED=1` a reason fails the test instead.
+fn skip(reason: Option<String>) -> bool {
+    let Some(reason) = reason else {
+        return false;
+    };
+    if std::env::var("IOMAPFS_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
+        panic!("IOMAPFS_REQUIRE_PRIVILEGED=1 but: {reason}");
+    }
+    eprintln!("skipped: {reason}");
+    true
+}
+
 #[test]
 fn unmounting_right_after_reads_ends_the_session_cleanly() {
-    if let Some(reason) = unavailable() {
-        if std::env::var("IOMAPFS_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
-            panic!("IOMAPFS_REQUIRE_PRIVILEGED=1 but: {reason}");
-        }
-        eprintln!("skipped: {reason}");
+    if skip(unavailable()) {
         return;
     }
     let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 << 20, 4096));
@@ -82,15 +91,11 @@ fn unmounting_right_after_reads_ends_the_session_cleanly() {
 /// the session cleanly here too.
 #[test]
 fn over_io_uring_reads_and_writes_are_answered_on_the_ring_and_the_rest_by_fuser() {
-    let mut reason = unavailable();
-    if reason.is_none() && !Path::new("/sys/module/fuse/parameters/enable_uring").exists() {
-        reason = Some("the kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING)".into());
-    }
-    if let Some(reason) = reason {
-        if std::env::var("IOMAPFS_REQUIRE_PRIVILEGED").is_ok_and(|v| v == "1") {
-            panic!("IOMAPFS_REQUIRE_PRIVILEGED=1 but: {reason}");
-        }
-        eprintln!("skipped: {reason}");
+    let no_uring = || {
+        (!Path::new("/sys/module/fuse/parameters/enable_uring").exists())
+            .then(|| "the kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING)".to_string())
+    };
+    if skip(unavailable().or_else(no_uring)) {
         return;
     }
     use std::os::unix::fs::{FileExt, OpenOptionsExt};

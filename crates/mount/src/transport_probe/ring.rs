@@ -101,6 +101,15 @@ fn with_sqe_len(entry: squeue::Entry128, len: u32) -> squeue::Entry128 {
     unsafe { std::mem::transmute(raw) }
 }
 
+/// Whether a queue command's failure `result` (a negated errno) is the
+/// connection going away (unmount, abort), the normal end of a queue.
+pub(crate) fn connection_ended(result: i32) -> bool {
+    matches!(
+        -result,
+        libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV
+    )
+}
+
 pub(crate) fn pin_to_cpu(cpu: usize) {
     // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
     // within it (cpu < CPU_SETSIZE is checked); sched_setaffinity reads
@@ -204,11 +213,7 @@ pub fn serve(
         for &(index, result) in &done {
             if result < 0 {
                 live -= 1;
-                if !matches!(
-                    -result,
-                    libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV
-                ) && failure.is_none()
-                {
+                if !connection_ended(result) && failure.is_none() {
                     failure = Some(io::Error::from_raw_os_error(-result));
                 }
                 continue;
