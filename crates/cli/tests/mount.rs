@@ -21,22 +21,6 @@ use std::time::Duration;
 
 use mount_support::*;
 
-/// A test over `/dev/fuse` and its twin over io_uring (`-o uring`), both
-/// running `$body` with the transport.
-macro_rules! over_both_transports {
-    ($dev_fuse:ident, $uring:ident, $body:ident) => {
-        #[test]
-        fn $dev_fuse() {
-            $body(Transport::DevFuse);
-        }
-
-        #[test]
-        fn $uring() {
-            $body(Transport::Uring);
-        }
-    };
-}
-
 /// The inode numbers readdir gives `.` and `..` of `dir` (what `ls -ai`
 /// shows).
 fn dot_inodes(dir: &Path) -> (u64, u64) {

@@ -110,11 +110,16 @@ fn mount_options(mnt: &Path) -> String {
         .unwrap_or_else(|| panic!("{} not mounted", mnt.display()))
 }
 
-#[test]
-fn read_only_mount_refuses_every_change_and_leaves_the_image_unwritten() {
-    need_fuse!();
+over_both_transports!(
+    read_only_mount_refuses_every_change_and_leaves_the_image_unwritten,
+    read_only_mount_refuses_every_change_and_leaves_the_image_unwritten_over_io_uring,
+    read_only_mount_refuses_every_change_and_leaves_the_image_unwritten_over
+);
+
+fn read_only_mount_refuses_every_change_and_leaves_the_image_unwritten_over(transport: Transport) {
+    need_transport!(transport);
     let mut m = Mounted::new("64m");
-    m.mount(&[]);
+    m.mount_over(transport, "");
     fs::write(m.path("f"), b"kept as it was").unwrap();
     fs::create_dir(m.path("d")).unwrap();
     symlink("f", m.path("l")).unwrap();
@@ -122,7 +127,7 @@ fn read_only_mount_refuses_every_change_and_leaves_the_image_unwritten() {
     m.unmount();
     let before = fs::read(&m.img).unwrap();
 
-    m.mount_foreground(&["-o", "ro"]);
+    m.mount_foreground(&["-o", &transport.with("ro")]);
     let opts = mount_options(&m.mnt);
     assert!(opts.split(',').any(|o| o == "ro"), "mount options {opts}");
     // Everything reads.
@@ -190,7 +195,7 @@ fn read_only_mount_refuses_every_change_and_leaves_the_image_unwritten() {
     // After a crash the journal is replayed in memory, not on the image,
     // and the orphan the crash left (a file unlinked while open) is freed
     // in memory only, however the read-only mount is used.
-    let pid = m.mount(&[]);
+    let pid = m.mount_over(transport, "");
     let mut g = File::create(m.path("g")).unwrap();
     g.write_all(b"fsynced before the crash").unwrap();
     g.sync_all().unwrap();
@@ -214,7 +219,7 @@ fn read_only_mount_refuses_every_change_and_leaves_the_image_unwritten() {
         .success());
     drop(orphan);
     let crashed = fs::read(&m.img).unwrap();
-    m.mount_foreground(&["-o", "ro"]);
+    m.mount_foreground(&["-o", &transport.with("ro")]);
     assert_eq!(fs::read(m.path("g")).unwrap(), b"fsynced before the crash");
     File::open(&m.mnt).unwrap().sync_all().unwrap();
     File::open(m.path("g")).unwrap().sync_all().unwrap();
@@ -227,7 +232,7 @@ fn read_only_mount_refuses_every_change_and_leaves_the_image_unwritten() {
         fs::read(&m.img).unwrap() == crashed,
         "the read-only mount replayed onto the image"
     );
-    m.mount(&[]);
+    m.mount_over(transport, "");
     assert_eq!(fs::read(m.path("g")).unwrap(), b"fsynced before the crash");
     m.unmount();
     m.fsck_clean();
@@ -543,12 +548,19 @@ impl AlignedBuf {
     }
 }
 
-#[test]
-fn nothing_read_through_the_mount_comes_from_past_a_file_the_volume_or_the_host() {
-    need_fuse!();
+over_both_transports!(
+    nothing_read_through_the_mount_comes_from_past_a_file_the_volume_or_the_host,
+    nothing_read_through_the_mount_comes_from_past_a_file_the_volume_or_the_host_over_io_uring,
+    nothing_read_through_the_mount_comes_from_past_a_file_the_volume_or_the_host_over
+);
+
+fn nothing_read_through_the_mount_comes_from_past_a_file_the_volume_or_the_host_over(
+    transport: Transport,
+) {
+    need_transport!(transport);
     let mut m = Mounted::new("64m");
     let image_len = fs::metadata(&m.img).unwrap().len();
-    m.mount(&[]);
+    m.mount_over(transport, "");
     // Freed blocks on the device hold this file's bytes afterwards.
     let secret = b"SECRET OF A REMOVED FILE\n".repeat(40_000);
     let mut s = File::create(m.path("s")).unwrap();

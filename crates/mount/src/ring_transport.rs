@@ -35,7 +35,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -98,6 +98,30 @@ struct Relay {
     init_offered_uring: AtomicU64,
     init_done: Mutex<Option<mpsc::Sender<Result<Negotiated, String>>>>,
     counts: RingCounts,
+    /// STATFS requests that came over a queue (the route check's).
+    statfs_on_ring: AtomicU64,
+    /// The FUSE connection (its fusectl number), to abort on a failure.
+    connection: Mutex<Option<u32>>,
+    /// The kernel ended the connection (`/dev/fuse` said so): from here
+    /// on threads end as they should, and the number may name another
+    /// mount's connection, so it is never aborted.
+    ended: AtomicBool,
+}
+
+impl Relay {
+    /// Ends the connection after a thread of ours failed, unless it has
+    /// ended already: every waiting request fails (ENOTCONN), every
+    /// thread ends, and the mount is left dead for `umount` (as after a
+    /// daemon crash over `/dev/fuse`) instead of hanging its callers.
+    fn abort(&self, why: &str) {
+        if self.ended.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(id) = *self.connection.lock() {
+            eprintln!("iomapfs: FUSE over io_uring: {why}: aborting the connection");
+            abort_connection(id);
+        }
+    }
 }
 
 /// Requests that came over the ring, by who answered them.
@@ -120,9 +144,11 @@ impl Negotiated {
     /// Payload buffer size: the kernel refuses a smaller one
     /// (`max(FUSE_MIN_READ_BUFFER, max_write, max_pages * PAGE_SIZE)`).
     fn payload_len(&self) -> usize {
+        // Without FUSE_MAX_PAGES the kernel keeps its default of 32.
+        const DEFAULT_MAX_PAGES: usize = 32;
         uring::MIN_READ_BUFFER
             .max(self.max_write)
-            .max(self.max_pages * page_size())
+            .max(self.max_pages.max(DEFAULT_MAX_PAGES) * page_size())
     }
 }
 
@@ -185,13 +211,20 @@ impl RingTransport {
     }
 
     /// Waits for every thread (call once fuser's session has ended); the
-    /// first queue's error, if one failed.
-    pub fn join(self) -> io::Result<()> {
-        for thread in self.threads {
+    /// first queue's error, if one failed. Fuser's threads end only with
+    /// the connection or by failing: in the second case the connection
+    /// is aborted first, so that the rest end too.
+    pub fn join(mut self) -> io::Result<()> {
+        self.relay.abort("fuser's threads ended");
+        self.join_threads()
+    }
+
+    fn join_threads(&mut self) -> io::Result<()> {
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
         let mut first = Ok(());
-        for queue in self.queues {
+        for queue in self.queues.drain(..) {
             let result = queue
                 .join()
                 .unwrap_or_else(|_| Err(io::Error::other("an io_uring queue thread panicked")));
@@ -199,8 +232,16 @@ impl RingTransport {
                 first = result;
             }
         }
-        drop(self.relay);
         first
+    }
+}
+
+impl Drop for RingTransport {
+    /// A transport dropped unjoined (a failed mount, after [`UndoMount`]
+    /// aborted the connection) waits for its threads: none may outlive
+    /// the call that started them while they hold the volume.
+    fn drop(&mut self) {
+        let _ = self.join_threads();
     }
 }
 
@@ -292,16 +333,21 @@ pub fn start(
         init_offered_uring: AtomicU64::new(0),
         init_done: Mutex::new(Some(init_tx)),
         counts: RingCounts::default(),
+        statfs_on_ring: AtomicU64::new(0),
+        connection: Mutex::new(None),
+        ended: AtomicBool::new(false),
     });
     mount_fuse(path, relay.dev.as_raw_fd(), cfg)?;
+    *relay.connection.lock() = connection_of(path);
     let mut transport = RingTransport {
         relay: relay.clone(),
         threads: Vec::new(),
         queues: Vec::new(),
     };
-    // From here on a failure must undo the mount: the guard detaches it,
-    // which ends the connection and with it every thread started.
-    let undo = UndoMount(Some(path.to_path_buf()));
+    // From here on a failure must undo the mount: the guard aborts the
+    // connection and detaches the mount, which ends every thread started;
+    // `transport`, dropped after it, then waits for them.
+    let undo = UndoMount(Some((path.to_path_buf(), relay.clone())));
     let threads = cfg.threads.max(1);
     let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
         std::thread::Builder::new()
@@ -354,7 +400,19 @@ pub fn start(
         transport.queues.push(
             std::thread::Builder::new()
                 .name(format!("iomapfs-ring-{qid}"))
-                .spawn(move || serve_queue(qid, idle, &r, &fs, payload_len, tx))
+                .spawn(move || {
+                    let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        serve_queue(qid, idle, &r, &fs, payload_len, tx)
+                    }))
+                    .unwrap_or_else(|_| Err(io::Error::other(format!("queue {qid} panicked"))));
+                    // A queue ends before the connection only by failing;
+                    // its CPU's requests would then wait forever.
+                    if let Err(e) = &served {
+                        r.abort(&e.to_string());
+                    }
+                    r.abort(&format!("queue {qid} ended"));
+                    served
+                })
                 .map_err(|e| mount_error(path, "starting a queue thread", e))?,
         );
         ready.push(rx);
@@ -387,7 +445,7 @@ pub fn start(
 /// (or over neither) is found here, at mount, not by a hung caller
 /// later. A request left unanswered is failed by aborting the connection.
 fn prove_the_route(path: &Path, relay: &Relay) -> Result<(), MountError> {
-    let before = relay.counts.handed_to_fuser.load(Ordering::Relaxed);
+    let before = relay.statfs_on_ring.load(Ordering::Relaxed);
     let (tx, rx) = mpsc::channel();
     let target = path.to_path_buf();
     std::thread::Builder::new()
@@ -415,20 +473,15 @@ fn prove_the_route(path: &Path, relay: &Relay) -> Result<(), MountError> {
         )
     };
     match rx.recv_timeout(INIT_TIMEOUT) {
-        Ok(Ok(())) if relay.counts.handed_to_fuser.load(Ordering::Relaxed) > before => Ok(()),
+        Ok(Ok(())) if relay.statfs_on_ring.load(Ordering::Relaxed) > before => Ok(()),
         Ok(Ok(())) => Err(fail("a STATFS of the mount came over /dev/fuse")),
         Ok(Err(e)) => Err(mount_error(path, "a STATFS of the mount", e)),
-        Err(_) => {
-            if let Some(id) = connection_of(path) {
-                abort_connection(id);
-            }
-            Err(fail("a STATFS of the mount got no answer"))
-        }
+        Err(_) => Err(fail("a STATFS of the mount got no answer")),
     }
 }
 
-/// Detaches the mount at the path unless disarmed.
-struct UndoMount(Option<PathBuf>);
+/// Aborts the connection and detaches the mount unless disarmed.
+struct UndoMount(Option<(PathBuf, Arc<Relay>)>);
 
 impl UndoMount {
     fn disarm(mut self) {
@@ -438,7 +491,8 @@ impl UndoMount {
 
 impl Drop for UndoMount {
     fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
+        if let Some((path, relay)) = self.0.take() {
+            relay.abort("the mount failed");
             let _ = crate::unmount(&path);
         }
     }
@@ -520,15 +574,21 @@ fn relay_dev_to_fuser(relay: &Relay, threads: usize) {
         // SAFETY: `buf` is a live, writable buffer of the given length.
         let n = unsafe { libc::read(relay.dev.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 {
-            match io::Error::last_os_error().raw_os_error() {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
                 Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
                 // ENODEV: unmounted or aborted; ECONNABORTED: the same,
                 // landing while the read took a request off the queue.
-                _ => break,
+                Some(libc::ENODEV) | Some(libc::ECONNABORTED) => {
+                    relay.ended.store(true, Ordering::Release);
+                }
+                _ => relay.abort(&format!("reading /dev/fuse: {e}")),
             }
+            break;
         }
         let msg = &buf[..n as usize];
         let Some(header) = wire::InHeader::parse(msg) else {
+            relay.abort(&format!("/dev/fuse gave a {n}-byte request"));
             break;
         };
         if header.opcode == wire::opcode::INIT && msg.len() >= INIT_IN_FLAGS2 + 4 {
@@ -538,7 +598,8 @@ fn relay_dev_to_fuser(relay: &Relay, threads: usize) {
                 .store(offered as u64, Ordering::Release);
             relay.init_unique.store(header.unique, Ordering::Release);
         }
-        if send(&relay.sock, msg).is_err() {
+        if let Err(e) = send(&relay.sock, msg) {
+            relay.abort(&format!("handing a request to fuser: {e}"));
             break;
         }
     }
@@ -570,12 +631,17 @@ fn route_fuser_replies(relay: &Relay) {
             )
         };
         if n < 0 {
-            if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
+            relay.abort(&format!("reading fuser's replies: {e}"));
             break;
         }
         if n == 0 {
+            // Fuser's threads ended: after the connection did, or by
+            // failing, and then nothing answers what goes to fuser.
+            relay.abort("fuser's threads ended");
             break;
         }
         let msg = &mut buf[..n as usize];
@@ -597,8 +663,15 @@ fn route_fuser_replies(relay: &Relay) {
         };
         // SAFETY: writes `msg.len()` bytes from a live slice. A refused
         // reply (ENOENT: the request was interrupted; ENODEV: the
-        // connection is gone) needs nothing more from us.
-        unsafe { libc::write(relay.dev.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
+        // connection is gone) needs nothing more from us, but INIT's.
+        let written = unsafe { libc::write(relay.dev.as_raw_fd(), msg.as_ptr().cast(), msg.len()) };
+        let outcome = match outcome {
+            Some(Ok(_)) if written < 0 => Some(Err(format!(
+                "the kernel refused fuser's INIT reply: {}",
+                io::Error::last_os_error()
+            ))),
+            other => other,
+        };
         if let Some(outcome) = outcome {
             if let Some(tx) = relay.init_done.lock().take() {
                 let _ = tx.send(outcome);
@@ -743,20 +816,6 @@ fn serve_queue(
         }
     }
     let dev = relay.dev.as_raw_fd();
-    let mut ring = match IoUring::<squeue::Entry128, cqueue::Entry32>::builder()
-        .setup_single_issuer()
-        .setup_defer_taskrun()
-        .build((2 * QUEUE_ENTRIES + 2).next_power_of_two() as u32)
-    {
-        Ok(ring) => ring,
-        Err(e) => {
-            let _ = ready.send(Err(io::Error::new(
-                e.kind(),
-                format!("queue {qid}: io_uring setup: {e}"),
-            )));
-            return Ok(());
-        }
-    };
     let align = page_size().max(fs.memory_alignment());
     let mut entries = Vec::with_capacity(QUEUE_ENTRIES);
     for _ in 0..QUEUE_ENTRIES {
@@ -785,6 +844,24 @@ fn serve_queue(
             commit_id: 0,
         });
     }
+    // The mailbox read's buffer. It and `entries` are declared before the
+    // ring, so they are dropped after it on every path: the kernel may
+    // write into them until the ring is gone.
+    let mut counter = [0u8; 8];
+    let mut ring = match IoUring::<squeue::Entry128, cqueue::Entry32>::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build((2 * QUEUE_ENTRIES + 2).next_power_of_two() as u32)
+    {
+        Ok(ring) => ring,
+        Err(e) => {
+            let _ = ready.send(Err(io::Error::new(
+                e.kind(),
+                format!("queue {qid}: io_uring setup: {e}"),
+            )));
+            return Ok(());
+        }
+    };
     let q = qid as u16;
     for (index, entry) in entries.iter().enumerate() {
         let sqe = command(
@@ -796,10 +873,9 @@ fn serve_queue(
             index as u64,
         );
         // SAFETY: the iovecs and the buffers they point at live in
-        // `entries`, which outlives the ring (dropped first, below).
+        // `entries`, declared before the ring and so dropped after it.
         unsafe { ring.submission().push(&sqe) }.expect("ring sized for every entry");
     }
-    let mut counter = [0u8; 8];
     let mailbox = &relay.mailboxes[qid];
     let arm_mailbox = |ring: &mut IoUring<squeue::Entry128, cqueue::Entry32>,
                        counter: &mut [u8; 8]| {
@@ -811,7 +887,7 @@ fn serve_queue(
         .build()
         .user_data(MAILBOX_TAG)
         .into();
-        // SAFETY: `counter` lives until the ring is dropped, below.
+        // SAFETY: `counter`, declared before the ring, outlives it.
         unsafe { ring.submission().push(&read) }.expect("a slot is kept for the mailbox");
     };
     // Answers entry `index` (its reply written) and fetches its next request.
@@ -838,7 +914,10 @@ fn serve_queue(
         return Ok(());
     }
     // A refused REGISTER completes at once; an accepted one stays in
-    // flight until the kernel has a request for it.
+    // flight until the kernel has a request for it. `find` consumes the
+    // completions before the one it returns: none of them can be an
+    // accepted command's or the mailbox's yet (with DEFER_TASKRUN the
+    // kernel completes those only inside a later io_uring_enter).
     if let Some(cqe) = ring
         .completion()
         .find(|c| c.user_data() != MAILBOX_TAG && c.result() < 0)
@@ -854,7 +933,6 @@ fn serve_queue(
 
     let mut live = entries.len();
     let mut stopping = false;
-    let mut failure = None;
     let mut done: Vec<(u64, i32)> = Vec::with_capacity(2 * QUEUE_ENTRIES + 2);
     let mut relayed = Vec::new();
     while live > 0 || !stopping {
@@ -886,10 +964,17 @@ fn serve_queue(
             let index = tag as usize;
             live -= 1;
             if result < 0 {
-                if !connection_ended(result) && failure.is_none() {
-                    failure = Some(io::Error::from_raw_os_error(-result));
+                if connection_ended(result) {
+                    continue;
                 }
-                continue;
+                // An entry the kernel no longer takes requests for: the
+                // queue would starve, so it fails (and the caller aborts
+                // the connection).
+                let e = io::Error::from_raw_os_error(-result);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("queue {qid}: a command failed: {e}"),
+                ));
             }
             let entry = &mut entries[index];
             let header = &entry.header[..];
@@ -916,6 +1001,9 @@ fn serve_queue(
                 }
                 None => {
                     relay.counts.handed_to_fuser.fetch_add(1, Ordering::Relaxed);
+                    if request.opcode == wire::opcode::STATFS {
+                        relay.statfs_on_ring.fetch_add(1, Ordering::Relaxed);
+                    }
                     // As /dev/fuse would give it: header, fixed part, rest.
                     relayed.clear();
                     relayed.extend_from_slice(
@@ -940,8 +1028,5 @@ fn serve_queue(
         }
     }
     drop(ring);
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    Ok(())
 }

@@ -32,6 +32,14 @@ fn pattern(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 31 % 251) as u8).collect()
 }
 
+/// Taken by each test: one test's mount threads must not show in
+/// another's look at this process's threads.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Whether to skip for `reason` (printed); under
 /// `IOMAPFS_REQUIRE_PRIVILEGED=1` a reason fails the test instead.
 fn skip(reason: Option<String>) -> bool {
@@ -50,6 +58,7 @@ fn unmounting_right_after_reads_ends_the_session_cleanly() {
     if skip(unavailable()) {
         return;
     }
+    let _turn = one_at_a_time();
     let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 << 20, 4096));
     Volume::format(dev.clone(), &FormatOptions::default()).expect("format");
     let dir = tempfile::tempdir().expect("mount point");
@@ -98,6 +107,7 @@ fn over_io_uring_reads_and_writes_are_answered_on_the_ring_and_the_rest_by_fuser
     if skip(unavailable().or_else(no_uring)) {
         return;
     }
+    let _turn = one_at_a_time();
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
     use std::sync::atomic::Ordering::Relaxed;
 
@@ -218,4 +228,63 @@ fn thread_policies() -> Vec<(String, u32)> {
         out.push((name.trim().to_string(), policy));
     }
     out
+}
+
+/// Over io_uring, a connection aborted from outside (fusectl, as a stuck
+/// mount's admin would) ends the session: the queues, the relay and
+/// fuser's threads all end, the volume is let go, and nothing stays
+/// mounted; the volume mounts again with what was written.
+#[test]
+fn over_io_uring_an_aborted_connection_ends_the_session() {
+    let no_uring = || {
+        (!Path::new("/sys/module/fuse/parameters/enable_uring").exists())
+            .then(|| "the kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING)".to_string())
+    };
+    if skip(unavailable().or_else(no_uring)) {
+        return;
+    }
+    let _turn = one_at_a_time();
+    use iomapfs_mount::transport_probe::{abort_connection, connection_of};
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 << 20, 4096));
+    Volume::format(dev.clone(), &FormatOptions::default()).expect("format");
+    let dir = tempfile::tempdir().expect("mount point");
+    let uring = MountConfig {
+        uring: true,
+        ..MountConfig::default()
+    };
+    let want = pattern(FILE_BYTES);
+    let vol = Volume::open(dev.clone()).expect("open");
+    let mount = iomapfs_mount::spawn(vol, dir.path(), &uring).expect("mount -o uring");
+    let file = mount.path().join("data");
+    std::fs::write(&file, &want).expect("write through the mount");
+    // O_DIRECT: the read asks the daemon, not the kernel's cache.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&file)
+        .expect("open O_DIRECT");
+    let mut block = blockdev::AlignedBuf::new(4096, 4096).expect("buffer");
+    assert_eq!(
+        f.read_at(&mut block, 0).expect("a read before the abort"),
+        4096
+    );
+    let id = connection_of(mount.path()).expect("the mount's connection");
+    abort_connection(id);
+    let after = f.read_at(&mut block, 0);
+    assert_eq!(
+        after.map_err(|e| e.raw_os_error()),
+        Err(Some(libc::ENOTCONN)),
+        "a read after the abort"
+    );
+    drop(f);
+    mount.unmount().expect("the session ends after an abort");
+    let mounted = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let path = dir.path().to_str().expect("utf-8 path");
+    assert!(!mounted.contains(path), "still mounted: {mounted}");
+    let vol = Volume::open(dev.clone()).expect("open again");
+    let mount = iomapfs_mount::spawn(vol, dir.path(), &MountConfig::default()).expect("mount");
+    assert!(std::fs::read(mount.path().join("data")).expect("read back") == want);
+    mount.unmount().expect("unmount");
 }

@@ -141,6 +141,23 @@ macro_rules! need_transport {
     };
 }
 
+/// A test over `/dev/fuse` and its twin over io_uring (`-o uring`), both
+/// running `$body` with the transport.
+#[macro_export]
+macro_rules! over_both_transports {
+    ($dev_fuse:ident, $uring:ident, $body:ident) => {
+        #[test]
+        fn $dev_fuse() {
+            $body(Transport::DevFuse);
+        }
+
+        #[test]
+        fn $uring() {
+            $body(Transport::Uring);
+        }
+    };
+}
+
 /// A volume in an image file and its mountpoint; unmounts and stops the
 /// daemon on drop, whatever happened.
 pub struct Mounted {

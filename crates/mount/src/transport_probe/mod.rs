@@ -623,7 +623,7 @@ impl ProbeMount {
 /// The FUSE connection number of the mount at `dir` (its device minor,
 /// the name of its fusectl directory), from /proc/self/mountinfo, which
 /// unlike stat(2) never waits for the server.
-pub(crate) fn connection_of(dir: &Path) -> Option<u32> {
+pub fn connection_of(dir: &Path) -> Option<u32> {
     let mount = crate::mountinfo::mount_at(dir).ok()??;
     Some(mount.device.1)
 }
@@ -631,7 +631,7 @@ pub(crate) fn connection_of(dir: &Path) -> Option<u32> {
 /// Aborts FUSE connection `id` through fusectl: at
 /// /sys/fs/fuse/connections when it is mounted there, else through a
 /// private fusectl mount made for the write.
-pub(crate) fn abort_connection(id: u32) {
+pub fn abort_connection(id: u32) {
     let standard = format!("/sys/fs/fuse/connections/{id}/abort");
     if std::fs::write(&standard, "1").is_ok() {
         return;
