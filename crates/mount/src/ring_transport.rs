@@ -27,6 +27,19 @@
 //! threads one DESTROY each, which ends them; the router then sees the
 //! socket close and tells the queues to stop once the kernel has ended
 //! their commands.
+//!
+//! Failures: a thread of ours that fails before the connection ends (a
+//! queue, the relay, the router, fuser's) aborts the connection through
+//! fusectl, so callers get ENOTCONN as after a daemon crash instead of
+//! waiting on a queue nobody serves; a mount that fails to start aborts,
+//! unmounts and waits for every thread it started.
+//!
+//! `-o uring_idle` runs the queue threads at `SCHED_IDLE`: the scheduler
+//! places a task it wakes on an idle CPU, and a CPU running only
+//! idle-class threads counts as idle, so a caller woken by its queue
+//! thread stays on its own CPU instead of moving to the other, idle one
+//! (where the next request then goes). The price: on a CPU busy with
+//! other programs the queue thread gets almost no time.
 
 use std::collections::HashMap;
 use std::ffi::CString;
