@@ -230,7 +230,7 @@ fn span_on(job: &MountJob, device_bytes: u64) -> u64 {
 /// Why the mount over io_uring cannot be measured here, if it cannot
 /// (beyond [`mount_unavailable`]).
 fn uring_unavailable() -> Option<String> {
-    (!Path::new(iomapfs_mount::transport_probe::ENABLE_URING_KNOB).exists()).then(|| {
+    (!Path::new(iomapfs_mount::fuse_uring::ENABLE_URING_KNOB).exists()).then(|| {
         "the kernel has no FUSE over io_uring (Linux 6.14+ with CONFIG_FUSE_IO_URING)".into()
     })
 }

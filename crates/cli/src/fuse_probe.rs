@@ -142,7 +142,7 @@ fn print_report(report: &ProbeReport, cfg: &ProbeConfig) {
             } else {
                 "plain rings"
             },
-            transport_probe::ENABLE_URING_KNOB,
+            iomapfs_mount::fuse_uring::ENABLE_URING_KNOB,
             if before == "Y" {
                 ""
             } else {

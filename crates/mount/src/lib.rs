@@ -13,6 +13,8 @@
 //! package `fuse3`) for a user who mounts an image file they own.
 
 pub mod fuse_fs;
+pub mod fuse_uring;
+pub(crate) mod fuse_wire;
 pub mod mountinfo;
 pub mod ring_transport;
 pub mod transport_probe;

@@ -59,9 +59,11 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use parking_lot::Mutex;
 
 use crate::fuse_fs::{IomapFuse, MAX_IO_BYTES};
-use crate::transport_probe::ring::{command, connection_ended, pin_to_cpu};
-use crate::transport_probe::wire::{self, get_u32, get_u64, put_u32, uring};
-use crate::transport_probe::{abort_connection, connection_of, possible_cpus, UringKnob};
+use crate::fuse_uring::{
+    abort_connection, command, connection_ended, connection_of, pin_to_cpu, possible_cpus,
+    EntryBuffers, UringKnob,
+};
+use crate::fuse_wire::{self as wire, get_u32, get_u64, put_u32, uring};
 use crate::{MountConfig, MountError, FS_SUBTYPE};
 
 /// Ring entries per queue: requests one CPU's queue holds at once (more
@@ -772,8 +774,7 @@ fn answer_here(
     entry: &mut RingEntry,
     payload_sz: usize,
 ) -> Option<(i32, usize)> {
-    const READ: u32 = wire::opcode::READ;
-    const WRITE: u32 = 16;
+    use wire::opcode::{READ, WRITE};
     match opcode {
         READ if op.len() >= 24 => {
             // fuse_read_in: fh, offset, size, ...
@@ -832,30 +833,22 @@ fn serve_queue(
     let align = page_size().max(fs.memory_alignment());
     let mut entries = Vec::with_capacity(QUEUE_ENTRIES);
     for _ in 0..QUEUE_ENTRIES {
-        let mut header = Box::new([0u8; uring::REQ_HEADER_LEN]);
-        let mut payload = match AlignedBuf::new(payload_len, align) {
-            Ok(buf) => buf,
+        match EntryBuffers::new(payload_len, align) {
+            Ok(EntryBuffers {
+                header,
+                payload,
+                iov,
+            }) => entries.push(RingEntry {
+                header,
+                payload,
+                iov,
+                commit_id: 0,
+            }),
             Err(e) => {
                 let _ = ready.send(Err(io::Error::other(format!("queue {qid}: {e}"))));
                 return Ok(());
             }
-        };
-        let iov = [
-            libc::iovec {
-                iov_base: header.as_mut_ptr().cast(),
-                iov_len: header.len(),
-            },
-            libc::iovec {
-                iov_base: payload.as_mut_ptr().cast(),
-                iov_len: payload.len(),
-            },
-        ];
-        entries.push(RingEntry {
-            header,
-            payload,
-            iov,
-            commit_id: 0,
-        });
+        }
     }
     // The mailbox read's buffer. It and `entries` are declared before the
     // ring, so they are dropped after it on every path: the kernel may

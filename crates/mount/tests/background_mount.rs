@@ -93,6 +93,38 @@ fn unmounting_right_after_reads_ends_the_session_cleanly() {
     }
 }
 
+/// What the io_uring tests mount: a fresh volume in memory, a mount
+/// point, `-o uring`, and this test's turn; `None` (after saying why)
+/// where they cannot run.
+struct UringBed {
+    _turn: std::sync::MutexGuard<'static, ()>,
+    dev: Arc<dyn BlockDevice>,
+    dir: tempfile::TempDir,
+    uring: MountConfig,
+}
+
+fn uring_bed() -> Option<UringBed> {
+    let no_uring = || {
+        (!Path::new("/sys/module/fuse/parameters/enable_uring").exists())
+            .then(|| "the kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING)".to_string())
+    };
+    if skip(unavailable().or_else(no_uring)) {
+        return None;
+    }
+    let _turn = one_at_a_time();
+    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 << 20, 4096));
+    Volume::format(dev.clone(), &FormatOptions::default()).expect("format");
+    Some(UringBed {
+        _turn,
+        dev,
+        dir: tempfile::tempdir().expect("mount point"),
+        uring: MountConfig {
+            uring: true,
+            ..MountConfig::default()
+        },
+    })
+}
+
 /// `-o uring`: after INIT every request comes over the queues; READ and
 /// WRITE are answered there, the rest by fuser's threads through the
 /// socket pair. Data written over the ring reads back over it and, after
@@ -100,24 +132,18 @@ fn unmounting_right_after_reads_ends_the_session_cleanly() {
 /// the session cleanly here too.
 #[test]
 fn over_io_uring_reads_and_writes_are_answered_on_the_ring_and_the_rest_by_fuser() {
-    let no_uring = || {
-        (!Path::new("/sys/module/fuse/parameters/enable_uring").exists())
-            .then(|| "the kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING)".to_string())
-    };
-    if skip(unavailable().or_else(no_uring)) {
+    let Some(UringBed {
+        _turn,
+        dev,
+        dir,
+        uring,
+    }) = uring_bed()
+    else {
         return;
-    }
-    let _turn = one_at_a_time();
+    };
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
     use std::sync::atomic::Ordering::Relaxed;
 
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 << 20, 4096));
-    Volume::format(dev.clone(), &FormatOptions::default()).expect("format");
-    let dir = tempfile::tempdir().expect("mount point");
-    let uring = MountConfig {
-        uring: true,
-        ..MountConfig::default()
-    };
     let want = pattern(FILE_BYTES);
     const BLOCKS: u64 = 16;
     {
@@ -236,24 +262,18 @@ fn thread_policies() -> Vec<(String, u32)> {
 /// mounted; the volume mounts again with what was written.
 #[test]
 fn over_io_uring_an_aborted_connection_ends_the_session() {
-    let no_uring = || {
-        (!Path::new("/sys/module/fuse/parameters/enable_uring").exists())
-            .then(|| "the kernel has no FUSE over io_uring (CONFIG_FUSE_IO_URING)".to_string())
-    };
-    if skip(unavailable().or_else(no_uring)) {
+    let Some(UringBed {
+        _turn,
+        dev,
+        dir,
+        uring,
+    }) = uring_bed()
+    else {
         return;
-    }
-    let _turn = one_at_a_time();
-    use iomapfs_mount::transport_probe::{abort_connection, connection_of};
+    };
+    use iomapfs_mount::fuse_uring::{abort_connection, connection_of};
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
 
-    let dev: Arc<dyn BlockDevice> = Arc::new(MemDevice::new(64 << 20, 4096));
-    Volume::format(dev.clone(), &FormatOptions::default()).expect("format");
-    let dir = tempfile::tempdir().expect("mount point");
-    let uring = MountConfig {
-        uring: true,
-        ..MountConfig::default()
-    };
     let want = pattern(FILE_BYTES);
     let vol = Volume::open(dev.clone()).expect("open");
     let mount = iomapfs_mount::spawn(vol, dir.path(), &uring).expect("mount -o uring");

@@ -11,10 +11,9 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use iomapfs_mount::fuse_uring::{self, ENABLE_URING_KNOB};
 use iomapfs_mount::transport_probe::synthetic::{fill_pattern, SyntheticFs};
-use iomapfs_mount::transport_probe::{
-    self, ProbeConfig, ProbeMount, Transport, Workload, ENABLE_URING_KNOB,
-};
+use iomapfs_mount::transport_probe::{self, ProbeConfig, ProbeMount, Transport, Workload};
 
 /// The io_uring knob is global: tests that flip it take turns.
 static KNOB: Mutex<()> = Mutex::new(());
@@ -95,7 +94,7 @@ fn check_mount_serves_the_pattern(transport: Transport) {
     let cfg = config();
     let knob_before = knob();
     let knob_guard = (transport == Transport::IoUring)
-        .then(|| transport_probe::UringKnob::enable().expect("enable io_uring"));
+        .then(|| fuse_uring::UringKnob::enable().expect("enable io_uring"));
     let mount = ProbeMount::start(transport, fs(), &cfg).expect("mount the probe");
     drop(knob_guard);
     assert_eq!(
@@ -198,7 +197,7 @@ fn a_mount_dropped_without_finishing_is_gone() {
     let knob_before = knob();
     for transport in [Transport::DevFuse, Transport::IoUring] {
         let knob_guard = (transport == Transport::IoUring)
-            .then(|| transport_probe::UringKnob::enable().expect("enable io_uring"));
+            .then(|| fuse_uring::UringKnob::enable().expect("enable io_uring"));
         let mount = ProbeMount::start(transport, fs(), &config()).expect("mount");
         drop(knob_guard);
         assert_eq!(knob(), knob_before, "knob put back");
@@ -289,13 +288,13 @@ fn the_knob_is_held_by_one_process_at_a_time() {
             .create(true)
             .truncate(false)
             .write(true)
-            .open(transport_probe::knob_lock_path())
+            .open(fuse_uring::knob_lock_path())
             .expect("open the lock file");
         // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
         let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         rc == 0
     };
-    let knob = transport_probe::UringKnob::enable().expect("enable io_uring");
+    let knob = fuse_uring::UringKnob::enable().expect("enable io_uring");
     assert!(!try_lock(), "the lock is free while the knob is held");
     drop(knob);
     assert!(

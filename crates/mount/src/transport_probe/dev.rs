@@ -8,8 +8,8 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 
 use super::synthetic::{init_reply, Answer, Request, MAX_WRITE};
-use super::wire::{self, opcode};
 use super::Shared;
+use crate::fuse_wire::{self as wire, opcode};
 
 /// Serves requests read from `fd` until the connection goes away: ENODEV
 /// (unmounted or aborted), or ECONNABORTED, which a read returns when the

@@ -9,9 +9,8 @@
 //! transport differs. Root only (it mounts with mount(2)).
 
 mod dev;
-pub(crate) mod ring;
+mod ring;
 pub mod synthetic;
-pub(crate) mod wire;
 
 use std::ffi::CString;
 use std::io;
@@ -23,13 +22,13 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::fuse_uring::{
+    abort_connection, connection_of, fresh_dir, possible_cpus, UringKnob, ENABLE_URING_KNOB,
+};
+use crate::fuse_wire::{self as wire, init_flag, opcode};
 use synthetic::{SyntheticFs, FILE_NAME};
-use wire::{init_flag, opcode};
 
 pub use ring::QueueError;
-
-/// The kernel knob that lets FUSE servers register io_uring queues.
-pub const ENABLE_URING_KNOB: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// A FUSE transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +144,20 @@ pub enum ProbeError {
     },
 }
 
+/// Why the `enable_uring` knob could not be turned on.
+fn knob_error(e: io::Error) -> ProbeError {
+    if e.kind() == io::ErrorKind::NotFound {
+        ProbeError::NoUringSupport
+    } else {
+        io_err("turning on FUSE over io_uring")(e)
+    }
+}
+
+/// A new directory for a probe mount under `parent`.
+fn unique_dir(parent: &Path) -> Result<PathBuf, ProbeError> {
+    fresh_dir(parent, "iomapfs-fuse-probe").map_err(io_err("a mount point"))
+}
+
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ProbeError {
     let what = what.into();
     move |source| ProbeError::Io { what, source }
@@ -228,7 +241,7 @@ pub fn run(cfg: &ProbeConfig) -> Result<ProbeReport, ProbeError> {
     let mut report = ProbeReport {
         measurements: Vec::new(),
         knob_before: None,
-        queues: possible_cpus()?,
+        queues: possible_cpus().map_err(io_err("counting possible CPUs"))?,
     };
     let rounds = cfg.rounds.max(1);
     let busy = (cfg.runtime + cfg.warmup * rounds as u32) * cfg.workloads.len() as u32;
@@ -240,8 +253,8 @@ pub fn run(cfg: &ProbeConfig) -> Result<ProbeReport, ProbeError> {
     for &transport in &cfg.transports {
         let knob = match transport {
             Transport::IoUring => {
-                let knob = UringKnob::enable()?;
-                report.knob_before = Some(knob.before.clone());
+                let knob = UringKnob::enable().map_err(knob_error)?;
+                report.knob_before = Some(knob.before().to_string());
                 Some(knob)
             }
             Transport::DevFuse => None,
@@ -269,90 +282,6 @@ pub fn run(cfg: &ProbeConfig) -> Result<ProbeReport, ProbeError> {
         mount.finish()?;
     }
     Ok(report)
-}
-
-/// `/sys/module/fuse/parameters/enable_uring` set on for a while.
-pub struct UringKnob {
-    before: String,
-    /// Held (flock) while the knob is ours: another process's knob put
-    /// back early would turn the kernel's registrations away under us.
-    _turn: std::fs::File,
-}
-
-/// Where the processes that turn the knob take turns (flock).
-pub fn knob_lock_path() -> PathBuf {
-    let run = Path::new("/run/lock");
-    let dir = if run.is_dir() {
-        run.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
-    dir.join("iomapfs-fuse-enable-uring.lock")
-}
-
-impl UringKnob {
-    /// Turns the knob on, after any other process of ours that has it
-    /// (they take turns on a lock file); it goes back to its old value on
-    /// drop.
-    pub fn enable() -> Result<UringKnob, ProbeError> {
-        let path = knob_lock_path();
-        let turn = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_err(format!("opening {}", path.display())))?;
-        // SAFETY: flock on a descriptor we own; blocks until our turn.
-        if unsafe { libc::flock(turn.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io_err(format!("locking {}", path.display()))(
-                io::Error::last_os_error(),
-            ));
-        }
-        let before = match std::fs::read_to_string(ENABLE_URING_KNOB) {
-            Ok(text) => text.trim().to_string(),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(ProbeError::NoUringSupport)
-            }
-            Err(e) => return Err(io_err(format!("reading {ENABLE_URING_KNOB}"))(e)),
-        };
-        if before != "Y" {
-            std::fs::write(ENABLE_URING_KNOB, "1")
-                .map_err(io_err(format!("writing 1 to {ENABLE_URING_KNOB}")))?;
-        }
-        Ok(UringKnob {
-            before,
-            _turn: turn,
-        })
-    }
-}
-
-impl Drop for UringKnob {
-    fn drop(&mut self) {
-        if self.before != "Y" {
-            let _ = std::fs::write(ENABLE_URING_KNOB, "0");
-        }
-    }
-}
-
-/// Number of possible CPUs: the kernel makes one io_uring queue for each
-/// and routes a request to the queue of the CPU its caller runs on.
-pub fn possible_cpus() -> Result<usize, ProbeError> {
-    let path = "/sys/devices/system/cpu/possible";
-    let text = std::fs::read_to_string(path).map_err(io_err(format!("reading {path}")))?;
-    let mut count = 0;
-    for range in text.trim().split(',') {
-        let (lo, hi) = range.split_once('-').unwrap_or((range, range));
-        match (lo.parse::<usize>(), hi.parse::<usize>()) {
-            (Ok(lo), Ok(hi)) if hi >= lo => count += hi - lo + 1,
-            _ => {
-                return Err(ProbeError::Io {
-                    what: format!("parsing {path}"),
-                    source: io::Error::new(io::ErrorKind::InvalidData, text.clone()),
-                })
-            }
-        }
-    }
-    Ok(count)
 }
 
 /// The synthetic file system mounted over one transport, with its server
@@ -454,7 +383,7 @@ impl ProbeMount {
     }
 
     fn start_queues(&mut self, cfg: &ProbeConfig, fd: i32) -> Result<(), ProbeError> {
-        let queues = possible_cpus()?;
+        let queues = possible_cpus().map_err(io_err("counting possible CPUs"))?;
         let (ready_tx, ready_rx) = mpsc::channel();
         for qid in 0..queues {
             let spec = ring::QueueSpec {
@@ -620,45 +549,6 @@ impl ProbeMount {
     }
 }
 
-/// The FUSE connection number of the mount at `dir` (its device minor,
-/// the name of its fusectl directory), from /proc/self/mountinfo, which
-/// unlike stat(2) never waits for the server.
-pub fn connection_of(dir: &Path) -> Option<u32> {
-    let mount = crate::mountinfo::mount_at(dir).ok()??;
-    Some(mount.device.1)
-}
-
-/// Aborts FUSE connection `id` through fusectl: at
-/// /sys/fs/fuse/connections when it is mounted there, else through a
-/// private fusectl mount made for the write.
-pub fn abort_connection(id: u32) {
-    let standard = format!("/sys/fs/fuse/connections/{id}/abort");
-    if std::fs::write(&standard, "1").is_ok() {
-        return;
-    }
-    let Ok(dir) = unique_dir(&std::env::temp_dir()) else {
-        return;
-    };
-    let target = CString::new(dir.as_os_str().as_bytes()).expect("no NUL in path");
-    let fusectl = c"fusectl";
-    // SAFETY: valid C strings; no mount data.
-    let rc = unsafe {
-        libc::mount(
-            fusectl.as_ptr(),
-            target.as_ptr(),
-            fusectl.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            std::ptr::null(),
-        )
-    };
-    if rc == 0 {
-        let _ = std::fs::write(dir.join(id.to_string()).join("abort"), "1");
-        // SAFETY: as above.
-        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-    }
-    let _ = std::fs::remove_dir(&dir);
-}
-
 impl Drop for ProbeMount {
     fn drop(&mut self) {
         self.stop_watchdog();
@@ -667,19 +557,6 @@ impl Drop for ProbeMount {
             let _ = thread.join();
         }
         let _ = std::fs::remove_dir(&self.dir);
-    }
-}
-
-fn unique_dir(parent: &Path) -> Result<PathBuf, ProbeError> {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    loop {
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = parent.join(format!("iomapfs-fuse-probe-{}-{n}", std::process::id()));
-        match std::fs::create_dir(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(io_err(format!("making {}", dir.display()))(e)),
-        }
     }
 }
 

@@ -14,11 +14,12 @@ use std::os::fd::RawFd;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
 
-use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use io_uring::{cqueue, squeue, IoUring};
 
 use super::synthetic::{Answer, Request, MAX_WRITE};
-use super::wire::{self, get_u32, get_u64, put_u32, uring};
 use super::Shared;
+use crate::fuse_uring::{command, connection_ended, pin_to_cpu, EntryBuffers};
+use crate::fuse_wire::{self as wire, get_u32, get_u64, put_u32, uring};
 
 /// How a queue thread sets up its ring.
 #[derive(Clone, Copy, Debug)]
@@ -42,14 +43,6 @@ pub const PAYLOAD_LEN: usize = if MAX_WRITE > uring::MIN_READ_BUFFER {
     uring::MIN_READ_BUFFER
 };
 
-struct RingEntry {
-    header: Box<[u8; uring::REQ_HEADER_LEN]>,
-    payload: Vec<u8>,
-    /// Header and payload buffers as the REGISTER command's iovec array;
-    /// kept for the entry's life in case the kernel reads it late.
-    iov: [libc::iovec; 2],
-}
-
 /// Why a queue could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
@@ -57,71 +50,6 @@ pub enum QueueError {
     Setup { qid: u16, source: io::Error },
     #[error("queue {qid}: FUSE_IO_URING_CMD_REGISTER refused: {source}")]
     Register { qid: u16, source: io::Error },
-}
-
-/// Builds a FUSE uring command SQE: `fuse_uring_cmd_req` (flags,
-/// commit_id, qid) in the 80-byte command area; REGISTER also points
-/// `addr`/`len` at the entry's two iovecs.
-pub(crate) fn command(
-    fd: RawFd,
-    cmd_op: u32,
-    commit_id: u64,
-    qid: u16,
-    iov: Option<&[libc::iovec; 2]>,
-    user_data: u64,
-) -> squeue::Entry128 {
-    let mut cmd = [0u8; 80];
-    cmd[8..16].copy_from_slice(&commit_id.to_le_bytes());
-    cmd[16..18].copy_from_slice(&qid.to_le_bytes());
-    let mut op = opcode::UringCmd80::new(types::Fd(fd), cmd_op).cmd(cmd);
-    if let Some(iov) = iov {
-        op = op.addr(Some(iov.as_ptr() as u64));
-    }
-    let entry = op.build().user_data(user_data);
-    match iov {
-        Some(iov) => with_sqe_len(entry, iov.len() as u32),
-        None => entry,
-    }
-}
-
-/// Sets the SQE's `len` field, which `UringCmd80` (io-uring 0.7) has no
-/// setter for and FUSE's REGISTER requires (the iovec count, 2).
-fn with_sqe_len(entry: squeue::Entry128, len: u32) -> squeue::Entry128 {
-    /// Offset of `len` in `struct io_uring_sqe` (opcode, flags, ioprio,
-    /// fd, off, addr, then len): kernel ABI.
-    const SQE_LEN_OFFSET: usize = 24;
-    // SAFETY: `Entry128` is `#[repr(C)]` around the kernel's 64-byte
-    // `io_uring_sqe` (itself `#[repr(C)]` plain integers with no padding)
-    // followed by `[u8; 64]`: 128 bytes (the crate asserts the size), all
-    // initialised, with no invalid bit patterns either way; the bytes are
-    // the SQE128 the kernel reads.
-    let mut raw: [u8; 128] = unsafe { std::mem::transmute(entry) };
-    raw[SQE_LEN_OFFSET..SQE_LEN_OFFSET + 4].copy_from_slice(&len.to_le_bytes());
-    // SAFETY: as above, in the other direction.
-    unsafe { std::mem::transmute(raw) }
-}
-
-/// Whether a queue command's failure `result` (a negated errno) is the
-/// connection going away (unmount, abort), the normal end of a queue.
-pub(crate) fn connection_ended(result: i32) -> bool {
-    matches!(
-        -result,
-        libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV
-    )
-}
-
-pub(crate) fn pin_to_cpu(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
-    // within it (cpu < CPU_SETSIZE is checked); sched_setaffinity reads
-    // it. Failing to pin is not an error: the queue then serves from
-    // wherever it runs, which the report's figures reflect.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if cpu < libc::CPU_SETSIZE as usize {
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        }
-    }
 }
 
 /// Runs queue `spec.qid` until the connection goes away. `ready` gets
@@ -138,6 +66,18 @@ pub fn serve(
     if spec.defer_taskrun {
         builder.setup_single_issuer().setup_defer_taskrun();
     }
+    // Declared before the ring, so dropped after it on every path.
+    let entries = (0..spec.entries)
+        .map(|_| EntryBuffers::new(PAYLOAD_LEN, 4096))
+        .collect::<Result<Vec<_>, _>>();
+    let mut entries = match entries {
+        Ok(entries) => entries,
+        Err(e) => {
+            let source = io::Error::other(e.to_string());
+            let _ = ready.send(Err(QueueError::Setup { qid, source }));
+            return Ok(());
+        }
+    };
     let mut ring = match builder.build((2 * spec.entries).next_power_of_two() as u32) {
         Ok(ring) => ring,
         Err(source) => {
@@ -145,27 +85,6 @@ pub fn serve(
             return Ok(());
         }
     };
-    let mut entries: Vec<RingEntry> = (0..spec.entries)
-        .map(|_| {
-            let mut header = Box::new([0u8; uring::REQ_HEADER_LEN]);
-            let mut payload = vec![0u8; PAYLOAD_LEN];
-            let iov = [
-                libc::iovec {
-                    iov_base: header.as_mut_ptr().cast(),
-                    iov_len: header.len(),
-                },
-                libc::iovec {
-                    iov_base: payload.as_mut_ptr().cast(),
-                    iov_len: payload.len(),
-                },
-            ];
-            RingEntry {
-                header,
-                payload,
-                iov,
-            }
-        })
-        .collect();
     for (index, entry) in entries.iter().enumerate() {
         let sqe = command(
             spec.fd,
@@ -240,7 +159,7 @@ pub fn serve(
 }
 
 /// Answers the request in `entry` in place; returns its commit id.
-fn answer(entry: &mut RingEntry, shared: &Shared, scratch: &mut [u8]) -> u64 {
+fn answer(entry: &mut EntryBuffers, shared: &Shared, scratch: &mut [u8]) -> u64 {
     let header_buf = &mut entry.header[..];
     let commit_id = get_u64(header_buf, uring::COMMIT_ID_OFFSET);
     let payload_len =

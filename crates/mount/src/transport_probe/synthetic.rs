@@ -3,7 +3,7 @@
 //! [`pattern_word`]), served from memory. It answers the same way over
 //! either transport, so the two differ only in how requests travel.
 
-use super::wire::{self, opcode, put_u32, put_u64};
+use crate::fuse_wire::{self as wire, opcode, put_u32, put_u64};
 
 pub const ROOT_INO: u64 = 1;
 pub const FILE_INO: u64 = 2;

@@ -9,6 +9,7 @@ pub mod opcode {
     pub const GETATTR: u32 = 3;
     pub const OPEN: u32 = 14;
     pub const READ: u32 = 15;
+    pub const WRITE: u32 = 16;
     pub const STATFS: u32 = 17;
     pub const RELEASE: u32 = 18;
     pub const GETXATTR: u32 = 22;
