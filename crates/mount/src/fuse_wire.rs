@@ -1,6 +1,7 @@
-//! The few FUSE wire-format pieces the probe speaks (Linux UAPI
-//! `<linux/fuse.h>`, little-endian x86-64 layouts), written and read at
-//! byte offsets so no struct layout is assumed.
+//! The few FUSE wire-format pieces the transport probe and the mount's
+//! io_uring transport speak themselves (Linux UAPI `<linux/fuse.h>`,
+//! little-endian x86-64 layouts), written and read at byte offsets so no
+//! struct layout is assumed.
 
 /// Opcodes the synthetic file system answers or must recognise.
 pub mod opcode {
