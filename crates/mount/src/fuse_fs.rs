@@ -164,7 +164,6 @@ impl IomapFuse {
         Ok(())
     }
 
-    /// Buffer alignment the device takes for direct I/O.
     /// Memory alignment the device takes without a bounce buffer: a
     /// buffer aligned so receives a direct read or gives a direct write
     /// with no copy.
@@ -174,8 +173,13 @@ impl IomapFuse {
 
     /// READ of `out.len()` bytes at `offset` through handle `fh`, into
     /// `out`; the bytes read (fewer at the end of the file).
-    pub(crate) fn read_at(&self, fh: u64, offset: u64, out: &mut [u8]) -> Result<usize, Errno> {
-        self.file(FileHandle(fh))?.pread(out, offset).map_err(errno)
+    pub(crate) fn read_at(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<usize, Errno> {
+        self.file(fh)?.pread(out, offset).map_err(errno)
     }
 
     /// WRITE of `data` at `offset` through handle `fh`, first dropping

@@ -54,7 +54,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use blockdev::AlignedBuf;
-use fuser::{BackgroundSession, Config, Session, SessionACL, WriteFlags};
+use fuser::{BackgroundSession, Config, FileHandle, Session, SessionACL, WriteFlags};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use parking_lot::Mutex;
 
@@ -780,17 +780,19 @@ fn answer_here(
             // fuse_read_in: fh, offset, size, ...
             let (fh, offset) = (get_u64(op, 0), get_u64(op, 8));
             let size = (get_u32(op, 16) as usize).min(entry.payload.len());
-            Some(match fs.read_at(fh, offset, &mut entry.payload[..size]) {
-                Ok(n) => (0, n),
-                Err(e) => (-e.code(), 0),
-            })
+            Some(
+                match fs.read_at(FileHandle(fh), offset, &mut entry.payload[..size]) {
+                    Ok(n) => (0, n),
+                    Err(e) => (-e.code(), 0),
+                },
+            )
         }
         WRITE if op.len() >= 24 => {
             // fuse_write_in: fh, offset, size, write_flags, ...
             let (fh, offset) = (get_u64(op, 0), get_u64(op, 8));
             let size = (get_u32(op, 16) as usize).min(payload_sz);
             let kill = get_u32(op, 20) & WriteFlags::FUSE_WRITE_KILL_SUIDGID.bits() != 0;
-            let result = fs.write_at(fuser::FileHandle(fh), offset, &entry.payload[..size], kill);
+            let result = fs.write_at(FileHandle(fh), offset, &entry.payload[..size], kill);
             Some(match result {
                 Ok(n) => {
                     // fuse_write_out: size, padding.
