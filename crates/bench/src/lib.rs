@@ -107,7 +107,7 @@ pub struct BenchOptions {
     /// Record every write, FUA write and flush of the iomapfs target (its
     /// format, file preparation, measurement and unmount) to this
     /// log-writes file, for `iomapfs replay`. Only for one direct-I/O
-    /// workload (see [`check_record`]); the recording slows the target, so
+    /// workload (see `check_record`); the recording slows the target, so
     /// its figures are not comparable with an unrecorded run.
     pub record: Option<PathBuf>,
     /// Format iomapfs targets with extent pages

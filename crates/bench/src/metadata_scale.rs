@@ -6,7 +6,7 @@
 //! with N extents: every other 4 KiB block is written, so no two extents
 //! are contiguous in the file and none merge. Then, measured:
 //! - checkpoint time: [`CHECKPOINTS_TIMED`] checkpoints back to back, and
-//!   the median of [`ONE_PERCENT_ROUNDS`] after 1% of the extents changed
+//!   the median of `ONE_PERCENT_ROUNDS` after 1% of the extents changed
 //!   (a new one-block extent placed in the hole after every hundredth;
 //!   undone after each), issue 13's measure of a checkpoint whose cost
 //!   should follow what changed;
@@ -116,7 +116,7 @@ pub struct MetadataScaleResult {
     pub build_ns: u64,
     pub checkpoint_median_ns: u64,
     pub checkpoint_max_ns: u64,
-    /// The median of [`ONE_PERCENT_ROUNDS`] checkpoints, each after 1% of
+    /// The median of `ONE_PERCENT_ROUNDS` checkpoints, each after 1% of
     /// the extents changed.
     pub checkpoint_1pct_changed_ns: u64,
     /// Until `Volume::open` returns. Since free space is rebuilt in the
@@ -221,7 +221,7 @@ pub struct MetadataScaleResult {
     pub checkpointing_wakeup_late_max_ns: u64,
     /// The longest one of a thread per CPU that only read the clock, with
     /// nothing else of the bench running, went between two reads during
-    /// [`CPU_GAP_WINDOW`] right before the quiet window: time the machine
+    /// `CPU_GAP_WINDOW` right before the quiet window: time the machine
     /// itself (interrupts, kernel threads, other processes, a hypervisor
     /// taking the vCPU) takes from a running thread when every CPU is
     /// busy, as in the windows. No worst latency measured here can be
@@ -910,7 +910,7 @@ fn longest_clock_gap(window: Duration, mut now: impl FnMut() -> Instant) -> Dura
 }
 
 /// [`longest_clock_gap`] in one thread per CPU at once, for
-/// [`CPU_GAP_WINDOW`]: the longest gap any of them saw. With every CPU
+/// `CPU_GAP_WINDOW`: the longest gap any of them saw. With every CPU
 /// busy, as in the windows, whatever else the machine runs must take a
 /// CPU from a running thread.
 fn longest_clock_gap_on_every_cpu() -> Duration {

@@ -72,7 +72,7 @@ pub(crate) enum FreeSpace {
 /// free). Frees made meanwhile are only recorded (as
 /// without a reserve), so it hands out nothing but hint space; its counts
 /// are a lower bound of the real ones, and a call it cannot satisfy waits
-/// for the scan ([`FreeSpace::short_while_scanning`]). At install, what
+/// for the scan ([`FreeSpace::waits_for_scan`]). At install, what
 /// it handed out is claimed in the scanned allocator before the recorded
 /// frees: a claim the scan finds used means the hint lied (damage the
 /// crc missed, or forgery), and fails the install like a scan that found

@@ -1022,7 +1022,7 @@ impl VolumeInner {
     }
 
     /// Gives back spill extents [`VolumeInner::allocate_spill`] (or pages
-    /// [`VolumeInner::allocate_page`]) returned that no checkpoint on disk
+    /// [`VolumeInner::allocate_page_run`]) returned that no checkpoint on disk
     /// lists.
     fn free_spill(&self, spill: &[SpillExtent]) -> Result<()> {
         let mut meta = self.meta.write();

@@ -13,7 +13,7 @@
 //! Both hold the inode's I/O lock shared, so truncate, punch and other
 //! exclusive operations exclude them; readers and writers of different
 //! folios of one file run concurrently, each folio under its own lock.
-//! Writes that extend the file take the lock exclusively (see [`write`]).
+//! Writes that extend the file take the lock exclusively (see [`write()`]).
 //!
 //! A sequential writer's bytes are written back behind it, a chunk at a
 //! time, by the cache's write-behind thread ([`write_behind`]).

@@ -58,7 +58,7 @@ pub trait IomapOps: Send + Sync {
     /// With [`IomapOpFlags::WRITE`] and [`IomapOpFlags::DIRECT`], holes are
     /// allocated as `Unwritten` with [`crate::IomapFlags::NEW`]. With
     /// [`IomapOpFlags::OVERWRITE_ONLY`], anything but a `Mapped` range inside
-    /// EOF fails with [`IomapError::WouldBlock`].
+    /// EOF fails with [`crate::IomapError::WouldBlock`].
     fn begin(
         &self,
         inode: &Self::Inode,

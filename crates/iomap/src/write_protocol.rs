@@ -84,7 +84,7 @@ pub fn write<T, E: EngineError>(
     exclusive(&exclusive_lock).map(Route::Done)
 }
 
-/// [`write`] for a caller that may wait: it never defers.
+/// [`write()`] for a caller that may wait: it never defers.
 pub fn write_waiting<T, E: EngineError>(
     lock: &InodeIoLock,
     range: WriteRange,
@@ -97,7 +97,7 @@ pub fn write_waiting<T, E: EngineError>(
     }
 }
 
-/// [`write`] for a caller that may not wait (an asynchronous submitter):
+/// [`write()`] for a caller that may not wait (an asynchronous submitter):
 /// it never goes exclusive.
 pub fn write_nowait<T, E: EngineError>(
     lock: &InodeIoLock,

@@ -52,7 +52,7 @@ use iomapfs_fs::{
 };
 use parking_lot::RwLock;
 
-use crate::Caching;
+use crate::config::Caching;
 
 /// How long the kernel may trust attributes and names it was given.
 pub const ATTR_TTL: Duration = Duration::from_secs(1);

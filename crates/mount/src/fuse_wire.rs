@@ -54,7 +54,7 @@ pub const FOPEN_DIRECT_IO: u32 = 1 << 0;
 pub mod uring {
     pub const CMD_REGISTER: u32 = 1;
     pub const CMD_COMMIT_AND_FETCH: u32 = 2;
-    /// `fuse_uring_req_header`: in_out[128], op_in[128], ring_ent_in_out.
+    /// `fuse_uring_req_header`: `in_out[128]`, `op_in[128]`, ring_ent_in_out.
     pub const REQ_HEADER_LEN: usize = 288;
     pub const IN_OUT_OFFSET: usize = 0;
     pub const OP_IN_OFFSET: usize = 128;

@@ -58,13 +58,14 @@ use fuser::{BackgroundSession, Config, FileHandle, Session, SessionACL, WriteFla
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use parking_lot::Mutex;
 
+use crate::config::{MountConfig, MountError, FS_SUBTYPE};
 use crate::fuse_fs::{IomapFuse, MAX_IO_BYTES};
 use crate::fuse_uring::{
     abort_connection, command, connection_ended, connection_of, pin_to_cpu, possible_cpus,
     EntryBuffers, UringKnob,
 };
 use crate::fuse_wire::{self as wire, get_u32, get_u64, put_u32, uring};
-use crate::{MountConfig, MountError, FS_SUBTYPE};
+use crate::unmount::unmount;
 
 /// Ring entries per queue: requests one CPU's queue holds at once (more
 /// wait in the kernel). Each has a payload buffer of the largest request.
@@ -252,9 +253,9 @@ impl RingTransport {
 }
 
 impl Drop for RingTransport {
-    /// A transport dropped unjoined (a failed mount, after [`UndoMount`]
-    /// aborted the connection) waits for its threads: none may outlive
-    /// the call that started them while they hold the volume.
+    // A transport dropped unjoined (a failed mount, after `UndoMount`
+    // aborted the connection) waits for its threads: none may outlive
+    // the call that started them while they hold the volume.
     fn drop(&mut self) {
         let _ = self.join_threads();
     }
@@ -508,7 +509,7 @@ impl Drop for UndoMount {
     fn drop(&mut self) {
         if let Some((path, relay)) = self.0.take() {
             relay.abort("the mount failed");
-            let _ = crate::unmount(&path);
+            let _ = unmount(&path);
         }
     }
 }
