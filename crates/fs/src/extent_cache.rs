@@ -134,6 +134,14 @@ impl VolumeInner {
     /// after two sweeps over every chunk (the first may only clear clock
     /// bits) when what is left is changed or in use.
     pub(crate) fn evict_extent_chunks(&self) {
+        self.evict_to_budget();
+        // What this pass freed, and an eviction before a base (which asks
+        // this thread after it): given back here, not in the thread that
+        // dropped the chunks.
+        crate::extent_map::give_back_excess_slots();
+    }
+
+    fn evict_to_budget(&self) {
         let Some(loader) = &self.page_loader else {
             return;
         };
@@ -164,6 +172,9 @@ impl VolumeInner {
         let start = loader.cached_bytes();
         if start > target {
             self.sweep_to(start, target);
+            // The slots of what it dropped go back to the system in the
+            // evictor's thread, not in this checkpoint's time.
+            loader.ask_evictor();
         }
     }
 

@@ -20,6 +20,7 @@
 //! callers hold a decoded record or a range they computed themselves.
 
 mod chunks;
+mod page_slots;
 pub mod search;
 pub mod span_merge;
 
@@ -35,6 +36,7 @@ pub(crate) use chunks::CHUNK_SHELL_BYTES;
 pub(crate) use chunks::SEGMENT_MAX;
 pub use chunks::{ChunkPage, Evicted, LoadPurpose, PageLoader, PageSource};
 use chunks::{Chunks, CHUNK_MAX};
+pub(crate) use page_slots::give_back_excess as give_back_excess_slots;
 
 /// At most how many chunks `inserts` more extents can add to a map of
 /// `chunks` chunks, whatever else changes meanwhile: a chunk splits only

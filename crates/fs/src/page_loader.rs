@@ -249,6 +249,11 @@ impl DevicePages {
             .saturating_add(since)
     }
 
+    /// Wakes the evictor's thread (see `crate::extent_cache`).
+    pub(crate) fn ask_evictor(&self) {
+        self.evict_request.ask();
+    }
+
     fn ask_if_over(&self) {
         if self.cached_bytes().saturating_add(self.unpaged_estimate()) > self.budget() {
             self.evict_request.ask();

@@ -17,10 +17,11 @@
 //! Positions ([`Pos`]) are indices: any change invalidates them, so callers
 //! look positions up again after each change.
 
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use super::page_slots::ExtentStore;
 use super::search::first_key_at_or_after;
 use crate::codec::PageRef;
 use crate::error::Result;
@@ -61,7 +62,7 @@ impl Chunk {
         Chunk {
             first: extents[0].file_off,
             extents: Slot::built(ChunkExtents::with(
-                OnceLock::from(extents),
+                OnceLock::from(ExtentStore::from(extents)),
                 OnceLock::new(),
                 OnceLock::new(),
             )),
@@ -214,7 +215,7 @@ impl Slot {
         let fill = Arc::get_mut(&mut loaded).expect("a spare chunk is unshared");
         // Assigned, not set: nothing of what the allocation held before
         // can survive.
-        fill.extents = OnceLock::from(got);
+        fill.extents = OnceLock::from(ExtentStore::read(got));
         fill.page = OnceLock::from(absent.page);
         fill.source = OnceLock::from(absent.source.clone());
         // Another reader may have loaded it meanwhile: the same extents,
@@ -239,7 +240,7 @@ impl Slot {
 
     /// The extents, to change: loaded first if absent, copied first if a
     /// snapshot shares them; no longer known by a page.
-    fn make_mut(&mut self) -> &mut ChunkExtents {
+    fn make_mut(&mut self) -> &mut Vec<Extent> {
         debug_assert!(
             self.get().is_some(),
             "changing an absent extent chunk: the change's entry point must load it first"
@@ -248,7 +249,7 @@ impl Slot {
             self.load_unplanned();
         }
         self.absent = None;
-        Arc::make_mut(self.loaded.get_mut().expect("loaded above"))
+        Arc::make_mut(self.loaded.get_mut().expect("loaded above")).changing()
     }
 
     /// The loaded extents, taken out (the slot is left absent, or empty).
@@ -356,7 +357,7 @@ impl std::fmt::Debug for PageSource {
 #[repr(C)]
 struct ChunkExtents {
     /// Always set (a `OnceLock` for `Clone`'s sake).
-    extents: OnceLock<Vec<Extent>>,
+    extents: OnceLock<ExtentStore>,
     /// Set by a lookup, cleared by the evictor's sweep: a chunk found set
     /// is passed over once (the clock's second chance).
     referenced: AtomicBool,
@@ -393,7 +394,7 @@ impl Drop for ChunkExtents {
 
 impl ChunkExtents {
     fn with(
-        extents: OnceLock<Vec<Extent>>,
+        extents: OnceLock<ExtentStore>,
         page: OnceLock<PageRef>,
         source: OnceLock<Arc<PageSource>>,
     ) -> Self {
@@ -443,28 +444,37 @@ impl ChunkExtents {
 }
 
 impl Deref for ChunkExtents {
-    type Target = Vec<Extent>;
+    type Target = [Extent];
     #[inline]
-    fn deref(&self) -> &Vec<Extent> {
+    fn deref(&self) -> &[Extent] {
         self.extents
             .get()
             .expect("a chunk's extents are set when it is built")
     }
 }
 
-impl DerefMut for ChunkExtents {
-    fn deref_mut(&mut self) -> &mut Vec<Extent> {
+impl ChunkExtents {
+    /// Extents the chunk's memory could hold (what a clean chunk is
+    /// charged as).
+    fn capacity(&self) -> usize {
+        self.extents.get().map_or(0, ExtentStore::capacity)
+    }
+
+    /// The extents, to change.
+    fn changing(&mut self) -> &mut Vec<Extent> {
         // Changed: no longer what its page holds, so not the loader's to
         // count (a chunk without a page is never evicted).
         self.refund();
         let (page, source) = (self.page.take(), self.source.take());
         if let (Some(_), Some(source)) = (page, source) {
-            let bytes = self.extents.get().map_or(0, Vec::capacity) * std::mem::size_of::<Extent>();
+            let bytes = self.capacity() * std::mem::size_of::<Extent>();
             source.loader.chunk_unpaged(bytes as u64);
         }
+        let room = room_to_grow(self.len());
         self.extents
             .get_mut()
             .expect("a chunk's extents are set when it is built")
+            .changeable(room)
     }
 }
 
@@ -1878,8 +1888,13 @@ const SLACK_DIVISOR: usize = 8;
 /// anyway.
 fn grow_for_one_more(extents: &mut Vec<Extent>) {
     if extents.len() == extents.capacity() {
-        extents.reserve_exact(extents.len() / SLACK_DIVISOR + 1);
+        extents.reserve_exact(room_to_grow(extents.len()));
     }
+}
+
+/// Room a chunk of `len` extents grows by ([`SLACK_DIVISOR`]).
+fn room_to_grow(len: usize) -> usize {
+    len / SLACK_DIVISOR + 1
 }
 
 /// Gives back the room past [`SLACK_DIVISOR`] of a chunk's extents (after
@@ -2128,7 +2143,7 @@ mod tests {
         let clean = |extents: Vec<Extent>| {
             let page = page_of(&extents);
             let chunk = Arc::new(ChunkExtents::with(
-                OnceLock::from(extents),
+                OnceLock::from(ExtentStore::from(extents)),
                 OnceLock::from(page),
                 OnceLock::from(source.clone()),
             ));

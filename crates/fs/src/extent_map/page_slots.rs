@@ -1,0 +1,406 @@
+//! Memory for the extents of chunks read from their pages, kept out of the
+//! C allocator's heap: whole memory pages of a pool of their own, in slots
+//! of one to a few pages.
+//!
+//! Under the metadata budget, chunks are read and evicted all the time (a
+//! scan of a 10M-extent file reads 39,062 chunks through a 64 MiB budget
+//! that holds about 7,000). In glibc's heap, small blocks that live on
+//! land in the holes evicted chunks leave, so a hole ends a little short
+//! of the next chunk and the heap grows: at most 58 MiB of chunks were
+//! live, the heap held 110-128 MiB (`docs/EXTENT_PAGES.md`, "The heap
+//! under the budget"). Here a slot holds one chunk's extents and nothing
+//! else, so an evicted chunk's slot is exactly the next one's. Freed
+//! slots past [`WARM_BYTES_MAX`] are given back to the system
+//! (`MADV_DONTNEED`) by the evictor's thread after each pass
+//! ([`give_back_excess`]), so the resident set follows the chunks in
+//! memory, not their history.
+//!
+//! Only chunks of at least half a slot unit come from here: a small chunk
+//! would waste most of its page. The slots' address space is never
+//! unmapped (regions of [`REGION_BYTES`]); what is resident is what is in
+//! use plus the warm free slots.
+
+use std::ops::Deref;
+use std::ptr::NonNull;
+
+use parking_lot::Mutex;
+
+use crate::types::Extent;
+
+/// Bytes of a slot unit: a 4 KiB page, or the system's page if larger
+/// (the unit `madvise` works in).
+fn unit_bytes() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page).unwrap_or(4096).max(4096)
+}
+
+/// Largest slot, in units: a chunk of more extents stays on the heap.
+const UNITS_MAX: usize = 4;
+
+/// Address space reserved at a time for the slots of one size.
+const REGION_BYTES: usize = 2 << 20;
+
+/// Free slot bytes kept resident for the next loads; past it, a freed
+/// slot's pages go back to the system.
+pub(crate) const WARM_BYTES_MAX: usize = 4 << 20;
+
+/// A chunk's extents in a slot of the pool: an immutable copy, freed to
+/// the pool when dropped.
+pub(crate) struct SlotExtents {
+    ptr: NonNull<Extent>,
+    len: usize,
+    units: usize,
+}
+
+// SAFETY: a `SlotExtents` owns its slot alone (the pool hands a slot to
+// one owner until it is freed) and only reads it after the copy in
+// `copy_of`, like a `Box<[Extent]>`; `Extent` is `Send + Sync`.
+unsafe impl Send for SlotExtents {}
+// SAFETY: as above: shared references only read the slot.
+unsafe impl Sync for SlotExtents {}
+
+impl SlotExtents {
+    /// A copy of `extents` in a slot, or `None` where they belong on the
+    /// heap: fewer than half a unit's worth, more than the largest slot
+    /// holds, or no address space left.
+    pub(crate) fn copy_of(extents: &[Extent]) -> Option<SlotExtents> {
+        let unit = unit_bytes();
+        let bytes = std::mem::size_of_val(extents);
+        if bytes < unit / 2 {
+            return None;
+        }
+        let units = bytes.div_ceil(unit);
+        if units > UNITS_MAX {
+            return None;
+        }
+        let slot = POOL.lock().take(units, unit)?;
+        let ptr = slot.cast::<Extent>();
+        // SAFETY: the slot is `units * unit` bytes the pool handed to this
+        // owner alone, aligned to the unit (a multiple of `Extent`'s
+        // alignment), and at least `bytes` long; `extents` cannot overlap
+        // it (it is memory the caller already holds).
+        unsafe {
+            std::ptr::copy_nonoverlapping(extents.as_ptr(), ptr.as_ptr(), extents.len());
+        }
+        Some(SlotExtents {
+            ptr,
+            len: extents.len(),
+            units,
+        })
+    }
+
+    /// Extents the slot could hold: what its memory is charged as.
+    pub(crate) fn capacity(&self) -> usize {
+        self.units * unit_bytes() / std::mem::size_of::<Extent>()
+    }
+}
+
+impl Deref for SlotExtents {
+    type Target = [Extent];
+    #[inline]
+    fn deref(&self) -> &[Extent] {
+        // SAFETY: `ptr` points at `len` extents copied in `copy_of`, in a
+        // slot this value owns until it drops.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for SlotExtents {
+    fn drop(&mut self) {
+        give_back(self.ptr.cast(), self.units, unit_bytes());
+    }
+}
+
+impl std::fmt::Debug for SlotExtents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// A chunk's extents: a vector on the heap (built or changed in memory),
+/// or a slot of the pool (read from its page, unchanged since).
+#[derive(Debug)]
+pub(crate) enum ExtentStore {
+    Heap(Vec<Extent>),
+    Slot(SlotExtents),
+}
+
+impl ExtentStore {
+    /// Extents read from a page: in a slot where they fit one, else the
+    /// vector itself.
+    pub(crate) fn read(extents: Vec<Extent>) -> ExtentStore {
+        match SlotExtents::copy_of(&extents) {
+            Some(slot) => ExtentStore::Slot(slot),
+            None => ExtentStore::Heap(extents),
+        }
+    }
+
+    /// Extents the memory holding them could hold: what it is charged as.
+    pub(crate) fn capacity(&self) -> usize {
+        match self {
+            ExtentStore::Heap(v) => v.capacity(),
+            ExtentStore::Slot(s) => s.capacity(),
+        }
+    }
+
+    /// The extents as a vector to change, moved out of a slot first (a
+    /// changed chunk no longer matches its page, so it leaves the pool)
+    /// with room for `room` more extents, so that the change that moves
+    /// it does not copy it again to grow.
+    pub(crate) fn changeable(&mut self, room: usize) -> &mut Vec<Extent> {
+        if let ExtentStore::Slot(s) = self {
+            let mut v = Vec::with_capacity(s.len() + room);
+            v.extend_from_slice(s);
+            *self = ExtentStore::Heap(v);
+        }
+        match self {
+            ExtentStore::Heap(v) => v,
+            ExtentStore::Slot(_) => unreachable!("moved to the heap above"),
+        }
+    }
+}
+
+impl Deref for ExtentStore {
+    type Target = [Extent];
+    #[inline]
+    fn deref(&self) -> &[Extent] {
+        match self {
+            ExtentStore::Heap(v) => v,
+            ExtentStore::Slot(s) => s,
+        }
+    }
+}
+
+impl Clone for ExtentStore {
+    /// A copy is made to be changed (`Arc::make_mut`): on the heap.
+    fn clone(&self) -> Self {
+        ExtentStore::Heap(self.to_vec())
+    }
+}
+
+impl From<Vec<Extent>> for ExtentStore {
+    fn from(v: Vec<Extent>) -> Self {
+        ExtentStore::Heap(v)
+    }
+}
+
+/// Slots of every size, taken and freed under one lock (a take or a free
+/// is a few pointer moves; `madvise` and `mmap` run outside it).
+struct Pool {
+    sizes: [Size; UNITS_MAX],
+    warm_bytes: usize,
+}
+
+/// The slots of one size (index `units - 1`).
+struct Size {
+    /// Freed slots still resident: taken first.
+    warm: Vec<NonNull<u8>>,
+    /// Freed slots given back to the system: their pages fault in, zeroed,
+    /// when the next owner writes them.
+    cold: Vec<NonNull<u8>>,
+    /// The rest of the newest region, never handed out: `[next, end)`.
+    next: usize,
+    end: usize,
+}
+
+// SAFETY: the pointers are addresses of the pool's own mappings, handed
+// out to one owner at a time; the pool itself is only reached under its
+// mutex.
+unsafe impl Send for Pool {}
+
+static POOL: Mutex<Pool> = Mutex::new(Pool {
+    sizes: [const {
+        Size {
+            warm: Vec::new(),
+            cold: Vec::new(),
+            next: 0,
+            end: 0,
+        }
+    }; UNITS_MAX],
+    warm_bytes: 0,
+});
+
+impl Pool {
+    /// A slot of `units` units, from the free ones or a region (a new one
+    /// mapped if needed).
+    fn take(&mut self, units: usize, unit: usize) -> Option<NonNull<u8>> {
+        let bytes = units * unit;
+        let size = &mut self.sizes[units - 1];
+        if let Some(slot) = size.warm.pop() {
+            self.warm_bytes -= bytes;
+            return Some(slot);
+        }
+        if let Some(slot) = size.cold.pop() {
+            return Some(slot);
+        }
+        if size.end - size.next < bytes {
+            let region = map_region()?;
+            size.next = region;
+            size.end = region + REGION_BYTES;
+        }
+        let slot = size.next;
+        size.next += bytes;
+        NonNull::new(slot as *mut u8)
+    }
+}
+
+/// Frees a slot: kept warm, so that a thread dropping many chunks at
+/// once (an eviction pass before a base, in the checkpoint's time) makes
+/// a system call only once twice [`WARM_BYTES_MAX`] is warm, and then one
+/// per run of neighbouring slots ([`give_back_excess`]; the evictor's
+/// thread calls it after its passes too).
+fn give_back(slot: NonNull<u8>, units: usize, unit: usize) {
+    let over = {
+        let mut pool = POOL.lock();
+        pool.warm_bytes += units * unit;
+        pool.sizes[units - 1].warm.push(slot);
+        pool.warm_bytes > 2 * WARM_BYTES_MAX
+    };
+    if over {
+        give_back_excess();
+    }
+}
+
+/// Gives the pages of the warm slots past [`WARM_BYTES_MAX`] back to the
+/// system (`MADV_DONTNEED`; the slots stay the pool's, cold), neighbours
+/// in one call; the bytes given back. Called by the evictor's thread
+/// after its passes and by unmount.
+pub(crate) fn give_back_excess() -> usize {
+    let unit = unit_bytes();
+    let mut excess: Vec<(usize, usize)> = Vec::new();
+    {
+        let mut pool = POOL.lock();
+        let Pool { sizes, warm_bytes } = &mut *pool;
+        for (i, size) in sizes.iter_mut().enumerate() {
+            let bytes = (i + 1) * unit;
+            while *warm_bytes > WARM_BYTES_MAX {
+                let Some(slot) = size.warm.pop() else { break };
+                *warm_bytes -= bytes;
+                excess.push((slot.as_ptr() as usize, bytes));
+            }
+        }
+    }
+    if excess.is_empty() {
+        return 0;
+    }
+    excess.sort_unstable();
+    let mut given = 0;
+    let mut at = 0;
+    while at < excess.len() {
+        let (start, mut len) = excess[at];
+        let mut next = at + 1;
+        while next < excess.len() && excess[next].0 == start + len {
+            len += excess[next].1;
+            next += 1;
+        }
+        // SAFETY: `[start, start + len)` is whole slots of the pool's
+        // private anonymous mappings (contiguous, so every byte of it is
+        // the pool's), unit-aligned, owned by no one: dropping their
+        // contents is allowed and the mappings stay (the next owner's
+        // writes fault in zeroed pages). A failure leaves them resident:
+        // memory only.
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED);
+        }
+        given += len;
+        at = next;
+    }
+    let mut pool = POOL.lock();
+    for (start, bytes) in excess {
+        let slot = NonNull::new(start as *mut u8).expect("a slot address is not null");
+        pool.sizes[bytes / unit - 1].cold.push(slot);
+    }
+    given
+}
+
+/// A new region of address space for slots, its start address; `None` if
+/// the system has none to give.
+fn map_region() -> Option<usize> {
+    // SAFETY: a fresh private anonymous mapping at an address of the
+    // kernel's choosing: it aliases nothing. MAP_NORESERVE: untouched
+    // pages are only address space.
+    let at = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            REGION_BYTES,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    (at != libc::MAP_FAILED).then_some(at as usize)
+}
+
+/// Slots in use and free, per size, for tests: (in use is not tracked;
+/// warm, cold).
+#[cfg(test)]
+pub(crate) fn free_slots(units: usize) -> (usize, usize) {
+    let pool = POOL.lock();
+    let size = &pool.sizes[units - 1];
+    (size.warm.len(), size.cold.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::ExtentState;
+
+    fn extents(n: usize, seed: u64) -> Vec<Extent> {
+        (0..n as u64)
+            .map(|i| Extent {
+                file_off: (seed + i) * 8192,
+                len: 4096,
+                addr: (seed * 3 + i) * 4096,
+                state: if i % 3 == 0 {
+                    ExtentState::Unwritten
+                } else {
+                    ExtentState::Written
+                },
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_slot_holds_a_copy_and_small_or_large_chunks_stay_on_the_heap() {
+        let per_unit = unit_bytes() / std::mem::size_of::<Extent>();
+        assert!(SlotExtents::copy_of(&extents(per_unit / 2 - 1, 1)).is_none());
+        assert!(SlotExtents::copy_of(&extents(UNITS_MAX * per_unit + 1, 1)).is_none());
+        for n in [per_unit / 2, per_unit, per_unit + 1, UNITS_MAX * per_unit] {
+            let want = extents(n, n as u64);
+            let slot = SlotExtents::copy_of(&want).expect("a slot");
+            assert_eq!(&*slot, &want[..]);
+            assert_eq!(slot.capacity(), n.div_ceil(per_unit) * per_unit);
+        }
+    }
+
+    /// Slots are reused: many chunks loaded and dropped in turn stay in
+    /// the same slots, each holding its own extents; past the warm bytes,
+    /// freed slots are given back (cold) and still serve.
+    #[test]
+    fn freed_slots_serve_the_next_chunks() {
+        let per_unit = unit_bytes() / std::mem::size_of::<Extent>();
+        // Three units: a size no other test of this binary uses.
+        let n = 2 * per_unit + 1;
+        let many = 2 * WARM_BYTES_MAX / (3 * unit_bytes()) + 8;
+        let mut held: Vec<SlotExtents> = (0..many)
+            .map(|i| SlotExtents::copy_of(&extents(n, i as u64)).unwrap())
+            .collect();
+        let addresses: std::collections::HashSet<usize> =
+            held.iter().map(|s| s.ptr.as_ptr() as usize).collect();
+        assert_eq!(addresses.len(), many, "each chunk its own slot");
+        held.clear();
+        give_back_excess();
+        let (warm, cold) = free_slots(3);
+        assert!(warm >= 1 && cold >= 1, "warm {warm}, cold {cold}");
+        assert!(warm * 3 * unit_bytes() <= WARM_BYTES_MAX);
+        let again: Vec<SlotExtents> = (0..many)
+            .map(|i| SlotExtents::copy_of(&extents(n, 1000 + i as u64)).unwrap())
+            .collect();
+        for (i, slot) in again.iter().enumerate() {
+            assert!(addresses.contains(&(slot.ptr.as_ptr() as usize)));
+            assert_eq!(&**slot, &extents(n, 1000 + i as u64)[..]);
+        }
+    }
+}
