@@ -172,8 +172,9 @@ impl VolumeInner {
         let start = loader.cached_bytes();
         if start > target {
             self.sweep_to(start, target);
-            // The slots of what it dropped go back to the system in the
-            // evictor's thread, not in this checkpoint's time.
+            // The slots of what it dropped go back to the system mostly in
+            // the evictor's thread, not in this checkpoint's time (this
+            // thread gives back only past twice the warm bytes, in runs).
             loader.ask_evictor();
         }
     }

@@ -336,8 +336,8 @@ impl std::fmt::Debug for PageSource {
 /// A chunk's extents, and the extent page on disk that holds exactly them,
 /// once a checkpoint has written one.
 ///
-/// Every way to change the extents goes through `DerefMut`, which forgets
-/// the page (whether `Arc::make_mut` copied the chunk from a snapshot or
+/// Every way to change the extents goes through `ChunkExtents::changing`
+/// (from `Slot::make_mut`), which forgets the page (whether `Arc::make_mut` copied the chunk from a snapshot or
 /// changes it in place). So a chunk that names a page holds what the page
 /// holds, however the chunk was changed, and the chunks without one are
 /// what the next checkpoint must write. A copy keeps the page: it holds
@@ -350,8 +350,8 @@ impl std::fmt::Debug for PageSource {
 /// evictor may replace it with an absent chunk sharing the page
 /// ([`Chunks::evict`]). A lookup sets `referenced`, the evictor's clock
 /// bit.
-// `repr(C)`, extents first: a lookup reads the vector's pointer and
-// length right after the `Arc`'s counts, and the clock bit after them,
+// `repr(C)`, extents first: a lookup reads the extents' pointer and
+// length (of the vector or the slot) right after the `Arc`'s counts, and the clock bit after them,
 // in the allocation's first cache line.
 #[derive(Debug)]
 #[repr(C)]
@@ -456,6 +456,7 @@ impl Deref for ChunkExtents {
 impl ChunkExtents {
     /// Extents the chunk's memory could hold (what a clean chunk is
     /// charged as).
+    #[cfg(test)]
     fn capacity(&self) -> usize {
         self.extents.get().map_or(0, ExtentStore::capacity)
     }
@@ -466,15 +467,18 @@ impl ChunkExtents {
         // count (a chunk without a page is never evicted).
         self.refund();
         let (page, source) = (self.page.take(), self.source.take());
-        if let (Some(_), Some(source)) = (page, source) {
-            let bytes = self.capacity() * std::mem::size_of::<Extent>();
-            source.loader.chunk_unpaged(bytes as u64);
-        }
         let room = room_to_grow(self.len());
-        self.extents
+        let extents = self
+            .extents
             .get_mut()
             .expect("a chunk's extents are set when it is built")
-            .changeable(room)
+            .changeable(room);
+        // The memory it holds now: moved out of a slot, it is a vector.
+        if let (Some(_), Some(source)) = (page, source) {
+            let bytes = extents.capacity() * std::mem::size_of::<Extent>();
+            source.loader.chunk_unpaged(bytes as u64);
+        }
+        extents
     }
 }
 

@@ -28,11 +28,15 @@ use parking_lot::Mutex;
 use crate::types::Extent;
 
 /// Bytes of a slot unit: a 4 KiB page, or the system's page if larger
-/// (the unit `madvise` works in).
+/// (the unit `madvise` works in). With pages of 32 KiB or more no chunk
+/// (16 KiB at most) reaches half a unit: the pool is then never used.
 fn unit_bytes() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(page).unwrap_or(4096).max(4096)
+    static UNIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *UNIT.get_or_init(|| {
+        // SAFETY: sysconf has no memory-safety preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        usize::try_from(page).unwrap_or(4096).max(4096)
+    })
 }
 
 /// Largest slot, in units: a chunk of more extents stays on the heap.
@@ -49,8 +53,10 @@ pub(crate) const WARM_BYTES_MAX: usize = 4 << 20;
 /// the pool when dropped.
 pub(crate) struct SlotExtents {
     ptr: NonNull<Extent>,
-    len: usize,
-    units: usize,
+    // u32s: with the pointer, 16 bytes, so that `ExtentStore` is no larger
+    // than the `Vec` it replaces (24 bytes, in every loaded chunk).
+    len: u32,
+    units: u32,
 }
 
 // SAFETY: a `SlotExtents` owns its slot alone (the pool hands a slot to
@@ -71,10 +77,10 @@ impl SlotExtents {
             return None;
         }
         let units = bytes.div_ceil(unit);
-        if units > UNITS_MAX {
+        if units > UNITS_MAX || units * unit > REGION_BYTES {
             return None;
         }
-        let slot = POOL.lock().take(units, unit)?;
+        let slot = take(units, unit)?;
         let ptr = slot.cast::<Extent>();
         // SAFETY: the slot is `units * unit` bytes the pool handed to this
         // owner alone, aligned to the unit (a multiple of `Extent`'s
@@ -85,14 +91,15 @@ impl SlotExtents {
         }
         Some(SlotExtents {
             ptr,
-            len: extents.len(),
-            units,
+            // At most UNITS_MAX units of extents: far below u32::MAX.
+            len: extents.len() as u32,
+            units: units as u32,
         })
     }
 
     /// Extents the slot could hold: what its memory is charged as.
     pub(crate) fn capacity(&self) -> usize {
-        self.units * unit_bytes() / std::mem::size_of::<Extent>()
+        self.units as usize * unit_bytes() / std::mem::size_of::<Extent>()
     }
 }
 
@@ -102,13 +109,13 @@ impl Deref for SlotExtents {
     fn deref(&self) -> &[Extent] {
         // SAFETY: `ptr` points at `len` extents copied in `copy_of`, in a
         // slot this value owns until it drops.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len as usize) }
     }
 }
 
 impl Drop for SlotExtents {
     fn drop(&mut self) {
-        give_back(self.ptr.cast(), self.units, unit_bytes());
+        give_back(self.ptr.cast(), self.units as usize, unit_bytes());
     }
 }
 
@@ -146,8 +153,8 @@ impl ExtentStore {
 
     /// The extents as a vector to change, moved out of a slot first (a
     /// changed chunk no longer matches its page, so it leaves the pool)
-    /// with room for `room` more extents, so that the change that moves
-    /// it does not copy it again to grow.
+    /// with room for `room` more extents if it has none, so that the
+    /// change does not copy it again to grow.
     pub(crate) fn changeable(&mut self, room: usize) -> &mut Vec<Extent> {
         if let ExtentStore::Slot(s) = self {
             let mut v = Vec::with_capacity(s.len() + room);
@@ -155,7 +162,14 @@ impl ExtentStore {
             *self = ExtentStore::Heap(v);
         }
         match self {
-            ExtentStore::Heap(v) => v,
+            ExtentStore::Heap(v) => {
+                // A copy (`Clone`, before a change to a chunk a snapshot
+                // shares) is exact too.
+                if v.len() == v.capacity() {
+                    v.reserve_exact(room);
+                }
+                v
+            }
             ExtentStore::Slot(_) => unreachable!("moved to the heap above"),
         }
     }
@@ -199,9 +213,10 @@ struct Size {
     /// Freed slots given back to the system: their pages fault in, zeroed,
     /// when the next owner writes them.
     cold: Vec<NonNull<u8>>,
-    /// The rest of the newest region, never handed out: `[next, end)`.
-    next: usize,
-    end: usize,
+    /// The newest region (null before the first) and how much of it was
+    /// handed out.
+    region: *mut u8,
+    used: usize,
 }
 
 // SAFETY: the pointers are addresses of the pool's own mappings, handed
@@ -214,16 +229,16 @@ static POOL: Mutex<Pool> = Mutex::new(Pool {
         Size {
             warm: Vec::new(),
             cold: Vec::new(),
-            next: 0,
-            end: 0,
+            region: std::ptr::null_mut(),
+            used: REGION_BYTES,
         }
     }; UNITS_MAX],
     warm_bytes: 0,
 });
 
 impl Pool {
-    /// A slot of `units` units, from the free ones or a region (a new one
-    /// mapped if needed).
+    /// A free slot of `units` units, or the next one of the newest
+    /// region; `None` if that region is used up.
     fn take(&mut self, units: usize, unit: usize) -> Option<NonNull<u8>> {
         let bytes = units * unit;
         let size = &mut self.sizes[units - 1];
@@ -234,15 +249,31 @@ impl Pool {
         if let Some(slot) = size.cold.pop() {
             return Some(slot);
         }
-        if size.end - size.next < bytes {
-            let region = map_region()?;
-            size.next = region;
-            size.end = region + REGION_BYTES;
+        if REGION_BYTES - size.used < bytes {
+            return None;
         }
-        let slot = size.next;
-        size.next += bytes;
-        NonNull::new(slot as *mut u8)
+        // SAFETY: `used + bytes <= REGION_BYTES`: inside the region's
+        // mapping (not null: `used` starts at the region's end).
+        let slot = unsafe { size.region.add(size.used) };
+        size.used += bytes;
+        NonNull::new(slot)
     }
+}
+
+/// A slot of `units` units: free or new; a new region is mapped without
+/// the lock held, so loads in other threads do not wait on `mmap`.
+fn take(units: usize, unit: usize) -> Option<NonNull<u8>> {
+    if let Some(slot) = POOL.lock().take(units, unit) {
+        return Some(slot);
+    }
+    let region = map_region()?;
+    let mut pool = POOL.lock();
+    // Another thread may have mapped one meanwhile: the rest of the
+    // region replaced is only address space.
+    let size = &mut pool.sizes[units - 1];
+    size.region = region.as_ptr();
+    size.used = 0;
+    pool.take(units, unit)
 }
 
 /// Frees a slot: kept warm, so that a thread dropping many chunks at
@@ -268,7 +299,7 @@ fn give_back(slot: NonNull<u8>, units: usize, unit: usize) {
 /// after its passes and by unmount.
 pub(crate) fn give_back_excess() -> usize {
     let unit = unit_bytes();
-    let mut excess: Vec<(usize, usize)> = Vec::new();
+    let mut excess: Vec<(NonNull<u8>, usize)> = Vec::new();
     {
         let mut pool = POOL.lock();
         let Pool { sizes, warm_bytes } = &mut *pool;
@@ -277,20 +308,22 @@ pub(crate) fn give_back_excess() -> usize {
             while *warm_bytes > WARM_BYTES_MAX {
                 let Some(slot) = size.warm.pop() else { break };
                 *warm_bytes -= bytes;
-                excess.push((slot.as_ptr() as usize, bytes));
+                excess.push((slot, bytes));
             }
         }
     }
     if excess.is_empty() {
         return 0;
     }
-    excess.sort_unstable();
+    excess.sort_unstable_by_key(|&(slot, _)| slot.as_ptr() as usize);
     let mut given = 0;
     let mut at = 0;
     while at < excess.len() {
         let (start, mut len) = excess[at];
         let mut next = at + 1;
-        while next < excess.len() && excess[next].0 == start + len {
+        while next < excess.len()
+            && excess[next].0.as_ptr() as usize == start.as_ptr() as usize + len
+        {
             len += excess[next].1;
             next += 1;
         }
@@ -298,25 +331,24 @@ pub(crate) fn give_back_excess() -> usize {
         // private anonymous mappings (contiguous, so every byte of it is
         // the pool's), unit-aligned, owned by no one: dropping their
         // contents is allowed and the mappings stay (the next owner's
-        // writes fault in zeroed pages). A failure leaves them resident:
-        // memory only.
-        unsafe {
-            libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED);
+        // writes fault in zeroed pages).
+        let rc = unsafe { libc::madvise(start.as_ptr().cast(), len, libc::MADV_DONTNEED) };
+        // A failure leaves the pages resident: memory only.
+        if rc == 0 {
+            given += len;
         }
-        given += len;
         at = next;
     }
     let mut pool = POOL.lock();
-    for (start, bytes) in excess {
-        let slot = NonNull::new(start as *mut u8).expect("a slot address is not null");
+    for (slot, bytes) in excess {
         pool.sizes[bytes / unit - 1].cold.push(slot);
     }
     given
 }
 
-/// A new region of address space for slots, its start address; `None` if
-/// the system has none to give.
-fn map_region() -> Option<usize> {
+/// A new region of address space for slots; `None` if the system has
+/// none to give.
+fn map_region() -> Option<NonNull<u8>> {
     // SAFETY: a fresh private anonymous mapping at an address of the
     // kernel's choosing: it aliases nothing. MAP_NORESERVE: untouched
     // pages are only address space.
@@ -330,7 +362,10 @@ fn map_region() -> Option<usize> {
             0,
         )
     };
-    (at != libc::MAP_FAILED).then_some(at as usize)
+    if at == libc::MAP_FAILED {
+        return None;
+    }
+    NonNull::new(at.cast())
 }
 
 /// Slots in use and free, per size, for tests: (in use is not tracked;
@@ -373,6 +408,39 @@ mod tests {
             assert_eq!(&*slot, &want[..]);
             assert_eq!(slot.capacity(), n.div_ceil(per_unit) * per_unit);
         }
+    }
+
+    /// A chunk read into a slot and then changed: the same extents in a
+    /// vector with the room asked for; a copy (before a change to a shared
+    /// chunk) is a vector too; and the store is no larger than the vector
+    /// it replaced, in every loaded chunk.
+    #[test]
+    fn a_changed_or_copied_chunk_leaves_its_slot_for_a_vector() {
+        assert!(std::mem::size_of::<ExtentStore>() <= std::mem::size_of::<Vec<Extent>>());
+        let per_unit = unit_bytes() / std::mem::size_of::<Extent>();
+        let want = extents(per_unit, 7);
+        let mut store = ExtentStore::read(want.clone());
+        assert!(matches!(store, ExtentStore::Slot(_)));
+        assert_eq!(store.capacity(), per_unit);
+        let copy = store.clone();
+        assert!(matches!(copy, ExtentStore::Heap(_)));
+        assert_eq!(&*copy, &want[..]);
+        let v = store.changeable(10);
+        assert_eq!(&v[..], &want[..]);
+        assert!(v.capacity() >= want.len() + 10, "room {}", v.capacity());
+        v.push(want[0]);
+        assert!(matches!(store, ExtentStore::Heap(_)));
+        assert_eq!(store.len(), want.len() + 1);
+        // An exact vector gets the room too; one with room keeps it.
+        let mut exact = ExtentStore::from(want.clone());
+        assert!(exact.changeable(5).capacity() >= want.len() + 5);
+        let mut roomy = ExtentStore::from(Vec::with_capacity(want.len() + 100));
+        assert_eq!(roomy.changeable(5).capacity(), want.len() + 100);
+        // Too few for half a unit: the vector itself.
+        assert!(matches!(
+            ExtentStore::read(extents(per_unit / 2 - 1, 1)),
+            ExtentStore::Heap(_)
+        ));
     }
 
     /// Slots are reused: many chunks loaded and dropped in turn stay in
