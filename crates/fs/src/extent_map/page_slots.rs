@@ -11,9 +11,9 @@
 //! under the budget"). Here a slot holds one chunk's extents and nothing
 //! else, so an evicted chunk's slot is exactly the next one's. Freed
 //! slots past [`WARM_BYTES_MAX`] are given back to the system
-//! (`MADV_DONTNEED`) by the evictor's thread after each pass
-//! ([`give_back_excess`]), so the resident set follows the chunks in
-//! memory, not their history.
+//! (`MADV_DONTNEED`) by the evictor's thread after each pass, or by a
+//! thread that frees twice that much at once ([`give_back_excess`]), so
+//! the resident set follows the chunks in memory, not their history.
 //!
 //! Only chunks of at least half a slot unit come from here: a small chunk
 //! would waste most of its page. The slots' address space is never
@@ -153,8 +153,8 @@ impl ExtentStore {
 
     /// The extents as a vector to change, moved out of a slot first (a
     /// changed chunk no longer matches its page, so it leaves the pool)
-    /// with room for `room` more extents if it has none, so that the
-    /// change does not copy it again to grow.
+    /// with room for `room` more extents, so that an insert does not copy
+    /// it again to grow.
     pub(crate) fn changeable(&mut self, room: usize) -> &mut Vec<Extent> {
         if let ExtentStore::Slot(s) = self {
             let mut v = Vec::with_capacity(s.len() + room);
@@ -162,14 +162,10 @@ impl ExtentStore {
             *self = ExtentStore::Heap(v);
         }
         match self {
-            ExtentStore::Heap(v) => {
-                // A copy (`Clone`, before a change to a chunk a snapshot
-                // shares) is exact too.
-                if v.len() == v.capacity() {
-                    v.reserve_exact(room);
-                }
-                v
-            }
+            // A vector already is as a change left it: a removal must not
+            // add room (test `changed_chunks_keep_little_room_past_their_
+            // extents`); an insert grows it itself.
+            ExtentStore::Heap(v) => v,
             ExtentStore::Slot(_) => unreachable!("moved to the heap above"),
         }
     }
@@ -431,11 +427,9 @@ mod tests {
         v.push(want[0]);
         assert!(matches!(store, ExtentStore::Heap(_)));
         assert_eq!(store.len(), want.len() + 1);
-        // An exact vector gets the room too; one with room keeps it.
+        // A vector is left as it is (a removal adds no room).
         let mut exact = ExtentStore::from(want.clone());
-        assert!(exact.changeable(5).capacity() >= want.len() + 5);
-        let mut roomy = ExtentStore::from(Vec::with_capacity(want.len() + 100));
-        assert_eq!(roomy.changeable(5).capacity(), want.len() + 100);
+        assert_eq!(exact.changeable(5).capacity(), want.len());
         // Too few for half a unit: the vector itself.
         assert!(matches!(
             ExtentStore::read(extents(per_unit / 2 - 1, 1)),
