@@ -24,6 +24,17 @@ pub struct AlignedBufError {
     pub align: usize,
 }
 
+/// The system's memory page size in bytes (a power of two; 4096 if the
+/// system does not say).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let raw = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(raw)
+        .ok()
+        .filter(|p| p.is_power_of_two())
+        .unwrap_or(4096)
+}
+
 /// A transparent huge page on x86-64 and most 64-bit systems: the
 /// alignment and size unit of [`AlignedBuf::new_huge_pages`].
 pub const HUGE_PAGE_BYTES: usize = 2 << 20;

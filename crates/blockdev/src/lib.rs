@@ -42,7 +42,7 @@ pub mod sync_backend;
 mod test_support;
 pub mod uring;
 
-pub use aligned_buf::{AlignedBuf, AlignedBufError, HUGE_PAGE_BYTES};
+pub use aligned_buf::{page_size, AlignedBuf, AlignedBufError, HUGE_PAGE_BYTES};
 pub use backend::{open_device, Backend, BackendChoice};
 pub use caps::{DeviceCaps, DeviceKind, RequestLimits};
 pub use counters::{DeviceCounters, RequestCounts};

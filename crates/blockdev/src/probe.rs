@@ -313,13 +313,9 @@ pub(crate) fn io_uring_disabled() -> Option<u32> {
         .ok()
 }
 
-pub(crate) fn page_size() -> u32 {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let raw = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u32::try_from(raw)
-        .ok()
-        .filter(|p| p.is_power_of_two())
-        .unwrap_or(4096)
+/// The page size as the capabilities hold it (a page is far below 4 GiB).
+fn page_size() -> u32 {
+    crate::page_size() as u32
 }
 
 /// The sysfs `queue` directory describing the device `major:minor`. A whole

@@ -164,17 +164,7 @@ impl Negotiated {
         const DEFAULT_MAX_PAGES: usize = 32;
         uring::MIN_READ_BUFFER
             .max(self.max_write)
-            .max(self.max_pages.max(DEFAULT_MAX_PAGES) * page_size())
-    }
-}
-
-fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if n > 0 {
-        n as usize
-    } else {
-        4096
+            .max(self.max_pages.max(DEFAULT_MAX_PAGES) * blockdev::page_size())
     }
 }
 
@@ -833,7 +823,7 @@ fn serve_queue(
         }
     }
     let dev = relay.dev.as_raw_fd();
-    let align = page_size().max(fs.memory_alignment());
+    let align = blockdev::page_size().max(fs.memory_alignment());
     let mut entries = Vec::with_capacity(QUEUE_ENTRIES);
     for _ in 0..QUEUE_ENTRIES {
         match EntryBuffers::new(payload_len, align) {

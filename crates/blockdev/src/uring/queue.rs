@@ -36,7 +36,7 @@ use super::fixed_buffers::{FixedBufferOptions, FixedPool};
 use super::in_flight::{into_completion, slot_and_piece, InFlight, Op, Split, PIECES_IN_FLIGHT};
 use super::setup::{build_ring, errno_text, release_files, RingUse, UringOptions, MAX_RETRIES};
 use crate::error::IoOp;
-use crate::probe::page_size;
+use crate::page_size;
 use crate::queue::{
     clamp_depth, refuse_if_full, DeviceCompletion, DeviceQueue, DeviceRequest, QueueFull, Token,
     MAX_QUEUE_DEPTH,
@@ -142,7 +142,7 @@ impl UringQueue {
         let caps = dev.caps();
         let split = Split::new(
             opts.limits,
-            page_size() as usize,
+            page_size(),
             caps.logical_block_size as usize,
             budget,
         );

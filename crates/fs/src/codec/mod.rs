@@ -27,6 +27,9 @@ mod delta;
 mod image;
 mod index;
 mod page;
+/// Extents for tests of code that stores them (as the page tests build them).
+#[cfg(test)]
+pub(crate) use page::tests::extents as test_extents;
 mod primitive;
 mod record;
 mod root;

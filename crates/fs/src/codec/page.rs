@@ -310,7 +310,7 @@ pub fn check_page_refs(pages: &[PageRef]) -> std::result::Result<(), String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::types::ExtentState;
     use proptest::prelude::*;
@@ -319,7 +319,8 @@ mod tests {
     const BS: u64 = 4096;
 
     /// `n` sorted, disjoint extents from file offset `first`, with gaps.
-    fn extents(first: u64, n: usize) -> Vec<Extent> {
+    /// `n` sorted extents from file offset `first`, written and unwritten.
+    pub(crate) fn extents(first: u64, n: usize) -> Vec<Extent> {
         (0..n as u64)
             .map(|i| Extent {
                 file_off: first + i * 3 * BS,

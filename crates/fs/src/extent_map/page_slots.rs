@@ -32,11 +32,7 @@ use crate::types::Extent;
 /// (16 KiB at most) reaches half a unit: the pool is then never used.
 fn unit_bytes() -> usize {
     static UNIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *UNIT.get_or_init(|| {
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-        usize::try_from(page).unwrap_or(4096).max(4096)
-    })
+    *UNIT.get_or_init(|| blockdev::page_size().max(4096))
 }
 
 /// Largest slot, in units: a chunk of more extents stays on the heap.
@@ -376,21 +372,10 @@ pub(crate) fn free_slots(units: usize) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::ExtentState;
 
+    /// `n` extents, different for each `seed`.
     fn extents(n: usize, seed: u64) -> Vec<Extent> {
-        (0..n as u64)
-            .map(|i| Extent {
-                file_off: (seed + i) * 8192,
-                len: 4096,
-                addr: (seed * 3 + i) * 4096,
-                state: if i % 3 == 0 {
-                    ExtentState::Unwritten
-                } else {
-                    ExtentState::Written
-                },
-            })
-            .collect()
+        crate::codec::test_extents(seed << 32, n)
     }
 
     #[test]
