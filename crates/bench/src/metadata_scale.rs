@@ -32,9 +32,9 @@
 //! - the process's max RSS (`ru_maxrss`) after the size is done. It is a
 //!   high-water mark of the whole run, so sizes run smallest first.
 //!
-//! `metadata-scale-10m` builds its ten million extents with `fallocate`
+//! `metadata-scale-10m` and `-50m` build their extents with `fallocate`
 //! (unwritten extents, one per other block) instead of writes: 40 GiB of
-//! written data would not fit a RAM-backed image on most machines. Its
+//! written data would not fit a RAM-backed image on most machines. Their
 //! reads land on unwritten blocks, which read as zeros without device I/O.
 
 use std::path::{Path, PathBuf};
@@ -91,6 +91,12 @@ const SPECS: &[Spec] = &[
         summary: "metadata-scale at 10M extents, built with fallocate (unwritten extents; \
                   not in the default set)",
         sizes: &[(10_000_000, Build::Fallocate)],
+    },
+    Spec {
+        name: "metadata-scale-50m",
+        summary: "metadata-scale at 50M extents, built with fallocate: memory beyond 10M \
+                  (a sparse 800 GiB image in RAM, several minutes; not in the default set)",
+        sizes: &[(50_000_000, Build::Fallocate)],
     },
 ];
 

@@ -1060,7 +1060,8 @@ fn base_magics(sb: &Superblock) -> Vec<[u8; 8]> {
 /// chained to it), and whether the chain's last record is marked
 /// superseded. The image is whole: [`SlotContents::paged`] is empty.
 pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: usize) -> Result<SlotContents> {
-    let mut contents = read_slot_chunks(dev, sb, slot, PageReading::Every)?;
+    let mut contents =
+        read_slot_chunks(dev, sb, slot, PageReading::Every, &mut ReadRuns::default())?;
     std::mem::take(&mut contents.paged)
         .fill_image(&mut contents.checkpoint.image)
         .map_err(|reason| Error::invalid("reading extent pages", reason))?;
@@ -1074,6 +1075,7 @@ fn read_slot_chunks(
     sb: &Superblock,
     slot: usize,
     reading: PageReading,
+    read: &mut ReadRuns,
 ) -> Result<SlotContents> {
     let region = slot_region(sb, slot)?;
     let bs = sb.block_size();
@@ -1083,7 +1085,15 @@ fn read_slot_chunks(
         let table = decode_spill_table(sb, &base.payload, payload_at)?;
         let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
         let at = table.extents.first().map_or(payload_at, |e| e.0);
-        let image = decode_base(dev, sb, &bytes, at, "spilled checkpoint image", reading)?;
+        let image = decode_base(
+            dev,
+            sb,
+            &bytes,
+            at,
+            "spilled checkpoint image",
+            reading,
+            read,
+        )?;
         let base_bytes = (CHECKPOINT_HEADER_LEN + bytes.len()) as u64;
         (image, table.extents, base_bytes)
     } else {
@@ -1094,6 +1104,7 @@ fn read_slot_chunks(
             payload_at,
             "checkpoint image",
             reading,
+            read,
         )?;
         (
             image,
@@ -1224,6 +1235,7 @@ fn decode_base(
     at: u64,
     what: &'static str,
     reading: PageReading,
+    read: &mut ReadRuns,
 ) -> Result<DecodedBase> {
     if sb.features_incompat & INCOMPAT_EXTENT_PAGES == 0 {
         let image = codec::decode_image_at(bytes, at, what)?;
@@ -1237,7 +1249,7 @@ fn decode_base(
         });
     }
     let (codec::Root { image, pages }, index, damaged_index_copies) =
-        decode_root_listing(dev, sb, bytes, at, what, reading)?;
+        decode_root_listing(dev, sb, bytes, at, what, reading, read)?;
     let mut damaged_pages = Vec::new();
     let paged = match reading {
         PageReading::Every => read_pages(dev, sb, &image, &pages)?,
@@ -1269,6 +1281,7 @@ fn decode_root_listing(
     at: u64,
     what: &'static str,
     reading: PageReading,
+    read: &mut ReadRuns,
 ) -> Result<(codec::Root, IndexTable, Vec<DamagedIndexCopy>)> {
     if sb.features_incompat & INCOMPAT_PAGE_INDEX == 0 {
         let root = codec::decode_root_at(bytes, at, what, page_area(sb))?;
@@ -1276,7 +1289,7 @@ fn decode_root_listing(
     }
     let codec::IndexedRoot { image, index } =
         codec::decode_indexed_root_at(bytes, at, what, page_area(sb))?;
-    let (pages, damaged) = read_index_pages(dev, sb, &index, reading)?;
+    let (pages, damaged) = read_index_pages_sharing(dev, sb, &index, reading, read)?;
     Ok((codec::Root { image, pages }, index, damaged))
 }
 
@@ -1350,22 +1363,52 @@ pub fn read_index_pages(
     index: &IndexTable,
     reading: PageReading,
 ) -> Result<(PageTable, Vec<DamagedIndexCopy>)> {
+    read_index_pages_sharing(dev, sb, index, reading, &mut ReadRuns::default())
+}
+
+/// The runs of index pages read so far, by inode and reference: an index
+/// page both slots list is read once and its run shared by both tables
+/// (the reference names the block and its crc, so an equal one holds the
+/// same bytes).
+#[derive(Default)]
+struct ReadRuns(std::collections::HashMap<(Ino, IndexRef), codec::PageRun>);
+
+/// [`read_index_pages`], taking the runs of index pages `read` holds
+/// instead of reading them again, and adding those it reads. Not with
+/// [`PageReading::Survey`] or [`PageReading::IndexCopies`], which check
+/// each slot's copies.
+fn read_index_pages_sharing(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    index: &IndexTable,
+    reading: PageReading,
+    read: &mut ReadRuns,
+) -> Result<(PageTable, Vec<DamagedIndexCopy>)> {
     let every_copy = matches!(reading, PageReading::Survey | PageReading::IndexCopies);
     let mut reader = IndexPageReader::new(dev, sb);
     let mut table = Vec::with_capacity(index.len());
     for (ino, list) in index {
         // Grown as index pages verify: the counts the root claims are not
         // checked against anything read yet.
-        let mut pages: Vec<PageRef> = Vec::new();
+        let mut runs: Vec<codec::PageRun> = Vec::new();
         for iref in list {
-            let listed = reader.read_page(*ino, iref)?;
-            if every_copy {
-                reader.check_second_copy(*ino, iref);
-            }
+            let listed = match read.0.get(&(*ino, *iref)).filter(|_| !every_copy) {
+                Some(run) => run.clone(),
+                None => {
+                    let run = codec::PageRun::from(reader.read_page(*ino, iref)?);
+                    if every_copy {
+                        reader.check_second_copy(*ino, iref);
+                    } else {
+                        read.0.insert((*ino, *iref), run.clone());
+                    }
+                    run
+                }
+            };
             // Each index page's keys are checked on their own: those of
             // the next must follow them. Both copies hold the same bytes,
             // so this is damage to the root, not to a copy.
-            if let (Some(last), Some(next)) = (pages.last(), listed.first()) {
+            let last = runs.last().and_then(|r| r.last());
+            if let (Some(last), Some(next)) = (last, listed.first()) {
                 if next.first_key <= last.first_key {
                     return Err(codec::index_lost(
                         *ino,
@@ -1378,9 +1421,9 @@ pub fn read_index_pages(
                     ));
                 }
             }
-            pages.extend(listed);
+            runs.push(listed);
         }
-        table.push((*ino, pages));
+        table.push((*ino, codec::PageList::from_runs(runs)));
     }
     Ok((table, reader.damaged))
 }
@@ -1555,7 +1598,8 @@ fn read_pages_then(
             return Err(invalid(format!("inode {ino} is not in the image")));
         }
         let mut chunks: Vec<crate::page_chunks::PageChunk> = Vec::with_capacity(list.len());
-        for (index, page) in list.iter().enumerate() {
+        let mut list = list.iter().peekable();
+        while let Some(page) = list.next() {
             let read = read_page(dev, sb, *ino, page).and_then(|got| {
                 let before = chunks.last().and_then(|c| c.extents.last());
                 codec::check_extent(&got[0], before)
@@ -1569,7 +1613,7 @@ fn read_pages_then(
                     starts_run: false,
                 }),
                 Err(e) => {
-                    let end = list.get(index + 1).map(|next| next.first_key);
+                    let end = list.peek().map(|next| next.first_key);
                     failed(*ino, page, end, e)?;
                 }
             }
@@ -1609,6 +1653,7 @@ fn absent_pages(image: &MetaImage, pages: &PageTable, index: &IndexTable) -> Res
         }
         paged.push_file(*ino, chunks).map_err(invalid)?;
     }
+    paged.share_lists(pages);
     Ok(paged)
 }
 
@@ -2017,6 +2062,9 @@ pub fn read_checkpoints_reading(
     let mut pages: [PageTable; CHECKPOINT_SLOTS] = Default::default();
     let mut index: [IndexTable; CHECKPOINT_SLOTS] = Default::default();
     let mut damaged_index_copies: Vec<DamagedIndexCopy> = Vec::new();
+    // Both slots' bases list most index pages alike: each is read once,
+    // and both tables share its run.
+    let mut read = ReadRuns::default();
     let paged = sb.features_incompat & INCOMPAT_EXTENT_PAGES != 0;
     // The slot whose base is newer holds the newer checkpoint whenever it
     // verifies (a base is written one generation past the newest chain's
@@ -2036,7 +2084,7 @@ pub fn read_checkpoints_reading(
         if best.is_some() {
             if paged {
                 // Its root, for the pages it lists; not the pages.
-                match read_root(dev, sb, slot, reading) {
+                match read_root(dev, sb, slot, reading, &mut read) {
                     Ok((spill, root, listing, damaged)) => {
                         (spills[slot], pages[slot], index[slot]) = (spill, root.pages, listing);
                         damaged_index_copies.extend(damaged);
@@ -2057,7 +2105,7 @@ pub fn read_checkpoints_reading(
             }
             continue;
         }
-        match read_slot_chunks(dev, sb, slot, reading) {
+        match read_slot_chunks(dev, sb, slot, reading, &mut read) {
             Ok(mut c) => {
                 spills[slot].clone_from(&c.spill);
                 pages[slot] = std::mem::take(&mut c.pages);
@@ -2149,6 +2197,7 @@ fn read_root(
     sb: &Superblock,
     slot: usize,
     reading: PageReading,
+    read: &mut ReadRuns,
 ) -> Result<(
     Vec<SpillExtent>,
     codec::Root,
@@ -2165,14 +2214,22 @@ fn read_root(
             payload_at,
             "checkpoint root",
             reading,
+            read,
         )?;
         return Ok((Vec::new(), root, index, damaged));
     }
     let table = decode_spill_table(sb, &base.payload, payload_at)?;
     let bytes = read_spilled_image(dev, sb, slot, &table, payload_at)?;
     let at = table.extents.first().map_or(payload_at, |e| e.0);
-    let (root, index, damaged) =
-        decode_root_listing(dev, sb, &bytes, at, "spilled checkpoint root", reading)?;
+    let (root, index, damaged) = decode_root_listing(
+        dev,
+        sb,
+        &bytes,
+        at,
+        "spilled checkpoint root",
+        reading,
+        read,
+    )?;
     Ok((table.extents, root, index, damaged))
 }
 
@@ -3259,7 +3316,7 @@ mod tests {
                 list.push(page);
                 i += 1;
             }
-            table.push((inode.ino, list));
+            table.push((inode.ino, list.into()));
         }
         write_pages(dev, &written).unwrap();
         write_base_record(
@@ -3325,9 +3382,11 @@ mod tests {
         let first = [page(0, 0), page(10 * bs, 1)];
         let a = index_page(&first, 0);
         let b = index_page(&[page(20 * bs, 2), page(30 * bs, 3)], 1);
-        let listed = vec![(
+        let listed: PageTable = vec![(
             7,
-            [first.to_vec(), vec![page(20 * bs, 2), page(30 * bs, 3)]].concat(),
+            [first.to_vec(), vec![page(20 * bs, 2), page(30 * bs, 3)]]
+                .concat()
+                .into(),
         )];
         let (table, damaged) =
             read_index_pages(&dev, &sb, &vec![(7, vec![a, b])], PageReading::OnDemand).unwrap();
@@ -3432,7 +3491,7 @@ mod tests {
         let second = ckpt(2, 30);
         let table = write_paged_base(&dev, &sb, 1, &second, |i| page_addr(&sb, 400 + i));
         let (ino, list) = &table[table.len() / 2];
-        let page = list[list.len() - 1];
+        let page = *list.last().unwrap();
         let mut block = vec![0u8; 512];
         dev.read_at(&mut block, page.addr).unwrap();
         block[codec::PAGE_HEADER_LEN + 3] ^= 1;
@@ -3472,7 +3531,7 @@ mod tests {
         let (dev, sb) = paged_setup();
         let table = write_paged_base(&dev, &sb, 0, &second, |i| page_addr(&sb, i));
         let zeros = vec![0u8; sb.block_size() as usize];
-        dev.write_at(&zeros, table[0].1[0].addr, WriteMode::Normal)
+        dev.write_at(&zeros, table[0].1.first().unwrap().addr, WriteMode::Normal)
             .unwrap();
         let err = read_slot(&dev, &sb, 0).unwrap_err().to_string();
         assert!(err.contains("bad magic"), "{err}");
@@ -3497,7 +3556,7 @@ mod tests {
             list.push(page);
         }
         write_pages(&dev, &bytes).unwrap();
-        let table: PageTable = vec![(ino, list)];
+        let table: PageTable = vec![(ino, list.into())];
         let root = paged_root(&sb, &ckpt, &table);
         write_base_record(&dev, &sb, 0, RecordHeader::of(&ckpt), root, &[]).unwrap();
         let err = read_slot(&dev, &sb, 0).unwrap_err().to_string();

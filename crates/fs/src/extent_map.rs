@@ -130,6 +130,7 @@ impl ExtentMap {
                 .into_iter()
                 .map(|(extents, page)| (extents, page, false)),
             None,
+            None,
         )
     }
 
@@ -142,11 +143,16 @@ impl ExtentMap {
     /// the extents when the page is read. An absent chunk given with
     /// `true` starts a new segment: where an index page's run starts, so
     /// that a base finds the run again while nothing in it changes.
+    /// With `listed` (the page list of the table the pages come from), a
+    /// cold segment of absent chunks refers to the run of that list
+    /// holding its pages instead of copying them.
     pub fn from_runs_lazy(
         block_size: u32,
         pages: impl IntoIterator<Item = (Vec<Extent>, Option<PageRef>, bool)>,
         source: Option<Arc<PageSource>>,
+        listed: Option<&crate::codec::PageList>,
     ) -> Result<Self, String> {
+        let mut listed = listed.map(|l| l.cursor());
         if block_size == 0 {
             return Err("extent map: block size is 0".to_string());
         }
@@ -178,7 +184,19 @@ impl ExtentMap {
                 // chunk must start past it.
                 (i, prev_end) = (i + n, page.first_key + 1);
                 m.allocated += page.allocated;
-                m.map.push_absent(page, source.clone(), limit, starts_run);
+                let at = listed.as_mut().and_then(|cursor| {
+                    while cursor.peek().is_some_and(|p| p.first_key < page.first_key) {
+                        cursor.advance();
+                    }
+                    // Runs of at most a segment only (index pages'): a
+                    // file's one run shared by many segments would keep
+                    // every page of the file after a base replaced it.
+                    cursor
+                        .position()
+                        .filter(|&(run, i)| run[i] == page && run.len() <= SEGMENT_MAX)
+                });
+                m.map
+                    .push_absent(page, source.clone(), limit, starts_run, at);
                 continue;
             }
             if extents.is_empty() || (page.is_some() && extents.len() > CHUNK_MAX) {

@@ -8,7 +8,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use crate::codec::{self, IndexRef, IndexTable, PageRef, PageTable};
+use crate::codec::{self, IndexRef, IndexTable, PageCursor, PageList, PageRef, PageRun, PageTable};
 use crate::error::{Error, Result};
 use crate::extent_map::{ChunkPage, PageLoader, PageSource};
 use crate::state::MetaState;
@@ -28,9 +28,9 @@ pub struct PagePlan {
     /// length)`.
     pub written: Vec<(u64, u64)>,
     /// The new pages to record in their chunks: `(file index in table,
-    /// chunk index, page index in the file's list)`, in order. A chunk
-    /// written as several one-block pages records none.
-    new: Vec<(usize, usize, usize)>,
+    /// chunk index, page)`, in order. A chunk written as several
+    /// one-block pages records none.
+    new: Vec<(usize, usize, PageRef)>,
 }
 
 /// Plans the pages of `state`'s extent maps: a page for each chunk of a
@@ -115,7 +115,7 @@ pub fn plan_pages(
                             plan.written.push((addr, bytes.len() as u64));
                             batch.push(addr, bytes, &mut write)?;
                             if named.is_none() {
-                                plan.new.push((plan.table.len(), index, list.len()));
+                                plan.new.push((plan.table.len(), index, page));
                             }
                             list.push(page);
                         }
@@ -139,9 +139,13 @@ pub fn plan_pages(
                 }
             }
         }
-        if let Some(listed_index) = index {
+        let Some(listed_index) = index else {
+            plan.table.push((ino, PageList::from(list)));
+            continue;
+        };
+        {
             let mut file_index = listed_index.of_file(ino);
-            let runs: Vec<(&[PageRef], Option<IndexRef>)> =
+            let runs: Vec<(&[PageRef], Option<ListedRun>)> =
                 index_runs(&list, &segments, run_max_pages(block_size))
                     .into_iter()
                     .map(|run| (run, file_index.find(run)))
@@ -152,10 +156,16 @@ pub fn plan_pages(
             ahead += new_runs * block_size;
             let mut copies_ahead = new_runs * block_size;
             let mut refs = Vec::with_capacity(runs.len());
+            let mut shared = Vec::with_capacity(runs.len());
             for (run, kept) in runs {
                 let iref = match kept {
-                    Some(kept) => kept,
+                    Some((kept, listed)) => {
+                        // The slot's allocation of the same references.
+                        shared.push(listed.clone());
+                        kept
+                    }
                     None => {
+                        shared.push(PageRun::from(run));
                         let first = place(block_size, ahead, Placed::Page);
                         ahead = ahead.saturating_sub(block_size);
                         let first = first?;
@@ -175,12 +185,16 @@ pub fn plan_pages(
                 refs.push(iref);
             }
             plan.index.push((ino, refs));
+            plan.table.push((ino, PageList::from_runs(shared)));
         }
-        plan.table.push((ino, list));
     }
     batch.write_out(&mut write)?;
     Ok(plan)
 }
+
+/// An index page a slot's base lists, and that slot's run of its page
+/// references (to share, not copy).
+type ListedRun<'a> = (IndexRef, &'a PageRun);
 
 /// What [`plan_pages`] places bytes for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -323,8 +337,11 @@ impl<'a> ListedPages<'a> {
         // is what a root's decoder and encoder check.
         debug_assert!(tables.iter().all(|t| {
             t.windows(2).all(|w| w[0].0 < w[1].0)
-                && t.iter()
-                    .all(|(_, l)| l.windows(2).all(|w| w[0].first_key < w[1].first_key))
+                && t.iter().all(|(_, l)| {
+                    l.iter()
+                        .zip(l.iter().skip(1))
+                        .all(|(a, b)| a.first_key < b.first_key)
+                })
         }));
         ListedPages { tables }
     }
@@ -342,7 +359,7 @@ impl<'a> ListedPages<'a> {
                 .iter()
                 .filter_map(|table| {
                     let at = table.binary_search_by_key(&ino, |&(i, _)| i).ok()?;
-                    Some((table[at].1.as_slice(), 0))
+                    Some(table[at].1.cursor())
                 })
                 .collect(),
         }
@@ -406,10 +423,9 @@ impl<'a> ListedIndex<'a> {
                     let at = index.binary_search_by_key(&ino, |&(i, _)| i).ok()?;
                     let p = pages.binary_search_by_key(&ino, |&(i, _)| i).ok()?;
                     Some(IndexCursor {
-                        pages: &pages[p].1,
+                        pages: pages[p].1.cursor(),
                         index: &index[at].1,
                         at: 0,
-                        offset: 0,
                     })
                 })
                 .collect(),
@@ -424,35 +440,39 @@ struct FileIndex<'a> {
 }
 
 struct IndexCursor<'a> {
-    pages: &'a [PageRef],
+    /// At the first page of index page `at`.
+    pages: PageCursor<'a>,
     index: &'a [IndexRef],
-    /// The next index page, and where its pages start in `pages`.
+    /// The next index page.
     at: usize,
-    offset: usize,
 }
 
-impl FileIndex<'_> {
-    /// A listed index page that lists exactly `run`. Asked in rising key
-    /// order; out of order it may miss one (which is then written again:
-    /// a cost, never a loss).
-    fn find(&mut self, run: &[PageRef]) -> Option<IndexRef> {
+impl<'a> FileIndex<'a> {
+    /// A listed index page that lists exactly `run`, with the slot's run
+    /// of the same references (its table's allocation, to share). Asked
+    /// in rising key order; out of order it may miss one (which is then
+    /// written again: a cost, never a loss).
+    fn find(&mut self, run: &[PageRef]) -> Option<ListedRun<'a>> {
         let first = run.first()?.first_key;
         for list in &mut self.lists {
             while let Some(r) = list.index.get(list.at).filter(|r| r.first_key < first) {
-                list.offset += r.pages as usize;
+                list.pages.skip(r.pages as usize);
                 list.at += 1;
             }
             let Some(r) = list.index.get(list.at) else {
                 continue;
             };
+            // A table read from index pages, or planned, has one run per
+            // index page.
+            let listed = list.pages.run_here().filter(|l| ***l == *run);
             let same = r.first_key == first
                 && r.pages as usize == run.len()
-                && list.pages.get(list.offset..list.offset + run.len()) == Some(run)
+                && listed.is_some()
                 && !self
                     .rewrite
                     .is_some_and(|rewrite| rewrite.contains(&r.addr));
-            if same {
-                return Some(*r);
+            if let (true, Some(listed)) = (same, listed) {
+                return Some((*r, listed));
             }
         }
         None
@@ -482,7 +502,7 @@ pub(crate) fn listed_index_addrs(tables: &[Arc<IndexTable>]) -> BTreeSet<u64> {
 
 /// One file's page lists in [`ListedPages`], each with a cursor.
 pub struct FileListed<'a> {
-    lists: Vec<(&'a [PageRef], usize)>,
+    lists: Vec<PageCursor<'a>>,
 }
 
 impl FileListed<'_> {
@@ -492,13 +512,13 @@ impl FileListed<'_> {
     /// never yes for one not listed.
     pub fn contains(&mut self, page: &PageRef) -> bool {
         let mut found = false;
-        for (list, at) in &mut self.lists {
+        for list in &mut self.lists {
             // Step by step, not by halves: the next chunk's page is most
             // often the next one listed, and a cursor only moves forward.
-            while list.get(*at).is_some_and(|p| p.first_key < page.first_key) {
-                *at += 1;
+            while list.peek().is_some_and(|p| p.first_key < page.first_key) {
+                list.advance();
             }
-            found |= list.get(*at) == Some(page);
+            found |= list.peek() == Some(page);
         }
         found
     }
@@ -518,7 +538,7 @@ impl PagePlan {
     ) -> Result<()> {
         let mut new = self.new.iter().peekable();
         while let Some(&&(file, _, _)) = new.peek() {
-            let (ino, list) = &self.table[file];
+            let ino = &self.table[file].0;
             let inode = state.inodes.get(ino).ok_or_else(|| {
                 Error::invalid("recording extent pages", format!("inode {ino} is gone"))
             })?;
@@ -531,7 +551,7 @@ impl PagePlan {
             for (i, chunk) in inode.extents.chunk_pages().enumerate() {
                 if let Some(&(_, _, page)) = new.next_if(|&&(f, c, _)| f == file && c == i) {
                     chunk
-                        .record_written(list[page], source.as_ref())
+                        .record_written(page, source.as_ref())
                         .map_err(|other| {
                             Error::invalid(
                                 "recording extent pages",
@@ -617,13 +637,17 @@ pub struct AfterBase {
     pub shared_bytes: u64,
 }
 
-/// Page references both slots' tables hold (a page both list counts
-/// twice: each table keeps its own).
+/// Page references both slots' tables hold in memory: each run once, as
+/// the tables share the runs of the index pages both list (a page both
+/// list in runs of their own counts twice).
 pub(crate) fn listed_pages(tables: &[Arc<PageTable>]) -> u64 {
+    let mut seen = std::collections::HashSet::new();
     tables
         .iter()
         .flat_map(|t| t.iter())
-        .map(|(_, pages)| pages.len() as u64)
+        .flat_map(|(_, pages)| pages.runs())
+        .filter(|run| seen.insert(Arc::as_ptr(run) as *const PageRef))
+        .map(|run| run.len() as u64)
         .sum()
 }
 pub fn after_base(
@@ -804,7 +828,7 @@ mod tests {
             }
             for (table, list) in tables.iter_mut().zip(lists) {
                 if !list.is_empty() || rng.gen_bool(0.2) {
-                    table.push((ino, list));
+                    table.push((ino, list.into()));
                 }
             }
         }

@@ -88,6 +88,9 @@ fn reached(chunks: &[PageChunk], spans: &[KeySpan]) -> Vec<Range<usize>> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PagedMaps {
     files: Vec<(Ino, Vec<PageChunk>)>,
+    /// The page table the absent chunks come from, whose runs the maps
+    /// built from them share ([`PagedMaps::share_lists`]).
+    lists: codec::PageTable,
 }
 
 /// How a delta changes one paged file's chunks, planned (and checked)
@@ -110,6 +113,17 @@ impl PagedMaps {
         }
         self.files.push((ino, chunks));
         Ok(())
+    }
+
+    /// Keeps `table` (the one the absent chunks come from) for the maps
+    /// to share its runs ([`PagedMaps::take_lists`]).
+    pub fn share_lists(&mut self, table: &codec::PageTable) {
+        self.lists = table.clone();
+    }
+
+    /// The table [`PagedMaps::share_lists`] kept.
+    pub fn take_lists(&mut self) -> codec::PageTable {
+        std::mem::take(&mut self.lists)
     }
 
     fn position(&self, ino: Ino) -> Option<usize> {

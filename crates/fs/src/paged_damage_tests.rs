@@ -124,7 +124,7 @@ fn a_file_shrunk_below_the_inline_bound_keeps_its_damaged_page() {
     let pages = newest.pages[newest.slot]
         .iter()
         .find(|(i, _)| *i == ino)
-        .map(|(_, list)| list.clone())
+        .map(|(_, list)| list.iter().copied().collect::<Vec<_>>())
         .expect("/big is paged");
     assert!(pages.len() >= 4, "{} pages", pages.len());
     let damaged = pages[0];

@@ -273,6 +273,8 @@ impl MetaState {
         loader: Option<Arc<dyn crate::extent_map::PageLoader>>,
     ) -> Result<MetaState, ApplyError> {
         let mut inodes = InodeTable::default();
+        let mut paged = paged;
+        let lists = paged.take_lists();
         let mut paged = paged.into_files().peekable();
         for img in &image.inodes {
             if let Some((ino, _)) = paged.next_if(|&(ino, _)| ino < img.ino) {
@@ -303,6 +305,10 @@ impl MetaState {
                             loader,
                         })
                     }),
+                    lists
+                        .binary_search_by_key(&img.ino, |&(ino, _)| ino)
+                        .ok()
+                        .map(|at| &lists[at].1),
                 ),
             }
             .map_err(|e| format!("inode {}: {e}", img.ino))?;

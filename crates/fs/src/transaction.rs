@@ -1642,6 +1642,64 @@ mod tests {
         assert_fsck_clean(&dev);
     }
 
+    /// Page references are held once: both slots' tables share the run
+    /// of each index page both list (read once at mount, listed again by
+    /// a base), and the cold segments mount builds share the newest
+    /// table's runs.
+    #[test]
+    fn both_slots_and_the_maps_share_each_index_pages_run() {
+        let dev = Arc::new(MemDevice::new(64 << 20, 512));
+        let vol = paged_volume_with(&dev, true);
+        let f = create_file(&vol, "/f");
+        for k in 0..1200 {
+            f.fallocate(4 * k * 4096, 4096, false).unwrap();
+        }
+        f.fsync().unwrap();
+        let ino = vol.stat("/f").unwrap().ino;
+        drop(f);
+        vol.unmount().unwrap();
+        // A second base over the same pages (a clean unmount writes
+        // one): both slots list the same index pages.
+        Volume::open(dev.clone()).unwrap().unmount().unwrap();
+        let vol = Volume::open(dev.clone()).unwrap();
+        vol.wait_free_space().unwrap();
+        let runs_of = |vol: &Volume, slot: usize| -> Vec<crate::codec::PageRun> {
+            let commit = vol.inner.commit.lock();
+            let table = &commit.pages[slot];
+            let at = table.binary_search_by_key(&ino, |&(i, _)| i).unwrap();
+            table[at].1.runs().to_vec()
+        };
+        let (a, b) = (runs_of(&vol, 0), runs_of(&vol, 1));
+        assert!(a.len() >= 10, "{} runs", a.len());
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().zip(&b) {
+            assert!(Arc::ptr_eq(x, y), "both slots list it: one allocation");
+            // `a` and `b` here, the tables' own (the same run twice) and
+            // the cold segment's.
+            assert!(Arc::strong_count(x) >= 5, "{}", Arc::strong_count(x));
+        }
+        let pages: usize = a.iter().map(|r| r.len()).sum();
+        let listed = crate::extent_pages::listed_pages(&vol.inner.commit.lock().pages);
+        assert_eq!(listed, pages as u64, "each run counted once");
+        drop((a, b));
+
+        // A base after one change shares every run but the changed one
+        // with the other slot's table.
+        let f = vol.open_file("/f", OpenFlags::default()).unwrap();
+        f.punch_hole(4 * 900 * 4096, 4096).unwrap();
+        f.fsync().unwrap();
+        drop(f);
+        let slot = checkpoint_a_base(&vol, "d");
+        let (new, other) = (runs_of(&vol, slot), runs_of(&vol, 1 - slot));
+        let shared = new
+            .iter()
+            .filter(|r| other.iter().any(|o| Arc::ptr_eq(r, o)))
+            .count();
+        assert_eq!(shared, new.len() - 1, "of {} runs", new.len());
+        vol.unmount().unwrap();
+        assert_fsck_clean(&dev);
+    }
+
     /// Files of a few extents stay inline in the root: a volume of many
     /// spends no page blocks (metadata bytes 0), before and after a
     /// remount. A file that grows past the bound is paged at the next

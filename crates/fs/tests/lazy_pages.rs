@@ -85,7 +85,7 @@ fn pages_of_big(dev: &Arc<MemDevice>, ino: u64) -> Vec<iomapfs_fs::codec::PageRe
     newest.pages[newest.slot]
         .iter()
         .find(|(i, _)| *i == ino)
-        .map(|(_, list)| list.clone())
+        .map(|(_, list)| list.iter().copied().collect())
         .expect("/big is paged")
 }
 

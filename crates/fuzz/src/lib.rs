@@ -504,7 +504,11 @@ fn page_seeds(
         input.extend_from_slice(page.map_or(&[][..], |p| &p[..]));
         input
     };
-    let root = encode_root_after(0, image.next_ino, &heads, &table, bs).expect("root");
+    let listed: iomapfs_fs::codec::PageTable = table
+        .iter()
+        .map(|(ino, list)| (*ino, list.clone().into()))
+        .collect();
+    let root = encode_root_after(0, image.next_ino, &heads, &listed, bs).expect("root");
     let indexed =
         encode_indexed_root_after(0, image.next_ino, &heads, &index, bs).expect("indexed root");
     vec![

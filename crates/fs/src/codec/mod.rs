@@ -16,7 +16,7 @@
 //! strings, names, counts, enum codes), `record` the journal records and
 //! `image` the checkpoint's metadata image, `delta` a delta
 //! checkpoint's changes to it, `page` the extent pages a checkpoint
-//! root refers to, `index` the index pages that list those pages in a
+//! root refers to, `page_list` a file's references to them in shared runs, `index` the index pages that list those pages in a
 //! root's indexed form, and `root` that root (either form). This module
 //! only gathers them.
 //!
@@ -27,6 +27,7 @@ mod delta;
 mod image;
 mod index;
 mod page;
+mod page_list;
 /// Extents for tests of code that stores them (as the page tests build them).
 #[cfg(test)]
 pub(crate) use page::tests::extents as test_extents;
@@ -54,6 +55,7 @@ pub use page::{
     page_lost, PageArea, PageRef, PAGE_HEADER_LEN, PAGE_MAGIC, PAGE_MAX_EXTENTS,
     PAGE_REF_ENCODED_LEN,
 };
+pub use page_list::{PageCursor, PageList, PageRun};
 pub use primitive::{
     check_attrs, check_mode, check_name, check_symlink_target, check_xattr_name, Decoder, Encoder,
     Measure, Sink, ATTRS_ENCODED_LEN,

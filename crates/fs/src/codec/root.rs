@@ -39,6 +39,7 @@ use super::page::{
     check_page_refs, decode_page_ref, encode_page_ref, PageArea, PageRef, PAGE_HEADER_LEN,
     PAGE_REF_ENCODED_LEN,
 };
+use super::page_list::PageList;
 use super::primitive::{Decoder, Encoder};
 use crate::error::{Error, Result};
 use crate::types::{FileKind, Ino, InodeImage, MetaImage};
@@ -109,7 +110,7 @@ impl TableRef for IndexRef {
 }
 
 /// Per file with extents, sorted by inode number: its pages in key order.
-pub type PageTable = Vec<(Ino, Vec<PageRef>)>;
+pub type PageTable = Vec<(Ino, PageList)>;
 
 /// A decoded root.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,10 +139,16 @@ pub fn encode_root_after(
     room: usize,
     next_ino: Ino,
     inodes: &[&InodeImage],
-    pages: &[(Ino, Vec<PageRef>)],
+    pages: &PageTable,
     block_size: u64,
 ) -> Result<Vec<u8>> {
-    encode_table_root_after(room, next_ino, inodes, pages, block_size)
+    // This form lists every page in the root anyway: a flat copy of the
+    // references costs no more than the root's own bytes.
+    let flat: Table<PageRef> = pages
+        .iter()
+        .map(|(ino, list)| (*ino, list.iter().copied().collect()))
+        .collect();
+    encode_table_root_after(room, next_ino, inodes, &flat, block_size)
 }
 
 /// As [`encode_root_after`], in the indexed form: per paged file its
@@ -253,7 +260,11 @@ fn check_table<R: TableRef>(
 /// `base`): the image, then the page table, checked (including that every
 /// page lies in `area`) before any page is read.
 pub fn decode_root_at(bytes: &[u8], base: u64, what: &'static str, area: PageArea) -> Result<Root> {
-    let (image, pages) = decode_table_root_at(bytes, base, what, area)?;
+    let (image, pages) = decode_table_root_at::<PageRef>(bytes, base, what, area)?;
+    let pages = pages
+        .into_iter()
+        .map(|(ino, list)| (ino, PageList::from(list)))
+        .collect();
     Ok(Root { image, pages })
 }
 
@@ -352,7 +363,7 @@ mod tests {
     /// with extents keeps them inline, the others' are in pages of up to
     /// three, placed one after another in `AREA`. Returns the image the
     /// root holds (no extents for paged files).
-    fn image_and_root() -> (MetaImage, Vec<u8>, PageTable) {
+    fn image_and_root() -> (MetaImage, Vec<u8>, Table<PageRef>) {
         let mut rng = SmallRng::seed_from_u64(31);
         let mut image = random_image(&mut rng, 40);
         let mut addr = AREA.start;
@@ -375,8 +386,17 @@ mod tests {
         }
         assert!(pages.len() >= 2 && inline >= 4, "both forms");
         let heads: Vec<&InodeImage> = image.inodes.iter().collect();
-        let root = encode_root_after(52, image.next_ino, &heads, &pages, AREA.block_size).unwrap();
+        let root = encode_root_after(52, image.next_ino, &heads, &listed(&pages), AREA.block_size)
+            .unwrap();
         (image, root, pages)
+    }
+
+    /// `table` as a root's encoder takes it.
+    fn listed(table: &Table<PageRef>) -> PageTable {
+        table
+            .iter()
+            .map(|(ino, list)| (*ino, PageList::from(list.clone())))
+            .collect()
     }
 
     /// The root of [`image_and_root`]'s image in the indexed form: each
@@ -437,10 +457,14 @@ mod tests {
             table: &Table<Self>,
             block_size: u64,
         ) -> Result<Vec<u8>> {
-            encode_root_after(0, next_ino, heads, table, block_size)
+            encode_root_after(0, next_ino, heads, &listed(table), block_size)
         }
         fn decode_root(bytes: &[u8]) -> Result<(MetaImage, Table<Self>)> {
-            decode_root_at(bytes, 0, "root", AREA).map(|r| (r.image, r.pages))
+            decode_root_at(bytes, 0, "root", AREA).map(|r| {
+                let pages = r.pages.iter();
+                let pages = pages.map(|(ino, l)| (*ino, l.iter().copied().collect()));
+                (r.image, pages.collect())
+            })
         }
     }
 
@@ -479,7 +503,13 @@ mod tests {
         round_trip::<PageRef>();
         let (image, root, pages) = image_and_root();
         let got = decode_root_at(&root[52..], 0, "root", AREA).unwrap();
-        assert_eq!(got, Root { image, pages });
+        assert_eq!(
+            got,
+            Root {
+                image,
+                pages: listed(&pages)
+            }
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ use std::sync::{Arc, OnceLock};
 
 use super::page_slots::ExtentStore;
 use super::search::first_key_at_or_after;
-use crate::codec::PageRef;
+use crate::codec::{PageRef, PageRun};
 use crate::error::Result;
 use crate::types::{Extent, Ino};
 
@@ -724,10 +724,82 @@ impl Drop for SegmentBody {
 /// The pages of a cold segment's chunks, in key order.
 #[derive(Debug)]
 struct ColdPages {
-    pages: Vec<PageRef>,
+    pages: ColdList,
     source: Arc<PageSource>,
     /// No extent of the last page may reach past this key.
     limit: u64,
+}
+
+/// A cold segment's page references: part of a run a checkpoint slot's
+/// page table holds (what mount builds: one allocation for both), or a
+/// list of its own.
+#[derive(Clone, Debug)]
+enum ColdList {
+    Shared { run: PageRun, from: u32, len: u32 },
+    Own(Vec<PageRef>),
+}
+
+impl Deref for ColdList {
+    type Target = [PageRef];
+
+    fn deref(&self) -> &[PageRef] {
+        match self {
+            ColdList::Shared { run, from, len } => &run[*from as usize..(*from + *len) as usize],
+            ColdList::Own(pages) => pages,
+        }
+    }
+}
+
+impl ColdList {
+    /// A list of `page`, which is `run[at]` when `at` is given.
+    fn of(page: PageRef, at: Option<(&PageRun, usize)>) -> ColdList {
+        match at {
+            Some((run, at)) => ColdList::Shared {
+                run: run.clone(),
+                from: at as u32,
+                len: 1,
+            },
+            None => ColdList::Own(vec![page]),
+        }
+    }
+
+    /// Adds `page`, the next page of the map (`run[at]` when `at` is
+    /// given): a shared list grows while the pages are its run's next,
+    /// and becomes its own copy otherwise.
+    fn push(&mut self, page: PageRef, at: Option<(&PageRun, usize)>) {
+        if let ColdList::Shared { run, from, len } = self {
+            if at.is_some_and(|(r, at)| Arc::ptr_eq(r, run) && at == (*from + *len) as usize) {
+                *len += 1;
+                return;
+            }
+            *self = ColdList::Own(self.to_vec());
+        }
+        if let ColdList::Own(pages) = self {
+            if pages.capacity() == pages.len() {
+                pages.reserve_exact(SEGMENT_MAX.saturating_sub(pages.len()).max(1));
+            }
+            pages.push(page);
+        }
+    }
+
+    /// Heap bytes it holds that no page table counts: its own list, or a
+    /// shared run nothing else holds any more (the tables replaced it at
+    /// a base while this segment stayed cold).
+    fn own_bytes(&self) -> u64 {
+        let bytes = match self {
+            ColdList::Shared { run, .. } if Arc::strong_count(run) == 1 => run.len(),
+            ColdList::Shared { .. } => 0,
+            ColdList::Own(pages) => pages.capacity(),
+        };
+        (bytes * std::mem::size_of::<PageRef>()) as u64
+    }
+
+    /// Frees what an own list holds past its pages.
+    fn shrink(&mut self) {
+        if let ColdList::Own(pages) = self {
+            pages.shrink_to_fit();
+        }
+    }
 }
 
 impl ColdPages {
@@ -799,7 +871,7 @@ impl Segment {
         }
     }
 
-    fn cold(pages: Vec<PageRef>, source: Arc<PageSource>, limit: u64) -> Self {
+    fn cold(pages: ColdList, source: Arc<PageSource>, limit: u64) -> Self {
         Segment {
             first: pages[0].first_key,
             body: Arc::new(SegmentBody::with(
@@ -848,12 +920,7 @@ impl Segment {
         let own = std::mem::size_of::<Segment>()
             + std::mem::size_of::<SegmentBody>()
             + 2 * std::mem::size_of::<usize>();
-        let cold = self
-            .body
-            .cold
-            .as_ref()
-            .map_or(0, |c| c.pages.capacity() * std::mem::size_of::<PageRef>())
-            as u64;
+        let cold = self.body.cold.as_ref().map_or(0, |c| c.pages.own_bytes());
         let open = match (self.body.chunks.get(), self.body.charged.get()) {
             (Some(chunks), None) => chunks.len() as u64 * CHUNK_SHELL_BYTES,
             _ => 0,
@@ -1250,7 +1317,7 @@ impl Chunks {
             .iter()
             .filter_map(|ch| ch.extents.page())
             .collect();
-        *seg = Segment::cold(pages, source.clone(), limit);
+        *seg = Segment::cold(ColdList::Own(pages), source.clone(), limit);
     }
 
     /// Passes every extent to `f` in order, reading the page of each
@@ -1475,8 +1542,10 @@ impl Chunks {
         source: Arc<PageSource>,
         limit: u64,
         new_segment: bool,
+        at: Option<(&PageRun, usize)>,
     ) {
         debug_assert!(page.count >= 1 && page.count as usize <= CHUNK_MAX);
+        debug_assert!(at.is_none_or(|(run, at)| run.get(at) == Some(&page)));
         self.len += page.count as usize;
         self.chunks += 1;
         let segments = Arc::make_mut(&mut self.segments);
@@ -1488,14 +1557,18 @@ impl Chunks {
             .and_then(|b| b.cold.as_mut())
             .filter(|c| c.pages.len() < SEGMENT_MAX && Arc::ptr_eq(&c.source, &source))
         {
-            if cold.pages.capacity() == cold.pages.len() {
-                cold.pages.reserve_exact(SEGMENT_MAX - cold.pages.len());
-            }
-            cold.pages.push(page);
+            cold.pages.push(page, at);
             cold.limit = limit;
             return;
         }
-        segments.push(Segment::cold(vec![page], source, limit));
+        if let Some(cold) = segments
+            .last_mut()
+            .and_then(|s| Arc::get_mut(&mut s.body))
+            .and_then(|b| b.cold.as_mut())
+        {
+            cold.pages.shrink();
+        }
+        segments.push(Segment::cold(ColdList::of(page, at), source, limit));
     }
 
     /// The chunks in order, with their pages; a cold segment's are known
@@ -2036,7 +2109,7 @@ pub(super) mod testing {
                     }
                 };
                 let limit = chunks.get(i + 1).map_or(u64::MAX, |c| c.first);
-                rebuilt.push_absent(page, source.clone(), limit, false);
+                rebuilt.push_absent(page, source.clone(), limit, false, None);
             }
             *self = rebuilt;
         }
