@@ -252,7 +252,8 @@ impl ExtentMap {
 
     /// Memory the map takes beside its loaded chunks' extents: a shell
     /// per chunk of an open segment, a page reference per chunk of a cold
-    /// one (see `Chunks::shell_bytes`). What the page loader counts
+    /// one that keeps its own list (one sharing a slot's run leaves it to
+    /// the slots' count; see `Chunks::shell_bytes`). What the page loader counts
     /// against the budget for a paged map.
     pub fn shell_bytes(&self) -> u64 {
         self.map.shell_bytes()

@@ -209,7 +209,7 @@ impl<'a> FileRuns<'a> {
         self.listed.is_some()
     }
 
-    /// Cuts `group` (pages that close a group of [`index_runs`], or the
+    /// Cuts `group` (pages that close a group of `index_runs`, or the
     /// file's last) into runs of at most `max`.
     fn cut(&mut self, group: &[PageRef], max: usize) {
         let Some(listed) = &mut self.listed else {
@@ -313,13 +313,13 @@ fn index_runs<'p>(pages: &'p [PageRef], segments: &[usize], max: usize) -> Vec<&
 }
 
 /// Whether `pending` pages since the last cut, at a segment's end, are
-/// cut into runs ([`index_runs`]): at least half of `max`.
+/// cut into runs (`index_runs`): at least half of `max`.
 fn closes_group(pending: usize, max: usize) -> bool {
     2 * pending >= max.max(1)
 }
 
 /// `group` split evenly into as few runs of at most `max` pages as hold
-/// them ([`index_runs`]).
+/// them (`index_runs`).
 fn even_runs(group: &[PageRef], max: usize) -> impl Iterator<Item = &[PageRef]> {
     let n = group.len();
     let parts = n.div_ceil(max.max(1));
@@ -327,7 +327,7 @@ fn even_runs(group: &[PageRef], max: usize) -> impl Iterator<Item = &[PageRef]> 
 }
 
 /// Most index pages `files` files of `pages` pages in all take
-/// ([`index_runs`]: a file's last run may be short, the others hold at
+/// (`index_runs`: a file's last run may be short, the others hold at
 /// least half of [`run_max_pages`]).
 pub fn index_pages_at_most(pages: u64, files: u64, block_size: u64) -> u64 {
     (2 * pages).div_ceil(run_max_pages(block_size) as u64) + files
@@ -1357,7 +1357,7 @@ mod tests {
         assert_eq!(planned3.0.index, plan2.index);
     }
 
-    /// [`index_runs`] over random segment sizes: every page once and in
+    /// `index_runs` over random segment sizes: every page once and in
     /// order; runs of at most `max`, every one but the last at least half
     /// of it; no more than [`index_pages_at_most`]; and growing one
     /// segment changes only the runs holding its pages or the pages of

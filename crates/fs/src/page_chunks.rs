@@ -84,8 +84,9 @@ fn reached(chunks: &[PageChunk], spans: &[KeySpan]) -> Vec<Range<usize>> {
 }
 
 /// Per file a checkpoint's base keeps in pages, sorted by inode number:
-/// its chunks in key order, sorted and disjoint across chunks.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// its chunks in key order, sorted and disjoint across chunks. Equal when
+/// the files' chunks are (whatever table they share runs of).
+#[derive(Clone, Debug, Default)]
 pub struct PagedMaps {
     files: Vec<(Ino, Vec<PageChunk>)>,
     /// The page table the absent chunks come from, whose runs the maps
@@ -103,6 +104,14 @@ pub struct ChunkMerge {
     /// Extents the file has after the merge.
     pub merged_len: usize,
 }
+
+impl PartialEq for PagedMaps {
+    fn eq(&self, other: &PagedMaps) -> bool {
+        self.files == other.files
+    }
+}
+
+impl Eq for PagedMaps {}
 
 impl PagedMaps {
     /// Adds `ino`'s chunks; `ino` must be above every file added so far

@@ -190,10 +190,11 @@ impl DevicePages {
     }
 
     /// The shells' memory: the paged maps' own (a page reference per
-    /// chunk of a cold segment, a 72-byte entry per chunk of an
-    /// open one: an absent chunk is nothing more, a loaded one adds its
-    /// extents, charged apart), and a page reference per page each slot
-    /// lists.
+    /// chunk of a cold segment with a list of its own, a 72-byte entry
+    /// per chunk of an open one: an absent chunk is nothing more, a loaded
+    /// one adds its extents, charged apart), and a page reference per page
+    /// the slots list (each run once: both slots and the cold segments
+    /// mount builds share them).
     fn shell_bytes(&self) -> u64 {
         let maps = self
             .map_shell_bytes

@@ -751,9 +751,11 @@ impl Deref for ColdList {
 }
 
 impl ColdList {
-    /// A list of `page`, which is `run[at]` when `at` is given.
+    /// A list of `page`, which is `run[at]` when `at` is given: shared
+    /// from a run's start only, so that no two segments share a run (each
+    /// counts it once nothing else holds it, [`ColdList::own_bytes`]).
     fn of(page: PageRef, at: Option<(&PageRun, usize)>) -> ColdList {
-        match at {
+        match at.filter(|&(_, at)| at == 0) {
             Some((run, at)) => ColdList::Shared {
                 run: run.clone(),
                 from: at as u32,
@@ -784,7 +786,9 @@ impl ColdList {
 
     /// Heap bytes it holds that no page table counts: its own list, or a
     /// shared run nothing else holds any more (the tables replaced it at
-    /// a base while this segment stayed cold).
+    /// a base while this segment stayed cold: a base counts the shells
+    /// before its replaced table goes, so such a run counts from the
+    /// checkpoint thread's next look on).
     fn own_bytes(&self) -> u64 {
         let bytes = match self {
             ColdList::Shared { run, .. } if Arc::strong_count(run) == 1 => run.len(),
@@ -1010,7 +1014,9 @@ impl Chunks {
 
     /// Memory the map takes beside its loaded chunks' extents: a shell
     /// per chunk of an open segment ([`CHUNK_SHELL_BYTES`]), a page
-    /// reference per chunk of a cold one, and each segment's own; not the
+    /// reference per chunk of a cold one with a list of its own (a run it
+    /// shares with a slot's table counts there, or here once no table
+    /// holds it: [`ColdList::own_bytes`]), and each segment's own; not the
     /// shells of segments a lookup opened from cold, which are charged
     /// to the loader as loaded extents are (see `SegmentBody::charged`).
     pub(super) fn shell_bytes(&self) -> u64 {
