@@ -229,17 +229,13 @@ impl VolumeInner {
                         });
                         let before = freed;
                         let max = CHUNKS_PER_CLOCK_READ;
-                        let (next, evicted) = inode.extents.evict(
+                        let (next, seen, evicted) = inode.extents.evict(
                             chunk,
                             max,
                             &source,
                             |first, limit| spans.meet(first, limit),
                             |f| done(before + f),
                         );
-                        // The hand may be past a map that shrank since.
-                        let seen = next
-                            .unwrap_or(inode.extents.chunk_count())
-                            .saturating_sub(chunk);
                         looked += seen.max(1);
                         freed += evicted_bytes(&evicted);
                         dropped.push(evicted);

@@ -280,20 +280,20 @@ impl ExtentMap {
         self.map.segment_count()
     }
 
-    /// One step of the evictor over chunks `from..` (at most `max`): see
-    /// `Chunks::evict`. Clean chunks not looked up since the last sweep
+    /// One step of the evictor over the chunks from key `from` on (at most
+    /// `max`): see `Chunks::evict`. Clean chunks not looked up since the last sweep
     /// become absent, read again from their page (through `source` if
     /// they name none) by the next entry point that needs them; `enough`
     /// is asked with the bytes freed so far. The extents stay the same, so
     /// nothing else of the map changes.
     pub fn evict(
         &mut self,
-        from: usize,
+        from: u64,
         max: usize,
         source: &Arc<PageSource>,
         keep: impl Fn(u64, u64) -> bool,
         enough: impl FnMut(u64) -> bool,
-    ) -> (Option<usize>, Vec<Evicted>) {
+    ) -> (Option<u64>, usize, Vec<Evicted>) {
         self.map.evict(from, max, source, keep, enough)
     }
 

@@ -250,9 +250,11 @@ pub struct VolumeInner {
     /// (see [`crate::free_space`]): what allocating calls wait on,
     /// without the metadata lock.
     pub(crate) free_space_gate: FreeSpaceGate,
-    /// Where the evictor of extent chunks goes on from: an inode and a
-    /// chunk index in its map (see [`crate::extent_cache`]).
-    pub(crate) evict_hand: Mutex<(Ino, usize)>,
+    /// Where the evictor of extent chunks goes on from: an inode and the
+    /// first key of a chunk in its map (see [`crate::extent_cache`]): a key
+    /// stays meaningful while the map changes between the sweep's holds,
+    /// and finds its chunk by halves.
+    pub(crate) evict_hand: Mutex<(Ino, u64)>,
     /// The longest holds of `meta` by checkpoints and the evictor.
     pub(crate) lock_holds: crate::lock_holds::LockHolds,
 }
