@@ -2403,6 +2403,47 @@ mod tests {
         written
     }
 
+    /// The evictor's hand is a key: a step starts at the first chunk whose
+    /// first key is at least it, in whichever segment (cold or open), and
+    /// says where the next chunk starts; past the last chunk, `None`.
+    #[test]
+    fn an_eviction_step_starts_at_the_chunk_its_key_names() {
+        use testing::PageStore;
+        let store = Arc::new(PageStore::default());
+        let mut live = Chunks::default();
+        // 12 chunks in several segments (4 at most each in unit builds).
+        for k in 0..(12 * CHUNK_MAX as u64) {
+            live.push(ext(2 * k));
+        }
+        live.write_and_unload(&store);
+        let source = Arc::new(PageSource {
+            ino: 1,
+            loader: store.clone(),
+        });
+        assert!(live.segment_count() >= 3, "{}", live.segment_count());
+        let firsts: Vec<u64> = live.all_chunks().map(|c| c.first).collect();
+        for (k, &first) in firsts.iter().enumerate() {
+            live.load_all().unwrap();
+            let loaded_before: Vec<bool> = live.all_chunks().map(Chunk::is_loaded).collect();
+            assert!(loaded_before.iter().all(|&l| l));
+            // From its first key, and from a key inside the chunk before.
+            let from = if k > 0 && k % 2 == 1 {
+                firsts[k - 1] + 1
+            } else {
+                first
+            };
+            let (next, looked, evicted) = live.evict(from, 1, &source, |_, _| false, |_| false);
+            assert_eq!(looked, 1, "chunk {k}");
+            assert_eq!(next, firsts.get(k + 1).copied(), "chunk {k}");
+            assert_eq!(evicted.len(), 1, "chunk {k}");
+            assert_eq!(evicted[0].first, first, "chunk {k}");
+        }
+        // Past the last chunk's first key: nothing to look at.
+        let (next, looked, evicted) =
+            live.evict(firsts[11] + 1, 4, &source, |_, _| false, |_| false);
+        assert_eq!((next, looked, evicted.len()), (None, 0, 0));
+    }
+
     /// The evictor's clock: a chunk looked up since the last sweep is
     /// passed over once (its bit cleared), a changed chunk (no page) never
     /// goes, the others become absent and read back the same from their
