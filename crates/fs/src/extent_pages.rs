@@ -556,7 +556,7 @@ impl<'a> FileIndex<'a> {
             };
             // A table read from index pages, or planned, has one run per
             // index page.
-            let listed = list.pages.run_here().filter(|l| ***l == *run);
+            let listed = list.pages.run_here().filter(|l| l[..] == *run);
             let same = r.first_key == first
                 && r.pages as usize == run.len()
                 && listed.is_some()

@@ -2403,16 +2403,13 @@ mod tests {
         written
     }
 
-    /// The evictor's hand is a key: a step starts at the first chunk whose
-    /// first key is at least it, in whichever segment (cold or open), and
-    /// says where the next chunk starts; past the last chunk, `None`.
-    #[test]
-    fn an_eviction_step_starts_at_the_chunk_its_key_names() {
-        use testing::PageStore;
-        let store = Arc::new(PageStore::default());
+    /// `chunks` full chunks of one-block extents at every other block,
+    /// written to pages of a store and unloaded, with the source that
+    /// reads them back.
+    fn paged_chunks(chunks: u64) -> (Chunks, Arc<testing::PageStore>, Arc<PageSource>) {
+        let store = Arc::new(testing::PageStore::default());
         let mut live = Chunks::default();
-        // 12 chunks in several segments (4 at most each in unit builds).
-        for k in 0..(12 * CHUNK_MAX as u64) {
+        for k in 0..(chunks * CHUNK_MAX as u64) {
             live.push(ext(2 * k));
         }
         live.write_and_unload(&store);
@@ -2420,6 +2417,53 @@ mod tests {
             ino: 1,
             loader: store.clone(),
         });
+        (live, store, source)
+    }
+
+    /// A cold list shares a run from the run's first page while the pages
+    /// pushed are that run's next; any other page makes it a list of its
+    /// own with the same pages, and one started inside a run is its own
+    /// from the start.
+    #[test]
+    fn a_cold_list_shares_its_run_from_the_start_and_copies_otherwise() {
+        let page = |k: u64| PageRef {
+            addr: 4096 * k,
+            crc: 0,
+            count: 1,
+            first_key: 10 * k,
+            allocated: 4096,
+        };
+        let run: PageRun = (0..4).map(page).collect::<Vec<_>>().into();
+        let shared = |l: &ColdList| matches!(l, ColdList::Shared { .. });
+        let mut list = ColdList::of(page(0), Some((&run, 0)));
+        list.push(page(1), Some((&run, 1)));
+        assert!(shared(&list));
+        assert_eq!(&*list, &run[..2]);
+        // Not the run's next (index 3 after 1): copied.
+        list.push(page(3), Some((&run, 3)));
+        assert!(!shared(&list));
+        assert_eq!(&*list, &[page(0), page(1), page(3)]);
+        list.push(page(4), None);
+        assert_eq!(list.len(), 4);
+        // Started inside the run: its own.
+        let inside = ColdList::of(page(2), Some((&run, 2)));
+        assert!(!shared(&inside));
+        assert_eq!(&*inside, &[page(2)]);
+        // A shared list counts nothing while the run is held elsewhere,
+        // the whole run once it alone holds it.
+        let list = ColdList::of(page(0), Some((&run, 0)));
+        assert_eq!(list.own_bytes(), 0);
+        drop(run);
+        assert_eq!(list.own_bytes(), 4 * std::mem::size_of::<PageRef>() as u64);
+    }
+
+    /// The evictor's hand is a key: a step starts at the first chunk whose
+    /// first key is at least it, in whichever segment (cold or open), and
+    /// says where the next chunk starts; past the last chunk, `None`.
+    #[test]
+    fn an_eviction_step_starts_at_the_chunk_its_key_names() {
+        // 12 chunks in several segments (4 at most each in unit builds).
+        let (mut live, _store, source) = paged_chunks(12);
         assert!(live.segment_count() >= 3, "{}", live.segment_count());
         let firsts: Vec<u64> = live.all_chunks().map(|c| c.first).collect();
         for (k, &first) in firsts.iter().enumerate() {
@@ -2450,17 +2494,7 @@ mod tests {
     /// pages; a snapshot sharing an evicted chunk drops it too.
     #[test]
     fn the_clock_passes_over_a_touched_chunk_once_and_keeps_changed_ones() {
-        use testing::PageStore;
-        let store = Arc::new(PageStore::default());
-        let mut live = Chunks::default();
-        for k in 0..(6 * CHUNK_MAX as u64) {
-            live.push(ext(2 * k));
-        }
-        live.write_and_unload(&store);
-        let source = Arc::new(PageSource {
-            ino: 1,
-            loader: store.clone(),
-        });
+        let (mut live, store, source) = paged_chunks(6);
         live.load_all().unwrap();
         let want: Vec<Extent> = live.iter().copied().collect();
         // Chunk 1 looked up, chunk 3 changed (it names no page now).
