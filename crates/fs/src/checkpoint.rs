@@ -1190,13 +1190,31 @@ fn read_slot_chunks(
 /// Bytes of the pages `pages` lists: with them a base costs mount (and
 /// a checkpoint that rewrites it) as much as a whole image, which the
 /// delta policy weighs deltas against ([`ChainEnd::base_bytes`]).
+///
+/// A file's index pages keep the sum of their pages' lengths: taken from
+/// them where they list as many pages as the table does for the file (a
+/// table is its index pages' pages, in order, unless an index page was
+/// lost at mount), so a base at 50M extents counts 2k index pages, not
+/// 195k pages.
 pub fn listed_page_bytes(sb: &Superblock, pages: &PageTable, index: &IndexTable) -> u64 {
+    let block_size = sb.block_size();
     let pages: u64 = pages
         .iter()
-        .flat_map(|(_, list)| list.iter())
-        .map(|p| codec::page_len(p.count as usize, sb.block_size()))
+        .map(|(ino, list)| {
+            let refs = index
+                .binary_search_by_key(ino, |&(i, _)| i)
+                .map_or(&[][..], |at| &index[at].1[..]);
+            let indexed: usize = refs.iter().map(|r| r.pages as usize).sum();
+            if !refs.is_empty() && indexed == list.len() {
+                refs.iter().map(|r| r.page_bytes).sum::<u64>()
+            } else {
+                list.iter()
+                    .map(|p| codec::page_len(p.count as usize, block_size))
+                    .sum()
+            }
+        })
         .sum();
-    pages + index_page_count(index) * codec::INDEX_COPIES as u64 * sb.block_size()
+    pages + index_page_count(index) * codec::INDEX_COPIES as u64 * block_size
 }
 
 /// How many index pages `index` lists (two blocks each: their copies).

@@ -56,11 +56,6 @@ use crate::lock_holds::{HoldSite, LOCK_HOLD_STEP};
 use crate::mount_state::VolumeInner;
 use crate::types::{FileKind, Ino};
 
-/// Chunks the sweep looks at between two looks at the clock: a few
-/// microseconds' work (an eviction drops a chunk of up to 16 KiB of
-/// extents, freed after the lock is released).
-const CHUNKS_PER_CLOCK_READ: usize = 8;
-
 /// The sweep stops at the budget less this fraction of it, so that the
 /// loads after it do not ask again at once.
 const MARGIN_DIVISOR: u64 = 8;
@@ -228,13 +223,15 @@ impl VolumeInner {
                             loader: as_loader.clone(),
                         });
                         let before = freed;
-                        let max = CHUNKS_PER_CLOCK_READ;
+                        // The rest of this hold in one step (it asks
+                        // the clock every few chunks).
+                        let max = (2 * chunks + 1).saturating_sub(looked);
                         let (next, seen, evicted) = inode.extents.evict(
                             chunk,
                             max,
                             &source,
                             |first, limit| spans.meet(first, limit),
-                            |f| done(before + f),
+                            |f| done(before + f) || held.elapsed() >= LOCK_HOLD_STEP,
                         );
                         looked += seen.max(1);
                         freed += evicted_bytes(&evicted);

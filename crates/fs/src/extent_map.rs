@@ -245,6 +245,13 @@ impl ExtentMap {
         self.map.load_all()
     }
 
+    /// Extents of the chunks changed since the last base (loaded, naming
+    /// no page): only memory holds them. Kept per segment as they change
+    /// (see `Chunks::unpaged_extents`).
+    pub fn unpaged_extents(&self) -> usize {
+        self.map.unpaged_extents()
+    }
+
     /// Chunks whose extents are in memory (the rest are absent).
     pub fn loaded_chunks(&self) -> usize {
         self.map.loaded_chunks()
@@ -283,18 +290,19 @@ impl ExtentMap {
     /// One step of the evictor over the chunks from key `from` on (at most
     /// `max`): see `Chunks::evict`. Clean chunks not looked up since the last sweep
     /// become absent, read again from their page (through `source` if
-    /// they name none) by the next entry point that needs them; `enough`
-    /// is asked with the bytes freed so far. The extents stay the same, so
-    /// nothing else of the map changes.
+    /// they name none) by the next entry point that needs them; `stop`
+    /// is asked with the bytes freed so far, after each eviction and
+    /// every few chunks looked at. The extents stay the same, so nothing
+    /// else of the map changes.
     pub fn evict(
         &mut self,
         from: u64,
         max: usize,
         source: &Arc<PageSource>,
         keep: impl Fn(u64, u64) -> bool,
-        enough: impl FnMut(u64) -> bool,
+        stop: impl FnMut(u64) -> bool,
     ) -> (Option<u64>, usize, Vec<Evicted>) {
-        self.map.evict(from, max, source, keep, enough)
+        self.map.evict(from, max, source, keep, stop)
     }
 
     /// Passes every extent to `f` in order without keeping an absent
@@ -326,6 +334,20 @@ impl ExtentMap {
     /// holds it if one was written: what a checkpoint writes pages for.
     pub fn chunk_pages(&self) -> impl Iterator<Item = ChunkPage<'_>> + '_ {
         self.map.pages()
+    }
+
+    /// The chunks numbered `indices` (rising, as [`ExtentMap::chunk_pages`]
+    /// numbers them) with their pages, each with its number, found by
+    /// segment counts; ends at the first number past the last chunk.
+    pub fn chunk_pages_at<'a, I>(
+        &'a self,
+        indices: I,
+    ) -> impl Iterator<Item = (usize, ChunkPage<'a>)> + 'a
+    where
+        I: IntoIterator<Item = usize>,
+        I::IntoIter: 'a,
+    {
+        self.map.pages_at(indices)
     }
 
     /// How many chunks hold the extents: each is one page when written

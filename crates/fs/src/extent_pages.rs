@@ -605,11 +605,7 @@ impl FileListed<'_> {
     pub fn contains(&mut self, page: &PageRef) -> bool {
         let mut found = false;
         for list in &mut self.lists {
-            // Step by step, not by halves: the next chunk's page is most
-            // often the next one listed, and a cursor only moves forward.
-            while list.peek().is_some_and(|p| p.first_key < page.first_key) {
-                list.advance();
-            }
+            list.seek(page.first_key);
             found |= list.peek() == Some(page);
         }
         found
@@ -642,27 +638,36 @@ impl PagePlan {
                     loader: loader.clone(),
                 })
             });
-            for (i, chunk) in inode.extents.chunk_pages().enumerate() {
-                if let Some(&(_, _, index)) = new.next_if(|&&(f, c, _)| f == file && c == i) {
-                    pages.skip(index - at);
-                    at = index;
-                    let page = *pages.peek().ok_or_else(|| {
+            // In chunk order: found by segment counts, not by a walk
+            // over every chunk.
+            let mut file_new = Vec::new();
+            while let Some(&(_, chunk, index)) = new.next_if(|&&(f, _, _)| f == file) {
+                file_new.push((chunk, index));
+            }
+            let chunks = inode
+                .extents
+                .chunk_pages_at(file_new.iter().map(|&(chunk, _)| chunk));
+            let mut recorded = 0;
+            for ((i, chunk), &(_, index)) in chunks.zip(&file_new) {
+                pages.skip(index - at);
+                at = index;
+                let page = *pages.peek().ok_or_else(|| {
+                    Error::invalid(
+                        "recording extent pages",
+                        format!("inode {ino}'s page {index} is not in its plan"),
+                    )
+                })?;
+                chunk
+                    .record_written(page, source.as_ref())
+                    .map_err(|other| {
                         Error::invalid(
                             "recording extent pages",
-                            format!("inode {ino}'s page {index} is not in its plan"),
+                            format!("inode {ino}'s chunk {i} already names page {other:?}"),
                         )
                     })?;
-                    chunk
-                        .record_written(page, source.as_ref())
-                        .map_err(|other| {
-                            Error::invalid(
-                                "recording extent pages",
-                                format!("inode {ino}'s chunk {i} already names page {other:?}"),
-                            )
-                        })?;
-                }
+                recorded += 1;
             }
-            if new.peek().is_some_and(|&&(f, _, _)| f == file) {
+            if recorded < file_new.len() {
                 return Err(Error::invalid(
                     "recording extent pages",
                     format!("inode {ino} has fewer chunks than its plan"),
@@ -761,9 +766,26 @@ pub fn after_base(
     let mut freed = Vec::new();
     for (ino, list) in replaced {
         let mut listed = kept.of_file(*ino);
-        for page in list {
-            if !listed.contains(page) {
-                freed.push((page.addr, codec::page_len(page.count as usize, block_size)));
+        // A run the kept tables share is kept whole: at 50M extents a
+        // base rewrites a few of 2k runs, and looking up each of the
+        // other runs' pages was most of this walk.
+        let shared: std::collections::HashSet<*const PageRef> = [new, other]
+            .into_iter()
+            .filter_map(|table| {
+                let at = table.binary_search_by_key(ino, |&(i, _)| i).ok()?;
+                Some(table[at].1.runs())
+            })
+            .flatten()
+            .map(|run| Arc::as_ptr(run) as *const PageRef)
+            .collect();
+        for run in list.runs() {
+            if shared.contains(&(Arc::as_ptr(run) as *const PageRef)) {
+                continue;
+            }
+            for page in run.iter() {
+                if !listed.contains(page) {
+                    freed.push((page.addr, codec::page_len(page.count as usize, block_size)));
+                }
             }
         }
     }

@@ -131,9 +131,7 @@ pub(crate) fn paged_maps(
 /// without it.
 pub fn unpaged_chunk_bytes_of(inodes: &InodeTable<InodeState>, block_size: u32) -> u64 {
     let extents: usize = paged_maps(inodes, block_size)
-        .flat_map(|(_, i)| i.extents.chunk_pages())
-        .filter(|c| c.is_loaded() && c.page().is_none())
-        .map(|c| c.count())
+        .map(|(_, i)| i.extents.unpaged_extents())
         .sum();
     (extents * std::mem::size_of::<Extent>()) as u64
 }
@@ -532,8 +530,9 @@ impl MetaState {
 
     /// Bytes of the chunks of paged files (those a base writes pages for)
     /// that name no page: changed since the last base, so only memory
-    /// holds them and the evictor cannot drop them. Walks every chunk of
-    /// those files (about 40 thousand at 10 M extents), reading none.
+    /// holds them and the evictor cannot drop them. Reads no page, and
+    /// counts again only the segments changed since they were last
+    /// counted (or all, once after each base).
     pub fn unpaged_chunk_bytes(&self) -> u64 {
         unpaged_chunk_bytes_of(&self.inodes, self.block_size)
     }

@@ -115,6 +115,29 @@ impl<'a> PageCursor<'a> {
         self.runs.get(self.run).map(|r| &r[self.at])
     }
 
+    /// Moves forward to the first page whose first key is at least `key`
+    /// (past the end if none; never back). The next page is tried first,
+    /// as a walk in key order most often wants it; then whole runs are
+    /// passed over by their last key, and the page found in its run by
+    /// halves.
+    pub fn seek(&mut self, key: u64) {
+        if self.peek().is_none_or(|p| p.first_key >= key) {
+            return;
+        }
+        self.advance();
+        if self.peek().is_none_or(|p| p.first_key >= key) {
+            return;
+        }
+        while let Some(run) = self.runs.get(self.run) {
+            if run[run.len() - 1].first_key < key {
+                (self.run, self.at) = (self.run + 1, 0);
+                continue;
+            }
+            self.at += run[self.at..].partition_point(|p| p.first_key < key);
+            return;
+        }
+    }
+
     /// Moves to the next page.
     pub fn advance(&mut self) {
         if let Some(run) = self.runs.get(self.run) {
