@@ -928,31 +928,59 @@ mod tests {
         use rand::Rng;
         let mut tables: [PageTable; 3] = Default::default();
         let mut next_addr = 1u64 << 20;
+        let mut page = |rng: &mut SmallRng, key: u64| {
+            let count = rng.gen_range(1..600);
+            let page = PageRef {
+                addr: next_addr,
+                crc: rng.gen(),
+                count,
+                first_key: key * 1000,
+                allocated: u64::from(count) * BS,
+            };
+            next_addr += codec::page_len(count as usize, BS);
+            page
+        };
         for ino in (10..40).step_by(rng.gen_range(1..4)) {
-            let mut lists: [Vec<PageRef>; 3] = Default::default();
-            for key in 0..rng.gen_range(0..30u64) {
-                let versions = rng.gen_range(1..3);
-                for _ in 0..versions {
-                    let count = rng.gen_range(1..600);
-                    let page = PageRef {
-                        addr: next_addr,
-                        crc: rng.gen(),
-                        count,
-                        first_key: key * 1000,
-                        allocated: u64::from(count) * BS,
-                    };
-                    next_addr += codec::page_len(count as usize, BS);
-                    for list in &mut lists {
-                        let same_key = list.last().is_some_and(|p| p.first_key == page.first_key);
-                        if !same_key && rng.gen_bool(0.6) {
-                            list.push(page);
+            let mut runs: [Vec<PageRun>; 3] = Default::default();
+            let keys = rng.gen_range(0..30u64);
+            let mut key = 0;
+            // Blocks of keys, each a run in every table: one allocation
+            // the tables share (as bases share the runs neither
+            // rewrote), or each table's own pages.
+            while key < keys {
+                let block = key..keys.min(key + rng.gen_range(1..6));
+                key = block.end;
+                let shared: Option<PageRun> = rng.gen_bool(0.3).then(|| {
+                    block
+                        .clone()
+                        .map(|k| page(rng, k))
+                        .collect::<Vec<_>>()
+                        .into()
+                });
+                let mut lists: [Vec<PageRef>; 3] = Default::default();
+                for k in block {
+                    for _ in 0..rng.gen_range(1..3) {
+                        let page = page(rng, k);
+                        for list in &mut lists {
+                            let same_key =
+                                list.last().is_some_and(|p| p.first_key == page.first_key);
+                            if !same_key && rng.gen_bool(0.6) {
+                                list.push(page);
+                            }
                         }
                     }
                 }
+                for (table_runs, list) in runs.iter_mut().zip(lists) {
+                    match &shared {
+                        Some(run) if rng.gen_bool(0.7) => table_runs.push(run.clone()),
+                        _ => table_runs.push(list.into()),
+                    }
+                }
             }
-            for (table, list) in tables.iter_mut().zip(lists) {
+            for (table, runs) in tables.iter_mut().zip(runs) {
+                let list = PageList::from_runs(runs);
                 if !list.is_empty() || rng.gen_bool(0.2) {
-                    table.push((ino, list.into()));
+                    table.push((ino, list));
                 }
             }
         }
@@ -1307,6 +1335,21 @@ mod tests {
             .iter()
             .all(|r| r.addr != r.copy && written_index(plan1).contains(&(r.copy, BS))));
         round_trip_indexed(&dev, &sb, &first, &planned1);
+        // The bytes listed, from the index pages' sums; from the pages
+        // for a file whose index pages do not list them all (one lost).
+        let by_pages: u64 = plan1.table[0]
+            .1
+            .iter()
+            .map(|p| codec::page_len(p.count as usize, BS))
+            .sum();
+        let listed_bytes = crate::checkpoint::listed_page_bytes(&sb, &plan1.table, &plan1.index);
+        assert_eq!(listed_bytes, by_pages + 2 * runs as u64 * BS);
+        let mut one_lost = plan1.index.clone();
+        one_lost[0].1.pop();
+        assert_eq!(
+            crate::checkpoint::listed_page_bytes(&sb, &plan1.table, &one_lost),
+            by_pages + 2 * (runs as u64 - 1) * BS
+        );
         plan1.record_written(&first, None).unwrap();
         drop(first);
 

@@ -241,4 +241,33 @@ mod tests {
         assert_eq!(c.peek(), None);
         assert!(!c.starts_with(&[page(7)]) && c.starts_with(&[]));
     }
+
+    /// A seek lands where a step-by-step walk from the same place would:
+    /// on the first page at or past the key, across runs, never back.
+    #[test]
+    fn a_seek_lands_where_stepping_would() {
+        // Keys 0, 2, 4, ... in runs of uneven length.
+        let runs: Vec<PageRun> = [0..3u64, 3..4, 4..9, 9..10, 10..16]
+            .into_iter()
+            .map(|r| r.map(|k| page(2 * k)).collect::<Vec<_>>().into())
+            .collect();
+        let l = PageList::from_runs(runs);
+        for start in 0..=l.len() {
+            for key in 0..36 {
+                let mut seek = l.cursor();
+                seek.skip(start);
+                let mut step = seek.clone();
+                seek.seek(key);
+                while step.peek().is_some_and(|p| p.first_key < key) {
+                    step.advance();
+                }
+                assert_eq!(seek.peek(), step.peek(), "from {start} to {key}");
+                assert_eq!(
+                    seek.position().map(|(r, at)| (Arc::as_ptr(r), at)),
+                    step.position().map(|(r, at)| (Arc::as_ptr(r), at)),
+                    "from {start} to {key}"
+                );
+            }
+        }
+    }
 }

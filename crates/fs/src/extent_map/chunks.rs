@@ -2636,6 +2636,133 @@ mod tests {
         assert_eq!((next, looked, evicted.len()), (None, 0, 0));
     }
 
+    /// Changed extents as a walk over every chunk counts them.
+    fn unpaged_by_walk(c: &Chunks) -> usize {
+        c.pages()
+            .filter(|p| p.is_loaded() && p.page().is_none())
+            .map(|p| p.count())
+            .sum()
+    }
+
+    /// A segment's kept count of changed extents stays what a walk over
+    /// every chunk gives: after changes (in a segment counted before),
+    /// while a snapshot shares some segments, after a base records pages
+    /// through the snapshot's chunks (which the live map shares, also in
+    /// a segment it copied and counted since), and after evictions.
+    #[test]
+    fn the_count_of_changed_extents_follows_changes_records_and_evictions() {
+        let (mut live, store, source) = paged_chunks(12);
+        live.load_all().unwrap();
+        assert_eq!((live.unpaged_extents(), unpaged_by_walk(&live)), (0, 0));
+        let change = |c: &mut Chunks, chunk: u64| {
+            let at = c.find(2 * chunk * CHUNK_MAX as u64 + 2).unwrap();
+            c.get_mut(at).state = ExtentState::Written;
+        };
+        // Chunks 4 and 6 share a segment (4 chunks each in unit builds).
+        change(&mut live, 4);
+        assert_eq!(live.unpaged_extents(), CHUNK_MAX);
+        change(&mut live, 6);
+        live.insert(ext(2 * 9 * CHUNK_MAX as u64 + 1));
+        assert_eq!(live.unpaged_extents(), unpaged_by_walk(&live));
+        assert_eq!(live.unpaged_extents(), 3 * CHUNK_MAX + 1);
+
+        // A base's snapshot; then chunk 5 changes in the live map, whose
+        // segment is now a copy, counted before the base records.
+        let snapshot = live.clone();
+        change(&mut live, 5);
+        assert_eq!(live.unpaged_extents(), 4 * CHUNK_MAX + 1);
+        assert_eq!(snapshot.unpaged_extents(), 3 * CHUNK_MAX + 1);
+        for chunk in snapshot.pages().filter(|p| p.page().is_none()) {
+            let page = testing::page_of(chunk.extents());
+            store.keep(&page, chunk.extents());
+            chunk.record_written(page, Some(&source)).unwrap();
+        }
+        assert_eq!(snapshot.unpaged_extents(), 0);
+        assert_eq!(unpaged_by_walk(&live), CHUNK_MAX, "chunk 5 alone");
+        assert_eq!(live.unpaged_extents(), CHUNK_MAX);
+        drop(snapshot);
+
+        // Eviction leaves changed chunks, and their count, as they are.
+        let (_, _, evicted) = live.evict(0, usize::MAX, &source, |_, _| false, |_| false);
+        assert!(!evicted.is_empty());
+        assert_eq!(live.unpaged_extents(), CHUNK_MAX);
+        assert_eq!(unpaged_by_walk(&live), CHUNK_MAX);
+        live.check().unwrap();
+    }
+
+    /// An eviction step asks whether to stop every few chunks it looks at
+    /// (not only after an eviction), and goes on from where it stopped.
+    #[test]
+    fn an_eviction_step_asks_whether_to_stop_every_few_chunks() {
+        let (mut live, _store, source) = paged_chunks(3 * CHUNKS_PER_STOP_ASK as u64);
+        live.load_all().unwrap();
+        // Every chunk looked up: the first sweep evicts none of them.
+        for c in live.all_chunks() {
+            c.extents.touch();
+        }
+        let firsts: Vec<u64> = live.all_chunks().map(|c| c.first).collect();
+        let mut asks = 0;
+        let (next, looked, evicted) = live.evict(
+            0,
+            usize::MAX,
+            &source,
+            |_, _| false,
+            |_| {
+                asks += 1;
+                true
+            },
+        );
+        assert_eq!((looked, evicted.len(), asks), (CHUNKS_PER_STOP_ASK, 0, 1));
+        assert_eq!(next, Some(firsts[CHUNKS_PER_STOP_ASK]));
+        // Not stopped: asked once per few chunks up to the end.
+        let mut asks = 0;
+        let (next, looked, _) = live.evict(
+            next.unwrap(),
+            usize::MAX,
+            &source,
+            |_, _| false,
+            |_| {
+                asks += 1;
+                false
+            },
+        );
+        assert_eq!((looked, asks), (2 * CHUNKS_PER_STOP_ASK, 1));
+        assert_eq!(next, None);
+    }
+
+    /// Chunks found by number are the ones a walk over every chunk
+    /// numbers so, in open and cold segments alike; a number past the
+    /// last chunk ends the answer.
+    #[test]
+    fn chunks_found_by_number_are_the_walks() {
+        let (live, _store, _source) = paged_chunks(12);
+        // Segment 1 open, the rest cold.
+        live.load_owners(2 * 5 * CHUNK_MAX as u64, 2 * 5 * CHUNK_MAX as u64 + 1, 0)
+            .unwrap();
+        assert!(live.open_segments() >= 1 && live.open_segments() < live.segment_count());
+        let all: Vec<(Option<PageRef>, bool, usize)> = live
+            .pages()
+            .map(|p| (p.page(), p.starts_segment(), p.count()))
+            .collect();
+        for picks in [
+            vec![0, 3, 4, 5, 9, 11],
+            vec![7],
+            vec![],
+            vec![2, 11, 12, 13],
+        ] {
+            let got: Vec<(usize, Option<PageRef>, bool, usize)> = live
+                .pages_at(picks.iter().copied())
+                .map(|(i, p)| (i, p.page(), p.starts_segment(), p.count()))
+                .collect();
+            let want: Vec<(usize, Option<PageRef>, bool, usize)> = picks
+                .iter()
+                .filter(|&&i| i < all.len())
+                .map(|&i| (i, all[i].0, all[i].1, all[i].2))
+                .collect();
+            assert_eq!(got, want, "{picks:?}");
+        }
+    }
+
     /// The evictor's clock: a chunk looked up since the last sweep is
     /// passed over once (its bit cleared), a changed chunk (no page) never
     /// goes, the others become absent and read back the same from their
