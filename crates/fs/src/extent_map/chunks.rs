@@ -649,7 +649,7 @@ mod unpaged_count {
     /// The extents of a `packed` count, if it was taken at `stamp`.
     pub(super) fn valid(packed: u64, stamp: u64) -> Option<usize> {
         (packed != UNCOUNTED && packed >> EXTENT_BITS == stamp)
-            .then(|| (packed & ((1 << EXTENT_BITS) - 1)) as usize)
+            .then_some((packed & ((1 << EXTENT_BITS) - 1)) as usize)
     }
 }
 
@@ -1369,7 +1369,7 @@ impl Chunks {
                 continue;
             }
             while c < n && at < end {
-                if at > 0 && at % CHUNKS_PER_STOP_ASK == 0 && stop(freed) {
+                if at > 0 && at.is_multiple_of(CHUNKS_PER_STOP_ASK) && stop(freed) {
                     stopped = true;
                     break;
                 }
