@@ -291,9 +291,9 @@ impl ExtentMap {
     /// `max`): see `Chunks::evict`. Clean chunks not looked up since the last sweep
     /// become absent, read again from their page (through `source` if
     /// they name none) by the next entry point that needs them; `stop`
-    /// is asked with the bytes freed so far, after each eviction and
-    /// every few chunks looked at. The extents stay the same, so nothing
-    /// else of the map changes.
+    /// is asked with the bytes freed so far, after each eviction, every
+    /// few chunks looked at and each cold segment passed over. The
+    /// extents stay the same, so nothing else of the map changes.
     pub fn evict(
         &mut self,
         from: u64,

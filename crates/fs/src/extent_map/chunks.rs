@@ -1735,11 +1735,11 @@ impl Chunks {
         })
     }
 
-    /// The chunks numbered `indices` (rising; as [`Chunks::pages`]
+    /// The chunks numbered `indices` (strictly rising, as [`Chunks::pages`]
     /// numbers them), with their pages: whole segments before each are
     /// passed over by their count, so finding a base's few new pages
     /// does not walk every chunk. Stops at the first index past the last
-    /// chunk.
+    /// chunk (or, in release builds, one that does not rise).
     pub(super) fn pages_at<'a, I>(
         &'a self,
         indices: I,
@@ -1752,28 +1752,33 @@ impl Chunks {
         let mut segment: Option<&Segment> = None;
         // Chunks in the segments before `segment`.
         let mut before = 0usize;
-        indices.into_iter().map_while(move |i| loop {
-            if let Some(seg) = segment.filter(|seg| i < before + seg.chunk_count()) {
-                let index = i.checked_sub(before)?;
-                let at = match (seg.body.chunks.get(), &seg.body.cold) {
-                    (Some(chunks), _) => PageAt::Open(&chunks[index].extents),
-                    (None, Some(cold)) => PageAt::Cold {
-                        segment: seg,
-                        index,
-                        page: &cold.pages[index],
-                    },
-                    (None, None) => return None,
-                };
-                return Some((
-                    i,
-                    ChunkPage {
-                        at,
-                        starts_segment: index == 0,
-                    },
-                ));
+        let mut last = None;
+        indices.into_iter().map_while(move |i| {
+            debug_assert!(last < Some(i), "chunk numbers must rise: {last:?} then {i}");
+            last = Some(i);
+            loop {
+                if let Some(seg) = segment.filter(|seg| i < before + seg.chunk_count()) {
+                    let index = i.checked_sub(before)?;
+                    let at = match (seg.body.chunks.get(), &seg.body.cold) {
+                        (Some(chunks), _) => PageAt::Open(&chunks[index].extents),
+                        (None, Some(cold)) => PageAt::Cold {
+                            segment: seg,
+                            index,
+                            page: &cold.pages[index],
+                        },
+                        (None, None) => return None,
+                    };
+                    return Some((
+                        i,
+                        ChunkPage {
+                            at,
+                            starts_segment: index == 0,
+                        },
+                    ));
+                }
+                before += segment.map_or(0, Segment::chunk_count);
+                segment = Some(segments.next()?);
             }
-            before += segment.map_or(0, Segment::chunk_count);
-            segment = Some(segments.next()?);
         })
     }
 
@@ -2959,6 +2964,13 @@ mod tests {
                 }
                 same(&c, &model)?;
                 pages_hold_their_chunks(&c)?;
+                // The kept counts of changed extents, after every kind
+                // of change, page record and eviction, in the live map
+                // and in every snapshot sharing its segments.
+                prop_assert_eq!(c.unpaged_extents(), unpaged_by_walk(&c));
+                for (snap, _) in &snapshots {
+                    prop_assert_eq!(snap.unpaged_extents(), unpaged_by_walk(snap));
+                }
                 let max_chunks = model.len().div_ceil(CHUNK_MIN).max(1);
                 prop_assert!(c.chunk_count() <= max_chunks, "{} chunks", c.chunk_count());
             }
