@@ -607,11 +607,12 @@ pub(crate) use spare_chunks::release as release_spare_chunks;
 ///
 /// The count stays true while the body is unchanged, but for one event:
 /// a base records a page in a chunk through a shared reference
-/// ([`ChunkPage::record_written`]), which the live maps see in every
-/// segment that shares the chunk (not only the snapshot's). Every such
-/// record moves the stamp on, after the page is set, and a count is used
-/// only while the stamp it was taken at is still the current one. Other
-/// events leave it true: a change goes through [`open_mut`], which
+/// ([`ChunkPage::record_written`]),
+/// which the live maps see in every segment that shares the chunk (not
+/// only the snapshot's). Every such record moves the stamp on, after the
+/// page is set, and a count is used only while the stamp it was taken
+/// at is still the current one. Other events leave it true: a change
+/// goes through [`open_mut`], which
 /// forgets the count; loading an absent chunk and evicting a clean one
 /// change no chunk's page. Process-wide, since a chunk does not know its
 /// volume: a base in one volume has the others count again once.
