@@ -1737,6 +1737,10 @@ pub fn write_pages_unflushed(dev: &dyn BlockDevice, pages: &[(u64, Vec<u8>)]) ->
     let mut order: Vec<&(u64, Vec<u8>)> = pages.iter().collect();
     order.sort_unstable_by_key(|&&(addr, _)| addr);
     let align = (dev.caps().memory_alignment as usize).max(1);
+    // One buffer for every joined request of the batch: allocated (and
+    // zeroed, and faulted in) once, not per request.
+    let most = pages.iter().map(|(_, b)| b.len()).sum::<usize>();
+    let mut joined: Option<blockdev::AlignedBuf> = None;
     let mut rest = &order[..];
     while let Some(&&(start, ref first)) = rest.first() {
         let mut end = start + first.len() as u64;
@@ -1750,9 +1754,9 @@ pub fn write_pages_unflushed(dev: &dyn BlockDevice, pages: &[(u64, Vec<u8>)]) ->
         }
         let (run, after) = rest.split_at(n);
         rest = after;
-        let joined = (n > 1)
-            .then(|| blockdev::AlignedBuf::new((end - start) as usize, align).ok())
-            .flatten();
+        if n > 1 && joined.is_none() {
+            joined = blockdev::AlignedBuf::new(most.min(PAGE_WRITE_BYTES), align).ok();
+        }
         let failed = |(start, end): (u64, u64)| {
             move |e| {
                 Error::device(
@@ -1761,17 +1765,18 @@ pub fn write_pages_unflushed(dev: &dyn BlockDevice, pages: &[(u64, Vec<u8>)]) ->
                 )
             }
         };
-        match joined {
-            Some(mut buf) => {
+        match joined.as_mut().filter(|_| n > 1) {
+            Some(buf) => {
                 let mut at = 0;
                 for (_, bytes) in run {
                     buf[at..at + bytes.len()].copy_from_slice(bytes);
                     at += bytes.len();
                 }
-                dev.write_at(&buf, start, WriteMode::Normal)
+                dev.write_at(&buf[..at], start, WriteMode::Normal)
                     .map_err(failed((start, end)))?;
             }
-            // One page, or no memory for a joined buffer: page by page.
+            // One page; or pages the device's alignment made the joined
+            // buffer impossible for: page by page.
             None => {
                 for (addr, bytes) in run {
                     let range = (*addr, addr + bytes.len() as u64);
