@@ -339,14 +339,10 @@ impl ExtentMap {
     /// The chunks numbered `indices` (rising, as [`ExtentMap::chunk_pages`]
     /// numbers them) with their pages, each with its number, found by
     /// segment counts; ends at the first number past the last chunk.
-    pub fn chunk_pages_at<'a, I>(
+    pub fn chunk_pages_at<'a>(
         &'a self,
-        indices: I,
-    ) -> impl Iterator<Item = (usize, ChunkPage<'a>)> + 'a
-    where
-        I: IntoIterator<Item = usize>,
-        I::IntoIter: 'a,
-    {
+        indices: &'a [usize],
+    ) -> impl Iterator<Item = (usize, ChunkPage<'a>)> + 'a {
         self.map.pages_at(indices)
     }
 

@@ -640,15 +640,13 @@ impl PagePlan {
             });
             // In chunk order: found by segment counts, not by a walk
             // over every chunk.
-            let mut file_new = Vec::new();
+            let (mut chunks, mut indexes) = (Vec::new(), Vec::new());
             while let Some(&(_, chunk, index)) = new.next_if(|&&(f, _, _)| f == file) {
-                file_new.push((chunk, index));
+                chunks.push(chunk);
+                indexes.push(index);
             }
-            let chunks = inode
-                .extents
-                .chunk_pages_at(file_new.iter().map(|&(chunk, _)| chunk));
             let mut recorded = 0;
-            for ((i, chunk), &(_, index)) in chunks.zip(&file_new) {
+            for ((i, chunk), &index) in inode.extents.chunk_pages_at(&chunks).zip(&indexes) {
                 pages.skip(index - at);
                 at = index;
                 let page = *pages.peek().ok_or_else(|| {
@@ -667,7 +665,7 @@ impl PagePlan {
                     })?;
                 recorded += 1;
             }
-            if recorded < file_new.len() {
+            if recorded < chunks.len() {
                 return Err(Error::invalid(
                     "recording extent pages",
                     format!("inode {ino} has fewer chunks than its plan"),
@@ -769,17 +767,17 @@ pub fn after_base(
         // A run the kept tables share is kept whole: at 50M extents a
         // base rewrites a few of 2k runs, and looking up each of the
         // other runs' pages was most of this walk.
-        let shared: std::collections::HashSet<*const PageRef> = [new, other]
+        let shared: std::collections::HashSet<*const [PageRef]> = [new, other]
             .into_iter()
             .filter_map(|table| {
                 let at = table.binary_search_by_key(ino, |&(i, _)| i).ok()?;
                 Some(table[at].1.runs())
             })
             .flatten()
-            .map(|run| Arc::as_ptr(run) as *const PageRef)
+            .map(Arc::as_ptr)
             .collect();
         for run in list.runs() {
-            if shared.contains(&(Arc::as_ptr(run) as *const PageRef)) {
+            if shared.contains(&Arc::as_ptr(run)) {
                 continue;
             }
             for page in run.iter() {

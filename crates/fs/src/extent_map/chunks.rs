@@ -1741,20 +1741,16 @@ impl Chunks {
     /// passed over by their count, so finding a base's few new pages
     /// does not walk every chunk. Stops at the first index past the last
     /// chunk (or, in release builds, one that does not rise).
-    pub(super) fn pages_at<'a, I>(
+    pub(super) fn pages_at<'a>(
         &'a self,
-        indices: I,
-    ) -> impl Iterator<Item = (usize, ChunkPage<'a>)> + 'a
-    where
-        I: IntoIterator<Item = usize>,
-        I::IntoIter: 'a,
-    {
+        indices: &'a [usize],
+    ) -> impl Iterator<Item = (usize, ChunkPage<'a>)> + 'a {
         let mut segments = self.segments.iter();
         let mut segment: Option<&Segment> = None;
         // Chunks in the segments before `segment`.
         let mut before = 0usize;
         let mut last = None;
-        indices.into_iter().map_while(move |i| {
+        indices.iter().map_while(move |&i| {
             debug_assert!(last < Some(i), "chunk numbers must rise: {last:?} then {i}");
             last = Some(i);
             loop {
@@ -2664,9 +2660,20 @@ mod tests {
             let at = c.find(2 * chunk * CHUNK_MAX as u64 + 2).unwrap();
             c.get_mut(at).state = ExtentState::Written;
         };
-        // Chunks 4 and 6 share a segment (4 chunks each in unit builds).
+        // Counted once and kept; a change forgets its own segment's count
+        // only. Chunks 4 and 6 share a segment (4 chunks each in unit
+        // builds).
+        let kept = |c: &Chunks| {
+            c.segments
+                .iter()
+                .map(|s| s.body.unpaged.load(Ordering::Relaxed) != unpaged_count::UNCOUNTED)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(kept(&live), [true, true, true]);
         change(&mut live, 4);
+        assert_eq!(kept(&live), [true, false, true]);
         assert_eq!(live.unpaged_extents(), CHUNK_MAX);
+        assert_eq!(kept(&live), [true, true, true]);
         change(&mut live, 6);
         live.insert(ext(2 * 9 * CHUNK_MAX as u64 + 1));
         assert_eq!(live.unpaged_extents(), unpaged_by_walk(&live));
@@ -2757,7 +2764,7 @@ mod tests {
             vec![2, 11, 12, 13],
         ] {
             let got: Vec<(usize, Option<PageRef>, bool, usize)> = live
-                .pages_at(picks.iter().copied())
+                .pages_at(&picks)
                 .map(|(i, p)| (i, p.page(), p.starts_segment(), p.count()))
                 .collect();
             let want: Vec<(usize, Option<PageRef>, bool, usize)> = picks
