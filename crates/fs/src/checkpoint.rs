@@ -1657,20 +1657,13 @@ fn absent_pages(image: &MetaImage, pages: &PageTable, index: &IndexTable) -> Res
         if image.inodes.binary_search_by_key(ino, |i| i.ino).is_err() {
             return Err(invalid(format!("inode {ino} is not in the image")));
         }
-        let mut chunks: Vec<crate::page_chunks::PageChunk> = list
-            .iter()
-            .map(|&page| crate::page_chunks::PageChunk::absent(page))
-            .collect();
-        if let Ok(at) = index.binary_search_by_key(ino, |&(i, _)| i) {
-            let mut start = 0;
-            for iref in &index[at].1 {
-                if let Some(chunk) = chunks.get_mut(start) {
-                    chunk.starts_run = true;
-                }
-                start += iref.pages as usize;
-            }
-        }
-        paged.push_file(*ino, chunks).map_err(invalid)?;
+        let run_pages = match index.binary_search_by_key(ino, |&(i, _)| i) {
+            Ok(at) => index[at].1.iter().map(|iref| iref.pages).collect(),
+            Err(_) => Vec::new(),
+        };
+        paged
+            .push_listed(*ino, list.clone(), run_pages)
+            .map_err(invalid)?;
     }
     paged.share_lists(pages);
     Ok(paged)
@@ -1923,18 +1916,19 @@ pub fn apply_delta_over_pages(
             ..c.inode.clone()
         };
         codec::check_inode(&inode).map_err(|r| format!("inode {}: {r}", inode.ino))?;
-        let chunks = paged.get(inode.ino);
         let (spans, new) = (&c.spans, &c.inode.extents);
-        let merge = match chunks {
-            _ if spans.is_empty() => Ok(None),
-            None => SpanMerge::plan(old, spans, new).map(|m| Some(Merge::Image(m))),
-            Some(chunks) => {
-                crate::page_chunks::plan_merge(chunks, spans, new).map(|m| Some(Merge::Chunks(m)))
+        let merge = if spans.is_empty() {
+            Ok(None)
+        } else {
+            match paged.chunks_to_change(inode.ino) {
+                None => SpanMerge::plan(old, spans, new).map(|m| Some(Merge::Image(m))),
+                Some(chunks) => crate::page_chunks::plan_merge(chunks, spans, new)
+                    .map(|m| Some(Merge::Chunks(m))),
             }
         }
         .map_err(|r| format!("inode {}: {r}", inode.ino))?;
         let has_extents = match &merge {
-            None => !old.is_empty() || chunks.is_some_and(|c| !c.is_empty()),
+            None => !old.is_empty() || paged.has_extents(inode.ino) == Some(true),
             Some(Merge::Image(m)) => m.merged_len > 0,
             Some(Merge::Chunks(m)) => m.merged_len > 0,
         };

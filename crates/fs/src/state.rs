@@ -294,9 +294,7 @@ impl MetaState {
                 }
                 Some(chunks) => ExtentMap::from_runs_lazy(
                     block_size,
-                    chunks
-                        .into_iter()
-                        .map(|c| (c.extents, c.page, c.starts_run)),
+                    chunks,
                     loader.clone().map(|loader| {
                         Arc::new(crate::extent_map::PageSource {
                             ino: img.ino,
