@@ -1652,3 +1652,49 @@ fn after_a_torn_checkpoint_without_the_fallback_records_hint_mount_waits_for_the
     assert!(mount_has_no_reserve(&crashed.dev));
     assert!(write_waits_for_the_scan(&crashed.dev));
 }
+
+/// The used page ranges mount and the scan keep off: each extent page and
+/// each index page either slot lists, once, in address order, extent
+/// pages first; the same as the union of each slot's sets of ranges.
+#[test]
+fn used_pages_lists_each_page_either_slot_lists_once_in_order() {
+    let dev = Arc::new(MemDevice::new(16 << 20, 512));
+    Volume::format(dev.clone(), &FormatOptions::default()).unwrap();
+    // A clean unmount writes a base: the second rewrites the pages of the
+    // first few chunks only, and lists the rest as the first did.
+    for (round, blocks) in [(0u64, 300u64), (1, 20)] {
+        let vol = Volume::open_with(dev.clone(), &quiet()).unwrap();
+        let paged = vol.open_file("/paged", DIRECT).unwrap();
+        for k in 0..blocks {
+            paged
+                .pwrite(&[round as u8; 4096], (2 * k + round) * 4096)
+                .unwrap();
+        }
+        drop(paged);
+        vol.unmount().unwrap();
+    }
+
+    let sb = crate::superblock::read_superblock(&*dev).unwrap();
+    let newest = crate::checkpoint::read_checkpoints(&*dev, &sb).unwrap();
+    let bs = sb.block_size();
+    let mut want = crate::extent_pages::page_ranges(&newest.pages[0], bs);
+    want.extend(crate::extent_pages::page_ranges(&newest.pages[1], bs));
+    let mut index = crate::extent_pages::index_page_ranges(&newest.index[0], bs);
+    index.extend(crate::extent_pages::index_page_ranges(&newest.index[1], bs));
+    let (pages_only, index_only) = (want.len(), index.len());
+    let want: Vec<(u64, u64)> = want.into_iter().chain(index).collect();
+    let got = used_pages(&sb, &newest.pages, &newest.index);
+    assert_eq!(got, want);
+    // Both slots list pages, some alike: the union is shorter than both
+    // lists together, so the test sees pages listed twice.
+    let listed: usize = newest
+        .pages
+        .iter()
+        .flat_map(|t| t.iter().map(|(_, l)| l.len()))
+        .sum();
+    assert!(
+        pages_only > 2 && index_only > 0,
+        "{pages_only} {index_only}"
+    );
+    assert!(listed > pages_only, "{listed} {pages_only}");
+}
