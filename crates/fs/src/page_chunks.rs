@@ -747,6 +747,53 @@ mod tests {
         }
     }
 
+    /// The absent chunks of `pages` as mount made them before files were
+    /// listed: each index run's first chunk starts a segment (a run of no
+    /// pages marks the next one's, a start past the last page none).
+    fn absent_chunks(pages: &[PageRef], run_pages: &[u32]) -> Vec<PageChunk> {
+        let mut chunks: Vec<PageChunk> = pages.iter().map(|&p| PageChunk::absent(p)).collect();
+        let mut start = 0;
+        for &n in run_pages {
+            if let Some(chunk) = chunks.get_mut(start) {
+                chunk.starts_run = true;
+            }
+            start += n as usize;
+        }
+        chunks
+    }
+
+    proptest! {
+        /// A listed file is the same as its absent chunks in a vector,
+        /// whatever runs its list is cut into and whatever index runs it
+        /// has, the runs' pages summing to its pages or not.
+        #[test]
+        fn a_listed_file_matches_its_absent_chunks(
+            n in 0usize..20,
+            cuts in prop::collection::vec(0usize..20, 0..4),
+            run_pages in prop::collection::vec(0u32..8, 0..6),
+        ) {
+            let pages: Vec<PageRef> = (0..n as u64)
+                .map(|k| PageRef { first_key: k * 4 * BS, ..page(k) })
+                .collect();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(n)).collect();
+            cuts.sort_unstable();
+            let mut runs = Vec::new();
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([n]) {
+                runs.push(codec::PageRun::from(&pages[from..cut]));
+                from = cut;
+            }
+            let mut listed = PagedMaps::default();
+            listed.push_listed(3, codec::PageList::from_runs(runs), run_pages.clone()).unwrap();
+            let mut vector = PagedMaps::default();
+            vector.push_file(3, absent_chunks(&pages, &run_pages)).unwrap();
+            prop_assert_eq!(&listed, &vector);
+            prop_assert_eq!(listed.has_extents(3), Some(n > 0));
+            prop_assert_eq!(files(listed.clone()), files(vector.clone()));
+            prop_assert_eq!(listed.chunks_to_change(3), vector.chunks_to_change(3));
+        }
+    }
+
     fn case() -> impl Strategy<Value = (Vec<PageChunk>, Vec<KeySpan>, Vec<Extent>)> {
         (
             prop::collection::btree_set(0u64..60, 0..24),
