@@ -126,10 +126,6 @@ pub struct PageLoads {
     /// least an eighth of it): clean chunks past it, with the changed
     /// ones, are evicted.
     pub chunk_budget: u64,
-    /// Bytes of the chunks changed since the last base (they name no
-    /// page, so only a base makes them evictable), as the checkpoint
-    /// thread's last look counted them plus those changed since.
-    pub unpaged_bytes: u64,
 }
 
 impl DevicePages {
@@ -279,7 +275,6 @@ impl DevicePages {
             shell_bytes: self.shell_bytes(),
             opened_shell_bytes: self.opened_shell_bytes.load(Ordering::Relaxed),
             chunk_budget: self.budget(),
-            unpaged_bytes: self.unpaged_estimate(),
             evicted_bytes: self.evicted_so_far.load(Ordering::Relaxed),
             damaged: self
                 .damaged
