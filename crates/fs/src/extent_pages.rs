@@ -574,12 +574,19 @@ impl<'a> FileIndex<'a> {
 /// The device ranges `(addr, len)` of the index pages `index` lists (a
 /// block for each copy).
 pub fn index_page_ranges(index: &IndexTable, block_size: u64) -> BTreeSet<(u64, u64)> {
+    index_page_ranges_listed(index, block_size).collect()
+}
+
+/// [`index_page_ranges`] as listed, repeats and all.
+pub(crate) fn index_page_ranges_listed(
+    index: &IndexTable,
+    block_size: u64,
+) -> impl Iterator<Item = (u64, u64)> + '_ {
     index
         .iter()
         .flat_map(|(_, refs)| refs.iter())
         .flat_map(IndexRef::blocks)
-        .map(|addr| (addr, block_size))
-        .collect()
+        .map(move |addr| (addr, block_size))
 }
 
 /// The addresses (first copies) of the index pages `tables` list: how an
@@ -684,11 +691,18 @@ impl PagePlan {
 /// The device ranges `(addr, len)` of the pages `table` lists, without
 /// repeats.
 pub fn page_ranges(table: &PageTable, block_size: u64) -> BTreeSet<(u64, u64)> {
+    page_ranges_listed(table, block_size).collect()
+}
+
+/// [`page_ranges`] as listed, repeats and all.
+pub(crate) fn page_ranges_listed(
+    table: &PageTable,
+    block_size: u64,
+) -> impl Iterator<Item = (u64, u64)> + '_ {
     table
         .iter()
         .flat_map(|(_, list)| list.iter())
-        .map(|p| (p.addr, codec::page_len(p.count as usize, block_size)))
-        .collect()
+        .map(move |p| (p.addr, codec::page_len(p.count as usize, block_size)))
 }
 
 /// Bytes of the pages and index pages both slots list (`pages` and

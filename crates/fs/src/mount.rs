@@ -715,25 +715,19 @@ pub(crate) fn used_pages(
     pages: &[crate::codec::PageTable; superblock::CHECKPOINT_SLOTS],
     index: &[crate::codec::IndexTable; superblock::CHECKPOINT_SLOTS],
 ) -> Vec<(u64, u64)> {
+    use crate::extent_pages::{index_page_ranges_listed, page_ranges_listed};
     let bs = sb.block_size();
-    let lists = || {
-        pages
-            .iter()
-            .flat_map(|table| table.iter().map(|(_, list)| list))
-    };
-    let mut used = Vec::with_capacity(lists().map(|list| list.len()).sum());
-    used.extend(
-        lists()
-            .flat_map(|list| list.iter())
-            .map(|p| (p.addr, crate::codec::page_len(p.count as usize, bs))),
-    );
+    let listed: usize = pages
+        .iter()
+        .flat_map(|table| table.iter().map(|(_, list)| list.len()))
+        .sum();
+    let mut used = Vec::with_capacity(listed);
+    used.extend(pages.iter().flat_map(|table| page_ranges_listed(table, bs)));
     used.sort_unstable();
     used.dedup();
     let mut index_pages: Vec<(u64, u64)> = index
         .iter()
-        .flat_map(|table| table.iter().flat_map(|(_, refs)| refs.iter()))
-        .flat_map(crate::codec::IndexRef::blocks)
-        .map(|addr| (addr, bs))
+        .flat_map(|table| index_page_ranges_listed(table, bs))
         .collect();
     index_pages.sort_unstable();
     index_pages.dedup();

@@ -318,7 +318,7 @@ pub(crate) fn give_back_excess() -> usize {
             _ => runs.push((slot, bytes)),
         }
     }
-    let given = drop_pages(&runs, vectored_drops());
+    let given = drop_pages(&runs);
     let mut pool = POOL.lock();
     for (slot, bytes) in excess {
         pool.sizes[bytes / unit - 1].cold.push(slot);
@@ -326,46 +326,32 @@ pub(crate) fn give_back_excess() -> usize {
     given
 }
 
-/// How [`drop_pages`] gives pages back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Drops {
-    /// [`RUNS_PER_CALL`] runs in one `process_madvise` call. `madvise`
-    /// flushes the TLB once per run, and each flush interrupts every other
-    /// CPU running the process (the writer beside an eviction pass, which
-    /// gives back thousands of runs); kernels that batch the flushes of a
-    /// `process_madvise` call (6.18 here) flush once per call. Measured
-    /// here, 1,024 runs of 8 KiB with a second thread running: 0.9-1.1 ms
-    /// against 2.2-6.4 ms.
-    Vectored,
-    /// One `madvise` per run: older kernels refuse `PIDFD_SELF` or
-    /// `process_madvise(MADV_DONTNEED)`.
-    PerRun,
-}
-
-/// [`Drops::Vectored`] until the kernel refuses it once.
-fn vectored_drops() -> Drops {
-    if VECTORED_REFUSED.load(std::sync::atomic::Ordering::Relaxed) {
-        Drops::PerRun
-    } else {
-        Drops::Vectored
-    }
-}
-
+/// Set once the kernel refuses `process_madvise` (older kernels refuse
+/// `PIDFD_SELF` or `MADV_DONTNEED` there): [`drop_pages`] then calls
+/// `madvise` per run.
 static VECTORED_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// The calling thread's own pidfd, as `process_madvise` takes it
-/// (`PIDFD_SELF_THREAD`, Linux 6.14; older kernels refuse it and get
-/// [`Drops::PerRun`]). A thread's memory is its process's.
+/// (`PIDFD_SELF_THREAD`, Linux 6.14; older kernels refuse it). A
+/// thread's memory is its process's.
 const PIDFD_SELF: libc::c_int = -10000;
 
 /// Gives the pages of `runs` (whole free slots of the pool, unit-aligned,
 /// apart) back to the system; the bytes given back. A run the kernel
 /// refuses stays resident: memory only.
-fn drop_pages(runs: &[(NonNull<u8>, usize)], how: Drops) -> usize {
+///
+/// [`RUNS_PER_CALL`] runs go in one `process_madvise` call: `madvise`
+/// flushes the TLB once per run, and each flush interrupts every other
+/// CPU running the process (the writer beside an eviction pass, which
+/// gives back thousands of runs); kernels that batch the flushes of a
+/// `process_madvise` call (6.18 here) flush once per call. Measured here,
+/// 1,024 runs of 8 KiB with a second thread running: 0.9-1.1 ms against
+/// 2.2-6.4 ms.
+fn drop_pages(runs: &[(NonNull<u8>, usize)]) -> usize {
     let mut given = 0;
     let mut rest = runs;
     while !rest.is_empty() {
-        if how == Drops::PerRun || vectored_drops() == Drops::PerRun {
+        if VECTORED_REFUSED.load(std::sync::atomic::Ordering::Relaxed) {
             return given + drop_each(rest);
         }
         let batch = &rest[..rest.len().min(RUNS_PER_CALL)];
@@ -606,7 +592,7 @@ mod tests {
     #[test]
     fn given_back_runs_leave_the_resident_set_and_the_rest_stays() {
         let unit = unit_bytes();
-        for how in [Drops::Vectored, Drops::PerRun] {
+        for vectored in [true, false] {
             let region = map_region().expect("address space");
             let at = |units: usize| {
                 // SAFETY: inside the region (8 units of a 2 MiB region).
@@ -617,7 +603,7 @@ mod tests {
             unsafe { std::ptr::write_bytes(region.as_ptr(), 7, 8 * unit) };
             assert_eq!(resident_units(region, 8), vec![true; 8]);
             let runs = [(at(0), unit), (at(2), 2 * unit), (at(5), unit)];
-            if how == Drops::Vectored {
+            if vectored {
                 // Called apart from its fallback, which would hide a
                 // wrong call.
                 match drop_pages_at_once(&runs) {
@@ -626,17 +612,17 @@ mod tests {
                     // call refused there is a bug, not an old kernel.
                     Err(VectoredDrop::Refused) if !kernel_at_least(6, 18) => {
                         eprintln!("this kernel refuses process_madvise(PIDFD_SELF, MADV_DONTNEED): checking the fallback only");
-                        assert_eq!(drop_pages(&runs, how), 4 * unit);
+                        assert_eq!(drop_pages(&runs), 4 * unit);
                     }
                     Err(why) => panic!("{why:?}: {}", std::io::Error::last_os_error()),
                 }
             } else {
-                assert_eq!(drop_pages(&runs, how), 4 * unit, "{how:?}");
+                assert_eq!(drop_each(&runs), 4 * unit);
             }
             assert_eq!(
                 resident_units(region, 8),
                 [false, true, false, false, true, false, true, true],
-                "{how:?}"
+                "vectored: {vectored}"
             );
             // SAFETY: the region is this test's own, and nothing refers
             // to it any more.
