@@ -240,7 +240,7 @@ impl Slot {
 
     /// The extents, to change: loaded first if absent, copied first if a
     /// snapshot shares them; no longer known by a page.
-    fn make_mut(&mut self) -> &mut Vec<Extent> {
+    fn make_mut(&mut self) -> &mut ExtentStore {
         debug_assert!(
             self.get().is_some(),
             "changing an absent extent chunk: the change's entry point must load it first"
@@ -461,19 +461,19 @@ impl ChunkExtents {
         self.extents.get().map_or(0, ExtentStore::capacity)
     }
 
-    /// The extents, to change.
-    fn changing(&mut self) -> &mut Vec<Extent> {
+    /// The extents, to change in place (an insert makes its own room,
+    /// see [`grow_for_one_more`]; a removal adds none).
+    fn changing(&mut self) -> &mut ExtentStore {
         // Changed: no longer what its page holds, so not the loader's to
         // count (a chunk without a page is never evicted).
         self.refund();
         let (page, source) = (self.page.take(), self.source.take());
-        let room = room_to_grow(self.len());
         let extents = self
             .extents
             .get_mut()
-            .expect("a chunk's extents are set when it is built")
-            .changeable(room);
-        // The memory it holds now: moved out of a slot, it is a vector.
+            .expect("a chunk's extents are set when it is built");
+        // The memory it holds now, until a base pages it (an insert may
+        // move it to a larger slot: the next look counts that).
         if let (Some(_), Some(source)) = (page, source) {
             let bytes = extents.capacity() * std::mem::size_of::<Extent>();
             source.loader.chunk_unpaged(bytes as u64);
@@ -1823,7 +1823,7 @@ impl Chunks {
                     continue;
                 }
                 if to > from {
-                    chunks[c].extents.make_mut().drain(from..to);
+                    chunks[c].extents.make_mut().remove_range(from, to);
                     cut.push(chunks[c].extents[0].file_off);
                 }
                 if to < n {
@@ -2076,11 +2076,8 @@ impl Chunks {
         let n = if right { n - 1 } else { n };
         let chunks = self.segment_mut(n);
         let target = chunks[i].extents.make_mut();
-        let target: &mut Vec<Extent> = target;
         if right {
-            let mut joined = mine.extents.to_vec();
-            joined.extend_from_slice(target);
-            *target = joined;
+            target.insert_slice(0, &mine.extents);
         } else {
             target.extend_from_slice(&mine.extents);
         }
@@ -2144,7 +2141,7 @@ const SLACK_DIVISOR: usize = 8;
 /// than doubling. Costs a copy of the chunk about every eighth insert
 /// into it, which its shift of the extents after the insert point costs
 /// anyway.
-fn grow_for_one_more(extents: &mut Vec<Extent>) {
+fn grow_for_one_more(extents: &mut ExtentStore) {
     if extents.len() == extents.capacity() {
         extents.reserve_exact(room_to_grow(extents.len()));
     }
@@ -2157,7 +2154,7 @@ fn room_to_grow(len: usize) -> usize {
 
 /// Gives back the room past [`SLACK_DIVISOR`] of a chunk's extents (after
 /// a split or a merge).
-fn trim_slack(extents: &mut Vec<Extent>) {
+fn trim_slack(extents: &mut ExtentStore) {
     extents.shrink_to(extents.len() + extents.len() / SLACK_DIVISOR);
 }
 
