@@ -472,10 +472,12 @@ impl ChunkExtents {
             .extents
             .get_mut()
             .expect("a chunk's extents are set when it is built");
-        // The memory it holds now, until a base pages it (an insert may
-        // move it to a larger slot: the next look counts that).
+        // The memory it holds until a base pages it, counted as it will
+        // be once an insert made room (most changes insert: a chunk read
+        // into a full slot then moves to a larger one).
         if let (Some(_), Some(source)) = (page, source) {
-            let bytes = extents.capacity() * std::mem::size_of::<Extent>();
+            let capacity = extents.capacity_with_room(room_to_grow(extents.len()));
+            let bytes = capacity * std::mem::size_of::<Extent>();
             source.loader.chunk_unpaged(bytes as u64);
         }
         extents

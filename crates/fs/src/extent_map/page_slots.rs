@@ -223,6 +223,19 @@ impl ExtentStore {
         }
     }
 
+    /// The capacity [`ExtentStore::reserve_exact`] of `additional` would
+    /// leave, without moving anything.
+    pub(crate) fn capacity_with_room(&self, additional: usize) -> usize {
+        let needed = self.len() + additional;
+        if needed <= self.capacity() {
+            return self.capacity();
+        }
+        match units_for(needed) {
+            Some(units) => units * unit_bytes() / std::mem::size_of::<Extent>(),
+            None => needed,
+        }
+    }
+
     /// Makes room for at least `additional` more extents: in place if the
     /// memory has it, else by moving them (into a slot of enough units,
     /// or a vector where no slot fits).
@@ -794,8 +807,10 @@ mod tests {
                         prop_assert_eq!(store.split_off(at), want.split_off(at));
                     }
                     Change::Reserve { n } => {
+                        let foreseen = store.capacity_with_room(n);
                         store.reserve_exact(n);
                         prop_assert!(store.capacity() >= len + n);
+                        prop_assert_eq!(store.capacity(), foreseen);
                     }
                     Change::ShrinkTo { capacity } => store.shrink_to(capacity),
                     Change::Clone => store = store.clone(),
