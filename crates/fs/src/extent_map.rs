@@ -37,6 +37,7 @@ pub(crate) use chunks::SEGMENT_MAX;
 pub use chunks::{ChunkPage, Evicted, LoadPurpose, PageLoader, PageSource};
 use chunks::{Chunks, CHUNK_MAX};
 pub(crate) use page_slots::give_back_excess as give_back_excess_slots;
+pub(crate) use page_slots::WARM_BYTES_MAX as WARM_SLOT_BYTES_MAX;
 
 /// At most how many chunks `inserts` more extents can add to a map of
 /// `chunks` chunks, whatever else changes meanwhile: a chunk splits only
@@ -226,7 +227,7 @@ impl ExtentMap {
     /// first key, known without loading). Returns how many pages it read.
     /// The map's other methods then answer in that range without I/O.
     pub fn load_keys(&self, off: u64, end: u64) -> crate::error::Result<usize> {
-        self.map.load_owners(off, end.max(off + 1) - 1, 0)
+        self.map.load_owners(off, end.max(off + 1) - 1, 0, false)
     }
 
     /// Loads the absent chunks a change of `[off, end)` may read or
@@ -237,7 +238,7 @@ impl ExtentMap {
     /// absent chunk anyway loads it outside any fallible path (see
     /// [`PageLoader::note_unplanned`]).
     pub fn load_for_change(&self, off: u64, end: u64) -> crate::error::Result<usize> {
-        self.map.load_owners(off.saturating_sub(1), end, 1)
+        self.map.load_owners(off.saturating_sub(1), end, 1, true)
     }
 
     /// Loads every absent chunk (a change or a pass over the whole file).

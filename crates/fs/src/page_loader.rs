@@ -186,6 +186,7 @@ impl DevicePages {
         let total = self.budget.load(Ordering::Relaxed);
         total
             .saturating_sub(self.shell_bytes())
+            .saturating_sub(crate::extent_map::WARM_SLOT_BYTES_MAX as u64)
             .max(total / MIN_CHUNK_ROOM_DIVISOR)
     }
 

@@ -199,8 +199,10 @@ impl Slot {
     }
 
     /// The extents, reading the page of an absent chunk (under whatever
-    /// lock the caller holds on the map: a shared one suffices).
-    fn load(&self) -> Result<&ChunkExtents> {
+    /// lock the caller holds on the map: a shared one suffices), with
+    /// room for an insert when `to_change` (see
+    /// [`ExtentStore::read_with_room`]).
+    fn load(&self, to_change: bool) -> Result<&ChunkExtents> {
         if let Some(v) = self.get() {
             return Ok(v);
         }
@@ -215,7 +217,12 @@ impl Slot {
         let fill = Arc::get_mut(&mut loaded).expect("a spare chunk is unshared");
         // Assigned, not set: nothing of what the allocation held before
         // can survive.
-        fill.extents = OnceLock::from(ExtentStore::read(got));
+        let room = if to_change {
+            room_to_grow(got.len())
+        } else {
+            0
+        };
+        fill.extents = OnceLock::from(ExtentStore::read_with_room(got, room));
         fill.page = OnceLock::from(absent.page);
         fill.source = OnceLock::from(absent.source.clone());
         // Another reader may have loaded it meanwhile: the same extents,
@@ -230,7 +237,7 @@ impl Slot {
         if let Some(a) = &self.absent {
             a.source.loader.note_unplanned();
         }
-        match self.load() {
+        match self.load(false) {
             Ok(v) => v,
             // No answer would be right: an empty chunk would be silent
             // wrong data (a hole over written blocks).
@@ -1203,9 +1210,15 @@ impl Chunks {
     }
 
     /// Loads the absent chunks from the one owning `from` through the one
-    /// owning `to`, and `after` chunks past that; returns how many it
-    /// read.
-    pub(super) fn load_owners(&self, from: u64, to: u64, after: usize) -> Result<usize> {
+    /// owning `to` (with room for an insert when `to_change`), and
+    /// `after` chunks past that; returns how many it read.
+    pub(super) fn load_owners(
+        &self,
+        from: u64,
+        to: u64,
+        after: usize,
+        to_change: bool,
+    ) -> Result<usize> {
         let (Some(mut at), Some(last)) = (self.owner(from), self.owner(to)) else {
             return Ok(0);
         };
@@ -1213,8 +1226,9 @@ impl Chunks {
         let mut extra = 0;
         loop {
             let c = self.chunk(at);
+            let past_last = (at.seg, at.chunk) > (last.seg, last.chunk);
             if !c.is_loaded() {
-                c.extents.load()?;
+                c.extents.load(to_change && !past_last)?;
                 loaded += 1;
             }
             if (at.seg, at.chunk) >= (last.seg, last.chunk) {
@@ -1236,7 +1250,7 @@ impl Chunks {
         let mut loaded = 0;
         for c in self.all_chunks() {
             if !c.is_loaded() {
-                c.extents.load()?;
+                c.extents.load(false)?;
                 loaded += 1;
             }
         }
@@ -2742,6 +2756,30 @@ mod tests {
         assert_eq!(next, None);
     }
 
+    /// A chunk loaded to be changed gets an insert's room (so that the
+    /// change does not move it to a larger slot), the neighbour loaded
+    /// past it and a chunk loaded for a lookup none.
+    #[test]
+    fn chunks_loaded_to_change_get_room_and_the_rest_none() {
+        let (live, _store, _source) = paged_chunks(6);
+        let capacity_of = |live: &Chunks, n: usize| {
+            let ch = live.all_chunks().nth(n).unwrap();
+            ch.extents.get().map(|v| (v.len(), v.capacity()))
+        };
+        // Chunk 1 changes; chunk 2 is read as its neighbour.
+        let key = 2 * (CHUNK_MAX as u64 + 3);
+        assert_eq!(live.load_owners(key, key, 1, true).unwrap(), 2);
+        assert_eq!(
+            capacity_of(&live, 1),
+            Some((CHUNK_MAX, CHUNK_MAX + room_to_grow(CHUNK_MAX)))
+        );
+        assert_eq!(capacity_of(&live, 2), Some((CHUNK_MAX, CHUNK_MAX)));
+        let key = 2 * (4 * CHUNK_MAX as u64 + 3);
+        assert_eq!(live.load_owners(key, key, 0, false).unwrap(), 1);
+        assert_eq!(capacity_of(&live, 4), Some((CHUNK_MAX, CHUNK_MAX)));
+        assert_eq!(capacity_of(&live, 0), None, "not loaded");
+    }
+
     /// Chunks found by number are the ones a walk over every chunk
     /// numbers so, in open and cold segments alike; a number past the
     /// last chunk ends the answer.
@@ -2749,8 +2787,13 @@ mod tests {
     fn chunks_found_by_number_are_the_walks() {
         let (live, _store, _source) = paged_chunks(12);
         // Segment 1 open, the rest cold.
-        live.load_owners(2 * 5 * CHUNK_MAX as u64, 2 * 5 * CHUNK_MAX as u64 + 1, 0)
-            .unwrap();
+        live.load_owners(
+            2 * 5 * CHUNK_MAX as u64,
+            2 * 5 * CHUNK_MAX as u64 + 1,
+            0,
+            false,
+        )
+        .unwrap();
         assert!(live.open_segments() >= 1 && live.open_segments() < live.segment_count());
         let all: Vec<(Option<PageRef>, bool, usize)> = live
             .pages()

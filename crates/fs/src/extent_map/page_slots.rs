@@ -10,10 +10,11 @@
 //! live, the heap held 110-128 MiB (`docs/EXTENT_PAGES.md`, "The heap
 //! under the budget"). Here a slot holds one chunk's extents and nothing
 //! else, so an evicted chunk's slot is exactly the next one's. Freed
-//! slots past [`WARM_BYTES_MAX`] are given back to the system
+//! slots past [`WARM_BYTES_KEPT`] are given back to the system
 //! (`MADV_DONTNEED`) by the evictor's thread after each pass, or by a
-//! thread that frees twice that much at once ([`give_back_excess`]), so
-//! the resident set follows the chunks in memory, not their history.
+//! thread whose frees pass [`WARM_BYTES_MAX`] ([`give_back_excess`]),
+//! so the resident set follows the chunks in memory, not their history;
+//! the mount's budget counts the warm slots at their most.
 //!
 //! Only chunks of at least half a slot unit come from here: a small chunk
 //! would waste most of its page. The slots' address space is never
@@ -41,9 +42,21 @@ const UNITS_MAX: usize = 4;
 /// Address space reserved at a time for the slots of one size.
 const REGION_BYTES: usize = 2 << 20;
 
-/// Free slot bytes kept resident for the next loads; past it, a freed
-/// slot's pages go back to the system.
-pub(crate) const WARM_BYTES_MAX: usize = 4 << 20;
+/// Most free slot bytes kept resident for the next loads: a thread whose
+/// free passes it gives the excess back. Counted against the mount's
+/// budget (`PageLoader::budget`): they are the metadata's memory too.
+///
+/// Chunks move between slot sizes (read into one, changed into a larger
+/// one, evicted after a base), so each size frees while another takes,
+/// a base's worth apart: with 4 MiB kept, a 1% change of a 50M-extent
+/// file took 15-30% longer than on the heap, its slots' pages faulting in
+/// again (`docs/EXTENT_PAGES.md`, "Changed chunks in slots").
+pub(crate) const WARM_BYTES_MAX: usize = 16 << 20;
+
+/// Free slot bytes a give-back leaves warm (half the most, so that a
+/// thread dropping many chunks at once, an eviction pass before a base
+/// in the checkpoint's time, makes a system call once per that much).
+const WARM_BYTES_KEPT: usize = WARM_BYTES_MAX / 2;
 
 /// A chunk's extents in a slot of the pool: an immutable copy, freed to
 /// the pool when dropped.
@@ -66,6 +79,7 @@ impl SlotExtents {
     /// A copy of `extents` in a slot, or `None` where they belong on the
     /// heap: fewer than half a unit's worth, more than the largest slot
     /// holds, or no address space left.
+    #[cfg(test)]
     pub(crate) fn copy_of(extents: &[Extent]) -> Option<SlotExtents> {
         SlotExtents::copy_with_room(extents, extents.len())
     }
@@ -193,10 +207,24 @@ pub(crate) enum ExtentStore {
 impl ExtentStore {
     /// Extents read from a page: in a slot where they fit one, else the
     /// vector itself.
+    #[cfg(test)]
     pub(crate) fn read(extents: Vec<Extent>) -> ExtentStore {
-        match SlotExtents::copy_of(&extents) {
+        ExtentStore::read_with_room(extents, 0)
+    }
+
+    /// Extents read from a page to be changed: in a slot with room for
+    /// `room` more where that fits one, so that the change does not move
+    /// them (a chunk read into a full slot of one size and moved to the
+    /// next at its first insert frees slots of one size and takes slots
+    /// of another, and each taken slot's pages fault in again); else the
+    /// vector itself, with that room.
+    pub(crate) fn read_with_room(mut extents: Vec<Extent>, room: usize) -> ExtentStore {
+        match SlotExtents::copy_with_room(&extents, extents.len() + room) {
             Some(slot) => ExtentStore::Slot(slot),
-            None => ExtentStore::Heap(extents),
+            None => {
+                extents.reserve_exact(room);
+                ExtentStore::Heap(extents)
+            }
         }
     }
 
@@ -440,22 +468,22 @@ fn take(units: usize, unit: usize) -> Option<NonNull<u8>> {
 
 /// Frees a slot: kept warm, so that a thread dropping many chunks at
 /// once (an eviction pass before a base, in the checkpoint's time) makes
-/// a system call only once twice [`WARM_BYTES_MAX`] is warm, and then one
-/// per run of neighbouring slots ([`give_back_excess`]; the evictor's
-/// thread calls it after its passes too).
+/// a system call only once [`WARM_BYTES_MAX`] is warm, and then one per
+/// run of neighbouring slots ([`give_back_excess`]; the evictor's thread
+/// calls it after its passes too).
 fn give_back(slot: NonNull<u8>, units: usize, unit: usize) {
     let over = {
         let mut pool = POOL.lock();
         pool.warm_bytes += units * unit;
         pool.sizes[units - 1].warm.push(slot);
-        pool.warm_bytes > 2 * WARM_BYTES_MAX
+        pool.warm_bytes > WARM_BYTES_MAX
     };
     if over {
         give_back_excess();
     }
 }
 
-/// Gives the pages of the warm slots past [`WARM_BYTES_MAX`] back to the
+/// Gives the pages of the warm slots past [`WARM_BYTES_KEPT`] back to the
 /// system (`MADV_DONTNEED`; the slots stay the pool's, cold), neighbours
 /// joined into runs and the runs in one system call where the kernel
 /// takes it ([`drop_pages`]); the bytes given back. Called by the evictor's thread
@@ -468,7 +496,7 @@ pub(crate) fn give_back_excess() -> usize {
         let Pool { sizes, warm_bytes } = &mut *pool;
         for (i, size) in sizes.iter_mut().enumerate() {
             let bytes = (i + 1) * unit;
-            while *warm_bytes > WARM_BYTES_MAX {
+            while *warm_bytes > WARM_BYTES_KEPT {
                 let Some(slot) = size.warm.pop() else { break };
                 *warm_bytes -= bytes;
                 excess.push((slot, bytes));
@@ -834,7 +862,7 @@ mod tests {
         let per_unit = unit_bytes() / std::mem::size_of::<Extent>();
         // Three units: a size no other test of this binary uses.
         let n = 2 * per_unit + 1;
-        let many = 2 * WARM_BYTES_MAX / (3 * unit_bytes()) + 8;
+        let many = WARM_BYTES_MAX / (3 * unit_bytes()) + 8;
         let mut held: Vec<SlotExtents> = (0..many)
             .map(|i| SlotExtents::copy_of(&extents(n, i as u64)).unwrap())
             .collect();
@@ -845,7 +873,7 @@ mod tests {
         give_back_excess();
         let (warm, cold) = free_slots(3);
         assert!(warm >= 1 && cold >= 1, "warm {warm}, cold {cold}");
-        assert!(warm * 3 * unit_bytes() <= WARM_BYTES_MAX);
+        assert!(warm * 3 * unit_bytes() <= WARM_BYTES_KEPT);
         let again: Vec<SlotExtents> = (0..many)
             .map(|i| SlotExtents::copy_of(&extents(n, 1000 + i as u64)).unwrap())
             .collect();
