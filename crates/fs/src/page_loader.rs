@@ -27,7 +27,7 @@
 //! frees only pages neither slot's base lists, which no live chunk names
 //! (`extent_pages::after_base`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use blockdev::BlockDevice;
@@ -64,6 +64,9 @@ pub(crate) struct DevicePages {
     /// chunks changed since, they count against the budget, so the clean
     /// chunks make room for them.
     unpaged_seen: AtomicU64,
+    /// Set once a chunk charged holds its extents in a slot: the budget
+    /// then leaves the slot pool's warm slots room (`warm_slot_room`).
+    slots_in_use: AtomicBool,
     unpaged_seen_at: AtomicU64,
     /// Clean chunk bytes the evictor dropped since mount, and that count
     /// at the last base or budget change (see `evicted_since_base`).
@@ -142,6 +145,7 @@ impl DevicePages {
             evict_request: Arc::default(),
             unpaged_so_far: AtomicU64::new(0),
             unpaged_seen: AtomicU64::new(0),
+            slots_in_use: AtomicBool::new(false),
             unpaged_seen_at: AtomicU64::new(0),
             evicted_so_far: AtomicU64::new(0),
             evicted_at_base: AtomicU64::new(0),
@@ -181,13 +185,31 @@ impl DevicePages {
 
     /// Bytes the extents of chunks in memory (clean and changed) may
     /// take: the mount's budget less the shells (see
-    /// [`PageLoads::shell_bytes`]), and never under an eighth of it.
+    /// [`PageLoads::shell_bytes`]) and, once its chunks live in slots,
+    /// the most the slot pool keeps warm (memory the chunks leave behind
+    /// to be reused, see `extent_map::page_slots`), and never under an
+    /// eighth of it.
     pub(crate) fn budget(&self) -> u64 {
         let total = self.budget.load(Ordering::Relaxed);
         total
             .saturating_sub(self.shell_bytes())
-            .saturating_sub(crate::extent_map::WARM_SLOT_BYTES_MAX as u64)
+            .saturating_sub(self.warm_slot_room())
             .max(total / MIN_CHUNK_ROOM_DIVISOR)
+    }
+
+    /// The room the slot pool's warm free slots take, once chunks of
+    /// this mount live in slots (chunks too small for a slot never
+    /// leave any): counted at its most, not as it is now. Counted as it
+    /// is, a pass that evicts many chunks turns their bytes into warm
+    /// slots and the budget shrinks only after the chunks that made it
+    /// grow are in memory: at 50M extents a session peaked at 85-89 MiB
+    /// so, and at 70 counted at the most.
+    fn warm_slot_room(&self) -> u64 {
+        if self.slots_in_use.load(Ordering::Relaxed) {
+            crate::extent_map::WARM_SLOT_BYTES_MAX as u64
+        } else {
+            0
+        }
     }
 
     /// The shells' memory: the paged maps' own (a page reference per
@@ -332,6 +354,14 @@ impl PageLoader for DevicePages {
         // Loads run under the shared metadata lock, which eviction cannot
         // take: it runs in its own thread.
         self.ask_if_over();
+    }
+
+    fn slots_in_use(&self) {
+        if !self.slots_in_use.load(Ordering::Relaxed) {
+            self.slots_in_use.store(true, Ordering::Relaxed);
+            // Less room for the chunks: the evictor may have work.
+            self.ask_if_over();
+        }
     }
 
     fn cache_refund(&self, bytes: u64) {

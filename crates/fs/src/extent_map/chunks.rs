@@ -297,6 +297,11 @@ pub trait PageLoader: Send + Sync {
     /// can give back. Counted by the loader against the volume's budget.
     fn cache_charge(&self, _bytes: u64) {}
 
+    /// A chunk charged holds its extents in a slot of the pool
+    /// (`page_slots`): the budget then leaves room for the pool's warm
+    /// free slots.
+    fn slots_in_use(&self) {}
+
     /// Such a chunk dropped its extents, or changed (and no longer
     /// matches its page): the bytes [`PageLoader::cache_charge`] added.
     fn cache_refund(&self, _bytes: u64) {}
@@ -439,6 +444,9 @@ impl ChunkExtents {
             .is_ok()
         {
             source.loader.cache_charge(u64::from(bytes));
+            if matches!(v, ExtentStore::Slot(_)) {
+                source.loader.slots_in_use();
+            }
         }
     }
 

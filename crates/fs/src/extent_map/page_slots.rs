@@ -414,19 +414,39 @@ struct Size {
 // mutex.
 unsafe impl Send for Pool {}
 
-static POOL: Mutex<Pool> = Mutex::new(Pool {
-    sizes: [const {
-        Size {
-            warm: Vec::new(),
-            cold: Vec::new(),
-            region: std::ptr::null_mut(),
-            used: REGION_BYTES,
-        }
-    }; UNITS_MAX],
-    warm_bytes: 0,
-});
+#[cfg(not(test))]
+static POOL: Mutex<Pool> = Mutex::new(Pool::EMPTY);
+
+// One pool per test thread: a test that counts free slots sees only its
+// own, whatever the tests running beside it take and free (the same pool
+// code, one instance each).
+#[cfg(test)]
+thread_local! {
+    static POOL: Mutex<Pool> = const { Mutex::new(Pool::EMPTY) };
+}
+
+/// `f` on the pool, under its lock.
+fn with_pool<R>(f: impl FnOnce(&mut Pool) -> R) -> R {
+    #[cfg(not(test))]
+    let got = f(&mut POOL.lock());
+    #[cfg(test)]
+    let got = POOL.with(|pool| f(&mut pool.lock()));
+    got
+}
 
 impl Pool {
+    const EMPTY: Pool = Pool {
+        sizes: [const {
+            Size {
+                warm: Vec::new(),
+                cold: Vec::new(),
+                region: std::ptr::null_mut(),
+                used: REGION_BYTES,
+            }
+        }; UNITS_MAX],
+        warm_bytes: 0,
+    };
+
     /// A free slot of `units` units, or the next one of the newest
     /// region; `None` if that region is used up.
     fn take(&mut self, units: usize, unit: usize) -> Option<NonNull<u8>> {
@@ -453,17 +473,18 @@ impl Pool {
 /// A slot of `units` units: free or new; a new region is mapped without
 /// the lock held, so loads in other threads do not wait on `mmap`.
 fn take(units: usize, unit: usize) -> Option<NonNull<u8>> {
-    if let Some(slot) = POOL.lock().take(units, unit) {
+    if let Some(slot) = with_pool(|pool| pool.take(units, unit)) {
         return Some(slot);
     }
     let region = map_region()?;
-    let mut pool = POOL.lock();
-    // Another thread may have mapped one meanwhile: the rest of the
-    // region replaced is only address space.
-    let size = &mut pool.sizes[units - 1];
-    size.region = region.as_ptr();
-    size.used = 0;
-    pool.take(units, unit)
+    with_pool(|pool| {
+        // Another thread may have mapped one meanwhile: the rest of the
+        // region replaced is only address space.
+        let size = &mut pool.sizes[units - 1];
+        size.region = region.as_ptr();
+        size.used = 0;
+        pool.take(units, unit)
+    })
 }
 
 /// Frees a slot: kept warm, so that a thread dropping many chunks at
@@ -472,12 +493,11 @@ fn take(units: usize, unit: usize) -> Option<NonNull<u8>> {
 /// run of neighbouring slots ([`give_back_excess`]; the evictor's thread
 /// calls it after its passes too).
 fn give_back(slot: NonNull<u8>, units: usize, unit: usize) {
-    let over = {
-        let mut pool = POOL.lock();
+    let over = with_pool(|pool| {
         pool.warm_bytes += units * unit;
         pool.sizes[units - 1].warm.push(slot);
         pool.warm_bytes > WARM_BYTES_MAX
-    };
+    });
     if over {
         give_back_excess();
     }
@@ -491,9 +511,8 @@ fn give_back(slot: NonNull<u8>, units: usize, unit: usize) {
 pub(crate) fn give_back_excess() -> usize {
     let unit = unit_bytes();
     let mut excess: Vec<(NonNull<u8>, usize)> = Vec::new();
-    {
-        let mut pool = POOL.lock();
-        let Pool { sizes, warm_bytes } = &mut *pool;
+    with_pool(|pool| {
+        let Pool { sizes, warm_bytes } = pool;
         for (i, size) in sizes.iter_mut().enumerate() {
             let bytes = (i + 1) * unit;
             while *warm_bytes > WARM_BYTES_KEPT {
@@ -502,7 +521,7 @@ pub(crate) fn give_back_excess() -> usize {
                 excess.push((slot, bytes));
             }
         }
-    }
+    });
     if excess.is_empty() {
         return 0;
     }
@@ -517,10 +536,11 @@ pub(crate) fn give_back_excess() -> usize {
         }
     }
     let given = drop_pages(&runs);
-    let mut pool = POOL.lock();
-    for (slot, bytes) in excess {
-        pool.sizes[bytes / unit - 1].cold.push(slot);
-    }
+    with_pool(|pool| {
+        for (slot, bytes) in excess {
+            pool.sizes[bytes / unit - 1].cold.push(slot);
+        }
+    });
     given
 }
 
@@ -683,9 +703,10 @@ fn map_region() -> Option<NonNull<u8>> {
 /// warm, cold).
 #[cfg(test)]
 pub(crate) fn free_slots(units: usize) -> (usize, usize) {
-    let pool = POOL.lock();
-    let size = &pool.sizes[units - 1];
-    (size.warm.len(), size.cold.len())
+    with_pool(|pool| {
+        let size = &pool.sizes[units - 1];
+        (size.warm.len(), size.cold.len())
+    })
 }
 
 #[cfg(test)]
@@ -710,10 +731,6 @@ mod tests {
         }
     }
 
-    /// Tests that take and free slots of the shared pool and count them
-    /// (a slot another test holds meanwhile is not in the counts).
-    static POOL_TESTS: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
-
     /// A chunk read into a slot changes there: a removal or an insert with
     /// room keeps the slot; growing past it moves the extents to a larger
     /// slot, and giving back room to a smaller one. A copy (before a
@@ -723,7 +740,6 @@ mod tests {
     /// loaded chunk.
     #[test]
     fn a_chunk_changes_in_its_slot_and_moves_only_to_grow_or_shrink() {
-        let _pool = POOL_TESTS.lock();
         assert!(std::mem::size_of::<ExtentStore>() <= std::mem::size_of::<Vec<Extent>>());
         let per_unit = unit_bytes() / std::mem::size_of::<Extent>();
         let slot_of = |store: &ExtentStore| match store {
@@ -804,8 +820,7 @@ mod tests {
             read in any::<bool>(),
             changes in prop::collection::vec(change(), 1..40),
         ) {
-            let _pool = POOL_TESTS.lock();
-            let mut want = extents(start, 1);
+                let mut want = extents(start, 1);
             let mut store = if read {
                 ExtentStore::read(want.clone())
             } else {
@@ -858,7 +873,6 @@ mod tests {
     /// freed slots are given back (cold) and still serve.
     #[test]
     fn freed_slots_serve_the_next_chunks() {
-        let _pool = POOL_TESTS.lock();
         let per_unit = unit_bytes() / std::mem::size_of::<Extent>();
         // Three units: a size no other test of this binary uses.
         let n = 2 * per_unit + 1;
