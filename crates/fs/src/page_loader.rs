@@ -88,6 +88,17 @@ pub(crate) struct DevicePages {
 /// a page again.
 const MIN_CHUNK_ROOM_DIVISOR: u64 = 8;
 
+/// The share of a mount's budget the slot pool may keep in warm free
+/// slots (and the budget counts for them), up to
+/// [`crate::extent_map::WARM_SLOT_BYTES_MOST`]: 16 MiB of the default 64.
+const WARM_SLOT_SHARE_DIVISOR: u64 = 4;
+
+/// What a budget of `budget` bytes counts for the slot pool's warm
+/// slots.
+fn warm_slot_share(budget: u64) -> u64 {
+    (budget / WARM_SLOT_SHARE_DIVISOR).min(crate::extent_map::WARM_SLOT_BYTES_MOST as u64)
+}
+
 /// What [`DevicePages`] did since mount.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PageLoads {
@@ -159,6 +170,8 @@ impl DevicePages {
     /// if the chunks are past what is left for them).
     pub(crate) fn set_budget(&self, bytes: u64) {
         self.budget.store(bytes, Ordering::Relaxed);
+        let warm = usize::try_from(warm_slot_share(bytes)).unwrap_or(usize::MAX);
+        crate::extent_map::keep_warm_slots_up_to(warm);
         self.based();
         self.ask_if_over();
     }
@@ -206,7 +219,7 @@ impl DevicePages {
     /// so, and at 70 counted at the most.
     fn warm_slot_room(&self) -> u64 {
         if self.slots_in_use.load(Ordering::Relaxed) {
-            crate::extent_map::WARM_SLOT_BYTES_MAX as u64
+            warm_slot_share(self.budget.load(Ordering::Relaxed))
         } else {
             0
         }

@@ -10,11 +10,12 @@
 //! live, the heap held 110-128 MiB (`docs/EXTENT_PAGES.md`, "The heap
 //! under the budget"). Here a slot holds one chunk's extents and nothing
 //! else, so an evicted chunk's slot is exactly the next one's. Freed
-//! slots past [`WARM_BYTES_KEPT`] are given back to the system
+//! slots past half the pool's limit are given back to the system
 //! (`MADV_DONTNEED`) by the evictor's thread after each pass, or by a
-//! thread whose frees pass [`WARM_BYTES_MAX`] ([`give_back_excess`]),
-//! so the resident set follows the chunks in memory, not their history;
-//! the mount's budget counts the warm slots at their most.
+//! thread whose frees pass the limit ([`give_back_excess`]), so the
+//! resident set follows the chunks in memory, not their history; the
+//! mount's budget counts the warm slots at their limit, a quarter of the
+//! budget up to [`WARM_BYTES_MOST`].
 //!
 //! Only chunks of at least half a slot unit come from here: a small chunk
 //! would waste most of its page. The slots' address space is never
@@ -23,6 +24,8 @@
 
 use std::ops::Deref;
 use std::ptr::NonNull;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -42,21 +45,34 @@ const UNITS_MAX: usize = 4;
 /// Address space reserved at a time for the slots of one size.
 const REGION_BYTES: usize = 2 << 20;
 
-/// Most free slot bytes kept resident for the next loads: a thread whose
-/// free passes it gives the excess back. Counted against the mount's
-/// budget (`PageLoader::budget`): they are the metadata's memory too.
+/// Most free slot bytes the pool keeps resident for the next loads,
+/// whatever the mounts' budgets: a thread whose free passes the pool's
+/// limit ([`warm_limit`]) gives the excess back.
 ///
 /// Chunks move between slot sizes (read into one, changed into a larger
 /// one, evicted after a base), so each size frees while another takes,
 /// a base's worth apart: with 4 MiB kept, a 1% change of a 50M-extent
 /// file took 15-30% longer than on the heap, its slots' pages faulting in
 /// again (`docs/EXTENT_PAGES.md`, "Changed chunks in slots").
-pub(crate) const WARM_BYTES_MAX: usize = 16 << 20;
+pub(crate) const WARM_BYTES_MOST: usize = 16 << 20;
 
-/// Free slot bytes a give-back leaves warm (half the most, so that a
-/// thread dropping many chunks at once, an eviction pass before a base
-/// in the checkpoint's time, makes a system call once per that much).
-const WARM_BYTES_KEPT: usize = WARM_BYTES_MAX / 2;
+/// The pool's limit of warm bytes until a mount sets one
+/// ([`keep_warm_up_to`]).
+const WARM_BYTES_BEFORE_A_MOUNT: usize = 4 << 20;
+
+static WARM_LIMIT: AtomicUsize = AtomicUsize::new(WARM_BYTES_BEFORE_A_MOUNT);
+
+/// Raises the pool's limit of warm bytes to `bytes` (at most
+/// [`WARM_BYTES_MOST`]): a mount keeps as many warm as its budget counts
+/// for them. Never lowered: the pool serves every mount of the process.
+pub(crate) fn keep_warm_up_to(bytes: usize) {
+    WARM_LIMIT.fetch_max(bytes.min(WARM_BYTES_MOST), Ordering::Relaxed);
+}
+
+/// The most free slot bytes kept warm now.
+fn warm_limit() -> usize {
+    WARM_LIMIT.load(Ordering::Relaxed)
+}
 
 /// A chunk's extents in a slot of the pool: an immutable copy, freed to
 /// the pool when dropped.
@@ -489,21 +505,24 @@ fn take(units: usize, unit: usize) -> Option<NonNull<u8>> {
 
 /// Frees a slot: kept warm, so that a thread dropping many chunks at
 /// once (an eviction pass before a base, in the checkpoint's time) makes
-/// a system call only once [`WARM_BYTES_MAX`] is warm, and then one per
+/// a system call only once the pool's [`warm_limit`] is warm, and then one per
 /// run of neighbouring slots ([`give_back_excess`]; the evictor's thread
 /// calls it after its passes too).
 fn give_back(slot: NonNull<u8>, units: usize, unit: usize) {
     let over = with_pool(|pool| {
         pool.warm_bytes += units * unit;
         pool.sizes[units - 1].warm.push(slot);
-        pool.warm_bytes > WARM_BYTES_MAX
+        pool.warm_bytes > warm_limit()
     });
     if over {
         give_back_excess();
     }
 }
 
-/// Gives the pages of the warm slots past [`WARM_BYTES_KEPT`] back to the
+/// Gives the pages of the warm slots past half the pool's [`warm_limit`]
+/// (so that a thread dropping many chunks at once, an eviction pass
+/// before a base in the checkpoint's time, makes a system call once per
+/// that much) back to the
 /// system (`MADV_DONTNEED`; the slots stay the pool's, cold), neighbours
 /// joined into runs and the runs in one system call where the kernel
 /// takes it ([`drop_pages`]); the bytes given back. Called by the evictor's thread
@@ -511,11 +530,12 @@ fn give_back(slot: NonNull<u8>, units: usize, unit: usize) {
 pub(crate) fn give_back_excess() -> usize {
     let unit = unit_bytes();
     let mut excess: Vec<(NonNull<u8>, usize)> = Vec::new();
+    let kept = warm_limit() / 2;
     with_pool(|pool| {
         let Pool { sizes, warm_bytes } = pool;
         for (i, size) in sizes.iter_mut().enumerate() {
             let bytes = (i + 1) * unit;
-            while *warm_bytes > WARM_BYTES_KEPT {
+            while *warm_bytes > kept {
                 let Some(slot) = size.warm.pop() else { break };
                 *warm_bytes -= bytes;
                 excess.push((slot, bytes));
@@ -876,7 +896,7 @@ mod tests {
         let per_unit = unit_bytes() / std::mem::size_of::<Extent>();
         // Three units: a size no other test of this binary uses.
         let n = 2 * per_unit + 1;
-        let many = WARM_BYTES_MAX / (3 * unit_bytes()) + 8;
+        let many = warm_limit() / (3 * unit_bytes()) + 8;
         let mut held: Vec<SlotExtents> = (0..many)
             .map(|i| SlotExtents::copy_of(&extents(n, i as u64)).unwrap())
             .collect();
@@ -887,7 +907,7 @@ mod tests {
         give_back_excess();
         let (warm, cold) = free_slots(3);
         assert!(warm >= 1 && cold >= 1, "warm {warm}, cold {cold}");
-        assert!(warm * 3 * unit_bytes() <= WARM_BYTES_KEPT);
+        assert!(warm * 3 * unit_bytes() <= warm_limit() / 2);
         let again: Vec<SlotExtents> = (0..many)
             .map(|i| SlotExtents::copy_of(&extents(n, 1000 + i as u64)).unwrap())
             .collect();
