@@ -58,7 +58,7 @@ pub(crate) const WARM_BYTES_MOST: usize = 16 << 20;
 
 /// The pool's limit of warm bytes until a mount sets one
 /// ([`keep_warm_up_to`]).
-const WARM_BYTES_BEFORE_A_MOUNT: usize = 4 << 20;
+const WARM_BYTES_BEFORE_A_MOUNT: usize = 1 << 20;
 
 static WARM_LIMIT: AtomicUsize = AtomicUsize::new(WARM_BYTES_BEFORE_A_MOUNT);
 
@@ -74,8 +74,8 @@ fn warm_limit() -> usize {
     WARM_LIMIT.load(Ordering::Relaxed)
 }
 
-/// A chunk's extents in a slot of the pool: an immutable copy, freed to
-/// the pool when dropped.
+/// A chunk's extents in a slot of the pool, changed in place within its
+/// capacity (whole units), freed to the pool when dropped.
 pub(crate) struct SlotExtents {
     ptr: NonNull<Extent>,
     // u32s: with the pointer, 16 bytes, so that `ExtentStore` is no larger
@@ -85,8 +85,8 @@ pub(crate) struct SlotExtents {
 }
 
 // SAFETY: a `SlotExtents` owns its slot alone (the pool hands a slot to
-// one owner until it is freed) and only reads it after the copy in
-// `copy_of`, like a `Box<[Extent]>`; `Extent` is `Send + Sync`.
+// one owner until it is freed) and writes it only through `&mut self`,
+// like a `Vec<Extent>`; `Extent` is `Send + Sync`.
 unsafe impl Send for SlotExtents {}
 // SAFETY: as above: shared references only read the slot.
 unsafe impl Sync for SlotExtents {}
@@ -106,12 +106,13 @@ impl SlotExtents {
     fn copy_with_room(extents: &[Extent], capacity: usize) -> Option<SlotExtents> {
         let units = units_for(capacity.max(extents.len()))?;
         let unit = unit_bytes();
+        assert!(units * unit >= std::mem::size_of_val(extents));
         let slot = take(units, unit)?;
         let ptr = slot.cast::<Extent>();
         // SAFETY: the slot is `units * unit` bytes the pool handed to this
         // owner alone, aligned to the unit (a multiple of `Extent`'s
         // alignment), and holds at least `extents.len()` extents
-        // (`units_for`); `extents` cannot overlap it (it is memory the
+        // (asserted above); `extents` cannot overlap it (it is memory the
         // caller already holds).
         unsafe {
             std::ptr::copy_nonoverlapping(extents.as_ptr(), ptr.as_ptr(), extents.len());
@@ -170,7 +171,7 @@ impl SlotExtents {
 /// waste most of its page) or more than the largest slot.
 fn units_for(capacity: usize) -> Option<usize> {
     let unit = unit_bytes();
-    let bytes = capacity * std::mem::size_of::<Extent>();
+    let bytes = capacity.checked_mul(std::mem::size_of::<Extent>())?;
     let units = bytes.div_ceil(unit);
     (bytes >= unit / 2 && units <= UNITS_MAX && units * unit <= REGION_BYTES).then_some(units)
 }
@@ -179,7 +180,8 @@ impl Deref for SlotExtents {
     type Target = [Extent];
     #[inline]
     fn deref(&self) -> &[Extent] {
-        // SAFETY: `ptr` points at `len` extents copied in `copy_of`, in a
+        // SAFETY: `ptr` points at `len` extents (copied in
+        // `copy_with_room`, then changed only within the capacity), in a
         // slot this value owns until it drops.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len as usize) }
     }
@@ -232,10 +234,14 @@ impl ExtentStore {
     /// `room` more where that fits one, so that the change does not move
     /// them (a chunk read into a full slot of one size and moved to the
     /// next at its first insert frees slots of one size and takes slots
-    /// of another, and each taken slot's pages fault in again); else the
-    /// vector itself, with that room.
+    /// of another, and each taken slot's pages fault in again); the room
+    /// is cut to what the largest slot holds (a chunk nearly that large
+    /// splits at its next inserts anyway); else the vector itself, with
+    /// that room.
     pub(crate) fn read_with_room(mut extents: Vec<Extent>, room: usize) -> ExtentStore {
-        match SlotExtents::copy_with_room(&extents, extents.len() + room) {
+        let largest = UNITS_MAX * unit_bytes() / std::mem::size_of::<Extent>();
+        let capacity = (extents.len() + room).min(largest.max(extents.len()));
+        match SlotExtents::copy_with_room(&extents, capacity) {
             Some(slot) => ExtentStore::Slot(slot),
             None => {
                 extents.reserve_exact(room);
@@ -295,11 +301,15 @@ impl ExtentStore {
     }
 
     /// Gives back the room past `capacity` extents (never below the
-    /// length): a slot moves to fewer units, or to a vector once its
-    /// extents no longer fill half a unit; a vector shrinks, or moves to a
-    /// slot where the extents fit one.
+    /// length, and never growing, as `Vec::shrink_to`): a slot moves to
+    /// fewer units, or to a vector once its extents no longer fill half a
+    /// unit; a vector shrinks, or moves to a slot where the extents fit
+    /// one.
     pub(crate) fn shrink_to(&mut self, capacity: usize) {
         let wanted = capacity.max(self.len());
+        if wanted >= self.capacity() {
+            return;
+        }
         match (&mut *self, units_for(wanted)) {
             (ExtentStore::Heap(v), None) => v.shrink_to(wanted),
             (ExtentStore::Slot(s), Some(units)) if units >= s.units as usize => {}
@@ -798,6 +808,18 @@ mod tests {
             assert!(slot_of(&ExtentStore::read(extents(n, 1))).is_none());
             assert!(slot_of(&ExtentStore::from(extents(n, 1))).is_none());
         }
+        // Read to be changed: the room in the slot, cut to the largest
+        // slot; never growing a store when asked to shrink.
+        let full = 2 * per_unit;
+        let read = ExtentStore::read_with_room(extents(full, 5), full / 8 + 1);
+        assert_eq!(slot_of(&read).map(|(_, u)| u), Some(3));
+        assert_eq!(&*read, &extents(full, 5)[..]);
+        let nearly = UNITS_MAX * per_unit - 8;
+        let mut read = ExtentStore::read_with_room(extents(nearly, 5), nearly / 8 + 1);
+        assert_eq!(slot_of(&read).map(|(_, u)| u), Some(UNITS_MAX as u32));
+        read.shrink_to(2 * UNITS_MAX * per_unit);
+        assert_eq!(slot_of(&read).map(|(_, u)| u), Some(UNITS_MAX as u32));
+        assert_eq!(&*read, &extents(nearly, 5)[..]);
     }
 
     /// One change to a store and to the vector it is checked against.
@@ -814,7 +836,7 @@ mod tests {
 
     fn change() -> impl Strategy<Value = Change> {
         let per_unit = unit_bytes() / std::mem::size_of::<Extent>();
-        let n = 0..=UNITS_MAX * per_unit;
+        let n = 0..=2 * UNITS_MAX * per_unit;
         prop_oneof![
             (any::<usize>(), 1..=2 * per_unit).prop_map(|(at, n)| Change::Insert { at, n }),
             (any::<usize>(), 0..=2 * per_unit)
@@ -875,7 +897,11 @@ mod tests {
                         prop_assert!(store.capacity() >= len + n);
                         prop_assert_eq!(store.capacity(), foreseen);
                     }
-                    Change::ShrinkTo { capacity } => store.shrink_to(capacity),
+                    Change::ShrinkTo { capacity } => {
+                        let before = store.capacity();
+                        store.shrink_to(capacity);
+                        prop_assert!(store.capacity() <= before, "shrink_to({}) grew {} to {}", capacity, before, store.capacity());
+                    }
                     Change::Clone => store = store.clone(),
                 }
                 prop_assert_eq!(&*store, &want[..]);
@@ -896,7 +922,9 @@ mod tests {
         let per_unit = unit_bytes() / std::mem::size_of::<Extent>();
         // Three units: a size no other test of this binary uses.
         let n = 2 * per_unit + 1;
-        let many = warm_limit() / (3 * unit_bytes()) + 8;
+        // Past the most the pool keeps warm: other tests' mounts raise its
+        // limit meanwhile.
+        let many = WARM_BYTES_MOST / (3 * unit_bytes()) + 8;
         let mut held: Vec<SlotExtents> = (0..many)
             .map(|i| SlotExtents::copy_of(&extents(n, i as u64)).unwrap())
             .collect();
@@ -907,7 +935,7 @@ mod tests {
         give_back_excess();
         let (warm, cold) = free_slots(3);
         assert!(warm >= 1 && cold >= 1, "warm {warm}, cold {cold}");
-        assert!(warm * 3 * unit_bytes() <= warm_limit() / 2);
+        assert!(warm * 3 * unit_bytes() <= WARM_BYTES_MOST / 2);
         let again: Vec<SlotExtents> = (0..many)
             .map(|i| SlotExtents::copy_of(&extents(n, 1000 + i as u64)).unwrap())
             .collect();
