@@ -10,7 +10,7 @@ use std::sync::Arc;
 use blockdev::memory::MemDevice;
 use blockdev::{BlockDevice, WriteMode};
 use common::dev::{checkpoint_through_a_base, dynd, fsck_clean};
-use iomapfs_fs::{checkpoint, superblock, FormatOptions, OpenFlags, Volume};
+use iomapfs_fs::{checkpoint, superblock, FormatOptions, MountOptions, OpenFlags, Volume};
 
 const BLOCK: u64 = 4096;
 /// Extents of /big: one per other block, so none merge. 512 extents per
@@ -98,6 +98,39 @@ fn damage(dev: &Arc<MemDevice>, pages: &[iomapfs_fs::codec::PageRef]) {
         dev.write_at(&bytes, page.addr, WriteMode::Normal).unwrap();
     }
     dev.flush().unwrap();
+}
+
+/// Once a chunk read holds its extents in a slot of the pool, the
+/// chunks' budget leaves the pool's warm free slots their share (a
+/// quarter of the mount's budget): memory the metadata holds beside its
+/// chunks. Before that it leaves none.
+#[test]
+fn chunks_in_slots_leave_the_warm_slots_their_share_of_the_budget() {
+    const BUDGET: u64 = 8 << 20;
+    let dev = volume();
+    let opts = MountOptions {
+        metadata_cache_bytes: BUDGET,
+        ..MountOptions::default()
+    };
+    let vol = Volume::open_with(dynd(&dev), &opts).unwrap();
+    vol.wait_free_space().unwrap();
+    let before = loads(&vol);
+    assert_eq!(before.cache_budget, BUDGET, "{before:?}");
+    assert_eq!(
+        before.chunk_budget,
+        BUDGET - before.shell_bytes,
+        "no chunk in a slot yet: {before:?}"
+    );
+    let k = EXTENTS / 2 + 3;
+    assert_eq!(read_big(&vol, k).unwrap(), vec![fill(k); BLOCK as usize]);
+    let after = loads(&vol);
+    assert_eq!(after.loads, 1, "{after:?}");
+    assert_eq!(
+        after.chunk_budget,
+        BUDGET - after.shell_bytes - BUDGET / 4,
+        "{after:?}"
+    );
+    vol.unmount().unwrap();
 }
 
 #[test]
