@@ -117,8 +117,8 @@ fn reading_every_chunk_through_a_small_budget_stays_near_it() {
         loads.evicted_bytes > 0 && loads.loads > loads.chunks,
         "{loads:?}: the budget evicted nothing, nothing measured"
     );
-    // The budget's chunks, the pool's warm slots (4 MiB) and what the
-    // read path and the evictor hold in flight.
+    // The budget (which counts the pool's warm slots) and what the read
+    // path and the evictor hold in flight.
     let allowed = BUDGET + 4 * MIB + 4 * MIB;
     assert!(
         peak <= before + allowed,
