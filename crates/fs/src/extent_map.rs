@@ -37,6 +37,7 @@ pub(crate) use chunks::SEGMENT_MAX;
 pub use chunks::{ChunkPage, Evicted, LoadPurpose, PageLoader, PageSource};
 use chunks::{Chunks, CHUNK_MAX};
 pub(crate) use page_slots::give_back_excess as give_back_excess_slots;
+pub(crate) use page_slots::give_back_warm as give_back_warm_slots;
 pub(crate) use page_slots::keep_warm_up_to as keep_warm_slots_up_to;
 pub(crate) use page_slots::WARM_BYTES_MOST as WARM_SLOT_BYTES_MOST;
 

@@ -631,7 +631,7 @@ const TRIM_AFTER_METADATA_BYTES: u64 = 8 << 20;
 fn give_back_freed_heap() {
     // Their allocations would pin the pages they sit in.
     crate::extent_map::release_spare_chunks();
-    crate::extent_map::give_back_excess_slots();
+    crate::extent_map::give_back_warm_slots();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim takes no pointer and has no precondition; it
     // takes each arena's lock, so it may run beside other threads'

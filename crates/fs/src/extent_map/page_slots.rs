@@ -538,9 +538,20 @@ fn give_back(slot: NonNull<u8>, units: usize, unit: usize) {
 /// takes it ([`drop_pages`]); the bytes given back. Called by the evictor's thread
 /// after its passes and by unmount.
 pub(crate) fn give_back_excess() -> usize {
+    give_back_past(warm_limit() / 2)
+}
+
+/// Gives back every warm slot's pages (as [`give_back_excess`]): at
+/// unmount, the volume's slots are not the next loads' (the pool kept up
+/// to 8 MiB after a volume of the default budget otherwise).
+pub(crate) fn give_back_warm() -> usize {
+    give_back_past(0)
+}
+
+/// Gives back the warm slots' pages past `kept` bytes.
+fn give_back_past(kept: usize) -> usize {
     let unit = unit_bytes();
     let mut excess: Vec<(NonNull<u8>, usize)> = Vec::new();
-    let kept = warm_limit() / 2;
     with_pool(|pool| {
         let Pool { sizes, warm_bytes } = pool;
         for (i, size) in sizes.iter_mut().enumerate() {
@@ -920,7 +931,7 @@ mod tests {
     #[test]
     fn freed_slots_serve_the_next_chunks() {
         let per_unit = unit_bytes() / std::mem::size_of::<Extent>();
-        // Three units: a size no other test of this binary uses.
+        // Three units (the pool is this thread's own).
         let n = 2 * per_unit + 1;
         // Past the most the pool keeps warm: other tests' mounts raise its
         // limit meanwhile.
@@ -936,6 +947,9 @@ mod tests {
         let (warm, cold) = free_slots(3);
         assert!(warm >= 1 && cold >= 1, "warm {warm}, cold {cold}");
         assert!(warm * 3 * unit_bytes() <= WARM_BYTES_MOST / 2);
+        // At unmount: none kept.
+        give_back_warm();
+        assert_eq!(free_slots(3), (0, warm + cold));
         let again: Vec<SlotExtents> = (0..many)
             .map(|i| SlotExtents::copy_of(&extents(n, 1000 + i as u64)).unwrap())
             .collect();
