@@ -102,7 +102,7 @@ impl SlotExtents {
 
     /// A copy of `extents` in a slot that holds at least `capacity`
     /// extents (whole units), or `None` where `capacity` extents belong on
-    /// the heap ([`SlotExtents::copy_of`]).
+    /// the heap ([`units_for`]).
     fn copy_with_room(extents: &[Extent], capacity: usize) -> Option<SlotExtents> {
         let units = units_for(capacity.max(extents.len()))?;
         let unit = unit_bytes();
