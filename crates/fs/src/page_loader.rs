@@ -64,10 +64,10 @@ pub(crate) struct DevicePages {
     /// chunks changed since, they count against the budget, so the clean
     /// chunks make room for them.
     unpaged_seen: AtomicU64,
+    unpaged_seen_at: AtomicU64,
     /// Set once a chunk charged holds its extents in a slot: the budget
     /// then leaves the slot pool's warm slots room (`warm_slot_room`).
     slots_in_use: AtomicBool,
-    unpaged_seen_at: AtomicU64,
     /// Clean chunk bytes the evictor dropped since mount, and that count
     /// at the last base or budget change (see `evicted_since_base`).
     evicted_so_far: AtomicU64,
@@ -156,8 +156,8 @@ impl DevicePages {
             evict_request: Arc::default(),
             unpaged_so_far: AtomicU64::new(0),
             unpaged_seen: AtomicU64::new(0),
-            slots_in_use: AtomicBool::new(false),
             unpaged_seen_at: AtomicU64::new(0),
+            slots_in_use: AtomicBool::new(false),
             evicted_so_far: AtomicU64::new(0),
             evicted_at_base: AtomicU64::new(0),
             map_shell_bytes: AtomicU64::new(0),

@@ -58,11 +58,12 @@ struct Chunk {
 }
 
 impl Chunk {
-    fn new(extents: Vec<Extent>) -> Self {
+    fn new(extents: impl Into<ExtentStore>) -> Self {
+        let extents = extents.into();
         Chunk {
             first: extents[0].file_off,
             extents: Slot::built(ChunkExtents::with(
-                OnceLock::from(ExtentStore::from(extents)),
+                OnceLock::from(extents),
                 OnceLock::new(),
                 OnceLock::new(),
             )),
@@ -201,7 +202,7 @@ impl Slot {
     /// The extents, reading the page of an absent chunk (under whatever
     /// lock the caller holds on the map: a shared one suffices), with
     /// room for an insert when `to_change` (see
-    /// [`ExtentStore::read_with_room`]).
+    /// [`ExtentStore::with_room`]).
     fn load(&self, to_change: bool) -> Result<&ChunkExtents> {
         if let Some(v) = self.get() {
             return Ok(v);
@@ -222,7 +223,7 @@ impl Slot {
         } else {
             0
         };
-        fill.extents = OnceLock::from(ExtentStore::read_with_room(got, room));
+        fill.extents = OnceLock::from(ExtentStore::with_room(got, room));
         fill.page = OnceLock::from(absent.page);
         fill.source = OnceLock::from(absent.source.clone());
         // Another reader may have loaded it meanwhile: the same extents,

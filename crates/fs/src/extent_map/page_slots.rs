@@ -127,7 +127,7 @@ impl SlotExtents {
 
     /// Extents the slot could hold: what its memory is charged as.
     pub(crate) fn capacity(&self) -> usize {
-        self.units as usize * unit_bytes() / std::mem::size_of::<Extent>()
+        extents_in(self.units as usize)
     }
 
     /// Puts `extents` at `at`, moving the ones from there up. The caller
@@ -174,6 +174,11 @@ fn units_for(capacity: usize) -> Option<usize> {
     let bytes = capacity.checked_mul(std::mem::size_of::<Extent>())?;
     let units = bytes.div_ceil(unit);
     (bytes >= unit / 2 && units <= UNITS_MAX && units * unit <= REGION_BYTES).then_some(units)
+}
+
+/// Extents a slot of `units` units holds.
+fn extents_in(units: usize) -> usize {
+    units * unit_bytes() / std::mem::size_of::<Extent>()
 }
 
 impl Deref for SlotExtents {
@@ -223,23 +228,16 @@ pub(crate) enum ExtentStore {
 }
 
 impl ExtentStore {
-    /// Extents read from a page: in a slot where they fit one, else the
-    /// vector itself.
-    #[cfg(test)]
-    pub(crate) fn read(extents: Vec<Extent>) -> ExtentStore {
-        ExtentStore::read_with_room(extents, 0)
-    }
-
-    /// Extents read from a page to be changed: in a slot with room for
-    /// `room` more where that fits one, so that the change does not move
-    /// them (a chunk read into a full slot of one size and moved to the
+    /// `extents` (read from a page, or built in memory) with room for
+    /// `room` more: in a slot where that fits one, so that a change does
+    /// not move them (a chunk read into a full slot of one size and moved to the
     /// next at its first insert frees slots of one size and takes slots
     /// of another, and each taken slot's pages fault in again); the room
     /// is cut to what the largest slot holds (a chunk nearly that large
     /// splits at its next inserts anyway); else the vector itself, with
     /// that room.
-    pub(crate) fn read_with_room(mut extents: Vec<Extent>, room: usize) -> ExtentStore {
-        let largest = UNITS_MAX * unit_bytes() / std::mem::size_of::<Extent>();
+    pub(crate) fn with_room(mut extents: Vec<Extent>, room: usize) -> ExtentStore {
+        let largest = extents_in(UNITS_MAX);
         let capacity = (extents.len() + room).min(largest.max(extents.len()));
         match SlotExtents::copy_with_room(&extents, capacity) {
             Some(slot) => ExtentStore::Slot(slot),
@@ -281,7 +279,7 @@ impl ExtentStore {
             return self.capacity();
         }
         match units_for(needed) {
-            Some(units) => units * unit_bytes() / std::mem::size_of::<Extent>(),
+            Some(units) => extents_in(units),
             None => needed,
         }
     }
@@ -367,9 +365,11 @@ impl ExtentStore {
         extent
     }
 
-    /// The extents from `at` on, taken out (the memory keeps its room).
-    pub(crate) fn split_off(&mut self, at: usize) -> Vec<Extent> {
-        let tail = self[at..].to_vec();
+    /// The extents from `at` on, taken out into a store of their own
+    /// (placed as [`ExtentStore::from`] places a vector; this memory
+    /// keeps its room).
+    pub(crate) fn split_off(&mut self, at: usize) -> ExtentStore {
+        let tail = ExtentStore::placed(&self[at..], self.len() - at);
         self.remove_range(at, self.len());
         tail
     }
@@ -405,13 +405,9 @@ impl Clone for ExtentStore {
 }
 
 impl From<Vec<Extent>> for ExtentStore {
-    /// Built in memory: the vector itself, or a copy in a slot where its
-    /// extents fit one.
+    /// In a slot where the extents fit one, else the vector itself.
     fn from(v: Vec<Extent>) -> Self {
-        match units_for(v.len()) {
-            Some(_) => ExtentStore::placed(&v, v.len()),
-            None => ExtentStore::Heap(v),
-        }
+        ExtentStore::with_room(v, 0)
     }
 }
 
@@ -788,7 +784,7 @@ mod tests {
             ExtentStore::Heap(_) => None,
         };
         let mut want = extents(2 * per_unit, 7);
-        let mut store = ExtentStore::read(want.clone());
+        let mut store = ExtentStore::from(want.clone());
         let (at, units) = slot_of(&store).expect("read into a slot");
         assert_eq!((units, store.capacity()), (2, 2 * per_unit));
         let copy = store.clone();
@@ -808,7 +804,7 @@ mod tests {
         assert_eq!(slot_of(&store).map(|(_, u)| u), Some(1), "gave back two");
         assert_eq!(&*store, &want[..]);
         let tail = store.split_off(per_unit / 4);
-        assert_eq!(tail, want.split_off(per_unit / 4));
+        assert_eq!(&*tail, &want.split_off(per_unit / 4)[..]);
         store.shrink_to(0);
         assert!(slot_of(&store).is_none(), "too few for a slot");
         assert_eq!(&*store, &want[..]);
@@ -816,17 +812,16 @@ mod tests {
         assert_eq!(slot_of(&built).map(|(_, u)| u), Some(1));
         assert_eq!(&*built, &extents(per_unit, 3)[..]);
         for n in [per_unit / 2 - 1, UNITS_MAX * per_unit + 1] {
-            assert!(slot_of(&ExtentStore::read(extents(n, 1))).is_none());
             assert!(slot_of(&ExtentStore::from(extents(n, 1))).is_none());
         }
         // Read to be changed: the room in the slot, cut to the largest
         // slot; never growing a store when asked to shrink.
         let full = 2 * per_unit;
-        let read = ExtentStore::read_with_room(extents(full, 5), full / 8 + 1);
+        let read = ExtentStore::with_room(extents(full, 5), full / 8 + 1);
         assert_eq!(slot_of(&read).map(|(_, u)| u), Some(3));
         assert_eq!(&*read, &extents(full, 5)[..]);
         let nearly = UNITS_MAX * per_unit - 8;
-        let mut read = ExtentStore::read_with_room(extents(nearly, 5), nearly / 8 + 1);
+        let mut read = ExtentStore::with_room(extents(nearly, 5), nearly / 8 + 1);
         assert_eq!(slot_of(&read).map(|(_, u)| u), Some(UNITS_MAX as u32));
         read.shrink_to(2 * UNITS_MAX * per_unit);
         assert_eq!(slot_of(&read).map(|(_, u)| u), Some(UNITS_MAX as u32));
@@ -870,15 +865,11 @@ mod tests {
         #[test]
         fn a_store_holds_what_a_vector_holds_under_any_changes(
             start in 0..=UNITS_MAX * unit_bytes() / std::mem::size_of::<Extent>() + 20,
-            read in any::<bool>(),
+            room in 0..=64usize,
             changes in prop::collection::vec(change(), 1..40),
         ) {
-                let mut want = extents(start, 1);
-            let mut store = if read {
-                ExtentStore::read(want.clone())
-            } else {
-                ExtentStore::from(want.clone())
-            };
+            let mut want = extents(start, 1);
+            let mut store = ExtentStore::with_room(want.clone(), room);
             for (i, change) in changes.into_iter().enumerate() {
                 let len = want.len();
                 match change {
@@ -900,7 +891,8 @@ mod tests {
                     Change::Remove { .. } => {}
                     Change::SplitOff { at } => {
                         let at = at % (len + 1);
-                        prop_assert_eq!(store.split_off(at), want.split_off(at));
+                        let tail = store.split_off(at);
+                        prop_assert_eq!(&*tail, &want.split_off(at)[..]);
                     }
                     Change::Reserve { n } => {
                         let foreseen = store.capacity_with_room(n);
