@@ -214,10 +214,10 @@ fn image_file_run_reports_consistent_json() {
 }
 
 /// The buffered rows of an image-file run without kernel targets: the
-/// memcpy ceiling and raw sequential writes, iomapfs in every variant, each
-/// with its ratios to the baselines that ran, and device traffic showing
-/// each arrangement (cold reads read the device, +fsync windows write
-/// back and flush every pass).
+/// memcpy ceiling and raw sequential reads or writes, iomapfs in every
+/// variant, each with its ratios to the baselines that ran, and device
+/// traffic showing each arrangement (cold reads read the device, +fsync
+/// windows write back and flush every pass).
 fn check_buffered(results: &[Value], skipped: &[Value]) {
     let find = |w: &str, variant: &str, t: &str| {
         results
@@ -241,12 +241,15 @@ fn check_buffered(results: &[Value], skipped: &[Value]) {
         let memcpy = find(w, "ceiling", "memcpy");
         assert_eq!(num(memcpy, "ratio_to_memcpy"), 1.0);
         let memcpy_bw = num(memcpy, "bw_bytes");
-        let raw_bw = w.contains("write").then(|| {
-            let raw = find(w, "seq-write", "raw");
-            assert!((num(raw, "bw_bytes") / num(raw, "iops") - 1048576.0).abs() < 1e-3);
-            assert_eq!(num(raw, "ratio_to_raw_seq_write"), 1.0);
-            num(raw, "bw_bytes")
-        });
+        let (raw_variant, raw_ratio) = if w.contains("write") {
+            ("seq-write", "ratio_to_raw_seq_write")
+        } else {
+            ("seq-read", "ratio_to_raw_seq_read")
+        };
+        let raw = find(w, raw_variant, "raw");
+        assert!((num(raw, "bw_bytes") / num(raw, "iops") - 1048576.0).abs() < 1e-3);
+        assert_eq!(num(raw, raw_ratio), 1.0);
+        let raw_bw = num(raw, "bw_bytes");
         for r in std::iter::once(memcpy).chain(variants.iter().map(|v| find(w, v, "iomapfs"))) {
             let what = format!("{w} {} {}", r["variant"], r["target"]);
             for key in ["iops", "bw_bytes", "lat_mean_ns", "lat_p99_ns"] {
@@ -289,6 +292,14 @@ fn check_buffered(results: &[Value], skipped: &[Value]) {
             if *v == "cold" {
                 // The cache was empty at the start of every pass.
                 assert!(u(req, "bytes_read") >= bytes, "{what}: {req} for {bytes}");
+                let expect = num(r, "bw_bytes") / raw_bw;
+                assert!(
+                    (num(r, "ratio_to_raw_seq_read") - expect).abs() <= 1e-9 * expect,
+                    "{what}: {} vs {expect}",
+                    r["ratio_to_raw_seq_read"]
+                );
+            } else {
+                assert!(r.get("ratio_to_raw_seq_read").is_none(), "{what}");
             }
             if v.ends_with("+fsync") {
                 // Every pass, the last one too, ended in an fsync, which
@@ -301,7 +312,7 @@ fn check_buffered(results: &[Value], skipped: &[Value]) {
                     u(req, "bytes_written") >= bytes,
                     "{what}: {req} for {bytes}"
                 );
-                let expect = num(r, "bw_bytes") / raw_bw.unwrap();
+                let expect = num(r, "bw_bytes") / raw_bw;
                 assert!(
                     (num(r, "ratio_to_raw_seq_write") - expect).abs() <= 1e-9 * expect,
                     "{what}: {} vs {expect}",

@@ -18,13 +18,15 @@
 //! - `memcpy` ("ceiling"): the same bytes copied from a buffer as large as
 //!   the file at the file's offsets, or into it for writes ([`memcpy`]),
 //!   the memory-bandwidth ceiling of a cache;
-//! - `raw` ("seq-write", write workloads only): the raw device's
-//!   sequential 1 MiB direct writes at queue depth 1, the ceiling of
-//!   writeback, measured half before the variants and half after.
+//! - `raw`: the raw device's sequential 1 MiB direct I/O, measured half
+//!   before the variants and half after: "seq-write" (write workloads)
+//!   at queue depth 1, the ceiling of writeback; "seq-read" (read
+//!   workloads) at queue depth [`RAW_SEQ_READ_DEPTH`], the ceiling of
+//!   cold reads, every byte of which comes from the device.
 //!
 //! The raw device's row of direct workloads means nothing here (it has no
 //! cache), so ratios are to XFS and memcpy, and, for windows that include
-//! writeback, to raw sequential writes ([`ratios`]).
+//! writeback or read the device, to raw sequential I/O ([`ratios`]).
 
 mod iomapfs;
 mod memcpy;
@@ -53,8 +55,13 @@ use self::ratios::{Role, Row};
 
 const MIB: u64 = 1 << 20;
 
-/// I/O size of the raw device's sequential writes.
-const RAW_SEQ_WRITE_SIZE: u64 = MIB;
+/// I/O size of the raw device's sequential reads and writes.
+const RAW_SEQ_SIZE: u64 = MIB;
+
+/// Queue depth of the raw device's sequential reads: as many reads as
+/// iomapfs's readahead keeps in flight (one per readahead thread), so
+/// that a cold pass's ceiling is the device's, not one request's latency.
+const RAW_SEQ_READ_DEPTH: usize = 2;
 
 /// Said once in the report of a run with buffered workloads.
 pub const NOTE: &str = "buffered workloads: one thread of sequential synchronous reads or \
@@ -68,14 +75,14 @@ pub const NOTE: &str = "buffered workloads: one thread of sequential synchronous
      overwrite: passes over the written file. alloc: each pass appends to a new file, the \
      previous one unlinked, untimed. +fsync: every pass, and the one the window cuts, ends \
      with an fsync inside the window, so everything written is written back in it. \
-     ×xfs, ×memcpy and the writeback figures are against xfs of the same variant, the \
-     memcpy ceiling, and the raw device's sequential 1 MiB direct writes.";
+     ×xfs, ×memcpy and the device figures are against xfs of the same variant, the \
+     memcpy ceiling, and the raw device's sequential 1 MiB direct writes (QD 1) or reads \
+     (QD 2), half measured before the variants and half after.";
 
 /// Workload × target steps of a buffered workload, for the progress bar:
-/// memcpy, raw (writes), and every variant on iomapfs, xfs and ext4.
+/// memcpy, raw, and every variant on iomapfs, xfs and ext4.
 pub fn steps(spec: &BufferedSpec) -> u64 {
-    let baselines = if spec.op == Op::Write { 2 } else { 1 };
-    baselines + spec.variants().len() as u64 * (1 + KernelFs::ALL.len() as u64)
+    2 + spec.variants().len() as u64 * (1 + KernelFs::ALL.len() as u64)
 }
 
 /// The file size on a device: [`BufferedSpec::span`], or half the device
@@ -117,9 +124,9 @@ impl Run<'_> {
         })
     }
 
-    /// Half the runtime of the raw device's sequential writes.
-    fn raw_seq_write_half(&self) -> Result<Measurement, BenchError> {
-        let pattern = raw_seq_write(self.span);
+    /// Half the runtime of the raw device's sequential I/O.
+    fn raw_sequential_half(&self) -> Result<Measurement, BenchError> {
+        let pattern = raw_sequential(self.spec.op, self.span);
         let half = Timing {
             warmup: self.timing.warmup,
             runtime: self.timing.runtime / 2,
@@ -130,13 +137,15 @@ impl Run<'_> {
     }
 
     fn raw_row(&self, m: &Measurement) -> Row {
+        let pattern = raw_sequential(self.spec.op, self.span);
         let command = format!(
             "{}; half the runtime before the variants, half after",
-            engine_command(&raw_seq_write(self.span), self.span, "raw", self.dev)
+            engine_command(&pattern, self.span, "raw", self.dev)
         );
+        let role = Role::raw_sequential(self.spec.op);
         Row {
-            role: Role::RawSeqWrite,
-            result: self.result(Role::RawSeqWrite, "raw", m, command),
+            role,
+            result: self.result(role, "raw", m, command),
         }
     }
 
@@ -225,16 +234,15 @@ pub fn run_workload(
     rows.extend(recorded(run.memcpy_row(), report, w.name, None, "memcpy")?);
     progress.inc(1);
 
-    // The raw device's sequential writes: half the runtime before the
+    // The raw device's sequential I/O: half the runtime before the
     // variants and half after, merged, so that drift of a shared machine
-    // over the workload does not pass for a writeback ratio.
-    let raw_before = (spec.op == Op::Write).then(|| {
-        say(
-            "raw",
-            "sequential 1 MiB direct writes (before the variants)",
-        );
-        run.raw_seq_write_half()
-    });
+    // over the workload does not pass for a ratio to the device.
+    let raw_what = match spec.op {
+        Op::Read => "sequential 1 MiB direct reads",
+        Op::Write => "sequential 1 MiB direct writes",
+    };
+    say("raw", &format!("{raw_what} (before the variants)"));
+    let raw_before = run.raw_sequential_half();
 
     let (kernels, unusable) = kernel::usable(opts.no_kernel, dev);
     for (fs, reason) in unusable {
@@ -271,17 +279,15 @@ pub fn run_workload(
         }
     }
 
-    if let Some(before) = raw_before {
-        say("raw", "sequential 1 MiB direct writes (after the variants)");
-        let measured = before.and_then(|mut m| {
-            m.merge(&run.raw_seq_write_half()?);
-            Ok(m)
-        });
-        if let Some(m) = recorded(measured, report, w.name, None, "raw")? {
-            rows.push(run.raw_row(&m));
-        }
-        progress.inc(1);
+    say("raw", &format!("{raw_what} (after the variants)"));
+    let measured = raw_before.and_then(|mut m| {
+        m.merge(&run.raw_sequential_half()?);
+        Ok(m)
+    });
+    if let Some(m) = recorded(measured, report, w.name, None, "raw")? {
+        rows.push(run.raw_row(&m));
     }
+    progress.inc(1);
 
     ratios::apply(&mut rows);
     report.results.extend(display_order(rows));
@@ -300,7 +306,7 @@ fn display_order(mut rows: Vec<Row>) -> impl Iterator<Item = BenchResult> {
     rows.sort_by_key(|r| {
         let baseline = match r.role {
             Role::Ceiling => 0,
-            Role::RawSeqWrite => 1,
+            Role::RawSeqRead | Role::RawSeqWrite => 1,
             Role::Measured(_) => 2,
         };
         let variant = variants.iter().position(|v| *v == r.role);
@@ -314,17 +320,21 @@ fn display_order(mut rows: Vec<Row>) -> impl Iterator<Item = BenchResult> {
     rows.into_iter().map(|r| r.result)
 }
 
-/// Direct sequential writes of [`RAW_SEQ_WRITE_SIZE`] at queue depth 1
-/// over the span: what writeback could reach at best on this device.
-fn raw_seq_write(span: u64) -> IoPattern {
+/// Direct sequential I/O of [`RAW_SEQ_SIZE`] over the span: what
+/// writeback (writes, at queue depth 1) or a cold pass (reads, at
+/// [`RAW_SEQ_READ_DEPTH`]) could reach at best on this device.
+fn raw_sequential(op: Op, span: u64) -> IoPattern {
     IoPattern {
-        op: Op::Write,
+        op,
         order: Order::Sequential,
-        min_size: RAW_SEQ_WRITE_SIZE,
-        max_size: RAW_SEQ_WRITE_SIZE,
-        size_step: RAW_SEQ_WRITE_SIZE,
-        align: RAW_SEQ_WRITE_SIZE,
-        queue_depth: 1,
+        min_size: RAW_SEQ_SIZE,
+        max_size: RAW_SEQ_SIZE,
+        size_step: RAW_SEQ_SIZE,
+        align: RAW_SEQ_SIZE,
+        queue_depth: match op {
+            Op::Read => RAW_SEQ_READ_DEPTH,
+            Op::Write => 1,
+        },
         dsync: false,
         span,
         needs: DeviceNeed::DataIndependent,
@@ -488,7 +498,7 @@ mod tests {
 
     #[test]
     fn steps_count_every_row_the_workload_can_make() {
-        assert_eq!(steps(&spec("buffered-read-4k")), 1 + 2 * 3);
+        assert_eq!(steps(&spec("buffered-read-4k")), 2 + 2 * 3);
         assert_eq!(steps(&spec("buffered-write-4k")), 2 + 4 * 3);
         let buffered = WORKLOADS
             .iter()

@@ -8,18 +8,23 @@
 //!   writeback, bandwidth over the raw device's sequential writes (goal
 //!   ≥ 0.9);
 //! - `fsync_write_ratio_to_raw_seq_write`: the same for the writeback
-//!   alone (iomapfs: bytes written during the fsyncs over their time).
+//!   alone (iomapfs: bytes written during the fsyncs over their time);
+//! - `ratio_to_raw_seq_read`: for cold reads, which read every byte from
+//!   the device, bandwidth over the raw device's sequential reads (the
+//!   ceiling that bounds them and XFS alike).
 //!
 //! A ratio whose baseline was not measured (no root, no fio) is absent.
 
 use crate::report::BenchResult;
-use crate::workload::BufferedVariant;
+use crate::workload::{BufferedVariant, Op};
 
 /// What a row of a buffered workload is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     /// memcpy of the I/O size: the memory-bandwidth ceiling.
     Ceiling,
+    /// The raw device's sequential direct reads (read workloads).
+    RawSeqRead,
     /// The raw device's sequential direct writes (write workloads).
     RawSeqWrite,
     /// A target (iomapfs, xfs, ext4) measured in one variant.
@@ -27,10 +32,19 @@ pub enum Role {
 }
 
 impl Role {
+    /// The raw device's baseline for a workload of `op`.
+    pub fn raw_sequential(op: Op) -> Role {
+        match op {
+            Op::Read => Role::RawSeqRead,
+            Op::Write => Role::RawSeqWrite,
+        }
+    }
+
     /// The row's `variant` in results.
     pub fn name(self) -> &'static str {
         match self {
             Role::Ceiling => "ceiling",
+            Role::RawSeqRead => "seq-read",
             Role::RawSeqWrite => "seq-write",
             Role::Measured(v) => v.name(),
         }
@@ -58,22 +72,25 @@ pub fn apply(rows: &mut [Row]) {
         .iter()
         .find(|r| r.role == Role::Ceiling)
         .map(|r| r.result.bw_bytes);
-    let raw_bw = rows
-        .iter()
-        .find(|r| r.role == Role::RawSeqWrite)
-        .map(|r| r.result.bw_bytes);
+    let raw_bw = |role: Role| {
+        rows.iter()
+            .find(|r| r.role == role)
+            .map(|r| r.result.bw_bytes)
+    };
+    let (raw_read_bw, raw_write_bw) = (raw_bw(Role::RawSeqRead), raw_bw(Role::RawSeqWrite));
     let xfs: Vec<Option<BenchResult>> = rows
         .iter()
         .map(|r| match r.role {
             Role::Measured(_) => find(rows, r.role, "xfs"),
-            Role::Ceiling | Role::RawSeqWrite => None,
+            Role::Ceiling | Role::RawSeqRead | Role::RawSeqWrite => None,
         })
         .collect();
     for (row, xfs) in rows.iter_mut().zip(xfs) {
         let r = &mut row.result;
         match row.role {
             Role::Ceiling => r.ratio_to_memcpy = ratio(r.bw_bytes, memcpy_bw),
-            Role::RawSeqWrite => r.ratio_to_raw_seq_write = ratio(r.bw_bytes, raw_bw),
+            Role::RawSeqRead => r.ratio_to_raw_seq_read = ratio(r.bw_bytes, raw_read_bw),
+            Role::RawSeqWrite => r.ratio_to_raw_seq_write = ratio(r.bw_bytes, raw_write_bw),
             Role::Measured(variant) => {
                 r.ratio_to_memcpy = ratio(r.bw_bytes, memcpy_bw);
                 if let Some(x) = &xfs {
@@ -83,9 +100,13 @@ pub fn apply(rows: &mut [Row]) {
                     });
                 }
                 if variant.includes_writeback() {
-                    r.ratio_to_raw_seq_write = ratio(r.bw_bytes, raw_bw);
-                    r.fsync_write_ratio_to_raw_seq_write =
-                        r.fsync_write_bw_bytes.and_then(|bw| ratio(bw, raw_bw));
+                    r.ratio_to_raw_seq_write = ratio(r.bw_bytes, raw_write_bw);
+                    r.fsync_write_ratio_to_raw_seq_write = r
+                        .fsync_write_bw_bytes
+                        .and_then(|bw| ratio(bw, raw_write_bw));
+                }
+                if variant == BufferedVariant::Cold {
+                    r.ratio_to_raw_seq_read = ratio(r.bw_bytes, raw_read_bw);
                 }
             }
         }
@@ -203,5 +224,30 @@ mod tests {
         // No xfs row for plain overwrite, no memcpy row: no such ratios.
         let plain = get(&rows, OVERWRITE, "iomapfs");
         assert_eq!((plain.ratio_to_xfs, plain.ratio_to_memcpy), (None, None));
+    }
+
+    #[test]
+    fn only_cold_reads_are_compared_with_raw_sequential_reads() {
+        let mut rows = vec![
+            row(Role::RawSeqRead, "raw", 2_000.0, Some(1.0)),
+            row(WARM, "iomapfs", 100_000.0, None),
+            row(COLD, "iomapfs", 1_900.0, None),
+            row(COLD, "xfs", 1_600.0, None),
+        ];
+        apply(&mut rows);
+        assert_eq!(
+            get(&rows, Role::RawSeqRead, "raw").ratio_to_raw_seq_read,
+            Some(1.0)
+        );
+        assert_eq!(get(&rows, WARM, "iomapfs").ratio_to_raw_seq_read, None);
+        assert_eq!(
+            get(&rows, COLD, "iomapfs").ratio_to_raw_seq_read,
+            Some(0.95)
+        );
+        assert_eq!(get(&rows, COLD, "xfs").ratio_to_raw_seq_read, Some(0.8));
+        // Reads are never compared with the device's writes.
+        assert!(rows
+            .iter()
+            .all(|r| r.result.ratio_to_raw_seq_write.is_none()));
     }
 }

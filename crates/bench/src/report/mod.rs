@@ -75,7 +75,7 @@ pub struct BenchResult {
     /// Which arrangement of a buffered workload this row measured: "warm",
     /// "cold" (reads); "overwrite", "overwrite+fsync", "alloc",
     /// "alloc+fsync" (writes); and the baselines "ceiling" (memcpy) and
-    /// "seq-write" (raw). Absent for direct workloads.
+    /// "seq-read" and "seq-write" (raw). Absent for direct workloads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
     /// "raw", "iomapfs", "xfs", "ext4", or "memcpy" (buffered workloads'
@@ -127,6 +127,11 @@ pub struct BenchResult {
     /// `fsync_write_bw_bytes` over the raw device's sequential writes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fsync_write_ratio_to_raw_seq_write: Option<f64>,
+    /// Cold buffered reads (every byte read from the device): `bw_bytes /
+    /// bw_bytes` of the raw device's sequential 1 MiB direct reads at
+    /// queue depth 2 (the "seq-read" row, 1 for it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ratio_to_raw_seq_read: Option<f64>,
     /// Device requests during the measured window (raw and iomapfs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_requests: Option<DeviceRequests>,

@@ -139,6 +139,7 @@ pub fn render_table(report: &BenchReport) -> String {
     }
     if !buffered.is_empty() {
         buffered_table(&mut out, &buffered);
+        cold_reads(&mut out, &buffered);
         writeback(&mut out, &buffered);
     }
     if !mount.is_empty() {
@@ -562,6 +563,45 @@ fn mount_table(out: &mut String, rows: &[&BenchResult]) {
     }
 }
 
+/// The device figures of cold reads: every row that read all its bytes
+/// from the device, against the raw device's sequential reads, the
+/// ceiling that bounds iomapfs and the kernel's file systems alike.
+fn cold_reads(out: &mut String, rows: &[&BenchResult]) {
+    let with: Vec<&&BenchResult> = rows
+        .iter()
+        .filter(|r| r.ratio_to_raw_seq_read.is_some() && r.target != "raw")
+        .collect();
+    if with.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\ncold reads (every byte read comes from the device) against the raw device's \
+         sequential 1 MiB direct reads at QD 2 (seq-read):"
+    );
+    for r in with {
+        let raw = raw_of(rows, r);
+        let _ = writeln!(
+            out,
+            "  {:<20} {:<16} {:<8} {:>9.1} MiB/s = {} × raw seq-read{raw}",
+            r.workload,
+            r.variant.as_deref().unwrap_or(""),
+            r.target,
+            mib(r.bw_bytes),
+            ratio(r.ratio_to_raw_seq_read),
+        );
+    }
+}
+
+/// " of N MiB/s": the bandwidth of the raw row of `r`'s workload.
+fn raw_of(rows: &[&BenchResult], r: &BenchResult) -> String {
+    rows.iter()
+        .find(|b| b.workload == r.workload && b.target == "raw")
+        .map_or(String::new(), |b| {
+            format!(" of {:.1} MiB/s", mib(b.bw_bytes))
+        })
+}
+
 /// The writeback figures: every row whose window includes writing back
 /// what it wrote, against the raw device's sequential writes.
 fn writeback(out: &mut String, rows: &[&BenchResult]) {
@@ -578,12 +618,7 @@ fn writeback(out: &mut String, rows: &[&BenchResult]) {
          back in it) against the raw device's sequential 1 MiB direct writes (seq-write):"
     );
     for r in with {
-        let raw = rows
-            .iter()
-            .find(|b| b.workload == r.workload && b.target == "raw")
-            .map_or(String::new(), |b| {
-                format!(" of {:.1} MiB/s", mib(b.bw_bytes))
-            });
+        let raw = raw_of(rows, r);
         let fsyncs = match (r.fsync_write_bw_bytes, r.fsync_write_ratio_to_raw_seq_write) {
             (Some(bw), Some(x)) => format!(
                 "; its fsyncs alone wrote {:.1} MiB/s = {} × raw",
@@ -901,6 +936,43 @@ mod tests {
         assert!(wb_line("xfs").contains("0.45 × raw"), "{wb}");
         assert!(!wb_line("xfs").contains("fsyncs alone"), "{wb}");
         assert!(!wb.contains(" ext4 ") && !wb.contains(" raw  "), "{wb}");
+    }
+
+    #[test]
+    fn cold_reads_are_shown_against_the_raw_devices_sequential_reads() {
+        let read = |variant: &str, target: &str, iops: f64, raw: Option<f64>| BenchResult {
+            workload: "buffered-read-64k".into(),
+            ratio_to_raw_seq_read: raw,
+            ..buffered(variant, target, iops)
+        };
+        let rows = vec![
+            read("seq-read", "raw", 2_000.0, Some(1.0)),
+            read("warm", "iomapfs", 100_000.0, None),
+            read("cold", "iomapfs", 1_900.0, Some(0.95)),
+            read("cold", "xfs", 1_600.0, Some(0.8)),
+            read("cold", "ext4", 1_500.0, None),
+        ];
+        let table = render_table(&report(rows));
+        let section = table.split("cold reads (").nth(1).expect(&table);
+        let section = section.split("\n\n").next().unwrap();
+        let line = |t: &str| {
+            section
+                .lines()
+                .skip(1)
+                .find(|l| l.split_whitespace().nth(2) == Some(t))
+        };
+        assert!(
+            line("iomapfs").unwrap().contains(
+                "cold             iomapfs      118.8 MiB/s = 0.95 × raw seq-read of 125.0 MiB/s"
+            ),
+            "{section}"
+        );
+        assert!(line("xfs").unwrap().contains("0.80 × raw"), "{section}");
+        // Rows without the ratio (warm, no baseline) and raw itself are not
+        // listed, and writes have no such section.
+        assert!(line("ext4").is_none() && line("raw").is_none(), "{section}");
+        assert!(!section.contains("warm"), "{section}");
+        assert!(!table.contains("writeback throughput"), "{table}");
     }
 
     #[test]
