@@ -241,13 +241,13 @@ fn check_buffered(results: &[Value], skipped: &[Value]) {
         let memcpy = find(w, "ceiling", "memcpy");
         assert_eq!(num(memcpy, "ratio_to_memcpy"), 1.0);
         let memcpy_bw = num(memcpy, "bw_bytes");
-        let (raw_variant, raw_ratio) = if w.contains("write") {
-            ("seq-write", "ratio_to_raw_seq_write")
+        let (raw_variant, raw_ratio, raw_io_size) = if w.contains("write") {
+            ("seq-write", "ratio_to_raw_seq_write", 1048576.0)
         } else {
-            ("seq-read", "ratio_to_raw_seq_read")
+            ("seq-read", "ratio_to_raw_seq_read", 2097152.0)
         };
         let raw = find(w, raw_variant, "raw");
-        assert!((num(raw, "bw_bytes") / num(raw, "iops") - 1048576.0).abs() < 1e-3);
+        assert!((num(raw, "bw_bytes") / num(raw, "iops") - raw_io_size).abs() < 1e-3);
         assert_eq!(num(raw, raw_ratio), 1.0);
         let raw_bw = num(raw, "bw_bytes");
         for r in std::iter::once(memcpy).chain(variants.iter().map(|v| find(w, v, "iomapfs"))) {

@@ -11,7 +11,7 @@
 //!   alone (iomapfs: bytes written during the fsyncs over their time);
 //! - `ratio_to_raw_seq_read`: for cold reads, which read every byte from
 //!   the device, bandwidth over the raw device's sequential reads (the
-//!   ceiling that bounds them and XFS alike).
+//!   device's rate, which bounds them and XFS alike up to its noise).
 //!
 //! A ratio whose baseline was not measured (no root, no fio) is absent.
 

@@ -128,7 +128,7 @@ pub struct BenchResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fsync_write_ratio_to_raw_seq_write: Option<f64>,
     /// Cold buffered reads (every byte read from the device): `bw_bytes /
-    /// bw_bytes` of the raw device's sequential 1 MiB direct reads at
+    /// bw_bytes` of the raw device's sequential 2 MiB direct reads at
     /// queue depth 2 (the "seq-read" row, 1 for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ratio_to_raw_seq_read: Option<f64>,

@@ -564,8 +564,9 @@ fn mount_table(out: &mut String, rows: &[&BenchResult]) {
 }
 
 /// The device figures of cold reads: every row that read all its bytes
-/// from the device, against the raw device's sequential reads, the
-/// ceiling that bounds iomapfs and the kernel's file systems alike.
+/// from the device, against the raw device's sequential reads: the
+/// device's rate, which bounds iomapfs and the kernel's file systems
+/// alike up to its noise.
 fn cold_reads(out: &mut String, rows: &[&BenchResult]) {
     let with: Vec<&&BenchResult> = rows
         .iter()
@@ -577,7 +578,7 @@ fn cold_reads(out: &mut String, rows: &[&BenchResult]) {
     let _ = writeln!(
         out,
         "\ncold reads (every byte read comes from the device) against the raw device's \
-         sequential 1 MiB direct reads at QD 2 (seq-read):"
+         sequential 2 MiB direct reads at QD 2 (seq-read):"
     );
     for r in with {
         let raw = raw_of(rows, r);
