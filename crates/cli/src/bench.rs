@@ -86,7 +86,7 @@ fn after_help() -> String {
     }
     text.push_str(
         "  and the baselines: ceiling (memcpy from a file-sized buffer, or into it for writes), seq-read (raw device, 2 MiB \
-         direct reads at QD 2, reads only: the ceiling of cold reads), seq-write (raw device, 1 MiB direct writes, writes \
+         direct reads at QD 2, reads only: the device's rate for cold reads), seq-write (raw device, 1 MiB direct writes, writes \
          only: the ceiling of writeback)",
     );
     text
