@@ -308,12 +308,17 @@ impl ExtentMap {
         self.map.evict(from, max, source, keep, stop)
     }
 
-    /// Passes every extent to `f` in order without keeping an absent
+    /// Passes every extent to `f` in order, from the chunk that owns key
+    /// `from` (the first may end before it), without keeping an absent
     /// chunk's extents: each such page is read, passed and dropped.
     /// Stops (`Ok(false)`) when `f` returns `false`, and at a page that
     /// fails to load (its error).
-    pub fn for_each_unkept(&self, f: impl FnMut(&Extent) -> bool) -> crate::error::Result<bool> {
-        self.map.for_each_unkept(f)
+    pub fn for_each_unkept(
+        &self,
+        from: u64,
+        f: impl FnMut(&Extent) -> bool,
+    ) -> crate::error::Result<bool> {
+        self.map.for_each_unkept(from, f)
     }
 
     /// Checks `e`, extent #`i` of a map being read in order, against the
@@ -1000,7 +1005,8 @@ mod tests {
     proptest! {
         #[test]
         fn absent_chunks_answer_as_a_loaded_map(
-            ops in prop::collection::vec(lazy_op(), 1..200)
+            ops in prop::collection::vec(lazy_op(), 1..200),
+            from in 0..170 * BS,
         ) {
             let store = std::sync::Arc::new(PageStore::default());
             let mut full = ExtentMap::new(BS as u32);
@@ -1028,13 +1034,27 @@ mod tests {
             // Whole: every chunk loads to what was written.
             let mut seen = Vec::new();
             let complete = lazy
-                .for_each_unkept(|e| {
+                .for_each_unkept(0, |e| {
                     seen.push(*e);
                     true
                 })
                 .unwrap();
             prop_assert!(complete);
             prop_assert!(seen.iter().eq(full.iter()));
+            // From a key: a tail of the extents, every one that ends past
+            // the key in it, from the chunk that owns the key (so at most
+            // a chunk's worth before it).
+            let mut tail = Vec::new();
+            lazy.for_each_unkept(from, |e| {
+                tail.push(*e);
+                true
+            })
+            .unwrap();
+            let skipped = seen.len() - tail.len();
+            prop_assert_eq!(&seen[skipped..], &tail[..]);
+            prop_assert!(seen[..skipped].iter().all(|e| e.file_end() <= from));
+            let before = tail.iter().take_while(|e| e.file_end() <= from).count();
+            prop_assert!(before <= CHUNK_MAX, "{} extents before {}", before, from);
             lazy.load_all().unwrap();
             prop_assert_eq!(store.unplanned.load(Ordering::Relaxed), 0);
             lazy.check().map_err(TestCaseError::fail)?;

@@ -22,6 +22,10 @@ use crate::mount_state::{now_ns, OpenInode, VolumeInner};
 use crate::types::{ExtentState, FileKind, Ino, Record, Timestamp};
 use crate::{Error, Result};
 
+/// Ranges [`File::fiemap`] gathers per part: each part holds the
+/// metadata lock shared once, so writers wait for one part at most.
+const FIEMAP_PART: usize = 1 << 16;
+
 /// How to open a file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpenFlags {
@@ -513,8 +517,29 @@ impl File {
     }
 
     /// The file's map from 0 to EOF (and unwritten space beyond it):
-    /// data, unwritten and hole ranges in order.
+    /// data, unwritten and hole ranges in order. Its memory is the
+    /// caller's: for a file of millions of extents, walk the map in parts
+    /// with [`File::fiemap_from`].
     pub fn fiemap(&self) -> Result<Vec<FiemapExtent>> {
+        let mut out = Vec::new();
+        loop {
+            let from = out.last().map_or(0, |x: &FiemapExtent| x.offset + x.length);
+            let part = self.fiemap_from(from, FIEMAP_PART)?;
+            if part.is_empty() {
+                return Ok(out);
+            }
+            out.extend(part);
+        }
+    }
+
+    /// At most `max` ranges of the file's map (as [`File::fiemap`] lists
+    /// them) from the one that holds byte `offset` on; the next part
+    /// starts where the last range ends. Empty at the end of the map.
+    ///
+    /// The extent pages it passes are read and dropped, not kept, so a map
+    /// of any size is walked within the mount's metadata budget, and the
+    /// metadata lock is held for one part at a time.
+    pub fn fiemap_from(&self, offset: u64, max: usize) -> Result<Vec<FiemapExtent>> {
         self.handle.vol.check_live()?;
         let meta = self.handle.vol.meta.read();
         let inode = meta
@@ -523,19 +548,30 @@ impl File {
             .ok_or(Error::Stale {
                 ino: self.handle.inode.ino,
             })?;
-        // The whole map: every absent chunk read (a damaged page fails
-        // the call).
-        inode.extents.load_all()?;
+        let max = max.max(1);
         let mut out = Vec::new();
-        let mut cursor = 0u64;
-        for ext in inode.extents.iter() {
-            if ext.file_off > cursor {
-                out.push(FiemapExtent {
-                    offset: cursor,
-                    length: ext.file_off - cursor,
-                    addr: 0,
-                    kind: FiemapKind::Hole,
-                });
+        // The end of the last extent passed: a hole that holds `offset`
+        // starts there, as the whole map lists it.
+        let mut cursor = 0;
+        let hole = |from: u64, to: u64| FiemapExtent {
+            offset: from,
+            length: to - from,
+            addr: 0,
+            kind: FiemapKind::Hole,
+        };
+        // A page that fails to load (damage, a device error) fails the
+        // call.
+        let complete = inode.extents.for_each_unkept(offset, |ext| {
+            if ext.file_end() <= offset {
+                cursor = ext.file_end();
+                return true;
+            }
+            // A hole that ends at or before `offset` is not listed.
+            if ext.file_off > cursor.max(offset) {
+                out.push(hole(cursor, ext.file_off));
+                if out.len() == max {
+                    return false;
+                }
             }
             out.push(FiemapExtent {
                 offset: ext.file_off,
@@ -547,15 +583,11 @@ impl File {
                 },
             });
             cursor = ext.file_end();
-        }
+            out.len() < max
+        })?;
         let eof = inode.size.next_multiple_of(self.block());
-        if eof > cursor {
-            out.push(FiemapExtent {
-                offset: cursor,
-                length: eof - cursor,
-                addr: 0,
-                kind: FiemapKind::Hole,
-            });
+        if complete && eof > cursor.max(offset) && out.len() < max {
+            out.push(hole(cursor, eof));
         }
         Ok(out)
     }

@@ -764,7 +764,7 @@ pub(crate) fn for_each_used_range(
     let mut inos: Vec<&Ino> = state.inodes.keys().collect();
     inos.sort_unstable();
     for ino in inos {
-        let complete = state.inodes[ino].extents.for_each_unkept(|e| {
+        let complete = state.inodes[ino].extents.for_each_unkept(0, |e| {
             let by = UsedBy::Extent {
                 ino: *ino,
                 file_off: e.file_off,

@@ -10,7 +10,10 @@ use std::sync::Arc;
 use blockdev::memory::MemDevice;
 use blockdev::{BlockDevice, WriteMode};
 use common::dev::{checkpoint_through_a_base, dynd, fsck_clean};
-use iomapfs_fs::{checkpoint, superblock, FormatOptions, MountOptions, OpenFlags, Volume};
+use iomapfs_fs::{
+    checkpoint, superblock, FiemapExtent, FiemapKind, FormatOptions, MountOptions, OpenFlags,
+    Volume,
+};
 
 const BLOCK: u64 = 4096;
 /// Extents of /big: one per other block, so none merge. 512 extents per
@@ -130,6 +133,72 @@ fn chunks_in_slots_leave_the_warm_slots_their_share_of_the_budget() {
         BUDGET - after.shell_bytes - BUDGET / 4,
         "{after:?}"
     );
+    vol.unmount().unwrap();
+}
+
+/// fiemap reads a paged map without keeping it: the whole map, and a walk
+/// of it in parts of any size from any offset, list the same ranges, and
+/// every page they read is dropped after (a map of any size stays within
+/// the budget).
+#[test]
+fn fiemap_walks_a_paged_map_in_parts_and_keeps_no_chunk() {
+    let dev = volume();
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    vol.wait_free_space().unwrap();
+    let big = vol.open_file("/big", OpenFlags::default()).unwrap();
+    let before = loads(&vol);
+    let whole = big.fiemap().unwrap();
+    let after = loads(&vol);
+    assert_eq!(
+        (after.loads, after.chunks_loaded),
+        (before.loads, before.chunks_loaded),
+        "{after:?}"
+    );
+    assert!(
+        after.scans >= before.scans + after.chunks - 1,
+        "every page of /big read: {before:?} then {after:?}"
+    );
+    // One data block at every other block, holes between, none after the
+    // last (EOF is its end).
+    assert_eq!(whole.len() as u64, 2 * EXTENTS - 1);
+    for (i, x) in whole.iter().enumerate() {
+        let kind = if i % 2 == 0 {
+            FiemapKind::Data
+        } else {
+            FiemapKind::Hole
+        };
+        assert_eq!((x.offset, x.length, x.kind), (i as u64 * BLOCK, BLOCK, kind));
+    }
+
+    for max in [1, 2, 7, 600] {
+        let mut walked: Vec<FiemapExtent> = Vec::new();
+        loop {
+            let from = walked.last().map_or(0, |x| x.offset + x.length);
+            let part = big.fiemap_from(from, max).unwrap();
+            assert!(part.len() <= max, "{} ranges for {max}", part.len());
+            if part.is_empty() {
+                break;
+            }
+            // Each part goes on from where the last ended, never back.
+            assert!(part[0].offset <= from && part[0].offset + part[0].length > from);
+            walked.extend(part);
+        }
+        assert!(walked == whole, "parts of {max}");
+    }
+    // From inside a range: that range first. Past the end: nothing.
+    for k in [0, 1, 3, EXTENTS + 1, 2 * EXTENTS - 2] {
+        let at = k * BLOCK + 100;
+        let part = big.fiemap_from(at, 3).unwrap();
+        assert_eq!(part[..], whole[k as usize..k as usize + part.len()], "at {at}");
+        assert_eq!(part.len(), 3.min(whole.len() - k as usize), "at {at}");
+    }
+    assert!(big
+        .fiemap_from((2 * EXTENTS - 1) * BLOCK, 3)
+        .unwrap()
+        .is_empty());
+    let done = loads(&vol);
+    assert_eq!(done.chunks_loaded, before.chunks_loaded, "{done:?}");
+    drop(big);
     vol.unmount().unwrap();
 }
 

@@ -1483,17 +1483,27 @@ impl Chunks {
         *seg = Segment::cold(ColdList::Own(pages), source.clone(), limit);
     }
 
-    /// Passes every extent to `f` in order, reading the page of each
-    /// absent chunk into a buffer that is dropped after: the chunk stays
-    /// absent (a cold segment stays cold), so a pass over every extent
-    /// keeps none of them. Stops (`Ok(false)`) when `f` returns `false`,
-    /// and at a page that fails to load (its error).
-    pub(super) fn for_each_unkept(&self, mut f: impl FnMut(&Extent) -> bool) -> Result<bool> {
-        for seg in self.segments.iter() {
+    /// Passes every extent to `f` in order from the chunk that owns key
+    /// `from` (so the first few may end before it), reading the page of
+    /// each absent chunk into a buffer that is dropped after: the chunk
+    /// stays absent (a cold segment stays cold), so a pass over every
+    /// extent keeps none of them. Stops (`Ok(false)`) when `f` returns
+    /// `false`, and at a page that fails to load (its error).
+    pub(super) fn for_each_unkept(
+        &self,
+        from: u64,
+        mut f: impl FnMut(&Extent) -> bool,
+    ) -> Result<bool> {
+        let start = last_index_at_or_before(&self.segments, from, |s| s.first).unwrap_or(0);
+        for (s, seg) in self.segments.iter().enumerate().skip(start) {
+            // In the first segment, the walk starts at the chunk owning
+            // `from`.
+            let from_in = |i: Option<usize>| if s == start { i.unwrap_or(0) } else { 0 };
             let more = match (seg.body.chunks.get(), &seg.body.cold) {
                 (Some(chunks), _) => {
                     let mut more = true;
-                    for c in chunks {
+                    let skip = from_in(last_index_at_or_before(chunks, from, |c| c.first));
+                    for c in &chunks[skip..] {
                         more = match (c.extents.get(), &c.extents.absent) {
                             (Some(v), _) => v.iter().all(&mut f),
                             (None, Some(absent)) => {
@@ -1509,7 +1519,9 @@ impl Chunks {
                 }
                 (None, Some(cold)) => {
                     let mut more = true;
-                    for i in 0..cold.pages.len() {
+                    let skip =
+                        from_in(last_index_at_or_before(&cold.pages, from, |p| p.first_key));
+                    for i in skip..cold.pages.len() {
                         more = cold.probe(i).read(LoadPurpose::Scan)?.iter().all(&mut f);
                         if !more {
                             break;
