@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use blockdev::{AlignedBuf, BlockDevice, LogWritesDevice};
 use clap::Args;
-use iomapfs_fs::{Error, FiemapKind, File, FileKind, OpenFlags, Volume};
+use iomapfs_fs::{Error, FiemapExtent, FiemapKind, File, FileKind, OpenFlags, Volume};
 
 use crate::size::{cvtstr, parse_size, per_second, timestr};
 use crate::target::{describe_device, lock_target, open_device, TargetLock};
@@ -1115,56 +1115,73 @@ fn cmd_stat(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {
     Ok(())
 }
 
+/// Ranges `fiemap` asks for and prints at a time: a map of millions of
+/// extents is printed as it is read, never held whole.
+const FIEMAP_PART: usize = 4096;
+
 fn cmd_fiemap(s: &mut Session, spec: &Spec, _p: &Parsed) -> Result<(), String> {
     let of = s.current(spec.name)?;
-    let map = of
-        .file
-        .fiemap()
-        .map_err(|e| file_error(spec.name, &of.path, "", &e))?;
+    let fail = |e: &iomapfs_fs::Error| file_error(spec.name, &of.path, "", e);
+    let mut part = of.file.fiemap_from(0, FIEMAP_PART).map_err(|e| fail(&e))?;
     println!("{}:", of.path);
-    if map.is_empty() {
+    if part.is_empty() {
         return Ok(());
     }
-    let rows: Vec<[String; 4]> = map
-        .iter()
-        .map(|x| {
-            let start = x.offset / SECTOR;
-            let sectors = x.length.div_ceil(SECTOR);
-            let last = start + sectors.saturating_sub(1);
-            let (range, kind) = match x.kind {
-                FiemapKind::Hole => ("hole".to_string(), "hole"),
-                k => {
-                    let a = x.addr / SECTOR;
-                    let kind = if k == FiemapKind::Data {
-                        "data"
-                    } else {
-                        "unwritten"
-                    };
-                    (format!("{a}..{}", a + sectors.saturating_sub(1)), kind)
-                }
-            };
-            [
-                format!("[{start}..{last}]:"),
-                range,
-                sectors.to_string(),
-                kind.to_string(),
-            ]
-        })
-        .collect();
-    let w0 = rows.iter().map(|r| r[0].len()).max().unwrap_or(0).max(16);
-    let w1 = rows.iter().map(|r| r[1].len()).max().unwrap_or(0).max(16);
-    let w2 = rows.iter().map(|r| r[2].len()).max().unwrap_or(0).max(5);
+    // Columns as wide as the largest numbers the file and the device can
+    // give (ranges past EOF are unwritten space, within the device too),
+    // so that every part lines up without the whole map in memory.
+    let size = of.file.stat().map_err(|e| fail(&e))?.size;
+    let device = s.vol.device().caps().size_bytes;
+    let (file_sectors, device_sectors) = (size.max(device) / SECTOR, device / SECTOR);
+    let w0 = format!("[{file_sectors}..{file_sectors}]:").len().max(16);
+    let w1 = format!("{device_sectors}..{device_sectors}").len().max(16);
+    let w2 = file_sectors.to_string().len().max(5);
     println!(
         "{:>5} {:<w0$} {:<w1$} {:>w2$} TYPE",
         "EXT:", "FILE-OFFSET", "BLOCK-RANGE", "TOTAL"
     );
-    for (i, r) in rows.iter().enumerate() {
-        println!(
-            "{:>4}: {:<w0$} {:<w1$} {:>w2$} {}",
-            i, r[0], r[1], r[2], r[3]
-        );
+    let mut index = 0;
+    while !part.is_empty() {
+        for r in part.iter().map(fiemap_row) {
+            println!(
+                "{:>4}: {:<w0$} {:<w1$} {:>w2$} {}",
+                index, r[0], r[1], r[2], r[3]
+            );
+            index += 1;
+        }
+        let last = part[part.len() - 1];
+        part = of
+            .file
+            .fiemap_from(last.offset + last.length, FIEMAP_PART)
+            .map_err(|e| fail(&e))?;
     }
     Ok(())
+}
+
+/// One range of a map as `fiemap` prints it: file sectors, device
+/// sectors (or "hole"), sector count, kind.
+fn fiemap_row(x: &FiemapExtent) -> [String; 4] {
+    let start = x.offset / SECTOR;
+    let sectors = x.length.div_ceil(SECTOR);
+    let last = start + sectors.saturating_sub(1);
+    let (range, kind) = match x.kind {
+        FiemapKind::Hole => ("hole".to_string(), "hole"),
+        k => {
+            let a = x.addr / SECTOR;
+            let kind = if k == FiemapKind::Data {
+                "data"
+            } else {
+                "unwritten"
+            };
+            (format!("{a}..{}", a + sectors.saturating_sub(1)), kind)
+        }
+    };
+    [
+        format!("[{start}..{last}]:"),
+        range,
+        sectors.to_string(),
+        kind.to_string(),
+    ]
 }
 
 fn cmd_mkdir(s: &mut Session, spec: &Spec, p: &Parsed) -> Result<(), String> {

@@ -515,6 +515,50 @@ fn io_fiemap_shows_data_unwritten_and_holes() {
     }
 }
 
+/// A map longer than one part of `fiemap` (4096 ranges) is printed whole,
+/// numbered on across parts, every row in the same columns.
+#[test]
+fn io_fiemap_prints_a_long_map_in_parts() {
+    const EXTENTS: usize = 2100;
+    let dir = scratch();
+    let img = formatted(&dir);
+    let fallocs: Vec<String> = (0..EXTENTS)
+        .map(|k| format!("falloc {}k 4k", 8 * k))
+        .collect();
+    let mut cmds = vec!["open -c /f"];
+    cmds.extend(fallocs.iter().map(String::as_str));
+    cmds.push("fiemap");
+    let r = io(&img, &cmds);
+    assert_ok(&r, "io");
+    let rows: Vec<&str> = r
+        .stdout
+        .lines()
+        .skip_while(|l| *l != "/f:")
+        .skip(2)
+        .collect();
+    // Unwritten and hole in turn, the last range unwritten up to EOF.
+    assert_eq!(rows.len(), 2 * EXTENTS - 1);
+    // Where the row's word `n` starts.
+    let column = |row: &str, n: usize| {
+        let bytes = row.as_bytes();
+        (0..bytes.len())
+            .filter(|&i| bytes[i] != b' ' && (i == 0 || bytes[i - 1] == b' '))
+            .nth(n)
+            .unwrap()
+    };
+    for (i, row) in rows.iter().enumerate() {
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols[0], format!("{i}:"), "{row}");
+        let kind = if i % 2 == 0 { "unwritten" } else { "hole" };
+        assert_eq!(cols[cols.len() - 1], kind, "{row}");
+        assert_eq!(
+            (column(row, 1), column(row, 2)),
+            (column(rows[0], 1), column(rows[0], 2)),
+            "row {i} out of line: {row}"
+        );
+    }
+}
+
 #[test]
 fn io_namespace_commands() {
     let dir = scratch();

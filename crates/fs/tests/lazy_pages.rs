@@ -167,7 +167,10 @@ fn fiemap_walks_a_paged_map_in_parts_and_keeps_no_chunk() {
         } else {
             FiemapKind::Hole
         };
-        assert_eq!((x.offset, x.length, x.kind), (i as u64 * BLOCK, BLOCK, kind));
+        assert_eq!(
+            (x.offset, x.length, x.kind),
+            (i as u64 * BLOCK, BLOCK, kind)
+        );
     }
 
     for max in [1, 2, 7, 600] {
@@ -189,7 +192,11 @@ fn fiemap_walks_a_paged_map_in_parts_and_keeps_no_chunk() {
     for k in [0, 1, 3, EXTENTS + 1, 2 * EXTENTS - 2] {
         let at = k * BLOCK + 100;
         let part = big.fiemap_from(at, 3).unwrap();
-        assert_eq!(part[..], whole[k as usize..k as usize + part.len()], "at {at}");
+        assert_eq!(
+            part[..],
+            whole[k as usize..k as usize + part.len()],
+            "at {at}"
+        );
         assert_eq!(part.len(), 3.min(whole.len() - k as usize), "at {at}");
     }
     assert!(big

@@ -1519,8 +1519,7 @@ impl Chunks {
                 }
                 (None, Some(cold)) => {
                     let mut more = true;
-                    let skip =
-                        from_in(last_index_at_or_before(&cold.pages, from, |p| p.first_key));
+                    let skip = from_in(last_index_at_or_before(&cold.pages, from, |p| p.first_key));
                     for i in skip..cold.pages.len() {
                         more = cold.probe(i).read(LoadPurpose::Scan)?.iter().all(&mut f);
                         if !more {
