@@ -61,6 +61,18 @@ pub const MAX_REQUEST_BYTES: u64 = isize::MAX as u64;
 /// of work and keeps one batch well inside the journal.
 pub const COMMIT_THRESHOLD_DIVISOR: u64 = 8;
 
+/// The most the commit threshold may be, whatever the journal: the queued
+/// records are memory outside the metadata budget (with a 128 MiB journal,
+/// a 16 MiB threshold let a session making extents without fsync queue
+/// 86 MB of records, and encode them into 17 MB more). About 44k records.
+pub const COMMIT_THRESHOLD_BYTES_MOST: u64 = 2 << 20;
+
+/// Key spans changed since the last checkpoint (16 bytes each, what the
+/// next delta reads) past which a commit asks for a checkpoint, however
+/// empty the journal: they are memory outside the metadata budget too
+/// (a 128 MiB journal holds about four million records' spans).
+pub const CHANGED_SPANS_MOST: usize = 1 << 17;
+
 /// With background commits, a writer whose uncommitted records reach this
 /// many commit thresholds commits in its own thread: the commit thread
 /// fell behind, and the queue (memory, what a crash loses) must not grow
@@ -97,4 +109,5 @@ const _: () = assert!(MAX_LINKS > 1);
 // The threshold is a proper fraction of the journal: work that reaches it
 // still leaves room for the batch that commits it.
 const _: () = assert!(COMMIT_THRESHOLD_DIVISOR >= 2);
+const _: () = assert!(COMMIT_THRESHOLD_BYTES_MOST >= 64 * RECORD_BYTES_ESTIMATE);
 const _: () = assert!(EXTENTS_PER_HOLE_ESTIMATE >= 1);

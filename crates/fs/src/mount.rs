@@ -12,7 +12,7 @@ use crate::alloc::Allocator;
 use crate::checkpoint::{self, Checkpoint};
 use crate::free_space::{Claim, FreeSpace, FreeSpaceGate, ScanInput, ScanPoint};
 use crate::journal::{self, JournalWriter};
-use crate::limits::COMMIT_THRESHOLD_DIVISOR;
+use crate::limits::{COMMIT_THRESHOLD_BYTES_MOST, COMMIT_THRESHOLD_DIVISOR};
 use crate::mount_state::{now, CommitState, Meta, VolumeInner};
 use crate::page_loader::DevicePages;
 use crate::state::MetaState;
@@ -190,7 +190,8 @@ pub(crate) fn mount(
         journal.clear_clean_mark_first(&sb);
     }
     let sb = sb.without_clean_mark();
-    let commit_threshold = sb.layout.journal.len / COMMIT_THRESHOLD_DIVISOR;
+    let commit_threshold =
+        (sb.layout.journal.len / COMMIT_THRESHOLD_DIVISOR).min(COMMIT_THRESHOLD_BYTES_MOST);
     let mut meta = Meta::new(state, alloc, replay_end.next_seq);
     if sb.features_incompat & superblock::INCOMPAT_SPILLED_CHECKPOINTS != 0 {
         meta.spill_slot_bytes = Some(checkpoint::slot_capacity(&sb));

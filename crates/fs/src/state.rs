@@ -102,6 +102,8 @@ pub struct MetaState {
     /// takes it before cloning the state, so snapshots carry an empty one
     /// and cloning stays O(1).
     changed: ChangedInodes,
+    /// Key spans in `changed`, all inodes together.
+    changed_spans: usize,
 }
 
 /// The entry of `ino` in `changed`, made with `existed` (whether it
@@ -246,6 +248,7 @@ impl MetaState {
             image_bytes: 0,
             paged: PagedSize::default(),
             changed: ChangedInodes::default(),
+            changed_spans: 0,
         };
         state.recount();
         state
@@ -359,6 +362,7 @@ impl MetaState {
             image_bytes: 0,
             paged: PagedSize::default(),
             changed: ChangedInodes::default(),
+            changed_spans: 0,
         };
         state.rebuild_parents()?;
         state.recount();
@@ -551,7 +555,14 @@ impl MetaState {
     /// Takes the set of inodes changed since the last call (see
     /// [`MetaState::delta_since`]).
     pub fn take_changed(&mut self) -> ChangedInodes {
+        self.changed_spans = 0;
         std::mem::take(&mut self.changed)
+    }
+
+    /// Key spans changed since the last [`MetaState::take_changed`], all
+    /// inodes together: memory only a checkpoint gives back.
+    pub fn changed_span_count(&self) -> usize {
+        self.changed_spans
     }
 
     /// What changed from the state of one [`MetaState::take_changed`] (the
@@ -638,6 +649,7 @@ impl MetaState {
         }
         if let Some((changed, span)) = keys {
             note_change(&mut self.changed, changed).spans.push(span);
+            self.changed_spans += 1;
         }
         Ok(())
     }

@@ -15,8 +15,8 @@ use std::time::Instant;
 use crate::checkpoint::{self, ChainEnd, DeltaCheckpoint, RecordHeader, SpillExtent};
 use crate::extent_pages::{self, PagePlan};
 use crate::limits::{
-    CHAIN_DELTA_BYTES_DIVISOR, CHAIN_DELTA_BYTES_MIN, COMMIT_BACKPRESSURE_THRESHOLDS,
-    MAX_CHAIN_DELTAS,
+    CHAIN_DELTA_BYTES_DIVISOR, CHAIN_DELTA_BYTES_MIN, CHANGED_SPANS_MOST,
+    COMMIT_BACKPRESSURE_THRESHOLDS, MAX_CHAIN_DELTAS,
 };
 use crate::lock_holds::{HoldSite, LOCK_HOLD_STEP};
 use crate::mount_state::{Meta, VolumeInner};
@@ -51,6 +51,13 @@ const PAGE_RUN_BYTES: u64 = 1 << 20;
 /// than one file's new index pages: a run per file with changed runs,
 /// what it leaves going back after the base).
 const INDEX_COPY_RUN_BYTES: u64 = 64 << 10;
+
+/// Whether the key spans changed since the last checkpoint passed
+/// [`CHANGED_SPANS_MOST`]: then a checkpoint is due, to give back their
+/// memory, however empty the journal.
+fn changed_spans_past_most(meta: &Meta) -> bool {
+    meta.state.changed_span_count() >= CHANGED_SPANS_MOST
+}
 
 /// The first `len` bytes of `room` (which holds them), taken.
 fn take_from(room: &mut (u64, u64), len: u64) -> u64 {
@@ -272,8 +279,12 @@ impl VolumeInner {
         }
         let half_full = commit.journal.is_half_full();
         drop(commit);
-        self.meta.write().mark_committed(last_seq);
-        if half_full {
+        let spans_past_most = {
+            let mut meta = self.meta.write();
+            meta.mark_committed(last_seq);
+            changed_spans_past_most(&meta)
+        };
+        if half_full || spans_past_most {
             self.checkpoint_request.ask();
         }
         Ok(())
@@ -312,7 +323,8 @@ impl VolumeInner {
             if over {
                 self.evict_before_base();
             }
-            (over || self.commit.lock().journal.is_half_full()).then_some(over)
+            let spans_past_most = changed_spans_past_most(&self.meta.read());
+            (over || spans_past_most || self.commit.lock().journal.is_half_full()).then_some(over)
         })
     }
 
@@ -1061,7 +1073,10 @@ mod tests {
     use blockdev::BlockDevice;
 
     use crate::checkpoint::read_checkpoint;
-    use crate::limits::COMMIT_BACKPRESSURE_THRESHOLDS;
+    use crate::limits::{
+        CHANGED_SPANS_MOST, COMMIT_BACKPRESSURE_THRESHOLDS, COMMIT_THRESHOLD_BYTES_MOST,
+        COMMIT_THRESHOLD_DIVISOR, RECORD_BYTES_ESTIMATE,
+    };
     use crate::types::{Extent, Ino};
     use crate::{FormatOptions, OpenFlags, Volume};
 
@@ -1284,6 +1299,66 @@ mod tests {
             pending < threshold,
             "{pending} bytes of records still queued (threshold {threshold})"
         );
+    }
+
+    /// A volume on a 2 GiB device with a 64 MiB journal, whose eighth
+    /// (the threshold without its cap) is past [`COMMIT_THRESHOLD_BYTES_MOST`].
+    fn large_journal_volume(opts: &crate::MountOptions) -> Volume {
+        let dev = Arc::new(MemDevice::new(2 << 30, 512));
+        let format = FormatOptions {
+            journal_bytes: Some(64 << 20),
+            ..FormatOptions::default()
+        };
+        Volume::format(dev.clone(), &format).unwrap();
+        let vol = Volume::open_with(dev, opts).unwrap();
+        let journal = vol.inner.sb.layout.journal.len;
+        assert!(journal / COMMIT_THRESHOLD_DIVISOR > COMMIT_THRESHOLD_BYTES_MOST);
+        vol
+    }
+
+    /// However large the journal, the records queued between commits stay
+    /// below [`COMMIT_THRESHOLD_BYTES_MOST`]: they are memory outside the
+    /// metadata budget.
+    #[test]
+    fn a_large_journal_commits_at_the_capped_threshold() {
+        let vol = large_journal_volume(&crate::MountOptions {
+            background_commits: false,
+            ..crate::MountOptions::default()
+        });
+        let f = direct_file(&vol);
+        for i in 0..2 * COMMIT_THRESHOLD_BYTES_MOST / RECORD_BYTES_ESTIMATE {
+            f.fallocate(2 * i * 4096, 4096, false).unwrap();
+            let pending = vol.inner.meta.read().pending_bytes;
+            assert!(
+                pending < COMMIT_THRESHOLD_BYTES_MOST,
+                "after {} fallocates, {pending} bytes of records queued",
+                i + 1
+            );
+        }
+    }
+
+    /// Changes that pass [`CHANGED_SPANS_MOST`] changed key spans get a
+    /// checkpoint, which gives the spans' memory back, though the journal
+    /// is far from half full.
+    #[test]
+    fn changed_spans_past_their_most_get_a_checkpoint() {
+        let vol = large_journal_volume(&crate::MountOptions::default());
+        let inner = &vol.inner;
+        let generation = inner.commit.lock().generation;
+        let f = direct_file(&vol);
+        // A span per record, though the blocks make one extent.
+        for i in 0..CHANGED_SPANS_MOST as u64 + 1000 {
+            f.fallocate(i * 4096, 4096, false).unwrap();
+        }
+        // The commit that finds the spans past their most asks.
+        inner.commit().unwrap();
+        inner.checkpoint_request.wait_idle();
+        let commit = inner.commit.lock();
+        assert!(!commit.journal.is_half_full());
+        assert!(commit.generation > generation, "no checkpoint ran");
+        drop(commit);
+        let spans = inner.meta.read().state.changed_span_count();
+        assert!(spans < CHANGED_SPANS_MOST, "{spans} spans still kept");
     }
 
     /// A writer that gets [`COMMIT_BACKPRESSURE_THRESHOLDS`] thresholds
