@@ -277,7 +277,8 @@ fn worker(
         }
     };
     Rng::new(seed.rotate_left(17) ^ index as u64).fill(&mut buf);
-    let mut stream = Stream::new(pattern, span, seed, index);
+    let mut stream =
+        Stream::new(pattern, span, seed, index).interleaved(index, pattern.queue_depth);
     let mut window = ThreadWindow::default();
     loop {
         let now_phase = phase.load(Ordering::Acquire);

@@ -18,8 +18,9 @@ pub enum Op {
 pub enum Order {
     /// Uniformly random offsets aligned to [`IoPattern::align`].
     Random,
-    /// Back to back from offset 0, wrapping at the end of the span (one
-    /// stream per thread; every sequential seed workload has one thread).
+    /// Back to back from offset 0, wrapping at the end of the span; threads
+    /// that make one queue depth take turns in the sequence
+    /// ([`Stream::interleaved`]).
     Sequential,
 }
 
@@ -626,18 +627,40 @@ pub struct Stream {
     span: u64,
     rng: Rng,
     next_seq: u64,
+    /// Where a sequential stream starts (and starts again at the end of
+    /// the span), and how many I/Os of the largest size it steps over:
+    /// its lane among `stride` threads sharing one sequential pattern.
+    lane_start: u64,
+    stride: u64,
 }
 
 impl Stream {
-    /// `thread` picks the seed (and, for sequential streams, nothing else:
-    /// every sequential seed workload has one thread).
+    /// `thread` picks the seed. A sequential stream runs alone over the
+    /// span (see [`Stream::interleaved`]).
     pub fn new(pattern: &IoPattern, span: u64, workload_seed: u64, thread: usize) -> Stream {
         Stream {
             pattern: *pattern,
             span,
             rng: Rng::new(workload_seed ^ (thread as u64).wrapping_mul(0x2545_f491_4f6c_dd1d)),
             next_seq: 0,
+            lane_start: 0,
+            stride: 1,
         }
+    }
+
+    /// Thread `thread` of `threads` that run one sequential pattern
+    /// together (queue depth made of threads): each takes every
+    /// `threads`-th I/O of the sequence one thread would make, so
+    /// together they read or write each block once per pass, not each
+    /// once per thread. Random streams are left as they are.
+    pub fn interleaved(mut self, thread: usize, threads: usize) -> Stream {
+        let lanes_fit = (threads as u64).saturating_mul(self.pattern.max_size) <= self.span;
+        if self.pattern.order == Order::Sequential && threads > 1 && lanes_fit {
+            self.lane_start = thread as u64 * self.pattern.max_size;
+            self.next_seq = self.lane_start;
+            self.stride = threads as u64;
+        }
+        self
     }
 
     /// The next I/O: `(offset, len)`, always inside the span.
@@ -655,10 +678,14 @@ impl Stream {
             }
             Order::Sequential => {
                 if self.next_seq + len > self.span {
-                    self.next_seq = 0;
+                    self.next_seq = self.lane_start;
                 }
                 let at = self.next_seq;
-                self.next_seq += len;
+                self.next_seq += if self.stride > 1 {
+                    p.max_size * self.stride
+                } else {
+                    len
+                };
                 at
             }
         };
@@ -766,6 +793,43 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), BufferedVariant::ALL.len());
+    }
+
+    /// Threads that share one sequential pattern take turns: over a pass
+    /// each block of the span comes once, whatever the thread count, and
+    /// a span too small for a lane each leaves every thread alone.
+    #[test]
+    fn interleaved_sequential_streams_cover_the_span_once_a_pass() {
+        let p = IoPattern {
+            op: Op::Read,
+            order: Order::Sequential,
+            min_size: MIB,
+            max_size: MIB,
+            size_step: MIB,
+            align: MIB,
+            queue_depth: 3,
+            dsync: false,
+            span: 12 * MIB,
+            needs: DeviceNeed::Any,
+        };
+        for threads in [1, 2, 3, 4] {
+            let mut offsets: Vec<u64> = (0..threads)
+                .flat_map(|t| {
+                    let mut s = Stream::new(&p, 12 * MIB, 1, t).interleaved(t, threads);
+                    (0..12 / threads).map(move |_| s.next_io().0)
+                })
+                .collect();
+            offsets.sort_unstable();
+            let pass: Vec<u64> = (0..12).map(|k| k * MIB).collect();
+            assert_eq!(offsets, pass, "{threads} threads");
+        }
+        // Thread 1 of 2 in its second pass starts on its own lane again.
+        let mut s = Stream::new(&p, 12 * MIB, 1, 1).interleaved(1, 2);
+        let firsts: Vec<u64> = (0..7).map(|_| s.next_io().0 / MIB).collect();
+        assert_eq!(firsts, [1, 3, 5, 7, 9, 11, 1]);
+        // No room for a lane each: alone, from 0.
+        let mut s = Stream::new(&p, 2 * MIB, 1, 2).interleaved(2, 3);
+        assert_eq!((s.next_io().0, s.next_io().0, s.next_io().0), (0, MIB, 0));
     }
 
     #[test]
