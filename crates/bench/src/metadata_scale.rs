@@ -728,15 +728,9 @@ fn check_extents(vol: &Volume, extents: u64) -> Result<(), BenchError> {
         .map_err(|e| BenchError::fs("iomapfs open", e))?;
     // In parts: the whole map of a 50M-extent file is 100M ranges (3 GiB),
     // which would pass for the metadata's memory in max RSS.
-    let (mut mapped, mut from) = (0u64, 0u64);
-    loop {
-        let part = file
-            .fiemap_from(from, 1 << 16)
-            .map_err(|e| BenchError::fs("iomapfs fiemap", e))?;
-        let Some(last) = part.last() else {
-            break;
-        };
-        from = last.offset + last.length;
+    let mut mapped = 0u64;
+    for part in file.fiemap_parts(1 << 16) {
+        let part = part.map_err(|e| BenchError::fs("iomapfs fiemap", e))?;
         mapped += part.iter().filter(|e| e.kind != FiemapKind::Hole).count() as u64;
     }
     if mapped != extents {

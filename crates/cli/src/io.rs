@@ -1122,14 +1122,18 @@ const FIEMAP_PART: usize = 4096;
 fn cmd_fiemap(s: &mut Session, spec: &Spec, _p: &Parsed) -> Result<(), String> {
     let of = s.current(spec.name)?;
     let fail = |e: &iomapfs_fs::Error| file_error(spec.name, &of.path, "", e);
-    let mut part = of.file.fiemap_from(0, FIEMAP_PART).map_err(|e| fail(&e))?;
+    let mut parts = of.file.fiemap_parts(FIEMAP_PART).peekable();
+    if let Some(Err(e)) = parts.next_if(Result::is_err) {
+        return Err(fail(&e));
+    }
     println!("{}:", of.path);
-    if part.is_empty() {
+    if parts.peek().is_none() {
         return Ok(());
     }
-    // Columns as wide as the largest numbers the file and the device can
-    // give (ranges past EOF are unwritten space, within the device too),
-    // so that every part lines up without the whole map in memory.
+    // Columns as wide as the numbers the file's size and the device give,
+    // so that every part lines up without the whole map in memory
+    // (unwritten space kept past EOF can reach further: its rows then
+    // stand out to the right).
     let size = of.file.stat().map_err(|e| fail(&e))?.size;
     let device = s.vol.device().caps().size_bytes;
     let (file_sectors, device_sectors) = (size.max(device) / SECTOR, device / SECTOR);
@@ -1141,19 +1145,14 @@ fn cmd_fiemap(s: &mut Session, spec: &Spec, _p: &Parsed) -> Result<(), String> {
         "EXT:", "FILE-OFFSET", "BLOCK-RANGE", "TOTAL"
     );
     let mut index = 0;
-    while !part.is_empty() {
-        for r in part.iter().map(fiemap_row) {
+    for part in parts {
+        for r in part.map_err(|e| fail(&e))?.iter().map(fiemap_row) {
             println!(
                 "{:>4}: {:<w0$} {:<w1$} {:>w2$} {}",
                 index, r[0], r[1], r[2], r[3]
             );
             index += 1;
         }
-        let last = part[part.len() - 1];
-        part = of
-            .file
-            .fiemap_from(last.offset + last.length, FIEMAP_PART)
-            .map_err(|e| fail(&e))?;
     }
     Ok(())
 }

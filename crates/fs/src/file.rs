@@ -26,6 +26,50 @@ use crate::{Error, Result};
 /// metadata lock shared once, so writers wait for one part at most.
 const FIEMAP_PART: usize = 1 << 16;
 
+/// A file's map in parts ([`File::fiemap_parts`]).
+pub struct FiemapParts<'a> {
+    file: &'a File,
+    max: usize,
+    /// Where the next part starts: the end of the last range given.
+    from: u64,
+    done: bool,
+}
+
+impl Iterator for FiemapParts<'_> {
+    type Item = Result<Vec<FiemapExtent>>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let mut part = match self.file.fiemap_from(self.from, self.max) {
+            Ok(part) => part,
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e));
+            }
+        };
+        let Some(last) = part.last() else {
+            self.done = true;
+            return None;
+        };
+        let end = last.offset + last.length;
+        // A change between two parts can leave this part's first range
+        // starting before the last one ended: it is cut there, so the
+        // parts never overlap.
+        if let Some(first) = part.first_mut().filter(|f| f.offset < self.from) {
+            let cut = self.from - first.offset;
+            first.offset += cut;
+            first.length -= cut;
+            if first.kind != FiemapKind::Hole {
+                first.addr += cut;
+            }
+        }
+        self.from = end;
+        Some(Ok(part))
+    }
+}
+
 /// How to open a file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct OpenFlags {
@@ -519,22 +563,33 @@ impl File {
     /// The file's map from 0 to EOF (and unwritten space beyond it):
     /// data, unwritten and hole ranges in order. Its memory is the
     /// caller's: for a file of millions of extents, walk the map in parts
-    /// with [`File::fiemap_from`].
+    /// with [`File::fiemap_parts`].
     pub fn fiemap(&self) -> Result<Vec<FiemapExtent>> {
         let mut out = Vec::new();
-        loop {
-            let from = out.last().map_or(0, |x: &FiemapExtent| x.offset + x.length);
-            let part = self.fiemap_from(from, FIEMAP_PART)?;
-            if part.is_empty() {
-                return Ok(out);
-            }
-            out.extend(part);
+        for part in self.fiemap_parts(FIEMAP_PART) {
+            out.extend(part?);
+        }
+        Ok(out)
+    }
+
+    /// The file's map as [`File::fiemap`] lists it, in parts of at most
+    /// `max` ranges (at least one), each read under the metadata lock on
+    /// its own: a file changed meanwhile may show an earlier state in one
+    /// part and a later one in the next, but parts never overlap or go
+    /// back.
+    pub fn fiemap_parts(&self, max: usize) -> FiemapParts<'_> {
+        FiemapParts {
+            file: self,
+            max,
+            from: 0,
+            done: false,
         }
     }
 
-    /// At most `max` ranges of the file's map (as [`File::fiemap`] lists
-    /// them) from the one that holds byte `offset` on; the next part
-    /// starts where the last range ends. Empty at the end of the map.
+    /// At most `max` ranges (at least one) of the file's map, as
+    /// [`File::fiemap`] lists them, from the one that holds byte `offset`
+    /// on; the next part starts where the last range ends. Empty at the
+    /// end of the map.
     ///
     /// The extent pages it passes are read and dropped, not kept, so a map
     /// of any size is walked within the mount's metadata budget, and the

@@ -47,7 +47,7 @@ mod xattr;
 
 pub use attributes::{SetAttr, TimeSet};
 pub use error::{Error, Result};
-pub use file::{FiemapExtent, FiemapKind, File, OpenFlags, SeekFor, Stat};
+pub use file::{FiemapExtent, FiemapKind, FiemapParts, File, OpenFlags, SeekFor, Stat};
 pub use free_space::{ScanHook, ScanPoint};
 pub use lock_holds::LongestLockHolds;
 pub use namespace::{NewNode, RenameFlags};

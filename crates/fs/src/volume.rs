@@ -47,10 +47,12 @@ pub struct MountOptions {
     /// The page cache of non-direct handles: its size and dirty limits.
     pub cache: iomap::CacheConfig,
     /// Checkpoint in a background thread once a commit leaves the journal
-    /// half full (default). Off, checkpoints run only when a commit finds
-    /// the journal full, at [`Volume::checkpoint`] and at unmount: every
-    /// device request then comes from a caller (tests that replay a
-    /// request sequence need that).
+    /// half full or the key spans changed since the last checkpoint pass
+    /// [`crate::limits::CHANGED_SPANS_MOST`] (default). Off, checkpoints
+    /// run only when a commit finds the journal full, at
+    /// [`Volume::checkpoint`] and at unmount, so the changed spans wait in
+    /// memory until then: every device request then comes from a caller
+    /// (tests that replay a request sequence need that).
     pub background_checkpoints: bool,
     /// Commit in a background thread once uncommitted records reach the
     /// commit threshold (default); the writer that gets another threshold

@@ -205,6 +205,19 @@ fn fiemap_walks_a_paged_map_in_parts_and_keeps_no_chunk() {
         .is_empty());
     let done = loads(&vol);
     assert_eq!(done.chunks_loaded, before.chunks_loaded, "{done:?}");
+    // The iterator of parts gives the same ranges.
+    let parts: Vec<Vec<FiemapExtent>> = big.fiemap_parts(7).collect::<Result<_, _>>().unwrap();
+    assert!(parts.iter().all(|p| !p.is_empty() && p.len() <= 7));
+    assert!(parts.concat() == whole);
+    // A change between two parts: the first block punched after the
+    // first part listed it. The next part's hole now starts at 0, before
+    // where the first part ended: it is cut there.
+    let mut parts = big.fiemap_parts(1);
+    assert_eq!(parts.next().unwrap().unwrap(), [whole[0]]);
+    big.punch_hole(0, BLOCK).unwrap();
+    assert_eq!(parts.next().unwrap().unwrap(), [whole[1]]);
+    assert_eq!(parts.next().unwrap().unwrap(), [whole[2]]);
+    drop(parts);
     drop(big);
     vol.unmount().unwrap();
 }
