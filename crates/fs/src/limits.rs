@@ -109,5 +109,6 @@ const _: () = assert!(MAX_LINKS > 1);
 // The threshold is a proper fraction of the journal: work that reaches it
 // still leaves room for the batch that commits it.
 const _: () = assert!(COMMIT_THRESHOLD_DIVISOR >= 2);
+// A commit still carries a batch worth a device write and two flushes.
 const _: () = assert!(COMMIT_THRESHOLD_BYTES_MOST >= 64 * RECORD_BYTES_ESTIMATE);
 const _: () = assert!(EXTENTS_PER_HOLE_ESTIMATE >= 1);
