@@ -368,10 +368,29 @@ impl Allocator {
         Ok(())
     }
 
+    /// Joins the range to a neighbour freed by the same record, before or
+    /// after it: they leave busy together, and a file whose extents lay
+    /// end to end on the device (allocated in order) keeps one busy range
+    /// when deleted, not one per extent (a 4M-extent file's took 225 MB).
     fn insert_busy(&mut self, addr: u64, len: u64, seq: u64) {
-        self.busy.insert(addr, (len, seq));
-        self.busy_by_seq.insert((seq, addr));
         self.busy_bytes += len;
+        let (mut start, mut end) = (addr, addr + len);
+        if let Some((&s, &(l, sq))) = self.busy.range(..addr).next_back() {
+            if s + l == addr && sq == seq {
+                self.busy.remove(&s);
+                self.busy_by_seq.remove(&(seq, s));
+                start = s;
+            }
+        }
+        if let Some(&(l, sq)) = self.busy.get(&end) {
+            if sq == seq {
+                self.busy.remove(&end);
+                self.busy_by_seq.remove(&(seq, end));
+                end += l;
+            }
+        }
+        self.busy.insert(start, (end - start, seq));
+        self.busy_by_seq.insert((seq, start));
     }
 
     /// A checkpoint holding every record through `up_to_seq` is durable:
@@ -686,6 +705,38 @@ mod tests {
         );
         assert!(!a.release_busy_at_most(4, 2));
         assert_eq!(a.busy_bytes(), BS);
+        a.check().unwrap();
+    }
+
+    /// Ranges one record frees end to end are one busy range, joined on
+    /// either side and across a gap filled later; ranges of different
+    /// records stay apart and leave busy each with its record.
+    #[test]
+    fn ranges_one_record_frees_end_to_end_are_one_busy_range() {
+        let mut a = Allocator::new(0, 10 * BS, BS as u32);
+        assert_eq!(a.alloc(10 * BS, None), Some((0, 10 * BS)));
+        a.free(2 * BS, BS, 5).unwrap();
+        a.free(3 * BS, BS, 5).unwrap();
+        a.free(BS, BS, 5).unwrap();
+        assert_eq!(a.busy_ranges(), vec![(BS, 3 * BS, 5)]);
+        // Record 6 beside record 5's range: its own.
+        a.free(4 * BS, BS, 6).unwrap();
+        // A gap between two of record 7's ranges, filled by record 7.
+        a.free(6 * BS, BS, 7).unwrap();
+        a.free(8 * BS, 2 * BS, 7).unwrap();
+        a.free(7 * BS, BS, 7).unwrap();
+        assert_eq!(
+            a.busy_ranges(),
+            vec![(BS, 3 * BS, 5), (4 * BS, BS, 6), (6 * BS, 4 * BS, 7)]
+        );
+        assert_eq!(a.busy_bytes(), 8 * BS);
+        a.check().unwrap();
+        a.release_busy(6);
+        assert_eq!(a.free_extents(), vec![(BS, 4 * BS)]);
+        assert_eq!(a.busy_ranges(), vec![(6 * BS, 4 * BS, 7)]);
+        a.check().unwrap();
+        a.release_busy(7);
+        assert_eq!(a.free_extents(), vec![(BS, 4 * BS), (6 * BS, 4 * BS)]);
         a.check().unwrap();
     }
 
