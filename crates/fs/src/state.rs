@@ -1326,7 +1326,9 @@ impl MetaState {
             None => return Err(format!("free inode {ino}: does not exist")),
         }
         let inode = self.inodes.remove(&ino).expect("checked above");
-        freed.extend(inode.extents.iter().map(|e| (e.addr, e.len)));
+        for e in inode.extents.iter() {
+            crate::extent_map::push_freed(freed, e.addr, e.len);
+        }
         self.image_bytes = self.image_bytes.saturating_sub(inode.image_bytes());
         self.paged = self
             .paged
