@@ -657,10 +657,19 @@ impl MetaState {
     /// Loads the absent extent chunks `record` would read or change (see
     /// `ExtentMap::load_for_change`), so that [`MetaState::apply`] runs
     /// without I/O; a page that does not load fails here, before anything
-    /// changed. Returns how many pages it read.
+    /// changed. Returns how many pages it loaded. The one exception is a
+    /// freed inode: its pages are only checked here, and read again by the
+    /// apply, so that freeing a map never holds all of it.
     pub fn load_for_record(&self, record: &Record) -> crate::error::Result<usize> {
         if let Record::FreeInode { ino } = record {
-            return self.inodes.get(ino).map_or(Ok(0), |i| i.extents.load_all());
+            // Every page of the map read and dropped, none kept: a page
+            // that fails fails here, before anything changed, and the
+            // apply reads them again one at a time (a 4M-extent file
+            // loaded whole took 128 MB).
+            if let Some(inode) = self.inodes.get(ino) {
+                inode.extents.for_each_unkept(0, |_| true)?;
+            }
+            return Ok(0);
         }
         let Some((ino, off, end)) = self.extent_range_of(record) else {
             return Ok(0);
@@ -1325,10 +1334,19 @@ impl MetaState {
             Some(_) => return Err(format!("free inode {ino}: still linked or not empty")),
             None => return Err(format!("free inode {ino}: does not exist")),
         }
+        // The map's pages read one at a time and dropped (checked readable
+        // by `load_for_record`; a device error now fails the record before
+        // anything changed).
+        self.inodes
+            .get(&ino)
+            .expect("checked above")
+            .extents
+            .for_each_unkept(0, |e| {
+                crate::extent_map::push_freed(freed, e.addr, e.len);
+                true
+            })
+            .map_err(|e| format!("free inode {ino}: {e}"))?;
         let inode = self.inodes.remove(&ino).expect("checked above");
-        for e in inode.extents.iter() {
-            crate::extent_map::push_freed(freed, e.addr, e.len);
-        }
         self.image_bytes = self.image_bytes.saturating_sub(inode.image_bytes());
         self.paged = self
             .paged

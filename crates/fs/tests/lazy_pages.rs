@@ -225,6 +225,36 @@ fn fiemap_walks_a_paged_map_in_parts_and_keeps_no_chunk() {
     vol.unmount().unwrap();
 }
 
+/// Deleting a paged file reads its pages one at a time and keeps none
+/// (checked, then read again as its space is freed): no chunk is loaded,
+/// its space comes back whole once a checkpoint holds the delete, and
+/// fsck is clean.
+#[test]
+fn deleting_a_paged_file_keeps_none_of_its_chunks() {
+    let dev = volume();
+    let vol = Volume::open(dynd(&dev)).unwrap();
+    vol.wait_free_space().unwrap();
+    let before = loads(&vol);
+    let free_before = vol.statfs().free_bytes;
+    vol.unlink("/big").unwrap();
+    let after = loads(&vol);
+    assert_eq!(
+        (after.loads, after.chunks_loaded),
+        (before.loads, before.chunks_loaded),
+        "{after:?}"
+    );
+    let big_pages = before.chunks - 1;
+    assert!(
+        after.scans >= before.scans + 2 * big_pages,
+        "/big's pages read twice: {before:?} then {after:?}"
+    );
+    base(&vol);
+    let freed = vol.statfs().free_bytes - free_before;
+    assert!(freed >= EXTENTS * BLOCK, "{freed} bytes freed");
+    vol.unmount().unwrap();
+    fsck_clean(dynd(&dev), "after deleting a paged file");
+}
+
 #[test]
 fn mount_keeps_no_page_and_a_read_loads_one_chunk() {
     let dev = volume();
