@@ -57,6 +57,15 @@ fn volume() -> Arc<MemDevice> {
     dev
 }
 
+/// The volume mounted, once the background scan that rebuilds free space
+/// (it reads every page, keeping none) is done: page counts after it move
+/// only with what the test does.
+fn mounted_and_scanned(dev: &Arc<MemDevice>) -> Volume {
+    let vol = Volume::open(dynd(dev)).unwrap();
+    vol.wait_free_space().unwrap();
+    vol
+}
+
 /// Checkpoints until one is a base.
 fn base(vol: &Volume) {
     checkpoint_through_a_base(vol, "/small", "/llams");
@@ -143,8 +152,7 @@ fn chunks_in_slots_leave_the_warm_slots_their_share_of_the_budget() {
 #[test]
 fn fiemap_walks_a_paged_map_in_parts_and_keeps_no_chunk() {
     let dev = volume();
-    let vol = Volume::open(dynd(&dev)).unwrap();
-    vol.wait_free_space().unwrap();
+    let vol = mounted_and_scanned(&dev);
     let big = vol.open_file("/big", OpenFlags::default()).unwrap();
     let before = loads(&vol);
     let whole = big.fiemap().unwrap();
@@ -232,8 +240,7 @@ fn fiemap_walks_a_paged_map_in_parts_and_keeps_no_chunk() {
 #[test]
 fn deleting_a_paged_file_keeps_none_of_its_chunks() {
     let dev = volume();
-    let vol = Volume::open(dynd(&dev)).unwrap();
-    vol.wait_free_space().unwrap();
+    let vol = mounted_and_scanned(&dev);
     let before = loads(&vol);
     let free_before = vol.statfs().free_bytes;
     vol.unlink("/big").unwrap();
@@ -278,9 +285,7 @@ fn deleting_a_paged_file_keeps_none_of_its_chunks() {
 #[test]
 fn mount_keeps_no_page_and_a_read_loads_one_chunk() {
     let dev = volume();
-    let vol = Volume::open(dynd(&dev)).unwrap();
-    // The background scan that rebuilds free space reads every page.
-    vol.wait_free_space().unwrap();
+    let vol = mounted_and_scanned(&dev);
     let at_mount = loads(&vol);
     // /small's one chunk is inline (in the root, not a page).
     let inline = 1;
